@@ -1,0 +1,10 @@
+module github.com/goxrc/goxrc
+
+go 1.26.0
+
+require (
+	github.com/stretchr/testify v1.12.1
+	golang.org/x/sys v0.50.0
+)
+
+require go.yaml.in/yaml/v3 v3.0.5 // indirect

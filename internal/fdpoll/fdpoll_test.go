@@ -1,0 +1,111 @@
+//go:build unix
+
+package fdpoll
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// pipeFD stands in for a C library's event fd: readable when a byte is queued.
+func pipeFD(t *testing.T) (r, w int) {
+	t.Helper()
+	var p [2]int
+	require.NoError(t, unix.Pipe2(p[:], unix.O_CLOEXEC))
+	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
+	return p[0], p[1]
+}
+
+func drainOne(fd int) func() bool {
+	return func() bool {
+		var b [1]byte
+		n, _ := unix.Read(fd, b[:])
+		return n == 1
+	}
+}
+
+func TestWaitWakesOnReadable(t *testing.T) {
+	r, w := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	defer p.Close()
+	go func() { time.Sleep(20 * time.Millisecond); unix.Write(w, []byte{1}) }()
+	require.NoError(t, p.Wait(context.Background(), drainOne(r)))
+}
+
+func TestWaitHonoursCancel(t *testing.T) {
+	r, _ := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	defer p.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	err = p.Wait(ctx, drainOne(r))
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+func TestWaitHonoursDeadline(t *testing.T) {
+	r, _ := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	err = p.Wait(ctx, drainOne(r))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestCloseWakesWaiterAndKeepsLibraryFD(t *testing.T) {
+	r, w := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- p.Wait(context.Background(), drainOne(r)) }()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close(), "Close is idempotent")
+	select {
+	case err := <-done:
+		require.True(t, errors.Is(err, ErrClosed), "got %v", err)
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not wake the waiter")
+	}
+	// The original descriptor still works.
+	_, err = unix.Write(w, []byte{7})
+	require.NoError(t, err)
+	var b [1]byte
+	n, err := unix.Read(r, b[:])
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
+func TestTryCalledUntilDone(t *testing.T) {
+	r, w := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	defer p.Close()
+	var calls atomic.Int32
+	go func() {
+		for i := 0; i < 3; i++ {
+			time.Sleep(10 * time.Millisecond)
+			unix.Write(w, []byte{1})
+		}
+	}()
+	got := 0
+	err = p.Wait(context.Background(), func() bool {
+		calls.Add(1)
+		if drainOne(r)() {
+			got++
+		}
+		return got == 3
+	})
+	require.NoError(t, err)
+	require.Equal(t, 3, got)
+	require.GreaterOrEqual(t, calls.Load(), int32(3))
+}
