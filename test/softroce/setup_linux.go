@@ -1,0 +1,189 @@
+//go:build linux
+
+package softroce
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// AddLink creates the soft-RoCE device name on network device netdev. The
+// rdma_rxe module must be loaded.
+//
+// Equivalent to: rdma link add NAME type rxe netdev NETDEV
+func AddLink(name, netdev string) error {
+	if err := netlink.RdmaLinkAdd(name, "rxe", netdev); err != nil {
+		return fmt.Errorf("rdma link add %s type rxe netdev %s: %w", name, netdev, err)
+	}
+	return nil
+}
+
+// DeleteLink removes the RDMA link name.
+//
+// Equivalent to: rdma link delete NAME
+func DeleteLink(name string) error {
+	if err := netlink.RdmaLinkDel(name); err != nil {
+		return fmt.Errorf("rdma link delete %s: %w", name, err)
+	}
+	return nil
+}
+
+// Links lists the RDMA links with the netdev under port 1 where sysfs shows it.
+//
+// Equivalent to: rdma link show
+func Links() ([]Link, error) {
+	ls, err := netlink.RdmaLinkList()
+	if err != nil {
+		return nil, fmt.Errorf("rdma link show: %w", err)
+	}
+	sys := os.DirFS(SysfsRoot)
+	out := make([]Link, 0, len(ls))
+	for _, l := range ls {
+		out = append(out, Link{
+			Name:     l.Attrs.Name,
+			Index:    l.Attrs.Index,
+			Netdev:   netdevOf(sys, l.Attrs.Name),
+			NodeGUID: l.Attrs.NodeGuid,
+		})
+	}
+	return out, nil
+}
+
+// AddressFor returns the IPv4 address of the network device behind RDMA
+// device dev, falling back to the IPv4-mapped GIDs of its port 1.
+//
+// Equivalent to: ip -4 addr show dev $(cat /sys/class/infiniband/DEV/parent)
+func AddressFor(dev string) (netip.Addr, error) {
+	sys := os.DirFS(SysfsRoot)
+	nd := netdevOf(sys, dev)
+	if nd != "" {
+		if l, err := netlink.LinkByName(nd); err == nil {
+			if as, err := netlink.AddrList(l, netlink.FAMILY_V4); err == nil {
+				ips := make([]netip.Addr, 0, len(as))
+				for _, a := range as {
+					if ip, ok := netip.AddrFromSlice(a.IP); ok {
+						ips = append(ips, ip)
+					}
+				}
+				if ip, ok := pickIPv4(ips); ok {
+					return ip, nil
+				}
+			}
+		}
+	}
+	if ip, ok := ipv4FromGIDs(sys, dev); ok {
+		return ip, nil
+	}
+	if nd == "" {
+		return netip.Addr{}, fmt.Errorf("%s: no netdev found in %s/%s and no IPv4 GID", dev, SysfsRoot, dev)
+	}
+	return netip.Addr{}, fmt.Errorf("%s: netdev %s has no IPv4 address", dev, nd)
+}
+
+// Resources returns the resource counts (pd, cq, qp, cm_id, mr, ...) of RDMA device dev.
+//
+// Equivalent to: rdma resource show DEV
+func Resources(dev string) (map[string]uint64, error) {
+	rs, err := netlink.RdmaResourceList()
+	if err != nil {
+		return nil, fmt.Errorf("rdma resource show: %w", err)
+	}
+	for _, r := range rs {
+		if r.Name == dev {
+			return r.RdmaResourceSummaryEntries, nil
+		}
+	}
+	return nil, fmt.Errorf("rdma resource show %s: no such device", dev)
+}
+
+// SetupVeth creates the veth pair v.Name/v.Peer, gives each end its address
+// (PeerAddr may be the zero Prefix) and brings both up. Parts that already
+// exist are kept, so it can be called again.
+//
+// Equivalent to:
+//
+//	ip link add NAME type veth peer name PEER
+//	ip addr add ADDR dev NAME; ip addr add PEERADDR dev PEER
+//	ip link set NAME up; ip link set PEER up
+func SetupVeth(v VethPair) error {
+	if err := v.check(); err != nil {
+		return err
+	}
+	err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: v.Name}, PeerName: v.Peer})
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("ip link add %s type veth peer name %s: %w", v.Name, v.Peer, err)
+	}
+	for _, end := range []struct {
+		name string
+		addr netip.Prefix
+	}{{v.Name, v.Addr}, {v.Peer, v.PeerAddr}} {
+		l, err := netlink.LinkByName(end.name)
+		if err != nil {
+			return fmt.Errorf("ip link show %s: %w", end.name, err)
+		}
+		if end.addr.IsValid() {
+			ipn := &net.IPNet{IP: end.addr.Addr().AsSlice(), Mask: net.CIDRMask(end.addr.Bits(), end.addr.Addr().BitLen())}
+			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipn}); err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("ip addr add %s dev %s: %w", end.addr, end.name, err)
+			}
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return fmt.Errorf("ip link set %s up: %w", end.name, err)
+		}
+	}
+	return nil
+}
+
+// DeleteVeth removes the veth pair that name belongs to (both ends).
+//
+// Equivalent to: ip link delete NAME
+func DeleteVeth(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("ip link delete %s: %w", name, err)
+	}
+	if err := netlink.LinkDel(l); err != nil {
+		return fmt.Errorf("ip link delete %s: %w", name, err)
+	}
+	return nil
+}
+
+// Setup creates the veth pair v (see [SetupVeth]) and the soft-RoCE device
+// rxe on v.Name, and returns the new link. An existing rxe device on v.Name
+// is kept.
+//
+// Equivalent to: SetupVeth's commands, then rdma link add RXE type rxe netdev NAME
+func Setup(rxe string, v VethPair) (Link, error) {
+	if err := SetupVeth(v); err != nil {
+		return Link{}, err
+	}
+	find := func() (Link, bool) {
+		ls, err := Links()
+		if err != nil {
+			return Link{}, false
+		}
+		for _, l := range ls {
+			if l.Name == rxe {
+				return l, true
+			}
+		}
+		return Link{}, false
+	}
+	if l, ok := find(); ok && l.Netdev == v.Name {
+		return l, nil
+	}
+	if err := AddLink(rxe, v.Name); err != nil {
+		return Link{}, err
+	}
+	l, ok := find()
+	if !ok {
+		return Link{}, fmt.Errorf("rdma link add %s: created but not listed", rxe)
+	}
+	return l, nil
+}

@@ -1,0 +1,239 @@
+package softroce
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Environment variables exported by test/vm/rxe-vm.sh in the guest.
+const (
+	EnvDev    = "RXE_DEV"     // RDMA device name, e.g. rxe0
+	EnvNetdev = "RXE_NETDEV"  // network device under it, e.g. veth0
+	EnvIP     = "RXE_IP"      // IPv4 address of that netdev, e.g. 10.77.0.1
+	EnvPeerIP = "RXE_PEER_IP" // address of the other end of the veth pair, e.g. 10.77.0.2
+)
+
+// SysfsRoot is where the kernel lists RDMA devices.
+const SysfsRoot = "/sys/class/infiniband"
+
+// ErrUnsupported is returned by the set-up functions on systems other than Linux.
+var ErrUnsupported = errors.New("softroce: not supported on this system")
+
+// Link is an RDMA link (device) as listed by `rdma link`.
+type Link struct {
+	Name     string // e.g. rxe0
+	Index    uint32 // kernel device index
+	Netdev   string // network device under port 1, "" if unknown
+	NodeGUID string
+}
+
+// netdevOf finds the network device under port 1 of RDMA device dev in a
+// tree laid out like /sys/class/infiniband. rxe devices have a "parent" file;
+// every RoCE device lists the netdev of each populated GID entry in
+// ports/1/gid_attrs/ndevs/<index>.
+func netdevOf(fsys fs.FS, dev string) string {
+	if b, err := fs.ReadFile(fsys, path.Join(dev, "parent")); err == nil {
+		if s := strings.TrimSpace(string(b)); s != "" {
+			return s
+		}
+	}
+	dir := path.Join(dev, "ports/1/gid_attrs/ndevs")
+	ents, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return ""
+	}
+	idx := make([]int, 0, len(ents))
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil {
+			idx = append(idx, n)
+		}
+	}
+	slices.Sort(idx)
+	for _, n := range idx {
+		// Unpopulated entries fail to read (EINVAL); the first one that reads wins.
+		b, err := fs.ReadFile(fsys, path.Join(dir, strconv.Itoa(n)))
+		if s := strings.TrimSpace(string(b)); err == nil && s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+// ipv4FromGIDs returns the first IPv4-mapped GID (::ffff:a.b.c.d) of port 1
+// of dev, which is how RoCE v2 devices list the IPv4 addresses of their netdev.
+func ipv4FromGIDs(fsys fs.FS, dev string) (netip.Addr, bool) {
+	dir := path.Join(dev, "ports/1/gids")
+	ents, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	idx := make([]int, 0, len(ents))
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil {
+			idx = append(idx, n)
+		}
+	}
+	slices.Sort(idx)
+	for _, n := range idx {
+		b, err := fs.ReadFile(fsys, path.Join(dir, strconv.Itoa(n)))
+		if err != nil {
+			continue
+		}
+		if a, ok := parseGIDv4(strings.TrimSpace(string(b))); ok {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// parseGIDv4 parses a GID as sysfs prints it (0000:0000:0000:0000:0000:ffff:0a4d:0001)
+// and returns the IPv4 address when it is IPv4-mapped.
+func parseGIDv4(s string) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(s)
+	if err != nil || !a.Is4In6() {
+		return netip.Addr{}, false
+	}
+	return a.Unmap(), true
+}
+
+// pickIPv4 returns the first usable IPv4 address (not link-local, not unspecified).
+func pickIPv4(addrs []netip.Addr) (netip.Addr, bool) {
+	for _, a := range addrs {
+		a = a.Unmap()
+		if a.Is4() && !a.IsLinkLocalUnicast() && !a.IsUnspecified() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// probe is what Device needs from the system; tests replace it.
+type probe struct {
+	getenv     func(string) string
+	sysfs      func() bool // does /sys/class/infiniband exist?
+	links      func() ([]Link, error)
+	addressFor func(string) (netip.Addr, error)
+}
+
+var systemProbe = probe{
+	getenv: os.Getenv,
+	sysfs: func() bool {
+		_, err := os.Stat(SysfsRoot)
+		return err == nil
+	},
+	links:      Links,
+	addressFor: AddressFor,
+}
+
+// resolve decides which device a test uses. A non-empty skip means "skip with
+// this reason"; a non-nil error means the test must fail.
+func (p probe) resolve() (dev string, addr netip.Addr, skip string, err error) {
+	dev = p.getenv(EnvDev)
+	if dev == "" {
+		if !p.sysfs() {
+			return "", netip.Addr{}, "no RDMA device: " + SysfsRoot + " missing; run through test/vm/rxe-vm.sh", nil
+		}
+		links, lerr := p.links()
+		if lerr != nil {
+			return "", netip.Addr{}, fmt.Sprintf("no RDMA device: cannot list RDMA links (%v); run through test/vm/rxe-vm.sh", lerr), nil
+		}
+		var why []string
+		for _, l := range links {
+			a, aerr := p.addressFor(l.Name)
+			if aerr == nil {
+				return l.Name, a, "", nil
+			}
+			why = append(why, aerr.Error())
+		}
+		if len(links) == 0 {
+			return "", netip.Addr{}, "no RDMA device: " + SysfsRoot + " is empty; run through test/vm/rxe-vm.sh", nil
+		}
+		return "", netip.Addr{}, "no RDMA device with an IPv4 address (" + strings.Join(why, "; ") + "); run through test/vm/rxe-vm.sh", nil
+	}
+
+	// RXE_DEV is set: the environment promises a device, so anything missing is a failure.
+	links, lerr := p.links()
+	if lerr != nil {
+		return "", netip.Addr{}, "", fmt.Errorf("%s=%s but RDMA links cannot be listed: %w", EnvDev, dev, lerr)
+	}
+	if !slices.ContainsFunc(links, func(l Link) bool { return l.Name == dev }) {
+		names := make([]string, len(links))
+		for i, l := range links {
+			names[i] = l.Name
+		}
+		return "", netip.Addr{}, "", fmt.Errorf("%s=%s but there is no such RDMA device (have: %q)", EnvDev, dev, names)
+	}
+	if s := p.getenv(EnvIP); s != "" {
+		a, perr := netip.ParseAddr(s)
+		if perr != nil {
+			return "", netip.Addr{}, "", fmt.Errorf("%s=%q: %w", EnvIP, s, perr)
+		}
+		return dev, a, "", nil
+	}
+	a, aerr := p.addressFor(dev)
+	if aerr != nil {
+		return "", netip.Addr{}, "", fmt.Errorf("%s=%s, %s unset and no address found: %w", EnvDev, dev, EnvIP, aerr)
+	}
+	return dev, a, "", nil
+}
+
+// Device returns the RDMA device and the IPv4 address a test should use:
+// RXE_DEV and RXE_IP from the environment, or else the first RDMA device
+// whose netdev has an IPv4 address.
+//
+// It skips the test when the machine has no RDMA device at all, and fails it
+// when RXE_DEV is set but that device (or its address) is missing.
+func Device(tb testing.TB) (dev string, addr netip.Addr) {
+	tb.Helper()
+	dev, addr, skip, err := systemProbe.resolve()
+	if err != nil {
+		tb.Fatalf("softroce: %v", err)
+	}
+	if skip != "" {
+		tb.Skip(skip)
+	}
+	return dev, addr
+}
+
+// PeerIP returns RXE_PEER_IP, the address of the other end of the veth pair
+// in the test VM, or false when it is unset or invalid.
+func PeerIP() (netip.Addr, bool) {
+	a, err := netip.ParseAddr(os.Getenv(EnvPeerIP))
+	return a, err == nil
+}
+
+// VethPair describes a veth pair for [SetupVeth] and [Setup].
+type VethPair struct {
+	Name     string       // end that carries the rxe device, e.g. veth0
+	Peer     string       // other end, e.g. veth1
+	Addr     netip.Prefix // address of Name, e.g. 10.77.0.1/24
+	PeerAddr netip.Prefix // address of Peer, e.g. 10.77.0.2/24; zero for none
+}
+
+// DefaultVeth is the pair the test VM sets up.
+var DefaultVeth = VethPair{
+	Name:     "veth0",
+	Peer:     "veth1",
+	Addr:     netip.MustParsePrefix("10.77.0.1/24"),
+	PeerAddr: netip.MustParsePrefix("10.77.0.2/24"),
+}
+
+func (v VethPair) check() error {
+	switch {
+	case v.Name == "" || v.Peer == "":
+		return errors.New("softroce: veth pair needs two names")
+	case v.Name == v.Peer:
+		return fmt.Errorf("softroce: veth ends must differ (%s)", v.Name)
+	case !v.Addr.IsValid():
+		return fmt.Errorf("softroce: veth %s needs an address", v.Name)
+	}
+	return nil
+}
