@@ -1,0 +1,66 @@
+package rdmacm_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// A CM exchange with made-up QP numbers: a listener and a client on one
+// node, private data both ways.
+func Example() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ch, err := rdmacm.NewEventChannel()
+	if err != nil {
+		fmt.Println("no RDMA CM here:", err)
+		return
+	}
+	defer ch.Close()
+	addr := netip.MustParseAddrPort("10.77.0.1:18515")
+
+	l, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer l.Close()
+	if err := l.Bind(addr); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := l.Listen(8); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	c, _ := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	defer c.Close()
+	if err := c.ResolveAddr(ctx, netip.AddrPort{}, addr); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.ResolveRoute(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	c.Connect(rdmacm.ConnParam{QPNum: 0x123456, PrivateData: []byte("hello"), RetryCount: 7, RNRRetryCount: 7})
+
+	req, _ := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
+	srv := req.ID // ours now
+	defer srv.Close()
+	srv.Accept(rdmacm.ConnParam{QPNum: 0x654321, PrivateData: []byte("welcome")})
+
+	resp, err := c.WaitEvent(ctx, rdmacm.EventConnectResponse)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	c.Establish()
+	srv.WaitEvent(ctx, rdmacm.EventEstablished)
+	fmt.Printf("peer QP %#x, %d bytes of private data\n", resp.Conn.QPNum, len(resp.PrivateData))
+}

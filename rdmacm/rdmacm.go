@@ -1,0 +1,652 @@
+package rdmacm
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// DefaultResolveTimeout is the kernel timeout of ResolveAddr and
+// ResolveRoute when their context has no deadline.
+const DefaultResolveTimeout = 2 * time.Second
+
+var liveChannels, liveIDs atomic.Int64
+
+// Counts returns how many event channels and CM ids are alive in this
+// process; both are zero when everything has been closed.
+func Counts() Counters {
+	return Counters{Channels: int(liveChannels.Load()), IDs: int(liveIDs.Load())}
+}
+
+// EventChannel is an RDMA CM event channel with its event pump: one goroutine
+// that waits for the channel's descriptor in Go's netpoller, reads every
+// event, copies and acknowledges it at once, and queues it on the ID it
+// belongs to. Create ids on it with CreateID or CreateEndpoint.
+type EventChannel struct {
+	mu        sync.Mutex
+	closed    bool
+	destroyed bool
+	ids       map[uintptr]*ID // by handle, the value librdmacm keeps as the id's context
+	next      uintptr
+	live      int // ids created on this channel and not yet destroyed
+	sys       chanSys
+}
+
+// NewEventChannel creates an event channel and starts its pump. Without RDMA
+// (no /dev/infiniband/rdma_cm, no rdma_ucm module) it fails with an
+// *verbs.OpError naming rdma_create_event_channel; on platforms without
+// RDMA support the error satisfies errors.Is(err, ErrNotSupported).
+func NewEventChannel() (*EventChannel, error) {
+	c := &EventChannel{ids: make(map[uintptr]*ID)}
+	if err := c.sysOpen(); err != nil {
+		return nil, err
+	}
+	liveChannels.Add(1)
+	return c, nil
+}
+
+func (c *EventChannel) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// register creates the Go side of a CM id and gives it a handle.
+func (c *EventChannel) registerLocked(ps PortSpace, qpType verbs.QPType) *ID {
+	c.next++
+	id := &ID{ch: c, handle: c.next, ps: ps, qpType: qpType}
+	id.q.init()
+	c.ids[id.handle] = id
+	c.live++
+	liveIDs.Add(1)
+	return id
+}
+
+// unregister forgets a handle whose C id could not be created.
+func (c *EventChannel) unregister(id *ID) {
+	c.mu.Lock()
+	delete(c.ids, id.handle)
+	c.live--
+	liveIDs.Add(-1)
+	destroy := c.closed && c.live == 0 && !c.destroyed
+	if destroy {
+		c.destroyed = true
+	}
+	c.mu.Unlock()
+	if destroy {
+		c.sysDestroy()
+	}
+}
+
+func (c *EventChannel) lookup(h uintptr) *ID {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ids[h]
+}
+
+// CreateID creates a CM id with rdma_create_id. The port space decides the
+// QP type: PortSpaceTCP and PortSpaceIB take verbs.QPTypeRC, PortSpaceUDP and
+// PortSpaceIPoIB verbs.QPTypeUD. XRC-typed ids come from CreateEndpoint.
+func (c *EventChannel) CreateID(ps PortSpace, qpType verbs.QPType) (*ID, error) {
+	const op = "rdma_create_id"
+	if c == nil {
+		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
+	}
+	switch {
+	case (ps == PortSpaceTCP || ps == PortSpaceIB) && qpType == verbs.QPTypeRC:
+	case (ps == PortSpaceUDP || ps == PortSpaceIPoIB) && qpType == verbs.QPTypeUD:
+	default:
+		return nil, &verbs.OpError{Op: op, Addr: ps.String() + "/" + qpType.String(),
+			Err: errors.New("unsupported port space and QP type (XRC-typed ids come from CreateEndpoint)")}
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
+	}
+	id := c.registerLocked(ps, qpType)
+	c.mu.Unlock()
+	if err := id.sysCreate(); err != nil {
+		c.unregister(id)
+		return nil, &verbs.OpError{Op: op, Addr: ps.String(), Err: err}
+	}
+	return id, nil
+}
+
+// CreateEndpoint creates a CM id of any QP type librdmacm knows, XRC
+// included (verbs.QPTypeXRCSend for the active INI side, verbs.QPTypeXRCRecv
+// for the passive TGT side, on PortSpaceIB), the only way to type an id as
+// XRC. It uses rdma_create_ep without a PD or QP attributes and moves the id
+// to this channel with rdma_migrate_id.
+//
+// A passive endpoint is bound to addr (call Listen next). An active endpoint
+// is bound to the wildcard address of addr's family and then resolved to
+// addr asynchronously (address and route, through this channel, within ctx):
+// rdma_create_ep's own active path would resolve synchronously in C, which
+// this package never does. The addrinfo is built here from the numeric
+// address (what rdma_getaddrinfo with RAI_NUMERICHOST would return), so no
+// name lookup happens either.
+func (c *EventChannel) CreateEndpoint(ctx context.Context, ps PortSpace, qpType verbs.QPType, addr netip.AddrPort, passive bool) (*ID, error) {
+	const op = "rdma_create_ep"
+	if c == nil {
+		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
+	}
+	if !addr.IsValid() {
+		return nil, &verbs.OpError{Op: op, Err: errors.New("invalid address")}
+	}
+	bind := addr
+	if !passive {
+		bind = netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
+		if addr.Addr().Is6() && !addr.Addr().Is4In6() {
+			bind = netip.AddrPortFrom(netip.IPv6Unspecified(), 0)
+		}
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
+	}
+	id := c.registerLocked(ps, qpType)
+	c.mu.Unlock()
+	if err := id.sysCreateEP(bind); err != nil {
+		c.unregister(id)
+		return nil, &verbs.OpError{Op: op, Addr: addr.String(), Err: err}
+	}
+	if passive {
+		return id, nil
+	}
+	if err := id.ResolveAddr(ctx, netip.AddrPort{}, addr); err != nil {
+		id.Close()
+		return nil, err
+	}
+	if err := id.ResolveRoute(ctx); err != nil {
+		id.Close()
+		return nil, err
+	}
+	return id, nil
+}
+
+// Close stops the pump, and every waiter on the channel's ids returns
+// ErrClosed once the events already queued are consumed. Operations on the
+// ids then fail with ErrClosed, but the ids stay allocated until each is
+// closed: the C channel is destroyed with the last of them (or here, when
+// none is left). Close is idempotent.
+func (c *EventChannel) Close() error {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.sysStop() // the pump has exited when this returns
+	c.mu.Lock()
+	ids := make([]*ID, 0, len(c.ids))
+	for _, id := range c.ids {
+		ids = append(ids, id)
+	}
+	destroy := c.live == 0 && !c.destroyed
+	if destroy {
+		c.destroyed = true
+	}
+	c.mu.Unlock()
+	for _, id := range ids {
+		id.q.close(ErrClosed, false)
+	}
+	liveChannels.Add(-1)
+	if destroy {
+		c.sysDestroy()
+	}
+	return nil
+}
+
+// ID is an RDMA CM identifier (struct rdma_cm_id): the CM's handle on one
+// endpoint of a connection, a listener, or a datagram (SIDR) exchange. It
+// owns no QP: Connect and Accept name the caller's QP by number. Its methods
+// are safe for concurrent use.
+type ID struct {
+	ch     *EventChannel
+	handle uintptr
+	ps     PortSpace
+	qpType verbs.QPType
+	q      eventQueue
+
+	mu     sync.RWMutex // held for writing by Close only
+	closed bool
+	sys    idSys
+}
+
+// use locks the id for a C call; it fails with ErrClosed after Close of the
+// id or of its channel.
+func (id *ID) use(op string) (func(), error) {
+	if id == nil || id.ch == nil {
+		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
+	}
+	id.mu.RLock()
+	if id.closed || id.ch.isClosed() {
+		id.mu.RUnlock()
+		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
+	}
+	return id.mu.RUnlock, nil
+}
+
+// get locks the id for reading its C fields; ok is false after Close.
+func (id *ID) get() (func(), bool) {
+	if id == nil || id.ch == nil {
+		return nil, false
+	}
+	id.mu.RLock()
+	if id.closed {
+		id.mu.RUnlock()
+		return nil, false
+	}
+	return id.mu.RUnlock, true
+}
+
+func (id *ID) opErr(op, addr string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if addr == "" {
+		if dev := id.sysDeviceName(); dev != "" {
+			addr = dev
+		}
+	}
+	return &verbs.OpError{Op: op, Addr: addr, Err: err}
+}
+
+// PortSpace returns the id's port space.
+func (id *ID) PortSpace() PortSpace {
+	if id == nil {
+		return 0
+	}
+	return id.ps
+}
+
+// QPType returns the QP type the id was created for.
+func (id *ID) QPType() verbs.QPType {
+	if id == nil {
+		return 0
+	}
+	return id.qpType
+}
+
+// Channel returns the event channel the id delivers its events to.
+func (id *ID) Channel() *EventChannel {
+	if id == nil {
+		return nil
+	}
+	return id.ch
+}
+
+func (id *ID) ud() bool { return id.qpType == verbs.QPTypeUD }
+
+// Bind binds the id to a local address (rdma_bind_addr); a port of 0 picks
+// one. Binding to an RDMA device's address attaches the id to that device.
+func (id *ID) Bind(addr netip.AddrPort) error {
+	const op = "rdma_bind_addr"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if !addr.IsValid() {
+		return &verbs.OpError{Op: op, Err: syscall.EINVAL}
+	}
+	return id.opErr(op, addr.String(), id.sysBind(addr))
+}
+
+// kernelTimeout turns ctx's deadline into the millisecond timeout of a
+// resolve call.
+func kernelTimeout(ctx context.Context) int {
+	d := DefaultResolveTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = time.Until(dl)
+	}
+	ms := d.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	if ms > 1<<30 {
+		ms = 1 << 30
+	}
+	return int(ms)
+}
+
+// ResolveAddr resolves dst (and src, which may be the zero AddrPort) to an
+// RDMA device and port (rdma_resolve_addr), and waits for ADDR_RESOLVED.
+// The kernel's timeout is the time left until ctx's deadline, or
+// DefaultResolveTimeout. An address that does not resolve returns a
+// *verbs.OpError: its Timeout() is true when the resolution timed out (the
+// kernel's ADDR_ERROR with ETIMEDOUT, or ctx's deadline), otherwise it wraps
+// the kernel's errno. After an error, close the id.
+func (id *ID) ResolveAddr(ctx context.Context, src, dst netip.AddrPort) error {
+	const op = "rdma_resolve_addr"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	if !dst.IsValid() {
+		unlock()
+		return &verbs.OpError{Op: op, Err: syscall.EINVAL}
+	}
+	err = id.sysResolveAddr(src, dst, kernelTimeout(ctx))
+	unlock()
+	if err != nil {
+		return &verbs.OpError{Op: op, Addr: dst.String(), Err: err}
+	}
+	_, err = id.wait(ctx, EventAddrResolved, op, dst.String())
+	return err
+}
+
+// ResolveRoute resolves the route to the address given to ResolveAddr
+// (rdma_resolve_route) and waits for ROUTE_RESOLVED, with timeouts as in
+// ResolveAddr.
+func (id *ID) ResolveRoute(ctx context.Context) error {
+	const op = "rdma_resolve_route"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	err = id.sysResolveRoute(kernelTimeout(ctx))
+	addr := id.sysRemoteAddr().String()
+	unlock()
+	if err != nil {
+		return &verbs.OpError{Op: op, Addr: addr, Err: err}
+	}
+	_, err = id.wait(ctx, EventRouteResolved, op, addr)
+	return err
+}
+
+// Listen starts listening on the bound address (rdma_listen). Connection
+// requests arrive as CONNECT_REQUEST events on this id, each with a new ID.
+func (id *ID) Listen(backlog int) error {
+	const op = "rdma_listen"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return id.opErr(op, id.sysLocalAddr().String(), id.sysListen(backlog))
+}
+
+// Connect sends a connection request (rdma_connect): a REQ (private data up
+// to MaxReqPrivateData) on connected-mode ids, a SIDR REQ (up to
+// MaxSIDRReqPrivateData) on PortSpaceUDP. It does not wait: the answer is
+// CONNECT_RESPONSE (the peer's REP: move your QP with InitQPAttr, then
+// Establish), ESTABLISHED for SIDR, or REJECTED / UNREACHABLE.
+// Oversized private data fails with ErrPrivateDataTooLong before anything is
+// sent, and the id stays usable.
+func (id *ID) Connect(p ConnParam) error {
+	const op = "rdma_connect"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	limit := MaxReqPrivateData
+	if id.ud() {
+		limit = MaxSIDRReqPrivateData
+	}
+	if err := checkPrivateData(op, limit, p.PrivateData); err != nil {
+		return err
+	}
+	return id.opErr(op, id.sysRemoteAddr().String(), id.sysConnect(&p))
+}
+
+// Accept accepts the connection request this id came with (rdma_accept):
+// a REP naming p.QPNum (private data up to MaxRepPrivateData), or on
+// PortSpaceUDP a SIDR REP (QPNum and up to MaxSIDRRepPrivateData). Prepare
+// the QP first (InitQPAttr to RTR, and RTS). The connected-mode passive side
+// then gets ESTABLISHED when the peer calls Establish. A failing Accept
+// rejects the request.
+func (id *ID) Accept(p ConnParam) error {
+	const op = "rdma_accept"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	limit := MaxRepPrivateData
+	if id.ud() {
+		limit = MaxSIDRRepPrivateData
+	}
+	if err := checkPrivateData(op, limit, p.PrivateData); err != nil {
+		return err
+	}
+	return id.opErr(op, id.sysRemoteAddr().String(), id.sysAccept(&p))
+}
+
+// Reject rejects the connection request this id came with, or (on the
+// active side, after CONNECT_RESPONSE) the peer's reply (rdma_reject). The
+// peer sees REJECTED with reason 28 (consumer defined) and up to
+// MaxRejPrivateData bytes, or on PortSpaceUDP UNREACHABLE with SIDR status 2
+// and up to MaxSIDRRepPrivateData bytes.
+func (id *ID) Reject(privateData []byte) error {
+	const op = "rdma_reject"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	limit := MaxRejPrivateData
+	if id.ud() {
+		limit = MaxSIDRRepPrivateData
+	}
+	if err := checkPrivateData(op, limit, privateData); err != nil {
+		return err
+	}
+	return id.opErr(op, id.sysRemoteAddr().String(), id.sysReject(privateData))
+}
+
+// Establish completes a connection on the active side after
+// CONNECT_RESPONSE, once the caller's QP is in RTR/RTS (rdma_establish): it
+// sends the RTU, and the passive side gets ESTABLISHED.
+func (id *ID) Establish() error {
+	const op = "rdma_establish"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return id.opErr(op, id.sysRemoteAddr().String(), id.sysEstablish())
+}
+
+// Disconnect sends a DREQ, or answers the peer's with a DREP
+// (rdma_disconnect). Both sides then get DISCONNECTED, and TIMEWAIT_EXIT
+// about two seconds later. librdmacm returns success even when nothing could
+// be sent (for instance after CONNECT_RESPONSE: use Reject or Close there).
+func (id *ID) Disconnect() error {
+	const op = "rdma_disconnect"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return id.opErr(op, id.sysRemoteAddr().String(), id.sysDisconnect())
+}
+
+// InitQPAttr returns the attributes and the mask that move a QP of this
+// connection to state (rdma_init_qp_attr): INIT after the route (or the
+// request) is known, RTR and RTS once the peer's QP number is known. Note
+// that MinRNRTimer comes back as 0 (a 655 ms RNR back-off): override it, and
+// trim the mask to what the QP type accepts.
+func (id *ID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask, error) {
+	const op = "rdma_init_qp_attr"
+	unlock, err := id.use(op)
+	if err != nil {
+		return verbs.QPAttr{}, 0, err
+	}
+	defer unlock()
+	attr, mask, err := id.sysInitQPAttr(state)
+	if err != nil {
+		return verbs.QPAttr{}, 0, id.opErr(op, state.String(), err)
+	}
+	return attr, mask, nil
+}
+
+// DeviceName returns the name of the RDMA device the id is bound to, or ""
+// before the id is bound to one (or after Close).
+func (id *ID) DeviceName() string {
+	unlock, ok := id.get()
+	if !ok {
+		return ""
+	}
+	defer unlock()
+	return id.sysDeviceName()
+}
+
+// Port returns the device port the id is bound to, or 0.
+func (id *ID) Port() uint8 {
+	unlock, ok := id.get()
+	if !ok {
+		return 0
+	}
+	defer unlock()
+	return id.sysPort()
+}
+
+// LocalAddr returns the id's local address (rdma_get_local_addr).
+func (id *ID) LocalAddr() netip.AddrPort {
+	unlock, ok := id.get()
+	if !ok {
+		return netip.AddrPort{}
+	}
+	defer unlock()
+	return id.sysLocalAddr()
+}
+
+// RemoteAddr returns the id's peer address (rdma_get_peer_addr).
+func (id *ID) RemoteAddr() netip.AddrPort {
+	unlock, ok := id.get()
+	if !ok {
+		return netip.AddrPort{}
+	}
+	defer unlock()
+	return id.sysRemoteAddr()
+}
+
+// Pending returns how many events are queued for the id.
+func (id *ID) Pending() int {
+	if id == nil || id.ch == nil {
+		return 0
+	}
+	return id.q.len()
+}
+
+// Event returns the id's next event, in the order the CM reported them,
+// waiting until ctx ends. It fails with ErrClosed after Close of the id, or
+// of the channel once the queued events are consumed. When ctx ends first it
+// returns a *verbs.OpError wrapping ctx.Err() (a timeout for a deadline).
+func (id *ID) Event(ctx context.Context) (Event, error) {
+	return id.event(ctx, "rdma_get_cm_event", "")
+}
+
+func (id *ID) event(ctx context.Context, op, addr string) (Event, error) {
+	if id == nil || id.ch == nil {
+		return Event{}, &verbs.OpError{Op: op, Addr: addr, Err: ErrClosed}
+	}
+	e, err := id.q.pop(ctx)
+	if err != nil {
+		return Event{}, &verbs.OpError{Op: op, Addr: addr, Err: err}
+	}
+	return e, nil
+}
+
+// WaitEvent returns the next event if it is want. Otherwise it returns the
+// event together with an error: a *RejectError for REJECTED and
+// UNREACHABLE; a *verbs.OpError carrying the errno for ADDR_ERROR,
+// ROUTE_ERROR, CONNECT_ERROR and DEVICE_REMOVAL; an *UnexpectedEventError for
+// anything else. Waiting errors are as in Event.
+func (id *ID) WaitEvent(ctx context.Context, want EventType) (Event, error) {
+	return id.wait(ctx, want, "wait "+want.String(), "")
+}
+
+func (id *ID) wait(ctx context.Context, want EventType, op, addr string) (Event, error) {
+	e, err := id.event(ctx, op, addr)
+	if err != nil {
+		return e, err
+	}
+	if e.Type == want {
+		return e, nil
+	}
+	return e, eventError(e, want, addr)
+}
+
+func errnoOf(status int) error {
+	if status < 0 {
+		return syscall.Errno(-status)
+	}
+	return errors.New("status " + strconv.Itoa(status))
+}
+
+// eventError turns an event other than the awaited one into an error.
+func eventError(e Event, want EventType, addr string) error {
+	switch e.Type {
+	case EventRejected, EventUnreachable:
+		return &RejectError{Type: e.Type, Status: e.Status, UD: e.ID != nil && e.ID.ud(), PrivateData: e.PrivateData}
+	case EventAddrError:
+		return &verbs.OpError{Op: "rdma_resolve_addr", Addr: addr, Err: errnoOf(e.Status)}
+	case EventRouteError:
+		return &verbs.OpError{Op: "rdma_resolve_route", Addr: addr, Err: errnoOf(e.Status)}
+	case EventConnectError:
+		return &verbs.OpError{Op: "rdma_connect", Addr: addr, Err: errnoOf(e.Status)}
+	case EventDeviceRemoval:
+		return &verbs.OpError{Op: "rdmacm", Addr: addr, Err: syscall.ENODEV}
+	}
+	return &UnexpectedEventError{Want: want, Event: e}
+}
+
+// Close destroys the CM id (rdma_destroy_id): an established connection is
+// sent a DREQ (except from an XRC target id, which sends nothing), a pending
+// request is rejected. Queued events are dropped, and the new ids of
+// unclaimed connection requests on a listener are closed too. Waiters return
+// ErrClosed. Close is idempotent.
+func (id *ID) Close() error {
+	if id == nil || id.ch == nil {
+		return nil
+	}
+	id.mu.Lock()
+	if id.closed {
+		id.mu.Unlock()
+		return nil
+	}
+	id.closed = true
+	c := id.ch
+	c.mu.Lock()
+	delete(c.ids, id.handle) // the pump drops this id's events from now on
+	c.mu.Unlock()
+	rest := id.q.close(ErrClosed, true)
+	err := id.sysDestroy()
+	id.mu.Unlock()
+	for _, e := range rest {
+		if e.Type == EventConnectRequest && e.ID != nil && e.ID != id {
+			e.ID.Close()
+		}
+	}
+	c.mu.Lock()
+	c.live--
+	liveIDs.Add(-1)
+	destroy := c.closed && c.live == 0 && !c.destroyed
+	if destroy {
+		c.destroyed = true
+	}
+	c.mu.Unlock()
+	if destroy {
+		c.sysDestroy()
+	}
+	if err != nil {
+		return &verbs.OpError{Op: "rdma_destroy_id", Err: err}
+	}
+	return nil
+}

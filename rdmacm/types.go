@@ -1,0 +1,296 @@
+package rdmacm
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// ErrNotSupported is returned where RDMA cannot exist: a build without cgo,
+// an operating system other than Linux, or a feature the device lacks.
+// It is the same value as verbs.ErrNotSupported.
+var ErrNotSupported = verbs.ErrNotSupported
+
+// ErrClosed is returned by operations on a closed or nil EventChannel or ID,
+// and by waits that a Close interrupted. It is the same value as
+// verbs.ErrClosed (net.ErrClosed).
+var ErrClosed = verbs.ErrClosed
+
+// ErrPrivateDataTooLong is returned, wrapped in a *PrivateDataError, when
+// private data exceeds the budget of the CM message that would carry it.
+// The check happens in Go, before any C call, so the ID stays usable.
+var ErrPrivateDataTooLong = errors.New("private data too long")
+
+// Private-data budgets of the IB CM messages, with IPv4 or IPv6 addressing
+// (the CM header of an IP-addressed REQ takes 36 of the 92 bytes). A peer
+// always receives exactly the budget of the message, zero-padded: carry your
+// own length field.
+const (
+	MaxReqPrivateData     = 56  // REQ (rdma_connect on TCP and IB port spaces)
+	MaxRepPrivateData     = 196 // REP (rdma_accept)
+	MaxRejPrivateData     = 148 // REJ (rdma_reject of a connected-mode request)
+	MaxSIDRReqPrivateData = 180 // SIDR REQ (rdma_connect on PortSpaceUDP)
+	MaxSIDRRepPrivateData = 136 // SIDR REP (rdma_accept or rdma_reject on PortSpaceUDP)
+)
+
+// PrivateDataError reports private data over a message's budget.
+type PrivateDataError struct {
+	Op    string // the call that would have sent it, e.g. "rdma_connect"
+	Len   int    // the length given
+	Limit int    // the budget of the message
+}
+
+func (e *PrivateDataError) Error() string {
+	return fmt.Sprintf("rdmacm: %s: %d bytes of private data, the limit is %d: %v", e.Op, e.Len, e.Limit, ErrPrivateDataTooLong)
+}
+
+// Unwrap makes errors.Is(err, ErrPrivateDataTooLong) hold.
+func (e *PrivateDataError) Unwrap() error { return ErrPrivateDataTooLong }
+
+func checkPrivateData(op string, limit int, pd []byte) error {
+	if len(pd) > limit {
+		return &PrivateDataError{Op: op, Len: len(pd), Limit: limit}
+	}
+	return nil
+}
+
+// PortSpace is an RDMA CM port space: which transport a CM id's port numbers
+// belong to.
+type PortSpace uint16
+
+const (
+	PortSpaceIPoIB PortSpace = 0x0002 // RDMA_PS_IPOIB
+	PortSpaceTCP   PortSpace = 0x0106 // RDMA_PS_TCP: connected mode (RC), the usual choice
+	PortSpaceUDP   PortSpace = 0x0111 // RDMA_PS_UDP: datagrams; connect/accept are SIDR
+	PortSpaceIB    PortSpace = 0x013F // RDMA_PS_IB: any QP type, including XRC
+)
+
+func (ps PortSpace) String() string {
+	switch ps {
+	case PortSpaceIPoIB:
+		return "IPOIB"
+	case PortSpaceTCP:
+		return "TCP"
+	case PortSpaceUDP:
+		return "UDP"
+	case PortSpaceIB:
+		return "IB"
+	}
+	return fmt.Sprintf("PortSpace(%#x)", uint16(ps))
+}
+
+// EventType is an RDMA CM event (enum rdma_cm_event_type).
+type EventType int
+
+const (
+	EventAddrResolved    EventType = iota // RDMA_CM_EVENT_ADDR_RESOLVED
+	EventAddrError                        // RDMA_CM_EVENT_ADDR_ERROR: Status is a negative errno
+	EventRouteResolved                    // RDMA_CM_EVENT_ROUTE_RESOLVED
+	EventRouteError                       // RDMA_CM_EVENT_ROUTE_ERROR: Status is a negative errno
+	EventConnectRequest                   // RDMA_CM_EVENT_CONNECT_REQUEST: on the listener; Event.ID is the new id
+	EventConnectResponse                  // RDMA_CM_EVENT_CONNECT_RESPONSE: REP received; move the QP, then Establish
+	EventConnectError                     // RDMA_CM_EVENT_CONNECT_ERROR
+	EventUnreachable                      // RDMA_CM_EVENT_UNREACHABLE: no answer, or a SIDR reject (Status 2)
+	EventRejected                         // RDMA_CM_EVENT_REJECTED: Status is the IB CM reject reason
+	EventEstablished                      // RDMA_CM_EVENT_ESTABLISHED
+	EventDisconnected                     // RDMA_CM_EVENT_DISCONNECTED
+	EventDeviceRemoval                    // RDMA_CM_EVENT_DEVICE_REMOVAL
+	EventMulticastJoin                    // RDMA_CM_EVENT_MULTICAST_JOIN
+	EventMulticastError                   // RDMA_CM_EVENT_MULTICAST_ERROR
+	EventAddrChange                       // RDMA_CM_EVENT_ADDR_CHANGE
+	EventTimewaitExit                     // RDMA_CM_EVENT_TIMEWAIT_EXIT: the QP may now be destroyed or reused
+)
+
+var eventNames = [...]string{
+	"ADDR_RESOLVED", "ADDR_ERROR", "ROUTE_RESOLVED", "ROUTE_ERROR", "CONNECT_REQUEST",
+	"CONNECT_RESPONSE", "CONNECT_ERROR", "UNREACHABLE", "REJECTED", "ESTABLISHED",
+	"DISCONNECTED", "DEVICE_REMOVAL", "MULTICAST_JOIN", "MULTICAST_ERROR", "ADDR_CHANGE",
+	"TIMEWAIT_EXIT",
+}
+
+// String returns the event's name without the RDMA_CM_EVENT_ prefix.
+func (t EventType) String() string {
+	if t >= 0 && int(t) < len(eventNames) {
+		return eventNames[t]
+	}
+	return fmt.Sprintf("EventType(%d)", int(t))
+}
+
+// ConnParam are the connection parameters of Connect and Accept, and those a
+// connected-mode event carries (CONNECT_REQUEST, CONNECT_RESPONSE, REJECTED).
+// This package never creates QPs: QPNum names the caller's own QP (24 bits).
+type ConnParam struct {
+	PrivateData        []byte
+	ResponderResources uint8
+	InitiatorDepth     uint8
+	RetryCount         uint8 // ignored by Accept
+	RNRRetryCount      uint8
+	FlowControl        bool
+	SRQ                bool
+	QPNum              uint32
+}
+
+// UDParam is what a datagram (SIDR, PortSpaceUDP) event carries: on the
+// active side's ESTABLISHED, the remote QP number, the Q_Key and the address
+// vector to reach it. The Q_Key is always 0x01234567 with IP addressing.
+type UDParam struct {
+	QPNum uint32
+	QKey  uint32
+	AH    verbs.AHAttr
+}
+
+// Event is one RDMA CM event, copied out of librdmacm and acknowledged before
+// it is delivered, so it stays valid for ever.
+type Event struct {
+	Type EventType
+	// Status is 0, a negative errno (ADDR_ERROR, ROUTE_ERROR, CONNECT_ERROR,
+	// UNREACHABLE after a timeout), an IB CM reject reason (REJECTED) or a
+	// SIDR reply status (UNREACHABLE on PortSpaceUDP).
+	Status int
+	// ID is the id the event is for. For CONNECT_REQUEST it is the new
+	// passive id, which the receiver owns and must Accept, Reject or Close.
+	ID *ID
+	// Listener is the listening id of a CONNECT_REQUEST, nil otherwise.
+	Listener *ID
+	Conn     ConnParam // connected-mode parameters (non-UD ids)
+	UD       UDParam   // datagram parameters (UD ids)
+	// PrivateData is a copy of the message's private data. Its length is
+	// always the full budget of the message (zero-padded), or 0 when the
+	// event carries none.
+	PrivateData []byte
+}
+
+func (e Event) String() string {
+	return fmt.Sprintf("%v status=%d", e.Type, e.Status)
+}
+
+// IB CM reject reasons (Event.Status of REJECTED) that this package names.
+const (
+	RejectNoQP               = 1
+	RejectNoEEC              = 2
+	RejectNoResources        = 3
+	RejectTimeout            = 4
+	RejectUnsupported        = 5
+	RejectInvalidCommID      = 6
+	RejectInvalidCommInst    = 7
+	RejectInvalidServiceID   = 8
+	RejectInvalidTransport   = 9
+	RejectStaleConn          = 10
+	RejectRDCNotExist        = 11
+	RejectInvalidGID         = 12
+	RejectInvalidLID         = 13
+	RejectInvalidSL          = 14
+	RejectInvalidTrafficCls  = 15
+	RejectInvalidHopLimit    = 16
+	RejectInvalidPacketRate  = 17
+	RejectPortCMRedirect     = 24
+	RejectPortRedirect       = 25
+	RejectInvalidMTU         = 26
+	RejectInsufficientRespRs = 27
+	RejectConsumerDefined    = 28
+	RejectInvalidRNRRetry    = 29
+	RejectDuplicateLocalComm = 30
+	RejectInvalidClassVer    = 31
+	RejectInvalidFlowLabel   = 32
+	RejectInvalidAltFlowLbl  = 33
+)
+
+var rejectNames = map[int]string{
+	RejectNoQP: "no QP", RejectNoEEC: "no EEC", RejectNoResources: "no resources",
+	RejectTimeout: "timeout", RejectUnsupported: "unsupported request",
+	RejectInvalidCommID: "invalid communication id", RejectInvalidCommInst: "invalid communication instance",
+	RejectInvalidServiceID: "invalid service id (no listener)", RejectInvalidTransport: "invalid transport type",
+	RejectStaleConn: "stale connection", RejectRDCNotExist: "RDC does not exist",
+	RejectInvalidGID: "invalid GID", RejectInvalidLID: "invalid LID", RejectInvalidSL: "invalid SL",
+	RejectInvalidTrafficCls: "invalid traffic class", RejectInvalidHopLimit: "invalid hop limit",
+	RejectInvalidPacketRate: "invalid packet rate", RejectPortCMRedirect: "port CM redirect",
+	RejectPortRedirect: "port redirect", RejectInvalidMTU: "invalid MTU",
+	RejectInsufficientRespRs: "insufficient responder resources", RejectConsumerDefined: "consumer defined",
+	RejectInvalidRNRRetry: "invalid RNR retry", RejectDuplicateLocalComm: "duplicate local communication id",
+	RejectInvalidClassVer: "invalid class version", RejectInvalidFlowLabel: "invalid flow label",
+	RejectInvalidAltFlowLbl: "invalid alternate flow label",
+}
+
+// SIDR reply statuses (Event.Status of UNREACHABLE on a PortSpaceUDP id).
+const (
+	SIDRUnsupported        = 1 // no datagram listener on that port
+	SIDRReject             = 2 // the listener called Reject (or its Accept failed)
+	SIDRNoQP               = 3
+	SIDRRedirect           = 4
+	SIDRUnsupportedVersion = 5
+)
+
+var sidrNames = map[int]string{
+	SIDRUnsupported: "service not supported (no listener)", SIDRReject: "rejected",
+	SIDRNoQP: "no QP", SIDRRedirect: "redirect", SIDRUnsupportedVersion: "unsupported version",
+}
+
+// RejectError is returned by waits (WaitEvent, ResolveAddr, ...) when the
+// peer or the network refused a connection: a REJECTED event (Status is the
+// IB CM reject reason: 8 no listener, 10 stale connection, 28 consumer
+// defined, which is also what a mismatched QP type gets) or an UNREACHABLE
+// event (Status is a SIDR status on PortSpaceUDP, 2 for a SIDR reject, or a
+// negative errno such as -ETIMEDOUT when nobody answered).
+type RejectError struct {
+	Type        EventType // EventRejected or EventUnreachable
+	Status      int
+	UD          bool   // the id was a datagram (SIDR) id
+	PrivateData []byte // the peer's REJ or SIDR REP private data (full budget, zero-padded)
+}
+
+// Reason names the status.
+func (e *RejectError) Reason() string {
+	if e.Status < 0 {
+		return syscall.Errno(-e.Status).Error()
+	}
+	names := rejectNames
+	if e.Type == EventUnreachable && e.UD {
+		names = sidrNames
+	}
+	if s, ok := names[e.Status]; ok {
+		return s
+	}
+	return fmt.Sprintf("status %d", e.Status)
+}
+
+func (e *RejectError) Error() string {
+	what := "connection rejected"
+	if e.Type == EventUnreachable {
+		what = "peer unreachable"
+		if e.UD && e.Status > 0 {
+			what = "SIDR request rejected"
+		}
+	}
+	return fmt.Sprintf("rdmacm: %s: %s (%v status %d)", what, e.Reason(), e.Type, e.Status)
+}
+
+// Stale reports an IB CM stale-connection reject (reason 10): the QP number
+// is already in a live connection with that node.
+func (e *RejectError) Stale() bool { return e.Type == EventRejected && e.Status == RejectStaleConn }
+
+// Timeout reports an UNREACHABLE event caused by a timeout.
+func (e *RejectError) Timeout() bool {
+	return e.Status == -int(syscall.ETIMEDOUT)
+}
+
+// Temporary is part of the net.Error interface.
+func (e *RejectError) Temporary() bool { return e.Timeout() }
+
+// UnexpectedEventError is returned by WaitEvent when another event than the
+// one awaited arrives and it is not an error event with its own type.
+type UnexpectedEventError struct {
+	Want  EventType
+	Event Event
+}
+
+func (e *UnexpectedEventError) Error() string {
+	return fmt.Sprintf("rdmacm: waiting for %v, got %v (status %d)", e.Want, e.Event.Type, e.Event.Status)
+}
+
+// Counters are live objects of this package, for leak checks.
+type Counters struct {
+	Channels int // event channels not yet destroyed
+	IDs      int // CM ids not yet destroyed, listeners' unclaimed requests included
+}
