@@ -1,0 +1,383 @@
+package wire
+
+import "encoding/binary"
+
+// Req is a PHYS_REQ or VIRT_REQ.
+type Req struct {
+	Type        Type  // TypePhysReq or TypeVirtReq
+	Flags       Flags // FlagReciprocal, FlagReplacesTGT (PHYS only)
+	ConnTag     uint32
+	PeerTag     uint32 // non-zero exactly when FlagReciprocal
+	Incarnation uint64 // random per sender process start; never 0
+	INIQPN      uint32 // 24-bit; repeated because SIDR carries none
+	TGTQPNHint  uint32 // VIRT: the TGT to join; PHYS: 0, or the replaced TGT with FlagReplacesTGT
+	DomainHint  uint64 // 0 = unknown (PHYS only)
+	SRQN        uint32 // sender's own SRQ for the reverse leg (24-bit)
+	ReplyPort   uint16
+	appLen      uint8
+	app         [MaxVirtReqApp]byte
+}
+
+// App returns the application data (aliases r).
+func (r *Req) App() []byte { return r.app[:r.appLen] }
+
+// SetApp copies p into the application data.
+func (r *Req) SetApp(p []byte) error {
+	if len(p) > len(r.app) {
+		return &EncodeError{ReasonAppLength, "app"}
+	}
+	r.appLen = uint8(copy(r.app[:], p))
+	clear(r.app[r.appLen:])
+	return nil
+}
+
+// Len is the encoded length.
+func (r *Req) Len() int { return reqFixed + int(r.appLen) }
+
+func (r *Req) validate() check {
+	switch r.Type {
+	case TypePhysReq, TypeVirtReq:
+	default:
+		return check{ReasonType, "type"}
+	}
+	if r.Flags&^knownFlags != 0 {
+		return badFlags("unknown")
+	}
+	if r.ConnTag == 0 {
+		return bad("conn tag")
+	}
+	if (r.Flags&FlagReciprocal != 0) != (r.PeerTag != 0) {
+		return badFlags("reciprocal/peer tag")
+	}
+	if r.Incarnation == 0 {
+		return bad("incarnation")
+	}
+	if !validQPN(r.INIQPN) {
+		return bad("INI QPN")
+	}
+	if r.SRQN > maxQPN {
+		return bad("SRQN")
+	}
+	if r.Type == TypeVirtReq {
+		if r.Flags&FlagReplacesTGT != 0 {
+			return badFlags("replaces TGT on VIRT_REQ")
+		}
+		if !validQPN(r.TGTQPNHint) {
+			return bad("TGT hint")
+		}
+		if r.DomainHint == 0 {
+			return bad("domain hint")
+		}
+	} else if r.Flags&FlagReplacesTGT != 0 {
+		if !validQPN(r.TGTQPNHint) {
+			return bad("replaced TGT")
+		}
+	} else if r.TGTQPNHint != 0 {
+		return bad("TGT hint on PHYS_REQ")
+	}
+	if r.Len() > maxOut(r.Type) {
+		return check{ReasonAppLength, "app"}
+	}
+	return check{}
+}
+
+// Encode writes r into b and returns the length. It does not allocate.
+func (r *Req) Encode(b []byte) (int, error) {
+	if c := r.validate(); !c.ok() {
+		return 0, c.enc()
+	}
+	n := r.Len()
+	if len(b) < n {
+		return 0, &EncodeError{ReasonShort, "buffer"}
+	}
+	putHeader(b, r.Type, r.Flags, n)
+	binary.BigEndian.PutUint32(b[8:], r.ConnTag)
+	binary.BigEndian.PutUint32(b[12:], r.PeerTag)
+	binary.BigEndian.PutUint64(b[16:], r.Incarnation)
+	put24(b[24:], r.INIQPN)
+	put24(b[27:], r.TGTQPNHint)
+	binary.BigEndian.PutUint64(b[30:], r.DomainHint)
+	put24(b[38:], r.SRQN)
+	binary.BigEndian.PutUint16(b[41:], r.ReplyPort)
+	b[43] = r.appLen
+	copy(b[44:n], r.App())
+	return n, nil
+}
+
+// PeekType returns the type byte of a message of ours (magic and version
+// checked), so a receiver can pick the decoder; the decoder checks the rest.
+func PeekType(b []byte) (Type, error) {
+	if len(b) < 4 {
+		return 0, decErr(ReasonShort, "header")
+	}
+	if binary.BigEndian.Uint16(b) != Magic {
+		return 0, decErr(ReasonMagic, "magic")
+	}
+	if b[2] != Version {
+		return 0, decErr(ReasonVersion, "version")
+	}
+	return Type(b[3]), nil
+}
+
+// DecodeReq decodes a REQ of the wanted type (TypePhysReq from a
+// connected-mode REQ, TypeVirtReq from a SIDR REQ) into r.
+func DecodeReq(b []byte, want Type, r *Req) error {
+	if want != TypePhysReq && want != TypeVirtReq {
+		return decErr(ReasonType, "type")
+	}
+	h, err := DecodeHeader(b, want)
+	if err != nil {
+		return err
+	}
+	if int(h.Length) != reqFixed+int(b[43]) {
+		return decErr(ReasonAppLength, "app")
+	}
+	*r = Req{
+		Type:        h.Type,
+		Flags:       h.Flags,
+		ConnTag:     binary.BigEndian.Uint32(b[8:]),
+		PeerTag:     binary.BigEndian.Uint32(b[12:]),
+		Incarnation: binary.BigEndian.Uint64(b[16:]),
+		INIQPN:      get24(b[24:]),
+		TGTQPNHint:  get24(b[27:]),
+		DomainHint:  binary.BigEndian.Uint64(b[30:]),
+		SRQN:        get24(b[38:]),
+		ReplyPort:   binary.BigEndian.Uint16(b[41:]),
+		appLen:      b[43],
+	}
+	copy(r.app[:], b[reqFixed:h.Length])
+	return r.validate().dec()
+}
+
+// Accept is the acceptor's positive answer (REP or SIDR REP).
+type Accept struct {
+	TagEcho     uint32 // the REQ's ConnTag
+	AcceptorTag uint32
+	Incarnation uint64
+	TGTQPN      uint32
+	SRQN        uint32 // acceptor's SRQ for this connection
+	DomainID    uint64
+	Credits     uint16
+	appLen      uint8
+	app         [MaxAcceptApp]byte
+}
+
+// App returns the application data (aliases a).
+func (a *Accept) App() []byte { return a.app[:a.appLen] }
+
+// SetApp copies p into the application data.
+func (a *Accept) SetApp(p []byte) error {
+	if len(p) > len(a.app) {
+		return &EncodeError{ReasonAppLength, "app"}
+	}
+	a.appLen = uint8(copy(a.app[:], p))
+	clear(a.app[a.appLen:])
+	return nil
+}
+
+// Len is the encoded length.
+func (a *Accept) Len() int { return acceptFixed + int(a.appLen) }
+
+func (a *Accept) validate() check {
+	switch {
+	case a.TagEcho == 0:
+		return bad("tag echo")
+	case a.AcceptorTag == 0:
+		return bad("acceptor tag")
+	case a.Incarnation == 0:
+		return bad("incarnation")
+	case !validQPN(a.TGTQPN):
+		return bad("TGT QPN")
+	case a.SRQN > maxQPN:
+		return bad("SRQN")
+	case a.DomainID == 0:
+		return bad("domain id")
+	case a.Len() > acceptMaxOut:
+		return check{ReasonAppLength, "app"}
+	}
+	return check{}
+}
+
+// Encode writes a into b and returns the length. It does not allocate.
+func (a *Accept) Encode(b []byte) (int, error) {
+	if c := a.validate(); !c.ok() {
+		return 0, c.enc()
+	}
+	n := a.Len()
+	if len(b) < n {
+		return 0, &EncodeError{ReasonShort, "buffer"}
+	}
+	putHeader(b, TypeAccept, 0, n)
+	binary.BigEndian.PutUint32(b[8:], a.TagEcho)
+	binary.BigEndian.PutUint32(b[12:], a.AcceptorTag)
+	binary.BigEndian.PutUint64(b[16:], a.Incarnation)
+	put24(b[24:], a.TGTQPN)
+	put24(b[27:], a.SRQN)
+	binary.BigEndian.PutUint64(b[30:], a.DomainID)
+	binary.BigEndian.PutUint16(b[38:], a.Credits)
+	b[40] = a.appLen
+	copy(b[acceptFixed:n], a.App())
+	return n, nil
+}
+
+// DecodeAccept decodes an ACCEPT into a.
+func DecodeAccept(b []byte, a *Accept) error {
+	h, err := DecodeHeader(b, TypeAccept)
+	if err != nil {
+		return err
+	}
+	if h.Flags != 0 {
+		return decErr(ReasonFlags, "flags")
+	}
+	if int(h.Length) != acceptFixed+int(b[40]) {
+		return decErr(ReasonAppLength, "app")
+	}
+	*a = Accept{
+		TagEcho:     binary.BigEndian.Uint32(b[8:]),
+		AcceptorTag: binary.BigEndian.Uint32(b[12:]),
+		Incarnation: binary.BigEndian.Uint64(b[16:]),
+		TGTQPN:      get24(b[24:]),
+		SRQN:        get24(b[27:]),
+		DomainID:    binary.BigEndian.Uint64(b[30:]),
+		Credits:     binary.BigEndian.Uint16(b[38:]),
+		appLen:      b[40],
+	}
+	copy(a.app[:], b[acceptFixed:h.Length])
+	return a.validate().dec()
+}
+
+// Reject is the acceptor's negative answer (REJ or SIDR REP with reject status).
+type Reject struct {
+	Tag        uint32 // the REQ's ConnTag; 0 if the REQ was unreadable
+	Reason     RejectReason
+	MinVersion uint8 // versions the rejecter speaks
+	MaxVersion uint8
+	Detail     uint32 // reason-specific (e.g. an application code)
+	DomainID   uint64 // the rejecter's domain; required for DOMAIN_MISMATCH
+	appLen     uint8
+	app        [MaxRejectApp]byte
+}
+
+// App returns the application data (aliases r).
+func (r *Reject) App() []byte { return r.app[:r.appLen] }
+
+// SetApp copies p into the application data.
+func (r *Reject) SetApp(p []byte) error {
+	if len(p) > len(r.app) {
+		return &EncodeError{ReasonAppLength, "app"}
+	}
+	r.appLen = uint8(copy(r.app[:], p))
+	clear(r.app[r.appLen:])
+	return nil
+}
+
+// Len is the encoded length.
+func (r *Reject) Len() int { return rejectFixed + int(r.appLen) }
+
+func (r *Reject) validate() check {
+	switch {
+	case r.Reason < RejectVersion || r.Reason > RejectBadRequest:
+		return bad("reason")
+	case r.MinVersion == 0 || r.MinVersion > r.MaxVersion:
+		return bad("version range")
+	case r.Reason == RejectDomainMismatch && r.DomainID == 0:
+		return bad("domain id")
+	case r.Len() > rejectMaxOut:
+		return check{ReasonAppLength, "app"}
+	}
+	return check{}
+}
+
+// Encode writes r into b and returns the length. It does not allocate.
+func (r *Reject) Encode(b []byte) (int, error) {
+	if c := r.validate(); !c.ok() {
+		return 0, c.enc()
+	}
+	n := r.Len()
+	if len(b) < n {
+		return 0, &EncodeError{ReasonShort, "buffer"}
+	}
+	putHeader(b, TypeReject, 0, n)
+	binary.BigEndian.PutUint32(b[8:], r.Tag)
+	b[12] = byte(r.Reason)
+	b[13] = r.MinVersion
+	b[14] = r.MaxVersion
+	b[15] = 0
+	binary.BigEndian.PutUint32(b[16:], r.Detail)
+	binary.BigEndian.PutUint64(b[20:], r.DomainID)
+	b[28] = r.appLen
+	copy(b[rejectFixed:n], r.App())
+	return n, nil
+}
+
+// DecodeReject decodes a REJECT into r.
+func DecodeReject(b []byte, r *Reject) error {
+	h, err := DecodeHeader(b, TypeReject)
+	if err != nil {
+		return err
+	}
+	if h.Flags != 0 {
+		return decErr(ReasonFlags, "flags")
+	}
+	if b[15] != 0 {
+		return decErr(ReasonReserved, "reserved")
+	}
+	if int(h.Length) != rejectFixed+int(b[28]) {
+		return decErr(ReasonAppLength, "app")
+	}
+	*r = Reject{
+		Tag:        binary.BigEndian.Uint32(b[8:]),
+		Reason:     RejectReason(b[12]),
+		MinVersion: b[13],
+		MaxVersion: b[14],
+		Detail:     binary.BigEndian.Uint32(b[16:]),
+		DomainID:   binary.BigEndian.Uint64(b[20:]),
+		appLen:     b[28],
+	}
+	copy(r.app[:], b[rejectFixed:h.Length])
+	return r.validate().dec()
+}
+
+// FIN is the in-band last message of a leg: the receiver drops its local
+// count for the connection after consuming it.
+type FIN struct {
+	Tag       uint32 // the receiver's tag (what every message on the leg carries)
+	SenderTag uint32
+}
+
+func (f *FIN) validate() check {
+	if f.Tag == 0 {
+		return bad("tag")
+	}
+	if f.SenderTag == 0 {
+		return bad("sender tag")
+	}
+	return check{}
+}
+
+// Encode writes f into b and returns FinLen. It does not allocate.
+func (f *FIN) Encode(b []byte) (int, error) {
+	if c := f.validate(); !c.ok() {
+		return 0, c.enc()
+	}
+	if len(b) < FinLen {
+		return 0, &EncodeError{ReasonShort, "buffer"}
+	}
+	putHeader(b, TypeFIN, 0, FinLen)
+	binary.BigEndian.PutUint32(b[8:], f.Tag)
+	binary.BigEndian.PutUint32(b[12:], f.SenderTag)
+	return FinLen, nil
+}
+
+// DecodeFIN decodes a FIN frame, which has no padding: len(b) must be FinLen.
+func DecodeFIN(b []byte, f *FIN) error {
+	h, err := DecodeHeader(b, TypeFIN)
+	if err != nil {
+		return err
+	}
+	if h.Flags != 0 {
+		return decErr(ReasonFlags, "flags")
+	}
+	*f = FIN{Tag: binary.BigEndian.Uint32(b[8:]), SenderTag: binary.BigEndian.Uint32(b[12:])}
+	return f.validate().dec()
+}
