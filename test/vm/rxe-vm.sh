@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# rxe-vm.sh - run a command in a throw-away qemu (TCG) guest that boots Debian
+# bookworm's stock kernel with soft-RoCE (rdma_rxe). The guest's root is this
+# machine's root, shared read-only over virtio-9p with a tmpfs overlay on top,
+# so host-built binaries (go test -c ...) run there unchanged.
+#
+# Usage: test/vm/rxe-vm.sh [options] [--] COMMAND [ARGS...]
+#        test/vm/rxe-vm.sh [options] 'shell snippet using $RXE_IP'
+#        test/vm/rxe-vm.sh --prepare
+# Options (environment variable in brackets):
+#   -w, --work DIR       cache and run dirs   [GOXRC_VM_WORK, default /var/cache/goxrc-vm]
+#   -o, --out DIR        output dir of this run (default WORK/runs/<time>-XXXX)
+#   -t, --timeout SEC    limit for the whole VM  [GOXRC_VM_TIMEOUT, default 900]
+#       --cmd-timeout S  limit for COMMAND in the guest (default: timeout - 30)
+#   -m, --mem SIZE       guest RAM            [GOXRC_VM_MEM, default 2G]
+#   -s, --smp N          guest vCPUs          [GOXRC_VM_SMP, default 2]
+#   -k, --kver ABI       Debian kernel ABI    [GOXRC_VM_KVER, default 6.1.0-47-amd64]
+#   -e, --env K=V        export K=V to COMMAND (repeatable)
+#       --rw DIR         share DIR read-write at the same path (repeatable)
+#       --no-rxe         no RDMA modules, no veth, no rxe0
+#   -q, --quiet          print COMMAND's output at the end instead of live
+#   -v, --verbose        kernel messages on the console log
+#       --prepare        install packages, fetch the kernel, build initramfs + rxe-setup, exit
+# The guest: rdma_rxe ib_uverbs rdma_ucm ib_umad veth loaded; veth0 10.77.0.1/24 <-> veth1
+# 10.77.0.2/24; rxe0 on veth0 (made by test/cmd/rxe-setup); ulimit -l unlimited; cwd = the
+# caller's; exported RXE_DEV RXE_NETDEV RXE_IP RXE_PEER_IP RXE_VM_OUT (the run dir, shared
+# read-write at the same path). Writes anywhere else vanish at power-off.
+# Exit code: COMMAND's (124 = it hit --cmd-timeout); 125 = the VM did not complete
+# (console tail printed). Must run as root.
+set -euo pipefail
+
+SELF=$(realpath "${BASH_SOURCE[0]}")
+REPO=$(cd "$(dirname "$SELF")/../.." && pwd)
+WORK=${GOXRC_VM_WORK:-/var/cache/goxrc-vm}
+VM_TIMEOUT=${GOXRC_VM_TIMEOUT:-900}
+MEM=${GOXRC_VM_MEM:-2G}
+SMP=${GOXRC_VM_SMP:-2}
+KVER=${GOXRC_VM_KVER:-6.1.0-47-amd64}
+CMD_TIMEOUT= OUT= RXE=1 QUIET=0 VERBOSE=0 PREPARE=0
+RW_DIRS=() ENVS=()
+PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
+          libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc)
+INITRD_MODS=(virtio_pci 9pnet_virtio 9p overlay)   # needed to mount the root; deps are added
+
+log() { echo "rxe-vm: $*" >&2; }
+die() { log "$*"; exit 125; }
+
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -w|--work) WORK=$2; shift 2;;
+    -o|--out) OUT=$2; shift 2;;
+    -t|--timeout) VM_TIMEOUT=$2; shift 2;;
+    --cmd-timeout) CMD_TIMEOUT=$2; shift 2;;
+    -m|--mem) MEM=$2; shift 2;;
+    -s|--smp) SMP=$2; shift 2;;
+    -k|--kver) KVER=$2; shift 2;;
+    -e|--env) ENVS+=("$2"); shift 2;;
+    --rw) RW_DIRS+=("$(realpath "$2")"); shift 2;;
+    --no-rxe) RXE=0; shift;;
+    -q|--quiet) QUIET=1; shift;;
+    -v|--verbose) VERBOSE=1; shift;;
+    --prepare) PREPARE=1; shift;;
+    -h|--help) sed -n '2,/^set -euo/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+    --) shift; break;;
+    -*) die "unknown option $1 (try --help)";;
+    *) break;;
+  esac
+done
+[[ $(id -u) == 0 ]] || die "must run as root (apt-get, qemu's 9p server reads the whole root)"
+[[ $PREPARE == 1 || $# -gt 0 ]] || die "no command given (try --help)"
+WORK=$(realpath -m "$WORK")
+[[ $WORK != *[[:space:],:]* ]] || die "work dir must not contain spaces, commas or colons: $WORK"
+mkdir -p "$WORK"
+
+ensure_packages() {
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+  done
+  [[ ${#missing[@]} == 0 ]] && return
+  log "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y --no-install-recommends "${missing[@]}" >&2 ||
+    { apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2; }
+}
+
+# Debian's kernel package, extracted under WORK/kernel/<abi>. When the pinned ABI has left
+# the mirror, whatever linux-image-amd64 depends on now is used.
+ensure_kernel() {
+  KROOT=$WORK/kernel/$KVER/root
+  local fb=$WORK/kernel/fallback.$KVER
+  if [[ ! -f $KROOT/boot/vmlinuz-$KVER && -s $fb ]]; then   # the pinned ABI was gone before
+    KVER=$(cat "$fb"); KROOT=$WORK/kernel/$KVER/root
+  fi
+  if [[ ! -f $KROOT/boot/vmlinuz-$KVER ]]; then
+    local pkg=linux-image-$KVER-unsigned
+    apt-cache show "$pkg" >/dev/null 2>&1 || apt-get update >&2 || true
+    if ! apt-cache show "$pkg" >/dev/null 2>&1; then
+      KVER=$(apt-cache depends linux-image-amd64 | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1)
+      [[ -n $KVER ]] || die "neither $pkg nor linux-image-amd64 is available"
+      log "pinned kernel gone from the mirror, using $KVER"
+      echo "$KVER" > "$fb"
+      KROOT=$WORK/kernel/$KVER/root
+      pkg=linux-image-$KVER-unsigned
+      apt-cache show "$pkg" >/dev/null 2>&1 || pkg=linux-image-$KVER
+    fi
+  fi
+  if [[ ! -f $KROOT/boot/vmlinuz-$KVER ]]; then
+    log "downloading $pkg"
+    local tmp=$WORK/kernel/$KVER/tmp
+    rm -rf "$tmp" && mkdir -p "$tmp/root" && chmod 777 "$tmp"   # apt downloads as _apt
+    (cd "$tmp" && apt-get download "$pkg" >&2)
+    dpkg-deb -x "$tmp"/*.deb "$tmp/root"
+    rm -rf "$KROOT" && mv "$tmp/root" "$KROOT" && rm -rf "$tmp"
+  fi
+  [[ -s $KROOT/lib/modules/$KVER/modules.dep.bin ]] || depmod -b "$KROOT" "$KVER"
+}
+
+# initramfs: static busybox, the modules to mount a 9p root with an overlay, and /init.
+build_initramfs() {
+  INITRD=$WORK/kernel/$KVER/initramfs.cpio.gz
+  local stamp d m f b
+  stamp=$(cat "$SELF" /bin/busybox | sha256sum | cut -c1-16)
+  [[ -s $INITRD && $(cat "$INITRD.stamp" 2>/dev/null) == "$stamp" ]] && return
+  log "building initramfs"
+  d=$WORK/kernel/$KVER/initramfs.d
+  rm -rf "$d" && mkdir -p "$d"/{bin,dev,proc,sys,lower,upper,newroot,modules}
+  cp /bin/busybox "$d/bin/" && ln -s busybox "$d/bin/sh"
+  for m in "${INITRD_MODS[@]}"; do
+    modprobe -d "$KROOT" -S "$KVER" --show-depends "$m" | awk '$1 == "insmod" {print $2}'
+  done | awk '!seen[$0]++' | while read -r f; do
+    b=$(basename "$f")
+    case $b in
+      *.ko.xz) xz -dc "$f" > "$d/modules/${b%.xz}"; b=${b%.xz};;
+      *) cp "$f" "$d/modules/$b";;
+    esac
+    echo "$b" >> "$d/modules/order"
+  done
+  sed -n '/^#### INIT$/,/^#### END INIT$/p' "$SELF" | sed '1d;$d' > "$d/init"
+  chmod 755 "$d/init"
+  (cd "$d" && find . | cpio -o -H newc --quiet | gzip -1) > "$INITRD.tmp"
+  mv "$INITRD.tmp" "$INITRD" && echo "$stamp" > "$INITRD.stamp"
+}
+
+find_go() {
+  GO=$(command -v go || true)
+  [[ -n $GO ]] || GO=/usr/local/go/bin/go
+  [[ -x $GO ]] || die "no go toolchain (needed to build test/cmd/rxe-setup); run test/run-tests.sh once to install it"
+}
+
+# rxe-setup creates veth0/veth1 and rxe0 in the guest through package test/softroce.
+build_rxe_setup() {
+  find_go
+  mkdir -p "$WORK/bin"
+  (cd "$REPO" && CGO_ENABLED=0 "$GO" build -o "$WORK/bin/rxe-setup.tmp" ./test/cmd/rxe-setup) ||
+    die "cannot build test/cmd/rxe-setup"
+  mv "$WORK/bin/rxe-setup.tmp" "$WORK/bin/rxe-setup"
+}
+
+exec 9> "$WORK/.lock"
+flock 9            # one preparation at a time; runs themselves may overlap
+ensure_packages
+ensure_kernel
+build_initramfs
+[[ $RXE == 0 ]] || build_rxe_setup
+exec 9>&-
+if [[ $PREPARE == 1 ]]; then
+  log "prepared: $KROOT/boot/vmlinuz-$KVER, $INITRD${GO:+, $WORK/bin/rxe-setup}"
+  [[ $# == 0 ]] && exit 0
+fi
+
+# ---------------------------------------------------------------- the run
+[[ -n $CMD_TIMEOUT ]] || CMD_TIMEOUT=$(( VM_TIMEOUT > 60 ? VM_TIMEOUT - 30 : VM_TIMEOUT / 2 ))
+if [[ -z $OUT ]]; then
+  mkdir -p "$WORK/runs"
+  { ls -1d "$WORK"/runs/*/ 2>/dev/null || true; } | head -n -30 | xargs -r rm -rf   # keep the last 30 runs
+  OUT=$(mktemp -d "$WORK/runs/$(date +%Y%m%d-%H%M%S)-XXXX")
+fi
+mkdir -p "$OUT" && OUT=$(realpath "$OUT")
+[[ $OUT != *[[:space:],:]* ]] || die "output dir must not contain spaces, commas or colons: $OUT"
+rm -f "$OUT"/{.cmd-started,exit_code,output.log,console.log,setup.log,timings,guest-timings}
+
+if [[ $# == 1 && $1 == *[[:space:]\;\|\&\$\<\>]* ]]; then
+  printf '%s\n' "$1" > "$OUT/cmd.sh"          # one argument with shell syntax: a snippet
+else
+  printf '%q ' "$@" > "$OUT/cmd.sh"; echo >> "$OUT/cmd.sh"
+fi
+{
+  printf 'KVER=%q\nMODDIR=%q\nRXE=%q\nCWD=%q\nCMD_TIMEOUT=%q\nRXE_SETUP=%q\n' \
+    "$KVER" "$KROOT/lib/modules/$KVER" "$RXE" "$PWD" "$CMD_TIMEOUT" "$WORK/bin/rxe-setup"
+  for e in ${ENVS[@]+"${ENVS[@]}"}; do printf 'export %q\n' "$e"; done
+} > "$OUT/params.sh"
+sed -n '/^#### STAGE2$/,/^#### END STAGE2$/p' "$SELF" | sed '1d;$d' > "$OUT/stage2.sh"
+
+VIRTFS=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
+        -virtfs "local,path=$OUT,mount_tag=rxeout,security_model=none,multidevs=remap")
+RWARG= i=0
+for d in ${RW_DIRS[@]+"${RW_DIRS[@]}"}; do
+  [[ $d != *[[:space:],:]* ]] || die "--rw dir must not contain spaces, commas or colons: $d"
+  VIRTFS+=(-virtfs "local,path=$d,mount_tag=rw$i,security_model=none,multidevs=remap")
+  RWARG+="${RWARG:+,}rw$i:$d"; i=$((i + 1))
+done
+APPEND="console=ttyS0 panic=-1 rdinit=/init rxevm.out=$OUT${RWARG:+ rxevm.rw=$RWARG} mitigations=off nokaslr tsc=reliable"
+[[ $VERBOSE == 1 ]] || APPEND+=" quiet loglevel=3"
+QEMU=(qemu-system-x86_64 -machine q35 -accel tcg,thread=multi -cpu max -smp "$SMP" -m "$MEM"
+      -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$INITRD" -append "$APPEND" "${VIRTFS[@]}"
+      -display none -vga none -monitor none -serial "file:$OUT/console.log" -nic none -nodefaults -no-reboot)
+printf '%q ' "${QEMU[@]}" > "$OUT/qemu-cmdline"
+
+log "run dir $OUT (timeout ${VM_TIMEOUT}s)"
+T0=$(date +%s.%N) T1=
+timeout -k 5 "$VM_TIMEOUT" "${QEMU[@]}" 2> "$OUT/qemu.stderr" &
+QPID=$! TAILPID=
+trap 'kill $QPID $TAILPID 2>/dev/null' INT TERM HUP
+while kill -0 "$QPID" 2>/dev/null; do
+  if [[ -e $OUT/.cmd-started ]]; then
+    T1=$(date +%s.%N)
+    if [[ $QUIET == 0 ]]; then tail -s 0.2 -n +1 -F --pid="$QPID" "$OUT/output.log" 2>/dev/null & TAILPID=$!; fi
+    break
+  fi
+  sleep 0.1
+done
+QRC=0; wait "$QPID" || QRC=$?
+[[ -z $TAILPID ]] || wait "$TAILPID" 2>/dev/null || true
+T2=$(date +%s.%N)
+[[ -n $T1 || ! -e $OUT/.cmd-started ]] || T1=$T2
+BOOT=$([[ -n $T1 ]] && echo "$T1 - $T0" | bc || echo none) TOTAL=$(echo "$T2 - $T0" | bc)
+{ printf 'boot_to_command_s=%s\ntotal_s=%s\nqemu_rc=%s\n' "$BOOT" "$TOTAL" "$QRC"; cat "$OUT/guest-timings"; } > "$OUT/timings" 2>/dev/null
+if [[ -n $T1 && -s $OUT/exit_code ]]; then
+  [[ $QUIET == 0 ]] || cat "$OUT/output.log"
+  RC=$(cat "$OUT/exit_code")
+  log "exit $RC, boot to command ${BOOT}s, total ${TOTAL}s"
+  exit "$RC"
+fi
+log "the VM did not complete the command (qemu rc $QRC; 124 = VM timeout ${VM_TIMEOUT}s). Console tail:"
+tail -n 30 "$OUT/console.log" >&2 || true
+cat "$OUT/qemu.stderr" >&2 || true
+[[ ! -s $OUT/output.log ]] || { log "output tail:"; tail -n 30 "$OUT/output.log" >&2; }
+exit 125
+
+# ---------------------------------------------------------------- guest side
+#### INIT
+#!/bin/sh
+# initramfs /init: host root over 9p (ro) + tmpfs overlay, the run dir, then stage2.
+export PATH=/bin
+busybox mount -t proc proc /proc
+busybox mount -t sysfs sysfs /sys
+busybox mount -t devtmpfs devtmpfs /dev
+busybox --install -s /bin
+for m in $(cat /modules/order); do insmod /modules/$m || echo "rxe-vm-init: insmod $m failed"; done
+fail() { echo "rxe-vm-init: FATAL: $*"; poweroff -f; }
+for w in $(cat /proc/cmdline); do
+  case $w in rxevm.out=*) OUTP=${w#*=};; rxevm.rw=*) RWS=${w#*=};; esac
+done
+O="trans=virtio,version=9p2000.L,msize=512000"
+i=0; until grep -qs rxeout /sys/bus/virtio/drivers/9pnet_virtio/*/mount_tag || [ $i -ge 100 ]; do sleep 0.1; i=$((i+1)); done
+mount -t 9p -o ro,cache=loose,$O hostroot /lower || fail "cannot mount hostroot"
+mount -t tmpfs -o mode=755,size=50% tmpfs /upper && mkdir /upper/u /upper/w
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w /newroot || fail "overlay"
+mkdir -p "/newroot$OUTP" && mount -t 9p -o cache=mmap,$O rxeout "/newroot$OUTP" || fail "cannot mount the run dir"
+for tp in $(echo "$RWS" | tr , ' '); do
+  mkdir -p "/newroot${tp#*:}" && mount -t 9p -o cache=mmap,$O "${tp%%:*}" "/newroot${tp#*:}" || echo "rxe-vm-init: cannot mount ${tp#*:}"
+done
+for m in proc sys dev; do mount --move /$m /newroot/$m; done
+exec switch_root /newroot /bin/bash "$OUTP/stage2.sh"
+#### END INIT
+
+#### STAGE2
+#!/bin/bash
+# stage2: PID 1 in the guest, on the host's userland. Set up RDMA, run cmd.sh, power off.
+OUT=$(dirname "$0")
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb LANG=C.UTF-8
+trap 'sync; echo 1 > /proc/sys/kernel/sysrq; busybox poweroff -f; echo o > /proc/sysrq-trigger' EXIT
+source "$OUT/params.sh"
+read -r up _ < /proc/uptime; echo "guest_uptime_stage2_s=$up" > "$OUT/guest-timings"
+log() { echo "rxe-vm-guest: $*" | tee -a "$OUT/setup.log" > /dev/console; }
+mkdir -p /dev/pts /dev/shm && mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+mount -t tmpfs -o mode=755 tmpfs /run && mkdir /run/lock
+mount -t tmpfs -o mode=1777 tmpfs /var/tmp
+for f in fd:self/fd stdin:self/fd/0 stdout:self/fd/1 stderr:self/fd/2; do ln -sfn "/proc/${f#*:}" "/dev/${f%%:*}"; done
+hostname rxe-vm
+ip link set lo up
+mkdir -p "/lib/modules/$KVER" && mount --bind "$MODDIR" "/lib/modules/$KVER"
+ulimit -l unlimited
+ulimit -n 65536
+export RXE_VM_OUT=$OUT RXE_DEV= RXE_NETDEV= RXE_IP= RXE_PEER_IP=
+if [[ $RXE == 1 ]]; then
+  modprobe -a rdma_rxe ib_uverbs rdma_ucm ib_umad veth >> "$OUT/setup.log" 2>&1 || log "modprobe failed"
+  if env=$("$RXE_SETUP" 2>> "$OUT/setup.log"); then
+    set -a; eval "$env"; set +a
+  else
+    log "rxe-setup failed: $(tail -n 3 "$OUT/setup.log")"
+  fi
+fi
+echo "RXE_DEV=$RXE_DEV RXE_NETDEV=$RXE_NETDEV RXE_IP=$RXE_IP RXE_PEER_IP=$RXE_PEER_IP" >> "$OUT/setup.log"
+cd "$CWD" 2>/dev/null || cd /
+read -r up _ < /proc/uptime; echo "guest_uptime_command_s=$up" >> "$OUT/guest-timings"
+: > "$OUT/.cmd-started"
+timeout -k 5 "$CMD_TIMEOUT" /bin/bash "$OUT/cmd.sh" > "$OUT/output.log" 2>&1 < /dev/null
+rc=$?
+echo $rc > "$OUT/exit_code"
+log "command exited with $rc"
+#### END STAGE2
