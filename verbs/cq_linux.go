@@ -1,0 +1,386 @@
+//go:build linux && cgo
+
+package verbs
+
+/*
+#cgo LDFLAGS: -libverbs
+#include "cverbs.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/goxrc/goxrc/internal/fdpoll"
+)
+
+// cAlloc returns n zeroed elements of size bytes in C memory, or nil.
+func cAlloc(n int, size uintptr) unsafe.Pointer {
+	if n <= 0 {
+		n = 1
+	}
+	return C.calloc(C.size_t(n), C.size_t(size))
+}
+
+func cFree(p unsafe.Pointer) {
+	if p != nil {
+		C.free(p)
+	}
+}
+
+// CompChannel is a completion channel: the file descriptor through which a
+// CQ's notifications arrive. Package verbs waits on it in the netpoller.
+type CompChannel struct {
+	l  lifecycle
+	c  *Context
+	ch *C.struct_ibv_comp_channel
+
+	bindMu sync.Mutex
+	cq     *CQ // the one CQ bound to this channel
+}
+
+// NewCompChannel creates a completion channel. One channel serves one CQ.
+func (c *Context) NewCompChannel() (*CompChannel, error) {
+	if c == nil || c.ctx == nil || !c.l.ref() {
+		return nil, closedErr("ibv_create_comp_channel", c.addr())
+	}
+	ch, err := C.ibv_create_comp_channel(c.ctx)
+	if ch == nil {
+		c.l.unref()
+		return nil, &OpError{Op: "ibv_create_comp_channel", Addr: c.name, Err: errnoOr(err, syscall.ENOMEM)}
+	}
+	live.channels.Add(1)
+	return &CompChannel{c: c, ch: ch}, nil
+}
+
+// Close destroys the channel; it fails with EBUSY while its CQ is open.
+// Close is idempotent.
+func (ch *CompChannel) Close() error {
+	if ch == nil || ch.ch == nil {
+		return nil
+	}
+	already, err := ch.l.beginClose("ibv_destroy_comp_channel", ch.c.name, "CQ")
+	if already || err != nil {
+		return err
+	}
+	if rc, cerr := C.ibv_destroy_comp_channel(ch.ch); rc != 0 {
+		ch.l.endClose(false)
+		return &OpError{Op: "ibv_destroy_comp_channel", Addr: ch.c.name, Err: rcErr(rc, cerr)}
+	}
+	ch.l.endClose(true)
+	live.channels.Add(-1)
+	ch.c.l.unref()
+	return nil
+}
+
+// pollBatch bounds one ibv_poll_cq call; Poll returns at most this many.
+const pollBatch = 256
+
+// ackBatch is how many CQ events accumulate before ibv_ack_cq_events:
+// acking takes a mutex in libibverbs, so do it rarely (and always on Close).
+const ackBatch = 64
+
+// CQ is a completion queue.
+type CQ struct {
+	l   lifecycle
+	c   *Context
+	cq  *C.struct_ibv_cq
+	ch  *CompChannel
+	fd  *fdpoll.FD // nil without a channel
+	tag string
+
+	pollMu sync.Mutex
+	tmp    *C.struct_ibv_wc
+	out    []C.struct_goxrc_wc // C memory
+
+	waitSem chan struct{} // one Wait at a time: fdpoll deadlines are per fd
+	armed   atomic.Bool
+	evMu    sync.Mutex
+	unacked C.uint
+	other   *C.int      // C scratch for goxrc_get_cq_events
+	drain   func() bool // q.drainEvents, bound once so Wait does not allocate it
+	cqe     int
+}
+
+// CreateCQ creates a completion queue with room for at least cqe entries.
+// With a channel, Wait can sleep until completions arrive; vector picks the
+// completion interrupt vector (0 is always valid).
+func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
+	if c == nil || c.ctx == nil || !c.l.ref() {
+		return nil, closedErr("ibv_create_cq", c.addr())
+	}
+	fail := func(err error) (*CQ, error) {
+		c.l.unref()
+		return nil, err
+	}
+	if cqe <= 0 {
+		return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: &explained{syscall.EINVAL, fmt.Sprintf("cqe %d", cqe)}})
+	}
+	q := &CQ{c: c, ch: ch, waitSem: make(chan struct{}, 1)}
+	var cch *C.struct_ibv_comp_channel
+	if ch != nil {
+		if ch.c != c {
+			return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: &explained{syscall.EINVAL, "completion channel belongs to another device"}})
+		}
+		if ch.ch == nil || !ch.l.ref() {
+			return fail(closedErr("ibv_create_cq", c.name+" (channel)"))
+		}
+		ch.bindMu.Lock()
+		busy := ch.cq != nil
+		if !busy {
+			ch.cq = q
+		}
+		ch.bindMu.Unlock()
+		if busy {
+			ch.l.unref()
+			return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: &explained{syscall.EBUSY, "completion channel already serves a CQ; create one channel per CQ"}})
+		}
+		cch = ch.ch
+	}
+	unbind := func() {
+		if ch != nil {
+			ch.bindMu.Lock()
+			ch.cq = nil
+			ch.bindMu.Unlock()
+			ch.l.unref()
+		}
+	}
+	cq, err := C.ibv_create_cq(c.ctx, C.int(cqe), nil, cch, C.int(vector))
+	if cq == nil {
+		unbind()
+		return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: errnoOr(err, syscall.ENOMEM)})
+	}
+	q.cq = cq
+	q.cqe = int(C.goxrc_cq_cqe(cq))
+	q.tag = fmt.Sprintf("%s cq %p", c.name, cq)
+	q.tmp = (*C.struct_ibv_wc)(cAlloc(pollBatch, unsafe.Sizeof(C.struct_ibv_wc{})))
+	out := (*C.struct_goxrc_wc)(cAlloc(pollBatch, unsafe.Sizeof(C.struct_goxrc_wc{})))
+	q.other = (*C.int)(cAlloc(1, unsafe.Sizeof(C.int(0))))
+	if q.tmp == nil || out == nil || q.other == nil {
+		q.freeScratch(out)
+		C.ibv_destroy_cq(cq)
+		unbind()
+		return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: syscall.ENOMEM})
+	}
+	q.out = unsafe.Slice(out, pollBatch)
+	if ch != nil {
+		fd, err := fdpoll.Open(int(C.goxrc_channel_fd(cch)), q.tag+" channel")
+		if err != nil {
+			q.freeScratch(out)
+			C.ibv_destroy_cq(cq)
+			unbind()
+			return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: err})
+		}
+		q.fd = fd
+	}
+	q.drain = q.drainEvents
+	c.regMu.Lock()
+	c.cqs[cq] = q
+	c.regMu.Unlock()
+	live.cqs.Add(1)
+	return q, nil
+}
+
+func (q *CQ) freeScratch(out *C.struct_goxrc_wc) {
+	cFree(unsafe.Pointer(q.tmp))
+	cFree(unsafe.Pointer(out))
+	cFree(unsafe.Pointer(q.other))
+}
+
+func (q *CQ) addr() string {
+	if q == nil {
+		return ""
+	}
+	return q.tag
+}
+
+// CQE returns the queue's actual capacity (at least what was asked for).
+func (q *CQ) CQE() int {
+	if q == nil {
+		return 0
+	}
+	return q.cqe
+}
+
+// Poll copies up to len(wcs) completions (at most 256 per call) into wcs and
+// returns how many. It makes one C call and does not allocate.
+func (q *CQ) Poll(wcs []WorkCompletion) (int, error) {
+	if q == nil || q.cq == nil || !q.l.use() {
+		return 0, closedErr("ibv_poll_cq", q.addr())
+	}
+	n, err := q.poll(wcs)
+	q.l.done()
+	return n, err
+}
+
+// poll runs with q read-locked.
+func (q *CQ) poll(wcs []WorkCompletion) (int, error) {
+	n := min(len(wcs), pollBatch)
+	if n == 0 {
+		return 0, nil
+	}
+	q.pollMu.Lock()
+	got := int(C.goxrc_poll(q.cq, C.int(n), q.tmp, &q.out[0]))
+	for i := 0; i < got; i++ {
+		o := &q.out[i]
+		wcs[i] = WorkCompletion{
+			WRID:      uint64(o.wr_id),
+			Status:    WCStatus(o.status),
+			Opcode:    WCOpcode(o.opcode),
+			VendorErr: uint32(o.vendor_err),
+			ByteLen:   uint32(o.byte_len),
+			Imm:       uint32(o.imm),
+			QPNum:     uint32(o.qp_num),
+			SrcQP:     uint32(o.src_qp),
+			Flags:     WCFlags(o.wc_flags),
+			SLID:      uint16(o.slid),
+			SL:        uint8(o.sl),
+		}
+	}
+	q.pollMu.Unlock()
+	if got < 0 {
+		e := syscall.EIO
+		if got < -1 {
+			e = syscall.Errno(-got)
+		}
+		return 0, &OpError{Op: "ibv_poll_cq", Addr: q.tag, Err: e}
+	}
+	return got, nil
+}
+
+// ReqNotify arms the CQ: the next completion (or the next solicited one)
+// raises one event on the channel. Wait arms by itself; call this only when
+// reading the channel some other way.
+func (q *CQ) ReqNotify(solicitedOnly bool) error {
+	if q == nil || q.cq == nil || !q.l.use() {
+		return closedErr("ibv_req_notify_cq", q.addr())
+	}
+	defer q.l.done()
+	return q.arm(solicitedOnly)
+}
+
+func (q *CQ) arm(solicitedOnly bool) error {
+	s := C.int(0)
+	if solicitedOnly {
+		s = 1
+	}
+	if rc := C.goxrc_req_notify(q.cq, s); rc != 0 {
+		return &OpError{Op: "ibv_req_notify_cq", Addr: q.tag, Err: rcErr(rc, nil)}
+	}
+	q.armed.Store(true)
+	return nil
+}
+
+// drainEvents reads every queued channel event (the netpoller is
+// edge-triggered) and reports whether one was for this CQ.
+func (q *CQ) drainEvents() bool {
+	n := C.goxrc_get_cq_events(q.ch.ch, q.cq, q.other)
+	if n < 0 {
+		return true // let Wait poll and surface the CQ's state
+	}
+	if n == 0 {
+		return false
+	}
+	q.armed.Store(false)
+	q.evMu.Lock()
+	q.unacked += C.uint(n)
+	if q.unacked >= ackBatch {
+		C.ibv_ack_cq_events(q.cq, q.unacked)
+		q.unacked = 0
+	}
+	q.evMu.Unlock()
+	return true
+}
+
+// Wait returns completions, sleeping in the netpoller until some arrive. It
+// polls; if nothing is there it arms the CQ and polls again (a completion
+// may have slipped in before the arming); only then does it wait for the
+// channel. It returns ctx's error when ctx ends first (wrapped in an
+// *OpError; errors.Is(err, context.DeadlineExceeded) holds) and ErrClosed
+// once the CQ is closed. The CQ needs a completion channel. Concurrent Waits
+// on one CQ take turns.
+func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
+	if q == nil || q.cq == nil {
+		return 0, closedErr("wait CQ", q.addr())
+	}
+	if q.fd == nil {
+		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: &explained{syscall.EINVAL, "CQ was created without a completion channel"}}
+	}
+	if len(wcs) == 0 {
+		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: &explained{syscall.EINVAL, "no room for completions"}}
+	}
+	select {
+	case q.waitSem <- struct{}{}:
+	case <-ctx.Done():
+		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: ctx.Err()}
+	}
+	defer func() { <-q.waitSem }()
+	for {
+		if !q.l.use() {
+			return 0, closedErr("wait CQ", q.tag)
+		}
+		n, err := q.poll(wcs)
+		if n == 0 && err == nil && !q.armed.Load() {
+			if err = q.arm(false); err == nil {
+				n, err = q.poll(wcs)
+			}
+		}
+		q.l.done()
+		if n > 0 || err != nil {
+			return n, err
+		}
+		if err := q.fd.Wait(ctx, q.drain); err != nil {
+			if errors.Is(err, fdpoll.ErrClosed) {
+				return 0, closedErr("wait CQ", q.tag)
+			}
+			return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: err}
+		}
+	}
+}
+
+// Close destroys the CQ, waking any Wait (which returns ErrClosed). It fails
+// with EBUSY while QPs or SRQs use the CQ. Close is idempotent.
+func (q *CQ) Close() error {
+	if q == nil || q.cq == nil {
+		return nil
+	}
+	already, err := q.l.beginClose("ibv_destroy_cq", q.tag, "QPs and SRQs using it")
+	if already || err != nil {
+		return err
+	}
+	if q.fd != nil {
+		// Wakes a waiter; returns once no drainEvents runs.
+		q.fd.Close()
+	}
+	q.evMu.Lock()
+	if q.unacked > 0 {
+		// ibv_destroy_cq waits until every event it handed out is acked.
+		C.ibv_ack_cq_events(q.cq, q.unacked)
+		q.unacked = 0
+	}
+	q.evMu.Unlock()
+	if rc, cerr := C.ibv_destroy_cq(q.cq); rc != 0 {
+		q.l.endClose(false)
+		return &OpError{Op: "ibv_destroy_cq", Addr: q.tag, Err: rcErr(rc, cerr)}
+	}
+	q.freeScratch(&q.out[0])
+	q.c.regMu.Lock()
+	delete(q.c.cqs, q.cq)
+	q.c.regMu.Unlock()
+	q.l.endClose(true)
+	live.cqs.Add(-1)
+	if q.ch != nil {
+		q.ch.bindMu.Lock()
+		q.ch.cq = nil
+		q.ch.bindMu.Unlock()
+		q.ch.l.unref()
+	}
+	q.c.l.unref()
+	return nil
+}

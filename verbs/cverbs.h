@@ -1,0 +1,265 @@
+// C helpers for package verbs. Everything is static inline: the header is
+// included by several cgo files, and each keeps its own copy.
+//
+// The helpers exist for three reasons: libibverbs exposes several calls only
+// as macros or inline functions (ibv_query_port, ibv_reg_mr, ibv_poll_cq ...);
+// ibv_send_wr and ibv_wc hold unions that Go cannot name; and one C crossing
+// per chain or per batch is much cheaper than one per element.
+
+#ifndef GOXRC_VERBS_H
+#define GOXRC_VERBS_H
+
+#include <errno.h>
+#include <endian.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+// goxrc_swr is a send work request in a flat layout Go can fill; the chain
+// helper below turns it into an ibv_send_wr.
+struct goxrc_swr {
+	uint64_t wr_id;
+	uint64_t remote_addr;
+	uint64_t compare_add;
+	uint64_t swap;
+	struct ibv_ah *ah;
+	uint32_t opcode;
+	uint32_t flags;
+	uint32_t imm; // host order
+	uint32_t rkey;
+	uint32_t remote_qpn;
+	uint32_t remote_qkey;
+	uint32_t remote_srqn;
+	uint32_t num_sge;
+	uint32_t sge_off; // index of the first SGE in the QP's SGE array
+};
+
+// goxrc_wc is ibv_wc without the union, imm already in host order.
+struct goxrc_wc {
+	uint64_t wr_id;
+	uint32_t status;
+	uint32_t opcode;
+	uint32_t vendor_err;
+	uint32_t byte_len;
+	uint32_t imm;
+	uint32_t qp_num;
+	uint32_t src_qp;
+	uint32_t wc_flags;
+	uint16_t slid;
+	uint8_t sl;
+	uint8_t pad;
+};
+
+// goxrc_async is a copied ibv_async_event.
+struct goxrc_async {
+	uint32_t type;
+	uint32_t qp_num;
+	struct ibv_srq *srq;
+	struct ibv_cq *cq;
+	uint32_t port;
+};
+
+static inline int goxrc_post_send(struct ibv_qp *qp, const struct goxrc_swr *in,
+				  struct ibv_send_wr *wr, struct ibv_sge *sge,
+				  int n, int *bad) {
+	int i;
+	for (i = 0; i < n; i++) {
+		const struct goxrc_swr *s = &in[i];
+		struct ibv_send_wr *w = &wr[i];
+		memset(w, 0, sizeof(*w));
+		w->wr_id = s->wr_id;
+		w->next = i + 1 < n ? &wr[i + 1] : NULL;
+		w->sg_list = s->num_sge ? &sge[s->sge_off] : NULL;
+		w->num_sge = (int)s->num_sge;
+		w->opcode = (enum ibv_wr_opcode)s->opcode;
+		w->send_flags = s->flags;
+		w->imm_data = htobe32(s->imm);
+		switch (w->opcode) {
+		case IBV_WR_RDMA_WRITE:
+		case IBV_WR_RDMA_WRITE_WITH_IMM:
+		case IBV_WR_RDMA_READ:
+			w->wr.rdma.remote_addr = s->remote_addr;
+			w->wr.rdma.rkey = s->rkey;
+			break;
+		case IBV_WR_ATOMIC_CMP_AND_SWP:
+		case IBV_WR_ATOMIC_FETCH_AND_ADD:
+			w->wr.atomic.remote_addr = s->remote_addr;
+			w->wr.atomic.compare_add = s->compare_add;
+			w->wr.atomic.swap = s->swap;
+			w->wr.atomic.rkey = s->rkey;
+			break;
+		default:
+			break;
+		}
+		if (qp->qp_type == IBV_QPT_UD) {
+			w->wr.ud.ah = s->ah;
+			w->wr.ud.remote_qpn = s->remote_qpn;
+			w->wr.ud.remote_qkey = s->remote_qkey;
+		} else if (qp->qp_type == IBV_QPT_XRC_SEND) {
+			w->qp_type.xrc.remote_srqn = s->remote_srqn;
+		}
+	}
+	struct ibv_send_wr *badwr = NULL;
+	int rc = ibv_post_send(qp, wr, &badwr);
+	*bad = (rc && badwr) ? (int)(badwr - wr) : -1;
+	return rc;
+}
+
+static inline int goxrc_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, int *bad) {
+	struct ibv_recv_wr *badwr = NULL;
+	int rc = ibv_post_recv(qp, wr, &badwr);
+	*bad = (rc && badwr) ? (int)(badwr - wr) : -1;
+	return rc;
+}
+
+static inline int goxrc_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, int *bad) {
+	struct ibv_recv_wr *badwr = NULL;
+	int rc = ibv_post_srq_recv(srq, wr, &badwr);
+	*bad = (rc && badwr) ? (int)(badwr - wr) : -1;
+	return rc;
+}
+
+// goxrc_poll polls up to n completions into tmp and flattens them into out.
+static inline int goxrc_poll(struct ibv_cq *cq, int n, struct ibv_wc *tmp, struct goxrc_wc *out) {
+	int got = ibv_poll_cq(cq, n, tmp);
+	int i;
+	for (i = 0; i < got; i++) {
+		out[i].wr_id = tmp[i].wr_id;
+		out[i].status = tmp[i].status;
+		out[i].opcode = tmp[i].opcode;
+		out[i].vendor_err = tmp[i].vendor_err;
+		out[i].byte_len = tmp[i].byte_len;
+		out[i].imm = be32toh(tmp[i].imm_data);
+		out[i].qp_num = tmp[i].qp_num;
+		out[i].src_qp = tmp[i].src_qp;
+		out[i].wc_flags = tmp[i].wc_flags;
+		out[i].slid = tmp[i].slid;
+		out[i].sl = tmp[i].sl;
+	}
+	return got;
+}
+
+static inline int goxrc_req_notify(struct ibv_cq *cq, int solicited) {
+	return ibv_req_notify_cq(cq, solicited);
+}
+
+// goxrc_get_cq_events reads every queued event of a non-blocking channel.
+// It returns the number read, or -1 with errno set on a real error; events
+// for a CQ other than want are counted in *other.
+static inline int goxrc_get_cq_events(struct ibv_comp_channel *ch, struct ibv_cq *want, int *other) {
+	int n = 0;
+	*other = 0;
+	for (;;) {
+		struct ibv_cq *cq;
+		void *cqctx;
+		if (ibv_get_cq_event(ch, &cq, &cqctx)) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return n;
+			return n ? n : -1;
+		}
+		if (cq == want)
+			n++;
+		else {
+			ibv_ack_cq_events(cq, 1);
+			(*other)++;
+		}
+	}
+}
+
+// goxrc_get_async reads one async event, copies it and acks it. Returns 1 when
+// an event was copied, 0 when none is queued, -1 on error.
+static inline int goxrc_get_async(struct ibv_context *ctx, struct goxrc_async *out) {
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev)) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		return -1;
+	}
+	memset(out, 0, sizeof(*out));
+	out->type = ev.event_type;
+	switch (ev.event_type) {
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		out->qp_num = ev.element.qp ? ev.element.qp->qp_num : 0;
+		break;
+	case IBV_EVENT_CQ_ERR:
+		out->cq = ev.element.cq;
+		break;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		out->srq = ev.element.srq;
+		break;
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		out->port = (uint32_t)ev.element.port_num;
+		break;
+	default:
+		break;
+	}
+	ibv_ack_async_event(&ev);
+	return 1;
+}
+
+static inline int goxrc_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr) {
+	return ibv_query_port(ctx, port, attr);
+}
+
+static inline ssize_t goxrc_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *e, size_t max) {
+	return ibv_query_gid_table(ctx, e, max, 0);
+}
+
+static inline struct ibv_mr *goxrc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+	return ibv_reg_mr(pd, addr, len, access);
+}
+
+static inline int goxrc_get_srq_num(struct ibv_srq *srq, uint32_t *num) {
+	return ibv_get_srq_num(srq, num);
+}
+
+static inline struct ibv_qp *goxrc_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr) {
+	return ibv_create_qp_ex(ctx, attr);
+}
+
+static inline struct ibv_srq *goxrc_create_srq_ex(struct ibv_context *ctx, struct ibv_srq_init_attr_ex *attr) {
+	return ibv_create_srq_ex(ctx, attr);
+}
+
+static inline struct ibv_xrcd *goxrc_open_xrcd(struct ibv_context *ctx, int fd, int oflags) {
+	struct ibv_xrcd_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	a.fd = fd;
+	a.oflags = oflags;
+	return ibv_open_xrcd(ctx, &a);
+}
+
+static inline int goxrc_close_xrcd(struct ibv_xrcd *x) { return ibv_close_xrcd(x); }
+
+static inline struct ibv_qp *goxrc_open_qp(struct ibv_context *ctx, struct ibv_xrcd *xrcd, uint32_t qpn) {
+	struct ibv_qp_open_attr a;
+	memset(&a, 0, sizeof(a));
+	a.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+	a.qp_num = qpn;
+	a.xrcd = xrcd;
+	a.qp_type = IBV_QPT_XRC_RECV;
+	return ibv_open_qp(ctx, &a);
+}
+
+static inline int goxrc_async_fd(struct ibv_context *ctx) { return ctx->async_fd; }
+static inline int goxrc_channel_fd(struct ibv_comp_channel *ch) { return ch->fd; }
+static inline uint32_t goxrc_qp_num(struct ibv_qp *qp) { return qp->qp_num; }
+static inline int goxrc_cq_cqe(struct ibv_cq *cq) { return cq->cqe; }
+
+#endif

@@ -1,0 +1,377 @@
+//go:build linux && cgo
+
+package verbs
+
+/*
+#cgo LDFLAGS: -libverbs
+#include "cverbs.h"
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/goxrc/goxrc/internal/cbridge"
+	"github.com/goxrc/goxrc/internal/fdpoll"
+)
+
+func init() {
+	cbridge.WrapContext = func(p unsafe.Pointer) any { return wrapContext((*C.struct_ibv_context)(p)) }
+	cbridge.QPAttrFromC = func(p unsafe.Pointer) any { return qpAttrFromC((*C.struct_ibv_qp_attr)(p)) }
+	cbridge.AHAttrFromC = func(p unsafe.Pointer) any { return ahAttrFromC((*C.struct_ibv_ah_attr)(p)) }
+}
+
+// errnoOr returns err when the C call set errno, def otherwise: some
+// providers return NULL without setting it.
+func errnoOr(err error, def syscall.Errno) error {
+	var e syscall.Errno
+	if errors.As(err, &e) && e != 0 {
+		return e
+	}
+	return def
+}
+
+// rcErr turns the two return conventions of libibverbs (a positive errno, or
+// -1 with errno set) into an error.
+func rcErr(rc C.int, err error) error {
+	if rc == 0 {
+		return nil
+	}
+	if rc > 0 {
+		return syscall.Errno(rc)
+	}
+	return errnoOr(err, syscall.EIO)
+}
+
+// be64 converts a __be64 read as a native integer to its numeric value.
+func be64(v uint64) uint64 {
+	var b [8]byte
+	binary.NativeEndian.PutUint64(b[:], v)
+	return binary.BigEndian.Uint64(b[:])
+}
+
+// Devices lists the RDMA devices of this host. Where the kernel has no RDMA
+// support at all it returns an error matching ErrNotSupported.
+func Devices() ([]DeviceInfo, error) {
+	var n C.int
+	list, err := C.ibv_get_device_list(&n)
+	if list == nil {
+		return nil, noDevicesErr(err)
+	}
+	defer C.ibv_free_device_list(list)
+	devs := unsafe.Slice(list, int(n))
+	out := make([]DeviceInfo, 0, len(devs))
+	for _, d := range devs {
+		out = append(out, DeviceInfo{
+			Name:      C.GoString(C.ibv_get_device_name(d)),
+			NodeGUID:  be64(uint64(C.ibv_get_device_guid(d))),
+			Transport: Transport(d.transport_type),
+		})
+	}
+	return out, nil
+}
+
+func noDevicesErr(err error) error {
+	e := errnoOr(err, syscall.ENOSYS).(syscall.Errno)
+	if e == syscall.ENOSYS {
+		return &OpError{Op: "ibv_get_device_list", Err: &explained{e, "no RDMA support in this kernel (no uverbs devices)"}}
+	}
+	return &OpError{Op: "ibv_get_device_list", Err: e}
+}
+
+// Context is an open RDMA device (struct ibv_context).
+type Context struct {
+	l     lifecycle
+	ctx   *C.struct_ibv_context
+	name  string
+	owned bool // false for contexts librdmacm owns (cbridge.WrapContext)
+
+	asyncOnce sync.Once
+	asyncErr  error
+	events    chan AsyncEvent
+	asyncFD   *fdpoll.FD
+	asyncStop chan struct{}
+	asyncDone chan struct{}
+
+	regMu sync.Mutex
+	srqs  map[*C.struct_ibv_srq]*SRQ
+	cqs   map[*C.struct_ibv_cq]*CQ
+}
+
+// OpenDevice opens the device called name. An unknown name gives an
+// *OpError wrapping ENODEV.
+func OpenDevice(name string) (*Context, error) {
+	var n C.int
+	list, err := C.ibv_get_device_list(&n)
+	if list == nil {
+		return nil, &OpError{Op: "open device", Addr: name, Err: &explained{syscall.ENODEV, "no such RDMA device: " + noDevicesErr(err).Error()}}
+	}
+	defer C.ibv_free_device_list(list)
+	for _, d := range unsafe.Slice(list, int(n)) {
+		if C.GoString(C.ibv_get_device_name(d)) != name {
+			continue
+		}
+		c, err := C.ibv_open_device(d)
+		if c == nil {
+			return nil, &OpError{Op: "ibv_open_device", Addr: name, Err: errnoOr(err, syscall.ENODEV)}
+		}
+		ctx := newContext(c, name, true)
+		return ctx, nil
+	}
+	return nil, &OpError{Op: "open device", Addr: name, Err: &explained{syscall.ENODEV, "no such RDMA device"}}
+}
+
+func newContext(c *C.struct_ibv_context, name string, owned bool) *Context {
+	live.contexts.Add(1)
+	return &Context{ctx: c, name: name, owned: owned,
+		srqs: map[*C.struct_ibv_srq]*SRQ{}, cqs: map[*C.struct_ibv_cq]*CQ{}}
+}
+
+// wrapContext wraps a context that librdmacm owns: Close stops the Go side
+// (the event pump) but never closes the device.
+func wrapContext(c *C.struct_ibv_context) *Context {
+	if c == nil {
+		return nil
+	}
+	return newContext(c, C.GoString(C.ibv_get_device_name(c.device)), false)
+}
+
+func (c *Context) addr() string {
+	if c == nil {
+		return ""
+	}
+	return c.name
+}
+
+// use read-locks c for one call; nil and closed contexts give ErrClosed.
+func (c *Context) use(op string) error {
+	if c == nil || c.ctx == nil || !c.l.use() {
+		return closedErr(op, c.addr())
+	}
+	return nil
+}
+
+// Name returns the device name, e.g. "rxe0" or "mlx5_0".
+func (c *Context) Name() string { return c.addr() }
+
+// QueryDevice returns the device's attributes and limits.
+func (c *Context) QueryDevice() (DeviceAttr, error) {
+	if err := c.use("ibv_query_device"); err != nil {
+		return DeviceAttr{}, err
+	}
+	defer c.l.done()
+	var a C.struct_ibv_device_attr
+	if rc, err := C.ibv_query_device(c.ctx, &a); rc != 0 {
+		return DeviceAttr{}, &OpError{Op: "ibv_query_device", Addr: c.name, Err: rcErr(rc, err)}
+	}
+	return DeviceAttr{
+		FWVersion:       C.GoString(&a.fw_ver[0]),
+		NodeGUID:        be64(uint64(a.node_guid)),
+		SysImageGUID:    be64(uint64(a.sys_image_guid)),
+		MaxMRSize:       uint64(a.max_mr_size),
+		PageSizeCap:     uint64(a.page_size_cap),
+		VendorID:        uint32(a.vendor_id),
+		VendorPartID:    uint32(a.vendor_part_id),
+		HWVersion:       uint32(a.hw_ver),
+		MaxQP:           int(a.max_qp),
+		MaxQPWR:         int(a.max_qp_wr),
+		CapFlags:        DeviceCap(a.device_cap_flags),
+		MaxSGE:          int(a.max_sge),
+		MaxSGERd:        int(a.max_sge_rd),
+		MaxCQ:           int(a.max_cq),
+		MaxCQE:          int(a.max_cqe),
+		MaxMR:           int(a.max_mr),
+		MaxPD:           int(a.max_pd),
+		MaxQPRdAtom:     int(a.max_qp_rd_atom),
+		MaxQPInitRdAtom: int(a.max_qp_init_rd_atom),
+		MaxSRQ:          int(a.max_srq),
+		MaxSRQWR:        int(a.max_srq_wr),
+		MaxSRQSGE:       int(a.max_srq_sge),
+		AtomicCap:       AtomicCap(a.atomic_cap),
+		PhysPortCnt:     int(a.phys_port_cnt),
+	}, nil
+}
+
+// QueryPort returns the attributes of port (numbered from 1).
+func (c *Context) QueryPort(port uint8) (PortAttr, error) {
+	if err := c.use("ibv_query_port"); err != nil {
+		return PortAttr{}, err
+	}
+	defer c.l.done()
+	var a C.struct_ibv_port_attr
+	if rc, err := C.goxrc_query_port(c.ctx, C.uint8_t(port), &a); rc != 0 {
+		return PortAttr{}, &OpError{Op: "ibv_query_port", Addr: fmt.Sprintf("%s port %d", c.name, port), Err: rcErr(rc, err)}
+	}
+	return PortAttr{
+		State:        PortState(a.state),
+		MaxMTU:       MTU(a.max_mtu),
+		ActiveMTU:    MTU(a.active_mtu),
+		GIDTableLen:  int(a.gid_tbl_len),
+		PKeyTableLen: int(a.pkey_tbl_len),
+		MaxMsgSize:   uint32(a.max_msg_sz),
+		LID:          uint16(a.lid),
+		SMLID:        uint16(a.sm_lid),
+		LinkLayer:    LinkLayer(a.link_layer),
+		ActiveSpeed:  uint8(a.active_speed),
+		ActiveWidth:  uint8(a.active_width),
+	}, nil
+}
+
+// GIDs returns the valid entries of port's GID table, with their RoCE type
+// and network device.
+func (c *Context) GIDs(port uint8) ([]GIDEntry, error) {
+	pa, err := c.QueryPort(port)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.use("ibv_query_gid_table"); err != nil {
+		return nil, err
+	}
+	defer c.l.done()
+	// The table call covers every port; size it for all of them.
+	max := pa.GIDTableLen * 8
+	if max == 0 {
+		return nil, nil
+	}
+	buf := C.calloc(C.size_t(max), C.size_t(unsafe.Sizeof(C.struct_ibv_gid_entry{})))
+	if buf == nil {
+		return nil, &OpError{Op: "ibv_query_gid_table", Addr: c.name, Err: syscall.ENOMEM}
+	}
+	defer C.free(buf)
+	n, cerr := C.goxrc_query_gid_table(c.ctx, (*C.struct_ibv_gid_entry)(buf), C.size_t(max))
+	if n < 0 {
+		return nil, &OpError{Op: "ibv_query_gid_table", Addr: c.name, Err: errnoOr(cerr, syscall.Errno(-n))}
+	}
+	var out []GIDEntry
+	for _, e := range unsafe.Slice((*C.struct_ibv_gid_entry)(buf), int(n)) {
+		if uint8(e.port_num) != port {
+			continue
+		}
+		g := GIDEntry{Index: int(e.gid_index), Type: GIDType(e.gid_type)}
+		copy(g.GID[:], C.GoBytes(unsafe.Pointer(&e.gid), 16))
+		if e.ndev_ifindex != 0 {
+			if ifi, err := net.InterfaceByIndex(int(e.ndev_ifindex)); err == nil {
+				g.Netdev = ifi.Name
+			}
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+// AsyncEvents returns the device's asynchronous events (QP errors, SRQ limit,
+// port changes ...). The first call starts one pump goroutine that waits for
+// the device's async fd in the netpoller, copies and acknowledges each event
+// and delivers it here. The channel is closed by Close. Events wait in the
+// kernel while the channel is full, so a reader that falls behind loses
+// nothing. Every call returns the same channel; nil if the pump cannot start.
+func (c *Context) AsyncEvents() <-chan AsyncEvent {
+	if err := c.use("async events"); err != nil {
+		return nil
+	}
+	defer c.l.done()
+	c.asyncOnce.Do(func() {
+		fd, err := fdpoll.Open(int(C.goxrc_async_fd(c.ctx)), c.name+" async fd")
+		if err != nil {
+			c.asyncErr = err
+			return
+		}
+		c.asyncFD = fd
+		c.events = make(chan AsyncEvent, 64)
+		c.asyncStop = make(chan struct{})
+		c.asyncDone = make(chan struct{})
+		go c.pumpAsync()
+	})
+	if c.events == nil {
+		return nil
+	}
+	return c.events
+}
+
+func (c *Context) pumpAsync() {
+	defer close(c.asyncDone)
+	defer close(c.events)
+	var raw C.struct_goxrc_async
+	for {
+		stopped, failed := false, false
+		err := c.asyncFD.Wait(context.Background(), func() bool {
+			// Drain everything: the netpoller is edge-triggered.
+			for {
+				switch C.goxrc_get_async(c.ctx, &raw) {
+				case 0:
+					return false
+				case -1:
+					failed = true
+					return true
+				}
+				ev := c.convertAsync(&raw)
+				select {
+				case c.events <- ev:
+				case <-c.asyncStop:
+					stopped = true
+					return true
+				}
+			}
+		})
+		if stopped || failed || err != nil {
+			return
+		}
+		select {
+		case <-c.asyncStop:
+			return
+		default:
+		}
+	}
+}
+
+func (c *Context) convertAsync(raw *C.struct_goxrc_async) AsyncEvent {
+	ev := AsyncEvent{Type: AsyncEventType(raw._type), QPNum: uint32(raw.qp_num), Port: uint8(raw.port)}
+	c.regMu.Lock()
+	if raw.srq != nil {
+		ev.SRQ = c.srqs[raw.srq]
+		if ev.SRQ != nil {
+			ev.SRQNum = ev.SRQ.num
+		}
+	}
+	if raw.cq != nil {
+		ev.CQ = c.cqs[raw.cq]
+	}
+	c.regMu.Unlock()
+	return ev
+}
+
+// Close closes the device. It fails with EBUSY while PDs, CQs, completion
+// channels or XRC domains of this context are open: close those first.
+// Close is idempotent.
+func (c *Context) Close() error {
+	if c == nil || c.ctx == nil {
+		return nil
+	}
+	already, err := c.l.beginClose("ibv_close_device", c.name, "PDs, CQs, channels and XRC domains")
+	if already || err != nil {
+		return err
+	}
+	if c.asyncFD != nil {
+		close(c.asyncStop)
+		c.asyncFD.Close()
+		<-c.asyncDone
+	}
+	if c.owned {
+		if rc, cerr := C.ibv_close_device(c.ctx); rc != 0 {
+			// The Go side is gone already; report, but the context is closed.
+			c.l.endClose(true)
+			live.contexts.Add(-1)
+			return &OpError{Op: "ibv_close_device", Addr: c.name, Err: rcErr(rc, cerr)}
+		}
+	}
+	c.l.endClose(true)
+	live.contexts.Add(-1)
+	return nil
+}

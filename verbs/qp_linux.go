@@ -1,0 +1,901 @@
+//go:build linux && cgo
+
+package verbs
+
+/*
+#cgo LDFLAGS: -libverbs
+#include "cverbs.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// maxChain bounds the scratch arrays of one queue: a chain longer than the
+// queue itself could not be posted anyway.
+const maxChain = 1024
+
+// maxInlineArena bounds the C memory kept per QP for inline payloads.
+const maxInlineArena = 64 << 10
+
+// sendScratch is C memory a QP's PostSend fills and hands to C in one call.
+// cgo forbids passing Go memory that holds Go pointers, and allocating per
+// call would put the data path on the garbage collector.
+type sendScratch struct {
+	mu   sync.Mutex
+	in   []C.struct_goxrc_swr
+	wr   *C.struct_ibv_send_wr
+	sges []C.struct_ibv_sge
+	inl  []byte // inline arena
+	bad  *C.int
+}
+
+func (s *sendScratch) alloc(chain, sge, inline int) bool {
+	in := cAlloc(chain, unsafe.Sizeof(C.struct_goxrc_swr{}))
+	s.wr = (*C.struct_ibv_send_wr)(cAlloc(chain, unsafe.Sizeof(C.struct_ibv_send_wr{})))
+	sg := cAlloc(sge, unsafe.Sizeof(C.struct_ibv_sge{}))
+	s.bad = (*C.int)(cAlloc(1, unsafe.Sizeof(C.int(0))))
+	var inl unsafe.Pointer
+	if inline > 0 {
+		inl = cAlloc(inline, 1)
+	}
+	if in == nil || s.wr == nil || sg == nil || s.bad == nil || (inline > 0 && inl == nil) {
+		cFree(in)
+		cFree(sg)
+		cFree(inl)
+		cFree(unsafe.Pointer(s.wr))
+		cFree(unsafe.Pointer(s.bad))
+		*s = sendScratch{}
+		return false
+	}
+	s.in = unsafe.Slice((*C.struct_goxrc_swr)(in), chain)
+	s.sges = unsafe.Slice((*C.struct_ibv_sge)(sg), sge)
+	if inl != nil {
+		s.inl = unsafe.Slice((*byte)(inl), inline)
+	}
+	return true
+}
+
+func (s *sendScratch) free() {
+	if s.in != nil {
+		cFree(unsafe.Pointer(&s.in[0]))
+		cFree(unsafe.Pointer(&s.sges[0]))
+		cFree(unsafe.Pointer(s.wr))
+		cFree(unsafe.Pointer(s.bad))
+	}
+	if s.inl != nil {
+		cFree(unsafe.Pointer(&s.inl[0]))
+	}
+	*s = sendScratch{}
+}
+
+// recvScratch is the receive-side counterpart; ibv_recv_wr has no unions, so
+// Go fills it directly.
+type recvScratch struct {
+	mu   sync.Mutex
+	wrs  []C.struct_ibv_recv_wr
+	sges []C.struct_ibv_sge
+	bad  *C.int
+}
+
+func (r *recvScratch) alloc(chain, sge int) bool {
+	w := cAlloc(chain, unsafe.Sizeof(C.struct_ibv_recv_wr{}))
+	sg := cAlloc(sge, unsafe.Sizeof(C.struct_ibv_sge{}))
+	r.bad = (*C.int)(cAlloc(1, unsafe.Sizeof(C.int(0))))
+	if w == nil || sg == nil || r.bad == nil {
+		cFree(w)
+		cFree(sg)
+		cFree(unsafe.Pointer(r.bad))
+		*r = recvScratch{}
+		return false
+	}
+	r.wrs = unsafe.Slice((*C.struct_ibv_recv_wr)(w), chain)
+	r.sges = unsafe.Slice((*C.struct_ibv_sge)(sg), sge)
+	return true
+}
+
+func (r *recvScratch) free() {
+	if r.wrs != nil {
+		cFree(unsafe.Pointer(&r.wrs[0]))
+		cFree(unsafe.Pointer(&r.sges[0]))
+		cFree(unsafe.Pointer(r.bad))
+	}
+	*r = recvScratch{}
+}
+
+// fill copies wrs into the scratch arrays and links them. Call with r.mu held.
+func (r *recvScratch) fill(wrs []RecvWR) error {
+	if len(wrs) > len(r.wrs) {
+		return &PostError{Index: len(r.wrs), Err: &explained{syscall.EINVAL,
+			fmt.Sprintf("chain of %d work requests exceeds the queue's %d", len(wrs), len(r.wrs))}}
+	}
+	off := 0
+	for i := range wrs {
+		w := &wrs[i]
+		if off+len(w.SGL) > len(r.sges) {
+			return &PostError{Index: i, Err: &explained{syscall.EINVAL, "too many SGEs in the chain"}}
+		}
+		c := &r.wrs[i]
+		c.wr_id = C.uint64_t(w.ID)
+		c.num_sge = C.int(len(w.SGL))
+		c.sg_list = nil
+		if len(w.SGL) > 0 {
+			c.sg_list = &r.sges[off]
+		}
+		for j, g := range w.SGL {
+			r.sges[off+j] = C.struct_ibv_sge{addr: C.uint64_t(g.Addr), length: C.uint32_t(g.Length), lkey: C.uint32_t(g.LKey)}
+		}
+		off += len(w.SGL)
+		if i+1 < len(wrs) {
+			c.next = &r.wrs[i+1]
+		} else {
+			c.next = nil
+		}
+	}
+	return nil
+}
+
+func chainSize(depth uint32) int {
+	return max(1, min(int(depth), maxChain))
+}
+
+// QP is a queue pair, or a shared handle on an XRC target QP (OpenQP).
+type QP struct {
+	l    lifecycle
+	c    *Context
+	qp   *C.struct_ibv_qp
+	typ  QPType
+	num  uint32
+	tag  string
+	deps []*lifecycle // objects this QP holds a reference on
+	cap  QPCap
+	srq  bool
+
+	stateMu    sync.Mutex
+	state      QPState
+	stateKnown bool
+
+	send sendScratch
+	recv recvScratch
+}
+
+func sameDevice(c *Context, objs ...*Context) bool {
+	for _, o := range objs {
+		if o != nil && o != c {
+			return false
+		}
+	}
+	return true
+}
+
+func initErr(tag, why string) error {
+	return &OpError{Op: "ibv_create_qp_ex", Addr: tag, Err: &explained{syscall.EINVAL, why}}
+}
+
+// validateQPInit checks the combination of objects for the QP type before
+// any C call, so that a wrong combination gives a sentence, not EINVAL.
+func validateQPInit(tag string, in *QPInit) error {
+	caps := in.Cap
+	switch in.Type {
+	case QPTypeRC, QPTypeUC, QPTypeUD:
+		if in.SendCQ == nil {
+			return initErr(tag, in.Type.String()+" QP needs a send CQ")
+		}
+		if in.XRCD != nil {
+			return initErr(tag, in.Type.String()+" QP takes no XRC domain")
+		}
+		if in.SRQ != nil {
+			if in.SRQ.xrcd != nil {
+				return initErr(tag, "an XRC SRQ cannot serve an "+in.Type.String()+" QP")
+			}
+			if caps.MaxRecvWR != 0 || caps.MaxRecvSGE != 0 {
+				return initErr(tag, "a QP with an SRQ has no receive queue: leave MaxRecvWR and MaxRecvSGE 0")
+			}
+		}
+	case QPTypeXRCSend:
+		if in.SendCQ == nil {
+			return initErr(tag, "XRC_SEND QP needs a send CQ")
+		}
+		if in.RecvCQ != nil || in.SRQ != nil || in.XRCD != nil {
+			return initErr(tag, "XRC_SEND QP is send-only: no receive CQ, SRQ or XRC domain")
+		}
+		if caps.MaxRecvWR != 0 || caps.MaxRecvSGE != 0 {
+			return initErr(tag, "XRC_SEND QP is send-only: leave MaxRecvWR and MaxRecvSGE 0")
+		}
+	case QPTypeXRCRecv:
+		if in.XRCD == nil {
+			return initErr(tag, "XRC_RECV QP needs an XRC domain")
+		}
+		if in.SendCQ != nil || in.RecvCQ != nil || in.SRQ != nil {
+			return initErr(tag, "XRC_RECV QP takes only an XRC domain: no CQs, no SRQ (it delivers into the domain's XRC SRQs)")
+		}
+		if caps != (QPCap{}) {
+			return initErr(tag, "XRC_RECV QP has no queues of its own: leave Cap zero")
+		}
+	default:
+		return &OpError{Op: "ibv_create_qp_ex", Addr: tag, Err: &explained{syscall.EOPNOTSUPP, "QP type " + in.Type.String() + " is not supported by this package"}}
+	}
+	return nil
+}
+
+// CreateQP creates a queue pair; see QPInit for what each type takes.
+// RecvCQ defaults to SendCQ for RC, UC and UD.
+func (p *PD) CreateQP(init QPInit) (*QP, error) {
+	if p == nil || p.pd == nil {
+		return nil, closedErr("ibv_create_qp_ex", p.addr())
+	}
+	if init.Type == QPTypeXRCRecv {
+		if init.XRCD != nil && init.XRCD.c != p.c {
+			return nil, initErr(p.tag, "XRC domain belongs to another device")
+		}
+		return p.c.createQP(nil, init)
+	}
+	return p.c.createQP(p, init)
+}
+
+// CreateXRCRecvQP creates an XRC target (TGT) QP in the domain. The creator
+// holds one handle like any OpenQP caller; the QP lives until the last
+// handle is closed.
+func (c *Context) CreateXRCRecvQP(xrcd *XRCD) (*QP, error) {
+	return c.createQP(nil, QPInit{Type: QPTypeXRCRecv, XRCD: xrcd})
+}
+
+func (c *Context) createQP(pd *PD, init QPInit) (*QP, error) {
+	tag := c.addr()
+	if c == nil || c.ctx == nil {
+		return nil, closedErr("ibv_create_qp_ex", tag)
+	}
+	if init.Type != QPTypeXRCRecv && init.RecvCQ == nil && init.Type != QPTypeXRCSend {
+		init.RecvCQ = init.SendCQ
+	}
+	if err := validateQPInit(tag, &init); err != nil {
+		return nil, err
+	}
+	var dc []*Context
+	for _, o := range []interface{ ctxOf() *Context }{init.SendCQ, init.RecvCQ, init.SRQ, init.XRCD} {
+		if o != nil {
+			dc = append(dc, o.ctxOf())
+		}
+	}
+	if !sameDevice(c, dc...) {
+		return nil, initErr(tag, "CQs, SRQ and XRC domain must belong to the QP's device")
+	}
+	q := &QP{c: c, typ: init.Type, srq: init.SRQ != nil}
+	// Take references first: from here on nothing it uses can be freed.
+	var a C.struct_ibv_qp_init_attr_ex
+	take := func(l *lifecycle) bool {
+		if !l.ref() {
+			return false
+		}
+		q.deps = append(q.deps, l)
+		return true
+	}
+	ok := true
+	if pd != nil {
+		ok = pd.pd != nil && take(&pd.l)
+		a.comp_mask |= C.IBV_QP_INIT_ATTR_PD
+		a.pd = pd.pd
+	}
+	if ok && init.SendCQ != nil {
+		ok = init.SendCQ.cq != nil && take(&init.SendCQ.l)
+		a.send_cq = init.SendCQ.cq
+	}
+	if ok && init.RecvCQ != nil {
+		ok = init.RecvCQ.cq != nil && take(&init.RecvCQ.l)
+		a.recv_cq = init.RecvCQ.cq
+	}
+	if ok && init.SRQ != nil {
+		ok = init.SRQ.srq != nil && take(&init.SRQ.l)
+		a.srq = init.SRQ.srq
+	}
+	if ok && init.XRCD != nil {
+		ok = init.XRCD.x != nil && take(&init.XRCD.l)
+		a.comp_mask |= C.IBV_QP_INIT_ATTR_XRCD
+		a.xrcd = init.XRCD.x
+	}
+	if !ok {
+		q.release()
+		return nil, closedErr("ibv_create_qp_ex", tag+" (a PD, CQ, SRQ or XRC domain given is closed)")
+	}
+	a.qp_type = C.enum_ibv_qp_type(init.Type)
+	a.cap.max_send_wr = C.uint32_t(init.Cap.MaxSendWR)
+	a.cap.max_recv_wr = C.uint32_t(init.Cap.MaxRecvWR)
+	a.cap.max_send_sge = C.uint32_t(init.Cap.MaxSendSGE)
+	a.cap.max_recv_sge = C.uint32_t(init.Cap.MaxRecvSGE)
+	a.cap.max_inline_data = C.uint32_t(init.Cap.MaxInlineData)
+	if init.SigAll {
+		a.sq_sig_all = 1
+	}
+	cqp, err := C.goxrc_create_qp_ex(c.ctx, &a)
+	if cqp == nil {
+		q.release()
+		return nil, &OpError{Op: "ibv_create_qp_ex", Addr: tag + " " + init.Type.String(), Err: errnoOr(err, syscall.EINVAL)}
+	}
+	q.qp = cqp
+	q.num = uint32(C.goxrc_qp_num(cqp))
+	q.tag = fmt.Sprintf("%s %v QP %#x", c.name, init.Type, q.num)
+	q.cap = QPCap{
+		MaxSendWR:     uint32(a.cap.max_send_wr),
+		MaxRecvWR:     uint32(a.cap.max_recv_wr),
+		MaxSendSGE:    uint32(a.cap.max_send_sge),
+		MaxRecvSGE:    uint32(a.cap.max_recv_sge),
+		MaxInlineData: uint32(a.cap.max_inline_data),
+	}
+	q.stateKnown = true // a new QP is in RESET
+	if err := q.allocScratch(); err != nil {
+		C.ibv_destroy_qp(cqp)
+		q.release()
+		return nil, err
+	}
+	live.qps.Add(1)
+	return q, nil
+}
+
+func (q *QP) allocScratch() error {
+	if q.typ != QPTypeXRCRecv && q.cap.MaxSendWR > 0 {
+		chain := chainSize(q.cap.MaxSendWR)
+		inl := 0
+		if q.cap.MaxInlineData > 0 {
+			inl = min(chain*int(q.cap.MaxInlineData), maxInlineArena)
+		}
+		if !q.send.alloc(chain, chain*max(1, int(q.cap.MaxSendSGE)), inl) {
+			return &OpError{Op: "ibv_create_qp_ex", Addr: q.tag, Err: syscall.ENOMEM}
+		}
+	}
+	if !q.srq && q.typ != QPTypeXRCRecv && q.typ != QPTypeXRCSend && q.cap.MaxRecvWR > 0 {
+		chain := chainSize(q.cap.MaxRecvWR)
+		if !q.recv.alloc(chain, chain*max(1, int(q.cap.MaxRecvSGE))) {
+			q.send.free()
+			return &OpError{Op: "ibv_create_qp_ex", Addr: q.tag, Err: syscall.ENOMEM}
+		}
+	}
+	return nil
+}
+
+func (q *QP) release() {
+	for _, d := range q.deps {
+		d.unref()
+	}
+	q.deps = nil
+}
+
+// OpenQP opens another handle on the XRC target QP numbered qpn in the
+// domain (ibv_open_qp). Each handle counts: the target QP lives until its
+// last handle is closed, in this or any process. The handle can be modified
+// and queried but has no queues. A freed QP number can be reused at once,
+// so verify what was opened (Query) before trusting it.
+func (c *Context) OpenQP(xrcd *XRCD, qpn uint32) (*QP, error) {
+	tag := fmt.Sprintf("%s XRC_RECV QP %#x", c.addr(), qpn)
+	if c == nil || c.ctx == nil {
+		return nil, closedErr("ibv_open_qp", tag)
+	}
+	if xrcd == nil || xrcd.x == nil || xrcd.c != c {
+		return nil, &OpError{Op: "ibv_open_qp", Addr: tag, Err: &explained{syscall.EINVAL, "needs an XRC domain of this device"}}
+	}
+	if !xrcd.l.ref() {
+		return nil, closedErr("ibv_open_qp", tag+" (XRC domain)")
+	}
+	cqp, err := C.goxrc_open_qp(c.ctx, xrcd.x, C.uint32_t(qpn))
+	if cqp == nil {
+		xrcd.l.unref()
+		return nil, &OpError{Op: "ibv_open_qp", Addr: tag, Err: errnoOr(err, syscall.EINVAL)}
+	}
+	live.qps.Add(1)
+	return &QP{c: c, qp: cqp, typ: QPTypeXRCRecv, num: qpn, tag: tag, deps: []*lifecycle{&xrcd.l}}, nil
+}
+
+func (q *QP) addr() string {
+	if q == nil {
+		return ""
+	}
+	return q.tag
+}
+
+func (q *QP) use(op string) error {
+	if q == nil || q.qp == nil || !q.l.use() {
+		return closedErr(op, q.addr())
+	}
+	return nil
+}
+
+// Num returns the QP number; 0 for a nil QP.
+func (q *QP) Num() uint32 {
+	if q == nil {
+		return 0
+	}
+	return q.num
+}
+
+// Type returns the QP type.
+func (q *QP) Type() QPType {
+	if q == nil {
+		return 0
+	}
+	return q.typ
+}
+
+// Cap returns the queue sizes the device granted (at least those asked for).
+func (q *QP) Cap() QPCap {
+	if q == nil {
+		return QPCap{}
+	}
+	return q.cap
+}
+
+// Modify changes the QP's attributes and state. The mask must fit the QP type
+// and the transition (see RequiredMask and AllowedMask); otherwise Modify
+// returns an *OpError wrapping a *MaskError without calling the driver.
+func (q *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
+	if err := q.use("ibv_modify_qp"); err != nil {
+		return err
+	}
+	defer q.l.done()
+	if attr == nil {
+		return &OpError{Op: "ibv_modify_qp", Addr: q.tag, Err: &explained{syscall.EINVAL, "nil attributes"}}
+	}
+	q.stateMu.Lock()
+	defer q.stateMu.Unlock()
+	if !q.stateKnown {
+		var ca C.struct_ibv_qp_attr
+		var ci C.struct_ibv_qp_init_attr
+		if rc, err := C.ibv_query_qp(q.qp, &ca, C.IBV_QP_STATE, &ci); rc != 0 {
+			return &OpError{Op: "ibv_query_qp", Addr: q.tag, Err: rcErr(rc, err)}
+		}
+		q.state, q.stateKnown = QPState(ca.qp_state), true
+	}
+	if err := CheckMask(q.typ, q.state, attr, mask); err != nil {
+		return &OpError{Op: "ibv_modify_qp", Addr: q.tag, Err: err}
+	}
+	var ca C.struct_ibv_qp_attr
+	qpAttrToC(attr, &ca)
+	if rc, err := C.ibv_modify_qp(q.qp, &ca, C.int(mask)); rc != 0 {
+		q.stateKnown = false // the driver may have moved it (to ERR, say)
+		return &OpError{Op: "ibv_modify_qp", Addr: q.tag, Err: rcErr(rc, err)}
+	}
+	if mask&QPAttrState != 0 {
+		q.state = attr.State
+	}
+	return nil
+}
+
+// Query returns the attributes selected by mask and the QP's queue sizes.
+func (q *QP) Query(mask QPAttrMask) (QPAttr, QPCap, error) {
+	if err := q.use("ibv_query_qp"); err != nil {
+		return QPAttr{}, QPCap{}, err
+	}
+	defer q.l.done()
+	var ca C.struct_ibv_qp_attr
+	var ci C.struct_ibv_qp_init_attr
+	if rc, err := C.ibv_query_qp(q.qp, &ca, C.int(mask), &ci); rc != 0 {
+		return QPAttr{}, QPCap{}, &OpError{Op: "ibv_query_qp", Addr: q.tag, Err: rcErr(rc, err)}
+	}
+	attr := qpAttrFromC(&ca)
+	if mask&QPAttrState != 0 {
+		q.stateMu.Lock()
+		q.state, q.stateKnown = attr.State, true
+		q.stateMu.Unlock()
+	}
+	return attr, QPCap{
+		MaxSendWR:     uint32(ci.cap.max_send_wr),
+		MaxRecvWR:     uint32(ci.cap.max_recv_wr),
+		MaxSendSGE:    uint32(ci.cap.max_send_sge),
+		MaxRecvSGE:    uint32(ci.cap.max_recv_sge),
+		MaxInlineData: uint32(ci.cap.max_inline_data),
+	}, nil
+}
+
+// PostSend posts a chain of send work requests with one C call and no
+// allocation. On failure the *OpError wraps a *PostError whose Index is the
+// first request not posted; those before it were posted.
+func (q *QP) PostSend(wrs []SendWR) error {
+	if err := q.use("ibv_post_send"); err != nil {
+		return err
+	}
+	defer q.l.done()
+	s := &q.send
+	if s.in == nil {
+		return &OpError{Op: "ibv_post_send", Addr: q.tag, Err: &TypeError{Op: "PostSend", Type: q.typ, Why: "this QP has no send queue"}}
+	}
+	if len(wrs) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := q.fillSend(wrs); err != nil {
+		return &OpError{Op: "ibv_post_send", Addr: q.tag, Err: err}
+	}
+	if rc := C.goxrc_post_send(q.qp, &s.in[0], s.wr, &s.sges[0], C.int(len(wrs)), s.bad); rc != 0 {
+		return &OpError{Op: "ibv_post_send", Addr: q.tag, Err: &PostError{Index: int(*s.bad), Err: rcErr(rc, nil)}}
+	}
+	return nil
+}
+
+func (q *QP) fillSend(wrs []SendWR) error {
+	s := &q.send
+	if len(wrs) > len(s.in) {
+		return &PostError{Index: len(s.in), Err: &explained{syscall.EINVAL,
+			fmt.Sprintf("chain of %d work requests exceeds the send queue's %d", len(wrs), len(s.in))}}
+	}
+	sge, inl := 0, 0
+	for i := range wrs {
+		w := &wrs[i]
+		in := &s.in[i]
+		flags := w.Flags
+		in.sge_off = C.uint32_t(sge)
+		if len(w.Inline) > 0 {
+			n := len(w.Inline)
+			switch {
+			case len(w.SGL) > 0:
+				return &PostError{Index: i, Err: &explained{syscall.EINVAL, "Inline and SGL are exclusive"}}
+			case n > int(q.cap.MaxInlineData):
+				return &PostError{Index: i, Err: &explained{syscall.EINVAL, fmt.Sprintf("%d inline bytes exceed the QP's MaxInlineData %d", n, q.cap.MaxInlineData)}}
+			case inl+n > len(s.inl) || sge >= len(s.sges):
+				return &PostError{Index: i, Err: &explained{syscall.EINVAL, "inline data of the chain exceeds the QP's inline buffer"}}
+			}
+			copy(s.inl[inl:], w.Inline)
+			s.sges[sge] = C.struct_ibv_sge{addr: C.uint64_t(uintptr(unsafe.Pointer(&s.inl[inl]))), length: C.uint32_t(n)}
+			inl += (n + 7) &^ 7
+			sge++
+			in.num_sge = 1
+			flags |= SendInline
+		} else {
+			if sge+len(w.SGL) > len(s.sges) {
+				return &PostError{Index: i, Err: &explained{syscall.EINVAL, "too many SGEs in the chain"}}
+			}
+			for j, g := range w.SGL {
+				s.sges[sge+j] = C.struct_ibv_sge{addr: C.uint64_t(g.Addr), length: C.uint32_t(g.Length), lkey: C.uint32_t(g.LKey)}
+			}
+			sge += len(w.SGL)
+			in.num_sge = C.uint32_t(len(w.SGL))
+		}
+		in.wr_id = C.uint64_t(w.ID)
+		in.opcode = C.uint32_t(w.Opcode)
+		in.flags = C.uint32_t(flags)
+		in.imm = C.uint32_t(w.Imm)
+		in.remote_addr = C.uint64_t(w.RemoteAddr)
+		in.rkey = C.uint32_t(w.RKey)
+		in.compare_add = C.uint64_t(w.CompareAdd)
+		in.swap = C.uint64_t(w.Swap)
+		in.remote_srqn = C.uint32_t(w.RemoteSRQNum)
+		in.remote_qpn = C.uint32_t(w.RemoteQPN)
+		in.remote_qkey = C.uint32_t(w.RemoteQKey)
+		in.ah = nil
+		if q.typ == QPTypeUD {
+			if w.AH == nil || w.AH.ah == nil || !w.AH.l.use() {
+				return &PostError{Index: i, Err: &explained{syscall.EINVAL, "UD send needs an open AH"}}
+			}
+			in.ah = w.AH.ah
+			w.AH.l.done()
+		}
+	}
+	return nil
+}
+
+// PostRecv posts a chain of receive work requests with one C call and no
+// allocation. QPs that receive through an SRQ, and XRC QPs, have no receive
+// queue: post to the SRQ instead.
+func (q *QP) PostRecv(wrs []RecvWR) error {
+	if err := q.use("ibv_post_recv"); err != nil {
+		return err
+	}
+	defer q.l.done()
+	r := &q.recv
+	if r.wrs == nil {
+		why := "this QP has no receive queue"
+		if q.srq {
+			why = "this QP receives through its SRQ: post there"
+		}
+		return &OpError{Op: "ibv_post_recv", Addr: q.tag, Err: &TypeError{Op: "PostRecv", Type: q.typ, Why: why}}
+	}
+	if len(wrs) == 0 {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.fill(wrs); err != nil {
+		return &OpError{Op: "ibv_post_recv", Addr: q.tag, Err: err}
+	}
+	if rc := C.goxrc_post_recv(q.qp, &r.wrs[0], r.bad); rc != 0 {
+		return &OpError{Op: "ibv_post_recv", Addr: q.tag, Err: &PostError{Index: int(*r.bad), Err: rcErr(rc, nil)}}
+	}
+	return nil
+}
+
+// Close destroys the QP (for an XRC target: this handle). Outstanding work
+// requests are dropped; move the QP to ERR and drain its CQ first if their
+// completions matter. Close is idempotent.
+func (q *QP) Close() error {
+	if q == nil || q.qp == nil {
+		return nil
+	}
+	already, err := q.l.beginClose("ibv_destroy_qp", q.tag, "")
+	if already || err != nil {
+		return err
+	}
+	// Wait out posts that already hold the scratch locks.
+	q.send.mu.Lock()
+	q.recv.mu.Lock()
+	defer q.recv.mu.Unlock()
+	defer q.send.mu.Unlock()
+	if rc, cerr := C.ibv_destroy_qp(q.qp); rc != 0 {
+		q.l.endClose(false)
+		return &OpError{Op: "ibv_destroy_qp", Addr: q.tag, Err: rcErr(rc, cerr)}
+	}
+	q.send.free()
+	q.recv.free()
+	q.release()
+	q.l.endClose(true)
+	live.qps.Add(-1)
+	return nil
+}
+
+// SRQ is a shared receive queue, basic or XRC.
+type SRQ struct {
+	l      lifecycle
+	c      *Context
+	srq    *C.struct_ibv_srq
+	xrcd   *XRCD
+	num    uint32
+	numErr error
+	tag    string
+	deps   []*lifecycle
+	recv   recvScratch
+}
+
+func (s *SRQ) ctxOf() *Context {
+	if s == nil {
+		return nil
+	}
+	return s.c
+}
+func (q *CQ) ctxOf() *Context {
+	if q == nil {
+		return nil
+	}
+	return q.c
+}
+func (x *XRCD) ctxOf() *Context {
+	if x == nil {
+		return nil
+	}
+	return x.c
+}
+
+// CreateSRQ creates a basic shared receive queue.
+func (p *PD) CreateSRQ(init SRQInit) (*SRQ, error) {
+	if p == nil || p.pd == nil || !p.l.ref() {
+		return nil, closedErr("ibv_create_srq", p.addr())
+	}
+	var a C.struct_ibv_srq_init_attr
+	a.attr.max_wr = C.uint32_t(init.MaxWR)
+	a.attr.max_sge = C.uint32_t(init.MaxSGE)
+	a.attr.srq_limit = C.uint32_t(init.Limit)
+	srq, err := C.ibv_create_srq(p.pd, &a)
+	if srq == nil {
+		p.l.unref()
+		return nil, &OpError{Op: "ibv_create_srq", Addr: p.tag, Err: errnoOr(err, syscall.EINVAL)}
+	}
+	s := &SRQ{c: p.c, srq: srq, tag: fmt.Sprintf("%s srq %p", p.c.name, srq), deps: []*lifecycle{&p.l}}
+	return s.finish("ibv_create_srq", uint32(a.attr.max_wr), uint32(a.attr.max_sge))
+}
+
+// CreateXRCSRQ creates an XRC SRQ in the domain: XRC senders name it by
+// number (Num) to deliver into it through any target QP of the domain; its
+// completions go to cq.
+func (p *PD) CreateXRCSRQ(xrcd *XRCD, cq *CQ, init SRQInit) (*SRQ, error) {
+	if p == nil || p.pd == nil {
+		return nil, closedErr("ibv_create_srq_ex", p.addr())
+	}
+	if xrcd == nil || cq == nil {
+		return nil, &OpError{Op: "ibv_create_srq_ex", Addr: p.tag, Err: &explained{syscall.EINVAL, "an XRC SRQ needs an XRC domain and a CQ"}}
+	}
+	if xrcd.c != p.c || cq.c != p.c {
+		return nil, &OpError{Op: "ibv_create_srq_ex", Addr: p.tag, Err: &explained{syscall.EINVAL, "XRC domain and CQ must belong to the PD's device"}}
+	}
+	s := &SRQ{c: p.c, xrcd: xrcd}
+	for _, l := range []*lifecycle{&p.l, &xrcd.l, &cq.l} {
+		if !l.ref() {
+			s.release()
+			return nil, closedErr("ibv_create_srq_ex", p.tag+" (PD, XRC domain or CQ is closed)")
+		}
+		s.deps = append(s.deps, l)
+	}
+	var a C.struct_ibv_srq_init_attr_ex
+	a.attr.max_wr = C.uint32_t(init.MaxWR)
+	a.attr.max_sge = C.uint32_t(init.MaxSGE)
+	a.attr.srq_limit = C.uint32_t(init.Limit)
+	a.comp_mask = C.IBV_SRQ_INIT_ATTR_TYPE | C.IBV_SRQ_INIT_ATTR_PD | C.IBV_SRQ_INIT_ATTR_XRCD | C.IBV_SRQ_INIT_ATTR_CQ
+	a.srq_type = C.IBV_SRQT_XRC
+	a.pd = p.pd
+	a.xrcd = xrcd.x
+	a.cq = cq.cq
+	srq, err := C.goxrc_create_srq_ex(p.c.ctx, &a)
+	if srq == nil {
+		s.release()
+		e := errnoOr(err, syscall.EINVAL)
+		return nil, &OpError{Op: "ibv_create_srq_ex", Addr: xrcd.tag, Err: e}
+	}
+	s.srq = srq
+	s.tag = fmt.Sprintf("%s xrc srq %p", p.c.name, srq)
+	return s.finish("ibv_create_srq_ex", uint32(a.attr.max_wr), uint32(a.attr.max_sge))
+}
+
+func (s *SRQ) finish(op string, maxWR, maxSGE uint32) (*SRQ, error) {
+	if !s.recv.alloc(chainSize(maxWR), chainSize(maxWR)*max(1, int(maxSGE))) {
+		C.ibv_destroy_srq(s.srq)
+		s.release()
+		return nil, &OpError{Op: op, Addr: s.tag, Err: syscall.ENOMEM}
+	}
+	var num C.uint32_t
+	if rc, err := C.goxrc_get_srq_num(s.srq, &num); rc != 0 {
+		s.numErr = &OpError{Op: "ibv_get_srq_num", Addr: s.tag, Err: rcErr(rc, err)}
+	} else {
+		s.num = uint32(num)
+		s.tag = fmt.Sprintf("%s srq %#x", s.c.name, s.num)
+	}
+	s.c.regMu.Lock()
+	s.c.srqs[s.srq] = s
+	s.c.regMu.Unlock()
+	live.srqs.Add(1)
+	return s, nil
+}
+
+func (s *SRQ) release() {
+	for _, d := range s.deps {
+		d.unref()
+	}
+	s.deps = nil
+}
+
+func (s *SRQ) addr() string {
+	if s == nil {
+		return ""
+	}
+	return s.tag
+}
+
+// Num returns the SRQ number senders put in XRC work requests. Devices
+// without XRC may not number basic SRQs (ErrNotSupported).
+func (s *SRQ) Num() (uint32, error) {
+	if s == nil || s.srq == nil {
+		return 0, closedErr("ibv_get_srq_num", s.addr())
+	}
+	return s.num, s.numErr
+}
+
+// Arm sets the SRQ limit: once fewer than limit receives remain posted, the
+// device raises one EventSRQLimitReached and disarms. limit must not exceed
+// the number currently posted on some devices (soft-RoCE).
+func (s *SRQ) Arm(limit uint32) error {
+	if s == nil || s.srq == nil || !s.l.use() {
+		return closedErr("ibv_modify_srq", s.addr())
+	}
+	defer s.l.done()
+	var a C.struct_ibv_srq_attr
+	a.srq_limit = C.uint32_t(limit)
+	if rc, err := C.ibv_modify_srq(s.srq, &a, C.IBV_SRQ_LIMIT); rc != 0 {
+		return &OpError{Op: "ibv_modify_srq", Addr: s.tag, Err: rcErr(rc, err)}
+	}
+	return nil
+}
+
+// PostRecv posts a chain of receives with one C call and no allocation.
+func (s *SRQ) PostRecv(wrs []RecvWR) error {
+	if s == nil || s.srq == nil || !s.l.use() {
+		return closedErr("ibv_post_srq_recv", s.addr())
+	}
+	defer s.l.done()
+	if len(wrs) == 0 {
+		return nil
+	}
+	r := &s.recv
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.fill(wrs); err != nil {
+		return &OpError{Op: "ibv_post_srq_recv", Addr: s.tag, Err: err}
+	}
+	if rc := C.goxrc_post_srq_recv(s.srq, &r.wrs[0], r.bad); rc != 0 {
+		return &OpError{Op: "ibv_post_srq_recv", Addr: s.tag, Err: &PostError{Index: int(*r.bad), Err: rcErr(rc, nil)}}
+	}
+	return nil
+}
+
+// Close destroys the SRQ; it fails with EBUSY while QPs use it. Close is
+// idempotent.
+func (s *SRQ) Close() error {
+	if s == nil || s.srq == nil {
+		return nil
+	}
+	already, err := s.l.beginClose("ibv_destroy_srq", s.tag, "QPs using it")
+	if already || err != nil {
+		return err
+	}
+	s.recv.mu.Lock()
+	defer s.recv.mu.Unlock()
+	if rc, cerr := C.ibv_destroy_srq(s.srq); rc != 0 {
+		s.l.endClose(false)
+		return &OpError{Op: "ibv_destroy_srq", Addr: s.tag, Err: rcErr(rc, cerr)}
+	}
+	s.c.regMu.Lock()
+	delete(s.c.srqs, s.srq)
+	s.c.regMu.Unlock()
+	s.recv.free()
+	s.release()
+	s.l.endClose(true)
+	live.srqs.Add(-1)
+	return nil
+}
+
+func qpAttrToC(a *QPAttr, c *C.struct_ibv_qp_attr) {
+	*c = C.struct_ibv_qp_attr{}
+	c.qp_state = C.enum_ibv_qp_state(a.State)
+	c.cur_qp_state = C.enum_ibv_qp_state(a.CurState)
+	c.path_mtu = C.enum_ibv_mtu(a.PathMTU)
+	c.path_mig_state = C.enum_ibv_mig_state(a.PathMigState)
+	c.qkey = C.uint32_t(a.QKey)
+	c.rq_psn = C.uint32_t(a.RQPSN)
+	c.sq_psn = C.uint32_t(a.SQPSN)
+	c.dest_qp_num = C.uint32_t(a.DestQPNum)
+	c.qp_access_flags = C.uint(a.AccessFlags)
+	c.cap.max_send_wr = C.uint32_t(a.Cap.MaxSendWR)
+	c.cap.max_recv_wr = C.uint32_t(a.Cap.MaxRecvWR)
+	c.cap.max_send_sge = C.uint32_t(a.Cap.MaxSendSGE)
+	c.cap.max_recv_sge = C.uint32_t(a.Cap.MaxRecvSGE)
+	c.cap.max_inline_data = C.uint32_t(a.Cap.MaxInlineData)
+	ahAttrToC(&a.AH, &c.ah_attr)
+	ahAttrToC(&a.AltAH, &c.alt_ah_attr)
+	c.pkey_index = C.uint16_t(a.PKeyIndex)
+	c.alt_pkey_index = C.uint16_t(a.AltPKeyIndex)
+	if a.EnSQDAsyncNotify {
+		c.en_sqd_async_notify = 1
+	}
+	c.max_rd_atomic = C.uint8_t(a.MaxQPRdAtomic)
+	c.max_dest_rd_atomic = C.uint8_t(a.MaxDestRdAtomic)
+	c.min_rnr_timer = C.uint8_t(a.MinRNRTimer)
+	c.port_num = C.uint8_t(a.PortNum)
+	c.timeout = C.uint8_t(a.Timeout)
+	c.retry_cnt = C.uint8_t(a.RetryCnt)
+	c.rnr_retry = C.uint8_t(a.RNRRetry)
+	c.alt_port_num = C.uint8_t(a.AltPortNum)
+	c.alt_timeout = C.uint8_t(a.AltTimeout)
+}
+
+func qpAttrFromC(c *C.struct_ibv_qp_attr) QPAttr {
+	return QPAttr{
+		State:        QPState(c.qp_state),
+		CurState:     QPState(c.cur_qp_state),
+		PathMTU:      MTU(c.path_mtu),
+		PathMigState: uint8(c.path_mig_state),
+		QKey:         uint32(c.qkey),
+		RQPSN:        uint32(c.rq_psn),
+		SQPSN:        uint32(c.sq_psn),
+		DestQPNum:    uint32(c.dest_qp_num),
+		AccessFlags:  Access(c.qp_access_flags),
+		Cap: QPCap{
+			MaxSendWR:     uint32(c.cap.max_send_wr),
+			MaxRecvWR:     uint32(c.cap.max_recv_wr),
+			MaxSendSGE:    uint32(c.cap.max_send_sge),
+			MaxRecvSGE:    uint32(c.cap.max_recv_sge),
+			MaxInlineData: uint32(c.cap.max_inline_data),
+		},
+		AH:               ahAttrFromC(&c.ah_attr),
+		AltAH:            ahAttrFromC(&c.alt_ah_attr),
+		PKeyIndex:        uint16(c.pkey_index),
+		AltPKeyIndex:     uint16(c.alt_pkey_index),
+		EnSQDAsyncNotify: c.en_sqd_async_notify != 0,
+		SQDraining:       c.sq_draining != 0,
+		MaxQPRdAtomic:    uint8(c.max_rd_atomic),
+		MaxDestRdAtomic:  uint8(c.max_dest_rd_atomic),
+		MinRNRTimer:      uint8(c.min_rnr_timer),
+		PortNum:          uint8(c.port_num),
+		Timeout:          uint8(c.timeout),
+		RetryCnt:         uint8(c.retry_cnt),
+		RNRRetry:         uint8(c.rnr_retry),
+		AltPortNum:       uint8(c.alt_port_num),
+		AltTimeout:       uint8(c.alt_timeout),
+	}
+}
