@@ -1,0 +1,558 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// pollSpins is how many empty polls a waiter makes before it arms the
+// completion channel and sleeps in the netpoller. Spinning briefly keeps
+// ping-pong latency near a busy-polling C program's; sleeping keeps idle
+// connections free.
+const pollSpins = 200
+
+// Conn is an established RDMA connection carrying messages. Send and Recv
+// may be called from different goroutines at once; each serialises its own
+// callers.
+type Conn struct {
+	t            transport
+	laddr, raddr net.Addr
+	raw          bool
+	log          logFunc
+
+	maxSend     int // largest payload this side may send (the peer's limit)
+	maxRecv     int // largest payload this side accepts
+	peerSlots   int // receive buffers the peer posts: the credit ceiling
+	recvSlots   int
+	timeout     time.Duration
+	releaseOnce sync.Once
+	releaseErr  error
+
+	sendMu sync.Mutex // serialises senders
+	recvMu sync.Mutex // serialises receivers
+	postMu sync.Mutex // orders sequence numbers with posts
+	rdmaMu sync.Mutex // one one-sided operation at a time
+
+	mu          sync.Mutex // guards the fields below
+	credits     int
+	pending     int // receive buffers reposted, not yet returned to the peer
+	peerStarved bool
+	sendSeq     uint32
+	recvSeq     uint32
+	freeSend    []int
+	ready       ring
+	polling     bool
+	wake        chan struct{} // created only when a second waiter appears
+	err         error         // sticky: the connection is broken
+	peerFin     bool
+	closing     bool
+	rdmaDone    bool
+	rdmaErr     error
+	cbuf        []completion
+	repost      []int
+
+	stats connStats
+}
+
+type logFunc func(msg string, args ...any)
+
+type readyMsg struct {
+	slot   int
+	off, n int
+	imm    uint32
+	hasImm bool
+}
+
+// ring is a fixed-capacity FIFO, so queueing a message never allocates.
+type ring struct {
+	buf        []readyMsg
+	head, size int
+}
+
+func (r *ring) push(m readyMsg) {
+	r.buf[(r.head+r.size)%len(r.buf)] = m
+	r.size++
+}
+
+func (r *ring) pop() readyMsg {
+	m := r.buf[r.head]
+	r.head = (r.head + 1) % len(r.buf)
+	r.size--
+	return m
+}
+
+type connParams struct {
+	raw       bool
+	sendSlots int
+	recvSlots int
+	peerSlots int // peer's posted receives (framed mode)
+	maxSend   int
+	maxRecv   int
+	timeout   time.Duration
+	log       logFunc
+}
+
+// newConn wires the engine to a transport whose receive buffers are not yet
+// posted; it posts them all.
+func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
+	c := &Conn{
+		t: t, laddr: laddr, raddr: raddr, raw: p.raw, log: p.log,
+		maxSend: p.maxSend, maxRecv: p.maxRecv, peerSlots: p.peerSlots,
+		recvSlots: p.recvSlots, timeout: p.timeout,
+		credits:  p.peerSlots,
+		freeSend: make([]int, 0, p.sendSlots),
+		ready:    ring{buf: make([]readyMsg, p.recvSlots)},
+		cbuf:     make([]completion, p.sendSlots+p.recvSlots+1),
+		repost:   make([]int, 0, p.recvSlots),
+	}
+	if c.log == nil {
+		c.log = func(string, ...any) {}
+	}
+	for i := p.sendSlots - 1; i >= 0; i-- {
+		c.freeSend = append(c.freeSend, i)
+	}
+	return c, nil
+}
+
+func (c *Conn) postAllRecvs() error {
+	for i := 0; i < c.recvSlots; i++ {
+		if err := c.t.postRecv(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// LocalAddr returns the local address.
+func (c *Conn) LocalAddr() net.Addr { return c.laddr }
+
+// RemoteAddr returns the peer's address.
+func (c *Conn) RemoteAddr() net.Addr { return c.raddr }
+
+// MaxMessageSize is the largest payload Send accepts on this connection: the
+// smaller of this side's and the peer's limits.
+func (c *Conn) MaxMessageSize() int { return c.maxSend }
+
+// Send sends p as one message. It blocks while the peer has no free receive
+// buffer (flow control), honouring ctx.
+func (c *Conn) Send(ctx context.Context, p []byte) error {
+	return c.send(ctx, p, 0, false)
+}
+
+// SendWithImm sends p with 32 bits of immediate data, which the receiver
+// gets from RecvMsg.
+func (c *Conn) SendWithImm(ctx context.Context, p []byte, imm uint32) error {
+	return c.send(ctx, p, imm, true)
+}
+
+func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) error {
+	if c == nil {
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return c.opErr("send", err)
+	}
+	if len(p) > c.maxSend {
+		return c.opErr("send", fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLong, len(p), c.maxSend))
+	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	for {
+		c.mu.Lock()
+		err := c.err
+		if err == nil && c.closing {
+			err = ErrClosed
+		}
+		// Keep one credit back for returning credits, so two sides that
+		// both ran out can never wait on each other.
+		ready := len(c.freeSend) > 0 && (c.raw || c.credits >= 2)
+		c.mu.Unlock()
+		if err != nil {
+			return c.opErr("send", err)
+		}
+		if ready {
+			err := c.postFrame(frameData, p, imm, hasImm)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, errNoRoom) {
+				return c.opErr("send", err)
+			}
+			// A credit frame took the slot or credit first: wait again.
+		}
+		if err := c.progress(ctx); err != nil {
+			return c.opErr("send", err)
+		}
+	}
+	c.stats.msgsSent.Add(1)
+	c.stats.bytesSent.Add(uint64(len(p)))
+	c.returnCredits()
+	return nil
+}
+
+// postFrame takes a send slot and a credit (reserved by the caller's check),
+// writes the header and payload, and posts. Callers have checked that a slot
+// is free and the credit is there; postMu keeps sequence order equal to post
+// order.
+func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) error {
+	c.postMu.Lock()
+	defer c.postMu.Unlock()
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	need := 1
+	if kind == frameData && !c.raw {
+		need = 2
+	}
+	if len(c.freeSend) == 0 || (!c.raw && c.credits < need) {
+		// Another poster took what the caller saw.
+		c.mu.Unlock()
+		return errNoRoom
+	}
+	slot := c.freeSend[len(c.freeSend)-1]
+	c.freeSend = c.freeSend[:len(c.freeSend)-1]
+	var h frameHeader
+	if !c.raw {
+		c.credits--
+		h = frameHeader{kind: kind, credits: uint16(c.pending), seq: c.sendSeq}
+		c.pending = 0
+		c.peerStarved = false
+		c.sendSeq++
+		if hasImm {
+			h.flags |= flagImm
+		}
+		if c.credits < 2 {
+			h.flags |= flagStarved
+		}
+	}
+	c.mu.Unlock()
+
+	buf := c.t.sendBuf(slot)
+	n := len(p)
+	if c.raw {
+		copy(buf, p)
+	} else {
+		h.put(buf)
+		copy(buf[frameHeaderLen:], p)
+		n += frameHeaderLen
+	}
+	if err := c.t.postSend(slot, n, imm, hasImm); err != nil {
+		c.mu.Lock()
+		c.freeSend = append(c.freeSend, slot)
+		c.mu.Unlock()
+		c.fail(fmt.Errorf("%w: post send: %w", ErrPeerGone, err))
+		return err
+	}
+	return nil
+}
+
+var errNoRoom = errors.New("no send slot or credit")
+
+// returnCredits sends a credit frame when the peer is starved or half our
+// receive buffers wait to be returned. It never blocks: if a post is under
+// way, that post (or the next round) carries the credits.
+func (c *Conn) returnCredits() {
+	if c.raw {
+		return
+	}
+	c.mu.Lock()
+	want := c.err == nil && c.pending > 0 && (c.peerStarved || c.pending >= c.recvSlots/2) &&
+		c.credits >= 1 && len(c.freeSend) > 0
+	c.mu.Unlock()
+	if !want || !c.postMu.TryLock() {
+		return
+	}
+	c.postMu.Unlock()
+	if err := c.postFrame(frameCredit, nil, 0, false); err == nil {
+		c.stats.creditFrames.Add(1)
+	}
+}
+
+// Recv receives the next message into buf and returns its length. A buf too
+// short for the message gives ErrMessageTooLong and leaves the message
+// queued. After the peer's graceful close, Recv returns io.EOF.
+func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
+	n, _, _, err := c.recv(ctx, buf)
+	return n, err
+}
+
+// RecvWithImm is Recv that also returns the immediate data of a message sent
+// with SendWithImm (ok reports whether it had any).
+func (c *Conn) RecvWithImm(ctx context.Context, buf []byte) (n int, imm uint32, ok bool, err error) {
+	return c.recv(ctx, buf)
+}
+
+func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) {
+	if c == nil {
+		return 0, 0, false, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, false, c.opErr("recv", err)
+	}
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	c.mu.Lock()
+	for c.ready.size == 0 {
+		if c.err != nil {
+			err := c.err
+			c.mu.Unlock()
+			return 0, 0, false, c.opErr("recv", err)
+		}
+		if c.peerFin {
+			c.mu.Unlock()
+			return 0, 0, false, io.EOF
+		}
+		c.mu.Unlock()
+		if err := c.progress(ctx); err != nil {
+			return 0, 0, false, c.opErr("recv", err)
+		}
+		c.mu.Lock()
+	}
+	m := c.ready.buf[c.ready.head]
+	if m.n > len(buf) {
+		c.mu.Unlock()
+		return 0, 0, false, c.opErr("recv", fmt.Errorf("%w: %d-byte message, %d-byte buffer", ErrMessageTooLong, m.n, len(buf)))
+	}
+	c.ready.pop()
+	c.mu.Unlock()
+	copy(buf, c.t.recvBuf(m.slot)[m.off:m.off+m.n])
+	c.stats.msgsRecv.Add(1)
+	c.stats.bytesRecv.Add(uint64(m.n))
+	if err := c.repostRecv(m.slot); err != nil {
+		return m.n, m.imm, m.hasImm, nil // the message is good; the next call reports the failure
+	}
+	c.returnCredits()
+	return m.n, m.imm, m.hasImm, nil
+}
+
+func (c *Conn) repostRecv(slot int) error {
+	if err := c.t.postRecv(slot); err != nil {
+		c.fail(fmt.Errorf("%w: post receive: %w", ErrPeerGone, err))
+		return err
+	}
+	c.mu.Lock()
+	c.pending++
+	c.mu.Unlock()
+	return nil
+}
+
+// progress makes one round of completion processing. One caller at a time
+// polls the completion queue (the leader); others wait until it finishes a
+// round, so a sender and a receiver never both sleep on the channel fd.
+func (c *Conn) progress(ctx context.Context) error {
+	c.mu.Lock()
+	if c.polling {
+		if c.wake == nil {
+			c.wake = make(chan struct{})
+		}
+		w := c.wake
+		c.mu.Unlock()
+		select {
+		case <-w:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c.polling = true
+	c.mu.Unlock()
+
+	n, err := 0, error(nil)
+	for i := 0; i < pollSpins && n == 0 && err == nil; i++ {
+		n, err = c.t.poll(ctx, c.cbuf, false)
+	}
+	if n == 0 && err == nil {
+		n, err = c.t.poll(ctx, c.cbuf, true)
+	}
+
+	c.mu.Lock()
+	c.repost = c.repost[:0]
+	for i := 0; i < n; i++ {
+		c.handle(&c.cbuf[i])
+	}
+	c.mu.Unlock()
+	// Still the leader: c.repost is ours until polling is cleared.
+	for _, slot := range c.repost {
+		if c.repostRecv(slot) != nil {
+			break
+		}
+	}
+	reposted := len(c.repost) > 0
+	c.mu.Lock()
+	c.polling = false
+	if c.wake != nil {
+		close(c.wake)
+		c.wake = nil
+	}
+	c.mu.Unlock()
+	if reposted {
+		c.returnCredits()
+	}
+	if err != nil && ctx.Err() == nil {
+		// The CQ itself failed: the connection cannot continue.
+		c.fail(fmt.Errorf("%w: %w", ErrPeerGone, err))
+		return nil
+	}
+	return err
+}
+
+// handle processes one completion; c.mu is held.
+func (c *Conn) handle(wc *completion) {
+	switch wc.op {
+	case compSend:
+		c.freeSend = append(c.freeSend, wc.slot)
+		if wc.err != nil {
+			c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, wc.err))
+		}
+	case compRDMA:
+		c.rdmaDone, c.rdmaErr = true, wc.err
+		if wc.err != nil {
+			c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, wc.err))
+		}
+	case compRecv:
+		if wc.err != nil {
+			c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, wc.err))
+			return
+		}
+		if c.err != nil {
+			return
+		}
+		if c.raw {
+			c.ready.push(readyMsg{slot: wc.slot, n: wc.n, imm: wc.imm, hasImm: wc.hasImm})
+			return
+		}
+		h, err := parseFrame(c.t.recvBuf(wc.slot), wc.n, c.recvSeq, c.maxRecv, c.peerSlots)
+		if err != nil {
+			c.stats.errors.Add(1)
+			c.failLocked(err)
+			return
+		}
+		c.recvSeq++
+		c.credits += int(h.credits)
+		if c.credits > c.peerSlots {
+			c.failLocked(fmt.Errorf("%w: peer returned more credits than it was owed", ErrProtocol))
+			return
+		}
+		if h.flags&flagStarved != 0 {
+			c.peerStarved = true
+		}
+		switch h.kind {
+		case frameData:
+			c.ready.push(readyMsg{slot: wc.slot, off: frameHeaderLen, n: wc.n - frameHeaderLen, imm: wc.imm, hasImm: h.flags&flagImm != 0})
+		case frameFin:
+			c.peerFin = true
+			c.repost = append(c.repost, wc.slot)
+		default:
+			c.repost = append(c.repost, wc.slot)
+		}
+	}
+}
+
+// fail breaks the connection once: every waiter wakes with err.
+func (c *Conn) fail(err error) {
+	c.mu.Lock()
+	c.failLocked(err)
+	c.mu.Unlock()
+}
+
+func (c *Conn) failLocked(err error) {
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	if !errors.Is(err, ErrClosed) {
+		c.log("connection failed", "remote", c.raddr, "err", err)
+		c.stats.errors.Add(1)
+	}
+	// Flush everything posted, which also wakes a leader asleep in poll.
+	c.t.shutdown()
+}
+
+// peerGone is called when the CM reports the peer disconnected.
+func (c *Conn) peerGone(reason string) {
+	c.mu.Lock()
+	fin := c.peerFin
+	c.mu.Unlock()
+	if fin {
+		// A graceful close: queued messages stay readable, then io.EOF.
+		return
+	}
+	c.fail(fmt.Errorf("%w: %s", ErrPeerGone, reason))
+}
+
+// Close closes the connection gracefully: it tells the peer no more data
+// follows, waits (bounded by the handshake timeout) for posted messages to
+// complete, disconnects, waits for the CM's time-wait to end, and releases
+// every resource. Close is idempotent and wakes every blocked call.
+func (c *Conn) Close() error {
+	if c == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	c.mu.Lock()
+	first := !c.closing
+	c.closing = true
+	broken := c.err != nil
+	c.mu.Unlock()
+	if first && !broken && !c.raw {
+		c.sendFin(ctx)
+	}
+	if first && !broken {
+		c.drainSends(ctx)
+	}
+	c.releaseOnce.Do(func() {
+		c.fail(ErrClosed)
+		c.releaseErr = c.t.release(ctx)
+		globalStats.connsOpen.Add(-1)
+	})
+	return c.releaseErr
+}
+
+func (c *Conn) sendFin(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := c.postFrame(frameFin, nil, 0, false)
+		if err == nil || !errors.Is(err, errNoRoom) {
+			return
+		}
+		if c.progress(ctx) != nil {
+			return
+		}
+	}
+}
+
+// drainSends waits until every posted send has completed, so the peer has
+// the data before the disconnect.
+func (c *Conn) drainSends(ctx context.Context) {
+	for {
+		c.mu.Lock()
+		done := len(c.freeSend) == cap(c.freeSend) || c.err != nil
+		c.mu.Unlock()
+		if done || c.progress(ctx) != nil {
+			return
+		}
+	}
+}
+
+func (c *Conn) opErr(op string, err error) error {
+	if errors.Is(err, ErrClosed) && !errors.Is(err, ErrPeerGone) {
+		err = ErrClosed
+	}
+	return opError(op, c.raddr, err)
+}
+
+type connStats struct {
+	msgsSent, msgsRecv   atomic.Uint64
+	bytesSent, bytesRecv atomic.Uint64
+	creditFrames         atomic.Uint64
+	errors               atomic.Uint64
+}

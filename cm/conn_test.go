@@ -1,0 +1,308 @@
+package cm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
+)
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestConnMessagesByteExact(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	ctx := ctxT(t)
+	buf := make([]byte, 256)
+	for i := 0; i < 100; i++ {
+		msg := bytes.Repeat([]byte{byte(i)}, i+1)
+		require.NoError(t, a.Send(ctx, msg))
+		n, err := b.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, msg, buf[:n])
+	}
+	require.NoError(t, b.SendWithImm(ctx, []byte("imm"), 0xdeadbeef))
+	n, imm, ok, err := a.RecvWithImm(ctx, buf)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, uint32(0xdeadbeef), imm)
+	require.Equal(t, "imm", string(buf[:n]))
+	require.Equal(t, uint64(100), a.Stats().MessagesSent)
+	require.Equal(t, uint64(100), b.Stats().MessagesReceived)
+}
+
+// A fast sender against a slow receiver with tiny queues: credits must
+// stop the sender rather than overrun the receive queue (the fake fails a
+// send that finds no buffer, and fakePair's cleanup checks none did).
+func TestConnFlowControlNeverOverruns(t *testing.T) {
+	for _, depth := range []int{2, 3, 5, 16} {
+		t.Run("", func(t *testing.T) {
+			a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+			ctx := ctxT(t)
+			const count = 3000
+			errc := make(chan error, 1)
+			go func() {
+				r := rand.New(rand.NewPCG(1, uint64(depth)))
+				for i := 0; i < count; i++ {
+					msg := make([]byte, 1+r.IntN(255))
+					for j := range msg {
+						msg[j] = byte(i + j)
+					}
+					if err := a.Send(ctx, msg); err != nil {
+						errc <- err
+						return
+					}
+				}
+				errc <- nil
+			}()
+			r := rand.New(rand.NewPCG(1, uint64(depth)))
+			buf := make([]byte, 256)
+			for i := 0; i < count; i++ {
+				if i%500 == 0 {
+					time.Sleep(5 * time.Millisecond) // let the sender run dry
+				}
+				n, err := b.Recv(ctx, buf)
+				require.NoError(t, err)
+				want := 1 + r.IntN(255)
+				require.Equal(t, want, n, "message %d", i)
+				for j := 0; j < n; j++ {
+					if buf[j] != byte(i+j) {
+						t.Fatalf("message %d byte %d corrupt", i, j)
+					}
+				}
+			}
+			require.NoError(t, <-errc)
+		})
+	}
+}
+
+// Both sides flood each other with the smallest queues: neither may end up
+// waiting for credits the other can never return.
+func TestConnBidirectionalFloodNoDeadlock(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{depth: [2]int{2, 3}})
+	ctx := ctxT(t)
+	const count = 5000
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for _, c := range []*Conn{a, b} {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < count; i++ {
+				if err := c.Send(ctx, []byte{byte(i), byte(i >> 8)}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 256)
+			for i := 0; i < count; i++ {
+				n, err := c.Recv(ctx, buf)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if n != 2 || buf[0] != byte(i) || buf[1] != byte(i>>8) {
+					errs <- errors.New("out of order or corrupt")
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func TestConnMessageTooLong(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{msgSize: [2]int{100, 64}})
+	ctx := ctxT(t)
+	require.Equal(t, 64, a.MaxMessageSize(), "the smaller limit wins")
+	err := a.Send(ctx, make([]byte, 65))
+	require.ErrorIs(t, err, ErrMessageTooLong)
+	require.NoError(t, a.Send(ctx, make([]byte, 64)))
+	_, err = b.Recv(ctx, make([]byte, 10))
+	require.ErrorIs(t, err, ErrMessageTooLong)
+	n, err := b.Recv(ctx, make([]byte, 64))
+	require.NoError(t, err, "the message stays queued after a short buffer")
+	require.Equal(t, 64, n)
+}
+
+func TestConnGarbageFromPeer(t *testing.T) {
+	for name, corrupt := range map[string]func([]byte){
+		"kind":     func(b []byte) { b[0] = 0x77 },
+		"sequence": func(b []byte) { b[7] ^= 1 },
+		"credits":  func(b []byte) { b[2] = 0xff },
+	} {
+		t.Run(name, func(t *testing.T) {
+			a, b, w := fakePair(t, fakeOpts{})
+			ctx := ctxT(t)
+			w.mu.Lock()
+			w.ends[0].corrupt = corrupt
+			w.mu.Unlock()
+			require.NoError(t, a.Send(ctx, []byte("hello")))
+			_, err := b.Recv(ctx, make([]byte, 256))
+			require.ErrorIs(t, err, ErrProtocol)
+			var oe *OpError
+			require.ErrorAs(t, err, &oe)
+			require.Equal(t, "recv", oe.Op)
+			// The broken connection stays broken.
+			require.ErrorIs(t, b.Send(ctx, []byte("x")), ErrProtocol)
+		})
+	}
+}
+
+func TestConnGracefulCloseDeliversThenEOF(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	ctx := ctxT(t)
+	for i := 0; i < 5; i++ {
+		require.NoError(t, a.Send(ctx, []byte{byte(i)}))
+	}
+	require.NoError(t, a.Close())
+	require.NoError(t, a.Close(), "Close is idempotent")
+	buf := make([]byte, 8)
+	for i := 0; i < 5; i++ {
+		n, err := b.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, []byte{byte(i)}, buf[:n])
+	}
+	_, err := b.Recv(ctx, buf)
+	require.ErrorIs(t, err, io.EOF)
+	require.ErrorIs(t, a.Send(ctx, []byte("late")), ErrClosed)
+}
+
+func TestConnPeerDeathWakesBlockedCalls(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{depth: [2]int{2, 2}})
+	ctx := ctxT(t)
+	recvErr := make(chan error, 1)
+	go func() {
+		_, err := b.Recv(ctx, make([]byte, 256))
+		recvErr <- err
+	}()
+	// Fill a's credits so its next Send blocks.
+	for i := 0; i < 2; i++ {
+		require.NoError(t, a.Send(ctx, []byte("x")))
+	}
+	sendErr := make(chan error, 1)
+	go func() {
+		for {
+			if err := a.Send(ctx, []byte("y")); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+	}()
+	<-recvErr // b got the first message
+	time.Sleep(20 * time.Millisecond)
+	// b's process dies: its QP goes to error, a's CM sees a disconnect.
+	w.ends[1].shutdown()
+	a.peerGone("peer disconnected")
+	select {
+	case err := <-sendErr:
+		require.ErrorIs(t, err, ErrPeerGone)
+	case <-time.After(5 * time.Second):
+		t.Fatal("blocked Send was not woken by the peer's death")
+	}
+}
+
+func TestConnContextEndsWait(t *testing.T) {
+	_, b, _ := fakePair(t, fakeOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := b.Recv(ctx, make([]byte, 256))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	require.True(t, ne.Timeout())
+	require.Less(t, time.Since(start), 2*time.Second)
+}
+
+func TestConnCloseWakesBlockedRecv(t *testing.T) {
+	_, b, _ := fakePair(t, fakeOpts{})
+	errc := make(chan error, 1)
+	go func() {
+		_, err := b.Recv(context.Background(), make([]byte, 256))
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, b.Close())
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not wake Recv")
+	}
+}
+
+func TestConnRawModeHasNoFraming(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{raw: true, depth: [2]int{4, 4}})
+	ctx := ctxT(t)
+	require.NoError(t, a.Send(ctx, []byte("0123456789abcdef")))
+	buf := make([]byte, 256)
+	n, err := b.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "0123456789abcdef", string(buf[:n]))
+	require.Equal(t, "0123456789abcdef", string(w.ends[1].recvBufs[0][:16]), "bytes on the wire are the payload alone")
+}
+
+func TestConnOneSided(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	ctx := ctxT(t)
+	remote, err := b.RegisterMemory(4096, true)
+	require.NoError(t, err)
+	defer remote.Close()
+	desc, err := UnmarshalRemoteRegion(remote.Descriptor().Marshal())
+	require.NoError(t, err)
+	local, err := a.RegisterMemory(4096, false)
+	require.NoError(t, err)
+	defer local.Close()
+	copy(local.Bytes(), "written by a")
+	require.NoError(t, a.WriteRemote(ctx, local, 0, 12, desc, 100))
+	require.Equal(t, "written by a", string(remote.Bytes()[100:112]))
+	copy(remote.Bytes()[200:], "read by a")
+	require.NoError(t, a.ReadRemote(ctx, local, 1000, 9, desc, 200))
+	require.Equal(t, "read by a", string(local.Bytes()[1000:1009]))
+	require.Error(t, a.WriteRemote(ctx, local, 0, 10, desc, 4090), "beyond the remote region")
+	require.NoError(t, remote.Close())
+	err = a.WriteRemote(ctx, local, 0, 10, desc, 0)
+	require.Error(t, err, "a revoked region is not writable")
+}
+
+func TestConnZeroAllocsPerMessage(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	ctx := context.Background()
+	msg := make([]byte, 64)
+	buf := make([]byte, 256)
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := a.Send(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Recv(ctx, buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	require.Zero(t, allocs, "send/receive hot path allocates")
+}
+
+func TestNetConnConformance(t *testing.T) {
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		a, b, _ := fakePair(t, fakeOpts{depth: [2]int{16, 16}, msgSize: [2]int{4096, 4096}})
+		return a.NetConn(), b.NetConn(), func() { a.Close(); b.Close() }, nil
+	})
+}

@@ -1,0 +1,49 @@
+package cm
+
+import (
+	"errors"
+	"net"
+
+	"github.com/goxrc/goxrc/verbs"
+)
+
+var (
+	// ErrNotSupported is returned where the platform or device lacks a
+	// feature, e.g. XRC with WithXRC(XRCRequire) on soft-RoCE.
+	ErrNotSupported = verbs.ErrNotSupported
+
+	// ErrClosed is returned by operations on a closed Conn or Listener.
+	ErrClosed = net.ErrClosed
+
+	// ErrMessageTooLong is returned by Send for a message over the
+	// connection's maximum message size, and by Recv for a buffer too short
+	// for the next message (which stays queued).
+	ErrMessageTooLong = errors.New("message too long")
+
+	// ErrProtocol reports a peer that broke the framing or handshake
+	// protocol: garbage headers, sequence gaps, an unknown version.
+	ErrProtocol = errors.New("protocol violation by peer")
+
+	// ErrPeerGone reports that the connection was lost: the peer
+	// disconnected, died, or the QP went to the error state.
+	ErrPeerGone = errors.New("connection lost")
+)
+
+// OpError is the error type of every failed cm operation; it implements
+// net.Error.
+type OpError = verbs.OpError
+
+func opError(op string, addr net.Addr, err error) error {
+	if err == nil {
+		return nil
+	}
+	var oe *OpError
+	if errors.As(err, &oe) && oe.Op == op {
+		return err
+	}
+	s := ""
+	if addr != nil {
+		s = addr.String()
+	}
+	return &OpError{Op: op, Addr: s, Err: err}
+}

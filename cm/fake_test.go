@@ -1,0 +1,257 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeWire joins two fake transports like a reliable connection with RNR
+// retries turned off: a send that finds no posted receive buffer fails, so a
+// flow-control bug shows up as an error instead of a slow retry.
+type fakeWire struct {
+	mu      sync.Mutex
+	ends    [2]*fakeEnd
+	rnr     int
+	regions map[uint32][]byte
+	nextKey uint32
+}
+
+type fakeEnd struct {
+	w         *fakeWire
+	side      int
+	sendBufs  [][]byte
+	recvBufs  [][]byte
+	posted    []int // receive slots, in post order
+	cq        []completion
+	notify    chan struct{}
+	shut      bool
+	released  bool
+	corrupt   func(b []byte) // tampers with the next frame this end sends
+	postFails bool
+}
+
+func newFakeWire(sendSlots, recvSlots [2]int, size [2]int) *fakeWire {
+	w := &fakeWire{regions: map[uint32][]byte{}, nextKey: 100}
+	for i := range w.ends {
+		e := &fakeEnd{w: w, side: i, notify: make(chan struct{}, 1)}
+		for s := 0; s < sendSlots[i]; s++ {
+			e.sendBufs = append(e.sendBufs, make([]byte, size[i]))
+		}
+		for s := 0; s < recvSlots[i]; s++ {
+			e.recvBufs = append(e.recvBufs, make([]byte, size[1-i]))
+		}
+		w.ends[i] = e
+	}
+	return w
+}
+
+func (e *fakeEnd) peer() *fakeEnd { return e.w.ends[1-e.side] }
+
+func (e *fakeEnd) signal() {
+	select {
+	case e.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (e *fakeEnd) sendBuf(slot int) []byte { return e.sendBufs[slot] }
+func (e *fakeEnd) recvBuf(slot int) []byte { return e.recvBufs[slot] }
+
+var errFakeFlushed = errors.New("fake: work request flushed")
+var errFakeRNR = errors.New("fake: receiver not ready")
+
+func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm bool) error {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	if e.shut || e.postFails {
+		return errors.New("fake: QP in error state")
+	}
+	if e.corrupt != nil {
+		e.corrupt(e.sendBufs[slot][:n])
+		e.corrupt = nil
+	}
+	p := e.peer()
+	var err error
+	switch {
+	case p.shut:
+		err = errFakeFlushed
+	case len(p.posted) == 0:
+		e.w.rnr++
+		err = errFakeRNR
+	default:
+		r := p.posted[0]
+		p.posted = append(p.posted[:0], p.posted[1:]...)
+		copy(p.recvBufs[r], e.sendBufs[slot][:n])
+		p.cq = append(p.cq, completion{op: compRecv, slot: r, n: n, imm: imm, hasImm: hasImm})
+		p.signal()
+	}
+	e.cq = append(e.cq, completion{op: compSend, slot: slot, err: err})
+	e.signal()
+	return nil
+}
+
+func (e *fakeEnd) postRecv(slot int) error {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	if e.shut {
+		return errors.New("fake: QP in error state")
+	}
+	e.posted = append(e.posted, slot)
+	return nil
+}
+
+type fakeMem struct {
+	w   *fakeWire
+	key uint32
+	b   []byte
+}
+
+func (m *fakeMem) bytes() []byte { return m.b }
+func (m *fakeMem) addr() uint64  { return 0x1000 }
+func (m *fakeMem) rkey() uint32  { return m.key }
+func (m *fakeMem) close() error {
+	m.w.mu.Lock()
+	delete(m.w.regions, m.key)
+	m.w.mu.Unlock()
+	return nil
+}
+
+func (e *fakeEnd) regMem(size int, remoteWrite bool) (memory, error) {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	e.w.nextKey++
+	m := &fakeMem{w: e.w, key: e.w.nextKey, b: make([]byte, size)}
+	e.w.regions[m.key] = m.b
+	return m, nil
+}
+
+func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	rb, ok := e.w.regions[remote.RKey]
+	var err error
+	if !ok {
+		err = errors.New("fake: remote access error")
+	} else {
+		ro := roff + remote.Addr - 0x1000
+		if write {
+			copy(rb[ro:ro+uint64(n)], local.Bytes()[off:off+n])
+		} else {
+			copy(local.Bytes()[off:off+n], rb[ro:ro+uint64(n)])
+		}
+	}
+	e.cq = append(e.cq, completion{op: compRDMA, err: err})
+	e.signal()
+	return nil
+}
+
+func (e *fakeEnd) poll(ctx context.Context, cs []completion, block bool) (int, error) {
+	for {
+		e.w.mu.Lock()
+		n := copy(cs, e.cq)
+		e.cq = append(e.cq[:0], e.cq[n:]...)
+		e.w.mu.Unlock()
+		if n > 0 || !block {
+			return n, nil
+		}
+		select {
+		case <-e.notify:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (e *fakeEnd) shutdown() {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	if e.shut {
+		return
+	}
+	e.shut = true
+	for _, r := range e.posted {
+		e.cq = append(e.cq, completion{op: compRecv, slot: r, err: errFakeFlushed})
+	}
+	e.posted = nil
+	e.signal()
+}
+
+func (e *fakeEnd) release(ctx context.Context) error {
+	e.shutdown()
+	e.w.mu.Lock()
+	e.released = true
+	e.w.mu.Unlock()
+	// The peer's CM would see a disconnect.
+	return nil
+}
+
+type fakeAddr string
+
+func (a fakeAddr) Network() string { return "rdma" }
+func (a fakeAddr) String() string  { return string(a) }
+
+type fakeOpts struct {
+	depth   [2]int
+	msgSize [2]int
+	raw     bool
+}
+
+// fakePair returns two connected Conns over a fakeWire, as Dial and Accept
+// would after the handshake.
+func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
+	t.Helper()
+	for i := range o.depth {
+		if o.depth[i] == 0 {
+			o.depth[i] = 8
+		}
+		if o.msgSize[i] == 0 {
+			o.msgSize[i] = 256
+		}
+	}
+	hdr := frameHeaderLen
+	if o.raw {
+		hdr = 0
+	}
+	// Each side posts depth+1 receives (one for credit returns); a sender
+	// needs as many send slots as the peer has receives.
+	recvSlots := [2]int{o.depth[0] + 1, o.depth[1] + 1}
+	sendSlots := [2]int{recvSlots[1], recvSlots[0]}
+	if o.raw {
+		recvSlots = [2]int{o.depth[0], o.depth[1]}
+		sendSlots = recvSlots
+	}
+	maxSend := [2]int{min(o.msgSize[0], o.msgSize[1]), min(o.msgSize[0], o.msgSize[1])}
+	w := newFakeWire(sendSlots, recvSlots, [2]int{maxSend[0] + hdr, maxSend[1] + hdr})
+	var conns [2]*Conn
+	for i := range conns {
+		c, err := newConn(w.ends[i], fakeAddr(fmt.Sprintf("side%d", i)), fakeAddr(fmt.Sprintf("side%d", 1-i)), connParams{
+			raw: o.raw, sendSlots: sendSlots[i], recvSlots: recvSlots[i], peerSlots: recvSlots[1-i],
+			maxSend: maxSend[i], maxRecv: maxSend[1-i], timeout: 2 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.postAllRecvs(); err != nil {
+			t.Fatal(err)
+		}
+		globalStats.connsOpen.Add(1)
+		conns[i] = c
+	}
+	t.Cleanup(func() {
+		conns[0].Close()
+		conns[1].Close()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.rnr != 0 {
+			t.Errorf("%d sends found no receive buffer: flow control failed", w.rnr)
+		}
+	})
+	return conns[0], conns[1], w
+}
+
+var _ net.Addr = fakeAddr("")

@@ -1,0 +1,71 @@
+package cm
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// The connection handshake of a framed connection travels as CM private
+// data: in the REQ (56-byte budget) from the dialer and in the REP (196) from
+// the acceptor. The kernel pads private data with zeros to the budget, so the
+// message carries its own length.
+//
+//	0..3   magic "GXRC"
+//	4      version (1)
+//	5      length of this message (helloLen)
+//	6..7   flags (reserved, zero)
+//	8..9   receive queue depth: the credits the peer starts with
+//	10..11 reserved, zero
+//	12..15 maximum message payload the sender accepts
+const (
+	helloMagic   = 0x47585243 // "GXRC"
+	helloVersion = 1
+	helloLen     = 16
+)
+
+type hello struct {
+	queueDepth uint16
+	maxMessage uint32
+}
+
+func (h hello) marshal() []byte {
+	b := make([]byte, helloLen)
+	binary.BigEndian.PutUint32(b[0:], helloMagic)
+	b[4] = helloVersion
+	b[5] = helloLen
+	binary.BigEndian.PutUint16(b[8:], h.queueDepth)
+	binary.BigEndian.PutUint32(b[12:], h.maxMessage)
+	return b
+}
+
+// parseHello decodes a peer's hello; every field is untrusted.
+func parseHello(b []byte) (hello, error) {
+	if len(b) < helloLen {
+		return hello{}, fmt.Errorf("%w: handshake of %d bytes, want at least %d", ErrProtocol, len(b), helloLen)
+	}
+	if m := binary.BigEndian.Uint32(b); m != helloMagic {
+		return hello{}, fmt.Errorf("%w: handshake magic %#x is not goxrc's (a raw-mode peer?)", ErrProtocol, m)
+	}
+	if b[4] != helloVersion {
+		return hello{}, fmt.Errorf("%w: handshake version %d, this side speaks %d", ErrProtocol, b[4], helloVersion)
+	}
+	if b[5] != helloLen {
+		return hello{}, fmt.Errorf("%w: handshake length %d, want %d", ErrProtocol, b[5], helloLen)
+	}
+	if binary.BigEndian.Uint16(b[6:]) != 0 || binary.BigEndian.Uint16(b[10:]) != 0 {
+		return hello{}, fmt.Errorf("%w: reserved handshake bits set", ErrProtocol)
+	}
+	for _, c := range b[helloLen:] {
+		if c != 0 {
+			return hello{}, fmt.Errorf("%w: garbage after the handshake", ErrProtocol)
+		}
+	}
+	h := hello{queueDepth: binary.BigEndian.Uint16(b[8:]), maxMessage: binary.BigEndian.Uint32(b[12:])}
+	if h.queueDepth < minQueueDepth || h.queueDepth > maxQueueDepth {
+		return hello{}, fmt.Errorf("%w: peer queue depth %d outside [%d, %d]", ErrProtocol, h.queueDepth, minQueueDepth, maxQueueDepth)
+	}
+	if h.maxMessage < minMessageSize || h.maxMessage > maxMessageSize {
+		return hello{}, fmt.Errorf("%w: peer message size %d outside [%d, %d]", ErrProtocol, h.maxMessage, minMessageSize, maxMessageSize)
+	}
+	return h, nil
+}

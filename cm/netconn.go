@@ -1,0 +1,157 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+// NetConn returns a net.Conn over c with stream semantics: Write splits its
+// data into messages, Read returns bytes in order across message boundaries.
+// Deadlines work as on TCP connections. net/http and any other net.Conn user
+// run over it unchanged. Close closes c.
+func (c *Conn) NetConn() net.Conn {
+	return &streamConn{c: c, buf: make([]byte, c.maxRecv)}
+}
+
+type streamConn struct {
+	c *Conn
+
+	rmu       sync.Mutex
+	buf       []byte
+	off, n    int
+	readDL    deadline
+	writeDL   deadline
+	writeMu   sync.Mutex
+	closeOnce sync.Once
+}
+
+// deadline is one direction's deadline. Changing it cancels the operation
+// in flight, which then re-reads the deadline: a deadline in the past ends
+// it, as net.Conn requires (net/http relies on this to abort reads).
+type deadline struct {
+	mu     sync.Mutex
+	t      time.Time
+	gen    uint64
+	cancel context.CancelFunc
+}
+
+func (d *deadline) set(t time.Time) {
+	d.mu.Lock()
+	d.t = t
+	d.gen++
+	if d.cancel != nil {
+		d.cancel()
+	}
+	d.mu.Unlock()
+}
+
+// context returns a context for one attempt, and the deadline generation
+// it was made for.
+func (d *deadline) context() (context.Context, uint64, func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if d.t.IsZero() {
+		ctx, cancel = context.WithCancel(context.Background())
+	} else {
+		ctx, cancel = context.WithDeadline(context.Background(), d.t)
+	}
+	d.cancel = cancel
+	return ctx, d.gen, cancel
+}
+
+func (d *deadline) expired() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.t.IsZero() && !time.Now().Before(d.t)
+}
+
+// retry reports whether an attempt that ended with err should run again
+// because the deadline moved into the future while it waited.
+func (d *deadline) retry(err error, gen uint64) bool {
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.gen != gen && (d.t.IsZero() || time.Now().Before(d.t))
+}
+
+// timeoutErr maps an ended deadline to os.ErrDeadlineExceeded, as net.Conn
+// users (net/http) expect.
+func timeoutErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		var oe *OpError
+		if errors.As(err, &oe) {
+			return &OpError{Op: oe.Op, Addr: oe.Addr, Err: os.ErrDeadlineExceeded}
+		}
+		return os.ErrDeadlineExceeded
+	}
+	return err
+}
+
+func (s *streamConn) Read(p []byte) (int, error) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	if s.readDL.expired() {
+		return 0, &OpError{Op: "read", Addr: s.c.raddr.String(), Err: os.ErrDeadlineExceeded}
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	for s.off == s.n {
+		ctx, gen, cancel := s.readDL.context()
+		n, err := s.c.Recv(ctx, s.buf)
+		cancel()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return 0, io.EOF
+			}
+			if s.readDL.retry(err, gen) {
+				continue
+			}
+			return 0, timeoutErr(err)
+		}
+		s.off, s.n = 0, n
+	}
+	k := copy(p, s.buf[s.off:s.n])
+	s.off += k
+	return k, nil
+}
+
+func (s *streamConn) Write(p []byte) (int, error) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	written := 0
+	for written < len(p) {
+		chunk := min(len(p)-written, s.c.maxSend)
+		ctx, gen, cancel := s.writeDL.context()
+		err := s.c.Send(ctx, p[written:written+chunk])
+		cancel()
+		if err != nil {
+			if s.writeDL.retry(err, gen) {
+				continue
+			}
+			return written, timeoutErr(err)
+		}
+		written += chunk
+	}
+	return written, nil
+}
+
+func (s *streamConn) Close() error                       { return s.c.Close() }
+func (s *streamConn) LocalAddr() net.Addr                { return s.c.LocalAddr() }
+func (s *streamConn) RemoteAddr() net.Addr               { return s.c.RemoteAddr() }
+func (s *streamConn) SetReadDeadline(t time.Time) error  { s.readDL.set(t); return nil }
+func (s *streamConn) SetWriteDeadline(t time.Time) error { s.writeDL.set(t); return nil }
+func (s *streamConn) SetDeadline(t time.Time) error {
+	s.readDL.set(t)
+	s.writeDL.set(t)
+	return nil
+}

@@ -1,0 +1,150 @@
+package cm
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Limits on what a connection may be configured with, and what a peer may ask
+// for in its handshake.
+const (
+	minQueueDepth  = 2
+	maxQueueDepth  = 4096
+	minMessageSize = 1
+	maxMessageSize = 1 << 30
+
+	// DefaultQueueDepth is the number of receive buffers per connection,
+	// and so the number of messages a sender may have in flight.
+	DefaultQueueDepth = 64
+	// DefaultMessageSize is the largest message a connection carries.
+	DefaultMessageSize = 64 << 10
+	// DefaultInlineThreshold is the largest message sent inline (copied
+	// into the work request); the device may lower it.
+	DefaultInlineThreshold = 64
+	// DefaultHandshakeTimeout bounds each connection step that has no
+	// context deadline: resolution, connect, and the acceptor's wait for
+	// the dialer's final confirmation, which the kernel does not time out.
+	DefaultHandshakeTimeout = 10 * time.Second
+)
+
+// XRCMode says whether a connection uses XRC.
+type XRCMode int
+
+const (
+	// XRCOff uses RC queue pairs only.
+	XRCOff XRCMode = iota
+	// XRCPrefer uses XRC where the device supports it and falls back to RC
+	// with a logged reason elsewhere.
+	XRCPrefer
+	// XRCRequire fails with ErrNotSupported where XRC is missing.
+	XRCRequire
+)
+
+func (m XRCMode) String() string {
+	switch m {
+	case XRCOff:
+		return "off"
+	case XRCPrefer:
+		return "prefer"
+	case XRCRequire:
+		return "require"
+	}
+	return fmt.Sprintf("XRCMode(%d)", int(m))
+}
+
+// Option configures Listen and Dial.
+type Option func(*config)
+
+type config struct {
+	queueDepth       int
+	messageSize      int
+	inlineThreshold  int
+	device           string
+	handshakeTimeout time.Duration
+	logger           *slog.Logger
+	xrc              XRCMode
+	domainPath       string
+	raw              bool
+	keepalive        time.Duration
+	backlog          int
+}
+
+func newConfig(opts []Option) (config, error) {
+	c := config{
+		queueDepth:       DefaultQueueDepth,
+		messageSize:      DefaultMessageSize,
+		inlineThreshold:  DefaultInlineThreshold,
+		handshakeTimeout: DefaultHandshakeTimeout,
+		logger:           slog.New(slog.DiscardHandler),
+		backlog:          1024,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	switch {
+	case c.queueDepth < minQueueDepth || c.queueDepth > maxQueueDepth:
+		return c, fmt.Errorf("cm: queue depth %d outside [%d, %d]", c.queueDepth, minQueueDepth, maxQueueDepth)
+	case c.messageSize < minMessageSize || c.messageSize > maxMessageSize:
+		return c, fmt.Errorf("cm: message size %d outside [%d, %d]", c.messageSize, minMessageSize, maxMessageSize)
+	case c.inlineThreshold < 0:
+		return c, fmt.Errorf("cm: negative inline threshold %d", c.inlineThreshold)
+	case c.handshakeTimeout <= 0:
+		return c, fmt.Errorf("cm: handshake timeout must be positive")
+	case c.xrc < XRCOff || c.xrc > XRCRequire:
+		return c, fmt.Errorf("cm: unknown XRC mode %d", c.xrc)
+	case c.keepalive < 0:
+		return c, fmt.Errorf("cm: negative keepalive interval")
+	}
+	return c, nil
+}
+
+// WithQueueDepth sets the number of receive buffers and so the number of
+// messages in flight per direction (default DefaultQueueDepth).
+func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } }
+
+// WithMessageSize sets the largest message payload (default
+// DefaultMessageSize). Both sides must agree; the smaller limit wins for
+// what each side may send.
+func WithMessageSize(n int) Option { return func(c *config) { c.messageSize = n } }
+
+// WithInlineThreshold sets the largest payload sent inline.
+func WithInlineThreshold(n int) Option { return func(c *config) { c.inlineThreshold = n } }
+
+// WithDevice forces an RDMA device by name (e.g. "rxe0") instead of the one
+// the address resolves to.
+func WithDevice(name string) Option { return func(c *config) { c.device = name } }
+
+// WithHandshakeTimeout bounds connection steps that have no context deadline.
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(c *config) { c.handshakeTimeout = d }
+}
+
+// WithLogger sets a logger for connection events (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	}
+}
+
+// WithXRC selects the transport: RC, or XRC where the device supports it.
+func WithXRC(m XRCMode) Option { return func(c *config) { c.xrc = m } }
+
+// WithDomainPath sets the file that names the node's shared XRC domain.
+func WithDomainPath(path string) Option { return func(c *config) { c.domainPath = path } }
+
+// WithRawMessages turns off goxrc's framing: no handshake, no header and no
+// credits, one RDMA send per message. That is wire-compatible with plain
+// librdmacm peers such as rdma-core's rdma_server and rdma_client examples,
+// at the price of flow control: the application must not send more than
+// the peer has receive buffers posted.
+func WithRawMessages() Option { return func(c *config) { c.raw = true } }
+
+// WithKeepalive makes an idle connection send a probe every d, so a dead peer
+// is noticed even when no data flows (0, the default, disables it).
+func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepalive = d } }
+
+// WithBacklog sets the listener's backlog of pending connection requests.
+func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }

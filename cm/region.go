@@ -1,0 +1,133 @@
+package cm
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+)
+
+// Region is memory registered with a connection's device for one-sided
+// RDMA. Hand its Descriptor to the peer (in a message) to let the peer read
+// or write it; Close revokes that access.
+type Region struct {
+	mem       memory
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// RemoteRegion describes a peer's Region: enough to read or write it, and
+// nothing more. It travels as 16 bytes (Marshal, UnmarshalRemoteRegion).
+type RemoteRegion struct {
+	Addr uint64
+	Len  uint32
+	RKey uint32
+}
+
+// RemoteRegionLen is the length of a marshalled RemoteRegion.
+const RemoteRegionLen = 16
+
+// Marshal encodes r for sending to the peer.
+func (r RemoteRegion) Marshal() []byte {
+	b := make([]byte, RemoteRegionLen)
+	binary.BigEndian.PutUint64(b, r.Addr)
+	binary.BigEndian.PutUint32(b[8:], r.Len)
+	binary.BigEndian.PutUint32(b[12:], r.RKey)
+	return b
+}
+
+// UnmarshalRemoteRegion decodes a descriptor received from a peer.
+func UnmarshalRemoteRegion(b []byte) (RemoteRegion, error) {
+	if len(b) != RemoteRegionLen {
+		return RemoteRegion{}, fmt.Errorf("cm: remote region descriptor of %d bytes, want %d", len(b), RemoteRegionLen)
+	}
+	return RemoteRegion{
+		Addr: binary.BigEndian.Uint64(b),
+		Len:  binary.BigEndian.Uint32(b[8:]),
+		RKey: binary.BigEndian.Uint32(b[12:]),
+	}, nil
+}
+
+// Bytes returns the region's memory. It lives outside the Go heap and is
+// valid until Close.
+func (r *Region) Bytes() []byte { return r.mem.bytes() }
+
+// Descriptor returns what the peer needs to access this region.
+func (r *Region) Descriptor() RemoteRegion {
+	return RemoteRegion{Addr: r.mem.addr(), Len: uint32(len(r.mem.bytes())), RKey: r.mem.rkey()}
+}
+
+// Close deregisters the region: later remote accesses fail on the peer.
+func (r *Region) Close() error {
+	r.closeOnce.Do(func() { r.closeErr = r.mem.close() })
+	return r.closeErr
+}
+
+// RegisterMemory registers size bytes for one-sided operations on this
+// connection. With remoteWrite the peer may write it; it may always read it.
+func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
+	if size <= 0 || size > 1<<31 {
+		return nil, c.opErr("register memory", fmt.Errorf("size %d out of range", size))
+	}
+	m, err := c.t.regMem(size, remoteWrite)
+	if err != nil {
+		return nil, c.opErr("register memory", err)
+	}
+	return &Region{mem: m}, nil
+}
+
+// WriteRemote copies n bytes at off in local to roff in the peer's region,
+// without involving the peer's CPU, and waits for completion.
+func (c *Conn) WriteRemote(ctx context.Context, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
+	return c.oneSided(ctx, "rdma write", true, local, off, n, remote, roff)
+}
+
+// ReadRemote copies n bytes at roff in the peer's region to off in local.
+func (c *Conn) ReadRemote(ctx context.Context, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
+	return c.oneSided(ctx, "rdma read", false, local, off, n, remote, roff)
+}
+
+func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
+	if c == nil || local == nil {
+		return ErrClosed
+	}
+	if off < 0 || n < 0 || off+n > len(local.Bytes()) {
+		return c.opErr(op, fmt.Errorf("local range [%d, %d) outside the %d-byte region", off, off+n, len(local.Bytes())))
+	}
+	if roff+uint64(n) > uint64(remote.Len) {
+		return c.opErr(op, fmt.Errorf("remote range [%d, %d) outside the %d-byte region", roff, roff+uint64(n), remote.Len))
+	}
+	c.rdmaMu.Lock()
+	defer c.rdmaMu.Unlock()
+	c.mu.Lock()
+	if c.err != nil || c.closing {
+		err := c.err
+		if err == nil {
+			err = ErrClosed
+		}
+		c.mu.Unlock()
+		return c.opErr(op, err)
+	}
+	c.rdmaDone, c.rdmaErr = false, nil
+	c.mu.Unlock()
+	if err := c.t.postRDMA(write, local, off, n, remote, roff); err != nil {
+		return c.opErr(op, err)
+	}
+	for {
+		c.mu.Lock()
+		done, err := c.rdmaDone, c.rdmaErr
+		if !done && c.err != nil {
+			err = c.err
+		}
+		c.mu.Unlock()
+		if done || err != nil {
+			return c.opErr(op, err)
+		}
+		if err := c.progress(ctx); err != nil {
+			// The request stays posted; the connection cannot tell when
+			// the device will finish with local memory, so it breaks.
+			c.fail(fmt.Errorf("%w: %s abandoned: %w", ErrPeerGone, op, err))
+			return c.opErr(op, err)
+		}
+	}
+}

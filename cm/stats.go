@@ -1,0 +1,62 @@
+package cm
+
+import "sync/atomic"
+
+// Stats are counters of one connection.
+type Stats struct {
+	MessagesSent     uint64
+	MessagesReceived uint64
+	BytesSent        uint64
+	BytesReceived    uint64
+	// CreditFrames counts flow-control messages sent without data.
+	CreditFrames uint64
+	Errors       uint64
+}
+
+// Stats returns the connection's counters.
+func (c *Conn) Stats() Stats {
+	return Stats{
+		MessagesSent:     c.stats.msgsSent.Load(),
+		MessagesReceived: c.stats.msgsRecv.Load(),
+		BytesSent:        c.stats.bytesSent.Load(),
+		BytesReceived:    c.stats.bytesRecv.Load(),
+		CreditFrames:     c.stats.creditFrames.Load(),
+		Errors:           c.stats.errors.Load(),
+	}
+}
+
+// ProcessStats are counters of every connection in this process.
+type ProcessStats struct {
+	// ConnectionsOpen is the number of connections not yet closed;
+	// ConnectionsTotal counts every connection ever established.
+	ConnectionsOpen  int64
+	ConnectionsTotal uint64
+	// QueuePairs is the number of live queue pairs the package created.
+	QueuePairs int64
+	// Listeners is the number of open listeners.
+	Listeners int64
+	// DialErrors and AcceptErrors count failed connection attempts.
+	DialErrors   uint64
+	AcceptErrors uint64
+}
+
+var globalStats struct {
+	connsOpen    atomic.Int64
+	connsTotal   atomic.Uint64
+	qps          atomic.Int64
+	listeners    atomic.Int64
+	dialErrors   atomic.Uint64
+	acceptErrors atomic.Uint64
+}
+
+// GlobalStats returns the process-wide counters.
+func GlobalStats() ProcessStats {
+	return ProcessStats{
+		ConnectionsOpen:  globalStats.connsOpen.Load(),
+		ConnectionsTotal: globalStats.connsTotal.Load(),
+		QueuePairs:       globalStats.qps.Load(),
+		Listeners:        globalStats.listeners.Load(),
+		DialErrors:       globalStats.dialErrors.Load(),
+		AcceptErrors:     globalStats.acceptErrors.Load(),
+	}
+}
