@@ -1,0 +1,505 @@
+package model
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"syscall"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// Private-data budgets of the CM messages (IP addressing).
+const (
+	budgetREQ     = 56
+	budgetREP     = 196
+	budgetREJ     = 148
+	budgetSIDRREQ = 180
+	budgetSIDRREP = 136
+)
+
+type portSpace uint8
+
+const (
+	psTCP portSpace = iota + 1
+	psUDP
+	psIB
+)
+
+func spaceOf(ex kernel.Exchange) portSpace {
+	switch ex {
+	case kernel.ExchangeSIDR:
+		return psUDP
+	case kernel.ExchangeRC:
+		return psTCP
+	}
+	return psIB
+}
+
+type listenKey struct {
+	ps   portSpace
+	port uint16
+}
+
+// staleKey is how ib_cm keys live connections: remote CA (node) and remote QPN.
+type staleKey struct {
+	node *Node
+	qpn  uint32
+}
+
+type cmState uint8
+
+const (
+	csIdle        cmState = iota // fresh, or done (rejected, answered SIDR, ...)
+	csListen                     // listening
+	csReqSent                    // active: REQ out
+	csReqRcvd                    // passive: CONNECT_REQUEST delivered, not answered
+	csRepSent                    // passive: accepted, waiting for RTU
+	csRepRcvd                    // active: CONNECT_RESPONSE delivered, not established
+	csEstablished                // connected
+	csDreqSent                   // we sent a DREQ, waiting for the DREP
+	csDreqRcvd                   // DISCONNECTED delivered, our DREP not sent
+	csTimewait                   // disconnected both ways
+	csSIDRReqSent                // active SIDR: waiting for the SIDR REP
+	csSIDRReqRcvd                // passive SIDR: CONNECT_REQUEST delivered
+)
+
+// cmid is an RDMA CM id.
+type cmid struct {
+	h         kernel.ID
+	p         *Process
+	ex        kernel.Exchange
+	tgtTyped  bool // XRC_RECV-typed (an XRC listener's ids): destroy sends no DREQ
+	state     cmState
+	local     netip.AddrPort
+	remote    netip.AddrPort
+	localQPN  uint32
+	remoteQPN uint32
+	peer      *cmid    // the other end of the exchange, nil once it is gone
+	reqPD     []byte   // active: the REQ, for the kernel's retransmission
+	staleIn   *Node    // the node whose stale table holds us
+	staleAt   staleKey // and under which key
+	dead      bool
+	events    queue[kernel.Event]
+}
+
+func (id *cmid) node() *Node { return id.p.n }
+
+func (id *cmid) post(e kernel.Event) {
+	if id.dead {
+		return
+	}
+	if e.ID == 0 {
+		e.ID = id.h
+	}
+	if e.Exchange == 0 {
+		e.Exchange = id.ex
+	}
+	if !e.Remote.IsValid() {
+		e.Remote = id.remote
+	}
+	id.events.push(e)
+}
+
+// pad returns pd as the kernel delivers it: always n bytes, zero-padded.
+func pad(pd []byte, n int) []byte {
+	b := make([]byte, n)
+	copy(b, pd)
+	return b
+}
+
+func (id *cmid) enterStale(in *Node, k staleKey) {
+	id.staleIn, id.staleAt = in, k
+	in.stale[k] = id
+}
+
+func (id *cmid) leaveStale() {
+	if id.staleIn != nil && id.staleIn.stale[id.staleAt] == id {
+		delete(id.staleIn.stale, id.staleAt)
+	}
+	id.staleIn = nil
+}
+
+func (p *Process) newID(ex kernel.Exchange) *cmid {
+	id := &cmid{p: p, ex: ex, events: newQueue[kernel.Event]()}
+	id.h = kernel.ID(p.add(id))
+	return id
+}
+
+func (n *Node) port() uint16 {
+	n.nextPort++
+	if n.nextPort == 0 {
+		n.nextPort = ephemeral
+	}
+	return n.nextPort
+}
+
+func validExchange(ex kernel.Exchange) bool {
+	return ex >= kernel.ExchangeXRC && ex <= kernel.ExchangeIBRC
+}
+
+func (p *Process) Listen(addr netip.AddrPort, ex kernel.Exchange) (kernel.ID, error) {
+	const op = "rdma_listen"
+	p.lock()
+	defer p.unlock()
+	if p.closed {
+		return 0, &verbs.OpError{Op: op, Err: verbs.ErrClosed}
+	}
+	if !validExchange(ex) || (addr.Addr().IsValid() && !addr.Addr().IsUnspecified() && addr.Addr() != p.n.addr) {
+		return 0, opErr("rdma_bind_addr", syscall.EADDRNOTAVAIL)
+	}
+	port := addr.Port()
+	if port == 0 {
+		port = p.n.port()
+	}
+	k := listenKey{spaceOf(ex), port}
+	if p.n.listeners[k] != nil {
+		return 0, opErr("rdma_bind_addr", syscall.EADDRINUSE)
+	}
+	id := p.newID(ex)
+	id.state = csListen
+	id.tgtTyped = ex == kernel.ExchangeXRC
+	id.local = netip.AddrPortFrom(p.n.addr, port)
+	p.n.listeners[k] = id
+	return id.h, nil
+}
+
+func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
+	const op = "rdma_connect"
+	if err := ctx.Err(); err != nil {
+		return 0, &verbs.OpError{Op: op, Addr: dst.String(), Err: err}
+	}
+	p.lock()
+	defer p.unlock()
+	if p.closed {
+		return 0, &verbs.OpError{Op: op, Err: verbs.ErrClosed}
+	}
+	if !validExchange(ex) {
+		return 0, opErr(op, syscall.EINVAL)
+	}
+	budget := budgetREQ
+	if ex == kernel.ExchangeSIDR {
+		budget = budgetSIDRREQ
+	}
+	if len(pd) > budget {
+		return 0, &verbs.OpError{Op: op, Addr: dst.String(), Err: syscall.EINVAL}
+	}
+	if p.n.f.nodes[dst.Addr()] == nil {
+		return 0, &verbs.OpError{Op: "rdma_resolve_addr", Addr: dst.String(), Err: syscall.EHOSTUNREACH}
+	}
+	id := p.newID(ex)
+	id.local = netip.AddrPortFrom(p.n.addr, p.n.port())
+	id.remote = dst
+	id.localQPN = qpNum & 0xFFFFFF // the CM carries 24 bits
+	id.reqPD = slices.Clone(pd)
+	if ex == kernel.ExchangeSIDR {
+		p.n.f.sidrReq(id)
+	} else {
+		p.n.f.req(id)
+	}
+	return id.h, nil
+}
+
+// sidrReq delivers a SIDR REQ. SIDR never touches the stale table.
+func (f *Fabric) sidrReq(a *cmid) {
+	dst := f.nodes[a.remote.Addr()]
+	l := dst.listeners[listenKey{psUDP, a.remote.Port()}]
+	if l == nil {
+		a.state = csIdle
+		a.post(kernel.Event{Type: kernel.EventUnreachable, Status: kernel.SIDRNoListener, PrivateData: pad(nil, budgetSIDRREP)})
+		return
+	}
+	s := l.p.newID(kernel.ExchangeSIDR)
+	s.state = csSIDRReqRcvd
+	s.local, s.remote, s.peer = l.local, a.local, a
+	a.peer, a.state = s, csSIDRReqSent
+	// A SIDR REQ carries no QPN.
+	l.post(kernel.Event{Type: kernel.EventConnectRequest, ID: s.h, Remote: a.local, PrivateData: pad(a.reqPD, budgetSIDRREQ)})
+}
+
+// req delivers a connected-mode REQ from the active id a.
+func (f *Fabric) req(a *cmid) {
+	dst := f.nodes[a.remote.Addr()]
+	l := dst.listeners[listenKey{spaceOf(a.ex), a.remote.Port()}]
+	a.state = csIdle
+	if l == nil {
+		a.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejInvalidServiceID, PrivateData: pad(nil, budgetREJ)})
+		return
+	}
+	// cma_check_req_qp_type: an XRC REQ matches only an XRC listener and an
+	// RC one only an RC listener; the listener never sees a mismatch.
+	if (a.ex == kernel.ExchangeXRC) != (l.ex == kernel.ExchangeXRC) {
+		a.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejConsumerDefined, PrivateData: pad(nil, budgetREJ)})
+		return
+	}
+	// cm_match_req: a live connection from the same (node, QPN) makes this
+	// REQ stale: REJ(10) to the new one, DREQ to the old one, nothing to the
+	// listener.
+	k := staleKey{a.node(), a.localQPN}
+	if old := dst.stale[k]; old != nil {
+		a.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejStaleConn, PrivateData: pad(nil, budgetREJ)})
+		old.leaveStale()
+		old.sendDREQ()
+		return
+	}
+	s := l.p.newID(a.ex)
+	s.tgtTyped = l.tgtTyped
+	s.state = csReqRcvd
+	s.local, s.remote = l.local, a.local
+	s.remoteQPN = a.localQPN
+	s.peer, a.peer = a, s
+	a.state = csReqSent
+	s.enterStale(dst, k)
+	l.post(kernel.Event{Type: kernel.EventConnectRequest, ID: s.h, Remote: a.local, QPNum: a.localQPN, PrivateData: pad(a.reqPD, budgetREQ)})
+}
+
+// rep delivers the passive id s's REP to its active peer.
+func (f *Fabric) rep(s *cmid, pd []byte) {
+	a := s.peer
+	if a == nil || a.state != csReqSent {
+		return
+	}
+	an := a.node()
+	k := staleKey{s.node(), s.localQPN}
+	if old := an.stale[k]; old != nil {
+		// cm_rep_handler: the REP's QPN is live here. The new passive id is
+		// rejected, the old connection gets a DREQ from its id on this node,
+		// the active id sees nothing and its REQ is retransmitted (after ~6 s
+		// on rxe; at once here), by then without the stale entry.
+		s.leaveStale()
+		s.peer, a.peer = nil, nil
+		s.state = csIdle
+		s.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejStaleConn, PrivateData: pad(nil, budgetREJ)})
+		old.leaveStale()
+		old.sendDREQ()
+		f.req(a)
+		return
+	}
+	a.remoteQPN = s.localQPN
+	a.state = csRepRcvd
+	a.enterStale(an, k)
+	a.post(kernel.Event{Type: kernel.EventConnectResponse, QPNum: s.localQPN, PrivateData: pad(pd, budgetREP)})
+}
+
+func (p *Process) Accept(h kernel.ID, qpNum uint32, pd []byte) error {
+	const op = "rdma_accept"
+	p.lock()
+	defer p.unlock()
+	id, err := lookup[*cmid](p, op, uint64(h))
+	if err != nil {
+		return err
+	}
+	switch id.state {
+	case csSIDRReqRcvd:
+		if len(pd) > budgetSIDRREP {
+			id.rejectPeer(nil) // a failed accept rejects the peer
+			return opErr(op, syscall.EINVAL)
+		}
+		id.state = csIdle
+		if a := id.peer; a != nil && a.state == csSIDRReqSent {
+			a.state, a.peer, id.peer = csIdle, nil, nil
+			a.remoteQPN = qpNum & 0xFFFFFF
+			a.post(kernel.Event{Type: kernel.EventEstablished, QPNum: a.remoteQPN, QKey: kernel.SIDRQKey, PrivateData: pad(pd, budgetSIDRREP)})
+		}
+		return nil
+	case csReqRcvd:
+		if len(pd) > budgetREP {
+			id.rejectPeer(nil)
+			return opErr(op, syscall.EINVAL)
+		}
+		id.localQPN = qpNum & 0xFFFFFF
+		id.state = csRepSent
+		p.n.f.rep(id, pd)
+		return nil
+	}
+	return opErr(op, syscall.EINVAL)
+}
+
+// rejectPeer answers a pending request (or aborts after the REP) with the
+// consumer-defined reject the kernel sends for rdma_reject, a failed accept
+// or a destroyed id.
+func (id *cmid) rejectPeer(pd []byte) {
+	peer := id.peer
+	id.leaveStale()
+	id.peer = nil
+	id.state = csIdle
+	if peer == nil {
+		return
+	}
+	peer.peer = nil
+	peer.leaveStale()
+	peer.state = csIdle
+	if id.ex == kernel.ExchangeSIDR {
+		peer.post(kernel.Event{Type: kernel.EventUnreachable, Status: kernel.SIDRRejected, PrivateData: pad(pd, budgetSIDRREP)})
+	} else {
+		peer.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejConsumerDefined, PrivateData: pad(pd, budgetREJ)})
+	}
+}
+
+func (p *Process) Reject(h kernel.ID, pd []byte) error {
+	const op = "rdma_reject"
+	p.lock()
+	defer p.unlock()
+	id, err := lookup[*cmid](p, op, uint64(h))
+	if err != nil {
+		return err
+	}
+	switch id.state {
+	case csSIDRReqRcvd:
+		if len(pd) > budgetSIDRREP {
+			return opErr(op, syscall.EINVAL) // the request stays pending
+		}
+	case csReqRcvd, csRepRcvd:
+		if len(pd) > budgetREJ {
+			return opErr(op, syscall.EINVAL)
+		}
+	default:
+		return opErr(op, syscall.EINVAL)
+	}
+	id.rejectPeer(pd)
+	return nil
+}
+
+func (p *Process) Establish(h kernel.ID) error {
+	const op = "rdma_establish"
+	p.lock()
+	defer p.unlock()
+	id, err := lookup[*cmid](p, op, uint64(h))
+	if err != nil {
+		return err
+	}
+	if id.state != csRepRcvd {
+		return opErr(op, syscall.EINVAL)
+	}
+	id.state = csEstablished
+	if s := id.peer; s != nil && s.state == csRepSent {
+		s.state = csEstablished
+		s.post(kernel.Event{Type: kernel.EventEstablished, QPNum: s.remoteQPN})
+	}
+	return nil
+}
+
+// sendDREQ: the id leaves the connection; its peer gets DISCONNECTED. With
+// no peer left (an XRC TGT id destroyed silently), the remote CM answers the
+// DREQ at once, so the sender is done too.
+func (id *cmid) sendDREQ() {
+	id.leaveStale()
+	peer := id.peer
+	if peer == nil || peer.state != csEstablished {
+		if peer != nil {
+			peer.peer = nil
+		}
+		id.peer = nil
+		id.state = csTimewait
+		id.post(kernel.Event{Type: kernel.EventDisconnected})
+		id.post(kernel.Event{Type: kernel.EventTimewaitExit})
+		return
+	}
+	id.state = csDreqSent
+	peer.leaveStale()
+	peer.state = csDreqRcvd
+	peer.post(kernel.Event{Type: kernel.EventDisconnected})
+}
+
+// sendDREP answers a received DREQ.
+func (id *cmid) sendDREP() {
+	id.state = csTimewait
+	if peer := id.peer; peer != nil && peer.state == csDreqSent {
+		peer.state, peer.peer = csTimewait, nil
+		peer.post(kernel.Event{Type: kernel.EventDisconnected})
+		peer.post(kernel.Event{Type: kernel.EventTimewaitExit})
+	}
+	id.peer = nil
+}
+
+func (p *Process) Disconnect(h kernel.ID) error {
+	p.lock()
+	defer p.unlock()
+	id, err := lookup[*cmid](p, "rdma_disconnect", uint64(h))
+	if err != nil {
+		return err
+	}
+	switch id.state {
+	case csEstablished:
+		id.sendDREQ()
+	case csDreqRcvd:
+		id.sendDREP()
+		id.post(kernel.Event{Type: kernel.EventTimewaitExit})
+	}
+	// Anything else (notably after CONNECT_RESPONSE) sends nothing and
+	// still returns 0, as rdma_disconnect does.
+	return nil
+}
+
+func (p *Process) DestroyID(h kernel.ID) error {
+	p.lock()
+	defer p.unlock()
+	id, err := lookup[*cmid](p, "rdma_destroy_id", uint64(h))
+	if err != nil {
+		return err
+	}
+	delete(p.handles, uint64(h))
+	p.destroyID(id)
+	return nil
+}
+
+// destroyID sends what cm_destroy_id sends for the id's state.
+func (p *Process) destroyID(id *cmid) {
+	switch id.state {
+	case csListen:
+		delete(p.n.listeners, listenKey{spaceOf(id.ex), id.local.Port()})
+		// Requests not yet taken from the listener go with it.
+		for _, e := range id.events.items {
+			if e.Type == kernel.EventConnectRequest {
+				if c, ok := p.handles[uint64(e.ID)].(*cmid); ok {
+					delete(p.handles, uint64(e.ID))
+					p.destroyID(c)
+				}
+			}
+		}
+	case csReqSent:
+		if s := id.peer; s != nil {
+			s.leaveStale()
+			s.peer, s.state = nil, csIdle
+			s.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejTimeout, PrivateData: pad(nil, budgetREJ)})
+		}
+	case csReqRcvd, csRepSent, csRepRcvd, csSIDRReqRcvd:
+		id.rejectPeer(nil)
+	case csEstablished:
+		if id.tgtTyped {
+			// cm_destroy_id for an XRC TGT: nothing is sent; the INI side
+			// stays established.
+			if id.peer != nil {
+				id.peer.peer = nil
+			}
+		} else {
+			id.sendDREQ()
+		}
+	case csDreqRcvd:
+		id.sendDREP()
+	case csSIDRReqSent:
+		if s := id.peer; s != nil {
+			s.peer = nil
+		}
+	}
+	if id.peer != nil {
+		id.peer.peer = nil
+	}
+	id.leaveStale()
+	id.peer = nil
+	id.dead = true
+	id.events.close()
+}
+
+func (p *Process) Event(ctx context.Context, h kernel.ID) (kernel.Event, error) {
+	var out [1]kernel.Event
+	_, err := poll(ctx, p, "rdma_get_cm_event", func() (*queue[kernel.Event], error) {
+		id, err := lookup[*cmid](p, "rdma_get_cm_event", uint64(h))
+		if err != nil {
+			return nil, err
+		}
+		return &id.events, nil
+	}, out[:])
+	return out[0], err
+}

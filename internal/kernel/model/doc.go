@@ -1,0 +1,39 @@
+// Package model is an in-memory kernel: a fabric of nodes (one RDMA device
+// each, addressed by IP) running processes, each process a kernel.Kernel. It
+// reproduces the kernel semantics in facts.md rule for rule, so that the XRC
+// engine can be tested where no XRC device exists (and, like gRPC's bufconn,
+// so that users can test code on top of this library without RDMA):
+//
+//   - XRC domains are keyed by the inode of the file (the model keeps the
+//     file open while the domain lives, as the kernel holds the inode, so an
+//     unlinked and recreated file is a second domain); EAGAIN without create,
+//     EINVAL for exclusive create of an existing one, EBUSY for closing a
+//     handle that still has QPs or SRQs.
+//   - TGT QPs have a use count of handles: the creator gets one, every
+//     OpenTGT adds one, DestroyQP removes one, the TGT dies with the last.
+//   - QP and SRQ numbers are reused (LIFO, lowest-free, or never), so an old
+//     number can open the wrong TGT and a stale SRQN can reach a stranger.
+//   - The CM: listeners per port space (XRC/IB-RC, TCP, UDP) on one port
+//     number; QP-type mismatch is REJECTED 28 unseen by the listener; no
+//     listener is REJECTED 8 or SIDR UNREACHABLE 1; SIDR rejects are
+//     UNREACHABLE 2; private data budgets (56/196/148/180/136) with EINVAL
+//     one byte over and zero padding to the maximum on receipt; ib_cm's
+//     stale-connection table keyed by (remote node, remote QPN), checked at
+//     REQ and at REP time, REJECTED 10 plus a DREQ to the old connection;
+//     SIDR never in the table; an established XRC_RECV-typed id is destroyed
+//     without a DREQ, every other type sends one.
+//   - Sends go from an RTS INI through the TGT it is connected to (RTR or
+//     later, connected back to that INI) into any SRQ of the TGT's domain
+//     named by the sender; an unknown SRQN fails the send with
+//     WCRemInvReqErr, moves the INI to ERR and flushes everything behind it.
+//   - Process death (Kill or Close) closes all of the process's handles and
+//     CM ids at once, sending what the kernel sends.
+//
+// Simplifications, all deterministic: one mutex per fabric; no timers (a
+// retransmitted REQ after a REP-time stale hit is redelivered at once;
+// TIMEWAIT_EXIT follows DISCONNECTED without the ~2 s delay; nothing times
+// out); SRQs have unlimited posted receives; a stale-table entry leaves when
+// its id leaves the established state, which is when rxe showed the number
+// reusable; a bad SRQN leaves the TGT as it was (the mlx5 responder's
+// behaviour is an open point).
+package model

@@ -1,0 +1,296 @@
+package model
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"syscall"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// Reuse is how freed QP and SRQ numbers come back.
+type Reuse uint8
+
+const (
+	// ReuseLIFO hands out the most recently freed number first: the
+	// adversarial case (a just-freed TGT number is the next one created).
+	ReuseLIFO Reuse = iota
+	// ReuseLowest hands out the lowest free number.
+	ReuseLowest
+	// ReuseNever never reuses a number.
+	ReuseNever
+)
+
+const (
+	firstQPN  = 0x11 // above the special QPs and clearly not small indices
+	firstSRQN = 0x21
+	ephemeral = 40000
+)
+
+// Fabric is a set of nodes that reach each other by IP address. One mutex
+// guards everything: the model is about semantics, not speed, and a single
+// lock makes every interleaving a sequence of whole kernel operations.
+type Fabric struct {
+	mu     sync.Mutex
+	nodes  map[netip.Addr]*Node
+	reuse  Reuse
+	nextH  uint64
+	nextID int
+}
+
+// NewFabric returns an empty fabric whose nodes reuse numbers by policy.
+func NewFabric(reuse Reuse) *Fabric {
+	return &Fabric{nodes: map[netip.Addr]*Node{}, reuse: reuse}
+}
+
+// NodeConfig configures a node.
+type NodeConfig struct {
+	NoXRC bool // a device without XRC (like rxe): OpenXRCD fails with EOPNOTSUPP
+}
+
+// AddNode adds a node (one device, one port) at addr.
+func (f *Fabric) AddNode(addr netip.Addr, cfg NodeConfig) *Node {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.nodes[addr]; ok {
+		panic("model: duplicate node address " + addr.String())
+	}
+	n := &Node{
+		f: f, addr: addr, xrc: !cfg.NoXRC,
+		qpns:      numbers{next: firstQPN, policy: f.reuse},
+		srqns:     numbers{next: firstSRQN, policy: f.reuse},
+		qps:       map[uint32]*qp{},
+		srqs:      map[uint32]*srq{},
+		stale:     map[staleKey]*cmid{},
+		listeners: map[listenKey]*cmid{},
+		nextPort:  ephemeral,
+	}
+	f.nodes[addr] = n
+	return n
+}
+
+func (f *Fabric) handle() uint64 { f.nextH++; return f.nextH }
+
+// Node is one host with one RDMA device.
+type Node struct {
+	f         *Fabric
+	addr      netip.Addr
+	xrc       bool
+	qpns      numbers
+	srqns     numbers
+	qps       map[uint32]*qp // live QPs (INI and TGT objects, not handles)
+	srqs      map[uint32]*srq
+	xrcds     []*xrcd
+	stale     map[staleKey]*cmid // ib_cm's remote (node, QPN) table
+	listeners map[listenKey]*cmid
+	nextPort  uint16
+	procs     []*Process
+}
+
+// Addr is the node's address.
+func (n *Node) Addr() netip.Addr { return n.addr }
+
+// NewProcess starts a process on the node; it implements kernel.Kernel.
+func (n *Node) NewProcess() *Process {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	n.f.nextID++
+	p := &Process{n: n, pid: n.f.nextID, handles: map[uint64]any{}, done: make(chan struct{})}
+	n.procs = append(n.procs, p)
+	return p
+}
+
+// QPCount is the number of live QP objects on the node (INI and TGT, each
+// TGT once however many handles it has): what the QP-count tests compare.
+func (n *Node) QPCount() (ini, tgt int) {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	for _, q := range n.qps {
+		if q.typ == verbs.QPTypeXRCSend {
+			ini++
+		} else {
+			tgt++
+		}
+	}
+	return
+}
+
+// TGTHandles is the kernel use count of the TGT numbered qpn (0 if none).
+func (n *Node) TGTHandles(qpn uint32) int {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	if q := n.qps[qpn]; q != nil && q.typ == verbs.QPTypeXRCRecv {
+		return q.handles
+	}
+	return 0
+}
+
+// XRCDs is the number of live XRC domains on the node.
+func (n *Node) XRCDs() int {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	return len(n.xrcds)
+}
+
+// StaleEntries is the size of the node's stale-connection table.
+func (n *Node) StaleEntries() int {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	return len(n.stale)
+}
+
+// numbers allocates QPNs or SRQNs with a reuse policy.
+type numbers struct {
+	next   uint32
+	free   []uint32
+	policy Reuse
+}
+
+func (a *numbers) get() uint32 {
+	if len(a.free) > 0 {
+		i := len(a.free) - 1
+		if a.policy == ReuseLowest {
+			i = 0
+			for j, v := range a.free {
+				if v < a.free[i] {
+					i = j
+				}
+			}
+		}
+		v := a.free[i]
+		a.free = slices.Delete(a.free, i, i+1)
+		return v
+	}
+	v := a.next
+	a.next++
+	return v
+}
+
+func (a *numbers) put(v uint32) {
+	if a.policy != ReuseNever {
+		a.free = append(a.free, v)
+	}
+}
+
+// xrcd is a node's XRC domain, bound to an inode (or private).
+type xrcd struct {
+	n    *Node
+	file *os.File    // held open so that the inode cannot be freed and reused
+	fi   os.FileInfo // nil for a private domain
+	refs int         // process handles + TGT QPs + SRQs, like xrcd->usecnt
+}
+
+func (d *xrcd) unref() {
+	d.refs--
+	if d.refs > 0 {
+		return
+	}
+	d.n.xrcds = slices.DeleteFunc(d.n.xrcds, func(x *xrcd) bool { return x == d })
+	if d.file != nil {
+		d.file.Close()
+	}
+}
+
+// xrcdHandle is one process's opening of a domain.
+type xrcdHandle struct {
+	d    *xrcd
+	uses int // QPs and SRQs made or opened through this handle (EBUSY)
+}
+
+type srq struct {
+	num  uint32
+	d    *xrcd
+	via  *xrcdHandle
+	recv queue[kernel.RecvCompletion]
+}
+
+type qp struct {
+	n       *Node
+	num     uint32
+	typ     verbs.QPType
+	state   verbs.QPState
+	destQPN uint32
+	remote  netip.Addr
+	d       *xrcd // TGT only
+	handles int   // TGT: kernel use count
+	sendq   *queue[kernel.SendCompletion]
+}
+
+type qpHandle struct {
+	q   *qp
+	via *xrcdHandle // TGT only
+}
+
+// queue is an event or completion queue that waiters block on outside the
+// fabric lock: wake has room for one token, closed ends every wait.
+type queue[T any] struct {
+	items  []T
+	wake   chan struct{}
+	closed chan struct{}
+}
+
+func newQueue[T any]() queue[T] {
+	return queue[T]{wake: make(chan struct{}, 1), closed: make(chan struct{})}
+}
+
+func (q *queue[T]) push(x T) {
+	q.items = append(q.items, x)
+	q.signal()
+}
+
+func (q *queue[T]) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *queue[T]) close() {
+	select {
+	case <-q.closed:
+	default:
+		close(q.closed)
+	}
+}
+
+// poll waits until q (found by lookup under the lock) has items, and moves
+// up to len(out) of them into out.
+func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*queue[T], error), out []T) (int, error) {
+	if len(out) == 0 {
+		return 0, opErr(op, syscall.EINVAL)
+	}
+	f := p.n.f
+	for {
+		f.mu.Lock()
+		q, err := lookup()
+		if err != nil {
+			f.mu.Unlock()
+			return 0, err
+		}
+		if len(q.items) > 0 {
+			k := copy(out, q.items)
+			clear(q.items[:k])
+			q.items = q.items[k:]
+			if len(q.items) > 0 {
+				q.signal() // another waiter may take the rest
+			}
+			f.mu.Unlock()
+			return k, nil
+		}
+		wake, closed := q.wake, q.closed
+		f.mu.Unlock()
+		select {
+		case <-wake:
+		case <-closed:
+		case <-p.done:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func opErr(op string, errno syscall.Errno) error { return &verbs.OpError{Op: op, Err: errno} }

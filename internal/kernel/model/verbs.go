@@ -1,0 +1,405 @@
+package model
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"slices"
+	"syscall"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// Process is one process on a node: a kernel.Kernel. Kill (or Close) is its
+// death: every handle and CM id it holds is closed at once.
+type Process struct {
+	n       *Node
+	pid     int
+	handles map[uint64]any // *xrcdHandle, *srq, *qpHandle, *cmid
+	closed  bool
+	done    chan struct{}
+}
+
+var _ kernel.Kernel = (*Process)(nil)
+
+// Node is the node the process runs on.
+func (p *Process) Node() *Node { return p.n }
+
+// Handles is the number of live handles and CM ids the process holds.
+func (p *Process) Handles() int {
+	p.n.f.mu.Lock()
+	defer p.n.f.mu.Unlock()
+	return len(p.handles)
+}
+
+func (p *Process) LocalAddr() netip.Addr { return p.n.addr }
+func (p *Process) XRC() bool             { return p.n.xrc }
+
+// lookup returns the live object behind handle h, of type T.
+func lookup[T any](p *Process, op string, h uint64) (T, error) {
+	var zero T
+	if p.closed {
+		return zero, &verbs.OpError{Op: op, Err: verbs.ErrClosed}
+	}
+	o, ok := p.handles[h].(T)
+	if !ok {
+		return zero, opErr(op, syscall.EBADF)
+	}
+	return o, nil
+}
+
+func (p *Process) lock()   { p.n.f.mu.Lock() }
+func (p *Process) unlock() { p.n.f.mu.Unlock() }
+
+func (p *Process) add(o any) uint64 {
+	h := p.n.f.handle()
+	p.handles[h] = o
+	return h
+}
+
+func (p *Process) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, error) {
+	const op = "ibv_open_xrcd"
+	p.lock()
+	defer p.unlock()
+	if p.closed {
+		return 0, &verbs.OpError{Op: op, Err: verbs.ErrClosed}
+	}
+	if !p.n.xrc {
+		return 0, opErr(op, syscall.EOPNOTSUPP)
+	}
+	n := p.n
+	if path == "" { // fd = -1: a private domain
+		d := &xrcd{n: n, refs: 1}
+		n.xrcds = append(n.xrcds, d)
+		return kernel.XRCD(p.add(&xrcdHandle{d: d})), nil
+	}
+	// The domain is keyed by inode, like the kernel's xrcd tree. The file
+	// stays open while the domain lives, so the inode number cannot be reused
+	// by a recreated file: unlink + create gives a second domain.
+	file, err := os.Open(path)
+	if err != nil {
+		return 0, &verbs.OpError{Op: op, Addr: path, Err: err}
+	}
+	fi, err := file.Stat()
+	if err != nil {
+		file.Close()
+		return 0, &verbs.OpError{Op: op, Addr: path, Err: err}
+	}
+	var d *xrcd
+	for _, x := range n.xrcds {
+		if x.fi != nil && os.SameFile(x.fi, fi) {
+			d = x
+		}
+	}
+	switch {
+	case d == nil && flags&kernel.XRCDCreate == 0:
+		file.Close()
+		return 0, &verbs.OpError{Op: op, Addr: path, Err: syscall.EAGAIN}
+	case d != nil && flags&kernel.XRCDExcl != 0:
+		file.Close()
+		return 0, &verbs.OpError{Op: op, Addr: path, Err: syscall.EINVAL}
+	case d == nil:
+		d = &xrcd{n: n, file: file, fi: fi}
+		n.xrcds = append(n.xrcds, d)
+	default:
+		file.Close()
+	}
+	d.refs++
+	return kernel.XRCD(p.add(&xrcdHandle{d: d})), nil
+}
+
+func (p *Process) CloseXRCD(h kernel.XRCD) error {
+	p.lock()
+	defer p.unlock()
+	x, err := lookup[*xrcdHandle](p, "ibv_close_xrcd", uint64(h))
+	if err != nil {
+		return err
+	}
+	if x.uses > 0 {
+		return opErr("ibv_close_xrcd", syscall.EBUSY)
+	}
+	delete(p.handles, uint64(h))
+	x.d.unref()
+	return nil
+}
+
+func (p *Process) CreateSRQ(h kernel.XRCD) (kernel.SRQ, uint32, error) {
+	p.lock()
+	defer p.unlock()
+	x, err := lookup[*xrcdHandle](p, "ibv_create_srq_ex", uint64(h))
+	if err != nil {
+		return 0, 0, err
+	}
+	s := &srq{num: p.n.srqns.get(), d: x.d, via: x, recv: newQueue[kernel.RecvCompletion]()}
+	x.uses++
+	x.d.refs++
+	p.n.srqs[s.num] = s
+	return kernel.SRQ(p.add(s)), s.num, nil
+}
+
+func (p *Process) DestroySRQ(h kernel.SRQ) error {
+	p.lock()
+	defer p.unlock()
+	s, err := lookup[*srq](p, "ibv_destroy_srq", uint64(h))
+	if err != nil {
+		return err
+	}
+	delete(p.handles, uint64(h))
+	p.destroySRQ(s)
+	return nil
+}
+
+func (p *Process) destroySRQ(s *srq) {
+	delete(p.n.srqs, s.num)
+	p.n.srqns.put(s.num)
+	s.recv.close()
+	s.via.uses--
+	s.d.unref()
+}
+
+func (p *Process) CreateINI() (kernel.QP, uint32, error) {
+	p.lock()
+	defer p.unlock()
+	if p.closed {
+		return 0, 0, &verbs.OpError{Op: "ibv_create_qp_ex", Err: verbs.ErrClosed}
+	}
+	sq := newQueue[kernel.SendCompletion]()
+	q := &qp{n: p.n, num: p.n.qpns.get(), typ: verbs.QPTypeXRCSend, sendq: &sq}
+	p.n.qps[q.num] = q
+	return kernel.QP(p.add(&qpHandle{q: q})), q.num, nil
+}
+
+func (p *Process) CreateTGT(h kernel.XRCD) (kernel.QP, uint32, error) {
+	p.lock()
+	defer p.unlock()
+	x, err := lookup[*xrcdHandle](p, "ibv_create_qp_ex", uint64(h))
+	if err != nil {
+		return 0, 0, err
+	}
+	q := &qp{n: p.n, num: p.n.qpns.get(), typ: verbs.QPTypeXRCRecv, d: x.d, handles: 1}
+	x.d.refs++
+	x.uses++
+	p.n.qps[q.num] = q
+	return kernel.QP(p.add(&qpHandle{q: q, via: x})), q.num, nil
+}
+
+func (p *Process) OpenTGT(h kernel.XRCD, qpn uint32) (kernel.QP, error) {
+	p.lock()
+	defer p.unlock()
+	x, err := lookup[*xrcdHandle](p, "ibv_open_qp", uint64(h))
+	if err != nil {
+		return 0, err
+	}
+	// Found by number in the domain's TGT list: whatever now has the number.
+	q := p.n.qps[qpn]
+	if q == nil || q.typ != verbs.QPTypeXRCRecv || q.d != x.d {
+		return 0, opErr("ibv_open_qp", syscall.EINVAL)
+	}
+	q.handles++
+	x.uses++
+	return kernel.QP(p.add(&qpHandle{q: q, via: x})), nil
+}
+
+func (p *Process) DestroyQP(h kernel.QP) error {
+	p.lock()
+	defer p.unlock()
+	qh, err := lookup[*qpHandle](p, "ibv_destroy_qp", uint64(h))
+	if err != nil {
+		return err
+	}
+	delete(p.handles, uint64(h))
+	p.destroyQP(qh)
+	return nil
+}
+
+func (p *Process) destroyQP(qh *qpHandle) {
+	q := qh.q
+	if q.typ == verbs.QPTypeXRCRecv {
+		qh.via.uses--
+		q.handles--
+		if q.handles > 0 {
+			return // the TGT lives on for its other holders
+		}
+		q.d.unref()
+	} else {
+		q.sendq.close()
+	}
+	delete(p.n.qps, q.num)
+	p.n.qpns.put(q.num)
+	q.state = verbs.QPStateReset
+}
+
+func (p *Process) QueryQP(h kernel.QP) (kernel.QPInfo, error) {
+	p.lock()
+	defer p.unlock()
+	qh, err := lookup[*qpHandle](p, "ibv_query_qp", uint64(h))
+	if err != nil {
+		return kernel.QPInfo{}, err
+	}
+	q := qh.q
+	return kernel.QPInfo{Num: q.num, Type: q.typ, State: q.state, DestQPN: q.destQPN, Remote: q.remote}, nil
+}
+
+func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) error {
+	const op = "ibv_modify_qp"
+	p.lock()
+	defer p.unlock()
+	qh, err := lookup[*qpHandle](p, op, uint64(h))
+	if err != nil {
+		return err
+	}
+	q := qh.q
+	switch to {
+	case verbs.QPStateErr:
+		q.state = to
+		return nil
+	case verbs.QPStateReset:
+		q.state, q.destQPN, q.remote = to, 0, netip.Addr{}
+		return nil
+	case verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS:
+	default:
+		return opErr(op, syscall.EINVAL)
+	}
+	if q.state == verbs.QPStateErr || q.state > to {
+		return opErr(op, syscall.EINVAL)
+	}
+	for q.state < to {
+		next := q.state + 1
+		if next == verbs.QPStateRTR {
+			// rdma_init_qp_attr: the path comes from the CM id.
+			id, err := lookup[*cmid](p, "rdma_init_qp_attr", uint64(via))
+			if err != nil {
+				return err
+			}
+			if !id.ex.Connected() || id.remoteQPN == 0 || !id.remote.IsValid() {
+				return opErr("rdma_init_qp_attr", syscall.EINVAL)
+			}
+			q.destQPN, q.remote = id.remoteQPN, id.remote.Addr()
+		}
+		q.state = next
+	}
+	return nil
+}
+
+func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
+	const op = "ibv_post_send"
+	p.lock()
+	defer p.unlock()
+	qh, err := lookup[*qpHandle](p, op, uint64(h))
+	if err != nil {
+		return err
+	}
+	q := qh.q
+	if q.typ != verbs.QPTypeXRCSend {
+		return opErr(op, syscall.EINVAL)
+	}
+	if q.state != verbs.QPStateRTS && q.state != verbs.QPStateErr {
+		return opErr(op, syscall.EINVAL)
+	}
+	for _, wr := range wrs {
+		st := verbs.WCWRFlushErr
+		if q.state == verbs.QPStateRTS {
+			st = q.deliver(wr)
+			if st != verbs.WCSuccess {
+				q.state = verbs.QPStateErr // one error flushes everything behind it
+			}
+		}
+		q.sendq.push(kernel.SendCompletion{WRID: wr.WRID, Status: st, QPNum: q.num})
+	}
+	return nil
+}
+
+// deliver carries one send from an INI to the SRQ it names, through the TGT
+// the INI is connected to.
+func (q *qp) deliver(wr kernel.SendWR) verbs.WCStatus {
+	dst := q.n.f.nodes[q.remote]
+	if dst == nil {
+		return verbs.WCRetryExcErr
+	}
+	t := dst.qps[q.destQPN]
+	// A TGT that is gone, not ready, or now belongs to another connection
+	// (reused number) drops the packets: the sender retries and gives up.
+	if t == nil || t.typ != verbs.QPTypeXRCRecv || (t.state != verbs.QPStateRTR && t.state != verbs.QPStateRTS) ||
+		t.destQPN != q.num || t.remote != q.n.addr {
+		return verbs.WCRetryExcErr
+	}
+	// Any SRQ of the TGT's domain, by the number the sender names.
+	s := dst.srqs[wr.RemoteSRQN]
+	if s == nil || s.d != t.d {
+		return verbs.WCRemInvReqErr
+	}
+	s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Payload: slices.Clone(wr.Payload), Status: verbs.WCSuccess})
+	return verbs.WCSuccess
+}
+
+func (p *Process) PollSend(ctx context.Context, h kernel.QP, out []kernel.SendCompletion) (int, error) {
+	return poll(ctx, p, "ibv_poll_cq", func() (*queue[kernel.SendCompletion], error) {
+		qh, err := lookup[*qpHandle](p, "ibv_poll_cq", uint64(h))
+		if err != nil {
+			return nil, err
+		}
+		if qh.q.sendq == nil {
+			return nil, opErr("ibv_poll_cq", syscall.EINVAL)
+		}
+		return qh.q.sendq, nil
+	}, out)
+}
+
+func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvCompletion) (int, error) {
+	return poll(ctx, p, "ibv_poll_cq", func() (*queue[kernel.RecvCompletion], error) {
+		s, err := lookup[*srq](p, "ibv_poll_cq", uint64(h))
+		if err != nil {
+			return nil, err
+		}
+		return &s.recv, nil
+	}, out)
+}
+
+// Kill is the process's death; the same as Close.
+func (p *Process) Kill() { p.Close() }
+
+// Close releases everything, as process exit does: CM ids first (with the
+// DREQs and REJs the kernel sends for them), then QP handles, SRQs and
+// domains, regardless of EBUSY.
+func (p *Process) Close() error {
+	p.lock()
+	defer p.unlock()
+	if p.closed {
+		return nil
+	}
+	hs := make([]uint64, 0, len(p.handles))
+	for h := range p.handles {
+		hs = append(hs, h)
+	}
+	slices.Sort(hs) // deterministic order
+	for _, h := range hs {
+		if id, ok := p.handles[h].(*cmid); ok {
+			p.destroyID(id)
+			delete(p.handles, h)
+		}
+	}
+	for _, h := range hs {
+		switch o := p.handles[h].(type) {
+		case *qpHandle:
+			p.destroyQP(o)
+			delete(p.handles, h)
+		}
+	}
+	for _, h := range hs {
+		if s, ok := p.handles[h].(*srq); ok {
+			p.destroySRQ(s)
+			delete(p.handles, h)
+		}
+	}
+	for _, h := range hs {
+		if x, ok := p.handles[h].(*xrcdHandle); ok {
+			x.d.unref()
+			delete(p.handles, h)
+		}
+	}
+	p.closed = true
+	close(p.done)
+	p.n.procs = slices.DeleteFunc(p.n.procs, func(x *Process) bool { return x == p })
+	return nil
+}
