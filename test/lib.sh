@@ -1,0 +1,87 @@
+# test/lib.sh - shared by test/run-tests.sh and test/run-demo.sh (source it; bash only).
+# Installs what the project needs on a Debian bookworm(-compatible) machine, idempotently:
+# nothing is installed, and apt-get update is not run, when everything is already there.
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+GO_TOOLCHAIN=go1.26.8      # fetched from the Go module proxy when no go >= GO_MIN is installed
+GO_MIN=1.26                # go.mod says go 1.26
+PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
+          libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc
+          gcc libc6-dev pkg-config ca-certificates curl unzip)
+export DEBIAN_FRONTEND=noninteractive
+export GOFLAGS=${GOFLAGS:--buildvcs=false}
+
+say() { printf '==> %s\n' "$*"; }
+die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
+need_root() { [[ $(id -u) == 0 ]] || die "run as root: sudo $0 $*"; }
+
+install_packages() {
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+  done
+  if [[ ${#missing[@]} == 0 ]]; then say "Debian packages: all ${#PACKAGES[@]} present"; return; fi
+  say "installing Debian packages: ${missing[*]}"
+  apt-get install -y --no-install-recommends "${missing[@]}" ||
+    { apt-get update && apt-get install -y --no-install-recommends "${missing[@]}"; } ||
+    die "apt-get install ${missing[*]} failed"
+}
+
+# version_ge A B: is Go version A (1.26.8, 1.19) >= B?
+version_ge() { [[ $(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1) == "$2" ]]; }
+
+go_version() { "$1" env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9.]*\).*/\1/p'; }
+
+# ensure_go: put a go >= GO_MIN first in PATH (exported, so test/vm/rxe-vm.sh finds it too).
+ensure_go() {
+  local g v cand
+  for g in "$(command -v go || true)" /usr/local/go/bin/go /usr/lib/go/bin/go; do
+    [[ -x $g ]] || continue
+    v=$(go_version "$g")
+    if version_ge "$v" "$GO_MIN"; then
+      export PATH=$(dirname "$g"):$PATH; say "Go: $g (go$v)"; return
+    fi
+    if version_ge "$v" 1.21; then        # go >= 1.21 fetches newer toolchains itself
+      export PATH=$(dirname "$g"):$PATH GOTOOLCHAIN=$GO_TOOLCHAIN
+      go version >/dev/null || die "GOTOOLCHAIN=$GO_TOOLCHAIN: download through the Go module proxy failed"
+      say "Go: $g (go$v) with GOTOOLCHAIN=$GO_TOOLCHAIN"; return
+    fi
+  done
+  cand=$(apt-cache policy golang-go 2>/dev/null | sed -n 's/ *Candidate: \([0-9]*:\)\{0,1\}\([0-9.]*\).*/\2/p')
+  if [[ -n $cand ]] && version_ge "$cand" "$GO_MIN"; then
+    say "installing Debian's golang-go $cand"
+    apt-get install -y --no-install-recommends golang-go || die "apt-get install golang-go failed"
+    export PATH=/usr/lib/go/bin:$PATH; return
+  fi
+  # Debian bookworm's golang-go is 1.19: too old for this module (go 1.26) and for GOTOOLCHAIN.
+  # Fetch the official toolchain module (what GOTOOLCHAIN=go1.26.8 would fetch) from the proxy.
+  local arch dir=/usr/local/lib/goxrc-go zip
+  case $(uname -m) in x86_64) arch=amd64;; aarch64) arch=arm64;; *) die "unsupported CPU $(uname -m)";; esac
+  local mod=golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-$arch
+  g=$dir/$mod/bin/go
+  if [[ ! -x $g ]]; then
+    say "Debian's golang-go is ${cand:-missing}, older than go$GO_MIN which this module needs:" \
+        "fetching $GO_TOOLCHAIN from the Go module proxy ($mod)"
+    zip=$(mktemp /tmp/goxrc-go.XXXXXX.zip)
+    curl -fsSL --retry 3 -o "$zip" "${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-$arch.zip" ||
+      die "cannot download $mod; install go >= $GO_MIN yourself (https://go.dev/dl) and put it in PATH"
+    rm -rf "$dir/$mod" && mkdir -p "$dir" && unzip -q -o "$zip" -d "$dir" && rm -f "$zip"
+    chmod -R a+rX "$dir"; chmod a+x "$dir/$mod"/bin/* "$dir/$mod"/pkg/tool/*/*
+  fi
+  export PATH=$(dirname "$g"):$PATH GOTOOLCHAIN=local
+  say "Go: $g ($("$g" env GOVERSION))"
+}
+
+# prepare_vm: Debian kernel, initramfs and rxe-setup for test/vm/rxe-vm.sh (cached).
+prepare_vm() { "$REPO/test/vm/rxe-vm.sh" --prepare || die "test/vm/rxe-vm.sh --prepare failed"; }
+
+# Counting `-test.v` / `go test -v` output: every --- PASS/FAIL/SKIP line (subtests too).
+# A package or binary that failed without any failing test (build error, crash, timeout)
+# counts as one failure. Prints "PASSED FAILED SKIPPED".
+count_verbose() { # LOG [RC-of-a-single-binary]
+  awk -v rc="${2:-}" '
+    /^ *--- PASS: / {p++} /^ *--- SKIP: / {s++}
+    /^ *--- FAIL: / {f++; pf++}
+    /^(ok|FAIL|\?) *\t/ || /^FAIL\t/ { if ($1 == "FAIL" && pf == 0) {f++; extra++} pf = 0 }
+    END { if (rc != "" && rc != 0 && f == 0) f++; print p+0, f+0, s+0 }' "$1"
+}
