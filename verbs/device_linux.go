@@ -235,8 +235,10 @@ func (c *Context) GIDs(port uint8) ([]GIDEntry, error) {
 		return nil, err
 	}
 	defer c.l.done()
-	// The table call covers every port; size it for all of them.
-	max := pa.GIDTableLen * 8
+	// The table call covers every port and returns valid entries only; the
+	// kernel takes the reply size in a 16-bit attribute length, so at most
+	// 2047 entries of 32 bytes fit in one call.
+	max := min(pa.GIDTableLen*4, 2047)
 	if max == 0 {
 		return nil, nil
 	}

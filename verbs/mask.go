@@ -200,3 +200,24 @@ func (e *PostError) Error() string {
 }
 
 func (e *PostError) Unwrap() error { return e.Err }
+
+// checkOpcode refuses opcodes this package has no fields for, and opcodes
+// the QP type cannot carry. Some drivers (soft-RoCE) accept any opcode at
+// post time and then fail the QP, so catching them here keeps the QP alive.
+func checkOpcode(t QPType, op WROpcode) error {
+	switch op {
+	case WRSend, WRSendWithImm:
+		return nil
+	case WRRDMAWrite, WRRDMAWriteWithImm:
+		if t != QPTypeUD {
+			return nil
+		}
+	case WRRDMARead, WRAtomicCmpSwp, WRAtomicFetchAdd:
+		if t != QPTypeUD && t != QPTypeUC {
+			return nil
+		}
+	default:
+		return &TypeError{Op: "PostSend", Type: t, Why: fmt.Sprintf("unknown opcode %d", uint32(op))}
+	}
+	return &TypeError{Op: "PostSend", Type: t, Why: fmt.Sprintf("opcode %d is not valid on this QP type", uint32(op))}
+}

@@ -118,33 +118,37 @@ func (p *PD) RegMR(size int, access Access) (*MR, error) {
 // Bytes returns the region's memory. The slice is valid until Close; do not
 // keep it beyond that.
 func (m *MR) Bytes() []byte {
-	if m == nil || m.mr == nil {
+	if m == nil || m.mr == nil || !m.l.use() {
 		return nil
 	}
+	defer m.l.done()
 	return m.buf[:m.n:m.n]
 }
 
 // LKey returns the local key for SGEs; 0 after Close.
 func (m *MR) LKey() uint32 {
-	if m == nil || m.mr == nil {
+	if m == nil || m.mr == nil || !m.l.use() {
 		return 0
 	}
+	defer m.l.done()
 	return uint32(m.mr.lkey)
 }
 
 // RKey returns the key a peer uses for RDMA and atomics on this region.
 func (m *MR) RKey() uint32 {
-	if m == nil || m.mr == nil {
+	if m == nil || m.mr == nil || !m.l.use() {
 		return 0
 	}
+	defer m.l.done()
 	return uint32(m.mr.rkey)
 }
 
 // Addr returns the region's start address, for SGEs and for peers.
 func (m *MR) Addr() uint64 {
-	if m == nil || m.mr == nil {
+	if m == nil || m.mr == nil || !m.l.use() {
 		return 0
 	}
+	defer m.l.done()
 	return uint64(uintptr(unsafe.Pointer(&m.buf[0])))
 }
 
@@ -175,6 +179,7 @@ func (m *MR) Close() error {
 		return &OpError{Op: "ibv_dereg_mr", Addr: m.pd.tag, Err: rcErr(rc, cerr)}
 	}
 	unix.Munmap(m.buf)
+	m.buf = nil
 	m.l.endClose(true)
 	live.mrs.Add(-1)
 	m.pd.l.unref()

@@ -70,7 +70,8 @@ func (s *sendScratch) free() {
 	if s.inl != nil {
 		cFree(unsafe.Pointer(&s.inl[0]))
 	}
-	*s = sendScratch{}
+	// Not *s = sendScratch{}: that would reset the held mutex.
+	s.in, s.wr, s.sges, s.inl, s.bad = nil, nil, nil, nil, nil
 }
 
 // recvScratch is the receive-side counterpart; ibv_recv_wr has no unions, so
@@ -104,7 +105,7 @@ func (r *recvScratch) free() {
 		cFree(unsafe.Pointer(&r.sges[0]))
 		cFree(unsafe.Pointer(r.bad))
 	}
-	*r = recvScratch{}
+	r.wrs, r.sges, r.bad = nil, nil, nil
 }
 
 // fill copies wrs into the scratch arrays and links them. Call with r.mu held.
@@ -551,6 +552,9 @@ func (q *QP) fillSend(wrs []SendWR) error {
 			}
 			sge += len(w.SGL)
 			in.num_sge = C.uint32_t(len(w.SGL))
+		}
+		if err := checkOpcode(q.typ, w.Opcode); err != nil {
+			return &PostError{Index: i, Err: err}
 		}
 		in.wr_id = C.uint64_t(w.ID)
 		in.opcode = C.uint32_t(w.Opcode)
