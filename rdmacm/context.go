@@ -1,0 +1,31 @@
+package rdmacm
+
+import (
+	"github.com/goxrc/goxrc/internal/cbridge"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// Context returns a new *verbs.Context for the device context (struct
+// ibv_context) the id is bound to, for creating PDs, CQs and QPs beside the
+// CM connection. It is nil before the id is bound to a device (Bind to a
+// device's address, ResolveAddr, or a CONNECT_REQUEST) and after Close.
+//
+// librdmacm owns the device context and keeps it open; the wrapper is the
+// caller's: Close it after everything created on it (that releases only
+// Go-side resources, and verbs.Counts counts it until then). verbs requires
+// the objects one QP uses (PD, CQs, SRQ) to come from one wrapper, so take
+// the wrapper once per device, for instance from the listener or the first
+// id, and reuse it for every id on that device.
+func (id *ID) Context() *verbs.Context {
+	unlock, ok := id.get()
+	if !ok {
+		return nil
+	}
+	defer unlock()
+	p := id.sysVerbs()
+	if p == nil || cbridge.WrapContext == nil {
+		return nil
+	}
+	c, _ := cbridge.WrapContext(p).(*verbs.Context)
+	return c
+}

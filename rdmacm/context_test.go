@@ -1,0 +1,10 @@
+package rdmacm
+
+import "testing"
+
+func TestContextNil(t *testing.T) {
+	var id *ID
+	if id.Context() != nil || (&ID{}).Context() != nil {
+		t.Fatal("Context of a nil or zero ID is not nil")
+	}
+}

@@ -1,0 +1,184 @@
+//go:build linux && cgo
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// rdmacmEndpoint is the verbs side of one end: PD, CQ with its channel, an
+// RC QP and one registered buffer.
+type rdmacmEndpoint struct {
+	pd  *verbs.PD
+	ch  *verbs.CompChannel
+	cq  *verbs.CQ
+	qp  *verbs.QP
+	mr  *verbs.MR
+	all []interface{ Close() error } // in creation order
+}
+
+func rdmacmNewEndpoint(t *testing.T, vc *verbs.Context) *rdmacmEndpoint {
+	t.Helper()
+	e := &rdmacmEndpoint{}
+	check := func(c interface{ Close() error }, err error) {
+		t.Helper()
+		if err != nil {
+			e.close(t)
+			t.Fatal(err)
+		}
+		e.all = append(e.all, c)
+	}
+	var err error
+	e.pd, err = vc.AllocPD()
+	check(e.pd, err)
+	e.ch, err = vc.NewCompChannel()
+	check(e.ch, err)
+	e.cq, err = vc.CreateCQ(16, e.ch, 0)
+	check(e.cq, err)
+	e.qp, err = e.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: e.cq, RecvCQ: e.cq,
+		Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	check(e.qp, err)
+	e.mr, err = e.pd.RegMR(4096, verbs.AccessLocalWrite)
+	check(e.mr, err)
+	return e
+}
+
+// close releases what was created, last first.
+func (e *rdmacmEndpoint) close(t *testing.T) {
+	t.Helper()
+	for i := len(e.all) - 1; i >= 0; i-- {
+		if err := e.all[i].Close(); err != nil {
+			t.Errorf("close %T: %v", e.all[i], err)
+		}
+	}
+	e.all = nil
+}
+
+// rdmacmMove moves qp to state with the CM's attributes.
+func rdmacmMove(t *testing.T, id *rdmacm.ID, qp *verbs.QP, state verbs.QPState) {
+	t.Helper()
+	attr, mask, err := id.InitQPAttr(state)
+	if err != nil {
+		t.Fatalf("InitQPAttr(%v): %v", state, err)
+	}
+	if state == verbs.QPStateRTR {
+		attr.MinRNRTimer = 12 // rdma_init_qp_attr gives 0, a 655 ms back-off
+		mask |= verbs.QPAttrMinRNRTimer
+	}
+	if err := qp.Modify(&attr, mask); err != nil {
+		t.Fatalf("Modify to %v (mask %v): %v", state, mask, err)
+	}
+}
+
+func rdmacmWaitWC(t *testing.T, cq *verbs.CQ, want verbs.WCOpcode) verbs.WorkCompletion {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	wcs := make([]verbs.WorkCompletion, 4)
+	n, err := cq.Wait(ctx, wcs)
+	if err != nil {
+		t.Fatalf("waiting for %v completion: %v", want, err)
+	}
+	if n != 1 || wcs[0].Err() != nil || wcs[0].Opcode != want {
+		t.Fatalf("completions %+v", wcs[:n])
+	}
+	return wcs[0]
+}
+
+// TestRDMACMRCWithQPs connects two RC QPs that verbs created, through the
+// CM, and sends a message each way.
+func TestRDMACMRCWithQPs(t *testing.T) {
+	_, ip := rdmacmEnv(t)
+	if !verbs.Counts().IsZero() {
+		t.Fatalf("verbs objects left over: %+v", verbs.Counts())
+	}
+	ch := rdmacmChannel(t)
+	addr := netip.AddrPortFrom(ip, 20108)
+	l := rdmacmListen(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, addr)
+	vc := l.Context() // one wrapper for the device, used by both ends
+	if vc == nil {
+		t.Fatal("listener bound to the device has no Context")
+	}
+	defer func() {
+		if err := vc.Close(); err != nil {
+			t.Errorf("context wrapper: %v", err)
+		}
+		if c := verbs.Counts(); !c.IsZero() {
+			t.Errorf("verbs objects left: %+v", c)
+		}
+	}()
+	srvEP := rdmacmNewEndpoint(t, vc)
+	defer srvEP.close(t)
+	cliEP := rdmacmNewEndpoint(t, vc)
+	defer cliEP.close(t)
+
+	// Active side: route, QP to INIT, REQ.
+	cli := rdmacmResolved(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, addr)
+	rdmacmMove(t, cli, cliEP.qp, verbs.QPStateInit)
+	if err := cli.Connect(rdmacm.ConnParam{QPNum: cliEP.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Passive side: QP to INIT, RTR, RTS, a receive posted, then Accept.
+	e := rdmacmWait(t, l, rdmacm.EventConnectRequest)
+	srv := e.ID
+	defer srv.Close()
+	if e.Conn.QPNum != cliEP.qp.Num() {
+		t.Fatalf("request names QP %#x, want %#x", e.Conn.QPNum, cliEP.qp.Num())
+	}
+	rdmacmMove(t, srv, srvEP.qp, verbs.QPStateInit)
+	if err := srvEP.qp.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{srvEP.mr.SGE(0, 4096)}}}); err != nil {
+		t.Fatal(err)
+	}
+	rdmacmMove(t, srv, srvEP.qp, verbs.QPStateRTR)
+	rdmacmMove(t, srv, srvEP.qp, verbs.QPStateRTS)
+	if err := srv.Accept(rdmacm.ConnParam{QPNum: srvEP.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Active side: REP, QP to RTR and RTS, RTU.
+	e = rdmacmWait(t, cli, rdmacm.EventConnectResponse)
+	if e.Conn.QPNum != srvEP.qp.Num() {
+		t.Fatalf("reply names QP %#x, want %#x", e.Conn.QPNum, srvEP.qp.Num())
+	}
+	if err := cliEP.qp.PostRecv([]verbs.RecvWR{{ID: 2, SGL: []verbs.SGE{cliEP.mr.SGE(0, 4096)}}}); err != nil {
+		t.Fatal(err)
+	}
+	rdmacmMove(t, cli, cliEP.qp, verbs.QPStateRTR)
+	rdmacmMove(t, cli, cliEP.qp, verbs.QPStateRTS)
+	if err := cli.Establish(); err != nil {
+		t.Fatal(err)
+	}
+	rdmacmWait(t, srv, rdmacm.EventEstablished)
+
+	send := func(from, to *rdmacmEndpoint, msg []byte) {
+		t.Helper()
+		copy(from.mr.Bytes(), msg)
+		if err := from.qp.PostSend([]verbs.SendWR{{ID: 10, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SGL: []verbs.SGE{from.mr.SGE(0, len(msg))}}}); err != nil {
+			t.Fatal(err)
+		}
+		rdmacmWaitWC(t, from.cq, verbs.WCSend)
+		wc := rdmacmWaitWC(t, to.cq, verbs.WCRecv)
+		if got := to.mr.Bytes()[:wc.ByteLen]; !bytes.Equal(got, msg) {
+			t.Fatalf("received %q, want %q", got, msg)
+		}
+	}
+	send(cliEP, srvEP, []byte("hello over an RC QP connected by rdmacm"))
+	send(srvEP, cliEP, bytes.Repeat([]byte{0x5a, 0xa5}, 1000))
+
+	if err := cli.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	rdmacmWait(t, srv, rdmacm.EventDisconnected)
+	srv.Disconnect()
+	rdmacmWait(t, cli, rdmacm.EventDisconnected)
+	rdmacmWait(t, cli, rdmacm.EventTimewaitExit)
+	rdmacmWait(t, srv, rdmacm.EventTimewaitExit)
+}
