@@ -169,7 +169,7 @@ func TestModelQPNReuseOpensWrongQP(t *testing.T) {
 		k1 := physLink(t, sa, sb, l)
 		teardown(t, sa, sb, k1)
 		ok(t, sb.p.DestroyQP(k1.tgt)) // the TGT dies ...
-		k2 := physLink(t, sa, sb, l) // ... and the next one gets its number
+		k2 := physLink(t, sa, sb, l)  // ... and the next one gets its number
 		if k2.tgtQPN != k1.tgtQPN {
 			t.Fatalf("%v: number not reused: %#x then %#x", reuse, k1.tgtQPN, k2.tgtQPN)
 		}
