@@ -73,7 +73,7 @@ func TestModelStaleConnAtREP(t *testing.T) {
 	}
 	event(t, sa.p, k1.aid, kernel.EventDisconnected) // DREQ to a gone peer: answered at once
 	event(t, sa.p, k1.aid, kernel.EventTimewaitExit)
-	noEvent(t, sa.p, aid2) // the new active side sees nothing...
+	noEvent(t, sa.p, aid2)                                   // the new active side sees nothing...
 	pid3 := event(t, sb.p, l, kernel.EventConnectRequest).ID // ...its REQ comes again
 	ok(t, sb.p.TransitionQP(tgt2, verbs.QPStateRTR, pid3))
 	ok(t, sb.p.Accept(pid3, tgtQPN2, nil))

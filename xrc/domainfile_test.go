@@ -1,0 +1,93 @@
+//go:build unix
+
+package xrc
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+func TestOpenDomainFileCreatesOnceAndReuses(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "goxrc")
+	d1, err := OpenDomainFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d1.ID == 0 || d1.Path != filepath.Join(dir, DomainFileName) {
+		t.Fatalf("%+v", d1)
+	}
+	for _, c := range []struct {
+		path string
+		perm os.FileMode
+	}{{dir, 0o700}, {d1.Path, 0o600}} {
+		fi, err := os.Stat(c.path)
+		if err != nil || fi.Mode().Perm() != c.perm {
+			t.Fatalf("%s: %v %v, want %v", c.path, fi.Mode(), err, c.perm)
+		}
+	}
+	d2, err := OpenDomainFile(dir)
+	if err != nil || d2 != d1 {
+		t.Fatalf("second open: %+v %v, want %+v", d2, err, d1)
+	}
+}
+
+func TestOpenDomainFileConcurrentAgree(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "goxrc")
+	const n = 16
+	ids := make([]DomainFile, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { ids[i], errs[i] = OpenDomainFile(dir) })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || ids[i] != ids[0] {
+			t.Fatalf("%d: %+v %v, want %+v", i, ids[i], errs[i], ids[0])
+		}
+	}
+}
+
+func TestOpenDomainFileRecreatedIsNewDomain(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "goxrc")
+	d1, _ := OpenDomainFile(dir)
+	os.Remove(d1.Path)
+	d2, err := OpenDomainFile(dir)
+	if err != nil || d2.ID == d1.ID {
+		t.Fatalf("recreated: %+v %v", d2, err)
+	}
+}
+
+func TestOpenDomainFileRefusesUnsafe(t *testing.T) {
+	dir := t.TempDir() // mode 0755 here
+	os.Chmod(dir, 0o755)
+	if _, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+		t.Fatalf("open dir: %v", err)
+	}
+	os.Chmod(dir, 0o700)
+	path := filepath.Join(dir, DomainFileName)
+	os.WriteFile(path, []byte("goxrc-domain 1 00000000000000ff\n"), 0o644)
+	os.Chmod(path, 0o644)
+	if _, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+		t.Fatalf("world-readable file: %v", err)
+	}
+	os.Chmod(path, 0o600)
+	if d, err := OpenDomainFile(dir); err != nil || d.ID != 0xff {
+		t.Fatalf("hand-written file: %+v %v", d, err)
+	}
+	os.WriteFile(path, []byte("garbage"), 0o600)
+	if _, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+		t.Fatalf("garbage: %v", err)
+	}
+	os.WriteFile(path, []byte("goxrc-domain 1 0000000000000000\n"), 0o600)
+	if _, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+		t.Fatalf("zero id: %v", err)
+	}
+	os.WriteFile(path, nil, 0o600) // a creator that died before writing
+	if d, err := OpenDomainFile(dir); err != nil || d.ID == 0 {
+		t.Fatalf("empty file: %+v %v", d, err)
+	}
+}
