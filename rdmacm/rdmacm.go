@@ -307,11 +307,13 @@ func (id *ID) Bind(addr netip.AddrPort) error {
 }
 
 // kernelTimeout turns ctx's deadline into the millisecond timeout of a
-// resolve call.
+// resolve call. It keeps a margin (a tenth, at most 250 ms) so that the
+// kernel's own verdict, with its errno, usually arrives before ctx ends.
 func kernelTimeout(ctx context.Context) int {
 	d := DefaultResolveTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		d = time.Until(dl)
+		d -= min(d/10, 250*time.Millisecond)
 	}
 	ms := d.Milliseconds()
 	if ms < 1 {
@@ -325,8 +327,8 @@ func kernelTimeout(ctx context.Context) int {
 
 // ResolveAddr resolves dst (and src, which may be the zero AddrPort) to an
 // RDMA device and port (rdma_resolve_addr), and waits for ADDR_RESOLVED.
-// The kernel's timeout is the time left until ctx's deadline, or
-// DefaultResolveTimeout. An address that does not resolve returns a
+// The kernel's timeout is a little less than the time left until ctx's
+// deadline, or DefaultResolveTimeout without one. An address that does not resolve returns a
 // *verbs.OpError: its Timeout() is true when the resolution timed out (the
 // kernel's ADDR_ERROR with ETIMEDOUT, or ctx's deadline), otherwise it wraps
 // the kernel's errno. After an error, close the id.

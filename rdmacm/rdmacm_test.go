@@ -232,8 +232,13 @@ func TestKernelTimeout(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	if got := kernelTimeout(ctx); got < 400 || got > 500 {
+	if got := kernelTimeout(ctx); got < 380 || got > 450 {
 		t.Errorf("500ms deadline gave %d", got)
+	}
+	ctx3, cancel3 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel3()
+	if got := kernelTimeout(ctx3); got < 9700 || got > 9750 {
+		t.Errorf("10s deadline gave %d", got)
 	}
 	ctx2, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel2()

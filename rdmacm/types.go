@@ -122,7 +122,7 @@ func (t EventType) String() string {
 // connected-mode event carries (CONNECT_REQUEST, CONNECT_RESPONSE, REJECTED).
 // This package never creates QPs: QPNum names the caller's own QP (24 bits).
 type ConnParam struct {
-	PrivateData        []byte
+	PrivateData        []byte // sent by Connect and Accept; in events, see Event.PrivateData
 	ResponderResources uint8
 	InitiatorDepth     uint8
 	RetryCount         uint8 // ignored by Accept

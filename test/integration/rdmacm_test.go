@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -497,8 +498,8 @@ func TestRDMACMXRC(t *testing.T) {
 			t.Fatal(err)
 		}
 		e = rdmacmWait(t, cli, rdmacm.EventConnectResponse)
-		if e.Conn.QPNum != tgt {
-			t.Errorf("CONNECT_RESPONSE carries %#x, want the TGT number %#x", e.Conn.QPNum, tgt)
+		if e.Conn.QPNum != tgt || !e.Conn.SRQ {
+			t.Errorf("CONNECT_RESPONSE carries %#x srq %v, want the TGT number %#x and srq", e.Conn.QPNum, e.Conn.SRQ, tgt)
 		}
 		rdmacmCheckPD(t, "XRC REP", e.PrivateData, rep, rdmacm.MaxRepPrivateData)
 		if err := cli.Establish(); err != nil {
@@ -522,26 +523,230 @@ func TestRDMACMXRC(t *testing.T) {
 func TestRDMACMResolveFails(t *testing.T) {
 	rdmacmEnv(t)
 	ch := rdmacmChannel(t)
-	for _, dst := range []string{"10.77.0.99:20107", "192.0.2.1:20107"} {
+	cases := []struct {
+		dst      string
+		limit    time.Duration // ctx deadline; 0: none (DefaultResolveTimeout)
+		timeout  bool          // the error must be a timeout
+		errnoSet bool          // the error must carry the kernel's errno
+	}{
+		// No host answers ARP on the rxe subnet: the kernel gives up at its
+		// timeout (ADDR_ERROR, ETIMEDOUT), a little before ctx's deadline.
+		{"10.77.0.99:20107", 3 * time.Second, true, true},
+		{"10.77.0.98:20107", 0, true, true},
+		// No route at all: refused at once.
+		{"192.0.2.1:20107", 3 * time.Second, false, true},
+	}
+	for _, c := range cases {
 		id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rdmacmClose(t, id)
-		const limit = 3 * time.Second
-		ctx, cancel := context.WithTimeout(context.Background(), limit)
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if c.limit > 0 {
+			ctx, cancel = context.WithTimeout(ctx, c.limit)
+		}
 		start := time.Now()
-		err = id.ResolveAddr(ctx, netip.AddrPort{}, netip.MustParseAddrPort(dst))
+		err = id.ResolveAddr(ctx, netip.AddrPort{}, netip.MustParseAddrPort(c.dst))
 		took := time.Since(start)
 		cancel()
 		var oe *verbs.OpError
-		if !errors.As(err, &oe) || oe.Op != "rdma_resolve_addr" || !strings.Contains(err.Error(), strings.Split(dst, ":")[0]) {
-			t.Fatalf("%s: %v (%T)", dst, err, err)
+		if !errors.As(err, &oe) || oe.Op != "rdma_resolve_addr" || !strings.Contains(err.Error(), c.dst) {
+			t.Fatalf("%s: %v (%T)", c.dst, err, err)
 		}
-		if took > limit+time.Second {
-			t.Errorf("%s: took %v, deadline %v", dst, took, limit)
+		limit := c.limit
+		if limit == 0 {
+			limit = rdmacm.DefaultResolveTimeout
 		}
-		t.Logf("%s: after %v: %v (timeout %v)", dst, took.Round(time.Millisecond), err, oe.Timeout())
+		if took > limit+500*time.Millisecond {
+			t.Errorf("%s: took %v, limit %v", c.dst, took, limit)
+		}
+		var errno syscall.Errno
+		if oe.Timeout() != c.timeout || errors.As(err, &errno) != c.errnoSet {
+			t.Errorf("%s: %v: timeout %v (want %v), errno %v", c.dst, err, oe.Timeout(), c.timeout, errno)
+		}
+		t.Logf("%s: after %v: %v (timeout %v)", c.dst, took.Round(time.Millisecond), err, oe.Timeout())
+	}
+}
+
+// TestRDMACMCloseSemantics: closing a channel wakes its waiters and leaves
+// the ids to their owners; closing a listener rejects its unclaimed
+// requests; closing an id wakes its waiters.
+func TestRDMACMCloseSemantics(t *testing.T) {
+	_, ip := rdmacmEnv(t)
+	before := rdmacm.Counts()
+	addr := netip.AddrPortFrom(ip, 20109)
+
+	// A listener closed with a request nobody took: the client is rejected.
+	ch := rdmacmChannel(t)
+	l, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Bind(addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Listen(4); err != nil {
+		t.Fatal(err)
+	}
+	cli := rdmacmResolved(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, addr)
+	if err := cli.Connect(rdmacm.ConnParam{QPNum: rdmacmNextQPN()}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Pending() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := rdmacm.Counts().IDs - before.IDs; got != 3 {
+		t.Errorf("%d ids with the unclaimed request, want 3", got)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = cli.WaitEvent(rdmacmCtx(t, 10*time.Second), rdmacm.EventConnectResponse)
+	var re *rdmacm.RejectError
+	if !errors.As(err, &re) || re.Type != rdmacm.EventRejected {
+		t.Fatalf("client of a closed listener: %v", err)
+	}
+	t.Logf("client of a closed listener: %v", err)
+	if got := rdmacm.Counts().IDs - before.IDs; got != 1 {
+		t.Errorf("%d ids after the listener closed, want 1", got)
+	}
+
+	// Close of an id wakes its waiter.
+	done := make(chan error, 1)
+	go func() { _, err := cli.Event(context.Background()); done <- err }()
+	time.Sleep(50 * time.Millisecond)
+	cli.Close()
+	if err := <-done; !errors.Is(err, rdmacm.ErrClosed) {
+		t.Errorf("waiter of a closed id: %v", err)
+	}
+
+	// Close of the channel wakes waiters; the ids stay until closed.
+	ch2, err := rdmacm.NewEventChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := ch2.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := id.Bind(netip.AddrPortFrom(ip, 0)); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, err := id.Event(context.Background()); done <- err }()
+	time.Sleep(50 * time.Millisecond)
+	if err := ch2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, rdmacm.ErrClosed) {
+		t.Errorf("waiter of a closed channel: %v", err)
+	}
+	if err := id.Listen(1); !errors.Is(err, rdmacm.ErrClosed) {
+		t.Errorf("Listen on a closed channel: %v", err)
+	}
+	if _, err := ch2.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC); !errors.Is(err, rdmacm.ErrClosed) {
+		t.Errorf("CreateID on a closed channel: %v", err)
+	}
+	if id.DeviceName() == "" {
+		t.Error("the id lost its device when the channel closed")
+	}
+	c := rdmacm.Counts()
+	if c.IDs != before.IDs+1 || c.Channels != before.Channels+1 { // ch (test cleanup) and the id
+		t.Errorf("counts %+v, before %+v", c, before)
+	}
+	if err := id.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if c := rdmacm.Counts(); c.IDs != before.IDs {
+		t.Errorf("counts after the last id %+v, before %+v", c, before)
+	}
+}
+
+// TestRDMACMConcurrent runs many exchanges at once on one channel: events
+// are demultiplexed to the right ids, in order.
+func TestRDMACMConcurrent(t *testing.T) {
+	_, ip := rdmacmEnv(t)
+	ch := rdmacmChannel(t)
+	addr := netip.AddrPortFrom(ip, 20110)
+	l := rdmacmListen(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, addr)
+	const n = 24
+	ctx := rdmacmCtx(t, 60*time.Second)
+
+	// Server: accept everything, echoing the client's first 4 bytes.
+	srvErr := make(chan error, 1)
+	var srvIDs []*rdmacm.ID
+	go func() {
+		for i := 0; i < n; i++ {
+			e, err := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
+			if err != nil {
+				srvErr <- err
+				return
+			}
+			srvIDs = append(srvIDs, e.ID)
+			if err := e.ID.Accept(rdmacm.ConnParam{QPNum: rdmacmNextQPN(), PrivateData: e.PrivateData[:4], RNRRetryCount: 7}); err != nil {
+				srvErr <- err
+				return
+			}
+		}
+		srvErr <- nil
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cli, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer cli.Close()
+			if err := cli.ResolveAddr(ctx, netip.AddrPort{}, addr); err != nil {
+				errs <- err
+				return
+			}
+			if err := cli.ResolveRoute(ctx); err != nil {
+				errs <- err
+				return
+			}
+			tag := []byte{byte(i), 0xee, byte(i), 0xee}
+			if err := cli.Connect(rdmacm.ConnParam{QPNum: rdmacmNextQPN(), PrivateData: tag, RetryCount: 7, RNRRetryCount: 7}); err != nil {
+				errs <- err
+				return
+			}
+			e, err := cli.WaitEvent(ctx, rdmacm.EventConnectResponse)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if !bytes.Equal(e.PrivateData[:4], tag) {
+				errs <- errors.New("reply carries another connection's tag")
+				return
+			}
+			if err := cli.Establish(); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := <-srvErr; err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range srvIDs {
+		// Each passive id: ESTABLISHED, then DISCONNECTED from the client's Close.
+		if _, err := id.WaitEvent(ctx, rdmacm.EventEstablished); err != nil {
+			t.Error(err)
+		}
+		if _, err := id.WaitEvent(ctx, rdmacm.EventDisconnected); err != nil {
+			t.Error(err)
+		}
+		id.Close()
 	}
 }
 
