@@ -51,6 +51,7 @@ type Conn struct {
 	wake        chan struct{} // created only when a second waiter appears
 	err         error         // sticky: the connection is broken
 	peerFin     bool
+	peerLeft    string // why the peer went, once the CM said so
 	closing     bool
 	rdmaDone    bool
 	rdmaErr     error
@@ -302,14 +303,14 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	defer c.recvMu.Unlock()
 	c.mu.Lock()
 	for c.ready.size == 0 {
+		if c.peerFin {
+			c.mu.Unlock()
+			return 0, 0, false, io.EOF
+		}
 		if c.err != nil {
 			err := c.err
 			c.mu.Unlock()
 			return 0, 0, false, c.opErr("recv", err)
-		}
-		if c.peerFin {
-			c.mu.Unlock()
-			return 0, 0, false, io.EOF
 		}
 		c.mu.Unlock()
 		if err := c.progress(ctx); err != nil {
@@ -420,7 +421,11 @@ func (c *Conn) handle(wc *completion) {
 		}
 	case compRecv:
 		if wc.err != nil {
-			c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, wc.err))
+			if c.peerLeft != "" {
+				c.failLocked(fmt.Errorf("%w: %s", ErrPeerGone, c.peerLeft))
+			} else {
+				c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, wc.err))
+			}
 			return
 		}
 		if c.err != nil {
@@ -477,16 +482,17 @@ func (c *Conn) failLocked(err error) {
 	c.t.shutdown()
 }
 
-// peerGone is called when the CM reports the peer disconnected.
+// peerGone is called when the CM reports the peer disconnected. The QP is
+// flushed rather than the connection failed at once: completions queued
+// before the flush (the peer's last messages, its FIN) are processed first,
+// so a graceful close still reads as io.EOF after the data.
 func (c *Conn) peerGone(reason string) {
 	c.mu.Lock()
-	fin := c.peerFin
-	c.mu.Unlock()
-	if fin {
-		// A graceful close: queued messages stay readable, then io.EOF.
-		return
+	if c.peerLeft == "" {
+		c.peerLeft = reason
 	}
-	c.fail(fmt.Errorf("%w: %s", ErrPeerGone, reason))
+	c.mu.Unlock()
+	c.t.shutdown()
 }
 
 // Close closes the connection gracefully: it tells the peer no more data

@@ -1,0 +1,186 @@
+package cm
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// Dial connects to the listener at address ("ip:port"; IPv6 in brackets),
+// resolving the address and route and choosing the device the route leads
+// to. ctx bounds the whole handshake; without a deadline each step is
+// bounded by the handshake timeout.
+func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, opError("dial", nil, err)
+	}
+	c, err := dial(ctx, address, cfg)
+	if err != nil {
+		globalStats.dialErrors.Add(1)
+		return nil, err
+	}
+	return c, nil
+}
+
+func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) {
+	var raddr net.Addr = Addr{}
+	fail := func(err error) error { return opError("dial", raddr, err) }
+	if err := cfg.checkXRC(); err != nil {
+		return nil, fail(err)
+	}
+	ctx, cancel := withDefaultTimeout(ctx, cfg.handshakeTimeout)
+	defer cancel()
+	dst, err := resolveAddr(ctx, address)
+	if err != nil {
+		return nil, fail(err)
+	}
+	raddr = Addr{dst}
+
+	ch, err := newChanRef()
+	if err != nil {
+		return nil, fail(err)
+	}
+	id, err := ch.ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	if err != nil {
+		ch.release()
+		return nil, fail(err)
+	}
+	var t *rdmaTransport
+	defer func() {
+		if err != nil {
+			if t != nil {
+				t.free()
+			} else {
+				id.Close()
+				ch.release()
+			}
+		}
+	}()
+	if err := id.ResolveAddr(ctx, netipZero, dst); err != nil {
+		return nil, fail(err)
+	}
+	if err := cfg.checkDevice(id); err != nil {
+		return nil, fail(err)
+	}
+	if err := id.ResolveRoute(ctx); err != nil {
+		return nil, fail(err)
+	}
+	sendSlots, recvSlots, hdr := cfg.slots()
+	// The dialer does not know the peer's limits yet: size send slots for
+	// its own, and send at most what the peer agrees to.
+	t, err = newRDMATransport(id, sendSlots, recvSlots, cfg.messageSize+hdr, cfg.messageSize+hdr, cfg.inlineThreshold)
+	if err != nil {
+		return nil, fail(err)
+	}
+	t.ch = ch
+	p := cfg.params(sendSlots, recvSlots)
+	c, err := newConn(t, Addr{id.LocalAddr()}, raddr, p)
+	if err != nil {
+		return nil, fail(err)
+	}
+	// Receives go up before the connect: a raw-mode peer such as
+	// rdma_server may send the moment it accepts.
+	if err := c.postAllRecvs(); err != nil {
+		return nil, fail(err)
+	}
+	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}
+	if !cfg.raw {
+		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize)}.marshal()
+	}
+	if err := id.Connect(cp); err != nil {
+		return nil, fail(err)
+	}
+	ev, err := id.WaitEvent(ctx, rdmacm.EventConnectResponse)
+	if err != nil {
+		return nil, fail(err)
+	}
+	if !cfg.raw {
+		h, err := parseHello(ev.PrivateData)
+		if err != nil {
+			id.Reject(nil) // abort: the acceptor must not wait for an RTU
+			return nil, fail(err)
+		}
+		c.agree(h, cfg)
+	}
+	if err := t.connect(); err != nil {
+		id.Reject(nil)
+		return nil, fail(err)
+	}
+	if err := id.Establish(); err != nil {
+		return nil, fail(err)
+	}
+	c.start(t)
+	cfg.logger.Debug("connected", "remote", raddr, "local", c.laddr, "device", id.DeviceName())
+	return c, nil
+}
+
+var netipZero = Addr{}.AddrPort
+
+// withDefaultTimeout bounds ctx by d unless it already has a deadline.
+func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// checkXRC applies the XRC mode. XRC connections are not built yet, so
+// Prefer falls back to RC with the reason logged and Require fails.
+func (cfg *config) checkXRC() error {
+	switch cfg.xrc {
+	case XRCRequire:
+		return fmt.Errorf("XRC transport: %w", ErrNotSupported)
+	case XRCPrefer:
+		cfg.logger.Info("XRC unavailable, using RC", "reason", "XRC connections are not implemented in this build")
+	}
+	return nil
+}
+
+// checkDevice fails when WithDevice names another device than the one the
+// address leads to.
+func (cfg *config) checkDevice(id *rdmacm.ID) error {
+	if cfg.device != "" && id.DeviceName() != cfg.device {
+		return fmt.Errorf("address is on device %s, not %s", id.DeviceName(), cfg.device)
+	}
+	return nil
+}
+
+// slots returns the buffer counts and header size of this configuration:
+// one receive beyond the queue depth is kept for credit returns, and a
+// sender needs a slot for each receive the peer may post.
+func (cfg *config) slots() (sendSlots, recvSlots, hdr int) {
+	if cfg.raw {
+		return cfg.queueDepth, cfg.queueDepth, 0
+	}
+	return cfg.queueDepth + 1, cfg.queueDepth + 1, frameHeaderLen
+}
+
+func (cfg *config) params(sendSlots, recvSlots int) connParams {
+	log := cfg.logger
+	return connParams{
+		raw: cfg.raw, sendSlots: sendSlots, recvSlots: recvSlots, peerSlots: recvSlots,
+		maxSend: cfg.messageSize, maxRecv: cfg.messageSize, timeout: cfg.handshakeTimeout,
+		log: func(msg string, args ...any) { log.Warn(msg, args...) },
+	}
+}
+
+// agree applies the peer's handshake: send no more than it accepts, and no
+// more frames than it has receive buffers.
+func (c *Conn) agree(h hello, cfg config) {
+	c.maxSend = min(cfg.messageSize, int(h.maxMessage))
+	c.peerSlots = min(int(h.queueDepth)+1, cap(c.freeSend))
+	c.credits = c.peerSlots
+}
+
+// start hands the established connection to its CM watcher.
+func (c *Conn) start(t *rdmaTransport) {
+	t.onPeerGone = c.peerGone
+	globalStats.connsOpen.Add(1)
+	globalStats.connsTotal.Add(1)
+	go t.watch()
+}

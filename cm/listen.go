@@ -1,0 +1,226 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// Listener accepts RDMA connections on an ip:port. It follows net.Listener
+// where that fits: Addr, and a Close that wakes pending Accepts.
+type Listener struct {
+	cfg  config
+	ch   *chanRef
+	id   *rdmacm.ID
+	addr Addr
+
+	ready     chan *Conn    // handshakes that completed, waiting for Accept
+	done      chan struct{} // closed by Close
+	closeOnce sync.Once
+	wg        sync.WaitGroup // the event loop and handshakes in flight
+}
+
+// Listen listens for connections on address ("ip:port"; port 0 picks one).
+// The listener serves the device the address belongs to (any device for an
+// unspecified address).
+func Listen(ctx context.Context, address string, opts ...Option) (*Listener, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, opError("listen", nil, err)
+	}
+	if err := cfg.checkXRC(); err != nil {
+		return nil, opError("listen", nil, err)
+	}
+	local, err := resolveAddr(ctx, address)
+	if err != nil {
+		return nil, opError("listen", nil, err)
+	}
+	fail := func(err error) (*Listener, error) { return nil, opError("listen", Addr{local}, err) }
+	ch, err := newChanRef()
+	if err != nil {
+		return fail(err)
+	}
+	id, err := ch.ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	if err != nil {
+		ch.release()
+		return fail(err)
+	}
+	err = id.Bind(local)
+	if err == nil && !local.Addr().IsUnspecified() {
+		err = cfg.checkDevice(id)
+	}
+	if err == nil {
+		err = id.Listen(cfg.backlog)
+	}
+	if err != nil {
+		id.Close()
+		ch.release()
+		return fail(err)
+	}
+	l := &Listener{
+		cfg: cfg, ch: ch, id: id, addr: Addr{id.LocalAddr()},
+		ready: make(chan *Conn, cfg.backlog), done: make(chan struct{}),
+	}
+	globalStats.listeners.Add(1)
+	l.wg.Add(1)
+	go l.loop()
+	return l, nil
+}
+
+// Addr returns the address the listener is bound to, with the port the
+// system chose for port 0.
+func (l *Listener) Addr() net.Addr { return l.addr }
+
+// Accept waits for the next connection whose handshake has completed.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.done:
+		return nil, opError("accept", l.addr, ErrClosed)
+	case <-ctx.Done():
+		return nil, opError("accept", l.addr, ctx.Err())
+	}
+}
+
+// loop takes connection requests off the listening id; each handshake runs
+// in its own goroutine, so a slow or silent dialer holds up nobody else.
+func (l *Listener) loop() {
+	defer l.wg.Done()
+	for {
+		ev, err := l.id.Event(context.Background())
+		if err != nil {
+			return // closed
+		}
+		if ev.Type != rdmacm.EventConnectRequest {
+			l.cfg.logger.Debug("listener event ignored", "event", ev.Type)
+			continue
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.handshake(ev)
+		}()
+	}
+}
+
+// handshake accepts one connection request: checks the dialer's hello,
+// builds the QP and moves it to RTS before accepting (the CM does not own
+// it), then waits for the dialer's confirmation, which the kernel would wait
+// for indefinitely, under the handshake timeout.
+func (l *Listener) handshake(ev rdmacm.Event) {
+	id := ev.ID
+	raddr := Addr{id.RemoteAddr()}
+	cfg := l.cfg
+	reject := func(reason error) {
+		globalStats.acceptErrors.Add(1)
+		cfg.logger.Warn("connection request rejected", "remote", raddr, "reason", reason)
+		id.Reject(nil)
+		id.Close()
+	}
+	var peer hello
+	if !cfg.raw {
+		h, err := parseHello(ev.PrivateData)
+		if err != nil {
+			reject(err)
+			return
+		}
+		peer = h
+	}
+	sendSlots, recvSlots, hdr := cfg.slots()
+	sendSize := cfg.messageSize + hdr
+	if !cfg.raw {
+		sendSlots = int(peer.queueDepth) + 1
+		sendSize = min(cfg.messageSize, int(peer.maxMessage)) + hdr
+	}
+	t, err := newRDMATransport(id, sendSlots, recvSlots, sendSize, cfg.messageSize+hdr, cfg.inlineThreshold)
+	if err != nil {
+		reject(err)
+		return
+	}
+	t.ch = l.ch.acquire()
+	c, err := newConn(t, l.addr, raddr, cfg.params(sendSlots, recvSlots))
+	if err == nil && !cfg.raw {
+		c.agree(peer, cfg)
+	}
+	if err == nil {
+		err = c.postAllRecvs()
+	}
+	if err == nil {
+		err = t.connect()
+	}
+	if err != nil {
+		globalStats.acceptErrors.Add(1)
+		id.Reject(nil)
+		t.free()
+		return
+	}
+	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}
+	if !cfg.raw {
+		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize)}.marshal()
+	}
+	if err := id.Accept(cp); err != nil {
+		globalStats.acceptErrors.Add(1)
+		t.free()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.handshakeTimeout)
+	defer cancel()
+	waitErr := make(chan error, 1)
+	go func() {
+		_, err := id.WaitEvent(ctx, rdmacm.EventEstablished)
+		waitErr <- err
+	}()
+	select {
+	case err = <-waitErr:
+	case <-l.done:
+		cancel()
+		err = <-waitErr
+		if err == nil {
+			err = ErrClosed
+		}
+	}
+	if err != nil {
+		globalStats.acceptErrors.Add(1)
+		cfg.logger.Warn("handshake failed", "remote", raddr, "err", err)
+		t.free()
+		return
+	}
+	c.start(t)
+	select {
+	case l.ready <- c:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+// Close stops listening. Pending Accepts return ErrClosed, handshakes in
+// progress are abandoned, and connections not yet accepted are closed.
+// Connections already accepted stay open. Close is idempotent.
+func (l *Listener) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		close(l.done)
+		err = l.id.Close()
+		l.wg.Wait()
+		for {
+			select {
+			case c := <-l.ready:
+				c.Close()
+				continue
+			default:
+			}
+			break
+		}
+		err = errors.Join(err, l.ch.release())
+		globalStats.listeners.Add(-1)
+	})
+	if err != nil {
+		return opError("close", l.addr, err)
+	}
+	return nil
+}

@@ -1,0 +1,329 @@
+//go:build linux && cgo
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/test/softroce"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+func cmCtx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// cmListen listens on the soft-RoCE address with a port the system picks.
+func cmListen(t *testing.T, opts ...cm.Option) (*cm.Listener, string) {
+	t.Helper()
+	_, addr := softroce.Device(t)
+	l, err := cm.Listen(cmCtx(t, 10*time.Second), netip.AddrPortFrom(addr, 0).String(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return l, l.Addr().String()
+}
+
+// cmPair returns a dialed and an accepted connection.
+func cmPair(t *testing.T, opts ...cm.Option) (client, server *cm.Conn) {
+	t.Helper()
+	l, addr := cmListen(t, opts...)
+	ctx := cmCtx(t, 20*time.Second)
+	accepted := make(chan *cm.Conn, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	client, err := cm.Dial(ctx, addr, opts...)
+	require.NoError(t, err)
+	server = <-accepted
+	require.NotNil(t, server)
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
+}
+
+func TestCMEchoByteExact(t *testing.T) {
+	client, server := cmPair(t, cm.WithMessageSize(4096), cm.WithQueueDepth(8))
+	ctx := cmCtx(t, 20*time.Second)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := server.Recv(ctx, buf)
+			if err != nil {
+				return
+			}
+			if err := server.Send(ctx, buf[:n]); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 4096)
+	for i := 0; i < 200; i++ {
+		msg := bytes.Repeat([]byte{byte(i), byte(i >> 3)}, 1+i*10)
+		require.NoError(t, client.Send(ctx, msg))
+		n, err := client.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, msg, buf[:n], "message %d", i)
+	}
+	require.NoError(t, client.SendWithImm(ctx, []byte("imm"), 0x01020304))
+	require.Equal(t, uint64(201), client.Stats().MessagesSent)
+}
+
+func TestCMFlowControlSlowReceiver(t *testing.T) {
+	client, server := cmPair(t, cm.WithQueueDepth(2), cm.WithMessageSize(512))
+	ctx := cmCtx(t, 60*time.Second)
+	const count = 2000
+	errc := make(chan error, 1)
+	go func() {
+		for i := 0; i < count; i++ {
+			if err := client.Send(ctx, []byte(fmt.Sprintf("message %d", i))); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	buf := make([]byte, 512)
+	for i := 0; i < count; i++ {
+		if i%400 == 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+		n, err := server.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("message %d", i), string(buf[:n]))
+	}
+	require.NoError(t, <-errc)
+}
+
+func TestCMOneSidedWriteRead(t *testing.T) {
+	client, server := cmPair(t)
+	ctx := cmCtx(t, 20*time.Second)
+	exposed, err := server.RegisterMemory(8192, true)
+	require.NoError(t, err)
+	copy(exposed.Bytes()[4096:], "server data")
+	require.NoError(t, server.Send(ctx, exposed.Descriptor().Marshal()))
+	buf := make([]byte, 64)
+	n, err := client.Recv(ctx, buf)
+	require.NoError(t, err)
+	desc, err := cm.UnmarshalRemoteRegion(buf[:n])
+	require.NoError(t, err)
+	local, err := client.RegisterMemory(8192, false)
+	require.NoError(t, err)
+	defer local.Close()
+	copy(local.Bytes(), "written one-sided")
+	require.NoError(t, client.WriteRemote(ctx, local, 0, 17, desc, 100))
+	require.Equal(t, "written one-sided", string(exposed.Bytes()[100:117]))
+	require.NoError(t, client.ReadRemote(ctx, local, 1000, 11, desc, 4096))
+	require.Equal(t, "server data", string(local.Bytes()[1000:1011]))
+	// Revoked: the peer's access now fails and breaks that connection.
+	require.NoError(t, exposed.Close())
+	err = client.WriteRemote(ctx, local, 0, 8, desc, 0)
+	require.Error(t, err)
+	var ce *verbs.CompletionError
+	require.ErrorAs(t, err, &ce, "a revoked region fails with the device's completion status")
+}
+
+func TestCMConcurrentDials(t *testing.T) {
+	const n = 200
+	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256))
+	ctx := cmCtx(t, 180*time.Second)
+	var wg sync.WaitGroup
+	serverErr := make(chan error, n)
+	go func() {
+		for i := 0; i < n; i++ {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				serverErr <- err
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				buf := make([]byte, 256)
+				k, err := c.Recv(ctx, buf)
+				if err == nil {
+					err = c.Send(ctx, append([]byte("echo:"), buf[:k]...))
+				}
+				if err == nil {
+					_, err = c.Recv(ctx, buf) // the client's close
+					if errors.Is(err, io.EOF) {
+						err = nil
+					}
+				}
+				serverErr <- err
+			}()
+		}
+	}()
+	var cwg sync.WaitGroup
+	clientErr := make(chan error, n)
+	for i := 0; i < n; i++ {
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			c, err := cm.Dial(ctx, addr, cm.WithQueueDepth(4), cm.WithMessageSize(256))
+			if err != nil {
+				clientErr <- err
+				return
+			}
+			defer c.Close()
+			msg := fmt.Sprintf("client %d", i)
+			buf := make([]byte, 256)
+			if err := c.Send(ctx, []byte(msg)); err != nil {
+				clientErr <- err
+				return
+			}
+			k, err := c.Recv(ctx, buf)
+			if err == nil && string(buf[:k]) != "echo:"+msg {
+				err = fmt.Errorf("cross-talk: sent %q, got %q", msg, buf[:k])
+			}
+			clientErr <- err
+		}()
+	}
+	cwg.Wait()
+	close(clientErr)
+	failed := 0
+	for err := range clientErr {
+		if err != nil {
+			failed++
+			t.Error(err)
+		}
+	}
+	require.Zero(t, failed)
+	for i := 0; i < n; i++ {
+		require.NoError(t, <-serverErr)
+	}
+	wg.Wait()
+}
+
+func TestCMListenerCloseWakesAccept(t *testing.T) {
+	l, _ := cmListen(t)
+	errc := make(chan error, 2)
+	for i := 0; i < 2; i++ {
+		go func() { _, err := l.Accept(context.Background()); errc <- err }()
+	}
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, l.Close())
+	require.NoError(t, l.Close(), "idempotent")
+	for i := 0; i < 2; i++ {
+		select {
+		case err := <-errc:
+			require.ErrorIs(t, err, cm.ErrClosed)
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close did not wake Accept")
+		}
+	}
+}
+
+func TestCMDialDeadline(t *testing.T) {
+	softroce.Device(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	// An address on the rxe subnet that nobody has: resolution cannot finish.
+	_, err := cm.Dial(ctx, "10.77.0.99:7471")
+	require.Error(t, err)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	require.True(t, ne.Timeout(), "got %v", err)
+	require.Less(t, time.Since(start), 5*time.Second)
+}
+
+func TestCMDialNoListener(t *testing.T) {
+	_, addr := softroce.Device(t)
+	_, err := cm.Dial(cmCtx(t, 10*time.Second), netip.AddrPortFrom(addr, 1).String())
+	require.Error(t, err)
+	var re *rdmacm.RejectError
+	require.ErrorAs(t, err, &re, "got %v", err)
+}
+
+func TestCMPortInUse(t *testing.T) {
+	_, addr := cmListen(t)
+	_, err := cm.Listen(cmCtx(t, 5*time.Second), addr)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "in use")
+}
+
+func TestCMRequireXRCNotSupported(t *testing.T) {
+	_, addr := softroce.Device(t)
+	_, err := cm.Dial(cmCtx(t, 5*time.Second), netip.AddrPortFrom(addr, 1).String(), cm.WithXRC(cm.XRCRequire))
+	require.ErrorIs(t, err, cm.ErrNotSupported)
+}
+
+func TestCMPeerCloseGivesEOF(t *testing.T) {
+	client, server := cmPair(t)
+	ctx := cmCtx(t, 20*time.Second)
+	require.NoError(t, client.Send(ctx, []byte("last words")))
+	require.NoError(t, client.Close())
+	buf := make([]byte, 64)
+	n, err := server.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "last words", string(buf[:n]))
+	_, err = server.Recv(ctx, buf)
+	require.ErrorIs(t, err, io.EOF)
+}
+
+func TestCMHTTPOverNetConn(t *testing.T) {
+	l, addr := cmListen(t, cm.WithMessageSize(16384))
+	ctx := cmCtx(t, 60*time.Second)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %d %s", r.Method, r.URL.Path, len(body), strings.ToUpper(string(body)))
+	})}
+	go srv.Serve(netListener{l})
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			c, err := cm.Dial(ctx, addr, cm.WithMessageSize(16384))
+			if err != nil {
+				return nil, err
+			}
+			return c.NetConn(), nil
+		},
+	}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://goxrc/hello")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, "GET /hello 0 ", string(body))
+	big := strings.Repeat("x", 100000)
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://goxrc/upload", strings.NewReader(big))
+	resp, err = client.Do(req)
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, "POST /upload 100000 "+strings.ToUpper(big), string(body))
+}
+
+// netListener adapts a cm.Listener to net.Listener for net/http.
+type netListener struct{ l *cm.Listener }
+
+func (n netListener) Accept() (net.Conn, error) {
+	c, err := n.l.Accept(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	return c.NetConn(), nil
+}
+func (n netListener) Close() error   { return n.l.Close() }
+func (n netListener) Addr() net.Addr { return n.l.Addr() }
