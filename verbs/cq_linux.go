@@ -99,13 +99,14 @@ type CQ struct {
 	tmp    *C.struct_ibv_wc
 	out    []C.struct_goxrc_wc // C memory
 
-	waitSem chan struct{} // one Wait at a time: fdpoll deadlines are per fd
-	armed   atomic.Bool
-	evMu    sync.Mutex
-	unacked C.uint
-	other   *C.int      // C scratch for goxrc_get_cq_events
-	drain   func() bool // q.drainEvents, bound once so Wait does not allocate it
-	cqe     int
+	waitSem  chan struct{} // one Wait at a time: fdpoll deadlines are per fd
+	armed    atomic.Bool
+	evMu     sync.Mutex
+	unacked  C.uint
+	other    *C.int      // C scratch for goxrc_get_cq_events
+	drain    func() bool // q.drainEvents, bound once so Wait does not allocate it
+	drainErr error       // a failed channel read; set by drainEvents under waitSem
+	cqe      int
 }
 
 // CreateCQ creates a completion queue with room for at least cqe entries.
@@ -280,9 +281,10 @@ func (q *CQ) arm(solicitedOnly bool) error {
 // drainEvents reads every queued channel event (the netpoller is
 // edge-triggered) and reports whether one was for this CQ.
 func (q *CQ) drainEvents() bool {
-	n := C.goxrc_get_cq_events(q.ch.ch, q.cq, q.other)
+	n, err := C.goxrc_get_cq_events(q.ch.ch, q.cq, q.other)
 	if n < 0 {
-		return true // let Wait poll and surface the CQ's state
+		q.drainErr = errnoOr(err, syscall.EIO)
+		return true
 	}
 	if n == 0 {
 		return false
@@ -335,7 +337,12 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 		if n > 0 || err != nil {
 			return n, err
 		}
-		if err := q.fd.Wait(ctx, q.drain); err != nil {
+		err = q.fd.Wait(ctx, q.drain)
+		if q.drainErr != nil {
+			err, q.drainErr = q.drainErr, nil
+			return 0, &OpError{Op: "ibv_get_cq_event", Addr: q.tag, Err: err}
+		}
+		if err != nil {
 			if errors.Is(err, fdpoll.ErrClosed) {
 				return 0, closedErr("wait CQ", q.tag)
 			}

@@ -23,7 +23,12 @@ import (
 )
 
 func init() {
-	cbridge.WrapContext = func(p unsafe.Pointer) any { return wrapContext((*C.struct_ibv_context)(p)) }
+	cbridge.WrapContext = func(p unsafe.Pointer) any {
+		if p == nil {
+			return nil // not a typed nil inside a non-nil interface
+		}
+		return wrapContext((*C.struct_ibv_context)(p))
+	}
 	cbridge.QPAttrFromC = func(p unsafe.Pointer) any { return qpAttrFromC((*C.struct_ibv_qp_attr)(p)) }
 	cbridge.AHAttrFromC = func(p unsafe.Pointer) any { return ahAttrFromC((*C.struct_ibv_ah_attr)(p)) }
 }

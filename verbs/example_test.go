@@ -1,0 +1,47 @@
+package verbs_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// Example opens the first RDMA device, registers memory and waits briefly
+// for completions. It prints nothing on a host without RDMA.
+func Example() {
+	devs, err := verbs.Devices()
+	if err != nil || len(devs) == 0 {
+		return // no RDMA here
+	}
+	ctx, err := verbs.OpenDevice(devs[0].Name)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer ctx.Close()
+
+	attr, _ := ctx.QueryDevice()
+	fmt.Printf("%s: max QPs %d, XRC %v\n", ctx.Name(), attr.MaxQP, attr.XRC())
+
+	pd, _ := ctx.AllocPD()
+	defer pd.Close()
+	mr, _ := pd.RegMR(1<<20, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	defer mr.Close()
+	copy(mr.Bytes(), "registered, outside the Go heap")
+
+	ch, _ := ctx.NewCompChannel()
+	defer ch.Close()
+	cq, _ := ctx.CreateCQ(256, ch, 0)
+	defer cq.Close()
+
+	// QPs go here: pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, ...}),
+	// Modify through INIT/RTR/RTS with verbs.RequiredMask, then PostSend/PostRecv.
+
+	wait, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	wcs := make([]verbs.WorkCompletion, 16)
+	n, err := cq.Wait(wait, wcs)
+	fmt.Println(n, err != nil) // nothing was posted: the wait times out
+}

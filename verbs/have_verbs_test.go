@@ -1,0 +1,5 @@
+//go:build linux && cgo
+
+package verbs_test
+
+const haveVerbs = true
