@@ -1,0 +1,308 @@
+package xrc
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"net/netip"
+	"sync"
+	"syscall"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+// Downlink is a TGT QP this process receives through: at most one kernel
+// handle per process, shared by every leg from that sender through a
+// process-local count. The kernel's count of handles across processes is the
+// node-wide registration count.
+type Downlink struct {
+	TGTQPN      uint32
+	Incarnation uint64     // the sending process's
+	INIQPN      uint32     // the sender's INI
+	Remote      netip.Addr // the sender's node
+	Creator     bool       // this process created the TGT (only it may modify it)
+	qp          kernel.QP
+	count       int
+}
+
+// Leg is one accepted one-way leg of a logical connection: a sender's tag
+// bound to our tag and a downlink.
+type Leg struct {
+	Downlink        *Downlink
+	PeerIncarnation uint64
+	PeerTag         uint32 // the REQ's ConnTag
+	Tag             uint32 // ours, in the ACCEPT
+	PeerSRQN        uint32 // for the reverse leg
+	ReplyPort       uint16
+	Reciprocal      uint32 // the forward leg's tag when this is a reverse leg, else 0
+	Physical        bool
+	cached          []byte // VIRT: the ACCEPT, for SIDR retransmissions
+}
+
+// AppReject is what an Admit function returns to refuse a request.
+type AppReject struct {
+	Detail uint32
+	App    []byte
+}
+
+// AcceptorConfig is what an acceptor needs from its process.
+type AcceptorConfig struct {
+	Kernel      kernel.Kernel
+	XRCD        kernel.XRCD // the process's handle on the node's domain
+	DomainID    uint64      // from the domain file
+	Incarnation uint64      // this process's
+	SRQN        uint32      // the SRQ senders should name
+	Credits     uint16
+	// Admit, if set, sees each new request before any kernel object is made
+	// or opened; it returns app data for the ACCEPT, or a rejection.
+	Admit func(req *wire.Req) ([]byte, *AppReject)
+}
+
+// Acceptor makes the "open new or share existing" decision of
+// xrc-protocol.md for one process. It is safe for concurrent use.
+type Acceptor struct {
+	cfg     AcceptorConfig
+	mu      sync.Mutex
+	byTGT   map[uint32]*Downlink
+	legs    map[legKey]*Leg
+	nextTag uint32
+}
+
+type legKey struct {
+	incarnation uint64
+	tag         uint32
+}
+
+// NewAcceptor returns an acceptor for cfg.
+func NewAcceptor(cfg AcceptorConfig) *Acceptor {
+	var b [4]byte
+	rand.Read(b[:])
+	return &Acceptor{cfg: cfg, byTGT: map[uint32]*Downlink{}, legs: map[legKey]*Leg{},
+		nextTag: binary.BigEndian.Uint32(b[:]) >> 1}
+}
+
+// Decision is the answer to one CONNECT_REQUEST: Accept with QPNum and
+// PrivateData (kernel.Accept), or reject with PrivateData (kernel.Reject).
+type Decision struct {
+	Accept      bool
+	QPNum       uint32 // the TGT QPN to accept with
+	PrivateData []byte // the encoded ACCEPT or REJECT
+	Reject      wire.Reject
+	Leg         *Leg // the leg an ACCEPT created (or, for a duplicate, found)
+	Duplicate   bool // a retransmitted VIRT_REQ answered from the cache
+}
+
+// Decide answers a CONNECT_REQUEST event from the XRC listener (PHYS_REQ) or
+// the SIDR listener (VIRT_REQ). No reference is left behind by a reject. If
+// the caller's Accept then fails, it must Release the leg.
+func (a *Acceptor) Decide(e kernel.Event) Decision {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.cfg.Kernel.XRC() {
+		return a.reject(0, wire.RejectNoXRC, 0, nil)
+	}
+	want := wire.TypePhysReq
+	switch e.Exchange {
+	case kernel.ExchangeXRC:
+	case kernel.ExchangeSIDR:
+		want = wire.TypeVirtReq
+	default:
+		return a.reject(0, wire.RejectBadRequest, 0, nil)
+	}
+	var req wire.Req
+	if err := wire.DecodeReq(e.PrivateData, want, &req); err != nil {
+		reason := wire.RejectBadRequest
+		var de *wire.DecodeError
+		if errors.As(err, &de) {
+			reason = de.RejectReason()
+		}
+		return a.reject(0, reason, 0, nil)
+	}
+	if want == wire.TypePhysReq {
+		return a.physical(e, &req)
+	}
+	return a.virtual(e, &req)
+}
+
+func (a *Acceptor) physical(e kernel.Event, req *wire.Req) Decision {
+	if e.QPNum != req.INIQPN { // the CM's REQ carries the INI QPN too
+		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+	}
+	key := legKey{req.Incarnation, req.ConnTag}
+	if a.legs[key] != nil {
+		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+	}
+	app, rej := a.admit(req)
+	if rej != nil {
+		return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
+	}
+	// A new pair, also for REPLACES_TGT and a new INI from a known
+	// incarnation: the old downlink is left to its users' releases.
+	k := a.cfg.Kernel
+	qp, qpn, err := k.CreateTGT(a.cfg.XRCD)
+	if err != nil {
+		return a.reject(req.ConnTag, wire.RejectBusyRetry, errnoOf(err), nil)
+	}
+	if err := k.TransitionQP(qp, verbs.QPStateRTS, e.ID); err != nil {
+		k.DestroyQP(qp)
+		return a.reject(req.ConnTag, wire.RejectBusyRetry, errnoOf(err), nil)
+	}
+	dl := &Downlink{TGTQPN: qpn, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: e.Remote.Addr(), Creator: true, qp: qp}
+	a.byTGT[qpn] = dl
+	return a.accept(dl, req, app, true, true)
+}
+
+func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
+	key := legKey{req.Incarnation, req.ConnTag}
+	if l := a.legs[key]; l != nil {
+		if l.cached == nil {
+			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+		}
+		// A SIDR retransmission: same answer, no count change.
+		return Decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Duplicate: true}
+	}
+	if req.DomainHint != a.cfg.DomainID {
+		return a.reject(req.ConnTag, wire.RejectDomainMismatch, 0, nil)
+	}
+	from := e.Remote.Addr()
+	if dl := a.byTGT[req.TGTQPNHint]; dl != nil {
+		// Our handle is on that number: it is the sender's TGT only if it
+		// was made for the same sender incarnation, INI and node.
+		if dl.Incarnation != req.Incarnation || dl.INIQPN != req.INIQPN || dl.Remote != from {
+			return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
+		}
+		app, rej := a.admit(req)
+		if rej != nil {
+			return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
+		}
+		return a.accept(dl, req, app, false, false) // count + 1, no kernel call
+	}
+	app, rej := a.admit(req)
+	if rej != nil {
+		return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
+	}
+	// Register: open by number, then verify, since the number may have been
+	// reused by another TGT in our domain.
+	k := a.cfg.Kernel
+	qp, err := k.OpenTGT(a.cfg.XRCD, req.TGTQPNHint)
+	if err != nil {
+		return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
+	}
+	info, err := k.QueryQP(qp)
+	if err != nil || info.Type != verbs.QPTypeXRCRecv ||
+		(info.State != verbs.QPStateRTR && info.State != verbs.QPStateRTS) ||
+		info.DestQPN != req.INIQPN || info.Remote != from {
+		k.DestroyQP(qp)
+		return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
+	}
+	dl := &Downlink{TGTQPN: info.Num, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: from, qp: qp}
+	a.byTGT[dl.TGTQPN] = dl
+	return a.accept(dl, req, app, false, true)
+}
+
+func (a *Acceptor) admit(req *wire.Req) ([]byte, *AppReject) {
+	if a.cfg.Admit == nil {
+		return nil, nil
+	}
+	return a.cfg.Admit(req)
+}
+
+// accept encodes the ACCEPT and counts the leg on dl (fresh: dl was just
+// created or opened, and is dropped again if the ACCEPT cannot be made).
+func (a *Acceptor) accept(dl *Downlink, req *wire.Req, app []byte, physical, fresh bool) Decision {
+	a.nextTag++
+	if a.nextTag == 0 {
+		a.nextTag = 1
+	}
+	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: a.nextTag, Incarnation: a.cfg.Incarnation,
+		TGTQPN: dl.TGTQPN, SRQN: a.cfg.SRQN, DomainID: a.cfg.DomainID, Credits: a.cfg.Credits}
+	buf := make([]byte, wire.BudgetSIDRREP)
+	var n int
+	err := m.SetApp(app)
+	if err == nil {
+		n, err = m.Encode(buf)
+	}
+	if err != nil { // the app's data does not fit: undo, refuse
+		if fresh {
+			a.drop(dl)
+		}
+		return a.reject(req.ConnTag, wire.RejectApp, 0, nil)
+	}
+	dl.count++
+	l := &Leg{Downlink: dl, PeerIncarnation: req.Incarnation, PeerTag: req.ConnTag, Tag: m.AcceptorTag,
+		PeerSRQN: req.SRQN, ReplyPort: req.ReplyPort, Reciprocal: req.PeerTag, Physical: physical}
+	if !physical {
+		l.cached = buf[:n]
+	}
+	a.legs[legKey{req.Incarnation, req.ConnTag}] = l
+	return Decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l}
+}
+
+func (a *Acceptor) drop(dl *Downlink) {
+	delete(a.byTGT, dl.TGTQPN)
+	a.cfg.Kernel.DestroyQP(dl.qp)
+}
+
+func (a *Acceptor) reject(tag uint32, reason wire.RejectReason, detail uint32, app []byte) Decision {
+	r := wire.Reject{Tag: tag, Reason: reason, MinVersion: wire.MinVersion, MaxVersion: wire.MaxVersion,
+		Detail: detail, DomainID: a.cfg.DomainID}
+	if r.SetApp(app) != nil {
+		r.SetApp(nil)
+	}
+	buf := make([]byte, wire.BudgetSIDRREP)
+	n, err := r.Encode(buf)
+	if err != nil { // only DOMAIN_MISMATCH without a domain id can fail
+		r.Reason = wire.RejectNoXRC
+		n, _ = r.Encode(buf)
+	}
+	return Decision{PrivateData: buf[:n], Reject: r}
+}
+
+// Release ends a leg (after its FIN, or when the sender is gone): the local
+// count drops, and at zero the process's kernel handle is destroyed (the
+// unregister); the TGT dies with the node's last handle.
+func (a *Acceptor) Release(l *Leg) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key := legKey{l.PeerIncarnation, l.PeerTag}
+	if a.legs[key] != l {
+		return nil // already released
+	}
+	delete(a.legs, key)
+	dl := l.Downlink
+	dl.count--
+	if dl.count > 0 {
+		return nil
+	}
+	delete(a.byTGT, dl.TGTQPN)
+	return a.cfg.Kernel.DestroyQP(dl.qp)
+}
+
+// LocalCount is this process's use count of the TGT numbered qpn (0 if it
+// holds no handle on it).
+func (a *Acceptor) LocalCount(qpn uint32) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if dl := a.byTGT[qpn]; dl != nil {
+		return dl.count
+	}
+	return 0
+}
+
+// Downlinks is the number of TGT handles this process holds.
+func (a *Acceptor) Downlinks() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.byTGT)
+}
+
+// errnoOf is the errno behind a kernel error, as a REJECT detail.
+func errnoOf(err error) uint32 {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return uint32(errno)
+	}
+	return 0
+}

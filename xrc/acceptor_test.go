@@ -1,0 +1,445 @@
+package xrc
+
+import (
+	"context"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/internal/kernel/model"
+	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+var (
+	addrA = netip.MustParseAddr("10.0.0.1")
+	addrB = netip.MustParseAddr("10.0.0.2")
+)
+
+const senderInc = 0xAAAA0001
+
+// receiver is one acceptor process on node B.
+type receiver struct {
+	p      *model.Process
+	d      kernel.XRCD
+	srqn   uint32
+	acc    *Acceptor
+	port   uint16
+	lx, lu kernel.ID
+}
+
+type env struct {
+	t      *testing.T
+	a, b   *model.Node
+	dom    DomainFile
+	sender *model.Process
+	r1, r2 *receiver
+	tag    uint32
+}
+
+func newEnv(t *testing.T) *env {
+	f := model.NewFabric(model.ReuseLIFO)
+	e := &env{t: t, a: f.AddNode(addrA, model.NodeConfig{}), b: f.AddNode(addrB, model.NodeConfig{})}
+	var err error
+	e.dom, err = OpenDomainFile(filepath.Join(t.TempDir(), "goxrc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sender = e.a.NewProcess()
+	e.r1, e.r2 = e.newReceiver(20001), e.newReceiver(20002)
+	return e
+}
+
+func (e *env) newReceiver(port uint16) *receiver {
+	t := e.t
+	r := &receiver{p: e.b.NewProcess(), port: port}
+	var err error
+	if r.d, err = r.p.OpenXRCD(e.dom.Path, kernel.XRCDCreate); err != nil {
+		t.Fatal(err)
+	}
+	if _, r.srqn, err = r.p.CreateSRQ(r.d); err != nil {
+		t.Fatal(err)
+	}
+	r.acc = NewAcceptor(AcceptorConfig{Kernel: r.p, XRCD: r.d, DomainID: e.dom.ID, Incarnation: uint64(port), SRQN: r.srqn, Credits: 8})
+	ap := netip.AddrPortFrom(addrB, port)
+	if r.lx, err = r.p.Listen(ap, kernel.ExchangeXRC); err != nil {
+		t.Fatal(err)
+	}
+	if r.lu, err = r.p.Listen(ap, kernel.ExchangeSIDR); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func ctx5(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (e *env) ev(p *model.Process, id kernel.ID, want kernel.EventType) kernel.Event {
+	e.t.Helper()
+	ev, err := p.Event(ctx5(e.t), id)
+	if err != nil || ev.Type != want {
+		e.t.Fatalf("event %v %v, want %v", ev.Type, err, want)
+	}
+	return ev
+}
+
+func (e *env) nextReq(t wire.Type) wire.Req {
+	e.tag++
+	return wire.Req{Type: t, ConnTag: e.tag, Incarnation: senderInc, SRQN: 0x99, ReplyPort: 30000}
+}
+
+// uplink is the sender's side of a physical link.
+type uplink struct {
+	ini      kernel.QP
+	iniQPN   uint32
+	aid, pid kernel.ID // the physical CM connection
+	tgtQPN   uint32
+	domain   uint64
+}
+
+// phys runs a PHYS_REQ from the sender to r through the real (model) CM and
+// the acceptor, and returns the decision (and the uplink on accept).
+func (e *env) phys(r *receiver, mut func(*wire.Req)) (Decision, uplink) {
+	t := e.t
+	t.Helper()
+	var u uplink
+	var err error
+	u.ini, u.iniQPN, err = e.sender.CreateINI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.nextReq(wire.TypePhysReq)
+	req.INIQPN = u.iniQPN
+	if mut != nil {
+		mut(&req)
+	}
+	buf := make([]byte, wire.BudgetREQ)
+	n, err := req.Encode(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aid, err := e.sender.Connect(ctx5(t), netip.AddrPortFrom(addrB, r.port), kernel.ExchangeXRC, u.iniQPN, buf[:n])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := e.ev(r.p, r.lx, kernel.EventConnectRequest)
+	d := r.acc.Decide(cr)
+	if !d.Accept {
+		if err := r.p.Reject(cr.ID, d.PrivateData); err != nil {
+			t.Fatal(err)
+		}
+		rej := e.ev(e.sender, aid, kernel.EventRejected)
+		var got wire.Reject
+		if err := wire.DecodeReject(rej.PrivateData, &got); err != nil || got != d.Reject {
+			t.Fatalf("REJECT on the wire: %v %+v", err, got)
+		}
+		return d, u
+	}
+	if err := r.p.Accept(cr.ID, d.QPNum, d.PrivateData); err != nil {
+		t.Fatal(err)
+	}
+	resp := e.ev(e.sender, aid, kernel.EventConnectResponse)
+	var acc wire.Accept
+	if err := wire.DecodeAccept(resp.PrivateData, &acc); err != nil {
+		t.Fatal(err)
+	}
+	if acc.TGTQPN != resp.QPNum || acc.TagEcho != req.ConnTag || acc.DomainID != e.dom.ID {
+		t.Fatalf("ACCEPT %+v vs CM qp_num %#x", acc, resp.QPNum)
+	}
+	if err := e.sender.TransitionQP(u.ini, verbs.QPStateRTS, aid); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sender.Establish(aid); err != nil {
+		t.Fatal(err)
+	}
+	e.ev(r.p, cr.ID, kernel.EventEstablished)
+	u.tgtQPN, u.domain = acc.TGTQPN, acc.DomainID
+	u.aid, u.pid = aid, cr.ID
+	return d, u
+}
+
+// virt runs a VIRT_REQ over SIDR to r and returns the decision.
+func (e *env) virt(r *receiver, req wire.Req) Decision {
+	t := e.t
+	t.Helper()
+	buf := make([]byte, wire.BudgetSIDRREQ)
+	n, err := req.Encode(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid, err := e.sender.Connect(ctx5(t), netip.AddrPortFrom(addrB, r.port), kernel.ExchangeSIDR, 0, buf[:n])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := e.ev(r.p, r.lu, kernel.EventConnectRequest)
+	d := r.acc.Decide(cr)
+	if d.Accept {
+		if err := r.p.Accept(cr.ID, d.QPNum, d.PrivateData); err != nil {
+			t.Fatal(err)
+		}
+		rep := e.ev(e.sender, sid, kernel.EventEstablished)
+		var acc wire.Accept
+		if err := wire.DecodeAccept(rep.PrivateData, &acc); err != nil || acc.TGTQPN != rep.QPNum {
+			t.Fatalf("ACCEPT over SIDR: %v %+v", err, acc)
+		}
+	} else {
+		if err := r.p.Reject(cr.ID, d.PrivateData); err != nil {
+			t.Fatal(err)
+		}
+		un := e.ev(e.sender, sid, kernel.EventUnreachable)
+		var got wire.Reject
+		if err := wire.DecodeReject(un.PrivateData, &got); err != nil || got != d.Reject {
+			t.Fatalf("REJECT over SIDR: %v %+v", err, got)
+		}
+	}
+	e.sender.DestroyID(sid)
+	r.p.DestroyID(cr.ID)
+	return d
+}
+
+func (e *env) virtReq(u uplink) wire.Req {
+	req := e.nextReq(wire.TypeVirtReq)
+	req.INIQPN, req.TGTQPNHint, req.DomainHint = u.iniQPN, u.tgtQPN, u.domain
+	return req
+}
+
+// expect checks the kernel's handle count on a TGT and both local counts.
+func (e *env) expect(qpn uint32, kernelHandles, local1, local2 int) {
+	e.t.Helper()
+	if got := e.b.TGTHandles(qpn); got != kernelHandles {
+		e.t.Errorf("TGT %#x: %d kernel handles, want %d", qpn, got, kernelHandles)
+	}
+	if got := e.r1.acc.LocalCount(qpn); got != local1 {
+		e.t.Errorf("TGT %#x: r1 local count %d, want %d", qpn, got, local1)
+	}
+	if got := e.r2.acc.LocalCount(qpn); got != local2 {
+		e.t.Errorf("TGT %#x: r2 local count %d, want %d", qpn, got, local2)
+	}
+}
+
+func wantReject(t *testing.T, d Decision, reason wire.RejectReason) {
+	t.Helper()
+	if d.Accept || d.Reject.Reason != reason {
+		t.Fatalf("decision accept=%v reason %v, want REJECT(%v)", d.Accept, d.Reject.Reason, reason)
+	}
+}
+
+func wantAccept(t *testing.T, d Decision) {
+	t.Helper()
+	if !d.Accept {
+		t.Fatalf("rejected: %v", d.Reject.Reason)
+	}
+}
+
+// One row per line of the decision table in xrc-protocol.md.
+func TestAcceptorDecisionTable(t *testing.T) {
+	rows := []struct {
+		name string
+		run  func(t *testing.T, e *env)
+	}{
+		{"PHYS_REQ hint 0: create, count 1, creator", func(t *testing.T, e *env) {
+			d, u := e.phys(e.r1, nil)
+			wantAccept(t, d)
+			if !d.Leg.Downlink.Creator || !d.Leg.Physical {
+				t.Fatal("not recorded as creator")
+			}
+			e.expect(u.tgtQPN, 1, 1, 0)
+			if ini, tgt := e.b.QPCount(); ini != 0 || tgt != 1 {
+				t.Fatalf("B QPs %d/%d", ini, tgt)
+			}
+		}},
+		{"PHYS_REQ REPLACES_TGT: new TGT, old left to its users", func(t *testing.T, e *env) {
+			_, u1 := e.phys(e.r1, nil)
+			d, u2 := e.phys(e.r1, func(r *wire.Req) { r.Flags |= wire.FlagReplacesTGT; r.TGTQPNHint = u1.tgtQPN })
+			wantAccept(t, d)
+			if u2.tgtQPN == u1.tgtQPN {
+				t.Fatal("no new TGT")
+			}
+			e.expect(u1.tgtQPN, 1, 1, 0)
+			e.expect(u2.tgtQPN, 1, 1, 0)
+		}},
+		{"VIRT_REQ foreign domain hint: DOMAIN_MISMATCH with our id", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			req := e.virtReq(u)
+			req.DomainHint = e.dom.ID + 1
+			before := e.r2.p.Handles()
+			d := e.virt(e.r2, req)
+			wantReject(t, d, wire.RejectDomainMismatch)
+			if d.Reject.DomainID != e.dom.ID {
+				t.Fatalf("domain id %#x, want %#x", d.Reject.DomainID, e.dom.ID)
+			}
+			e.expect(u.tgtQPN, 1, 1, 0)
+			if e.r2.p.Handles() != before {
+				t.Fatal("handle leaked")
+			}
+		}},
+		{"VIRT_REQ held handle, same incarnation and INI: count+1, no kernel call", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			wantAccept(t, e.virt(e.r1, e.virtReq(u)))
+			e.expect(u.tgtQPN, 1, 2, 0)
+		}},
+		{"VIRT_REQ held handle, other INI: TGT_GONE, no change", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			req := e.virtReq(u)
+			req.INIQPN++
+			wantReject(t, e.virt(e.r1, req), wire.RejectTGTGone)
+			e.expect(u.tgtQPN, 1, 1, 0)
+		}},
+		{"VIRT_REQ no local handle: register and verify, count 1", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			d := e.virt(e.r2, e.virtReq(u))
+			wantAccept(t, d)
+			if d.Leg.Downlink.Creator {
+				t.Fatal("opener recorded as creator")
+			}
+			e.expect(u.tgtQPN, 2, 1, 1)
+			if _, tgt := e.b.QPCount(); tgt != 1 {
+				t.Fatal("a second TGT was made")
+			}
+		}},
+		{"VIRT_REQ no local handle, verify fails (dest QPN): destroy handle, TGT_GONE", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			req := e.virtReq(u)
+			req.INIQPN = u.iniQPN + 7
+			before := e.r2.p.Handles()
+			wantReject(t, e.virt(e.r2, req), wire.RejectTGTGone)
+			e.expect(u.tgtQPN, 1, 1, 0)
+			if e.r2.p.Handles() != before || e.r2.acc.Downlinks() != 0 {
+				t.Fatal("handle leaked")
+			}
+		}},
+		{"VIRT_REQ no local handle, TGT number gone: TGT_GONE", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			req := e.virtReq(u)
+			req.TGTQPNHint = 0x7FFF
+			wantReject(t, e.virt(e.r2, req), wire.RejectTGTGone)
+			e.expect(u.tgtQPN, 1, 1, 0)
+		}},
+		{"VIRT_REQ to a reused TGT number (another sender's TGT): TGT_GONE", func(t *testing.T, e *env) {
+			d1, u1 := e.phys(e.r1, nil)
+			// The pair goes: CM connection first (else the reused number
+			// hits the INI side's stale entry at REP time), then the TGT.
+			e.sender.Disconnect(u1.aid)
+			e.ev(e.r1.p, u1.pid, kernel.EventDisconnected)
+			e.r1.p.Disconnect(u1.pid)
+			if err := e.r1.acc.Release(d1.Leg); err != nil { // the TGT dies...
+				t.Fatal(err)
+			}
+			_, u2 := e.phys(e.r1, nil) // ...and its number comes back for a new pair
+			if u2.tgtQPN != u1.tgtQPN {
+				t.Skip("number not reused")
+			}
+			before := e.r2.p.Handles()
+			wantReject(t, e.virt(e.r2, e.virtReq(u1)), wire.RejectTGTGone) // stale hint, old INI
+			e.expect(u2.tgtQPN, 1, 1, 0)
+			if e.r2.p.Handles() != before {
+				t.Fatal("handle leaked")
+			}
+		}},
+		{"duplicate VIRT_REQ: cached ACCEPT, no count change", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			req := e.virtReq(u)
+			d1 := e.virt(e.r2, req)
+			d2 := e.virt(e.r2, req)
+			wantAccept(t, d2)
+			if !d2.Duplicate || string(d2.PrivateData) != string(d1.PrivateData) || d2.Leg != d1.Leg {
+				t.Fatal("retransmission not answered from the cache")
+			}
+			e.expect(u.tgtQPN, 2, 1, 1)
+		}},
+		{"version mismatch: REJECT(VERSION) with our range", func(t *testing.T, e *env) {
+			cr := kernel.Event{Type: kernel.EventConnectRequest, Exchange: kernel.ExchangeSIDR,
+				Remote: netip.AddrPortFrom(addrA, 1), PrivateData: []byte{0x58, 0x52, 9, 2, 0, 0, 0, 8}}
+			d := e.r1.acc.Decide(cr)
+			wantReject(t, d, wire.RejectVersion)
+			if d.Reject.MinVersion != wire.MinVersion || d.Reject.MaxVersion != wire.MaxVersion {
+				t.Fatalf("%+v", d.Reject)
+			}
+		}},
+		{"malformed or misplaced request: BAD_REQUEST", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			req := e.virtReq(u)
+			b := make([]byte, wire.BudgetSIDRREQ)
+			req.Encode(b)
+			b[100] = 1 // garbage in the padding
+			cr := kernel.Event{Type: kernel.EventConnectRequest, Exchange: kernel.ExchangeSIDR, Remote: netip.AddrPortFrom(addrA, 1), PrivateData: b}
+			wantReject(t, e.r2.acc.Decide(cr), wire.RejectBadRequest)
+			// A VIRT_REQ in a connected-mode REQ.
+			cr.Exchange = kernel.ExchangeXRC
+			wantReject(t, e.r2.acc.Decide(cr), wire.RejectBadRequest)
+			// A PHYS_REQ whose INI QPN disagrees with the CM's.
+			_, u2 := e.phys(e.r1, nil)
+			_ = u2
+			d, _ := e.phys(e.r1, func(r *wire.Req) { r.INIQPN += 100 })
+			wantReject(t, d, wire.RejectBadRequest)
+			e.expect(u.tgtQPN, 1, 1, 0)
+			if e.r2.p.Handles() != 4 { // XRCD, SRQ, two listeners
+				t.Fatalf("r2 holds %d handles", e.r2.p.Handles())
+			}
+		}},
+		{"application reject: APP_REJECT, nothing made or opened", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			e.r2.acc.cfg.Admit = func(*wire.Req) ([]byte, *AppReject) { return nil, &AppReject{Detail: 403, App: []byte("no")} }
+			before := e.r2.p.Handles()
+			d := e.virt(e.r2, e.virtReq(u))
+			wantReject(t, d, wire.RejectApp)
+			if d.Reject.Detail != 403 || string(d.Reject.App()) != "no" || e.r2.p.Handles() != before {
+				t.Fatalf("%+v", d.Reject)
+			}
+			e.r1.acc.cfg.Admit = e.r2.acc.cfg.Admit
+			_, tgt0 := e.b.QPCount()
+			d, _ = e.phys(e.r1, nil)
+			wantReject(t, d, wire.RejectApp)
+			if _, tgt := e.b.QPCount(); tgt != tgt0 {
+				t.Fatal("TGT made for a rejected PHYS_REQ")
+			}
+		}},
+		{"unregister: local count 0 destroys the handle, TGT dies with the last", func(t *testing.T, e *env) {
+			d1, u := e.phys(e.r1, nil)
+			d2 := e.virt(e.r1, e.virtReq(u))
+			d3 := e.virt(e.r2, e.virtReq(u))
+			e.expect(u.tgtQPN, 2, 2, 1)
+			e.r1.acc.Release(d1.Leg) // creator's first leg
+			e.expect(u.tgtQPN, 2, 1, 1)
+			e.r1.acc.Release(d1.Leg) // twice is a no-op
+			e.r1.acc.Release(d2.Leg) // creator lets go: TGT lives for r2
+			e.expect(u.tgtQPN, 1, 0, 1)
+			if c := send(t, e.sender, u.ini, e.r2.srqn); c != verbs.WCSuccess {
+				t.Fatalf("send after creator left: %v", c)
+			}
+			e.r2.acc.Release(d3.Leg)
+			e.expect(u.tgtQPN, 0, 0, 0)
+			if _, tgt := e.b.QPCount(); tgt != 0 {
+				t.Fatal("TGT outlived its last user")
+			}
+		}},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) { row.run(t, newEnv(t)) })
+	}
+}
+
+func TestAcceptorNoXRC(t *testing.T) {
+	f := model.NewFabric(model.ReuseLIFO)
+	p := f.AddNode(addrB, model.NodeConfig{NoXRC: true}).NewProcess()
+	acc := NewAcceptor(AcceptorConfig{Kernel: p, DomainID: 1})
+	d := acc.Decide(kernel.Event{Type: kernel.EventConnectRequest, Exchange: kernel.ExchangeXRC})
+	wantReject(t, d, wire.RejectNoXRC)
+}
+
+func send(t *testing.T, p *model.Process, ini kernel.QP, srqn uint32) verbs.WCStatus {
+	t.Helper()
+	if err := p.PostSend(ini, []kernel.SendWR{{WRID: 1, RemoteSRQN: srqn}}); err != nil {
+		t.Fatal(err)
+	}
+	var c [1]kernel.SendCompletion
+	if _, err := p.PollSend(ctx5(t), ini, c[:]); err != nil {
+		t.Fatal(err)
+	}
+	return c[0].Status
+}
