@@ -31,7 +31,8 @@ func Counts() Counters {
 // belongs to. Create ids on it with CreateID or CreateEndpoint.
 type EventChannel struct {
 	mu        sync.Mutex
-	closed    bool
+	closed    bool // Close began: no new ids, no more events
+	stopped   bool // the pump has exited: the C channel may go
 	destroyed bool
 	ids       map[uintptr]*ID // by handle, the value librdmacm keeps as the id's context
 	next      uintptr
@@ -75,14 +76,21 @@ func (c *EventChannel) unregister(id *ID) {
 	delete(c.ids, id.handle)
 	c.live--
 	liveIDs.Add(-1)
-	destroy := c.closed && c.live == 0 && !c.destroyed
-	if destroy {
-		c.destroyed = true
-	}
+	destroy := c.destroyLocked()
 	c.mu.Unlock()
 	if destroy {
 		c.sysDestroy()
 	}
+}
+
+// destroyLocked reports whether the caller must destroy the C channel now:
+// once the pump has stopped and the last id is gone, exactly once.
+func (c *EventChannel) destroyLocked() bool {
+	if c.stopped && c.live == 0 && !c.destroyed {
+		c.destroyed = true
+		return true
+	}
+	return false
 }
 
 func (c *EventChannel) lookup(h uintptr) *ID {
@@ -191,14 +199,12 @@ func (c *EventChannel) Close() error {
 	c.mu.Unlock()
 	c.sysStop() // the pump has exited when this returns
 	c.mu.Lock()
+	c.stopped = true
 	ids := make([]*ID, 0, len(c.ids))
 	for _, id := range c.ids {
 		ids = append(ids, id)
 	}
-	destroy := c.live == 0 && !c.destroyed
-	if destroy {
-		c.destroyed = true
-	}
+	destroy := c.destroyLocked()
 	c.mu.Unlock()
 	for _, id := range ids {
 		id.q.close(ErrClosed, false)
@@ -639,10 +645,7 @@ func (id *ID) Close() error {
 	c.mu.Lock()
 	c.live--
 	liveIDs.Add(-1)
-	destroy := c.closed && c.live == 0 && !c.destroyed
-	if destroy {
-		c.destroyed = true
-	}
+	destroy := c.destroyLocked()
 	c.mu.Unlock()
 	if destroy {
 		c.sysDestroy()
