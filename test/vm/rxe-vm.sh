@@ -225,7 +225,7 @@ QRC=0; wait "$QPID" || QRC=$?
 T2=$(date +%s.%N)
 [[ -n $T1 || ! -e $OUT/.cmd-started ]] || T1=$T2
 BOOT=$([[ -n $T1 ]] && echo "$T1 - $T0" | bc || echo none) TOTAL=$(echo "$T2 - $T0" | bc)
-{ printf 'boot_to_command_s=%s\ntotal_s=%s\nqemu_rc=%s\n' "$BOOT" "$TOTAL" "$QRC"; cat "$OUT/guest-timings"; } > "$OUT/timings" 2>/dev/null
+{ printf 'boot_to_command_s=%s\ntotal_s=%s\nqemu_rc=%s\n' "$BOOT" "$TOTAL" "$QRC"; cat "$OUT/guest-timings" 2>/dev/null || true; } > "$OUT/timings"
 if [[ -n $T1 && -s $OUT/exit_code ]]; then
   [[ $QUIET == 0 ]] || cat "$OUT/output.log"
   RC=$(cat "$OUT/exit_code")
