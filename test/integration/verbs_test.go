@@ -605,6 +605,103 @@ func TestVerbsClosedContextStopsEvents(t *testing.T) {
 	require.True(t, errors.Is(err, verbs.ErrClosed), "got %v", err)
 }
 
+func TestVerbsUDLoopback(t *testing.T) {
+	ctx := openRXE(t)
+	gid := roceGID(t, ctx, rxeIP(t))
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	ch, err := ctx.NewCompChannel()
+	require.NoError(t, err)
+	cleanupClose(t, ch)
+	cq, err := ctx.CreateCQ(64, ch, 0)
+	require.NoError(t, err)
+	cleanupClose(t, cq)
+	mr, err := pd.RegMR(8192, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	cleanupClose(t, mr)
+
+	const qkey = 0x11111111
+	mk := func() *verbs.QP {
+		qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeUD, SendCQ: cq,
+			Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 64}})
+		require.NoError(t, err)
+		cleanupClose(t, qp)
+		attr := verbs.QPAttr{State: verbs.QPStateInit, PortNum: verbsPort, QKey: qkey}
+		require.NoError(t, qp.Modify(&attr, verbs.RequiredMask(verbs.QPTypeUD, verbs.QPStateReset, verbs.QPStateInit)))
+		// An address vector is not a UD QP attribute.
+		err = qp.Modify(&verbs.QPAttr{State: verbs.QPStateRTR}, verbs.QPAttrState|verbs.QPAttrAV)
+		var me *verbs.MaskError
+		require.ErrorAs(t, err, &me)
+		require.NoError(t, qp.Modify(&verbs.QPAttr{State: verbs.QPStateRTR}, verbs.QPAttrState))
+		attr = verbs.QPAttr{State: verbs.QPStateRTS, SQPSN: 1}
+		require.NoError(t, qp.Modify(&attr, verbs.RequiredMask(verbs.QPTypeUD, verbs.QPStateRTR, verbs.QPStateRTS)))
+		return qp
+	}
+	a, b := mk(), mk()
+	ah, err := pd.CreateAH(verbs.AHAttr{IsGlobal: true, PortNum: verbsPort,
+		GRH: verbs.GlobalRoute{DGID: gid.GID, SGIDIndex: uint8(gid.Index), HopLimit: 64}})
+	require.NoError(t, err)
+	cleanupClose(t, ah)
+	require.ErrorIs(t, pd.Close(), syscall.EBUSY)
+
+	// UD receives start with a 40-byte GRH area.
+	require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{mr.SGE(0, 40+256)}}}))
+	err = a.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, Inline: []byte("datagram")}})
+	var pe *verbs.PostError
+	require.ErrorAs(t, err, &pe, "UD send without an AH")
+	err = a.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRRDMAWrite, AH: ah}})
+	require.ErrorAs(t, err, &pe, "no RDMA on UD")
+	require.NoError(t, a.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		Inline: []byte("datagram"), AH: ah, RemoteQPN: b.Num(), RemoteQKey: qkey}}))
+	p := &rcPair{cq: cq, wcs: make([]verbs.WorkCompletion, 8)}
+	wcs := p.collect(t, 2)
+	recv := byID(wcs, 1)
+	require.Equal(t, uint32(40+8), recv.ByteLen)
+	require.Equal(t, a.Num(), recv.SrcQP)
+	require.NotZero(t, recv.Flags&verbs.WCWithGRH)
+	require.Equal(t, "datagram", string(mr.Bytes()[40:48]))
+}
+
+func TestVerbsCloseWakesWait(t *testing.T) {
+	ctx := openRXE(t)
+	ch, err := ctx.NewCompChannel()
+	require.NoError(t, err)
+	cleanupClose(t, ch)
+	cq, err := ctx.CreateCQ(8, ch, 0)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := cq.Wait(context.Background(), make([]verbs.WorkCompletion, 4))
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, cq.Close())
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, verbs.ErrClosed)
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close did not wake Wait")
+	}
+}
+
+func TestVerbsXRCQPsOnRXE(t *testing.T) {
+	ctx := openRXE(t)
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	cq, err := ctx.CreateCQ(8, nil, 0)
+	require.NoError(t, err)
+	cleanupClose(t, cq)
+	// rxe has no XRC QP type: the driver refuses, and nothing leaks.
+	qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeXRCSend, SendCQ: cq, Cap: verbs.QPCap{MaxSendWR: 4, MaxSendSGE: 1}})
+	t.Logf("XRC_SEND QP on rxe: %v", err)
+	require.ErrorIs(t, err, verbs.ErrNotSupported)
+	require.Nil(t, qp)
+	_, err = cq.Wait(context.Background(), make([]verbs.WorkCompletion, 1))
+	require.ErrorIs(t, err, syscall.EINVAL, "no channel")
+}
+
 // BenchmarkVerbsSendRecv measures one send/receive round trip through the
 // binding on the loopback pair (meaningful as a ratio against ib_send_lat in
 // the same guest, not as an absolute figure under TCG).
