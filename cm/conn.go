@@ -474,7 +474,9 @@ func (c *Conn) failLocked(err error) {
 		return
 	}
 	c.err = err
-	if !errors.Is(err, ErrClosed) {
+	// After the peer's FIN, the flush that follows its disconnect is the
+	// expected end, not a failure.
+	if !errors.Is(err, ErrClosed) && !c.peerFin {
 		c.log("connection failed", "remote", c.raddr, "err", err)
 		c.stats.errors.Add(1)
 	}

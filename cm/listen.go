@@ -224,3 +224,20 @@ func (l *Listener) Close() error {
 	}
 	return nil
 }
+
+// NetListener returns l as a net.Listener whose connections are NetConn
+// stream adapters, for servers such as net/http.
+func (l *Listener) NetListener() net.Listener { return netListener{l} }
+
+type netListener struct{ l *Listener }
+
+func (n netListener) Accept() (net.Conn, error) {
+	c, err := n.l.Accept(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	return c.NetConn(), nil
+}
+
+func (n netListener) Close() error   { return n.l.Close() }
+func (n netListener) Addr() net.Addr { return n.l.Addr() }

@@ -25,7 +25,7 @@ const (
 	// DefaultHandshakeTimeout bounds each connection step that has no
 	// context deadline: resolution, connect, and the acceptor's wait for
 	// the dialer's final confirmation, which the kernel does not time out.
-	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultHandshakeTimeout = 30 * time.Second
 )
 
 // XRCMode says whether a connection uses XRC.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -28,6 +29,18 @@ func cmCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// cmTestLogger sends the library's log to the test log.
+func cmTestLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 // cmListen listens on the soft-RoCE address with a port the system picks.
@@ -144,7 +157,7 @@ func TestCMOneSidedWriteRead(t *testing.T) {
 
 func TestCMConcurrentDials(t *testing.T) {
 	const n = 200
-	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256))
+	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256), cm.WithLogger(cmTestLogger(t)))
 	ctx := cmCtx(t, 180*time.Second)
 	var wg sync.WaitGroup
 	serverErr := make(chan error, n)
@@ -289,7 +302,7 @@ func TestCMHTTPOverNetConn(t *testing.T) {
 		body, _ := io.ReadAll(r.Body)
 		fmt.Fprintf(w, "%s %s %d %s", r.Method, r.URL.Path, len(body), strings.ToUpper(string(body)))
 	})}
-	go srv.Serve(netListener{l})
+	go srv.Serve(l.NetListener())
 	defer srv.Close()
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -315,15 +328,3 @@ func TestCMHTTPOverNetConn(t *testing.T) {
 	require.Equal(t, "POST /upload 100000 "+strings.ToUpper(big), string(body))
 }
 
-// netListener adapts a cm.Listener to net.Listener for net/http.
-type netListener struct{ l *cm.Listener }
-
-func (n netListener) Accept() (net.Conn, error) {
-	c, err := n.l.Accept(context.Background())
-	if err != nil {
-		return nil, err
-	}
-	return c.NetConn(), nil
-}
-func (n netListener) Close() error   { return n.l.Close() }
-func (n netListener) Addr() net.Addr { return n.l.Addr() }

@@ -1,0 +1,58 @@
+// Package cm connects Go programs over RDMA by IP address.
+//
+// A server listens on an ip:port and a client dials it, as with package net.
+// Underneath, the RDMA connection manager resolves the address to a device
+// and a route, and each connection gets its own reliable-connected (RC)
+// queue pair. Applications never see queue pair numbers, GIDs or routes.
+//
+//	l, err := cm.Listen(ctx, "10.0.0.1:7471")
+//	...
+//	conn, err := l.Accept(ctx)
+//
+//	conn, err := cm.Dial(ctx, "10.0.0.1:7471")
+//	err = conn.Send(ctx, []byte("hello"))
+//	n, err := conn.Recv(ctx, buf)
+//
+// # Messages and flow control
+//
+// A Conn carries messages up to a maximum size (WithMessageSize) with a
+// fixed number of receive buffers (WithQueueDepth), all registered once,
+// outside the Go heap. Every message has an 8-byte header that returns
+// credits: a sender posts only as many messages as the peer has free receive
+// buffers, so a fast sender waits instead of provoking receiver-not-ready
+// retries or losing messages. Send and Recv do not allocate.
+//
+// # One-sided RDMA
+//
+// RegisterMemory exposes memory to the peer; hand it the Descriptor in a
+// message, and the peer's WriteRemote and ReadRemote move data without this
+// side's CPU. Closing the Region revokes the access.
+//
+// # Streams
+//
+// NetConn adapts a Conn to net.Conn with stream semantics and deadlines, and
+// Listener.NetListener to net.Listener, so net/http and other net.Conn users
+// run over RDMA unchanged.
+//
+// # Interoperability
+//
+// Framed connections (the default) speak goxrc's handshake and header and
+// talk only to goxrc peers. WithRawMessages drops both: each Send is one
+// plain RDMA send and each receive buffer one message, which is what
+// rdma-core's rdma_server and rdma_client examples and other plain
+// librdmacm programs do. Raw connections have no flow control.
+//
+// # Errors and waiting
+//
+// Every operation that waits takes a context.Context and waits in Go's
+// netpoller, never in a blocking C call. Errors are *OpError values
+// (net.Error); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
+// a rejected connection wraps *rdmacm.RejectError. Close is graceful: the
+// peer reads the data sent before it, then io.EOF.
+//
+// # Transports
+//
+// XRC (WithXRC) shares receive queue pairs among processes on devices that
+// support it. This build connects over RC only: XRCPrefer falls back to RC
+// with a logged reason, and XRCRequire fails with ErrNotSupported.
+package cm
