@@ -82,9 +82,11 @@ func (r *chanRef) release() error {
 	return nil
 }
 
-// device is the process's protection domain on one RDMA device, shared by
-// every connection on it.
+// device is the process's context and protection domain on one RDMA device,
+// shared by every connection on it. verbs objects must come from one
+// context wrapper to be used together, so the first id's wrapper serves all.
 type device struct {
+	name string
 	ctx  *verbs.Context
 	pd   *verbs.PD
 	refs int
@@ -92,25 +94,31 @@ type device struct {
 
 var devices struct {
 	sync.Mutex
-	m map[*verbs.Context]*device
+	m map[string]*device
 }
 
-func acquireDevice(ctx *verbs.Context) (*device, error) {
+func acquireDevice(id *rdmacm.ID) (*device, error) {
+	name := id.DeviceName()
 	devices.Lock()
 	defer devices.Unlock()
 	if devices.m == nil {
-		devices.m = map[*verbs.Context]*device{}
+		devices.m = map[string]*device{}
 	}
-	if d := devices.m[ctx]; d != nil {
+	if d := devices.m[name]; d != nil {
 		d.refs++
 		return d, nil
 	}
-	pd, err := ctx.AllocPD()
+	vctx := id.Context()
+	if vctx == nil {
+		return nil, errors.New("CM id is not bound to an RDMA device")
+	}
+	pd, err := vctx.AllocPD()
 	if err != nil {
+		vctx.Close()
 		return nil, err
 	}
-	d := &device{ctx: ctx, pd: pd, refs: 1}
-	devices.m[ctx] = d
+	d := &device{name: name, ctx: vctx, pd: pd, refs: 1}
+	devices.m[name] = d
 	return d, nil
 }
 
@@ -119,8 +127,9 @@ func (d *device) release() {
 	defer devices.Unlock()
 	d.refs--
 	if d.refs == 0 {
-		delete(devices.m, d.ctx)
+		delete(devices.m, d.name)
 		d.pd.Close()
+		d.ctx.Close()
 	}
 }
 
@@ -128,10 +137,6 @@ func (d *device) release() {
 // is bound to and moves the QP to INIT. Buffers: sendSlots of sendSize
 // bytes, then recvSlots of recvSize, in one registration.
 func newRDMATransport(id *rdmacm.ID, sendSlots, recvSlots, sendSize, recvSize, inline int) (_ *rdmaTransport, err error) {
-	vctx := id.Context()
-	if vctx == nil {
-		return nil, errors.New("CM id is not bound to an RDMA device")
-	}
 	t := &rdmaTransport{
 		id: id, sendSlots: sendSlots, recvSlots: recvSlots,
 		sendSize: sendSize, recvSize: recvSize,
@@ -142,9 +147,10 @@ func newRDMATransport(id *rdmacm.ID, sendSlots, recvSlots, sendSize, recvSize, i
 			t.free()
 		}
 	}()
-	if t.dev, err = acquireDevice(vctx); err != nil {
+	if t.dev, err = acquireDevice(id); err != nil {
 		return nil, err
 	}
+	vctx := t.dev.ctx
 	if t.cc, err = vctx.NewCompChannel(); err != nil {
 		return nil, err
 	}

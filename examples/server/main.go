@@ -1,0 +1,165 @@
+// Command server is goxrc's example RDMA server. It accepts connections on
+// an ip:port and serves each one in the mode its client asks for:
+//
+//   - echo: every message is sent back (ping-pong latency runs on this);
+//   - sink: messages are counted and dropped, and a short report is sent
+//     back after the last one (bandwidth runs on this).
+//
+// With -raw it speaks plain librdmacm messages and echoes them, which is
+// what rdma-core's rdma_client example expects.
+//
+//	server -addr 10.77.0.1:7471
+//	server -addr 10.77.0.1:7471 -raw -count 1
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/goxrc/goxrc/cm"
+)
+
+func main() {
+	addr := flag.String("addr", "0.0.0.0:7471", "ip:port to listen on")
+	size := flag.Int("size", 64<<10, "largest message, bytes")
+	depth := flag.Int("depth", 64, "receive queue depth")
+	raw := flag.Bool("raw", false, "plain librdmacm messages (no goxrc framing); echo each one")
+	count := flag.Int("count", 0, "exit after serving this many connections (0: run until interrupted)")
+	asJSON := flag.Bool("json", false, "print one JSON object per connection")
+	verbose := flag.Bool("v", false, "log connection events")
+	flag.Parse()
+
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	opts := []cm.Option{cm.WithMessageSize(*size), cm.WithQueueDepth(*depth), cm.WithLogger(logger)}
+	if *raw {
+		opts = append(opts, cm.WithRawMessages())
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	l, err := cm.Listen(ctx, *addr, opts...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
+		os.Exit(1)
+	}
+	defer l.Close()
+	if !*asJSON {
+		fmt.Printf("listening on %s (message size %d, queue depth %d, raw %v)\n", l.Addr(), *size, *depth, *raw)
+	}
+	var wg sync.WaitGroup
+	for served := 0; *count == 0 || served < *count; served++ {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				fmt.Fprintln(os.Stderr, "server:", err)
+			}
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := serve(ctx, c, *raw)
+			report(r, *asJSON)
+		}()
+	}
+	wg.Wait()
+}
+
+type result struct {
+	Remote   string  `json:"remote"`
+	Mode     string  `json:"mode"`
+	Messages uint64  `json:"messages"`
+	Bytes    uint64  `json:"bytes"`
+	Seconds  float64 `json:"seconds"`
+	Error    string  `json:"error,omitempty"`
+}
+
+func serve(ctx context.Context, c *cm.Conn, raw bool) result {
+	defer c.Close()
+	r := result{Remote: c.RemoteAddr().String(), Mode: "echo"}
+	start := time.Now()
+	buf := make([]byte, c.MaxMessageSize())
+	var err error
+	if raw {
+		err = echo(ctx, c, buf)
+	} else {
+		r.Mode, err = handle(ctx, c, buf)
+	}
+	st := c.Stats()
+	r.Messages, r.Bytes, r.Seconds = st.MessagesReceived, st.BytesReceived, time.Since(start).Seconds()
+	if err != nil && !errors.Is(err, io.EOF) {
+		r.Error = err.Error()
+	}
+	return r
+}
+
+// handle reads the client's first message, "echo" or "sink N", and serves it.
+func handle(ctx context.Context, c *cm.Conn, buf []byte) (string, error) {
+	n, err := c.Recv(ctx, buf)
+	if err != nil {
+		return "?", err
+	}
+	f := strings.Fields(string(buf[:n]))
+	switch {
+	case len(f) == 1 && f[0] == "echo":
+		return "echo", echo(ctx, c, buf)
+	case len(f) == 2 && f[0] == "sink":
+		total, err := strconv.Atoi(f[1])
+		if err != nil || total < 0 {
+			return "sink", fmt.Errorf("bad sink count %q", f[1])
+		}
+		return "sink", sink(ctx, c, buf, total)
+	}
+	return "?", fmt.Errorf("unknown mode %q", buf[:min(n, 32)])
+}
+
+func echo(ctx context.Context, c *cm.Conn, buf []byte) error {
+	for {
+		n, err := c.Recv(ctx, buf)
+		if err != nil {
+			return err
+		}
+		if err := c.Send(ctx, buf[:n]); err != nil {
+			return err
+		}
+	}
+}
+
+func sink(ctx context.Context, c *cm.Conn, buf []byte, total int) error {
+	var bytes int
+	for i := 0; i < total; i++ {
+		n, err := c.Recv(ctx, buf)
+		if err != nil {
+			return err
+		}
+		bytes += n
+	}
+	return c.Send(ctx, []byte(fmt.Sprintf("%d %d", total, bytes)))
+}
+
+func report(r result, asJSON bool) {
+	if asJSON {
+		json.NewEncoder(os.Stdout).Encode(r)
+		return
+	}
+	line := fmt.Sprintf("%s %s: %d messages, %d bytes in %.2fs", r.Remote, r.Mode, r.Messages, r.Bytes, r.Seconds)
+	if r.Error != "" {
+		line += " (" + r.Error + ")"
+	}
+	fmt.Println(line)
+}
