@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -442,4 +443,40 @@ func send(t *testing.T, p *model.Process, ini kernel.QP, srqn uint32) verbs.WCSt
 		t.Fatal(err)
 	}
 	return c[0].Status
+}
+
+// Concurrent VIRT_REQs for one TGT: one kernel handle, exact local count,
+// and all released again, under the race detector.
+func TestAcceptorConcurrentShare(t *testing.T) {
+	e := newEnv(t)
+	_, u := e.phys(e.r1, nil)
+	const workers, each = 4, 50
+	legs := make(chan *Leg, workers*each)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				req := wire.Req{Type: wire.TypeVirtReq, ConnTag: uint32(1000 + w*each + i), Incarnation: senderInc,
+					INIQPN: u.iniQPN, TGTQPNHint: u.tgtQPN, DomainHint: e.dom.ID}
+				b := make([]byte, wire.BudgetSIDRREQ)
+				req.Encode(b)
+				d := e.r2.acc.Decide(kernel.Event{Type: kernel.EventConnectRequest, Exchange: kernel.ExchangeSIDR,
+					Remote: netip.AddrPortFrom(addrA, 1), PrivateData: b})
+				if !d.Accept {
+					t.Errorf("rejected: %v", d.Reject.Reason)
+					return
+				}
+				legs <- d.Leg
+			}
+		})
+	}
+	wg.Wait()
+	close(legs)
+	e.expect(u.tgtQPN, 2, 1, workers*each)
+	var rel sync.WaitGroup
+	for l := range legs {
+		rel.Go(func() { e.r2.acc.Release(l) })
+	}
+	rel.Wait()
+	e.expect(u.tgtQPN, 1, 1, 0)
 }
