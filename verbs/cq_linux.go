@@ -102,6 +102,7 @@ type CQ struct {
 	waitSem  chan struct{} // one Wait at a time: fdpoll deadlines are per fd
 	armed    atomic.Bool
 	evMu     sync.Mutex
+	dead     bool // set by Close: drainEvents reads no more
 	unacked  C.uint
 	other    *C.int      // C scratch for goxrc_get_cq_events
 	drain    func() bool // q.drainEvents, bound once so Wait does not allocate it
@@ -281,6 +282,15 @@ func (q *CQ) arm(solicitedOnly bool) error {
 // drainEvents reads every queued channel event (the netpoller is
 // edge-triggered) and reports whether one was for this CQ.
 func (q *CQ) drainEvents() bool {
+	// evMu covers the read too: fdpoll calls this once before it holds the
+	// fd, so Close cannot rely on closing the fd to keep it out. Close sets
+	// dead under evMu; after that no event is read that it would not ack,
+	// and ibv_destroy_cq never waits for one.
+	q.evMu.Lock()
+	defer q.evMu.Unlock()
+	if q.dead {
+		return true
+	}
 	n, err := C.goxrc_get_cq_events(q.ch.ch, q.cq, q.other)
 	if n < 0 {
 		q.drainErr = errnoOr(err, syscall.EIO)
@@ -290,13 +300,11 @@ func (q *CQ) drainEvents() bool {
 		return false
 	}
 	q.armed.Store(false)
-	q.evMu.Lock()
 	q.unacked += C.uint(n)
 	if q.unacked >= ackBatch {
 		C.ibv_ack_cq_events(q.cq, q.unacked)
 		q.unacked = 0
 	}
-	q.evMu.Unlock()
 	return true
 }
 
@@ -366,6 +374,7 @@ func (q *CQ) Close() error {
 		q.fd.Close()
 	}
 	q.evMu.Lock()
+	q.dead = true
 	if q.unacked > 0 {
 		// ibv_destroy_cq waits until every event it handed out is acked.
 		C.ibv_ack_cq_events(q.cq, q.unacked)
