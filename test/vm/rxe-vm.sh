@@ -234,6 +234,7 @@ if [[ -n $T1 && -s $OUT/exit_code ]]; then
 fi
 log "the VM did not complete the command (qemu rc $QRC; 124 = VM timeout ${VM_TIMEOUT}s). Console tail:"
 tail -n 30 "$OUT/console.log" >&2 || true
+[[ -s $OUT/console.log ]] || log "(console empty: the kernel boots quietly; rerun with -v for its messages)"
 cat "$OUT/qemu.stderr" >&2 || true
 [[ ! -s $OUT/output.log ]] || { log "output tail:"; tail -n 30 "$OUT/output.log" >&2; }
 exit 125
