@@ -9,7 +9,7 @@
 set -euo pipefail
 
 # How the examples are started in the VM ($RXE_IP = address of rxe0, 10.77.0.1).
-DEMO_SERVER_ARGS=${DEMO_SERVER_ARGS:-'-addr $RXE_IP:7471'}
+DEMO_SERVER_ARGS=${DEMO_SERVER_ARGS:-'-addr $RXE_IP:7471 -count 1 -v'}
 DEMO_CLIENT_ARGS=${DEMO_CLIENT_ARGS:-'-addr $RXE_IP:7471'}
 DEMO_GRACE=${DEMO_GRACE:-5}   # seconds the server may take to exit after the client is done
 
