@@ -476,7 +476,7 @@ func (c *Conn) failLocked(err error) {
 	c.err = err
 	// After the peer's FIN, the flush that follows its disconnect is the
 	// expected end, not a failure.
-	if !errors.Is(err, ErrClosed) && !c.peerFin {
+	if !errors.Is(err, ErrClosed) && !c.peerFin && c.peerLeft == "" {
 		c.log("connection failed", "remote", c.raddr, "err", err)
 		c.stats.errors.Add(1)
 	}

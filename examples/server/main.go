@@ -74,7 +74,9 @@ func main() {
 		go func() {
 			defer wg.Done()
 			r := serve(ctx, c, *raw)
-			report(r, *asJSON)
+			if r.Mode != "?" || r.Error != "" {
+				report(r, *asJSON)
+			}
 		}()
 	}
 	wg.Wait()
@@ -102,8 +104,12 @@ func serve(ctx context.Context, c *cm.Conn, raw bool) result {
 	}
 	st := c.Stats()
 	r.Messages, r.Bytes, r.Seconds = st.MessagesReceived, st.BytesReceived, time.Since(start).Seconds()
-	if err != nil && !errors.Is(err, io.EOF) {
+	// A raw peer has no graceful close: its disconnect is the end.
+	if err != nil && !errors.Is(err, io.EOF) && !(raw && errors.Is(err, cm.ErrPeerGone)) {
 		r.Error = err.Error()
+	}
+	if r.Mode == "?" && errors.Is(err, io.EOF) {
+		r.Error = "" // connected and closed without a request, as a connect benchmark does
 	}
 	return r
 }

@@ -1,0 +1,305 @@
+// Command client is goxrc's example RDMA client, the counterpart of
+// examples/server. Modes:
+//
+//   - echo: sends -count messages and checks each echo byte for byte;
+//   - latency: ping-pong of -size bytes; prints min, median and p99 of the
+//     one-way latency (half the round trip, as ib_send_lat reports it);
+//   - bandwidth: streams -count messages of -size bytes to the server's
+//     sink and prints MB/s (as ib_send_bw does, in 10^6 bytes);
+//   - connect: opens -conns connections at once and prints the time per
+//     connection (as cmtime's connect step does).
+//
+// With -raw it sends one plain librdmacm message and waits for one reply,
+// which is what rdma-core's rdma_server example answers.
+//
+//	client -addr 10.77.0.1:7471 -mode latency -size 64 -count 10000
+//	client -addr 10.77.0.1:7471 -mode bandwidth -size 65536 -count 2000 -json
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/goxrc/goxrc/cm"
+)
+
+type options struct {
+	addr     string
+	mode     string
+	size     int
+	count    int
+	warmup   int
+	conns    int
+	depth    int
+	raw      bool
+	json     bool
+	progress time.Duration
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port")
+	flag.StringVar(&o.mode, "mode", "echo", "echo, latency, bandwidth or connect")
+	flag.IntVar(&o.size, "size", 64, "message size, bytes")
+	flag.IntVar(&o.count, "count", 1000, "messages (echo, latency, bandwidth)")
+	flag.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run")
+	flag.IntVar(&o.conns, "conns", 100, "connections (connect mode)")
+	flag.IntVar(&o.depth, "depth", 64, "queue depth")
+	flag.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message, read its echo")
+	flag.BoolVar(&o.json, "json", false, "print the result as JSON")
+	flag.DurationVar(&o.progress, "progress", 2*time.Second, "interval of the progress line on stderr (0: none)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := run(ctx, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "client:", err)
+		os.Exit(1)
+	}
+	if o.json {
+		json.NewEncoder(os.Stdout).Encode(res)
+		return
+	}
+	fmt.Println(res.summary())
+}
+
+// result is what a run measured; fields not relevant to a mode stay zero.
+type result struct {
+	Mode       string  `json:"mode"`
+	Addr       string  `json:"addr"`
+	Size       int     `json:"size,omitempty"`
+	Count      int     `json:"count"`
+	Seconds    float64 `json:"seconds"`
+	MinUS      float64 `json:"min_us,omitempty"`
+	MedianUS   float64 `json:"median_us,omitempty"`
+	P99US      float64 `json:"p99_us,omitempty"`
+	MBPerSec   float64 `json:"mb_per_s,omitempty"`
+	MsgsPerSec float64 `json:"msgs_per_s,omitempty"`
+	PerConnUS  float64 `json:"per_conn_us,omitempty"`
+}
+
+func (r result) summary() string {
+	switch r.Mode {
+	case "latency":
+		return fmt.Sprintf("latency %d bytes x %d: one-way min %.2f us, median %.2f us, p99 %.2f us", r.Size, r.Count, r.MinUS, r.MedianUS, r.P99US)
+	case "bandwidth":
+		return fmt.Sprintf("bandwidth %d bytes x %d: %.2f MB/s, %.0f msgs/s in %.2fs", r.Size, r.Count, r.MBPerSec, r.MsgsPerSec, r.Seconds)
+	case "connect":
+		return fmt.Sprintf("connect %d connections: %.0f us per connection, %.2fs in all", r.Count, r.PerConnUS, r.Seconds)
+	}
+	if r.Mode == "raw" {
+		return fmt.Sprintf("raw exchange with %s: one message each way, %.2fs", r.Addr, r.Seconds)
+	}
+	return fmt.Sprintf("%s %d messages of %d bytes: all intact, %.2fs", r.Mode, r.Count, r.Size, r.Seconds)
+}
+
+func run(ctx context.Context, o options) (result, error) {
+	r := result{Mode: o.mode, Addr: o.addr, Size: o.size, Count: o.count}
+	if o.mode == "connect" {
+		return connect(ctx, o, r)
+	}
+	opts := []cm.Option{cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth)}
+	if o.raw {
+		opts = append(opts, cm.WithRawMessages())
+	}
+	c, err := cm.Dial(ctx, o.addr, opts...)
+	if err != nil {
+		return r, err
+	}
+	defer c.Close()
+	p := newProgress(o.progress, o.mode, o.count)
+	defer p.stop()
+	start := time.Now()
+	switch {
+	case o.raw:
+		r.Mode, r.Count = "raw", 1
+		err = rawExchange(ctx, c, o.size)
+	case o.mode == "echo":
+		err = greet(ctx, c, "echo")
+		if err == nil {
+			err = echo(ctx, c, o.size, o.count, p)
+		}
+	case o.mode == "latency":
+		err = greet(ctx, c, "echo")
+		if err == nil {
+			err = latency(ctx, c, o, &r, p)
+		}
+	case o.mode == "bandwidth":
+		err = greet(ctx, c, fmt.Sprintf("sink %d", o.count))
+		if err == nil {
+			err = bandwidth(ctx, c, o, p)
+		}
+		secs := time.Since(start).Seconds()
+		r.MBPerSec = float64(o.size) * float64(o.count) / secs / 1e6
+		r.MsgsPerSec = float64(o.count) / secs
+	default:
+		return r, fmt.Errorf("unknown mode %q", o.mode)
+	}
+	r.Seconds = time.Since(start).Seconds()
+	return r, err
+}
+
+func greet(ctx context.Context, c *cm.Conn, mode string) error {
+	return c.Send(ctx, []byte(mode))
+}
+
+func echo(ctx context.Context, c *cm.Conn, size, count int, p *progress) error {
+	msg := make([]byte, size)
+	buf := make([]byte, size)
+	for i := 0; i < count; i++ {
+		for j := range msg {
+			msg[j] = byte(i*7 + j)
+		}
+		if err := c.Send(ctx, msg); err != nil {
+			return err
+		}
+		n, err := c.Recv(ctx, buf)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(msg, buf[:n]) {
+			return fmt.Errorf("echo %d differs from what was sent", i)
+		}
+		p.add(1)
+	}
+	return nil
+}
+
+// rawExchange sends one message and waits for one reply, as rdma_client
+// does: rdma_server answers with a buffer of its own, not an echo.
+func rawExchange(ctx context.Context, c *cm.Conn, size int) error {
+	if err := c.Send(ctx, make([]byte, size)); err != nil {
+		return err
+	}
+	buf := make([]byte, c.MaxMessageSize())
+	n, err := c.Recv(ctx, buf)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("raw reply: %d bytes\n", n)
+	return nil
+}
+
+func latency(ctx context.Context, c *cm.Conn, o options, r *result, p *progress) error {
+	msg := make([]byte, o.size)
+	buf := make([]byte, o.size)
+	rtts := make([]time.Duration, 0, o.count)
+	for i := -o.warmup; i < o.count; i++ {
+		t0 := time.Now()
+		if err := c.Send(ctx, msg); err != nil {
+			return err
+		}
+		if _, err := c.Recv(ctx, buf); err != nil {
+			return err
+		}
+		if i >= 0 {
+			rtts = append(rtts, time.Since(t0))
+			p.add(1)
+		}
+	}
+	if len(rtts) == 0 {
+		return errors.New("no samples: -count must be positive")
+	}
+	slices.Sort(rtts)
+	us := func(d time.Duration) float64 { return float64(d) / 2 / 1e3 } // one way
+	r.MinUS = us(rtts[0])
+	r.MedianUS = us(rtts[len(rtts)/2])
+	r.P99US = us(rtts[min(len(rtts)-1, len(rtts)*99/100)])
+	return nil
+}
+
+func bandwidth(ctx context.Context, c *cm.Conn, o options, p *progress) error {
+	msg := make([]byte, o.size)
+	for i := 0; i < o.count; i++ {
+		if err := c.Send(ctx, msg); err != nil {
+			return err
+		}
+		p.add(1)
+	}
+	buf := make([]byte, 64)
+	n, err := c.Recv(ctx, buf)
+	if err != nil {
+		return err
+	}
+	if want := fmt.Sprintf("%d %d", o.count, o.count*o.size); string(buf[:n]) != want {
+		return fmt.Errorf("server received %q, want %q", buf[:n], want)
+	}
+	return nil
+}
+
+// connect dials -conns connections at once, as cmtime does, and closes them.
+func connect(ctx context.Context, o options, r result) (result, error) {
+	r.Count, r.Size = o.conns, 0
+	conns := make([]*cm.Conn, o.conns)
+	errs := make([]error, o.conns)
+	p := newProgress(o.progress, "connect", o.conns)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conns[i], errs[i] = cm.Dial(ctx, o.addr, cm.WithQueueDepth(2), cm.WithMessageSize(64))
+			p.add(1)
+		}()
+	}
+	wg.Wait()
+	r.Seconds = time.Since(start).Seconds()
+	r.PerConnUS = r.Seconds * 1e6 / float64(o.conns)
+	p.stop()
+	for _, c := range conns {
+		if c != nil {
+			wg.Add(1)
+			go func() { defer wg.Done(); c.Close() }()
+		}
+	}
+	wg.Wait()
+	return r, errors.Join(errs...)
+}
+
+// progress prints a line on stderr every interval while a run lasts.
+type progress struct {
+	mu    sync.Mutex
+	done  int
+	total int
+	quit  chan struct{}
+	once  sync.Once
+}
+
+func newProgress(every time.Duration, what string, total int) *progress {
+	p := &progress{total: total, quit: make(chan struct{})}
+	if every <= 0 {
+		return p
+	}
+	start := time.Now()
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.quit:
+				return
+			case <-t.C:
+				p.mu.Lock()
+				d := p.done
+				p.mu.Unlock()
+				fmt.Fprintf(os.Stderr, "%s: %d/%d after %.0fs\n", what, d, p.total, time.Since(start).Seconds())
+			}
+		}
+	}()
+	return p
+}
+
+func (p *progress) add(n int) { p.mu.Lock(); p.done += n; p.mu.Unlock() }
+func (p *progress) stop()     { p.once.Do(func() { close(p.quit) }) }
