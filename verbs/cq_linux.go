@@ -127,7 +127,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 	q := &CQ{c: c, ch: ch, waitSem: make(chan struct{}, 1)}
 	var cch *C.struct_ibv_comp_channel
 	if ch != nil {
-		if ch.c != c {
+		if !sameDevice(c, ch.c) {
 			return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: &explained{syscall.EINVAL, "completion channel belongs to another device"}})
 		}
 		if ch.ch == nil || !ch.l.ref() {

@@ -164,9 +164,12 @@ type QP struct {
 	recv recvScratch
 }
 
+// sameDevice reports whether the objects' contexts are c's device context.
+// It compares C contexts, not wrappers: librdmacm hands out one ibv_context
+// per device, which may be wrapped more than once (cbridge.WrapContext).
 func sameDevice(c *Context, objs ...*Context) bool {
 	for _, o := range objs {
-		if o != nil && o != c {
+		if o != nil && o.ctx != c.ctx {
 			return false
 		}
 	}
@@ -230,7 +233,7 @@ func (p *PD) CreateQP(init QPInit) (*QP, error) {
 		return nil, closedErr("ibv_create_qp_ex", p.addr())
 	}
 	if init.Type == QPTypeXRCRecv {
-		if init.XRCD != nil && init.XRCD.c != p.c {
+		if init.XRCD != nil && !sameDevice(p.c, init.XRCD.c) {
 			return nil, initErr(p.tag, "XRC domain belongs to another device")
 		}
 		return p.c.createQP(nil, init)
@@ -374,7 +377,7 @@ func (c *Context) OpenQP(xrcd *XRCD, qpn uint32) (*QP, error) {
 	if c == nil || c.ctx == nil {
 		return nil, closedErr("ibv_open_qp", tag)
 	}
-	if xrcd == nil || xrcd.x == nil || xrcd.c != c {
+	if xrcd == nil || xrcd.x == nil || !sameDevice(c, xrcd.c) {
 		return nil, &OpError{Op: "ibv_open_qp", Addr: tag, Err: &explained{syscall.EINVAL, "needs an XRC domain of this device"}}
 	}
 	if !xrcd.l.ref() {
@@ -697,7 +700,7 @@ func (p *PD) CreateXRCSRQ(xrcd *XRCD, cq *CQ, init SRQInit) (*SRQ, error) {
 	if xrcd == nil || cq == nil {
 		return nil, &OpError{Op: "ibv_create_srq_ex", Addr: p.tag, Err: &explained{syscall.EINVAL, "an XRC SRQ needs an XRC domain and a CQ"}}
 	}
-	if xrcd.c != p.c || cq.c != p.c {
+	if !sameDevice(p.c, xrcd.c, cq.c) {
 		return nil, &OpError{Op: "ibv_create_srq_ex", Addr: p.tag, Err: &explained{syscall.EINVAL, "XRC domain and CQ must belong to the PD's device"}}
 	}
 	s := &SRQ{c: p.c, xrcd: xrcd}
