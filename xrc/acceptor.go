@@ -92,6 +92,7 @@ type Decision struct {
 	Reject      wire.Reject
 	Leg         *Leg // the leg an ACCEPT created (or, for a duplicate, found)
 	Duplicate   bool // a retransmitted VIRT_REQ answered from the cache
+	Moved       bool // a MOVE: an existing leg moved onto another downlink
 }
 
 // Decide answers a CONNECT_REQUEST event from the XRC listener (PHYS_REQ) or
@@ -131,15 +132,26 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) Decision {
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
 	key := legKey{req.Incarnation, req.ConnTag}
-	if a.legs[key] != nil {
+	moving := a.legs[key]
+	if req.Flags&wire.FlagMove != 0 {
+		if moving == nil || moving.Downlink.INIQPN == req.INIQPN {
+			// Nothing to move, or a second PHYS_REQ for a leg already on
+			// this INI.
+			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+		}
+	} else if moving != nil {
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
-	app, rej := a.admit(req)
-	if rej != nil {
-		return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
+	var app []byte
+	if moving == nil {
+		var rej *AppReject
+		if app, rej = a.admit(req); rej != nil {
+			return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
+		}
 	}
 	// A new pair, also for REPLACES_TGT and a new INI from a known
-	// incarnation: the old downlink is left to its users' releases.
+	// incarnation: the old downlink is left to its users' releases (or, for
+	// a MOVE, released by the leg moving over).
 	k := a.cfg.Kernel
 	qp, qpn, err := k.CreateTGT(a.cfg.XRCD)
 	if err != nil {
@@ -151,37 +163,48 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) Decision {
 	}
 	dl := &Downlink{TGTQPN: qpn, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: e.Remote.Addr(), Creator: true, qp: qp}
 	a.byTGT[qpn] = dl
+	if moving != nil {
+		return a.move(moving, dl, req, true, true)
+	}
 	return a.accept(dl, req, app, true, true)
 }
 
 func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 	key := legKey{req.Incarnation, req.ConnTag}
-	if l := a.legs[key]; l != nil {
-		if l.cached == nil {
+	moving := a.legs[key]
+	if l := moving; l != nil {
+		if l.cached != nil && l.Downlink.TGTQPN == req.TGTQPNHint && l.Downlink.INIQPN == req.INIQPN {
+			// A SIDR retransmission (or a replay): same answer, no count
+			// change.
+			return Decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Duplicate: true}
+		}
+		if req.Flags&wire.FlagMove == 0 {
 			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 		}
-		// A SIDR retransmission: same answer, no count change.
-		return Decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Duplicate: true}
+	} else if req.Flags&wire.FlagMove != 0 {
+		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
 	if req.DomainHint != a.cfg.DomainID {
 		return a.reject(req.ConnTag, wire.RejectDomainMismatch, 0, nil)
 	}
 	from := e.Remote.Addr()
+	var app []byte
+	if moving == nil {
+		var rej *AppReject
+		if app, rej = a.admit(req); rej != nil {
+			return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
+		}
+	}
 	if dl := a.byTGT[req.TGTQPNHint]; dl != nil {
 		// Our handle is on that number: it is the sender's TGT only if it
 		// was made for the same sender incarnation, INI and node.
 		if dl.Incarnation != req.Incarnation || dl.INIQPN != req.INIQPN || dl.Remote != from {
 			return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 		}
-		app, rej := a.admit(req)
-		if rej != nil {
-			return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
+		if moving != nil {
+			return a.move(moving, dl, req, false, false)
 		}
 		return a.accept(dl, req, app, false, false) // count + 1, no kernel call
-	}
-	app, rej := a.admit(req)
-	if rej != nil {
-		return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
 	}
 	// Register: open by number, then verify, since the number may have been
 	// reused by another TGT in our domain.
@@ -199,7 +222,39 @@ func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 	}
 	dl := &Downlink{TGTQPN: info.Num, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: from, qp: qp}
 	a.byTGT[dl.TGTQPN] = dl
+	if moving != nil {
+		return a.move(moving, dl, req, false, true)
+	}
 	return a.accept(dl, req, app, false, true)
+}
+
+// move answers a MOVE: the existing leg l leaves its downlink (unregistering
+// it at zero) for dl, keeping its tag, so the receiver's connection is
+// unchanged.
+func (a *Acceptor) move(l *Leg, dl *Downlink, req *wire.Req, physical, fresh bool) Decision {
+	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: l.Tag, Incarnation: a.cfg.Incarnation,
+		TGTQPN: dl.TGTQPN, SRQN: a.cfg.SRQN, DomainID: a.cfg.DomainID, Credits: a.cfg.Credits}
+	buf := make([]byte, wire.BudgetSIDRREP)
+	n, err := m.Encode(buf)
+	if err != nil {
+		if fresh {
+			a.drop(dl)
+		}
+		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+	}
+	old := l.Downlink
+	dl.count++
+	l.Downlink, l.Physical, l.cached = dl, physical, nil
+	if !physical {
+		l.cached = buf[:n]
+	}
+	if old != dl {
+		old.count--
+		if old.count == 0 {
+			a.drop(old)
+		}
+	}
+	return Decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Moved: true}
 }
 
 func (a *Acceptor) admit(req *wire.Req) ([]byte, *AppReject) {
@@ -241,7 +296,9 @@ func (a *Acceptor) accept(dl *Downlink, req *wire.Req, app []byte, physical, fre
 }
 
 func (a *Acceptor) drop(dl *Downlink) {
-	delete(a.byTGT, dl.TGTQPN)
+	if a.byTGT[dl.TGTQPN] == dl {
+		delete(a.byTGT, dl.TGTQPN)
+	}
 	a.cfg.Kernel.DestroyQP(dl.qp)
 }
 
@@ -276,8 +333,43 @@ func (a *Acceptor) Release(l *Leg) error {
 	if dl.count > 0 {
 		return nil
 	}
-	delete(a.byTGT, dl.TGTQPN)
+	if a.byTGT[dl.TGTQPN] == dl {
+		delete(a.byTGT, dl.TGTQPN)
+	}
 	return a.cfg.Kernel.DestroyQP(dl.qp)
+}
+
+// LegTGT is the TGT number the leg currently receives through (a MOVE
+// changes it), and whether the leg is still registered.
+func (a *Acceptor) LegTGT(l *Leg) (uint32, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l {
+		return 0, false
+	}
+	return l.Downlink.TGTQPN, true
+}
+
+// LegsOn returns the registered legs that receive through the TGT numbered
+// qpn from the sender INI iniQPN (what a DREQ on the physical link ends).
+func (a *Acceptor) LegsOn(qpn, iniQPN uint32) []*Leg {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []*Leg
+	for _, l := range a.legs {
+		if l.Downlink.TGTQPN == qpn && l.Downlink.INIQPN == iniQPN {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// LocalCounts is the sum of this process's use counts over its TGT handles
+// (the number of registered legs).
+func (a *Acceptor) LocalCounts() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.legs)
 }
 
 // LocalCount is this process's use count of the TGT numbered qpn (0 if it

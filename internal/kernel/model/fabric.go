@@ -129,6 +129,20 @@ func (n *Node) TGTHandles(qpn uint32) int {
 	return 0
 }
 
+// TGTHandleTotal is the sum of the kernel use counts of every live TGT on
+// the node: the node-wide registration count, 0 when no process holds any.
+func (n *Node) TGTHandleTotal() int {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	total := 0
+	for _, q := range n.qps {
+		if q.typ == verbs.QPTypeXRCRecv {
+			total += q.handles
+		}
+	}
+	return total
+}
+
 // XRCDs is the number of live XRC domains on the node.
 func (n *Node) XRCDs() int {
 	n.f.mu.Lock()

@@ -121,11 +121,11 @@ func TestModelTGTDiesWithLastHandle(t *testing.T) {
 	ok(t, err)
 	h2 := must[kernel.QP](t)(s2.p.OpenTGT(s2.d, qpn))
 	h3 := must[kernel.QP](t)(s2.p.OpenTGT(s2.d, qpn)) // a second handle in one process counts too
-	if n := a.TGTHandles(qpn); n != 3 {
-		t.Fatalf("use count %d, want 3", n)
+	if n := a.TGTHandles(qpn); n != 3 || a.TGTHandleTotal() != 3 {
+		t.Fatalf("use count %d (node total %d), want 3", n, a.TGTHandleTotal())
 	}
 	ok(t, s1.p.DestroyQP(tgt)) // the creator leaves first: returns 0, TGT lives
-	if _, tg := a.QPCount(); tg != 1 || a.TGTHandles(qpn) != 2 {
+	if _, tg := a.QPCount(); tg != 1 || a.TGTHandles(qpn) != 2 || a.TGTHandleTotal() != 2 {
 		t.Fatalf("TGT died with the creator's handle")
 	}
 	if err := s1.p.DestroyQP(tgt); !isErrno(err, syscall.EBADF) {
@@ -136,7 +136,7 @@ func TestModelTGTDiesWithLastHandle(t *testing.T) {
 		t.Fatal("TGT died before its last handle")
 	}
 	ok(t, s2.p.DestroyQP(h3))
-	if _, tg := a.QPCount(); tg != 0 {
+	if _, tg := a.QPCount(); tg != 0 || a.TGTHandleTotal() != 0 {
 		t.Fatal("TGT outlived its last handle")
 	}
 	if _, err := s2.p.OpenTGT(s2.d, qpn); !isErrno(err, syscall.EINVAL) {

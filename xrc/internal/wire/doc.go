@@ -6,7 +6,7 @@
 //	0  magic    uint16  0x5852 ("XR")
 //	2  version  uint8   1
 //	3  type     uint8   PHYS_REQ=1 VIRT_REQ=2 ACCEPT=3 REJECT=4 FIN=5
-//	4  flags    uint8   RECIPROCAL=1 REPLACES_TGT=2 (REQ only)
+//	4  flags    uint8   RECIPROCAL=1 REPLACES_TGT=2 MOVE=4 (REQ only)
 //	5  reserved uint8   must be 0
 //	6  length   uint16  whole message length, header included
 //

@@ -90,8 +90,13 @@ const (
 	// FlagReplacesTGT marks a PHYS_REQ from a sender that rebuilt its uplink;
 	// TGTQPNHint then names the TGT being replaced.
 	FlagReplacesTGT Flags = 1 << 1
+	// FlagMove marks a REQ from a sender recovering its uplink: the leg
+	// (Incarnation, ConnTag) already exists at the acceptor and moves onto
+	// the TGT this REQ creates (PHYS) or names (VIRT), keeping its acceptor
+	// tag. An acceptor without that leg rejects it.
+	FlagMove Flags = 1 << 2
 
-	knownFlags = FlagReciprocal | FlagReplacesTGT
+	knownFlags = FlagReciprocal | FlagReplacesTGT | FlagMove
 )
 
 // RejectReason is the protocol's reason in a REJECT.

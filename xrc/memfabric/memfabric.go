@@ -1,0 +1,108 @@
+// Package memfabric is an in-memory RDMA fabric with XRC, for tests of code
+// built on this library where no RDMA device exists (like gRPC's bufconn).
+//
+// A Fabric holds nodes addressed by IP; each node is one RDMA device with
+// XRC; a node runs processes. A Process is what the XRC engine (and cm's
+// XRC mode) runs on instead of a real device: pass it as xrc.Config.Process.
+// Kill is a process's kill -9: everything it holds in the kernel is closed
+// at once, with what the real kernel sends for it (a DREQ for an INI-side CM
+// connection, nothing for a TGT-side one).
+//
+// Underneath is the module's kernel model, which follows the kernel's XRC and
+// RDMA CM semantics rule for rule: XRC domains by inode, TGT QPs that live as
+// long as some process holds a handle, QP and SRQ numbers reused at once
+// (most recently freed first), the CM's stale-connection table, private-data
+// budgets, SIDR and connected exchanges sharing a port number.
+package memfabric
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/internal/kernel/model"
+)
+
+func init() {
+	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
+		p, ok := v.(*Process)
+		if !ok || p == nil || p.p == nil {
+			return nil, false
+		}
+		return p.p, true
+	})
+}
+
+// Fabric is a set of nodes that reach each other by IP address.
+type Fabric struct {
+	f     *model.Fabric
+	mu    sync.Mutex
+	nodes map[netip.Addr]*Node
+}
+
+// New returns an empty fabric.
+func New() *Fabric {
+	return &Fabric{f: model.NewFabric(model.ReuseLIFO), nodes: map[netip.Addr]*Node{}}
+}
+
+// Node returns the node at ip, adding it on first use. It panics if ip is not
+// an IP address.
+func (f *Fabric) Node(ip string) *Node {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		panic(fmt.Sprintf("memfabric: %v", err))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := f.nodes[a]; n != nil {
+		return n
+	}
+	n := &Node{n: f.f.AddNode(a, model.NodeConfig{})}
+	f.nodes[a] = n
+	return n
+}
+
+// Node is one host with one RDMA device.
+type Node struct{ n *model.Node }
+
+// Addr is the node's address.
+func (n *Node) Addr() netip.Addr { return n.n.Addr() }
+
+// Process starts a process on the node.
+func (n *Node) Process() *Process { return &Process{p: n.n.NewProcess(), n: n} }
+
+// NodeStats counts the node's kernel objects.
+type NodeStats struct {
+	INIs       int // XRC send QPs
+	TGTs       int // XRC receive QPs (each once, however many handles)
+	TGTHandles int // the node-wide registration count: handles over all TGTs
+	XRCDs      int // live XRC domains
+}
+
+// QPs is the number of QPs on the node (INIs + TGTs).
+func (s NodeStats) QPs() int { return s.INIs + s.TGTs }
+
+// Stats returns the node's counts.
+func (n *Node) Stats() NodeStats {
+	ini, tgt := n.n.QPCount()
+	return NodeStats{INIs: ini, TGTs: tgt, TGTHandles: n.n.TGTHandleTotal(), XRCDs: n.n.XRCDs()}
+}
+
+// Process is one process on a node: what the XRC engine runs on.
+type Process struct {
+	p *model.Process
+	n *Node
+}
+
+// Node is the node the process runs on.
+func (p *Process) Node() *Node { return p.n }
+
+// Kill ends the process as kill -9 does: every kernel object and CM id it
+// holds is closed at once. Engines running on it fail from then on; close
+// them to end their goroutines.
+func (p *Process) Kill() { p.p.Kill() }
+
+// Handles is the number of kernel handles (domains, SRQs, QPs, TGT handles,
+// CM ids) the process holds.
+func (p *Process) Handles() int { return p.p.Handles() }
