@@ -327,4 +327,3 @@ func TestCMHTTPOverNetConn(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, "POST /upload 100000 "+strings.ToUpper(big), string(body))
 }
-
