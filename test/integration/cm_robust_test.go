@@ -1,0 +1,562 @@
+//go:build linux && cgo
+
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/test/softroce"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// The kill tests re-execute this test binary as a separate process (the
+// victim) that the test SIGKILLs: GOXRC_CM_VICTIM=server listens on
+// GOXRC_CM_VICTIM_ADDR and echoes; =client dials it and streams.
+const victimEnv, victimAddrEnv = "GOXRC_CM_VICTIM", "GOXRC_CM_VICTIM_ADDR"
+
+func init() {
+	role := os.Getenv(victimEnv)
+	if role == "" {
+		return
+	}
+	err := runVictim(role, os.Getenv(victimAddrEnv))
+	fmt.Fprintln(os.Stderr, "victim:", err)
+	os.Exit(3)
+}
+
+func runVictim(role, addr string) error {
+	ctx := context.Background()
+	buf := make([]byte, 4096)
+	switch role {
+	case "server":
+		l, err := cm.Listen(ctx, addr, cm.WithMessageSize(4096), cm.WithQueueDepth(16))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("ready %s\n", l.Addr())
+		c, err := l.Accept(ctx)
+		if err != nil {
+			return err
+		}
+		for {
+			n, err := c.Recv(ctx, buf)
+			if err != nil {
+				return err
+			}
+			if err := c.Send(ctx, buf[:n]); err != nil {
+				return err
+			}
+		}
+	case "client":
+		c, err := cm.Dial(ctx, addr, cm.WithMessageSize(4096), cm.WithQueueDepth(16))
+		if err != nil {
+			return err
+		}
+		fmt.Println("ready")
+		for {
+			if err := c.Send(ctx, buf[:1024]); err != nil {
+				return err
+			}
+		}
+	}
+	return fmt.Errorf("unknown role %q", role)
+}
+
+// startVictim starts the victim and returns it with the first word after
+// "ready" on its stdout.
+func startVictim(t *testing.T, role, addr string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), victimEnv+"="+role, victimAddrEnv+"="+addr)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(out).ReadString('\n')
+		line <- s
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case s := <-line:
+		f := strings.Fields(s)
+		require.True(t, len(f) >= 1 && f[0] == "ready", "victim said %q", s)
+		if len(f) > 1 {
+			return cmd, f[1]
+		}
+		return cmd, ""
+	case <-time.After(30 * time.Second):
+		t.Fatal("victim did not get ready")
+	}
+	return nil, ""
+}
+
+// snapshot is what this process (and the kernel) holds: it must come back
+// to where it was after every connection is closed.
+type snapshot struct {
+	verbs      verbs.ObjectCounts
+	cm         rdmacm.Counters
+	open       int64
+	qps        int64
+	listeners  int64
+	goroutines int
+	kernel     string // `rdma res show` summary, "" without the tool
+}
+
+func takeSnapshot() snapshot {
+	s := cm.GlobalStats()
+	return snapshot{
+		verbs: verbs.Counts(), cm: rdmacm.Counts(),
+		open: s.ConnectionsOpen, qps: s.QueuePairs, listeners: s.Listeners,
+		goroutines: runtime.NumGoroutine(), kernel: kernelResources(),
+	}
+}
+
+// kernelResources is the kernel's count of pd, cq, qp, cm_id, mr and ctx
+// objects on the RDMA devices (all processes).
+func kernelResources() string {
+	out, err := exec.Command("rdma", "res", "show").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.Join(strings.Fields(string(out)), " ")
+}
+
+func (s snapshot) same(base snapshot) bool {
+	return s.verbs == base.verbs && s.cm == base.cm && s.open == base.open && s.qps == base.qps &&
+		s.listeners == base.listeners && s.goroutines <= base.goroutines && s.kernel == base.kernel
+}
+
+// requireBaseline waits up to d for everything to be released.
+func requireBaseline(t *testing.T, base snapshot, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		s := takeSnapshot()
+		if s.same(base) {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
+			t.Fatalf("not back to baseline after %v:\n now  %+v\n base %+v", d, s, base)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func requirePeerGone(t *testing.T, what string, err error) {
+	t.Helper()
+	require.Error(t, err, what)
+	require.ErrorIs(t, err, cm.ErrPeerGone, "%s: %v", what, err)
+}
+
+func TestCMServerKilled(t *testing.T) {
+	_, ip := softroce.Device(t)
+	base := takeSnapshot()
+	victim, addr := startVictim(t, "server", netip.AddrPortFrom(ip, 0).String())
+	ctx := cmCtx(t, 60*time.Second)
+	client, err := cm.Dial(ctx, addr, cm.WithMessageSize(4096), cm.WithQueueDepth(16), cm.WithHandshakeTimeout(5*time.Second))
+	require.NoError(t, err)
+	sendErr, recvErr := make(chan error, 1), make(chan error, 1)
+	echoed := make(chan struct{})
+	go func() {
+		msg := make([]byte, 2048)
+		for {
+			if err := client.Send(ctx, msg); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+	}()
+	go func() {
+		buf := make([]byte, 4096)
+		for i := 1; ; i++ {
+			if _, err := client.Recv(ctx, buf); err != nil {
+				recvErr <- err
+				return
+			}
+			if i == 100 {
+				close(echoed)
+			}
+		}
+	}()
+	select {
+	case <-echoed:
+	case err := <-recvErr:
+		t.Fatalf("before the kill: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no echoes")
+	}
+	require.NoError(t, victim.Process.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	for _, c := range []struct {
+		what string
+		ch   chan error
+	}{{"Send", sendErr}, {"Recv", recvErr}} {
+		select {
+		case err := <-c.ch:
+			t.Logf("%s after %v: %v", c.what, time.Since(killed).Round(time.Millisecond), err)
+			requirePeerGone(t, c.what, err)
+			require.False(t, errors.Is(err, context.DeadlineExceeded), "%s ran into the test's deadline", c.what)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s still blocked 20 s after the server was killed", c.what)
+		}
+	}
+	start := time.Now()
+	require.NoError(t, client.Close())
+	t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
+	victim.Wait()
+	requireBaseline(t, base, 10*time.Second)
+}
+
+func TestCMClientKilled(t *testing.T) {
+	softroce.Device(t)
+	base := takeSnapshot()
+	l, addr := cmListen(t, cm.WithMessageSize(4096), cm.WithQueueDepth(16))
+	victim, _ := startVictim(t, "client", addr)
+	ctx := cmCtx(t, 60*time.Second)
+	server, err := l.Accept(ctx)
+	require.NoError(t, err)
+	require.Equal(t, base.open+1, cm.GlobalStats().ConnectionsOpen)
+	buf := make([]byte, 4096)
+	for i := 0; i < 100; i++ {
+		_, err := server.Recv(ctx, buf)
+		require.NoError(t, err)
+	}
+	require.NoError(t, victim.Process.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := server.Recv(ctx, buf); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-errc:
+		t.Logf("Recv after %v: %v", time.Since(killed).Round(time.Millisecond), err)
+		requirePeerGone(t, "Recv", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Recv still blocked 20 s after the client was killed")
+	}
+	requirePeerGone(t, "Send after the loss", server.Send(ctx, []byte("anyone?")))
+	require.NoError(t, server.Close())
+	require.NoError(t, l.Close())
+	victim.Wait()
+	requireBaseline(t, base, 10*time.Second)
+}
+
+// goxrcHello is a valid goxrc dialer hello (see cm/hello.go), built by hand.
+func goxrcHello(depth uint16, maxMsg uint32) []byte {
+	b := make([]byte, 16)
+	copy(b, "GXRC")
+	b[4], b[5] = 1, 16
+	binary.BigEndian.PutUint16(b[8:], depth)
+	binary.BigEndian.PutUint32(b[12:], maxMsg)
+	return b
+}
+
+// rawConnect sends a connection request with private data pd from a bare
+// rdmacm id and returns the id with the first answer: the CONNECT_RESPONSE,
+// or the error of a rejection.
+func rawConnect(t *testing.T, ch *rdmacm.EventChannel, addr string, pd []byte) (*rdmacm.ID, rdmacm.Event, error) {
+	t.Helper()
+	ctx := cmCtx(t, 10*time.Second)
+	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	require.NoError(t, err)
+	require.NoError(t, id.ResolveAddr(ctx, netip.AddrPort{}, netip.MustParseAddrPort(addr)))
+	require.NoError(t, id.ResolveRoute(ctx))
+	require.NoError(t, id.Connect(rdmacm.ConnParam{QPNum: rdmacmNextQPN(), PrivateData: pd,
+		ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}))
+	ev, err := id.WaitEvent(ctx, rdmacm.EventConnectResponse)
+	return id, ev, err
+}
+
+func TestCMHandshakeNeverCompleted(t *testing.T) {
+	softroce.Device(t)
+	base := takeSnapshot()
+	l, addr := cmListen(t, cm.WithHandshakeTimeout(2*time.Second))
+	before := cm.GlobalStats().AcceptErrors
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	id, ev, err := rawConnect(t, ch, addr, goxrcHello(8, 4096))
+	require.NoError(t, err, "the listener should answer a valid hello")
+	require.GreaterOrEqual(t, len(ev.PrivateData), 16)
+	require.Equal(t, "GXRC", string(ev.PrivateData[:4]))
+	// No Establish: the acceptor waits for an RTU that never comes.
+	start := time.Now()
+	c, err := l.Accept(cmCtx(t, 4*time.Second))
+	require.Nil(t, c, "Accept returned a connection whose handshake never completed")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Eventually(t, func() bool { return cm.GlobalStats().AcceptErrors == before+1 }, 5*time.Second, 20*time.Millisecond,
+		"the listener did not give up on the handshake")
+	t.Logf("handshake given up within %v", time.Since(start).Round(time.Millisecond))
+	// What the abandoned dialer hears (the acceptor destroyed its id).
+	if ev, err := id.Event(cmCtx(t, 2*time.Second)); err == nil {
+		t.Logf("dialer got %v", ev.Type)
+	}
+	require.NoError(t, id.Close())
+	require.NoError(t, ch.Close())
+	require.Equal(t, base.open, cm.GlobalStats().ConnectionsOpen)
+	require.Equal(t, base.qps, cm.GlobalStats().QueuePairs)
+
+	// The listener still serves proper dialers.
+	ctx := cmCtx(t, 20*time.Second)
+	go func() {
+		if c, err := l.Accept(ctx); err == nil {
+			c.Close()
+		}
+	}()
+	c2, err := cm.Dial(ctx, addr)
+	require.NoError(t, err)
+	require.NoError(t, c2.Close())
+	require.NoError(t, l.Close())
+	requireBaseline(t, base, 10*time.Second)
+}
+
+func TestCMGarbageHandshake(t *testing.T) {
+	softroce.Device(t)
+	base := takeSnapshot()
+	l, addr := cmListen(t)
+	hello := func(edit func(b []byte) []byte) []byte { return edit(goxrcHello(8, 4096)) }
+	for _, c := range []struct {
+		name string
+		pd   []byte
+	}{
+		{"http", []byte("GET / HTTP/1.1\r\n")},
+		{"none (a raw-mode peer)", nil},
+		{"bad magic", hello(func(b []byte) []byte { b[0] = 'X'; return b })},
+		{"version 7", hello(func(b []byte) []byte { b[4] = 7; return b })},
+		{"wrong length", hello(func(b []byte) []byte { b[5] = 200; return b })},
+		{"reserved flags", hello(func(b []byte) []byte { b[6] = 1; return b })},
+		{"reserved field", hello(func(b []byte) []byte { b[10] = 0xff; return b })},
+		{"garbage after the hello", hello(func(b []byte) []byte { return append(b, 'x') })},
+		{"short", hello(func(b []byte) []byte { return b[:12] })},
+		{"queue depth 1", goxrcHello(1, 4096)},
+		{"queue depth 65535", goxrcHello(0xffff, 4096)},
+		{"message size 0", goxrcHello(8, 0)},
+		{"message size 2 GiB", goxrcHello(8, 1<<31)},
+	} {
+		before := cm.GlobalStats().AcceptErrors
+		ch, err := rdmacm.NewEventChannel()
+		require.NoError(t, err)
+		id, _, err := rawConnect(t, ch, addr, c.pd)
+		var re *rdmacm.RejectError
+		require.ErrorAs(t, err, &re, "%s: %v", c.name, err)
+		require.Eventually(t, func() bool { return cm.GlobalStats().AcceptErrors == before+1 }, 5*time.Second, 10*time.Millisecond, c.name)
+		require.NoError(t, id.Close())
+		require.NoError(t, ch.Close())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := l.Accept(ctx)
+	require.Nil(t, c)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, l.Close())
+	requireBaseline(t, base, 10*time.Second)
+}
+
+func TestCMNoLeaksAfterManyConnections(t *testing.T) {
+	softroce.Device(t)
+	base := takeSnapshot()
+	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256))
+	ctx := cmCtx(t, 120*time.Second)
+	one := func(i int) error {
+		acc := make(chan error, 1)
+		go func() {
+			c, err := l.Accept(ctx)
+			if err == nil {
+				buf := make([]byte, 256)
+				var n int
+				if n, err = c.Recv(ctx, buf); err == nil {
+					err = c.Send(ctx, buf[:n])
+				}
+				if err == nil {
+					_, err = c.Recv(ctx, buf)
+					if errors.Is(err, io.EOF) {
+						err = nil
+					}
+				}
+				err = errors.Join(err, c.Close())
+			}
+			acc <- err
+		}()
+		c, err := cm.Dial(ctx, addr, cm.WithQueueDepth(4), cm.WithMessageSize(256))
+		if err != nil {
+			return err
+		}
+		msg := fmt.Sprintf("conn %d", i)
+		buf := make([]byte, 256)
+		if err = c.Send(ctx, []byte(msg)); err == nil {
+			var n int
+			if n, err = c.Recv(ctx, buf); err == nil && string(buf[:n]) != msg {
+				err = fmt.Errorf("got %q, want %q", buf[:n], msg)
+			}
+		}
+		return errors.Join(err, c.Close(), <-acc)
+	}
+	// Each Close waits out the CM's time-wait (about 2 s on rxe), so most
+	// of them run in parallel, which also overlaps handshakes.
+	for i := 0; i < 10; i++ {
+		require.NoError(t, one(i))
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 40)
+	for i := range errs {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = one(100 + i) }()
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	require.Equal(t, base.open, cm.GlobalStats().ConnectionsOpen)
+	require.NoError(t, l.Close())
+	requireBaseline(t, base, 10*time.Second)
+	t.Logf("after 50 connections: %+v", takeSnapshot())
+}
+
+func TestCMRawServerWithRDMAClient(t *testing.T) {
+	bin, err := exec.LookPath("rdma_client")
+	if err != nil {
+		t.Skip("rdma_client (rdmacm-utils) not installed")
+	}
+	_, ip := softroce.Device(t)
+	l, addr := cmListen(t, cm.WithRawMessages(), cm.WithMessageSize(64), cm.WithQueueDepth(4))
+	port := addr[strings.LastIndexByte(addr, ':')+1:]
+	ctx := cmCtx(t, 30*time.Second)
+	served := make(chan error, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		n, err := c.Recv(ctx, buf)
+		if err == nil && n != 16 {
+			err = fmt.Errorf("rdma_client sent %d bytes, want 16", n)
+		}
+		if err == nil {
+			err = c.Send(ctx, []byte("goxrc raw reply!")) // rdma_client's receive buffer is 16 bytes
+		}
+		if err == nil {
+			// rdma_client disconnects: raw mode has no FIN, so that is ErrPeerGone.
+			_, err = c.Recv(ctx, buf)
+			if errors.Is(err, cm.ErrPeerGone) || errors.Is(err, io.EOF) {
+				err = nil
+			} else if err == nil {
+				err = errors.New("rdma_client sent a second message")
+			}
+		}
+		served <- err
+	}()
+	out, err := exec.CommandContext(ctx, bin, "-s", ip.String(), "-p", port).CombinedOutput()
+	t.Logf("rdma_client: %s", strings.TrimSpace(string(out)))
+	require.NoError(t, err, "rdma_client failed")
+	require.Contains(t, string(out), "end 0")
+	require.NoError(t, <-served)
+}
+
+func TestCMRawClientWithRDMAServer(t *testing.T) {
+	bin, err := exec.LookPath("rdma_server")
+	if err != nil {
+		t.Skip("rdma_server (rdmacm-utils) not installed")
+	}
+	_, ip := softroce.Device(t)
+	// A port nobody uses: take one from the system, then give it back.
+	l, addr := cmListen(t)
+	port := addr[strings.LastIndexByte(addr, ':')+1:]
+	require.NoError(t, l.Close())
+	ctx := cmCtx(t, 30*time.Second)
+	srv := exec.CommandContext(ctx, bin, "-s", ip.String(), "-p", port)
+	var out strings.Builder
+	srv.Stdout, srv.Stderr = &out, &out
+	require.NoError(t, srv.Start())
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	var c *cm.Conn
+	for c == nil {
+		c, err = cm.Dial(ctx, addr, cm.WithRawMessages(), cm.WithMessageSize(64), cm.WithQueueDepth(4))
+		var re *rdmacm.RejectError
+		if errors.As(err, &re) && ctx.Err() == nil { // not listening yet
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		require.NoError(t, err)
+	}
+	defer c.Close()
+	require.NoError(t, c.Send(ctx, []byte("goxrc raw hello!"))) // rdma_server's buffer is 16 bytes
+	buf := make([]byte, 64)
+	n, err := c.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, 16, n, "rdma_server answers with its 16-byte buffer")
+	// Exactly one reply: then rdma_server disconnects.
+	_, err = c.Recv(cmCtx(t, 10*time.Second), buf)
+	require.Error(t, err, "a second message from rdma_server")
+	require.True(t, errors.Is(err, cm.ErrPeerGone) || errors.Is(err, io.EOF), "after the reply: %v", err)
+	select {
+	case err := <-done:
+		t.Logf("rdma_server: %s", strings.TrimSpace(out.String()))
+		require.NoError(t, err)
+		require.Contains(t, out.String(), "end 0")
+	case <-time.After(20 * time.Second):
+		t.Fatal("rdma_server did not exit")
+	}
+}
+
+func TestCMRecvDeadline(t *testing.T) {
+	client, server := cmPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := client.Recv(ctx, make([]byte, 64))
+	elapsed := time.Since(start)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne, "%v", err)
+	require.True(t, ne.Timeout(), "%v", err)
+	require.Less(t, elapsed, 2*time.Second)
+	t.Logf("Recv deadline of 200ms returned after %v: %v", elapsed.Round(time.Millisecond), err)
+
+	// The same through the net.Conn adapter's read deadline.
+	nc := server.NetConn()
+	require.NoError(t, nc.SetReadDeadline(time.Now().Add(200*time.Millisecond)))
+	start = time.Now()
+	_, err = nc.Read(make([]byte, 64))
+	elapsed = time.Since(start)
+	require.ErrorAs(t, err, &ne, "%v", err)
+	require.True(t, ne.Timeout(), "%v", err)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.Less(t, elapsed, 2*time.Second)
+
+	// A timeout does not break the connection.
+	ctx2 := cmCtx(t, 10*time.Second)
+	require.NoError(t, server.Send(ctx2, []byte("late")))
+	buf := make([]byte, 64)
+	n, err := client.Recv(ctx2, buf)
+	require.NoError(t, err)
+	require.Equal(t, "late", string(buf[:n]))
+}
