@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -38,7 +39,8 @@ type Leg struct {
 	ReplyPort       uint16
 	Reciprocal      uint32 // the forward leg's tag when this is a reverse leg, else 0
 	Physical        bool
-	cached          []byte // VIRT: the ACCEPT, for SIDR retransmissions
+	cached          []byte   // VIRT: the ACCEPT, for SIDR retransmissions
+	prev            []uint32 // TGTs the leg moved away from (newest last, at most 4)
 }
 
 // AppReject is what an Admit function returns to refuse a request.
@@ -243,6 +245,12 @@ func (a *Acceptor) move(l *Leg, dl *Downlink, req *wire.Req, physical, fresh boo
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
 	old := l.Downlink
+	if old != dl {
+		l.prev = append(l.prev, old.TGTQPN)
+		if len(l.prev) > 4 {
+			l.prev = l.prev[1:]
+		}
+	}
 	dl.count++
 	l.Downlink, l.Physical, l.cached = dl, physical, nil
 	if !physical {
@@ -348,6 +356,29 @@ func (a *Acceptor) LegTGT(l *Leg) (uint32, bool) {
 		return 0, false
 	}
 	return l.Downlink.TGTQPN, true
+}
+
+// LegAccepts reports whether a message that came through the TGT numbered
+// qpn may belong to the leg: the leg is registered and receives through that
+// TGT, or did before a MOVE (messages queued before the move).
+func (a *Acceptor) LegAccepts(l *Leg, qpn uint32) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l {
+		return false
+	}
+	return l.Downlink.TGTQPN == qpn || slices.Contains(l.prev, qpn)
+}
+
+// Close destroys every handle the acceptor holds and forgets every leg.
+func (a *Acceptor) Close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, dl := range a.byTGT {
+		a.cfg.Kernel.DestroyQP(dl.qp)
+	}
+	clear(a.byTGT)
+	clear(a.legs)
 }
 
 // LegsOn returns the registered legs that receive through the TGT numbered

@@ -94,8 +94,8 @@ func (e *env) nextReq(t wire.Type) wire.Req {
 	return wire.Req{Type: t, ConnTag: e.tag, Incarnation: senderInc, SRQN: 0x99, ReplyPort: 30000}
 }
 
-// uplink is the sender's side of a physical link.
-type uplink struct {
+// rawUplink is the sender's side of a physical link.
+type rawUplink struct {
 	ini      kernel.QP
 	iniQPN   uint32
 	aid, pid kernel.ID // the physical CM connection
@@ -104,11 +104,11 @@ type uplink struct {
 }
 
 // phys runs a PHYS_REQ from the sender to r through the real (model) CM and
-// the acceptor, and returns the decision (and the uplink on accept).
-func (e *env) phys(r *receiver, mut func(*wire.Req)) (Decision, uplink) {
+// the acceptor, and returns the decision (and the rawUplink on accept).
+func (e *env) phys(r *receiver, mut func(*wire.Req)) (Decision, rawUplink) {
 	t := e.t
 	t.Helper()
-	var u uplink
+	var u rawUplink
 	var err error
 	u.ini, u.iniQPN, err = e.sender.CreateINI()
 	if err != nil {
@@ -203,7 +203,7 @@ func (e *env) virt(r *receiver, req wire.Req) Decision {
 	return d
 }
 
-func (e *env) virtReq(u uplink) wire.Req {
+func (e *env) virtReq(u rawUplink) wire.Req {
 	req := e.nextReq(wire.TypeVirtReq)
 	req.INIQPN, req.TGTQPNHint, req.DomainHint = u.iniQPN, u.tgtQPN, u.domain
 	return req

@@ -23,7 +23,7 @@ type peerProc struct {
 	port   uint16
 	lx, lu kernel.ID
 	inc    uint64
-	up     map[netip.Addr]*uplink // one INI per remote node
+	up     map[netip.Addr]*rawUplink // one INI per remote node
 	tag    uint32
 }
 
@@ -36,7 +36,7 @@ func (s *peerProc) event(t *testing.T, id kernel.ID, want kernel.EventType) kern
 	return e
 }
 
-// dial opens a leg from s to r: a PHYS_REQ if s has no uplink to r's node
+// dial opens a leg from s to r: a PHYS_REQ if s has no rawUplink to r's node
 // yet, else a VIRT_REQ over the existing one.
 func dial(t *testing.T, s, r *peerProc) {
 	t.Helper()
@@ -76,7 +76,7 @@ func dial(t *testing.T, s, r *peerProc) {
 			t.Fatal(err)
 		}
 		r.event(t, cr.ID, kernel.EventEstablished)
-		s.up[r.n.Addr()] = &uplink{ini: ini, iniQPN: iniQPN, tgtQPN: acc.TGTQPN, domain: acc.DomainID, aid: aid, pid: cr.ID}
+		s.up[r.n.Addr()] = &rawUplink{ini: ini, iniQPN: iniQPN, tgtQPN: acc.TGTQPN, domain: acc.DomainID, aid: aid, pid: cr.ID}
 		return
 	}
 	req.Type, req.INIQPN, req.TGTQPNHint, req.DomainHint = wire.TypeVirtReq, u.iniQPN, u.tgtQPN, u.domain
@@ -115,7 +115,7 @@ func TestQPCountAllToAll(t *testing.T) {
 			t.Fatal(err)
 		}
 		for j := range P {
-			s := &peerProc{n: node, p: node.NewProcess(), port: uint16(20000 + j), inc: uint64(i<<8 | j + 1), up: map[netip.Addr]*uplink{}}
+			s := &peerProc{n: node, p: node.NewProcess(), port: uint16(20000 + j), inc: uint64(i<<8 | j + 1), up: map[netip.Addr]*rawUplink{}}
 			if s.d, err = s.p.OpenXRCD(dom.Path, kernel.XRCDCreate); err != nil {
 				t.Fatal(err)
 			}

@@ -1,0 +1,360 @@
+package xrc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/netip"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+// Conn is a logical connection: two one-way legs, ours sending over our
+// uplink to the peer's node into the peer's SRQ, the peer's sending over its
+// uplink into ours. Messages keep their boundaries. Every message carries
+// the receiver's tag; a receiver drops messages whose tag names no live
+// connection of its own.
+type Conn struct {
+	e     *Endpoint
+	raddr netip.AddrPort // the peer endpoint's listening address
+
+	// All below under e.mu.
+	inbound bool
+
+	// sending leg
+	sendTag  uint32 // our REQ's ConnTag (FIN's SenderTag)
+	up       *uplink
+	holdsRef bool
+	peerTag  uint32 // the receiver's tag: the Imm of every send
+	peerSRQN uint32
+	peerInc  uint64
+	sendUp   bool
+	sendDone bool // FIN sent or leg dropped
+	lastSent time.Time
+
+	// receiving leg
+	recvLeg      *Leg
+	recvTag      uint32
+	recvUp       bool
+	recvReleased bool
+	lastSeen     time.Time
+	goneAt       time.Time // the sender's INI was torn down
+	finRcvd      bool
+	q            [][]byte
+	wakeCh       chan struct{}
+
+	userClosed bool
+	closing    bool
+	isReady    bool
+	finished   bool
+	err        error
+	ready      chan struct{}
+	done       chan struct{}
+}
+
+func (e *Endpoint) newConnLocked(raddr netip.AddrPort) *Conn {
+	c := &Conn{e: e, raddr: raddr, wakeCh: make(chan struct{}, 1), ready: make(chan struct{}), done: make(chan struct{})}
+	e.conns[c] = struct{}{}
+	return c
+}
+
+// LocalAddr is our endpoint's listening address.
+func (c *Conn) LocalAddr() netip.AddrPort { return c.e.addr }
+
+// RemoteAddr is the peer endpoint's listening address.
+func (c *Conn) RemoteAddr() netip.AddrPort { return c.raddr }
+
+func (c *Conn) failed() bool { return c.err != nil }
+
+func (c *Conn) errOr(def error) error {
+	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	return def
+}
+
+func (c *Conn) wake() {
+	select {
+	case c.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+// Send sends p as one message and returns once it sits in the receiver's
+// queue (the send completed). Across an uplink recovery the message is sent
+// again on the new INI.
+func (c *Conn) Send(ctx context.Context, p []byte) error {
+	if len(p) > MaxMessageSize {
+		return &opError{"send", c.raddr.String(), errors.New("message too long")}
+	}
+	return c.sendFrame(ctx, kindData, p, false)
+}
+
+func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool) error {
+	e := c.e
+	for try := 0; try < 16; try++ {
+		e.mu.Lock()
+		switch {
+		case c.userClosed && !internal:
+			e.mu.Unlock()
+			return &opError{"send", c.raddr.String(), ErrClosed}
+		case c.err != nil:
+			err := c.err
+			e.mu.Unlock()
+			return &opError{"send", c.raddr.String(), err}
+		case c.finRcvd && !internal:
+			e.mu.Unlock()
+			return &opError{"send", c.raddr.String(), ErrPeerClosed}
+		case !c.sendUp || c.sendDone:
+			e.mu.Unlock()
+			return &opError{"send", c.raddr.String(), ErrClosed}
+		}
+		u := c.up
+		if u.state != upUp {
+			ch := u.changed
+			e.mu.Unlock()
+			select {
+			case <-ch:
+			case <-c.done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		}
+		e.mu.Unlock()
+		ch := make(chan verbs.WCStatus, 1)
+		if !c.post(kind, p, ch) {
+			continue
+		}
+		select {
+		case st := <-ch:
+			switch st {
+			case verbs.WCSuccess:
+				return nil
+			case verbs.WCRemInvReqErr:
+				return &opError{"send", c.raddr.String(), ErrPeerGone}
+			}
+			// Flushed or retries exhausted: the uplink recovers; again.
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c.fail(ErrPeerGone)
+	return &opError{"send", c.raddr.String(), ErrPeerGone}
+}
+
+// post posts one frame on the uplink's current INI; ch (if not nil) gets
+// the completion status. It reports whether the frame was posted.
+func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) bool {
+	e := c.e
+	e.mu.Lock()
+	u := c.up
+	if !c.sendUp || c.sendDone && kind != kindFIN || c.err != nil || u == nil || u.state != upUp {
+		e.mu.Unlock()
+		return false
+	}
+	q := u.cur
+	q.nextWR++
+	wr := kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag}
+	q.waiters[wr.WRID] = waiter{c: c, ch: ch}
+	c.lastSent = time.Now()
+	e.mu.Unlock()
+	wr.Payload = make([]byte, 1+len(p))
+	wr.Payload[0] = kind
+	copy(wr.Payload[1:], p)
+	if err := e.k.PostSend(q.qp, []kernel.SendWR{wr}); err != nil {
+		e.mu.Lock()
+		delete(q.waiters, wr.WRID)
+		e.failINILocked(u, q)
+		e.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// Recv waits for the next message and copies it into buf. A message longer
+// than buf is truncated, with io.ErrShortBuffer. After the peer's FIN and
+// the messages before it, Recv returns io.EOF.
+func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
+	e := c.e
+	for {
+		e.mu.Lock()
+		if c.userClosed {
+			e.mu.Unlock()
+			return 0, &opError{"recv", c.raddr.String(), ErrClosed}
+		}
+		if len(c.q) > 0 {
+			m := c.q[0]
+			c.q[0] = nil
+			c.q = c.q[1:]
+			if len(c.q) > 0 {
+				c.wake()
+			}
+			e.mu.Unlock()
+			n := copy(buf, m)
+			if n < len(m) {
+				return n, io.ErrShortBuffer
+			}
+			return n, nil
+		}
+		if c.finRcvd {
+			e.mu.Unlock()
+			return 0, io.EOF
+		}
+		if c.err != nil {
+			err := c.err
+			e.mu.Unlock()
+			return 0, &opError{"recv", c.raddr.String(), err}
+		}
+		e.mu.Unlock()
+		select {
+		case <-c.wakeCh:
+		case <-c.done:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// Close ends the connection gracefully: a FIN is the last message on our
+// leg, then our reference on the uplink goes (at zero the uplink's physical
+// link is disconnected and its INI destroyed after TIMEWAIT_EXIT). Our
+// receiving leg ends when the peer's FIN arrives (the peer answers ours
+// with its own) or its sender goes silent. Close is idempotent.
+func (c *Conn) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.e.cfg.HandshakeTimeout)
+	defer cancel()
+	c.e.mu.Lock()
+	c.userClosed = true
+	c.wake()
+	c.e.mu.Unlock()
+	c.close(ctx)
+	return nil
+}
+
+func (c *Conn) close(ctx context.Context) {
+	e := c.e
+	e.mu.Lock()
+	if c.closing {
+		e.mu.Unlock()
+		return
+	}
+	c.closing = true
+	fin := c.sendUp && !c.sendDone && c.err == nil
+	f := wire.FIN{Tag: c.peerTag, SenderTag: c.sendTag}
+	e.mu.Unlock()
+	if fin {
+		b := make([]byte, wire.FinLen)
+		if _, err := f.Encode(b); err == nil {
+			c.sendFrame(ctx, kindFIN, b, true)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c.err == nil && !c.isReady {
+		c.failLocked(ErrClosed) // a half-open connection has no peer to say FIN
+		return
+	}
+	c.dropSendLocked()
+	c.maybeFinishLocked()
+}
+
+// fail ends the connection at once, without FIN.
+func (c *Conn) fail(err error) {
+	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
+	c.failLocked(err)
+}
+
+func (c *Conn) failLocked(err error) {
+	if c.err != nil || c.finished {
+		return
+	}
+	c.err = err
+	c.dropSendLocked()
+	c.releaseRecvLocked()
+	c.maybeFinishLocked()
+	c.wake()
+}
+
+// finLocked consumes the peer's FIN: our receiving leg ends (the local count
+// drops), and we answer with our own FIN unless we sent it already.
+func (c *Conn) finLocked() {
+	c.finRcvd = true
+	c.releaseRecvLocked()
+	c.wake()
+	if !c.closing {
+		e := c.e
+		e.spawn(func() {
+			ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+			defer cancel()
+			c.close(ctx)
+		})
+	}
+	c.maybeFinishLocked()
+}
+
+func (c *Conn) dropSendLocked() {
+	c.sendDone = true
+	if c.holdsRef {
+		c.holdsRef = false
+		u := c.up
+		delete(u.legs, c)
+		u.refs--
+		c.e.maybeTeardownLocked(u)
+	}
+}
+
+func (c *Conn) releaseRecvLocked() {
+	if c.recvLeg == nil || c.recvReleased {
+		return
+	}
+	c.recvReleased = true
+	if c.e.recv[c.recvTag] == c {
+		delete(c.e.recv, c.recvTag)
+	}
+	c.e.acc.Release(c.recvLeg)
+}
+
+// maybeFinishLocked forgets a connection whose legs are both gone.
+func (c *Conn) maybeFinishLocked() {
+	e := c.e
+	if c.finished || !c.sendDone || (c.recvLeg != nil && !c.recvReleased) {
+		return
+	}
+	c.finished = true
+	delete(e.conns, c)
+	if e.pending[c.sendTag] == c {
+		delete(e.pending, c.sendTag)
+	}
+	close(c.done)
+}
+
+// checkReadyLocked completes a connection whose two legs are up.
+func (c *Conn) checkReadyLocked() {
+	if c.isReady || !c.sendUp || !c.recvUp || c.err != nil {
+		return
+	}
+	if c.recvLeg.PeerIncarnation != c.peerInc {
+		c.failLocked(ErrPeerGone)
+		return
+	}
+	c.isReady = true
+	e := c.e
+	if e.pending[c.sendTag] == c {
+		delete(e.pending, c.sendTag)
+	}
+	close(c.ready)
+	if c.inbound {
+		select {
+		case e.acceptq <- c:
+		default:
+			c.failLocked(&RejectError{Addr: c.raddr.String(), Reason: RejectBusyRetry})
+		}
+	}
+}

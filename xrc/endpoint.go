@@ -1,0 +1,698 @@
+package xrc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// Defaults of Config.
+const (
+	DefaultHeartbeat        = time.Second
+	DefaultIdleTimeout      = 5 * time.Second
+	DefaultHandshakeTimeout = 30 * time.Second
+	// MaxMessageSize is the largest message Send takes.
+	MaxMessageSize = 1 << 20
+	acceptBacklog  = 256
+)
+
+// Config configures an Endpoint.
+type Config struct {
+	// Process is the kernel the endpoint runs on: a process of an in-memory
+	// fabric (memfabric). Required until the real device lands.
+	Process *memfabric.Process
+	// Addr is the ip:port to listen on; the ip must be the node's. Port 0
+	// picks a free port.
+	Addr string
+	// DomainDir is the private directory of the node's domain file; every
+	// process that uses the same directory on a node shares one XRC domain.
+	// Default: goxrc-<uid> in the system temporary directory.
+	DomainDir string
+	// Heartbeat is how often an idle sending leg sends a keepalive.
+	Heartbeat time.Duration
+	// IdleTimeout is how long a receiving leg waits without any message
+	// (data or keepalive) before it takes the sender for dead and
+	// unregisters from its TGT. Keep it several Heartbeats long.
+	IdleTimeout time.Duration
+	// HandshakeTimeout bounds Dial when its context has no deadline, and a
+	// connection's reverse leg.
+	HandshakeTimeout time.Duration
+}
+
+// Endpoint is one process's XRC engine: it opens the node's shared XRC
+// domain, receives on its own XRC SRQ, listens on ip:port for both the
+// physical (XRC-typed CM) and the virtual (SIDR) exchange, dials remote
+// endpoints, and keeps one uplink (INI QP) per remote node and domain and
+// one downlink (TGT handle) per remote sender. Applications see only ip:port
+// addresses and Conns.
+type Endpoint struct {
+	k      kernel.Kernel
+	cfg    Config
+	addr   netip.AddrPort
+	dom    DomainFile
+	xrcd   kernel.XRCD
+	srq    kernel.SRQ
+	srqn   uint32
+	inc    uint64
+	acc    *Acceptor
+	lx, lu kernel.ID
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	closed   bool
+	fatal    error
+	uplinks  []*uplink
+	addrDom  map[netip.AddrPort]uint64 // which domain an address is in
+	replaced map[upKey]uint32          // the TGT of a dead uplink, for REPLACES_TGT
+	nextTag  uint32
+	pending  map[uint32]*Conn // dials by our forward tag, until the reciprocal leg
+	recv     map[uint32]*Conn // by our receive tag (the acceptor's tag)
+	conns    map[*Conn]struct{}
+	passive  map[kernel.ID]struct{} // physical links we accepted
+	acceptq  chan *Conn
+
+	dropped  atomic.Uint64
+	rejected atomic.Uint64
+}
+
+type upKey struct {
+	node netip.Addr
+	dom  uint64
+}
+
+// NewEndpoint opens an endpoint as cfg says and starts listening.
+func NewEndpoint(ctx context.Context, cfg Config) (*Endpoint, error) {
+	k, ok := kernel.Unwrap(cfg.Process)
+	if !ok {
+		return nil, ErrNoKernel
+	}
+	return newEndpoint(ctx, k, cfg)
+}
+
+func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.IdleTimeout < 2*cfg.Heartbeat {
+		cfg.IdleTimeout = 2 * cfg.Heartbeat
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.DomainDir == "" {
+		cfg.DomainDir = filepath.Join(os.TempDir(), fmt.Sprintf("goxrc-%d", os.Getuid()))
+	}
+	ap, err := netip.ParseAddrPort(cfg.Addr)
+	if err != nil {
+		return nil, &opError{"listen", cfg.Addr, err}
+	}
+	if !ap.Addr().IsUnspecified() && ap.Addr() != k.LocalAddr() {
+		return nil, &opError{"listen", cfg.Addr, syscall.EADDRNOTAVAIL}
+	}
+	ap = netip.AddrPortFrom(k.LocalAddr(), ap.Port())
+	if !k.XRC() {
+		return nil, &opError{"listen", cfg.Addr, verbs.ErrNotSupported}
+	}
+	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{},
+		pending: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
+		passive: map[kernel.ID]struct{}{}, acceptq: make(chan *Conn, acceptBacklog)}
+	if e.dom, err = OpenDomainFile(cfg.DomainDir); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			e.release()
+		}
+	}()
+	if e.xrcd, err = k.OpenXRCD(e.dom.Path, kernel.XRCDCreate); err != nil {
+		return nil, err
+	}
+	if e.srq, e.srqn, err = k.CreateSRQ(e.xrcd); err != nil {
+		return nil, err
+	}
+	e.inc = random64()
+	e.nextTag = uint32(random64() >> 33)
+	e.acc = NewAcceptor(AcceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn})
+	if err = e.listen(ap); err != nil {
+		return nil, err
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.spawn(func() { e.listenLoop(e.lx) })
+	e.spawn(func() { e.listenLoop(e.lu) })
+	e.spawn(e.recvLoop)
+	e.spawn(e.janitor)
+	return e, nil
+}
+
+// listen binds the XRC and the SIDR listener on one port number.
+func (e *Endpoint) listen(ap netip.AddrPort) error {
+	for try := 0; ; try++ {
+		port := ap.Port()
+		if port == 0 {
+			n, _ := rand.Int(rand.Reader, big.NewInt(20000))
+			port = uint16(30000 + n.Int64())
+		}
+		a := netip.AddrPortFrom(ap.Addr(), port)
+		lx, err := e.k.Listen(a, kernel.ExchangeXRC)
+		if err == nil {
+			lu, err2 := e.k.Listen(a, kernel.ExchangeSIDR)
+			if err2 == nil {
+				e.lx, e.lu, e.addr = lx, lu, a
+				return nil
+			}
+			e.k.DestroyID(lx)
+			err = err2
+		}
+		if ap.Port() != 0 || !errors.Is(err, syscall.EADDRINUSE) || try > 50 {
+			return &opError{"listen", a.String(), err}
+		}
+	}
+}
+
+func (e *Endpoint) spawn(f func()) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		f()
+	}()
+}
+
+func random64() uint64 {
+	var b [8]byte
+	for {
+		rand.Read(b[:])
+		if v := binary.BigEndian.Uint64(b[:]); v != 0 {
+			return v
+		}
+	}
+}
+
+// Addr is the ip:port the endpoint listens on.
+func (e *Endpoint) Addr() netip.AddrPort { return e.addr }
+
+// Accept waits for the next inbound connection, returned once both of its
+// legs are up.
+func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
+	select {
+	case c := <-e.acceptq:
+		return c, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-e.ctx.Done():
+		return nil, e.closedErr("accept")
+	}
+}
+
+func (e *Endpoint) closedErr(op string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.fatal != nil {
+		return &opError{op, e.addr.String(), e.fatal}
+	}
+	return &opError{op, e.addr.String(), ErrClosed}
+}
+
+// Close closes every connection (each sends its FIN), stops the endpoint's
+// goroutines and releases every kernel object it holds. It is idempotent.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	conns := make([]*Conn, 0, len(e.conns))
+	for c := range e.conns {
+		c.userClosed = true
+		c.wake()
+		conns = append(conns, c)
+	}
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Heartbeat)
+	for _, c := range conns {
+		c.close(ctx)
+	}
+	cancel()
+	e.cancel()
+	e.wg.Wait()
+	e.mu.Lock()
+	for c := range e.conns {
+		c.failLocked(ErrClosed)
+	}
+	e.mu.Unlock()
+	e.release()
+	return nil
+}
+
+// release destroys what the endpoint still holds, in the kernel's order: CM
+// ids, QPs and TGT handles, the SRQ, the domain.
+func (e *Endpoint) release() {
+	k := e.k
+	e.mu.Lock()
+	ups := e.uplinks
+	e.uplinks = nil
+	passive := e.passive
+	e.passive = map[kernel.ID]struct{}{}
+	e.mu.Unlock()
+	for id := range passive {
+		k.DestroyID(id)
+	}
+	for _, u := range ups {
+		for _, q := range u.inis {
+			if q.aid != 0 {
+				k.DestroyID(q.aid)
+			}
+			k.DestroyQP(q.qp)
+		}
+	}
+	if e.lx != 0 {
+		k.DestroyID(e.lx)
+	}
+	if e.lu != 0 {
+		k.DestroyID(e.lu)
+	}
+	if e.acc != nil {
+		e.acc.Close()
+	}
+	if e.srq != 0 {
+		k.DestroySRQ(e.srq)
+	}
+	if e.xrcd != 0 {
+		k.CloseXRCD(e.xrcd)
+	}
+}
+
+// die is the end of an endpoint whose kernel failed (its process died):
+// every connection fails.
+func (e *Endpoint) die(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.fatal == nil {
+		e.fatal = err
+	}
+	for c := range e.conns {
+		c.failLocked(err)
+	}
+}
+
+// Stats counts an endpoint's objects.
+type Stats struct {
+	Uplinks       int    // INI QPs (one per remote node and domain)
+	Downlinks     int    // TGT handles (one per remote sender, shared by its legs)
+	LocalCounts   int    // receiving legs counted over the downlinks
+	QPs           int    // Uplinks + Downlinks: the QPs this process holds
+	Conns         int    // logical connections, including those being set up
+	KernelHandles int    // every kernel handle and CM id the process holds (-1: unknown)
+	Dropped       uint64 // received messages dropped: unknown tag or wrong TGT
+	Rejected      uint64 // connection requests refused
+}
+
+// Stats returns the endpoint's counts.
+func (e *Endpoint) Stats() Stats {
+	e.mu.Lock()
+	s := Stats{Conns: len(e.conns), KernelHandles: -1}
+	for _, u := range e.uplinks {
+		s.Uplinks += len(u.inis)
+	}
+	e.mu.Unlock()
+	s.Downlinks = e.acc.Downlinks()
+	s.LocalCounts = e.acc.LocalCounts()
+	s.QPs = s.Uplinks + s.Downlinks
+	if h, ok := e.k.(interface{ Handles() int }); ok {
+		s.KernelHandles = h.Handles()
+	}
+	s.Dropped = e.dropped.Load()
+	s.Rejected = e.rejected.Load()
+	return s
+}
+
+// newTag returns a fresh non-zero tag for a leg we send on.
+func (e *Endpoint) newTagLocked() uint32 {
+	for {
+		e.nextTag++
+		if e.nextTag != 0 && e.pending[e.nextTag] == nil {
+			return e.nextTag
+		}
+	}
+}
+
+// Dial opens a logical connection to the endpoint at address (ip:port) and
+// returns once both legs are up.
+func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
+	raddr, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return nil, &opError{"dial", address, err}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.cfg.HandshakeTimeout)
+		defer cancel()
+	}
+	e.mu.Lock()
+	if e.closed || e.fatal != nil {
+		e.mu.Unlock()
+		return nil, e.closedErr("dial")
+	}
+	c := e.newConnLocked(raddr)
+	c.sendTag = e.newTagLocked()
+	e.pending[c.sendTag] = c
+	e.mu.Unlock()
+	if err := e.openLeg(ctx, c, 0); err != nil {
+		c.fail(err)
+		return nil, &opError{"dial", address, err}
+	}
+	select {
+	case <-c.ready:
+		return c, nil
+	case <-c.done:
+		return nil, &opError{"dial", address, c.errOr(ErrClosed)}
+	case <-ctx.Done():
+		c.fail(ctx.Err())
+		return nil, &opError{"dial", address, ctx.Err()}
+	}
+}
+
+// listenLoop answers the requests of one listener.
+func (e *Endpoint) listenLoop(l kernel.ID) {
+	for {
+		ev, err := e.k.Event(e.ctx, l)
+		if err != nil {
+			if e.ctx.Err() == nil {
+				e.die(err)
+			}
+			return
+		}
+		if ev.Type == kernel.EventConnectRequest {
+			e.onRequest(ev)
+		}
+	}
+}
+
+func (e *Endpoint) reject(ev kernel.Event, reason wire.RejectReason, tag uint32) {
+	r := wire.Reject{Tag: tag, Reason: reason, MinVersion: wire.MinVersion, MaxVersion: wire.MaxVersion, DomainID: e.dom.ID}
+	b := make([]byte, wire.BudgetSIDRREP)
+	n, _ := r.Encode(b)
+	e.rejected.Add(1)
+	e.k.Reject(ev.ID, b[:n])
+	e.k.DestroyID(ev.ID)
+}
+
+// onRequest runs the acceptor's decision on a PHYS_REQ or VIRT_REQ and
+// binds an accepted leg to its connection.
+func (e *Endpoint) onRequest(ev kernel.Event) {
+	d := e.acc.Decide(ev)
+	if !d.Accept {
+		e.rejected.Add(1)
+		e.k.Reject(ev.ID, d.PrivateData)
+		e.k.DestroyID(ev.ID)
+		return
+	}
+	phys := ev.Exchange == kernel.ExchangeXRC
+	if d.Duplicate || d.Moved {
+		err := e.k.Accept(ev.ID, d.QPNum, d.PrivateData)
+		if err != nil || !phys {
+			e.k.DestroyID(ev.ID)
+		}
+		if err == nil && phys {
+			e.watchPassive(ev.ID, d.QPNum, ev.QPNum, nil)
+		}
+		return
+	}
+	leg := d.Leg
+	e.mu.Lock()
+	var c *Conn
+	if leg.Reciprocal != 0 {
+		// The reverse leg of one of our dials: it must name a dial of
+		// ours still waiting, to the node it comes from.
+		c = e.pending[leg.Reciprocal]
+		if c == nil || c.recvLeg != nil || c.raddr.Addr() != ev.Remote.Addr() ||
+			(c.peerInc != 0 && c.peerInc != leg.PeerIncarnation) {
+			e.mu.Unlock()
+			e.acc.Release(leg)
+			e.reject(ev, wire.RejectBadRequest, leg.PeerTag)
+			return
+		}
+	} else {
+		if e.closed || len(e.conns) >= 1<<20 {
+			e.mu.Unlock()
+			e.acc.Release(leg)
+			e.reject(ev, wire.RejectBusyRetry, leg.PeerTag)
+			return
+		}
+		c = e.newConnLocked(netip.AddrPortFrom(ev.Remote.Addr(), leg.ReplyPort))
+		c.inbound = true
+		c.peerInc = leg.PeerIncarnation
+	}
+	c.recvLeg, c.recvTag, c.lastSeen = leg, leg.Tag, time.Now()
+	e.recv[leg.Tag] = c
+	e.mu.Unlock()
+	if err := e.k.Accept(ev.ID, d.QPNum, d.PrivateData); err != nil {
+		e.k.DestroyID(ev.ID)
+		c.fail(err)
+		return
+	}
+	if phys {
+		e.watchPassive(ev.ID, d.QPNum, ev.QPNum, c)
+		return
+	}
+	e.k.DestroyID(ev.ID)
+	e.recvLegUp(c)
+}
+
+// watchPassive follows a physical link we accepted (we created the TGT):
+// RTU, then the DREQ that says the sender's INI is gone.
+func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn) {
+	e.mu.Lock()
+	e.passive[id] = struct{}{}
+	e.mu.Unlock()
+	e.spawn(func() {
+		defer func() {
+			e.mu.Lock()
+			_, mine := e.passive[id]
+			delete(e.passive, id)
+			e.mu.Unlock()
+			if mine {
+				e.k.DestroyID(id)
+			}
+		}()
+		for {
+			ev, err := e.k.Event(e.ctx, id)
+			if err != nil {
+				return
+			}
+			switch ev.Type {
+			case kernel.EventEstablished:
+				if c != nil {
+					e.recvLegUp(c)
+				}
+			case kernel.EventRejected: // REP-time stale, or the dialer gave up
+				if c != nil {
+					c.fail(ErrPeerGone)
+				}
+				return
+			case kernel.EventDisconnected:
+				// The sender's INI is gone (closed, crashed, or replaced).
+				// Its legs through this TGT end, after a grace period in
+				// which a FIN still in our SRQ can end them gracefully.
+				e.k.Disconnect(id)
+				e.senderGone(tgt, ini)
+			case kernel.EventTimewaitExit:
+				return
+			}
+		}
+	})
+}
+
+func (e *Endpoint) senderGone(tgt, ini uint32) {
+	legs := e.acc.LegsOn(tgt, ini)
+	now := time.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, l := range legs {
+		if c := e.recv[l.Tag]; c != nil && c.goneAt.IsZero() {
+			c.goneAt = now
+		}
+	}
+}
+
+// recvLegUp marks the receiving leg of c up; an inbound connection then
+// opens its reverse leg.
+func (e *Endpoint) recvLegUp(c *Conn) {
+	e.mu.Lock()
+	if c.recvUp || c.failed() {
+		e.mu.Unlock()
+		return
+	}
+	c.recvUp = true
+	c.lastSeen = time.Now()
+	inbound := c.inbound
+	c.checkReadyLocked()
+	e.mu.Unlock()
+	if inbound {
+		e.spawn(func() {
+			ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+			defer cancel()
+			e.mu.Lock()
+			c.sendTag = e.newTagLocked()
+			e.mu.Unlock()
+			if err := e.openLeg(ctx, c, c.recvLeg.PeerTag); err != nil {
+				c.fail(err)
+			}
+		})
+	}
+}
+
+// recvLoop takes every message from the SRQ and hands it to its connection,
+// dropping messages whose tag names no live connection or that came through
+// a TGT that is not its sender's (misdelivery after SRQ-number reuse).
+func (e *Endpoint) recvLoop() {
+	var wcs [32]kernel.RecvCompletion
+	for {
+		n, err := e.k.PollRecv(e.ctx, e.srq, wcs[:])
+		if err != nil {
+			if e.ctx.Err() == nil {
+				e.die(err)
+			}
+			return
+		}
+		for i := range wcs[:n] {
+			e.deliver(&wcs[i])
+			wcs[i] = kernel.RecvCompletion{}
+		}
+	}
+}
+
+// In-band frame kinds: the first byte of every message.
+const (
+	kindData      = 'D'
+	kindFIN       = 'F'
+	kindHeartbeat = 'H'
+)
+
+func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
+	if wc.Status != verbs.WCSuccess || len(wc.Payload) == 0 {
+		e.dropped.Add(1)
+		return
+	}
+	e.mu.Lock()
+	c := e.recv[wc.Imm]
+	var leg *Leg
+	if c != nil {
+		leg = c.recvLeg
+	}
+	e.mu.Unlock()
+	if c == nil || !e.acc.LegAccepts(leg, wc.TGTQPN) {
+		e.dropped.Add(1)
+		return
+	}
+	body := wc.Payload[1:]
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.recv[wc.Imm] != c {
+		e.dropped.Add(1)
+		return
+	}
+	c.lastSeen = time.Now()
+	switch wc.Payload[0] {
+	case kindData:
+		c.q = append(c.q, body)
+		c.wake()
+	case kindHeartbeat:
+	case kindFIN:
+		var f wire.FIN
+		if wire.DecodeFIN(body, &f) != nil || f.Tag != c.recvTag || f.SenderTag != leg.PeerTag {
+			e.dropped.Add(1)
+			return
+		}
+		c.finLocked()
+	default:
+		e.dropped.Add(1)
+	}
+}
+
+// janitor sends keepalives on idle sending legs and ends receiving legs
+// whose sender went silent or whose sender's INI was torn down.
+func (e *Endpoint) janitor() {
+	t := time.NewTicker(e.cfg.Heartbeat / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		var beat, dead []*Conn
+		e.mu.Lock()
+		for c := range e.conns {
+			if c.failed() {
+				continue
+			}
+			if c.recvLeg != nil && c.recvUp && !c.finRcvd {
+				if now.Sub(c.lastSeen) > e.cfg.IdleTimeout ||
+					(!c.goneAt.IsZero() && now.Sub(c.goneAt) > e.cfg.Heartbeat) {
+					dead = append(dead, c)
+					continue
+				}
+			}
+			if c.sendUp && !c.sendDone && now.Sub(c.lastSent) >= e.cfg.Heartbeat {
+				beat = append(beat, c)
+			}
+		}
+		e.mu.Unlock()
+		for _, c := range dead {
+			c.fail(ErrPeerGone)
+		}
+		for _, c := range beat {
+			c.post(kindHeartbeat, nil, nil)
+		}
+	}
+}
+
+// uplinkFor returns the uplink to use for raddr: an existing one to that
+// node and domain (or, the domain unknown, to that node), else nil.
+func (e *Endpoint) uplinkForLocked(raddr netip.AddrPort) *uplink {
+	dom := e.addrDom[raddr]
+	var best *uplink
+	for _, u := range e.uplinks {
+		if u.node != raddr.Addr() || u.state == upNone {
+			continue
+		}
+		if dom != 0 && u.dom != 0 && u.dom != dom {
+			continue
+		}
+		if best == nil || (u.state == upUp && best.state != upUp) || (dom != 0 && u.dom == dom && best.dom != dom) {
+			best = u
+		}
+	}
+	return best
+}
+
+func (e *Endpoint) removeUplinkLocked(u *uplink) {
+	e.uplinks = slices.DeleteFunc(e.uplinks, func(x *uplink) bool { return x == u })
+}

@@ -1,0 +1,141 @@
+package xrc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// Timings for the engine tests: short, so that crash detection is quick.
+const (
+	testHeartbeat = 20 * time.Millisecond
+	testIdle      = 150 * time.Millisecond
+)
+
+// world is a memfabric with one domain directory per node.
+type world struct {
+	t    *testing.T
+	f    *memfabric.Fabric
+	dirs map[string]string
+}
+
+func newWorld(t *testing.T) *world {
+	checkGoroutines(t)
+	return &world{t: t, f: memfabric.New(), dirs: map[string]string{}}
+}
+
+// proc is an endpoint with its process.
+type proc struct {
+	*Endpoint
+	p *memfabric.Process
+}
+
+func (w *world) endpoint(ip string, port int, mod ...func(*Config)) *proc {
+	w.t.Helper()
+	if w.dirs[ip] == "" {
+		w.dirs[ip] = w.t.TempDir() + "/goxrc"
+	}
+	p := w.f.Node(ip).Process()
+	cfg := Config{Process: p, Addr: fmt.Sprintf("%s:%d", ip, port), DomainDir: w.dirs[ip],
+		Heartbeat: testHeartbeat, IdleTimeout: testIdle, HandshakeTimeout: 5 * time.Second}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	e, err := NewEndpoint(context.Background(), cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { e.Close() })
+	return &proc{e, p}
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// pair dials from a to b and accepts on b.
+func pair(t *testing.T, a, b *proc) (*Conn, *Conn) {
+	t.Helper()
+	type res struct {
+		c   *Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := b.Accept(ctxT(t, 5*time.Second))
+		ch <- res{c, err}
+	}()
+	ca, err := a.Dial(ctxT(t, 5*time.Second), b.Addr().String())
+	if err != nil {
+		t.Fatalf("dial %v -> %v: %v", a.Addr(), b.Addr(), err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("accept on %v: %v", b.Addr(), r.err)
+	}
+	if r.c.RemoteAddr() != a.Addr() || ca.RemoteAddr() != b.Addr() {
+		t.Fatalf("addresses: %v / %v", r.c.RemoteAddr(), ca.RemoteAddr())
+	}
+	return ca, r.c
+}
+
+// roundTrip sends msg on c and checks that d receives exactly it.
+func roundTrip(t *testing.T, c, d *Conn, msg []byte) {
+	t.Helper()
+	if err := c.Send(ctxT(t, 5*time.Second), msg); err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	buf := make([]byte, len(msg)+16)
+	n, err := d.Recv(ctxT(t, 5*time.Second), buf)
+	if err != nil || !bytes.Equal(buf[:n], msg) {
+		t.Fatalf("recv: %v %q, want %q", err, buf[:n], msg)
+	}
+}
+
+// eventually polls cond until it holds or 5 s pass.
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: never happened; last: %s", what, state)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// checkGoroutines fails the test if goroutines outlive it (after every
+// cleanup, which closes the endpoints).
+func checkGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		deadline := time.Now().Add(3 * time.Second)
+		for runtime.NumGoroutine() > before {
+			if time.Now().After(deadline) {
+				buf := make([]byte, 1<<16)
+				n := runtime.Stack(buf, true)
+				var ours []string
+				for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+					if strings.Contains(g, "goxrc/xrc") {
+						ours = append(ours, g)
+					}
+				}
+				t.Errorf("goroutine leak: %d before, %d after:\n%s", before, runtime.NumGoroutine(), strings.Join(ours, "\n\n"))
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}

@@ -1,0 +1,246 @@
+package xrc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+	"time"
+)
+
+// One logical connection: both directions carry exact messages; Close on
+// one side is a FIN the other reads as io.EOF; afterwards every kernel
+// object is gone on both nodes (uplinks disconnected, INIs destroyed after
+// TIMEWAIT_EXIT, TGT handles unregistered), while the endpoints live on.
+func TestEndpointConnGracefulClose(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.endpoint("10.0.0.1", 7001), w.endpoint("10.0.0.2", 7001)
+	ca, cb := pair(t, a, b)
+	for i := range 10 {
+		roundTrip(t, ca, cb, fmt.Appendf(nil, "a->b %d", i))
+		roundTrip(t, cb, ca, fmt.Appendf(nil, "b->a %d", i))
+	}
+	if s := w.f.Node("10.0.0.1").Stats(); s.INIs != 1 || s.TGTs != 1 || s.TGTHandles != 1 {
+		t.Fatalf("node A while connected: %+v", s)
+	}
+	if s := a.Stats(); s.Uplinks != 1 || s.Downlinks != 1 || s.LocalCounts != 1 || s.QPs != 2 || s.Conns != 1 {
+		t.Fatalf("endpoint A while connected: %+v", s)
+	}
+	if err := ca.Send(ctxT(t, time.Second), []byte("last")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Close(); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	if n, err := cb.Recv(ctxT(t, time.Second), buf); err != nil || string(buf[:n]) != "last" {
+		t.Fatalf("message before FIN: %q %v", buf[:n], err)
+	}
+	if _, err := cb.Recv(ctxT(t, time.Second), buf); err != io.EOF {
+		t.Fatalf("after FIN: %v, want io.EOF", err)
+	}
+	if err := cb.Send(ctxT(t, time.Second), []byte("x")); !errors.Is(err, ErrPeerClosed) {
+		t.Fatalf("send after the peer's FIN: %v", err)
+	}
+	if _, err := ca.Recv(ctxT(t, time.Second), buf); !errors.Is(err, ErrClosed) {
+		t.Fatalf("recv after Close: %v", err)
+	}
+	for _, ip := range []string{"10.0.0.1", "10.0.0.2"} {
+		n := w.f.Node(ip)
+		eventually(t, "node "+ip+" empty", func() (bool, string) {
+			s := n.Stats()
+			return s.QPs() == 0 && s.TGTHandles == 0, fmt.Sprintf("%+v", s)
+		})
+	}
+	for _, e := range []*proc{a, b} {
+		eventually(t, "endpoint "+e.Addr().String()+" empty", func() (bool, string) {
+			s := e.Stats()
+			// The domain, the SRQ and the two listeners remain.
+			return s.Conns == 0 && s.QPs == 0 && s.LocalCounts == 0 && s.KernelHandles == 4, fmt.Sprintf("%+v", s)
+		})
+	}
+	// A new connection works over fresh uplinks.
+	ca, cb = pair(t, a, b)
+	roundTrip(t, ca, cb, []byte("again"))
+	a.Close()
+	a.Close()
+	if _, err := ca.Recv(ctxT(t, time.Second), buf); !errors.Is(err, ErrClosed) {
+		t.Fatalf("recv after endpoint Close: %v", err)
+	}
+	if _, err := cb.Recv(ctxT(t, time.Second), buf); err != io.EOF {
+		t.Fatalf("peer of a closed endpoint: %v, want io.EOF", err)
+	}
+	if h := a.p.Handles(); h != 0 {
+		t.Fatalf("closed endpoint holds %d kernel handles", h)
+	}
+}
+
+// The point of XRC, end to end: N nodes x P processes, every process
+// connected to every process on the other nodes (bidirectional logical
+// connections through Dial/Accept), every message checked byte for byte.
+// Each node holds P*(N-1) INIs and P*(N-1) TGTs = 2*P*(N-1) QPs, where RC
+// needs a QP per connection end: P*P*(N-1).
+func TestEndpointAllToAllQPCount(t *testing.T) {
+	const N, P = 3, 4
+	w := newWorld(t)
+	var eps [N][P]*proc
+	for i := range N {
+		for j := range P {
+			eps[i][j] = w.endpoint(fmt.Sprintf("10.0.1.%d", i+1), 7000+j)
+		}
+	}
+	// Accept everything.
+	type acc struct {
+		c   *Conn
+		err error
+	}
+	accepted := make(chan acc, N*P*N*P)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range N {
+		for j := range P {
+			e := eps[i][j]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					c, err := e.Accept(ctx)
+					if err != nil {
+						return
+					}
+					accepted <- acc{c, nil}
+				}
+			}()
+		}
+	}
+	// Dial every pair on different nodes once (connections are
+	// bidirectional), all at once: dials to one node queue behind its
+	// uplink's PHYS_REQ.
+	type dialed struct {
+		from, to [2]int
+		c        *Conn
+	}
+	var mu sync.Mutex
+	var conns []dialed
+	var dwg sync.WaitGroup
+	for i := range N {
+		for j := range P {
+			for k := i + 1; k < N; k++ {
+				for l := range P {
+					dwg.Add(1)
+					go func() {
+						defer dwg.Done()
+						c, err := eps[i][j].Dial(ctxT(t, 10*time.Second), eps[k][l].Addr().String())
+						if err != nil {
+							t.Errorf("%d.%d -> %d.%d: %v", i, j, k, l, err)
+							return
+						}
+						mu.Lock()
+						conns = append(conns, dialed{[2]int{i, j}, [2]int{k, l}, c})
+						mu.Unlock()
+					}()
+				}
+			}
+		}
+	}
+	dwg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	want := P * P * N * (N - 1) / 2
+	if len(conns) != want {
+		t.Fatalf("%d connections, want %d", len(conns), want)
+	}
+	// Match accepted conns to dialed ones by address.
+	byAddr := map[string]*Conn{}
+	for range want {
+		a := <-accepted
+		key := a.c.RemoteAddr().String() + ">" + a.c.LocalAddr().String()
+		if byAddr[key] != nil {
+			t.Fatalf("two accepted connections %s", key)
+		}
+		byAddr[key] = a.c
+	}
+	// Every connection, both ways, concurrently, exact bytes.
+	const msgs = 5
+	var twg sync.WaitGroup
+	for _, d := range conns {
+		peer := byAddr[d.c.LocalAddr().String()+">"+d.c.RemoteAddr().String()]
+		if peer == nil {
+			t.Fatalf("no accepted end for %v -> %v", d.c.LocalAddr(), d.c.RemoteAddr())
+		}
+		for dir, ends := range [][2]*Conn{{d.c, peer}, {peer, d.c}} {
+			twg.Add(2)
+			go func() {
+				defer twg.Done()
+				for m := range msgs {
+					msg := fmt.Appendf(nil, "%v->%v dir %d msg %d %s", d.from, d.to, dir, m, make([]byte, m*97))
+					if err := ends[0].Send(ctxT(t, 5*time.Second), msg); err != nil {
+						t.Errorf("send: %v", err)
+						return
+					}
+				}
+			}()
+			go func() {
+				defer twg.Done()
+				buf := make([]byte, 1024)
+				for m := range msgs {
+					want := fmt.Appendf(nil, "%v->%v dir %d msg %d %s", d.from, d.to, dir, m, make([]byte, m*97))
+					n, err := ends[1].Recv(ctxT(t, 5*time.Second), buf)
+					if err != nil || string(buf[:n]) != string(want) {
+						t.Errorf("recv: %v %q, want %q", err, buf[:n], want)
+						return
+					}
+				}
+			}()
+		}
+	}
+	twg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	xrcQPs, rcQPs := 2*P*(N-1), P*P*(N-1)
+	for i := range N {
+		s := w.f.Node(fmt.Sprintf("10.0.1.%d", i+1)).Stats()
+		if s.INIs != P*(N-1) || s.TGTs != P*(N-1) || s.QPs() != xrcQPs {
+			t.Errorf("node %d: %+v, want %d INIs + %d TGTs = %d QPs", i, s, P*(N-1), P*(N-1), xrcQPs)
+		}
+		// Each TGT: one handle per local process receiving from that
+		// sender, i.e. all P of them.
+		if s.TGTHandles != P*P*(N-1) {
+			t.Errorf("node %d: %d TGT handles, want %d", i, s.TGTHandles, P*P*(N-1))
+		}
+		sum := 0
+		for j := range P {
+			es := eps[i][j].Stats()
+			sum += es.QPs
+			if es.Uplinks != N-1 || es.Downlinks != P*(N-1) || es.LocalCounts != P*(N-1) || es.Conns != P*(N-1) {
+				t.Errorf("endpoint %d.%d: %+v", i, j, es)
+			}
+		}
+		t.Logf("node %d: %d QPs with XRC (%d INI + %d TGT), RC would need %d; endpoints hold %d QP handles",
+			i, s.QPs(), s.INIs, s.TGTs, rcQPs, sum)
+	}
+	if xrcQPs >= rcQPs {
+		t.Errorf("XRC %d QPs per node is not fewer than RC's %d", xrcQPs, rcQPs)
+	}
+	// Close every connection from the dialing side; everything unwinds.
+	for _, d := range conns {
+		d.c.Close()
+	}
+	for i := range N {
+		n := w.f.Node(fmt.Sprintf("10.0.1.%d", i+1))
+		eventually(t, fmt.Sprintf("node %d empty", i), func() (bool, string) {
+			s := n.Stats()
+			return s.QPs() == 0 && s.TGTHandles == 0, fmt.Sprintf("%+v", s)
+		})
+	}
+	cancel()
+	wg.Wait()
+}

@@ -1,0 +1,73 @@
+package xrc
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+var (
+	// ErrClosed is returned by operations on a closed Endpoint or Conn.
+	ErrClosed = net.ErrClosed
+	// ErrPeerClosed is returned by Send after the peer closed the connection
+	// (its FIN arrived); Recv returns io.EOF then.
+	ErrPeerClosed = errors.New("xrc: connection closed by peer")
+	// ErrPeerGone reports a peer found dead: its receive queue vanished
+	// (a send to its SRQ failed), its sender went silent past the idle
+	// timeout, or its INI's CM connection was torn down without a FIN.
+	ErrPeerGone = errors.New("xrc: peer gone")
+	// ErrNoKernel reports a Config without a process to run on.
+	ErrNoKernel = errors.New("xrc: no kernel (set Config.Process)")
+)
+
+// RejectReason is why a peer refused a connection request.
+type RejectReason uint8
+
+const (
+	RejectVersion        RejectReason = RejectReason(wire.RejectVersion)
+	RejectNoXRC          RejectReason = RejectReason(wire.RejectNoXRC)
+	RejectTGTGone        RejectReason = RejectReason(wire.RejectTGTGone)
+	RejectDomainMismatch RejectReason = RejectReason(wire.RejectDomainMismatch)
+	RejectBusyRetry      RejectReason = RejectReason(wire.RejectBusyRetry)
+	RejectApp            RejectReason = RejectReason(wire.RejectApp)
+	RejectBadRequest     RejectReason = RejectReason(wire.RejectBadRequest)
+	// RejectNoListener: nothing listens on that address (CM status).
+	RejectNoListener RejectReason = 100
+	// RejectCM: the CM refused the request without our private data
+	// (QP-type mismatch, stale connection, timeout: see Status).
+	RejectCM RejectReason = 101
+)
+
+func (r RejectReason) String() string {
+	switch r {
+	case RejectNoListener:
+		return "NO_LISTENER"
+	case RejectCM:
+		return "CM_REJECT"
+	}
+	return wire.RejectReason(r).String()
+}
+
+// RejectError reports a connection request the peer (or its CM) refused.
+type RejectError struct {
+	Addr   string
+	Reason RejectReason
+	Detail uint32 // reason-specific
+	Status int    // the CM's reject or SIDR status
+	domain uint64 // the rejecter's domain id
+}
+
+func (e *RejectError) Error() string {
+	return fmt.Sprintf("xrc: %s refused the connection: %v (detail %d, CM status %d)", e.Addr, e.Reason, e.Detail, e.Status)
+}
+
+// opError names the operation and address of a failure.
+type opError struct {
+	op, addr string
+	err      error
+}
+
+func (e *opError) Error() string { return "xrc: " + e.op + " " + e.addr + ": " + e.err.Error() }
+func (e *opError) Unwrap() error { return e.err }

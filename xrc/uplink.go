@@ -1,0 +1,468 @@
+package xrc
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+// upState is an uplink's state (xrc-protocol.md, "Active side").
+type upState uint8
+
+const (
+	upNone       upState = iota // gone (or never made)
+	upConnecting                // the PHYS_REQ is out; dials queue
+	upUp                        // an INI connected to a TGT: dials send VIRT_REQs
+	upRecovering                // the INI failed; legs are moving to a new one; dials and sends queue
+)
+
+func (s upState) String() string {
+	return [...]string{"NONE", "CONNECTING", "UP", "RECOVERING"}[s]
+}
+
+// uplink is this process's way to one remote node and domain: one INI QP at
+// a time, shared by every leg we send there.
+type uplink struct {
+	node    netip.Addr
+	dom     uint64 // 0 until the first ACCEPT
+	state   upState
+	changed chan struct{} // closed at every state change
+	cur     *iniQP        // the INI sends go on (UP)
+	inis    []*iniQP      // every INI not yet destroyed (cur and retired ones)
+	refs    int           // legs sending over the uplink, and dials in progress
+	legs    map[*Conn]struct{}
+}
+
+// iniQP is one INI with its physical CM connection.
+type iniQP struct {
+	qp      kernel.QP
+	num     uint32
+	aid     kernel.ID // the XRC-typed CM id, established
+	tgt     uint32    // the TGT it is connected to
+	nextWR  uint64
+	waiters map[uint64]waiter
+}
+
+type waiter struct {
+	c  *Conn
+	ch chan verbs.WCStatus // nil: fire and forget (keepalives)
+}
+
+func (u *uplink) setState(s upState) {
+	u.state = s
+	close(u.changed)
+	u.changed = make(chan struct{})
+}
+
+// req starts a REQ from c.
+func (e *Endpoint) req(c *Conn, t wire.Type, peerTag uint32) wire.Req {
+	r := wire.Req{Type: t, ConnTag: c.sendTag, Incarnation: e.inc, SRQN: e.srqn, ReplyPort: e.addr.Port()}
+	if peerTag != 0 {
+		r.Flags, r.PeerTag = wire.FlagReciprocal, peerTag
+	}
+	return r
+}
+
+// openLeg opens c's sending leg to c.raddr: over the uplink to that node
+// and domain if there is one (a VIRT_REQ over SIDR), else by making the
+// uplink (a PHYS_REQ over the XRC-typed CM exchange). peerTag is non-zero
+// for a reverse leg.
+func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
+	raddr := c.raddr
+	for attempt := 0; attempt < 16; attempt++ {
+		e.mu.Lock()
+		if e.closed || c.failed() {
+			e.mu.Unlock()
+			return c.errOr(ErrClosed)
+		}
+		u := e.uplinkForLocked(raddr)
+		if u == nil {
+			u = &uplink{node: raddr.Addr(), state: upConnecting, changed: make(chan struct{}), legs: map[*Conn]struct{}{}, refs: 1}
+			e.uplinks = append(e.uplinks, u)
+			key := upKey{raddr.Addr(), e.addrDom[raddr]}
+			req := e.req(c, wire.TypePhysReq, peerTag)
+			if old := e.replaced[key]; old != 0 {
+				req.Flags |= wire.FlagReplacesTGT
+				req.TGTQPNHint = old
+			}
+			e.mu.Unlock()
+			q, acc, err := e.physLink(ctx, raddr, &req)
+			e.mu.Lock()
+			if err != nil {
+				u.refs--
+				u.setState(upNone)
+				e.removeUplinkLocked(u)
+				e.mu.Unlock()
+				return err
+			}
+			delete(e.replaced, key)
+			u.dom, e.addrDom[raddr] = acc.DomainID, acc.DomainID
+			u.cur, u.inis = q, append(u.inis, q)
+			u.setState(upUp)
+			err = e.bindLocked(c, u, &acc)
+			e.mu.Unlock()
+			e.startINI(u, q)
+			return err
+		}
+		if u.state != upUp {
+			ch := u.changed
+			e.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-c.done:
+				return c.errOr(ErrClosed)
+			}
+			continue
+		}
+		u.refs++
+		q := u.cur
+		req := e.req(c, wire.TypeVirtReq, peerTag)
+		req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, u.dom
+		e.mu.Unlock()
+		acc, err := e.virtLink(ctx, raddr, &req)
+		e.mu.Lock()
+		// The uplink may have been rebuilt while we asked: the leg then
+		// lives on the old TGT and must move to the new one.
+		for err == nil && (u.cur != q || u.state != upUp) {
+			if u.state == upNone {
+				err = ErrPeerGone
+				break
+			}
+			if u.state != upUp {
+				ch := u.changed
+				e.mu.Unlock()
+				select {
+				case <-ch:
+				case <-ctx.Done():
+					err = ctx.Err()
+				}
+				e.mu.Lock()
+				continue
+			}
+			q = u.cur
+			req.Flags |= wire.FlagMove
+			req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, u.dom
+			e.mu.Unlock()
+			acc, err = e.virtLink(ctx, raddr, &req)
+			e.mu.Lock()
+		}
+		if err == nil {
+			err = e.bindLocked(c, u, &acc)
+			e.mu.Unlock()
+			return err
+		}
+		u.refs--
+		e.maybeTeardownLocked(u)
+		var rj *RejectError
+		if errors.As(err, &rj) {
+			switch rj.Reason {
+			case RejectDomainMismatch:
+				// Another domain on that node: use (or make) its uplink.
+				if rj.domain != 0 && rj.domain != u.dom {
+					e.addrDom[raddr] = rj.domain
+					e.mu.Unlock()
+					continue
+				}
+			case RejectTGTGone:
+				// Our TGT there died (its last holder left): rebuild.
+				e.failINILocked(u, q)
+				e.mu.Unlock()
+				continue
+			}
+		}
+		e.mu.Unlock()
+		return err
+	}
+	return ErrPeerGone
+}
+
+// bindLocked makes c's sending leg ride u, from the ACCEPT; the dial's
+// reference on u becomes the leg's.
+func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
+	if c.failed() || (c.peerInc != 0 && c.peerInc != acc.Incarnation) {
+		u.refs--
+		e.maybeTeardownLocked(u)
+		err := c.errOr(ErrPeerGone)
+		c.failLocked(err)
+		return err
+	}
+	c.up, c.holdsRef = u, true
+	c.peerTag, c.peerSRQN, c.peerInc = acc.AcceptorTag, acc.SRQN, acc.Incarnation
+	c.sendUp, c.lastSent = true, time.Now()
+	u.legs[c] = struct{}{}
+	c.checkReadyLocked()
+	return nil
+}
+
+// physLink makes an INI and connects it with an XRC-typed CM exchange:
+// PHYS_REQ, CONNECT_RESPONSE with the TGT number and the ACCEPT, INI to RTS,
+// RTU.
+func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire.Req) (*iniQP, wire.Accept, error) {
+	k := e.k
+	var acc wire.Accept
+	qp, num, err := k.CreateINI()
+	if err != nil {
+		return nil, acc, err
+	}
+	req.INIQPN = num
+	b := make([]byte, wire.BudgetREQ)
+	n, err := req.Encode(b)
+	if err != nil {
+		k.DestroyQP(qp)
+		return nil, acc, err
+	}
+	id, err := k.Connect(ctx, raddr, kernel.ExchangeXRC, num, b[:n])
+	if err != nil {
+		k.DestroyQP(qp)
+		return nil, acc, err
+	}
+	fail := func(err error) (*iniQP, wire.Accept, error) {
+		k.DestroyID(id)
+		k.DestroyQP(qp)
+		return nil, acc, err
+	}
+	ev, err := k.Event(ctx, id)
+	if err != nil {
+		return fail(err)
+	}
+	switch ev.Type {
+	case kernel.EventConnectResponse:
+	case kernel.EventRejected:
+		return fail(rejectErr(raddr, ev))
+	default:
+		return fail(&opError{"connect", raddr.String(), errors.New("unexpected " + ev.Type.String())})
+	}
+	if err := wire.DecodeAccept(ev.PrivateData, &acc); err != nil || acc.TagEcho != req.ConnTag || acc.TGTQPN != ev.QPNum {
+		k.Reject(id, nil)
+		return fail(&opError{"connect", raddr.String(), errors.New("bad ACCEPT")})
+	}
+	if err := k.TransitionQP(qp, verbs.QPStateRTS, id); err != nil {
+		k.Reject(id, nil)
+		return fail(err)
+	}
+	if err := k.Establish(id); err != nil {
+		return fail(err)
+	}
+	return &iniQP{qp: qp, num: num, aid: id, tgt: acc.TGTQPN, waiters: map[uint64]waiter{}}, acc, nil
+}
+
+// virtLink asks for a leg over an existing uplink with a SIDR exchange.
+func (e *Endpoint) virtLink(ctx context.Context, raddr netip.AddrPort, req *wire.Req) (wire.Accept, error) {
+	var acc wire.Accept
+	b := make([]byte, wire.BudgetSIDRREQ)
+	n, err := req.Encode(b)
+	if err != nil {
+		return acc, err
+	}
+	id, err := e.k.Connect(ctx, raddr, kernel.ExchangeSIDR, 0, b[:n])
+	if err != nil {
+		return acc, err
+	}
+	defer e.k.DestroyID(id) // a virtual link keeps no CM state
+	ev, err := e.k.Event(ctx, id)
+	if err != nil {
+		return acc, err
+	}
+	switch ev.Type {
+	case kernel.EventEstablished:
+	case kernel.EventUnreachable:
+		return acc, rejectErr(raddr, ev)
+	default:
+		return acc, &opError{"connect", raddr.String(), errors.New("unexpected " + ev.Type.String())}
+	}
+	if err := wire.DecodeAccept(ev.PrivateData, &acc); err != nil || acc.TagEcho != req.ConnTag ||
+		acc.TGTQPN != req.TGTQPNHint || ev.QPNum != acc.TGTQPN || acc.DomainID != req.DomainHint {
+		return acc, &opError{"connect", raddr.String(), errors.New("bad ACCEPT")}
+	}
+	return acc, nil
+}
+
+// rejectErr reads a REJECTED or UNREACHABLE event.
+func rejectErr(raddr netip.AddrPort, ev kernel.Event) error {
+	re := &RejectError{Addr: raddr.String(), Status: ev.Status, Reason: RejectCM}
+	var r wire.Reject
+	if wire.DecodeReject(ev.PrivateData, &r) == nil {
+		re.Reason, re.Detail, re.domain = RejectReason(r.Reason), r.Detail, r.DomainID
+	} else if (ev.Type == kernel.EventRejected && ev.Status == kernel.RejInvalidServiceID) ||
+		(ev.Type == kernel.EventUnreachable && ev.Status == kernel.SIDRNoListener) {
+		re.Reason = RejectNoListener
+	}
+	return re
+}
+
+// startINI runs the completion dispatcher and the CM watcher of an INI.
+func (e *Endpoint) startINI(u *uplink, q *iniQP) {
+	e.spawn(func() { e.pollSend(u, q) })
+	e.spawn(func() { e.watchActive(u, q) })
+}
+
+// pollSend hands each send completion to its waiter. An error moves the
+// uplink to RECOVERING; a send to an SRQ that is gone (the receiver died)
+// also ends that connection.
+func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
+	var wcs [32]kernel.SendCompletion
+	for {
+		n, err := e.k.PollSend(e.ctx, q.qp, wcs[:])
+		if err != nil { // destroyed, or the endpoint is closing
+			e.mu.Lock()
+			ws := q.waiters
+			q.waiters = map[uint64]waiter{}
+			e.mu.Unlock()
+			for _, w := range ws {
+				if w.ch != nil {
+					w.ch <- verbs.WCWRFlushErr
+				}
+			}
+			return
+		}
+		for _, wc := range wcs[:n] {
+			e.mu.Lock()
+			w, ok := q.waiters[wc.WRID]
+			delete(q.waiters, wc.WRID)
+			if wc.Status != verbs.WCSuccess {
+				if wc.Status == verbs.WCRemInvReqErr && ok {
+					w.c.failLocked(ErrPeerGone)
+				}
+				e.failINILocked(u, q)
+			}
+			e.mu.Unlock()
+			if ok && w.ch != nil {
+				w.ch <- wc.Status
+			}
+		}
+	}
+}
+
+// failINILocked starts the recovery of u if q is its current INI.
+func (e *Endpoint) failINILocked(u *uplink, q *iniQP) {
+	if u.cur != q || u.state != upUp || e.closed {
+		return
+	}
+	u.setState(upRecovering)
+	e.spawn(func() { e.recover(u, q) })
+}
+
+// watchActive follows the physical CM connection of an INI: a DREQ from
+// the TGT side (a stale-connection verdict) fails the INI; TIMEWAIT_EXIT
+// after our disconnect ends it, and only then is the INI destroyed.
+func (e *Endpoint) watchActive(u *uplink, q *iniQP) {
+	for {
+		ev, err := e.k.Event(e.ctx, q.aid)
+		if err != nil {
+			return
+		}
+		switch ev.Type {
+		case kernel.EventDisconnected:
+			e.mu.Lock()
+			e.failINILocked(u, q)
+			e.mu.Unlock()
+			e.k.Disconnect(q.aid) // the DREP, if this was the peer's DREQ
+		case kernel.EventTimewaitExit:
+			e.mu.Lock()
+			u.inis = slices.DeleteFunc(u.inis, func(x *iniQP) bool { return x == q })
+			if u.state == upNone && len(u.inis) == 0 {
+				e.removeUplinkLocked(u)
+			}
+			e.mu.Unlock()
+			e.k.DestroyID(q.aid)
+			e.k.DestroyQP(q.qp)
+			return
+		}
+	}
+}
+
+// maybeTeardownLocked ends an UP uplink nobody uses: disconnect the
+// physical CM connection; watchActive destroys the INI after TIMEWAIT_EXIT.
+func (e *Endpoint) maybeTeardownLocked(u *uplink) {
+	if u.refs > 0 || u.state != upUp {
+		return
+	}
+	q := u.cur
+	u.cur = nil
+	u.setState(upNone)
+	e.k.Disconnect(q.aid)
+}
+
+// recover rebuilds a failed uplink: the old physical link is disconnected
+// (the TGT side learns at once), a new INI is connected with a PHYS_REQ
+// flagged REPLACES_TGT|MOVE to the first live receiver, and every other leg
+// moves to the new TGT with a VIRT_REQ flagged MOVE. Legs whose receiver
+// refuses or is gone fail; sends and dials wait meanwhile.
+func (e *Endpoint) recover(u *uplink, old *iniQP) {
+	e.k.Disconnect(old.aid)
+	e.mu.Lock()
+	legs := make([]*Conn, 0, len(u.legs))
+	for c := range u.legs {
+		legs = append(legs, c)
+	}
+	dom := u.dom
+	e.mu.Unlock()
+	slices.SortFunc(legs, func(a, b *Conn) int { return int(a.sendTag) - int(b.sendTag) })
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+	defer cancel()
+	var q *iniQP
+	for _, c := range legs {
+		e.mu.Lock()
+		skip := c.failed() || c.sendDone
+		e.mu.Unlock()
+		if skip {
+			continue
+		}
+		req := wire.Req{Flags: wire.FlagMove, ConnTag: c.sendTag, Incarnation: e.inc, SRQN: e.srqn, ReplyPort: e.addr.Port()}
+		var acc wire.Accept
+		var err error
+		fresh := false
+		if q == nil {
+			req.Type = wire.TypePhysReq
+			req.Flags |= wire.FlagReplacesTGT
+			req.TGTQPNHint = old.tgt
+			q, acc, err = e.physLink(ctx, c.raddr, &req)
+			fresh = err == nil
+		} else {
+			req.Type = wire.TypeVirtReq
+			req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, dom
+			acc, err = e.virtLink(ctx, c.raddr, &req)
+		}
+		e.mu.Lock()
+		if fresh {
+			u.inis = append(u.inis, q)
+		}
+		if err == nil && (acc.AcceptorTag != c.peerTag || acc.Incarnation != c.peerInc || acc.DomainID != dom) {
+			err = ErrPeerGone
+		}
+		if err != nil {
+			c.failLocked(ErrPeerGone)
+		}
+		e.mu.Unlock()
+		if fresh {
+			e.startINI(u, q)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if q == nil || e.closed {
+		// Nobody left to move to: the uplink is gone. The next dial there
+		// makes a new one, flagged REPLACES_TGT.
+		e.replaced[upKey{u.node, dom}] = old.tgt
+		u.cur = nil
+		u.setState(upNone)
+		if len(u.inis) == 0 {
+			e.removeUplinkLocked(u)
+		}
+		if q != nil {
+			e.k.Disconnect(q.aid)
+		}
+		return
+	}
+	u.cur = q
+	u.setState(upUp)
+	e.maybeTeardownLocked(u)
+}
