@@ -90,8 +90,10 @@ type Endpoint struct {
 	passive  map[kernel.ID]struct{} // physical links we accepted
 	acceptq  chan *Conn
 
-	dropped  atomic.Uint64
-	rejected atomic.Uint64
+	dropped    atomic.Uint64
+	rejected   atomic.Uint64
+	recoveries atomic.Uint64
+	moved      atomic.Uint64
 }
 
 type upKey struct {
@@ -253,7 +255,7 @@ func (e *Endpoint) Close() error {
 		conns = append(conns, c)
 	}
 	e.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Heartbeat)
+	ctx, cancel := context.WithTimeout(context.Background(), min(e.cfg.HandshakeTimeout, time.Second))
 	for _, c := range conns {
 		c.close(ctx)
 	}
@@ -330,6 +332,8 @@ type Stats struct {
 	KernelHandles int    // every kernel handle and CM id the process holds (-1: unknown)
 	Dropped       uint64 // received messages dropped: unknown tag or wrong TGT
 	Rejected      uint64 // connection requests refused
+	Recoveries    uint64 // uplinks rebuilt after an INI error or TGT_GONE
+	LegsMoved     uint64 // sending legs moved onto a rebuilt uplink
 }
 
 // Stats returns the endpoint's counts.
@@ -348,6 +352,8 @@ func (e *Endpoint) Stats() Stats {
 	}
 	s.Dropped = e.dropped.Load()
 	s.Rejected = e.rejected.Load()
+	s.Recoveries = e.recoveries.Load()
+	s.LegsMoved = e.moved.Load()
 	return s
 }
 

@@ -347,6 +347,7 @@ func (e *Endpoint) failINILocked(u *uplink, q *iniQP) {
 		return
 	}
 	u.setState(upRecovering)
+	e.recoveries.Add(1)
 	e.spawn(func() { e.recover(u, q) })
 }
 
@@ -440,6 +441,8 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		}
 		if err != nil {
 			c.failLocked(ErrPeerGone)
+		} else {
+			e.moved.Add(1)
 		}
 		e.mu.Unlock()
 		if fresh {

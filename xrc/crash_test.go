@@ -1,0 +1,218 @@
+package xrc
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// longTimers turns crash detection off for the duration of a test.
+func longTimers(c *Config) { c.Heartbeat, c.IdleTimeout = time.Hour, 2*time.Hour }
+
+// The TGT's creator dies (kill -9) while another process on its node shares
+// the TGT: the sharer keeps receiving from the sender and sending to it; the
+// sender's connection to the dead process fails; everything held for the
+// dead process is released on both nodes.
+func TestEndpointKillTGTCreator(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.2.1", 7000)
+	r1, r2 := w.endpoint("10.0.2.2", 7001), w.endpoint("10.0.2.2", 7002)
+	s1, _ := pair(t, s, r1) // PHYS_REQ: r1 creates the TGT
+	s2, c2 := pair(t, s, r2) // VIRT_REQ: r2 opens it
+	nodeA, nodeB := w.f.Node("10.0.2.1"), w.f.Node("10.0.2.2")
+	if st := nodeB.Stats(); st.TGTs != 1 || st.TGTHandles != 2 {
+		t.Fatalf("node B before: %+v, want one TGT with two handles", st)
+	}
+	r1.p.Kill()
+	// Traffic both ways goes on across the detection and any recovery.
+	deadline := time.Now().Add(4 * testIdle)
+	for i := 0; time.Now().Before(deadline); i++ {
+		roundTrip(t, s2, c2, fmt.Appendf(nil, "to r2 %d", i))
+		roundTrip(t, c2, s2, fmt.Appendf(nil, "from r2 %d", i))
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := s1.Recv(ctxT(t, 2*time.Second), make([]byte, 8)); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("connection to the dead process: %v, want ErrPeerGone", err)
+	}
+	eventually(t, "only r2's state left", func() (bool, string) {
+		ss, sb, sa := s.Stats(), nodeB.Stats(), nodeA.Stats()
+		return ss.Conns == 1 && ss.Downlinks == 1 && ss.LocalCounts == 1 && ss.Uplinks == 1 &&
+				sb.TGTs == 1 && sb.TGTHandles == 1 && sb.INIs == 1 && sa.TGTs == 1 && sa.TGTHandles == 1 && sa.INIs == 1,
+			fmt.Sprintf("s %+v, node A %+v, node B %+v", ss, sa, sb)
+	})
+	roundTrip(t, s2, c2, []byte("still there"))
+	t.Logf("sender: %+v", s.Stats())
+}
+
+// A process that shares a TGT (not its creator) dies: the creator keeps
+// receiving; the TGT lives on with the creator's handle.
+func TestEndpointKillSharingReceiver(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.3.1", 7000)
+	r1, r2 := w.endpoint("10.0.3.2", 7001), w.endpoint("10.0.3.2", 7002)
+	s1, c1 := pair(t, s, r1)
+	s2, _ := pair(t, s, r2)
+	nodeB := w.f.Node("10.0.3.2")
+	r2.p.Kill()
+	deadline := time.Now().Add(4 * testIdle)
+	for i := 0; time.Now().Before(deadline); i++ {
+		roundTrip(t, s1, c1, fmt.Appendf(nil, "to r1 %d", i))
+		roundTrip(t, c1, s1, fmt.Appendf(nil, "from r1 %d", i))
+		time.Sleep(time.Millisecond)
+	}
+	if err := s2.Send(ctxT(t, 2*time.Second), []byte("x")); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send to the dead process: %v, want ErrPeerGone", err)
+	}
+	eventually(t, "only r1's state left", func() (bool, string) {
+		ss, sb := s.Stats(), nodeB.Stats()
+		return ss.Conns == 1 && ss.Downlinks == 1 && ss.LocalCounts == 1 && sb.TGTs == 1 && sb.TGTHandles == 1 && sb.INIs == 1,
+			fmt.Sprintf("s %+v, node B %+v", ss, sb)
+	})
+	t.Logf("sender: %+v", s.Stats())
+}
+
+// The sender dies: the TGT's creator learns by the DREQ its INI's death
+// sends, the sharers by the idle timeout; each unregisters, the TGT dies
+// with its last handle, and the node-wide handle count returns to 0. The
+// receivers' own uplinks to the dead node go too.
+func TestEndpointKillSender(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.4.1", 7000)
+	var rs []*proc
+	var conns []*Conn
+	for i := range 3 {
+		r := w.endpoint("10.0.4.2", 7001+i)
+		_, c := pair(t, s, r)
+		rs, conns = append(rs, r), append(conns, c)
+	}
+	nodeA, nodeB := w.f.Node("10.0.4.1"), w.f.Node("10.0.4.2")
+	if st := nodeB.Stats(); st.TGTs != 1 || st.TGTHandles != 3 {
+		t.Fatalf("node B before: %+v", st)
+	}
+	s.p.Kill()
+	for i, c := range conns {
+		if _, err := c.Recv(ctxT(t, 2*time.Second), make([]byte, 8)); !errors.Is(err, ErrPeerGone) {
+			t.Fatalf("receiver %d: %v, want ErrPeerGone", i, err)
+		}
+	}
+	eventually(t, "both nodes empty", func() (bool, string) {
+		sa, sb := nodeA.Stats(), nodeB.Stats()
+		return sa.QPs() == 0 && sa.TGTHandles == 0 && sb.QPs() == 0 && sb.TGTHandles == 0,
+			fmt.Sprintf("node A %+v, node B %+v", sa, sb)
+	})
+	for i, r := range rs {
+		if st := r.Stats(); st.Conns != 0 || st.QPs != 0 || st.LocalCounts != 0 || st.KernelHandles != 4 {
+			t.Errorf("receiver %d: %+v", i, st)
+		}
+	}
+}
+
+// A receiver dies and a new process on its node gets its SRQ number (the
+// kernel reuses it at once). A sender that has not noticed yet still sends
+// to that number, through a TGT that lives on: the message lands in the
+// stranger's SRQ, and the stranger drops it by its tag.
+func TestEndpointSRQNReuseDropsStaleMessages(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.5.1", 7000, longTimers)
+	r1, r2 := w.endpoint("10.0.5.2", 7001, longTimers), w.endpoint("10.0.5.2", 7002, longTimers)
+	s1, _ := pair(t, s, r1)
+	s2, c2 := pair(t, s, r2) // keeps the TGT alive
+	old := r1.srqn
+	r1.p.Kill()
+	r3 := w.endpoint("10.0.5.2", 7003, longTimers)
+	if r3.srqn != old {
+		t.Fatalf("the model did not reuse SRQN %#x (got %#x)", old, r3.srqn)
+	}
+	s3, c3 := pair(t, s, r3)
+	before := r3.Stats().Dropped
+	if err := s1.Send(ctxT(t, time.Second), []byte("stale: for the dead r1")); err != nil {
+		t.Fatalf("stale send: %v (it should land in r3's SRQ)", err)
+	}
+	roundTrip(t, s3, c3, []byte("fresh: for r3")) // and not the stale one
+	roundTrip(t, s2, c2, []byte("r2 unaffected"))
+	if got := r3.Stats().Dropped; got != before+1 {
+		t.Fatalf("r3 dropped %d messages, want %d", got, before+1)
+	}
+}
+
+// A sender whose TGT died (its only receiver died) learns at its next
+// dial to that node: the VIRT_REQ naming the dead TGT is rejected
+// TGT_GONE, the uplink recovers (nothing to move), and the dial makes a new
+// uplink with a PHYS_REQ flagged REPLACES_TGT.
+func TestEndpointDialAfterTGTGone(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.6.1", 7000, longTimers)
+	r1, r2 := w.endpoint("10.0.6.2", 7001, longTimers), w.endpoint("10.0.6.2", 7002, longTimers)
+	s1, _ := pair(t, s, r1)
+	nodeB := w.f.Node("10.0.6.2")
+	r1.p.Kill()
+	if st := nodeB.Stats(); st.TGTs != 0 {
+		t.Fatalf("the TGT outlived its only holder: %+v", st)
+	}
+	s2, c2 := pair(t, s, r2)
+	roundTrip(t, s2, c2, []byte("over the new uplink"))
+	roundTrip(t, c2, s2, []byte("and back"))
+	if _, err := s1.Recv(ctxT(t, time.Second), make([]byte, 8)); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("connection to the dead process: %v", err)
+	}
+	if st := nodeB.Stats(); st.TGTs != 1 || st.TGTHandles != 1 {
+		t.Fatalf("node B: %+v", st)
+	}
+	eventually(t, "one uplink", func() (bool, string) {
+		st := s.Stats()
+		return st.Uplinks == 1 && st.Conns == 1, fmt.Sprintf("%+v", st)
+	})
+	if st := s.Stats(); st.Recoveries != 1 || st.LegsMoved != 0 {
+		t.Fatalf("sender: %+v, want one recovery that moved nothing", st)
+	}
+}
+
+// A receiver dies and the sender, not having noticed (timers off), sends to
+// its SRQ: the send fails (remote invalid request), which puts the INI in
+// the error state and flushes it for every leg on it. The uplink recovers:
+// a new INI, a PHYS_REQ flagged REPLACES_TGT|MOVE to the first live
+// receiver (a new TGT), a VIRT_REQ flagged MOVE to the others; their
+// connections carry on with the same tags, and the old TGT dies with the
+// last handle moving off it.
+func TestEndpointRecoveryMovesLegs(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.7.1", 7000, longTimers)
+	r1 := w.endpoint("10.0.7.2", 7001, longTimers)
+	r2 := w.endpoint("10.0.7.2", 7002, longTimers)
+	r3 := w.endpoint("10.0.7.2", 7003, longTimers)
+	s1, _ := pair(t, s, r1)
+	s2, c2 := pair(t, s, r2)
+	s3, c3 := pair(t, s, r3)
+	nodeB := w.f.Node("10.0.7.2")
+	s.mu.Lock()
+	oldTGT := s.uplinks[0].cur.tgt
+	s.mu.Unlock()
+	r1.p.Kill()
+	if st := nodeB.Stats(); st.TGTs != 1 || st.TGTHandles != 2 {
+		t.Fatalf("node B after the kill: %+v", st)
+	}
+	if err := s1.Send(ctxT(t, time.Second), []byte("to the dead")); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send to the dead receiver: %v, want ErrPeerGone", err)
+	}
+	roundTrip(t, s2, c2, []byte("r2 after recovery"))
+	roundTrip(t, s3, c3, []byte("r3 after recovery"))
+	roundTrip(t, c2, s2, []byte("r2 back"))
+	st := s.Stats()
+	if st.Recoveries != 1 || st.LegsMoved != 2 || st.Uplinks != 1 {
+		t.Fatalf("sender: %+v, want one recovery moving two legs", st)
+	}
+	s.mu.Lock()
+	newTGT := s.uplinks[0].cur.tgt
+	s.mu.Unlock()
+	if newTGT == oldTGT && nodeB.Stats().TGTs == 1 {
+		// With LIFO reuse the new TGT may even get the old number; the
+		// counts below still tell the old one is gone.
+		t.Logf("new TGT reused number %#x", newTGT)
+	}
+	eventually(t, "old TGT gone, new TGT held by r2 and r3", func() (bool, string) {
+		b := nodeB.Stats()
+		return b.TGTs == 1 && b.TGTHandles == 2 && r2.Stats().Downlinks == 1 && r3.Stats().Downlinks == 1,
+			fmt.Sprintf("node B %+v", b)
+	})
+}
