@@ -18,7 +18,7 @@ func TestEndpointKillTGTCreator(t *testing.T) {
 	w := newWorld(t)
 	s := w.endpoint("10.0.2.1", 7000)
 	r1, r2 := w.endpoint("10.0.2.2", 7001), w.endpoint("10.0.2.2", 7002)
-	s1, _ := pair(t, s, r1) // PHYS_REQ: r1 creates the TGT
+	s1, _ := pair(t, s, r1)  // PHYS_REQ: r1 creates the TGT
 	s2, c2 := pair(t, s, r2) // VIRT_REQ: r2 opens it
 	nodeA, nodeB := w.f.Node("10.0.2.1"), w.f.Node("10.0.2.2")
 	if st := nodeB.Stats(); st.TGTs != 1 || st.TGTHandles != 2 {
