@@ -41,7 +41,7 @@ func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) 
 	}
 	raddr = Addr{dst}
 
-	ch, err := newChanRef()
+	ch, err := acquireDialChan()
 	if err != nil {
 		return nil, fail(err)
 	}

@@ -52,6 +52,7 @@ type rdmaTransport struct {
 // the ids of the connections it accepted, which outlive the listener.
 type chanRef struct {
 	ch   *rdmacm.EventChannel
+	dial bool // the shared dialer channel, counted under dialChan's lock
 	mu   sync.Mutex
 	refs int
 }
@@ -72,6 +73,9 @@ func (r *chanRef) acquire() *chanRef {
 }
 
 func (r *chanRef) release() error {
+	if r.dial {
+		return releaseDialChan()
+	}
 	r.mu.Lock()
 	r.refs--
 	last := r.refs == 0
@@ -80,6 +84,42 @@ func (r *chanRef) release() error {
 		return r.ch.Close()
 	}
 	return nil
+}
+
+// dialChan is the event channel every Dial shares while any dialed
+// connection lives: one pump and one descriptor instead of one per dial,
+// which is most of what setting up a connection costs in user space.
+var dialChan struct {
+	sync.Mutex
+	ref *chanRef
+}
+
+func acquireDialChan() (*chanRef, error) {
+	dialChan.Lock()
+	defer dialChan.Unlock()
+	if dialChan.ref != nil {
+		dialChan.ref.refs++
+		return dialChan.ref, nil
+	}
+	r, err := newChanRef()
+	if err != nil {
+		return nil, err
+	}
+	r.dial = true
+	dialChan.ref = r
+	return r, nil
+}
+
+func releaseDialChan() error {
+	dialChan.Lock()
+	defer dialChan.Unlock()
+	r := dialChan.ref
+	r.refs--
+	if r.refs > 0 {
+		return nil
+	}
+	dialChan.ref = nil
+	return r.ch.Close()
 }
 
 // device is the process's context and protection domain on one RDMA device,
