@@ -30,9 +30,6 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) {
 	var raddr net.Addr = Addr{}
 	fail := func(err error) error { return opError("dial", raddr, err) }
-	if err := cfg.checkXRC(); err != nil {
-		return nil, fail(err)
-	}
 	ctx, cancel := withDefaultTimeout(ctx, cfg.handshakeTimeout)
 	defer cancel()
 	dst, err := resolveAddr(ctx, address)
@@ -65,6 +62,9 @@ func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) 
 		return nil, fail(err)
 	}
 	if err := cfg.checkDevice(id); err != nil {
+		return nil, fail(err)
+	}
+	if err := cfg.checkXRC(id); err != nil {
 		return nil, fail(err)
 	}
 	if err := id.ResolveRoute(ctx); err != nil {
@@ -127,18 +127,6 @@ func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, 
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, d)
-}
-
-// checkXRC applies the XRC mode. XRC connections are not built yet, so
-// Prefer falls back to RC with the reason logged and Require fails.
-func (cfg *config) checkXRC() error {
-	switch cfg.xrc {
-	case XRCRequire:
-		return fmt.Errorf("XRC transport: %w", ErrNotSupported)
-	case XRCPrefer:
-		cfg.logger.Info("XRC unavailable, using RC", "reason", "XRC connections are not implemented in this build")
-	}
-	return nil
 }
 
 // checkDevice fails when WithDevice names another device than the one the

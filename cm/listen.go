@@ -32,9 +32,6 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	if err != nil {
 		return nil, opError("listen", nil, err)
 	}
-	if err := cfg.checkXRC(); err != nil {
-		return nil, opError("listen", nil, err)
-	}
 	local, err := resolveAddr(ctx, address)
 	if err != nil {
 		return nil, opError("listen", nil, err)
@@ -52,6 +49,9 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	err = id.Bind(local)
 	if err == nil && !local.Addr().IsUnspecified() {
 		err = cfg.checkDevice(id)
+		if err == nil {
+			err = cfg.checkXRC(id)
+		}
 	}
 	if err == nil {
 		err = id.Listen(cfg.backlog)

@@ -280,6 +280,41 @@ func TestCMRequireXRCNotSupported(t *testing.T) {
 	_, addr := softroce.Device(t)
 	_, err := cm.Dial(cmCtx(t, 5*time.Second), netip.AddrPortFrom(addr, 1).String(), cm.WithXRC(cm.XRCRequire))
 	require.ErrorIs(t, err, cm.ErrNotSupported)
+	require.Contains(t, err.Error(), "IBV_DEVICE_XRC clear", "the error says why")
+	_, err = cm.Listen(cmCtx(t, 5*time.Second), netip.AddrPortFrom(addr, 0).String(), cm.WithXRC(cm.XRCRequire))
+	require.ErrorIs(t, err, cm.ErrNotSupported)
+}
+
+// XRCPrefer on soft-RoCE falls back to RC and logs the reason.
+func TestCMPreferXRCFallsBackToRC(t *testing.T) {
+	var log syncBuffer
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	client, server := cmPair(t, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger))
+	ctx := cmCtx(t, 10*time.Second)
+	require.NoError(t, client.Send(ctx, []byte("over RC")))
+	buf := make([]byte, 16)
+	n, err := server.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "over RC", string(buf[:n]))
+	require.Contains(t, log.String(), "XRC unavailable, using RC")
+	require.Contains(t, log.String(), "IBV_DEVICE_XRC clear")
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestCMPeerCloseGivesEOF(t *testing.T) {
