@@ -49,7 +49,8 @@ type Conn struct {
 	freeSend    []int
 	ready       ring
 	polling     bool
-	wake        chan struct{} // created only when a second waiter appears
+	waiters     int           // goroutines waiting for the leader's round
+	wake        chan struct{} // one token per waiter at the end of a round
 	err         error         // sticky: the connection is broken
 	peerFin     bool
 	peerLeft    string // why the peer went, once the CM said so
@@ -111,7 +112,10 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		freeSend: make([]int, 0, p.sendSlots),
 		ready:    ring{buf: make([]readyMsg, p.recvSlots)},
 		cbuf:     make([]completion, p.sendSlots+p.recvSlots+1),
-		repost:   make([]int, 0, p.recvSlots),
+		// At most one Send, one Recv, one one-sided operation and Close
+		// wait at a time (each serialises its callers).
+		wake:   make(chan struct{}, 8),
+		repost: make([]int, 0, p.recvSlots),
 	}
 	if c.log == nil {
 		c.log = func(string, ...any) {}
@@ -353,13 +357,12 @@ func (c *Conn) repostRecv(slot int) error {
 func (c *Conn) progress(ctx context.Context) error {
 	c.mu.Lock()
 	if c.polling {
-		if c.wake == nil {
-			c.wake = make(chan struct{})
-		}
-		w := c.wake
+		c.waiters++
 		c.mu.Unlock()
+		// A token left over from a waiter that gave up only makes this
+		// round end early: callers recheck their condition and come back.
 		select {
-		case <-w:
+		case <-c.wake:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
@@ -398,9 +401,11 @@ func (c *Conn) progress(ctx context.Context) error {
 	reposted := len(c.repost) > 0
 	c.mu.Lock()
 	c.polling = false
-	if c.wake != nil {
-		close(c.wake)
-		c.wake = nil
+	for ; c.waiters > 0; c.waiters-- {
+		select {
+		case c.wake <- struct{}{}:
+		default: // full of stale tokens: every waiter wakes anyway
+		}
 	}
 	c.mu.Unlock()
 	if reposted {

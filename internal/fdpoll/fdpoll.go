@@ -24,23 +24,35 @@ type FD struct {
 	file *os.File
 	rc   syscall.RawConn
 
+	// The waiter's state, bound once so that Wait does not allocate.
+	try        func() bool
+	readFn     func(uintptr) bool
+	deadlineOn bool // a read deadline may be set from an earlier Wait
+
 	mu     sync.Mutex // serialises deadline changes
+	gen    uint64     // which Wait a cancellation wake-up is for
 	closed bool
 }
 
 // Open makes fd non-blocking and registers a duplicate of it with the
 // netpoller. name appears in errors.
 func Open(fd int, name string) (*FD, error) {
-	return open(fd, name)
+	p, err := open(fd, name)
+	if err != nil {
+		return nil, err
+	}
+	p.readFn = func(uintptr) bool { return p.try() }
+	return p, nil
 }
 
 // Wait calls try until it reports done, sleeping in the netpoller while the
 // descriptor is not readable. try must not block (the descriptor is
 // non-blocking, so a read of it returns EAGAIN instead). Wait returns the
-// context's error when ctx ends first, and ErrClosed after Close.
+// context's error when ctx ends first, and ErrClosed after Close. With a
+// context that can never end it does not allocate.
 //
-// Deadlines are per descriptor: only one goroutine should wait on an FD at a
-// time; callers that need more build a pump on top.
+// Only one goroutine may wait on an FD at a time (deadlines are per
+// descriptor); callers that need more build a pump on top.
 func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 	if p == nil || p.isClosed() {
 		return ErrClosed
@@ -55,15 +67,19 @@ func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 		if err := p.file.SetReadDeadline(d); err != nil {
 			return err
 		}
-	} else if err := p.file.SetReadDeadline(time.Time{}); err != nil {
-		return err
+		p.deadlineOn = true
+	} else if p.deadlineOn {
+		if err := p.file.SetReadDeadline(time.Time{}); err != nil {
+			return err
+		}
+		p.deadlineOn = false
 	}
-	stop := context.AfterFunc(ctx, func() {
-		// Wake the waiter at once; the loop below reports ctx.Err().
-		_ = p.file.SetReadDeadline(time.Unix(1, 0))
-	})
-	defer stop()
-	err := p.rc.Read(func(uintptr) bool { return try() })
+	if ctx.Done() != nil {
+		defer p.wakeOnCancel(ctx)()
+	}
+	p.try = try
+	err := p.rc.Read(p.readFn)
+	p.try = nil
 	if err == nil {
 		return nil
 	}
@@ -77,6 +93,30 @@ func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 		return ErrClosed
 	}
 	return err
+}
+
+// wakeOnCancel makes ctx's end wake the waiter at once (a read deadline in
+// the past); Wait then reports ctx.Err(). The returned func disarms it, and
+// a wake-up that fires late, for an earlier Wait, does nothing.
+func (p *FD) wakeOnCancel(ctx context.Context) (disarm func()) {
+	p.mu.Lock()
+	p.gen++
+	gen := p.gen
+	p.mu.Unlock()
+	p.deadlineOn = true
+	stop := context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.gen == gen && !p.closed {
+			_ = p.file.SetReadDeadline(time.Unix(1, 0))
+		}
+	})
+	return func() {
+		stop()
+		p.mu.Lock()
+		p.gen++
+		p.mu.Unlock()
+	}
 }
 
 func (p *FD) isClosed() bool {

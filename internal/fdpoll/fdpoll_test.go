@@ -109,3 +109,35 @@ func TestTryCalledUntilDone(t *testing.T) {
 	require.Equal(t, 3, got)
 	require.GreaterOrEqual(t, calls.Load(), int32(3))
 }
+
+func TestWaitDoesNotAllocateWithoutCancel(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	r, w := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	defer p.Close()
+	try := drainOne(r)
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(100, func() {
+		go unix.Write(w, []byte{1})
+		if err := p.Wait(ctx, try); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// The goroutine that writes costs one allocation of its own.
+	require.LessOrEqual(t, allocs, 1.0)
+}
+
+func TestDeadlineDoesNotStickToTheNextWait(t *testing.T) {
+	r, w := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	defer p.Close()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel2()
+	require.Error(t, p.Wait(ctx2, drainOne(r)))
+	go func() { time.Sleep(30 * time.Millisecond); unix.Write(w, []byte{1}) }()
+	require.NoError(t, p.Wait(context.Background(), drainOne(r)), "an old deadline must not end a wait without one")
+}
