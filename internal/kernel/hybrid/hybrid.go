@@ -1,0 +1,285 @@
+// Package hybrid is a kernel.Kernel whose CM is the real one and whose XRC
+// objects are the model's: Listen, Connect, Accept, Reject, Establish,
+// Disconnect, DestroyID and Event go to librdmacm (internal/kernel/kcm:
+// XRC-typed ids on RDMA_PS_IB, SIDR on RDMA_PS_UDP, one port number), while
+// XRC domains, SRQs, INI and TGT QPs and the data path come from a process of
+// internal/kernel/model. The QP numbers the real CM carries are the model's
+// made-up numbers. It runs the XRC engine's CM exchanges on a device without
+// XRC verbs (soft-RoCE).
+//
+// One Fabric holds one model node per real node (device address), and every
+// Process of a node shares it, so QP numbers are unique node-wide across both
+// roles, as the kernel's stale-connection table (keyed by remote GUID and
+// QPN) needs when both ends run on one rxe node. The model numbers QPs from
+// 0x11 up, where rxe numbers its real QPs; the numbers a Process shows (and
+// the CM carries) are the model's plus QPNOffset, modulo 2^24, so they cannot
+// collide with real QPs or with the made-up numbers of other tests.
+//
+// Moving a QP to RTR takes the path from the real CM id: the peer's QP number
+// and address are replayed to the model through a private model CM exchange
+// (on model port ShadowPort, serialised per Fabric), so that the model's
+// TransitionQP sets the same path rdma_init_qp_attr would. Data flows only
+// between processes of one Fabric (one OS process): the model carries it.
+//
+// Builds without Linux or cgo compile, and NewProcess fails with an error
+// matching verbs.ErrNotSupported (rdmacm has no event channel there).
+package hybrid
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/internal/kernel/kcm"
+	"github.com/goxrc/goxrc/internal/kernel/model"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// QPNOffset is added (mod 2^24) to every model QP number a Process shows.
+const QPNOffset = 0x700000
+
+// ShadowPort is the model port of the private exchanges that set QP paths.
+const ShadowPort = 1
+
+func toWire(m uint32) uint32 {
+	if m == 0 {
+		return 0
+	}
+	return (m + QPNOffset) & 0xFFFFFF
+}
+
+func toModel(w uint32) uint32 {
+	if w == 0 {
+		return 0
+	}
+	return (w - QPNOffset) & 0xFFFFFF
+}
+
+// Fabric is the model side of a set of real nodes: one model node per device
+// address.
+type Fabric struct {
+	f       *model.Fabric
+	mu      sync.Mutex
+	nodes   map[netip.Addr]*model.Node
+	helpers map[*model.Node]*model.Process // the shadow exchanges' far ends
+	shadow  sync.Mutex
+}
+
+// NewFabric returns a fabric whose model reuses numbers by policy.
+func NewFabric(reuse model.Reuse) *Fabric {
+	return &Fabric{f: model.NewFabric(reuse), nodes: map[netip.Addr]*model.Node{}, helpers: map[*model.Node]*model.Process{}}
+}
+
+// Node returns the model node of the real node at addr, adding it on first use.
+func (f *Fabric) Node(addr netip.Addr) *model.Node {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nodeLocked(addr)
+}
+
+func (f *Fabric) nodeLocked(addr netip.Addr) *model.Node {
+	addr = addr.Unmap()
+	n := f.nodes[addr]
+	if n == nil {
+		n = f.f.AddNode(addr, model.NodeConfig{})
+		f.nodes[addr] = n
+	}
+	return n
+}
+
+func (f *Fabric) helper(addr netip.Addr) *model.Process {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.nodeLocked(addr)
+	h := f.helpers[n]
+	if h == nil {
+		h = n.NewProcess()
+		f.helpers[n] = h
+	}
+	return h
+}
+
+// Process is one process on a real node: a kernel.Kernel.
+type Process struct {
+	f  *Fabric
+	m  *model.Process
+	cm *kcm.CM
+}
+
+var _ kernel.Kernel = (*Process)(nil)
+
+// NewProcess starts a process on the real node whose RDMA device has address
+// local: its CM ids are real (one event channel), its XRC objects live on the
+// model node of local.
+func (f *Fabric) NewProcess(local netip.Addr) (*Process, error) {
+	local = local.Unmap()
+	cm, err := kcm.New(local)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{f: f, m: f.Node(local).NewProcess(), cm: cm}, nil
+}
+
+// Model is the model process behind p (for counts in tests).
+func (p *Process) Model() *model.Process { return p.m }
+
+func (p *Process) LocalAddr() netip.Addr { return p.m.LocalAddr() }
+func (p *Process) XRC() bool             { return p.m.XRC() }
+
+func (p *Process) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, error) {
+	return p.m.OpenXRCD(path, flags)
+}
+func (p *Process) CloseXRCD(d kernel.XRCD) error { return p.m.CloseXRCD(d) }
+func (p *Process) CreateSRQ(d kernel.XRCD) (kernel.SRQ, uint32, error) {
+	return p.m.CreateSRQ(d)
+}
+func (p *Process) DestroySRQ(s kernel.SRQ) error { return p.m.DestroySRQ(s) }
+
+func (p *Process) CreateINI() (kernel.QP, uint32, error) {
+	q, n, err := p.m.CreateINI()
+	return q, toWire(n), err
+}
+
+func (p *Process) CreateTGT(d kernel.XRCD) (kernel.QP, uint32, error) {
+	q, n, err := p.m.CreateTGT(d)
+	return q, toWire(n), err
+}
+
+func (p *Process) OpenTGT(d kernel.XRCD, qpn uint32) (kernel.QP, error) {
+	return p.m.OpenTGT(d, toModel(qpn))
+}
+
+func (p *Process) DestroyQP(q kernel.QP) error { return p.m.DestroyQP(q) }
+
+func (p *Process) QueryQP(q kernel.QP) (kernel.QPInfo, error) {
+	info, err := p.m.QueryQP(q)
+	info.Num, info.DestQPN = toWire(info.Num), toWire(info.DestQPN)
+	return info, err
+}
+
+// TransitionQP moves q up to `to`. Through RTR the path comes from the real
+// CM id via: its peer's QP number and address are set on the model QP by a
+// private model exchange that mirrors the real one.
+func (p *Process) TransitionQP(q kernel.QP, to verbs.QPState, via kernel.ID) error {
+	info, err := p.m.QueryQP(q)
+	if err != nil {
+		return err
+	}
+	needPath := to >= verbs.QPStateRTR && to <= verbs.QPStateRTS && info.State < verbs.QPStateRTR
+	if !needPath {
+		return p.m.TransitionQP(q, to, 0)
+	}
+	path, err := p.cm.PathOf(via)
+	if err != nil {
+		return err
+	}
+	return p.f.withPath(p.m, info, path, func(id kernel.ID) error { return p.m.TransitionQP(q, to, id) })
+}
+
+// withPath runs fn with a model CM id of process pm whose peer is the model
+// QP numbered path.RemoteQPN at path.Remote's node, then tears the exchange
+// down (no model stale-table entry outlives it).
+func (f *Fabric) withPath(pm *model.Process, info kernel.QPInfo, path kcm.Path, fn func(kernel.ID) error) error {
+	f.shadow.Lock()
+	defer f.shadow.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	local, remote := pm.LocalAddr(), path.Remote.Addr().Unmap()
+	hp := f.helper(remote)
+	peer := toModel(path.RemoteQPN)
+	if info.Type == verbs.QPTypeXRCSend {
+		// INI: an active model id whose REP named the peer's TGT.
+		l, err := hp.Listen(netip.AddrPortFrom(remote, ShadowPort), kernel.ExchangeXRC)
+		if err != nil {
+			return err
+		}
+		defer hp.DestroyID(l)
+		a, err := pm.Connect(ctx, netip.AddrPortFrom(remote, ShadowPort), kernel.ExchangeXRC, toModel(info.Num), nil)
+		if err != nil {
+			return err
+		}
+		defer pm.DestroyID(a)
+		ev, err := hp.Event(ctx, l)
+		if err != nil {
+			return err
+		}
+		if ev.Type != kernel.EventConnectRequest {
+			return &verbs.OpError{Op: "rdma_init_qp_attr", Addr: "shadow " + ev.Type.String(), Err: syscall.EPROTO}
+		}
+		defer hp.DestroyID(ev.ID)
+		if err := hp.Accept(ev.ID, peer, nil); err != nil {
+			return err
+		}
+		return fn(a)
+	}
+	// TGT: a passive model id whose REQ named the peer's INI.
+	l, err := pm.Listen(netip.AddrPortFrom(local, ShadowPort), kernel.ExchangeXRC)
+	if err != nil {
+		return err
+	}
+	defer pm.DestroyID(l)
+	a, err := hp.Connect(ctx, netip.AddrPortFrom(local, ShadowPort), kernel.ExchangeXRC, peer, nil)
+	if err != nil {
+		return err
+	}
+	defer hp.DestroyID(a)
+	ev, err := pm.Event(ctx, l)
+	if err != nil {
+		return err
+	}
+	if ev.Type != kernel.EventConnectRequest {
+		return &verbs.OpError{Op: "rdma_init_qp_attr", Addr: "shadow " + ev.Type.String(), Err: syscall.EPROTO}
+	}
+	defer pm.DestroyID(ev.ID)
+	return fn(ev.ID)
+}
+
+func (p *Process) PostSend(q kernel.QP, wrs []kernel.SendWR) error { return p.m.PostSend(q, wrs) }
+
+func (p *Process) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
+	n, err := p.m.PollSend(ctx, q, out)
+	for i := range out[:n] {
+		out[i].QPNum = toWire(out[i].QPNum)
+	}
+	return n, err
+}
+
+func (p *Process) PollRecv(ctx context.Context, s kernel.SRQ, out []kernel.RecvCompletion) (int, error) {
+	n, err := p.m.PollRecv(ctx, s, out)
+	for i := range out[:n] {
+		out[i].TGTQPN = toWire(out[i].TGTQPN)
+	}
+	return n, err
+}
+
+func (p *Process) Listen(addr netip.AddrPort, ex kernel.Exchange) (kernel.ID, error) {
+	return p.cm.Listen(addr, ex)
+}
+
+func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
+	return p.cm.Connect(ctx, dst, ex, qpNum, pd)
+}
+
+func (p *Process) Accept(id kernel.ID, qpNum uint32, pd []byte) error {
+	return p.cm.Accept(id, qpNum, pd)
+}
+func (p *Process) Reject(id kernel.ID, pd []byte) error { return p.cm.Reject(id, pd) }
+func (p *Process) Establish(id kernel.ID) error         { return p.cm.Establish(id) }
+func (p *Process) Disconnect(id kernel.ID) error        { return p.cm.Disconnect(id) }
+func (p *Process) DestroyID(id kernel.ID) error         { return p.cm.DestroyID(id) }
+func (p *Process) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
+	return p.cm.Event(ctx, id)
+}
+
+// Close releases everything: the real CM ids first (with what the kernel
+// sends for them), then the model objects.
+func (p *Process) Close() error {
+	err := p.cm.Close()
+	if err2 := p.m.Close(); err == nil {
+		err = err2
+	}
+	return err
+}

@@ -1,0 +1,93 @@
+package hybrid
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/internal/kernel/kcm"
+	"github.com/goxrc/goxrc/internal/kernel/model"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+func TestQPNTranslation(t *testing.T) {
+	for _, m := range []uint32{0x11, 0x12345, 0x8FFFFF, 0xFFFFFF} {
+		if got := toModel(toWire(m)); got != m {
+			t.Errorf("toModel(toWire(%#x)) = %#x", m, got)
+		}
+	}
+	if toWire(0x11) != 0x700011 || toWire(0) != 0 || toModel(0) != 0 {
+		t.Errorf("toWire(0x11) = %#x", toWire(0x11))
+	}
+}
+
+// TestShadowPath sets the paths of an INI and a TGT on one model node through
+// the private exchanges, as TransitionQP does with a real id's path, and
+// sends through them.
+func TestShadowPath(t *testing.T) {
+	ip := netip.MustParseAddr("10.9.0.1")
+	f := NewFabric(model.ReuseLIFO)
+	a, b := f.Node(ip).NewProcess(), f.Node(ip).NewProcess()
+	ini, iniN, err := a.CreateINI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := b.OpenXRCD("", kernel.XRCDCreate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srq, srqN, err := b.CreateSRQ(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt, tgtN, err := b.CreateTGT(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ { // repeated: no shadow state may linger
+		for _, q := range []struct {
+			p    *model.Process
+			h    kernel.QP
+			peer uint32
+		}{{b, tgt, iniN}, {a, ini, tgtN}} {
+			if err := b.TransitionQP(tgt, verbs.QPStateReset, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.TransitionQP(ini, verbs.QPStateReset, 0); err != nil {
+				t.Fatal(err)
+			}
+			info, _ := q.p.QueryQP(q.h)
+			path := kcm.Path{RemoteQPN: toWire(q.peer), Remote: netip.AddrPortFrom(ip, 7), Exchange: kernel.ExchangeXRC}
+			if err := f.withPath(q.p, kernel.QPInfo{Num: toWire(info.Num), Type: info.Type}, path, func(id kernel.ID) error {
+				return q.p.TransitionQP(q.h, verbs.QPStateRTS, id)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			info, _ = q.p.QueryQP(q.h)
+			if info.State != verbs.QPStateRTS || info.DestQPN != q.peer || info.Remote != ip {
+				t.Fatalf("after the shadow exchange: %+v, want RTS to %#x at %s", info, q.peer, ip)
+			}
+		}
+		if n := f.Node(ip).StaleEntries(); n != 0 {
+			t.Fatalf("%d stale entries left by shadow exchanges", n)
+		}
+	}
+	// Both paths set: a send arrives. (The loop's last pass reset the TGT.)
+	path := kcm.Path{RemoteQPN: toWire(iniN), Remote: netip.AddrPortFrom(ip, 7), Exchange: kernel.ExchangeXRC}
+	if err := f.withPath(b, kernel.QPInfo{Type: verbs.QPTypeXRCRecv}, path, func(id kernel.ID) error {
+		return b.TransitionQP(tgt, verbs.QPStateRTS, id)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PostSend(ini, []kernel.SendWR{{WRID: 1, RemoteSRQN: srqN, Imm: 9, Payload: []byte("x")}}); err != nil {
+		t.Fatal(err)
+	}
+	var rc [1]kernel.RecvCompletion
+	if n, err := b.PollRecv(context.Background(), srq, rc[:]); n != 1 || err != nil || rc[0].Imm != 9 {
+		t.Fatalf("PollRecv = %d, %v, %+v", n, err, rc[0])
+	}
+	if h := f.helpers[f.Node(ip)].Handles(); h != 0 {
+		t.Errorf("helper holds %d handles", h)
+	}
+}

@@ -1,0 +1,415 @@
+// Package kcm is the CM half of the kernel seams that use the real RDMA CM
+// (internal/kernel/hybrid and internal/kernel/real): kernel.Kernel's Listen,
+// Connect, Accept, Reject, Establish, Disconnect, DestroyID and Event on
+// librdmacm through package rdmacm, with the real CM's events mapped to
+// kernel.Event exactly as internal/kernel/model produces them.
+//
+// XRC exchanges use XRC-typed ids (rdma_create_ep on RDMA_PS_IB: XRC_RECV
+// listeners, XRC_SEND active ids), SIDR uses RDMA_PS_UDP, and both kinds of
+// listener may share one port number. No QP is ever created here: Connect and
+// Accept carry the caller's QP number, which may be made up.
+//
+// Where librdmacm and the model differ in what a call returns, the model
+// wins: oversized private data is EINVAL (and a failed Accept rejects the
+// peer), received private data is zero-padded to the message's budget.
+package kcm
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"syscall"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// Private-data budgets (IP addressing), as the model has them.
+const (
+	budgetREQ     = rdmacm.MaxReqPrivateData
+	budgetREP     = rdmacm.MaxRepPrivateData
+	budgetREJ     = rdmacm.MaxRejPrivateData
+	budgetSIDRREQ = rdmacm.MaxSIDRReqPrivateData
+	budgetSIDRREP = rdmacm.MaxSIDRRepPrivateData
+)
+
+// Path is what rdma_init_qp_attr needs from an id: the peer's QP number and
+// address, learnt from CONNECT_REQUEST (passive) or CONNECT_RESPONSE (active).
+type Path struct {
+	RemoteQPN uint32
+	Remote    netip.AddrPort
+	Exchange  kernel.Exchange
+	ID        *rdmacm.ID // the librdmacm id (for InitQPAttr)
+}
+
+type entry struct {
+	id        *rdmacm.ID
+	ex        kernel.Exchange
+	passive   bool // an accepted (or pending) request's id
+	remote    netip.AddrPort
+	mu        sync.Mutex // guards remoteQPN
+	remoteQPN uint32
+}
+
+// CM is one process's CM ids on one event channel.
+type CM struct {
+	local netip.Addr
+	ch    *rdmacm.EventChannel
+
+	mu     sync.Mutex
+	ids    map[kernel.ID]*entry
+	next   kernel.ID
+	closed bool
+}
+
+// New opens an event channel for a process whose device has address local.
+func New(local netip.Addr) (*CM, error) {
+	ch, err := rdmacm.NewEventChannel()
+	if err != nil {
+		return nil, err
+	}
+	return &CM{local: local, ch: ch, ids: map[kernel.ID]*entry{}}, nil
+}
+
+func opErr(op, addr string, err error) error { return &verbs.OpError{Op: op, Addr: addr, Err: err} }
+
+func (c *CM) add(e *entry) (kernel.ID, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, opErr("rdma_create_id", "", verbs.ErrClosed)
+	}
+	c.next++
+	c.ids[c.next] = e
+	return c.next, nil
+}
+
+func (c *CM) get(op string, h kernel.ID) (*entry, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, opErr(op, "", verbs.ErrClosed)
+	}
+	e := c.ids[h]
+	if e == nil {
+		return nil, opErr(op, "", syscall.EBADF)
+	}
+	return e, nil
+}
+
+// PathOf returns what the id knows of its peer, for moving a QP to RTR. It
+// fails with EINVAL, as rdma_init_qp_attr does, before the peer's QP number
+// is known or on a SIDR id.
+func (c *CM) PathOf(h kernel.ID) (Path, error) {
+	e, err := c.get("rdma_init_qp_attr", h)
+	if err != nil {
+		return Path{}, err
+	}
+	e.mu.Lock()
+	qpn := e.remoteQPN
+	e.mu.Unlock()
+	if !e.ex.Connected() || qpn == 0 || !e.remote.IsValid() {
+		return Path{}, opErr("rdma_init_qp_attr", "", syscall.EINVAL)
+	}
+	return Path{RemoteQPN: qpn, Remote: e.remote, Exchange: e.ex, ID: e.id}, nil
+}
+
+func spaceOf(ex kernel.Exchange) (rdmacm.PortSpace, verbs.QPType, bool) {
+	switch ex {
+	case kernel.ExchangeXRC:
+		return rdmacm.PortSpaceIB, verbs.QPTypeXRCSend, true
+	case kernel.ExchangeSIDR:
+		return rdmacm.PortSpaceUDP, verbs.QPTypeUD, true
+	case kernel.ExchangeRC:
+		return rdmacm.PortSpaceTCP, verbs.QPTypeRC, true
+	case kernel.ExchangeIBRC:
+		return rdmacm.PortSpaceIB, verbs.QPTypeRC, true
+	}
+	return 0, 0, false
+}
+
+// Listen binds a listener: an XRC_RECV-typed endpoint on RDMA_PS_IB for
+// ExchangeXRC, an RDMA_PS_UDP id for SIDR (both may share a port number).
+func (c *CM) Listen(addr netip.AddrPort, ex kernel.Exchange) (kernel.ID, error) {
+	ps, qt, ok := spaceOf(ex)
+	if !ok {
+		return 0, opErr("rdma_bind_addr", addr.String(), syscall.EADDRNOTAVAIL)
+	}
+	if !addr.Addr().IsValid() || addr.Addr().IsUnspecified() {
+		// Bind to the device's address: that attaches the id to the device.
+		addr = netip.AddrPortFrom(c.local, addr.Port())
+	}
+	var id *rdmacm.ID
+	var err error
+	if ex == kernel.ExchangeXRC {
+		id, err = c.ch.CreateEndpoint(context.Background(), ps, verbs.QPTypeXRCRecv, addr, true)
+	} else {
+		if id, err = c.ch.CreateID(ps, qt); err == nil {
+			if err = id.Bind(addr); err != nil {
+				id.Close()
+			}
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	if err := id.Listen(64); err != nil {
+		id.Close()
+		return 0, err
+	}
+	h, err := c.add(&entry{id: id, ex: ex})
+	if err != nil {
+		id.Close()
+	}
+	return h, err
+}
+
+// Connect resolves dst and sends the REQ (or SIDR REQ) naming qpNum.
+func (c *CM) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
+	const op = "rdma_connect"
+	if err := ctx.Err(); err != nil {
+		return 0, opErr(op, dst.String(), err)
+	}
+	ps, qt, ok := spaceOf(ex)
+	if !ok {
+		return 0, opErr(op, dst.String(), syscall.EINVAL)
+	}
+	budget := budgetREQ
+	if ex == kernel.ExchangeSIDR {
+		budget = budgetSIDRREQ
+	}
+	if len(pd) > budget {
+		return 0, opErr(op, dst.String(), syscall.EINVAL)
+	}
+	var id *rdmacm.ID
+	var err error
+	if ex == kernel.ExchangeXRC {
+		id, err = c.ch.CreateEndpoint(ctx, ps, verbs.QPTypeXRCSend, dst, false)
+	} else if id, err = c.ch.CreateID(ps, qt); err == nil {
+		if err = id.ResolveAddr(ctx, netip.AddrPort{}, dst); err == nil {
+			err = id.ResolveRoute(ctx)
+		}
+		if err != nil {
+			id.Close()
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	p := rdmacm.ConnParam{QPNum: qpNum & 0xFFFFFF, PrivateData: pd}
+	if ex.Connected() {
+		p.ResponderResources, p.InitiatorDepth = 1, 1
+		p.RetryCount, p.RNRRetryCount = 7, 7
+		p.SRQ = ex == kernel.ExchangeXRC
+	}
+	h, err := c.add(&entry{id: id, ex: ex, remote: dst})
+	if err != nil {
+		id.Close()
+		return 0, err
+	}
+	if err := id.Connect(p); err != nil {
+		c.DestroyID(h)
+		return 0, err
+	}
+	return h, nil
+}
+
+// Accept answers a CONNECT_REQUEST with a REP (or SIDR REP) naming qpNum.
+// Private data over the budget fails with EINVAL and rejects the peer, as a
+// failed rdma_accept does.
+func (c *CM) Accept(h kernel.ID, qpNum uint32, pd []byte) error {
+	const op = "rdma_accept"
+	e, err := c.get(op, h)
+	if err != nil {
+		return err
+	}
+	if !e.passive {
+		return opErr(op, "", syscall.EINVAL)
+	}
+	budget := budgetREP
+	if e.ex == kernel.ExchangeSIDR {
+		budget = budgetSIDRREP
+	}
+	if len(pd) > budget {
+		e.id.Reject(nil)
+		return opErr(op, e.remote.String(), syscall.EINVAL)
+	}
+	p := rdmacm.ConnParam{QPNum: qpNum & 0xFFFFFF, PrivateData: pd}
+	if e.ex.Connected() {
+		p.ResponderResources, p.InitiatorDepth, p.RNRRetryCount = 1, 1, 7
+		p.SRQ = e.ex == kernel.ExchangeXRC
+	}
+	return e.id.Accept(p)
+}
+
+// Reject answers a CONNECT_REQUEST, or aborts after CONNECT_RESPONSE.
+// Oversized private data is EINVAL and the request stays pending.
+func (c *CM) Reject(h kernel.ID, pd []byte) error {
+	const op = "rdma_reject"
+	e, err := c.get(op, h)
+	if err != nil {
+		return err
+	}
+	budget := budgetREJ
+	if e.ex == kernel.ExchangeSIDR {
+		budget = budgetSIDRREP
+	}
+	if len(pd) > budget {
+		return opErr(op, e.remote.String(), syscall.EINVAL)
+	}
+	return e.id.Reject(pd)
+}
+
+// Establish sends the RTU.
+func (c *CM) Establish(h kernel.ID) error {
+	e, err := c.get("rdma_establish", h)
+	if err != nil {
+		return err
+	}
+	return e.id.Establish()
+}
+
+// Disconnect sends a DREQ, or the DREP after a DREQ.
+func (c *CM) Disconnect(h kernel.ID) error {
+	e, err := c.get("rdma_disconnect", h)
+	if err != nil {
+		return err
+	}
+	return e.id.Disconnect()
+}
+
+// DestroyID destroys the id (rdma_destroy_id).
+func (c *CM) DestroyID(h kernel.ID) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return opErr("rdma_destroy_id", "", verbs.ErrClosed)
+	}
+	e := c.ids[h]
+	delete(c.ids, h)
+	c.mu.Unlock()
+	if e == nil {
+		return opErr("rdma_destroy_id", "", syscall.EBADF)
+	}
+	return e.id.Close()
+}
+
+func pad(pd []byte, n int) []byte {
+	b := make([]byte, max(n, len(pd)))
+	copy(b, pd)
+	return b
+}
+
+// Event waits for the id's next event of a kind the seam knows, mapped as the
+// model maps it.
+func (c *CM) Event(ctx context.Context, h kernel.ID) (kernel.Event, error) {
+	e, err := c.get("rdma_get_cm_event", h)
+	if err != nil {
+		return kernel.Event{}, err
+	}
+	for {
+		re, err := e.id.Event(ctx)
+		if err != nil {
+			if errors.Is(err, rdmacm.ErrClosed) {
+				// Destroyed meanwhile (or the process closed): like the
+				// model, a wait on a dead handle is EBADF / ErrClosed.
+				if _, err2 := c.get("rdma_get_cm_event", h); err2 != nil {
+					return kernel.Event{}, err2
+				}
+			}
+			return kernel.Event{}, err
+		}
+		if ke, ok := c.mapEvent(h, e, re); ok {
+			return ke, nil
+		}
+	}
+}
+
+func (c *CM) mapEvent(h kernel.ID, e *entry, re rdmacm.Event) (kernel.Event, bool) {
+	ke := kernel.Event{ID: h, Exchange: e.ex, Remote: e.remote, Status: re.Status}
+	sidr := e.ex == kernel.ExchangeSIDR
+	switch re.Type {
+	case rdmacm.EventConnectRequest:
+		n := &entry{id: re.ID, ex: e.ex, passive: true, remote: re.ID.RemoteAddr()}
+		ke.Type, ke.Remote, ke.Status = kernel.EventConnectRequest, n.remote, 0
+		if sidr {
+			ke.PrivateData = pad(re.PrivateData, budgetSIDRREQ) // a SIDR REQ carries no QPN
+		} else {
+			n.remoteQPN = re.Conn.QPNum & 0xFFFFFF
+			ke.QPNum = n.remoteQPN
+			ke.PrivateData = pad(re.PrivateData, budgetREQ)
+		}
+		nh, err := c.add(n)
+		if err != nil {
+			re.ID.Close()
+			return ke, false
+		}
+		ke.ID = nh
+	case rdmacm.EventConnectResponse:
+		e.mu.Lock()
+		e.remoteQPN = re.Conn.QPNum & 0xFFFFFF
+		e.mu.Unlock()
+		ke.Type, ke.QPNum = kernel.EventConnectResponse, re.Conn.QPNum&0xFFFFFF
+		ke.PrivateData = pad(re.PrivateData, budgetREP)
+	case rdmacm.EventEstablished:
+		ke.Type = kernel.EventEstablished
+		if sidr {
+			ke.QPNum, ke.QKey = re.UD.QPNum&0xFFFFFF, re.UD.QKey
+			ke.PrivateData = pad(re.PrivateData, budgetSIDRREP)
+		} else {
+			e.mu.Lock()
+			ke.QPNum = e.remoteQPN
+			e.mu.Unlock()
+		}
+	case rdmacm.EventRejected:
+		ke.Type = kernel.EventRejected
+		if sidr {
+			ke.Type = kernel.EventUnreachable
+			ke.PrivateData = pad(re.PrivateData, budgetSIDRREP)
+		} else {
+			ke.PrivateData = pad(re.PrivateData, budgetREJ)
+		}
+	case rdmacm.EventUnreachable, rdmacm.EventConnectError:
+		ke.Type = kernel.EventUnreachable
+		if sidr {
+			ke.PrivateData = pad(re.PrivateData, budgetSIDRREP)
+		}
+	case rdmacm.EventDisconnected:
+		ke.Type, ke.Status = kernel.EventDisconnected, 0
+	case rdmacm.EventTimewaitExit:
+		ke.Type, ke.Status = kernel.EventTimewaitExit, 0
+	default:
+		return ke, false // address changes, multicast: nothing the seam knows
+	}
+	return ke, true
+}
+
+// Close destroys every id and the event channel, as process exit does.
+func (c *CM) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	ids := c.ids
+	c.ids = nil
+	c.mu.Unlock()
+	// Passive ids first, then active ids, then listeners: a listener's
+	// unclaimed requests go with it.
+	for _, pass := range []func(*entry) bool{
+		func(e *entry) bool { return e.passive },
+		func(e *entry) bool { return !e.passive && e.remote.IsValid() },
+		func(*entry) bool { return true },
+	} {
+		for h, e := range ids {
+			if pass(e) {
+				e.id.Close()
+				delete(ids, h)
+			}
+		}
+	}
+	return c.ch.Close()
+}
