@@ -16,6 +16,7 @@ import (
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/internal/kernel/hybrid"
 	"github.com/goxrc/goxrc/internal/kernel/model"
+	"github.com/goxrc/goxrc/internal/kernel/real"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 )
@@ -473,9 +474,110 @@ func TestXRCHybridManyVirtualOneUplink(t *testing.T) {
 	srv.p.DestroyID(ph.srvID)
 }
 
-// TestXRCHybridZZLeaks runs after the hybrid tests (and the processes'
-// cleanups): no CM id, channel or verbs object is left.
-func TestXRCHybridZZLeaks(t *testing.T) {
+// xrcReal opens the real seam on the VM's device, and skips (with the
+// reason) where the device has no XRC: the XRC suite cannot run on rxe. A
+// device that claims XRC but cannot open a domain fails the test.
+func xrcReal(t *testing.T) *real.Process {
+	t.Helper()
+	dev, ip := rdmacmEnv(t)
+	p, err := real.Open(dev, ip, real.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.CheckXRC(); err != nil {
+		if errors.Is(err, real.ErrNoXRC) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestXRCRealSkipsWithoutXRC: on rxe the real seam says XRC() false,
+// OpenXRCD fails with ErrNotSupported, and the XRC suite skips saying so.
+func TestXRCRealSkipsWithoutXRC(t *testing.T) {
+	dev, ip := rdmacmEnv(t)
+	p, err := real.Open(dev, ip, real.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	_, xerr := p.OpenXRCD("", kernel.XRCDCreate)
+	t.Logf("%s: XRC() %v, OpenXRCD: %v", dev, p.XRC(), xerr)
+	if p.XRC() && xerr != nil {
+		t.Fatalf("device %s claims XRC (IBV_DEVICE_XRC) but OpenXRCD fails: %v", dev, xerr)
+	}
+	if !p.XRC() {
+		if !errors.Is(xerr, verbs.ErrNotSupported) {
+			t.Errorf("OpenXRCD on %s without XRC: %v, want ErrNotSupported", dev, xerr)
+		}
+		want := "device " + dev + " has no XRC (IBV_DEVICE_XRC clear; ibv_open_xrcd: operation not supported)"
+		if err := p.CheckXRC(); err == nil || err.Error() != want || !errors.Is(err, real.ErrNoXRC) {
+			t.Errorf("CheckXRC = %v, want %q", err, want)
+		}
+	}
+	p.Close()
+	xrcReal(t) // skips here on rxe, with the reason
+	t.Logf("%s has XRC: the real XRC suite can run", dev)
+}
+
+// TestXRCRealCM: the CM half of the real seam is the hybrid's (one package,
+// internal/kernel/kcm); on rxe it runs, with made-up QP numbers.
+func TestXRCRealCM(t *testing.T) {
+	dev, ip := rdmacmEnv(t)
+	p, err := real.Open(dev, ip, real.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	addr := netip.AddrPortFrom(ip, 20306)
+	lx := xhListen(t, p, addr, kernel.ExchangeXRC)
+	lu := xhListen(t, p, addr, kernel.ExchangeSIDR)
+	ctx := rdmacmCtx(t, 20*time.Second)
+	id, err := p.Connect(ctx, addr, kernel.ExchangeSIDR, 0, xhMsg("VIRT_REQ"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := xhEvent(t, p, lu, kernel.EventConnectRequest, 10*time.Second)
+	if err := p.Accept(e.ID, 0x7f0001, xhMsg("VIRT_ACCEPT")); err != nil {
+		t.Fatal(err)
+	}
+	if r := xhEvent(t, p, id, kernel.EventEstablished, 10*time.Second); r.QPNum != 0x7f0001 || r.QKey != kernel.SIDRQKey {
+		t.Errorf("SIDR ESTABLISHED qpn %#x qkey %#x", r.QPNum, r.QKey)
+	}
+	const ini, tgt = 0x7f0002, 0x7f0003
+	c, err := p.Connect(ctx, addr, kernel.ExchangeXRC, ini, xhMsg("PHYS_REQ"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e = xhEvent(t, p, lx, kernel.EventConnectRequest, 10*time.Second)
+	if e.QPNum != ini {
+		t.Errorf("XRC CONNECT_REQUEST qpn %#x", e.QPNum)
+	}
+	if err := p.Accept(e.ID, tgt, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := xhEvent(t, p, c, kernel.EventConnectResponse, 10*time.Second); r.QPNum != tgt {
+		t.Errorf("CONNECT_RESPONSE qpn %#x", r.QPNum)
+	}
+	if err := p.Establish(c); err != nil {
+		t.Fatal(err)
+	}
+	xhEvent(t, p, e.ID, kernel.EventEstablished, 10*time.Second)
+	p.DestroyID(c) // INI side: a DREQ
+	xhEvent(t, p, e.ID, kernel.EventDisconnected, 10*time.Second)
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Listen(addr, kernel.ExchangeXRC); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("Listen after Close: %v", err)
+	}
+}
+
+// TestXRCRealZZLeaks runs after the hybrid and real tests (and the
+// processes' cleanups): no CM id, channel or verbs object is left.
+func TestXRCRealZZLeaks(t *testing.T) {
 	xhEnv(t)
 	deadline := time.Now().Add(5 * time.Second)
 	for {

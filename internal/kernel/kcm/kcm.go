@@ -413,3 +413,12 @@ func (c *CM) Close() error {
 	}
 	return c.ch.Close()
 }
+
+// RawID returns the librdmacm id behind h (for InitQPAttr).
+func (c *CM) RawID(h kernel.ID) (*rdmacm.ID, error) {
+	e, err := c.get("rdma_init_qp_attr", h)
+	if err != nil {
+		return nil, err
+	}
+	return e.id, nil
+}

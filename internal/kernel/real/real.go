@@ -1,0 +1,660 @@
+//go:build linux && cgo
+
+package real
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"syscall"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/internal/kernel/kcm"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// Options size the data path.
+type Options struct {
+	SendBuffer int // bytes of registered send memory per INI (default 8 MiB)
+	SendWR     int // send queue depth per INI (default 256)
+	RecvSlots  int // receives posted on each SRQ (default 32)
+	SlotSize   int // bytes per receive (default 1 MiB + 4 KiB): the largest message
+	MinRNR     uint8
+}
+
+func (o *Options) fill() {
+	if o.SendBuffer <= 0 {
+		o.SendBuffer = 8 << 20
+	}
+	if o.SendWR <= 0 {
+		o.SendWR = 256
+	}
+	if o.RecvSlots <= 0 {
+		o.RecvSlots = 32
+	}
+	if o.SlotSize <= 0 {
+		o.SlotSize = 1<<20 + 4096
+	}
+	if o.MinRNR == 0 {
+		o.MinRNR = 12 // 0.64 ms instead of rdma_init_qp_attr's 0 (655 ms)
+	}
+}
+
+// ErrNoXRC is matched by CheckXRC's error on a device without XRC.
+var ErrNoXRC = errors.New("device has no XRC")
+
+type xrcdObj struct {
+	x    *verbs.XRCD
+	uses int
+}
+
+type srqObj struct {
+	s    *verbs.SRQ
+	cq   *verbs.CQ
+	ch   *verbs.CompChannel
+	mr   *verbs.MR
+	via  *xrcdObj
+	num  uint32
+	slot int
+	mu   sync.Mutex // one poller at a time: the repost follows the copy
+}
+
+type qpObj struct {
+	q   *verbs.QP
+	typ verbs.QPType
+	via *xrcdObj // TGT only
+	// INI only: the send CQ and a byte ring of registered send memory,
+	// released in completion order.
+	cq   *verbs.CQ
+	ch   *verbs.CompChannel
+	mr   *verbs.MR
+	mu   sync.Mutex
+	head int // next free byte
+	used int // bytes in flight
+	out  []span
+}
+
+type span struct {
+	wrid         uint64
+	off, n, size int // size includes any wasted tail of the ring
+}
+
+// Process is one process's kernel on one device.
+type Process struct {
+	dev   string
+	local netip.Addr
+	opts  Options
+	ctx   *verbs.Context
+	pd    *verbs.PD
+	xrc   bool
+	cm    *kcm.CM
+
+	mu     sync.Mutex
+	next   uint64
+	closed bool
+	objs   map[uint64]any // *xrcdObj, *srqObj, *qpObj
+}
+
+var _ kernel.Kernel = (*Process)(nil)
+
+// Open opens device dev, whose address is local, for one process.
+func Open(dev string, local netip.Addr, opts Options) (_ *Process, err error) {
+	opts.fill()
+	p := &Process{dev: dev, local: local.Unmap(), opts: opts, objs: map[uint64]any{}}
+	defer func() {
+		if err != nil {
+			p.Close()
+		}
+	}()
+	if p.ctx, err = verbs.OpenDevice(dev); err != nil {
+		return nil, err
+	}
+	attr, err := p.ctx.QueryDevice()
+	if err != nil {
+		return nil, err
+	}
+	p.xrc = attr.XRC()
+	if p.pd, err = p.ctx.AllocPD(); err != nil {
+		return nil, err
+	}
+	if p.cm, err = kcm.New(p.local); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// CheckXRC tells whether XRC works on the device: nil if it claims XRC and a
+// private domain opens; an error matching ErrNoXRC if it claims none and
+// ibv_open_xrcd fails with EOPNOTSUPP, naming both; any other combination is
+// an inconsistency, reported as a different error.
+func (p *Process) CheckXRC() error {
+	x, err := p.ctx.OpenXRCD("", verbs.XRCDCreate)
+	if err == nil {
+		x.Close()
+	}
+	switch {
+	case p.xrc && err == nil:
+		return nil
+	case !p.xrc && errors.Is(err, verbs.ErrNotSupported):
+		why := "operation not supported"
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			why = errno.Error()
+		}
+		return fmt.Errorf("device %s has no XRC (IBV_DEVICE_XRC clear; ibv_open_xrcd: %s)%w", p.dev, why, noXRC{})
+	case p.xrc:
+		return fmt.Errorf("device %s claims XRC (IBV_DEVICE_XRC set) but ibv_open_xrcd fails: %w", p.dev, err)
+	case err == nil:
+		return fmt.Errorf("device %s has IBV_DEVICE_XRC clear but ibv_open_xrcd succeeds", p.dev)
+	default:
+		return fmt.Errorf("device %s has no XRC (IBV_DEVICE_XRC clear) and ibv_open_xrcd fails with an unexpected error: %w", p.dev, err)
+	}
+}
+
+// noXRC makes CheckXRC's message end where it should and match ErrNoXRC.
+type noXRC struct{}
+
+func (noXRC) Error() string        { return "" }
+func (noXRC) Is(target error) bool { return target == ErrNoXRC }
+
+func (p *Process) LocalAddr() netip.Addr { return p.local }
+func (p *Process) XRC() bool             { return p.xrc }
+
+func closedErr(op string) error { return &verbs.OpError{Op: op, Err: verbs.ErrClosed} }
+func errno(op string, e syscall.Errno) error {
+	return &verbs.OpError{Op: op, Err: e}
+}
+
+func (p *Process) add(o any) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, closedErr("add")
+	}
+	p.next++
+	p.objs[p.next] = o
+	return p.next, nil
+}
+
+func get[T any](p *Process, op string, h uint64) (T, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var zero T
+	if p.closed {
+		return zero, closedErr(op)
+	}
+	o, ok := p.objs[h].(T)
+	if !ok {
+		return zero, errno(op, syscall.EBADF)
+	}
+	return o, nil
+}
+
+func (p *Process) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, error) {
+	var vf verbs.XRCDFlags
+	if flags&kernel.XRCDCreate != 0 {
+		vf |= verbs.XRCDCreate
+	}
+	if flags&kernel.XRCDExcl != 0 {
+		vf |= verbs.XRCDExclusive
+	}
+	x, err := p.ctx.OpenXRCD(path, vf)
+	if err != nil {
+		return 0, err
+	}
+	h, err := p.add(&xrcdObj{x: x})
+	if err != nil {
+		x.Close()
+	}
+	return kernel.XRCD(h), err
+}
+
+func (p *Process) CloseXRCD(d kernel.XRCD) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	x, ok := p.objs[uint64(d)].(*xrcdObj)
+	switch {
+	case p.closed:
+		return closedErr("ibv_close_xrcd")
+	case !ok:
+		return errno("ibv_close_xrcd", syscall.EBADF)
+	case x.uses > 0:
+		return errno("ibv_close_xrcd", syscall.EBUSY)
+	}
+	delete(p.objs, uint64(d))
+	return x.x.Close()
+}
+
+func (p *Process) CreateSRQ(d kernel.XRCD) (_ kernel.SRQ, _ uint32, err error) {
+	x, err := get[*xrcdObj](p, "ibv_create_srq_ex", uint64(d))
+	if err != nil {
+		return 0, 0, err
+	}
+	s := &srqObj{via: x, slot: p.opts.SlotSize}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	if s.ch, err = p.ctx.NewCompChannel(); err != nil {
+		return 0, 0, err
+	}
+	if s.cq, err = p.ctx.CreateCQ(p.opts.RecvSlots*2, s.ch, 0); err != nil {
+		return 0, 0, err
+	}
+	if s.s, err = p.pd.CreateXRCSRQ(x.x, s.cq, verbs.SRQInit{MaxWR: uint32(p.opts.RecvSlots), MaxSGE: 1}); err != nil {
+		return 0, 0, err
+	}
+	if s.num, err = s.s.Num(); err != nil {
+		return 0, 0, err
+	}
+	if s.mr, err = p.pd.RegMR(p.opts.RecvSlots*p.opts.SlotSize, verbs.AccessLocalWrite); err != nil {
+		return 0, 0, err
+	}
+	wrs := make([]verbs.RecvWR, p.opts.RecvSlots)
+	for i := range wrs {
+		wrs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{s.mr.SGE(i*s.slot, s.slot)}}
+	}
+	if err = s.s.PostRecv(wrs); err != nil {
+		return 0, 0, err
+	}
+	h, err := p.add(s)
+	if err != nil {
+		return 0, 0, err
+	}
+	p.mu.Lock()
+	x.uses++
+	p.mu.Unlock()
+	return kernel.SRQ(h), s.num, nil
+}
+
+func (s *srqObj) close() {
+	if s.s != nil {
+		s.s.Close()
+	}
+	if s.mr != nil {
+		s.mr.Close()
+	}
+	if s.cq != nil {
+		s.cq.Close()
+	}
+	if s.ch != nil {
+		s.ch.Close()
+	}
+}
+
+func (p *Process) DestroySRQ(h kernel.SRQ) error {
+	p.mu.Lock()
+	s, ok := p.objs[uint64(h)].(*srqObj)
+	if p.closed || !ok {
+		p.mu.Unlock()
+		if p.closed {
+			return closedErr("ibv_destroy_srq")
+		}
+		return errno("ibv_destroy_srq", syscall.EBADF)
+	}
+	delete(p.objs, uint64(h))
+	s.via.uses--
+	p.mu.Unlock()
+	s.close()
+	return nil
+}
+
+func (p *Process) CreateINI() (_ kernel.QP, _ uint32, err error) {
+	q := &qpObj{typ: verbs.QPTypeXRCSend}
+	defer func() {
+		if err != nil {
+			q.close()
+		}
+	}()
+	if q.ch, err = p.ctx.NewCompChannel(); err != nil {
+		return 0, 0, err
+	}
+	if q.cq, err = p.ctx.CreateCQ(p.opts.SendWR, q.ch, 0); err != nil {
+		return 0, 0, err
+	}
+	if q.mr, err = p.pd.RegMR(p.opts.SendBuffer, verbs.AccessLocalWrite); err != nil {
+		return 0, 0, err
+	}
+	if q.q, err = p.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeXRCSend, SendCQ: q.cq,
+		Cap: verbs.QPCap{MaxSendWR: uint32(p.opts.SendWR), MaxSendSGE: 1}}); err != nil {
+		return 0, 0, err
+	}
+	h, err := p.add(q)
+	if err != nil {
+		return 0, 0, err
+	}
+	return kernel.QP(h), q.q.Num(), nil
+}
+
+func (q *qpObj) close() {
+	if q.q != nil {
+		q.q.Close()
+	}
+	if q.mr != nil {
+		q.mr.Close()
+	}
+	if q.cq != nil {
+		q.cq.Close()
+	}
+	if q.ch != nil {
+		q.ch.Close()
+	}
+}
+
+func (p *Process) tgt(d kernel.XRCD, op string, mk func(*verbs.XRCD) (*verbs.QP, error)) (kernel.QP, uint32, error) {
+	x, err := get[*xrcdObj](p, op, uint64(d))
+	if err != nil {
+		return 0, 0, err
+	}
+	vq, err := mk(x.x)
+	if err != nil {
+		return 0, 0, err
+	}
+	h, err := p.add(&qpObj{q: vq, typ: verbs.QPTypeXRCRecv, via: x})
+	if err != nil {
+		vq.Close()
+		return 0, 0, err
+	}
+	p.mu.Lock()
+	x.uses++
+	p.mu.Unlock()
+	return kernel.QP(h), vq.Num(), nil
+}
+
+func (p *Process) CreateTGT(d kernel.XRCD) (kernel.QP, uint32, error) {
+	return p.tgt(d, "ibv_create_qp_ex", p.ctx.CreateXRCRecvQP)
+}
+
+func (p *Process) OpenTGT(d kernel.XRCD, qpn uint32) (kernel.QP, error) {
+	h, _, err := p.tgt(d, "ibv_open_qp", func(x *verbs.XRCD) (*verbs.QP, error) { return p.ctx.OpenQP(x, qpn) })
+	return h, err
+}
+
+func (p *Process) DestroyQP(h kernel.QP) error {
+	p.mu.Lock()
+	q, ok := p.objs[uint64(h)].(*qpObj)
+	if p.closed || !ok {
+		p.mu.Unlock()
+		if p.closed {
+			return closedErr("ibv_destroy_qp")
+		}
+		return errno("ibv_destroy_qp", syscall.EBADF)
+	}
+	delete(p.objs, uint64(h))
+	if q.via != nil {
+		q.via.uses--
+	}
+	p.mu.Unlock()
+	q.close()
+	return nil
+}
+
+func (p *Process) QueryQP(h kernel.QP) (kernel.QPInfo, error) {
+	q, err := get[*qpObj](p, "ibv_query_qp", uint64(h))
+	if err != nil {
+		return kernel.QPInfo{}, err
+	}
+	a, _, err := q.q.Query(verbs.QPAttrState | verbs.QPAttrDestQPN | verbs.QPAttrAV)
+	if err != nil {
+		return kernel.QPInfo{}, err
+	}
+	info := kernel.QPInfo{Num: q.q.Num(), Type: q.typ, State: a.State}
+	if a.DestQPNum != 0 {
+		info.DestQPN = a.DestQPNum
+		if ip, ok := netip.AddrFromSlice(a.AH.GRH.DGID[:]); ok && !a.AH.GRH.DGID.IsZero() {
+			info.Remote = ip.Unmap()
+		}
+	}
+	return info, nil
+}
+
+// TransitionQP moves q step by step to `to` with rdma_init_qp_attr's
+// attributes from via, the mask trimmed to the QP type's transition and
+// min_rnr_timer set where the type has it.
+func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) error {
+	q, err := get[*qpObj](p, "ibv_modify_qp", uint64(h))
+	if err != nil {
+		return err
+	}
+	a, _, err := q.q.Query(verbs.QPAttrState)
+	if err != nil {
+		return err
+	}
+	cur := a.State
+	switch to {
+	case verbs.QPStateErr, verbs.QPStateReset:
+		return q.q.Modify(&verbs.QPAttr{State: to}, verbs.QPAttrState)
+	case verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS:
+	default:
+		return errno("ibv_modify_qp", syscall.EINVAL)
+	}
+	if cur == verbs.QPStateErr || cur > to {
+		return errno("ibv_modify_qp", syscall.EINVAL)
+	}
+	if cur == to {
+		return nil
+	}
+	if via == 0 {
+		return errno("rdma_init_qp_attr", syscall.EINVAL)
+	}
+	id, err := p.cm.RawID(via)
+	if err != nil {
+		return err
+	}
+	for cur < to {
+		next := cur + 1
+		attr, mask, err := id.InitQPAttr(next)
+		if err != nil {
+			return err
+		}
+		mask &= verbs.AllowedMask(q.typ, cur, next)
+		if allowed := verbs.AllowedMask(q.typ, cur, next); allowed&verbs.QPAttrMinRNRTimer != 0 {
+			attr.MinRNRTimer = p.opts.MinRNR
+			mask |= verbs.QPAttrMinRNRTimer
+		}
+		if next == verbs.QPStateRTS && q.typ == verbs.QPTypeXRCSend {
+			attr.RetryCnt, attr.RNRRetry = 7, 7
+			if attr.Timeout == 0 {
+				attr.Timeout = 14
+			}
+			mask |= verbs.QPAttrRetryCnt | verbs.QPAttrRNRRetry | verbs.QPAttrTimeout
+		}
+		attr.State = next
+		if err := q.q.Modify(&attr, mask|verbs.QPAttrState); err != nil {
+			return err
+		}
+		cur = next
+	}
+	return nil
+}
+
+// PostSend copies each payload into the INI's registered send memory and
+// posts the chain: sends with immediate naming the remote SRQ.
+func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
+	const op = "ibv_post_send"
+	q, err := get[*qpObj](p, op, uint64(h))
+	if err != nil {
+		return err
+	}
+	if q.typ != verbs.QPTypeXRCSend {
+		return errno(op, syscall.EINVAL)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	buf := q.mr.Bytes()
+	vw := make([]verbs.SendWR, len(wrs))
+	spans := make([]span, 0, len(wrs))
+	head, used := q.head, q.used
+	for i, wr := range wrs {
+		n := len(wr.Payload)
+		off, size := head, n
+		if off+n > len(buf) { // wrap: waste the tail
+			size += len(buf) - off
+			off = 0
+		}
+		if used+size > len(buf) {
+			return errno(op, syscall.ENOMEM)
+		}
+		copy(buf[off:], wr.Payload)
+		head = (off + n) % len(buf)
+		used += size
+		spans = append(spans, span{wr.WRID, off, n, size})
+		vw[i] = verbs.SendWR{ID: wr.WRID, Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled,
+			Imm: wr.Imm, RemoteSRQNum: wr.RemoteSRQN}
+		if n > 0 {
+			vw[i].SGL = []verbs.SGE{q.mr.SGE(off, n)}
+		}
+	}
+	if err := q.q.PostSend(vw); err != nil {
+		// Work requests before the failed one were posted.
+		var pe *verbs.PostError
+		if errors.As(err, &pe) {
+			if k := pe.Index; k >= 0 && k <= len(spans) {
+				q.commit(spans[:k])
+			}
+		}
+		return err
+	}
+	q.commit(spans)
+	return nil
+}
+
+func (q *qpObj) commit(spans []span) {
+	for _, s := range spans {
+		q.out = append(q.out, s)
+		q.used += s.size
+		q.head = (s.off + s.n) % q.mr.Len()
+	}
+}
+
+// release frees the send memory of completions, which come in posting order.
+func (q *qpObj) release(wrid uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i, s := range q.out {
+		if s.wrid == wrid {
+			for _, t := range q.out[:i+1] {
+				q.used -= t.size
+			}
+			q.out = q.out[i+1:]
+			if len(q.out) == 0 {
+				q.used, q.head = 0, 0
+			}
+			return
+		}
+	}
+}
+
+func (p *Process) PollSend(ctx context.Context, h kernel.QP, out []kernel.SendCompletion) (int, error) {
+	q, err := get[*qpObj](p, "ibv_poll_cq", uint64(h))
+	if err != nil {
+		return 0, err
+	}
+	if q.cq == nil || len(out) == 0 {
+		return 0, errno("ibv_poll_cq", syscall.EINVAL)
+	}
+	wcs := make([]verbs.WorkCompletion, min(len(out), 256))
+	n, err := q.cq.Wait(ctx, wcs)
+	for i, wc := range wcs[:n] {
+		q.release(wc.WRID)
+		out[i] = kernel.SendCompletion{WRID: wc.WRID, Status: wc.Status, QPNum: q.q.Num()}
+	}
+	return n, err
+}
+
+func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvCompletion) (int, error) {
+	s, err := get[*srqObj](p, "ibv_poll_cq", uint64(h))
+	if err != nil {
+		return 0, err
+	}
+	if len(out) == 0 {
+		return 0, errno("ibv_poll_cq", syscall.EINVAL)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	wcs := make([]verbs.WorkCompletion, min(len(out), 256))
+	n, err := s.cq.Wait(ctx, wcs)
+	buf := s.mr.Bytes()
+	repost := make([]verbs.RecvWR, 0, n)
+	for i, wc := range wcs[:n] {
+		off := int(wc.WRID) * s.slot
+		rc := kernel.RecvCompletion{TGTQPN: wc.QPNum, Status: wc.Status}
+		if wc.Flags&verbs.WCWithImm != 0 {
+			rc.Imm = wc.Imm
+		}
+		if wc.Status == verbs.WCSuccess {
+			rc.Payload = append([]byte(nil), buf[off:off+int(wc.ByteLen)]...)
+		}
+		out[i] = rc
+		if wc.Status != verbs.WCWRFlushErr {
+			repost = append(repost, verbs.RecvWR{ID: wc.WRID, SGL: []verbs.SGE{s.mr.SGE(off, s.slot)}})
+		}
+	}
+	if len(repost) > 0 {
+		if err2 := s.s.PostRecv(repost); err2 != nil && err == nil {
+			err = err2
+		}
+	}
+	return n, err
+}
+
+func (p *Process) Listen(addr netip.AddrPort, ex kernel.Exchange) (kernel.ID, error) {
+	return p.cm.Listen(addr, ex)
+}
+
+func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
+	return p.cm.Connect(ctx, dst, ex, qpNum, pd)
+}
+
+func (p *Process) Accept(id kernel.ID, qpNum uint32, pd []byte) error {
+	return p.cm.Accept(id, qpNum, pd)
+}
+func (p *Process) Reject(id kernel.ID, pd []byte) error { return p.cm.Reject(id, pd) }
+func (p *Process) Establish(id kernel.ID) error         { return p.cm.Establish(id) }
+func (p *Process) Disconnect(id kernel.ID) error        { return p.cm.Disconnect(id) }
+func (p *Process) DestroyID(id kernel.ID) error         { return p.cm.DestroyID(id) }
+func (p *Process) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
+	return p.cm.Event(ctx, id)
+}
+
+// Close releases everything, as process exit does: CM ids, QPs and TGT
+// handles, SRQs, domains, the PD and the device.
+func (p *Process) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	objs := p.objs
+	p.objs = nil
+	p.mu.Unlock()
+	if p.cm != nil {
+		p.cm.Close()
+	}
+	for _, o := range objs {
+		if q, ok := o.(*qpObj); ok {
+			q.close()
+		}
+	}
+	for _, o := range objs {
+		if s, ok := o.(*srqObj); ok {
+			s.close()
+		}
+	}
+	for _, o := range objs {
+		if x, ok := o.(*xrcdObj); ok {
+			x.x.Close()
+		}
+	}
+	if p.pd != nil {
+		p.pd.Close()
+	}
+	if p.ctx != nil {
+		return p.ctx.Close()
+	}
+	return nil
+}
