@@ -123,6 +123,9 @@ func (f *Fabric) NewProcess(local netip.Addr) (*Process, error) {
 	return &Process{f: f, m: f.Node(local).NewProcess(), cm: cm}, nil
 }
 
+// Handles is the number of model handles and real CM ids p holds.
+func (p *Process) Handles() int { return p.m.Handles() + p.cm.Len() }
+
 // Model is the model process behind p (for counts in tests).
 func (p *Process) Model() *model.Process { return p.m }
 

@@ -422,3 +422,10 @@ func (c *CM) RawID(h kernel.ID) (*rdmacm.ID, error) {
 	}
 	return e.id, nil
 }
+
+// Len is the number of live CM ids (listeners, requests handed out, active).
+func (c *CM) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.ids)
+}
