@@ -4,6 +4,7 @@ package xrc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -22,7 +23,7 @@ import (
 
 var hybridFabric = sync.OnceValue(func() *hybrid.Fabric { return hybrid.NewFabric(model.ReuseNever) })
 
-func hybridEndpoint(t *testing.T, port uint16, dir string) (*Endpoint, *hybrid.Process) {
+func hybridEndpoint(t *testing.T, port uint16, dir string, mod ...func(*Config)) (*Endpoint, *hybrid.Process) {
 	t.Helper()
 	if os.Getenv("RXE_DEV") == "" {
 		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
@@ -36,8 +37,12 @@ func hybridEndpoint(t *testing.T, port uint16, dir string) (*Endpoint, *hybrid.P
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	e, err := newEndpoint(context.Background(), p, Config{Addr: netip.AddrPortFrom(ip, port).String(), DomainDir: dir,
-		Heartbeat: 50 * time.Millisecond, IdleTimeout: 2 * time.Second, HandshakeTimeout: 10 * time.Second})
+	cfg := Config{Addr: netip.AddrPortFrom(ip, port).String(), DomainDir: dir,
+		Heartbeat: 50 * time.Millisecond, IdleTimeout: 2 * time.Second, HandshakeTimeout: 10 * time.Second}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	e, err := newEndpoint(context.Background(), p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,4 +117,69 @@ func TestHybridDialEcho(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+func quickIdle(c *Config) { c.Heartbeat, c.IdleTimeout = 50*time.Millisecond, 400*time.Millisecond }
+
+// TestHybridKillTGTCreator: on one node and one domain, s reaches r1 (which
+// creates the TGT: PHYS_REQ over the real XRC-typed CM) and r2 (which opens
+// it: VIRT_REQ over real SIDR). r1's process dies: its TGT-side CM id goes
+// without a DREQ (the real kernel's rule), r2 keeps talking to s, and s's
+// connection to r1 fails with ErrPeerGone.
+func TestHybridKillTGTCreator(t *testing.T) {
+	checkGoroutines(t)
+	dir := t.TempDir() + "/goxrc"
+	se, _ := hybridEndpoint(t, 20313, dir, quickIdle)
+	r1e, r1p := hybridEndpoint(t, 20314, dir, quickIdle)
+	r2e, _ := hybridEndpoint(t, 20315, dir, quickIdle)
+	s, r1, r2 := &proc{Endpoint: se}, &proc{Endpoint: r1e}, &proc{Endpoint: r2e}
+	s1, _ := pair(t, s, r1)
+	s2, c2 := pair(t, s, r2)
+	roundTrip(t, s2, c2, []byte("before"))
+	if st := s.Stats(); st.Uplinks != 1 {
+		t.Errorf("sender %+v: want one uplink to the node's domain", st)
+	}
+	r1p.Close() // kill -9
+	deadline := time.Now().Add(6 * 400 * time.Millisecond)
+	for i := 0; time.Now().Before(deadline); i++ {
+		roundTrip(t, s2, c2, fmt.Appendf(nil, "to r2 %d", i))
+		roundTrip(t, c2, s2, fmt.Appendf(nil, "from r2 %d", i))
+		time.Sleep(2 * time.Millisecond)
+	}
+	if _, err := s1.Recv(ctxT(t, 5*time.Second), make([]byte, 8)); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("connection to the dead process: %v, want ErrPeerGone", err)
+	}
+	eventually(t, "only r2's connection left at s", func() (bool, string) {
+		st := s.Stats()
+		return st.Conns == 1, fmt.Sprintf("%+v", st)
+	})
+	roundTrip(t, s2, c2, []byte("still there"))
+	t.Logf("sender %+v, r2 %+v", s.Stats(), r2.Stats())
+}
+
+// TestHybridKillSender: the sender's process dies; the kernel's DREQ for
+// its INI-side CM id reaches the TGT's creator, the idle timeout the
+// sharer; both receivers end up with no connection and no downlink.
+func TestHybridKillSender(t *testing.T) {
+	checkGoroutines(t)
+	dir := t.TempDir() + "/goxrc"
+	se, sp := hybridEndpoint(t, 20316, dir, quickIdle)
+	r1e, _ := hybridEndpoint(t, 20317, dir, quickIdle)
+	r2e, _ := hybridEndpoint(t, 20318, dir, quickIdle)
+	s, r1, r2 := &proc{Endpoint: se}, &proc{Endpoint: r1e}, &proc{Endpoint: r2e}
+	_, c1 := pair(t, s, r1)
+	_, c2 := pair(t, s, r2)
+	sp.Close() // kill -9
+	for i, c := range []*Conn{c1, c2} {
+		if _, err := c.Recv(ctxT(t, 5*time.Second), make([]byte, 8)); !errors.Is(err, ErrPeerGone) {
+			t.Errorf("receiver %d: %v, want ErrPeerGone", i+1, err)
+		}
+	}
+	for i, r := range []*proc{r1, r2} {
+		eventually(t, fmt.Sprintf("receiver %d released the dead sender", i+1), func() (bool, string) {
+			st := r.Stats()
+			return st.Conns == 0 && st.LocalCounts == 0, fmt.Sprintf("%+v", st)
+		})
+	}
+	t.Logf("r1 %+v, r2 %+v", r1.Stats(), r2.Stats())
 }
