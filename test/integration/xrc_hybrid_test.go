@@ -27,7 +27,8 @@ import (
 // neither with rxe's real QPs nor with the rdmacm tests' 0x2a0000 range.
 // Every test shares one hybrid fabric (one model node for the one real node)
 // that never reuses a number: a number in a connection that is still in
-// TIMEWAIT would be a stale connection for the kernel. Ports 20301-20310.
+// TIMEWAIT would be a stale connection for the kernel. Made-up numbers
+// outside the model are 0x6f0000-0x6f1fff. Ports 20301-20310.
 
 var xhFabric = sync.OnceValue(func() *hybrid.Fabric { return hybrid.NewFabric(model.ReuseNever) })
 
@@ -244,7 +245,7 @@ func TestXRCHybridSIDRBesideXRC(t *testing.T) {
 	cli := xhProc(t, ip)
 	ctx := rdmacmCtx(t, 10*time.Second)
 
-	req := xhMsg("VIRT_REQ", 0x700abc, 1)
+	req := xhMsg("VIRT_REQ", 0x6f0abc, 1)
 	id, err := cli.Connect(ctx, srv.addr, kernel.ExchangeSIDR, 0, req)
 	if err != nil {
 		t.Fatal(err)
@@ -255,11 +256,11 @@ func TestXRCHybridSIDRBesideXRC(t *testing.T) {
 	}
 	xhCheckPD(t, "SIDR REQ", e.PrivateData, req, rdmacm.MaxSIDRReqPrivateData)
 	rep := xhMsg("VIRT_ACCEPT", srv.srqN)
-	if err := srv.p.Accept(e.ID, 0x700def, rep); err != nil {
+	if err := srv.p.Accept(e.ID, 0x6f0def, rep); err != nil {
 		t.Fatal(err)
 	}
 	e2 := xhEvent(t, cli, id, kernel.EventEstablished, 10*time.Second)
-	if e2.QPNum != 0x700def || e2.QKey != kernel.SIDRQKey || e2.Exchange != kernel.ExchangeSIDR {
+	if e2.QPNum != 0x6f0def || e2.QKey != kernel.SIDRQKey || e2.Exchange != kernel.ExchangeSIDR {
 		t.Errorf("SIDR ESTABLISHED: qpn %#x qkey %#x %v", e2.QPNum, e2.QKey, e2.Exchange)
 	}
 	xhCheckPD(t, "SIDR REP", e2.PrivateData, rep, rdmacm.MaxSIDRRepPrivateData)
@@ -346,7 +347,7 @@ func TestXRCHybridRejects(t *testing.T) {
 	t.Run("TypeMismatch", func(t *testing.T) {
 		// An RC-typed REQ on RDMA_PS_IB to the XRC listener: REJECTED 28,
 		// and the listener sees nothing.
-		id, err := cli.Connect(ctx, srv.addr, kernel.ExchangeIBRC, 0x700f01, xhMsg("RC"))
+		id, err := cli.Connect(ctx, srv.addr, kernel.ExchangeIBRC, 0x6f0f01, xhMsg("RC"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -387,7 +388,7 @@ func TestXRCHybridRejects(t *testing.T) {
 		}
 	})
 	t.Run("ConnectTooLong", func(t *testing.T) {
-		if _, err := cli.Connect(ctx, srv.addr, kernel.ExchangeXRC, 0x700f02, make([]byte, rdmacm.MaxReqPrivateData+1)); !errors.Is(err, syscall.EINVAL) {
+		if _, err := cli.Connect(ctx, srv.addr, kernel.ExchangeXRC, 0x6f0f02, make([]byte, rdmacm.MaxReqPrivateData+1)); !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("XRC Connect with %d bytes: %v, want EINVAL", rdmacm.MaxReqPrivateData+1, err)
 		}
 		if _, err := cli.Connect(ctx, srv.addr, kernel.ExchangeSIDR, 0, make([]byte, rdmacm.MaxSIDRReqPrivateData+1)); !errors.Is(err, syscall.EINVAL) {
@@ -540,13 +541,13 @@ func TestXRCRealCM(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := xhEvent(t, p, lu, kernel.EventConnectRequest, 10*time.Second)
-	if err := p.Accept(e.ID, 0x7f0001, xhMsg("VIRT_ACCEPT")); err != nil {
+	if err := p.Accept(e.ID, 0x6f1001, xhMsg("VIRT_ACCEPT")); err != nil {
 		t.Fatal(err)
 	}
-	if r := xhEvent(t, p, id, kernel.EventEstablished, 10*time.Second); r.QPNum != 0x7f0001 || r.QKey != kernel.SIDRQKey {
+	if r := xhEvent(t, p, id, kernel.EventEstablished, 10*time.Second); r.QPNum != 0x6f1001 || r.QKey != kernel.SIDRQKey {
 		t.Errorf("SIDR ESTABLISHED qpn %#x qkey %#x", r.QPNum, r.QKey)
 	}
-	const ini, tgt = 0x7f0002, 0x7f0003
+	const ini, tgt = 0x6f1002, 0x6f1003
 	c, err := p.Connect(ctx, addr, kernel.ExchangeXRC, ini, xhMsg("PHYS_REQ"))
 	if err != nil {
 		t.Fatal(err)
@@ -581,13 +582,13 @@ func TestXRCRealZZLeaks(t *testing.T) {
 	xhEnv(t)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c, v := rdmacm.Counts(), verbs.Counts()
-		if c == (rdmacm.Counters{}) && v == (verbs.ObjectCounts{}) {
-			t.Logf("rdmacm %+v, verbs %+v", c, v)
+		c, v, n := rdmacm.Counts(), verbs.Counts(), rdmacmKernelIDs(t)
+		if c == (rdmacm.Counters{}) && v == (verbs.ObjectCounts{}) && (n < 0 || rdmacmBaseIDs < 0 || n == rdmacmBaseIDs) {
+			t.Logf("rdmacm %+v, verbs %+v, kernel cm_ids %d (at start %d)", c, v, n, rdmacmBaseIDs)
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("leak: rdmacm %+v, verbs %+v", c, v)
+			t.Fatalf("leak: rdmacm %+v, verbs %+v, kernel cm_ids %d (at start %d)", c, v, n, rdmacmBaseIDs)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
