@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/goxrc/goxrc/xrc"
 )
 
 // spinBudget is how long a waiter polls the completion queue before it arms
@@ -23,6 +25,8 @@ const spinBudget = 200 * time.Microsecond
 // callers.
 type Conn struct {
 	t            transport
+	x            *xrc.Conn // an XRC connection (WithFabric) instead of t
+	xrelease     func()
 	laddr, raddr net.Addr
 	raw          bool
 	log          logFunc
@@ -167,6 +171,9 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 	if len(p) > c.maxSend {
 		return c.opErr("send", fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLong, len(p), c.maxSend))
 	}
+	if c.x != nil {
+		return c.sendXRC(ctx, p, hasImm)
+	}
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	for {
@@ -303,6 +310,9 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, 0, false, c.opErr("recv", err)
+	}
+	if c.x != nil {
+		return c.recvXRC(ctx, buf)
 	}
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
@@ -517,6 +527,9 @@ func (c *Conn) peerGone(reason string) {
 func (c *Conn) Close() error {
 	if c == nil {
 		return nil
+	}
+	if c.x != nil {
+		return c.closeXRC()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()

@@ -19,7 +19,12 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 	if err != nil {
 		return nil, opError("dial", nil, err)
 	}
-	c, err := dial(ctx, address, cfg)
+	var c *Conn
+	if cfg.fabric != nil {
+		c, err = dialXRC(ctx, address, cfg)
+	} else {
+		c, err = dial(ctx, address, cfg)
+	}
 	if err != nil {
 		globalStats.dialErrors.Add(1)
 		return nil, err

@@ -52,7 +52,11 @@
 //
 // # Transports
 //
-// XRC (WithXRC) shares receive queue pairs among processes on devices that
-// support it. This build connects over RC only: XRCPrefer falls back to RC
-// with a logged reason, and XRCRequire fails with ErrNotSupported.
+// On devices, connections run over RC. XRC (WithXRC) shares receive queue
+// pairs among the processes of a node; no device here has it, so XRCPrefer
+// probes the device, falls back to RC and logs why, and XRCRequire fails
+// with ErrNotSupported and the reason. WithFabric runs connections over XRC
+// on an in-memory fabric (package xrc/memfabric) with the engine of package
+// xrc: the same API, for tests without RDMA hardware. XRC connections carry
+// messages; immediate data and one-sided RDMA are RC-only for now.
 package cm

@@ -8,6 +8,7 @@ import (
 
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc"
 )
 
 // Listener accepts RDMA connections on an ip:port. It follows net.Listener
@@ -16,6 +17,7 @@ type Listener struct {
 	cfg  config
 	ch   *chanRef
 	id   *rdmacm.ID
+	xep  *xrc.Endpoint // XRC over an in-memory fabric (WithFabric) instead of ch and id
 	addr Addr
 
 	ready     chan *Conn    // handshakes that completed, waiting for Accept
@@ -35,6 +37,9 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	local, err := resolveAddr(ctx, address)
 	if err != nil {
 		return nil, opError("listen", nil, err)
+	}
+	if cfg.fabric != nil {
+		return listenXRC(ctx, local, cfg)
 	}
 	fail := func(err error) (*Listener, error) { return nil, opError("listen", Addr{local}, err) }
 	ch, err := newChanRef()
@@ -77,6 +82,13 @@ func (l *Listener) Addr() net.Addr { return l.addr }
 
 // Accept waits for the next connection whose handshake has completed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	if l.xep != nil {
+		x, err := l.xep.Accept(ctx)
+		if err != nil {
+			return nil, opError("accept", l.addr, mapXRCErr(err))
+		}
+		return newXRCConn(x, l.cfg, func() {}), nil
+	}
 	select {
 	case c := <-l.ready:
 		return c, nil
@@ -200,11 +212,18 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 
 // Close stops listening. Pending Accepts return ErrClosed, handshakes in
 // progress are abandoned, and connections not yet accepted are closed.
-// Connections already accepted stay open. Close is idempotent.
+// Connections already accepted stay open, except on an in-memory fabric,
+// where the listener's XRC endpoint and its connections close together.
+// Close is idempotent.
 func (l *Listener) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
 		close(l.done)
+		if l.xep != nil {
+			err = closeEndpoint(l.xep)
+			globalStats.listeners.Add(-1)
+			return
+		}
 		err = l.id.Close()
 		l.wg.Wait()
 		for {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // Limits on what a connection may be configured with, and what a peer may ask
@@ -64,10 +66,12 @@ type config struct {
 	handshakeTimeout time.Duration
 	logger           *slog.Logger
 	xrc              XRCMode
+	xrcSet           bool // WithXRC was given
 	domainPath       string
 	raw              bool
 	keepalive        time.Duration
 	backlog          int
+	fabric           *memfabric.Process
 }
 
 func newConfig(opts []Option) (config, error) {
@@ -130,9 +134,11 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithXRC selects the transport: RC, or XRC where the device supports it.
-func WithXRC(m XRCMode) Option { return func(c *config) { c.xrc = m } }
+func WithXRC(m XRCMode) Option { return func(c *config) { c.xrc, c.xrcSet = m, true } }
 
-// WithDomainPath sets the file that names the node's shared XRC domain.
+// WithDomainPath sets the private directory (mode 0700) of the node's XRC
+// domain file: processes of a node that use the same directory share one
+// XRC domain. Default: goxrc-<uid> in the system's temporary directory.
 func WithDomainPath(path string) Option { return func(c *config) { c.domainPath = path } }
 
 // WithRawMessages turns off goxrc's framing: no handshake, no header and no

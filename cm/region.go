@@ -66,6 +66,9 @@ func (r *Region) Close() error {
 // RegisterMemory registers size bytes for one-sided operations on this
 // connection. With remoteWrite the peer may write it; it may always read it.
 func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
+	if c.x != nil {
+		return nil, c.opErr("register memory", fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
+	}
 	if size <= 0 || size > 1<<31 {
 		return nil, c.opErr("register memory", fmt.Errorf("size %d out of range", size))
 	}
@@ -90,6 +93,9 @@ func (c *Conn) ReadRemote(ctx context.Context, local *Region, off, n int, remote
 func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	if c == nil || local == nil {
 		return ErrClosed
+	}
+	if c.x != nil {
+		return c.opErr(op, fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
 	}
 	if off < 0 || n < 0 || off+n > len(local.Bytes()) {
 		return c.opErr(op, fmt.Errorf("local range [%d, %d) outside the %d-byte region", off, off+n, len(local.Bytes())))

@@ -38,6 +38,14 @@ type ProcessStats struct {
 	// DialErrors and AcceptErrors count failed connection attempts.
 	DialErrors   uint64
 	AcceptErrors uint64
+	// XRC connections (WithFabric): INI QPs (one per remote node), TGT
+	// handles (one per remote sender), receiving legs counted over them,
+	// XRC QPs held, and every kernel handle and CM id the engine holds.
+	XRCUplinks       int
+	XRCDownlinks     int
+	XRCLocalCounts   int
+	XRCQueuePairs    int
+	XRCKernelHandles int
 }
 
 var globalStats struct {
@@ -51,7 +59,13 @@ var globalStats struct {
 
 // GlobalStats returns the process-wide counters.
 func GlobalStats() ProcessStats {
+	xs := xrcStats()
 	return ProcessStats{
+		XRCUplinks:       xs.Uplinks,
+		XRCDownlinks:     xs.Downlinks,
+		XRCLocalCounts:   xs.LocalCounts,
+		XRCQueuePairs:    xs.QPs,
+		XRCKernelHandles: xs.KernelHandles,
 		ConnectionsOpen:  globalStats.connsOpen.Load(),
 		ConnectionsTotal: globalStats.connsTotal.Load(),
 		QueuePairs:       globalStats.qps.Load(),

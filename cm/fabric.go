@@ -1,0 +1,196 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"sync"
+
+	"github.com/goxrc/goxrc/xrc"
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// WithFabric runs connections on a process of an in-memory RDMA fabric
+// (package xrc/memfabric) instead of a device. The fabric has XRC, so the
+// connections are XRC: processes of a node share the node's XRC domain
+// (WithDomainPath names its directory), a process reaches every process of
+// a remote node over one INI QP, and a node keeps one TGT QP per remote
+// sender. Use it to test code built on this package without RDMA hardware.
+func WithFabric(p *memfabric.Process) Option { return func(c *config) { c.fabric = p } }
+
+// xrcConfig builds the engine's configuration for a listener or a dialer.
+func (cfg *config) xrcConfig(addr netip.AddrPort) (xrc.Config, error) {
+	if cfg.xrcSet && cfg.xrc == XRCOff {
+		return xrc.Config{}, errors.New("the in-memory fabric carries XRC connections only: drop WithXRC(XRCOff)")
+	}
+	if cfg.raw {
+		return xrc.Config{}, fmt.Errorf("raw messages over XRC: %w", ErrNotSupported)
+	}
+	return xrc.Config{
+		Process:          cfg.fabric,
+		Addr:             addr.String(),
+		DomainDir:        cfg.domainPath,
+		HandshakeTimeout: cfg.handshakeTimeout,
+	}, nil
+}
+
+// newXRCConn wraps a logical XRC connection in a Conn.
+func newXRCConn(x *xrc.Conn, cfg config, release func()) *Conn {
+	globalStats.connsOpen.Add(1)
+	globalStats.connsTotal.Add(1)
+	return &Conn{
+		x: x, xrelease: release, laddr: Addr{x.LocalAddr()}, raddr: Addr{x.RemoteAddr()},
+		maxSend: cfg.messageSize, maxRecv: cfg.messageSize,
+	}
+}
+
+// The endpoints of XRC connections, by fabric process: every Dial of a
+// process shares one endpoint, and so one uplink per remote node.
+var xrcDialers struct {
+	sync.Mutex
+	m map[*memfabric.Process]*xrcDialer
+}
+
+type xrcDialer struct {
+	ep   *xrc.Endpoint
+	refs int
+}
+
+var xrcEndpoints sync.Map // *xrc.Endpoint -> struct{}: for GlobalStats
+
+func newEndpoint(ctx context.Context, xc xrc.Config) (*xrc.Endpoint, error) {
+	ep, err := xrc.NewEndpoint(ctx, xc)
+	if err != nil {
+		return nil, err
+	}
+	xrcEndpoints.Store(ep, struct{}{})
+	return ep, nil
+}
+
+func closeEndpoint(ep *xrc.Endpoint) error {
+	xrcEndpoints.Delete(ep)
+	return ep.Close()
+}
+
+func acquireDialer(ctx context.Context, cfg config) (*xrc.Endpoint, func(), error) {
+	p := cfg.fabric
+	xrcDialers.Lock()
+	defer xrcDialers.Unlock()
+	if xrcDialers.m == nil {
+		xrcDialers.m = map[*memfabric.Process]*xrcDialer{}
+	}
+	d := xrcDialers.m[p]
+	if d == nil {
+		xc, err := cfg.xrcConfig(netip.AddrPortFrom(p.Node().Addr(), 0))
+		if err != nil {
+			return nil, nil, err
+		}
+		ep, err := newEndpoint(ctx, xc)
+		if err != nil {
+			return nil, nil, err
+		}
+		d = &xrcDialer{ep: ep}
+		xrcDialers.m[p] = d
+	}
+	d.refs++
+	release := func() {
+		xrcDialers.Lock()
+		defer xrcDialers.Unlock()
+		d.refs--
+		if d.refs == 0 {
+			delete(xrcDialers.m, p)
+			closeEndpoint(d.ep)
+		}
+	}
+	return d.ep, release, nil
+}
+
+func dialXRC(ctx context.Context, address string, cfg config) (*Conn, error) {
+	fail := func(err error) (*Conn, error) { return nil, opError("dial", nil, err) }
+	ep, release, err := acquireDialer(ctx, cfg)
+	if err != nil {
+		return fail(err)
+	}
+	x, err := ep.Dial(ctx, address)
+	if err != nil {
+		release()
+		return fail(err)
+	}
+	return newXRCConn(x, cfg, release), nil
+}
+
+func listenXRC(ctx context.Context, local netip.AddrPort, cfg config) (*Listener, error) {
+	xc, err := cfg.xrcConfig(local)
+	if err != nil {
+		return nil, opError("listen", Addr{local}, err)
+	}
+	ep, err := newEndpoint(ctx, xc)
+	if err != nil {
+		return nil, opError("listen", Addr{local}, err)
+	}
+	globalStats.listeners.Add(1)
+	return &Listener{cfg: cfg, xep: ep, addr: Addr{ep.Addr()}, done: make(chan struct{})}, nil
+}
+
+// xrcStats sums the XRC endpoints of the process.
+func xrcStats() (s xrc.Stats) {
+	xrcEndpoints.Range(func(k, _ any) bool {
+		es := k.(*xrc.Endpoint).Stats()
+		s.Uplinks += es.Uplinks
+		s.Downlinks += es.Downlinks
+		s.LocalCounts += es.LocalCounts
+		s.QPs += es.QPs
+		s.Conns += es.Conns
+		s.KernelHandles += es.KernelHandles
+		return true
+	})
+	return s
+}
+
+func (c *Conn) sendXRC(ctx context.Context, p []byte, hasImm bool) error {
+	if hasImm {
+		// The engine carries its receiver tags in the immediate data.
+		return c.opErr("send", fmt.Errorf("immediate data over XRC: %w", ErrNotSupported))
+	}
+	if err := c.x.Send(ctx, p); err != nil {
+		return c.opErr("send", mapXRCErr(err))
+	}
+	c.stats.msgsSent.Add(1)
+	c.stats.bytesSent.Add(uint64(len(p)))
+	return nil
+}
+
+func (c *Conn) recvXRC(ctx context.Context, buf []byte) (int, uint32, bool, error) {
+	n, err := c.x.Recv(ctx, buf)
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return 0, 0, false, io.EOF
+		}
+		return 0, 0, false, c.opErr("recv", mapXRCErr(err))
+	}
+	c.stats.msgsRecv.Add(1)
+	c.stats.bytesRecv.Add(uint64(n))
+	return n, 0, false, nil
+}
+
+func (c *Conn) closeXRC() error {
+	c.releaseOnce.Do(func() {
+		c.releaseErr = c.x.Close()
+		c.xrelease()
+		globalStats.connsOpen.Add(-1)
+	})
+	return c.releaseErr
+}
+
+// mapXRCErr gives the engine's errors the meaning of this package's.
+func mapXRCErr(err error) error {
+	switch {
+	case errors.Is(err, xrc.ErrPeerGone):
+		return fmt.Errorf("%w: %w", ErrPeerGone, err)
+	case errors.Is(err, xrc.ErrClosed):
+		return ErrClosed
+	}
+	return err
+}

@@ -1,0 +1,95 @@
+package cm
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// Three server processes on one node share its XRC domain, each listening on
+// its own port; one client process reaches all three over one uplink.
+func TestFabricXRCSharesOneUplink(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	serverNode, clientNode := f.Node("10.1.0.1"), f.Node("10.1.0.2")
+	domain := filepath.Join(t.TempDir(), "xrc")
+	const servers = 3
+	var addrs []string
+	for i := 0; i < servers; i++ {
+		l, err := Listen(ctx, "10.1.0.1:0", WithFabric(serverNode.Process()), WithDomainPath(domain))
+		require.NoError(t, err)
+		defer l.Close()
+		addrs = append(addrs, l.Addr().String())
+		go func() {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 64)
+			for {
+				n, err := c.Recv(ctx, buf)
+				if err != nil {
+					c.Close()
+					return
+				}
+				if c.Send(ctx, append([]byte("from "+l.Addr().String()+": "), buf[:n]...)) != nil {
+					return
+				}
+			}
+		}()
+	}
+	client := clientNode.Process()
+	var conns []*Conn
+	for _, a := range addrs {
+		c, err := Dial(ctx, a, WithFabric(client), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	buf := make([]byte, 128)
+	for i, c := range conns {
+		msg := fmt.Sprintf("hello %d", i)
+		require.NoError(t, c.Send(ctx, []byte(msg)))
+		n, err := c.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, "from "+addrs[i]+": "+msg, string(buf[:n]))
+	}
+	// The client node: one INI to the server node, and one TGT per server
+	// process that sends back. The server node: one INI per process, and
+	// one TGT for the client's INI, shared by all three.
+	cs, ss := clientNode.Stats(), serverNode.Stats()
+	require.Equal(t, 1, cs.INIs)
+	require.Equal(t, servers, cs.TGTs)
+	require.Equal(t, servers, ss.INIs)
+	require.Equal(t, 1, ss.TGTs)
+	require.Equal(t, servers, ss.TGTHandles, "each server process holds one handle on the shared TGT")
+	require.Equal(t, 1, GlobalStats().XRCUplinks-servers, "the client process has one uplink")
+
+	_, err := conns[0].RegisterMemory(4096, false)
+	require.ErrorIs(t, err, ErrNotSupported)
+	require.ErrorIs(t, conns[0].SendWithImm(ctx, []byte("x"), 1), ErrNotSupported)
+
+	for _, c := range conns {
+		require.NoError(t, c.Close())
+		require.NoError(t, c.Close(), "idempotent")
+	}
+	require.Eventually(t, func() bool { return clientNode.Stats().INIs == 0 }, 10*time.Second, 20*time.Millisecond,
+		"the client's uplink goes with its last connection")
+}
+
+func TestFabricRejectsWhatXRCCannotDo(t *testing.T) {
+	ctx := context.Background()
+	p := memfabric.New().Node("10.1.0.1").Process()
+	_, err := Listen(ctx, "10.1.0.1:0", WithFabric(p), WithXRC(XRCOff), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
+	require.ErrorContains(t, err, "XRC connections only")
+	_, err = Listen(ctx, "10.1.0.1:0", WithFabric(p), WithRawMessages(), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
+	require.ErrorIs(t, err, ErrNotSupported)
+	_, err = Dial(ctx, "10.1.0.9:1", WithFabric(p), WithDomainPath(filepath.Join(t.TempDir(), "xrc")), WithHandshakeTimeout(time.Second))
+	require.Error(t, err, "nobody listens there")
+}
