@@ -55,6 +55,16 @@ kill -INT \$spid; wait \$spid
 echo; echo "--- server output (one line per connection that asked for something):"
 cat "\$RXE_VM_OUT/server.log"
 
+echo; echo "--- XRC: several server processes sharing one domain, clients reaching them over one uplink per node (in-memory fabric)"
+step \$C -mode xrc -fabric -nodes 2 -procs 4 -clients 4
+echo; echo "--- XRC preferred on soft-RoCE: it has no XRC, so both sides say why they use RC"
+\$S -addr \$RXE_IP:\$((P + 3)) -xrc -count 1 > "\$RXE_VM_OUT/xrc-server.log" 2>&1 &
+spid=\$!
+listening \$spid
+step \$C -mode xrc -addr \$RXE_IP:\$((P + 3))
+wait \$spid || fail=1
+cat "\$RXE_VM_OUT/xrc-server.log"
+
 echo; echo "--- interop: rdma-core's rdma_client against the goxrc server in raw mode"
 \$S -addr \$RXE_IP:\$((P + 1)) -raw -count 1 > "\$RXE_VM_OUT/raw-server.log" 2>&1 &
 spid=\$!

@@ -7,7 +7,11 @@
 //   - bandwidth: streams -count messages of -size bytes to the server's
 //     sink and prints MB/s (as ib_send_bw does, in 10^6 bytes);
 //   - connect: opens -conns connections at once and prints the time per
-//     connection (as cmtime's connect step does).
+//     connection (as cmtime's connect step does);
+//   - xrc: with -fabric, server and client processes on an in-memory XRC
+//     fabric, and the QPs each node holds against what RC would need;
+//     without it, connections to the -addr servers (comma-separated) with
+//     XRC preferred, which on a device without XRC logs why RC is used.
 //
 // With -raw it sends one plain librdmacm message and waits for one reply,
 // which is what rdma-core's rdma_server example answers.
@@ -43,13 +47,17 @@ type options struct {
 	depth    int
 	raw      bool
 	json     bool
+	fabric   bool
+	nodes    int
+	procs    int
+	clients  int
 	progress time.Duration
 }
 
 func main() {
 	var o options
 	flag.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port")
-	flag.StringVar(&o.mode, "mode", "echo", "echo, latency, bandwidth or connect")
+	flag.StringVar(&o.mode, "mode", "echo", "echo, latency, bandwidth, connect or xrc")
 	flag.IntVar(&o.size, "size", 64, "message size, bytes")
 	flag.IntVar(&o.count, "count", 1000, "messages (echo, latency, bandwidth)")
 	flag.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run")
@@ -57,6 +65,10 @@ func main() {
 	flag.IntVar(&o.depth, "depth", 64, "queue depth")
 	flag.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message, read its echo")
 	flag.BoolVar(&o.json, "json", false, "print the result as JSON")
+	flag.BoolVar(&o.fabric, "fabric", false, "xrc mode: run servers and clients on an in-memory XRC fabric in this program")
+	flag.IntVar(&o.nodes, "nodes", 2, "xrc mode with -fabric: server nodes")
+	flag.IntVar(&o.procs, "procs", 4, "xrc mode with -fabric: server processes per node")
+	flag.IntVar(&o.clients, "clients", 4, "xrc mode with -fabric: client processes")
 	flag.DurationVar(&o.progress, "progress", 2*time.Second, "interval of the progress line on stderr (0: none)")
 	flag.Parse()
 
@@ -98,6 +110,9 @@ func (r result) summary() string {
 	case "connect":
 		return fmt.Sprintf("connect %d connections: %.0f us per connection, %.2fs in all", r.Count, r.PerConnUS, r.Seconds)
 	}
+	if r.Mode == "xrc" {
+		return fmt.Sprintf("xrc: %d connections echoed", r.Count)
+	}
 	if r.Mode == "raw" {
 		return fmt.Sprintf("raw exchange with %s: one message each way, %.2fs", r.Addr, r.Seconds)
 	}
@@ -108,6 +123,9 @@ func run(ctx context.Context, o options) (result, error) {
 	r := result{Mode: o.mode, Addr: o.addr, Size: o.size, Count: o.count}
 	if o.mode == "connect" {
 		return connect(ctx, o, r)
+	}
+	if o.mode == "xrc" {
+		return xrcDemo(ctx, o)
 	}
 	opts := []cm.Option{cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth)}
 	if o.raw {

@@ -39,9 +39,13 @@ func main() {
 	count := flag.Int("count", 0, "exit after serving this many connections (0: run until interrupted)")
 	asJSON := flag.Bool("json", false, "print one JSON object per connection")
 	verbose := flag.Bool("v", false, "log connection events")
+	preferXRC := flag.Bool("xrc", false, "prefer XRC; on a device without it, log why RC is used")
 	flag.Parse()
 
 	level := slog.LevelWarn
+	if *preferXRC {
+		level = slog.LevelInfo
+	}
 	if *verbose {
 		level = slog.LevelDebug
 	}
@@ -49,6 +53,9 @@ func main() {
 	opts := []cm.Option{cm.WithMessageSize(*size), cm.WithQueueDepth(*depth), cm.WithLogger(logger)}
 	if *raw {
 		opts = append(opts, cm.WithRawMessages())
+	}
+	if *preferXRC {
+		opts = append(opts, cm.WithXRC(cm.XRCPrefer))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

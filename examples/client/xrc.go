@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// xrcDemo connects client processes to server processes with XRC and shows
+// the queue pairs each node holds against what RC would need.
+//
+// With -fabric everything runs on an in-memory fabric in this one program:
+// -nodes server nodes with -procs server processes each (all of a node's
+// processes share its XRC domain, each listens on its own port) and one
+// client node with -clients client processes, each dialing every server.
+// Without it, it dials the servers in -addr (comma-separated) on the real
+// device with XRC preferred: on a device without XRC (soft-RoCE) the log
+// says why it fell back to RC.
+func xrcDemo(ctx context.Context, o options) (result, error) {
+	r := result{Mode: "xrc", Addr: o.addr}
+	if !o.fabric {
+		logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		addrs := strings.Split(o.addr, ",")
+		for _, a := range addrs {
+			c, err := cm.Dial(ctx, a, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger))
+			if err != nil {
+				return r, err
+			}
+			err = exchange(ctx, c, "hello over whatever the device allows")
+			c.Close()
+			if err != nil {
+				return r, err
+			}
+			r.Count++
+		}
+		return r, nil
+	}
+
+	f := memfabric.New()
+	tmp, err := os.MkdirTemp("", "goxrc-demo-")
+	if err != nil {
+		return r, err
+	}
+	defer os.RemoveAll(tmp)
+	var addrs []string
+	var servers []*memfabric.Node
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for n := 0; n < o.nodes; n++ {
+		node := f.Node(fmt.Sprintf("10.9.0.%d", n+1))
+		servers = append(servers, node)
+		domain := filepath.Join(tmp, fmt.Sprintf("node%d", n))
+		for p := 0; p < o.procs; p++ {
+			l, err := cm.Listen(ctx, node.Addr().String()+":0", cm.WithFabric(node.Process()), cm.WithDomainPath(domain))
+			if err != nil {
+				return r, err
+			}
+			defer l.Close()
+			addrs = append(addrs, l.Addr().String())
+			wg.Add(1)
+			go func() { defer wg.Done(); serveEcho(ctx, l, o.clients) }()
+		}
+	}
+	clientNode := f.Node("10.9.1.1")
+	clientDomain := filepath.Join(tmp, "client")
+	var conns []*cm.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < o.clients; i++ {
+		proc := clientNode.Process()
+		for _, a := range addrs {
+			c, err := cm.Dial(ctx, a, cm.WithFabric(proc), cm.WithDomainPath(clientDomain))
+			if err != nil {
+				return r, err
+			}
+			conns = append(conns, c)
+			if err := exchange(ctx, c, fmt.Sprintf("client %d to %s", i, a)); err != nil {
+				return r, err
+			}
+			r.Count++
+		}
+	}
+	fmt.Printf("%d client processes on one node, %d server nodes with %d processes each: %d connections, all echoed\n",
+		o.clients, o.nodes, o.procs, len(conns))
+	fmt.Printf("%-10s %5s %5s %12s %9s %21s\n", "node", "INIs", "TGTs", "TGT handles", "XRC QPs", "RC would need (QPs)")
+	show := func(name string, s memfabric.NodeStats, rc int) {
+		fmt.Printf("%-10s %5d %5d %12d %9d %21d\n", name, s.INIs, s.TGTs, s.TGTHandles, s.QPs(), rc)
+	}
+	show("client", clientNode.Stats(), o.clients*o.nodes*o.procs)
+	for i, n := range servers {
+		show(fmt.Sprintf("server%d", i), n.Stats(), o.clients*o.procs)
+	}
+	return r, nil
+}
+
+func exchange(ctx context.Context, c *cm.Conn, msg string) error {
+	if err := c.Send(ctx, []byte(msg)); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg)+64)
+	n, err := c.Recv(ctx, buf)
+	if err != nil {
+		return err
+	}
+	if string(buf[:n]) != msg {
+		return fmt.Errorf("echo %q, want %q", buf[:n], msg)
+	}
+	return nil
+}
+
+// serveEcho accepts n connections and echoes on each until it closes.
+func serveEcho(ctx context.Context, l *cm.Listener, n int) {
+	for i := 0; i < n; i++ {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			buf := make([]byte, 4096)
+			for {
+				k, err := c.Recv(ctx, buf)
+				if err != nil || c.Send(ctx, buf[:k]) != nil {
+					return
+				}
+			}
+		}()
+	}
+}
