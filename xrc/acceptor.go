@@ -136,9 +136,11 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) Decision {
 	key := legKey{req.Incarnation, req.ConnTag}
 	moving := a.legs[key]
 	if req.Flags&wire.FlagMove != 0 {
-		if moving == nil || moving.Downlink.INIQPN == req.INIQPN {
-			// Nothing to move, or a second PHYS_REQ for a leg already on
-			// this INI.
+		// A PHYS_REQ is a fresh CM connection (the CM's stale table
+		// refuses a second live one from the same INI), so a MOVE by PHYS
+		// needs only the leg. The INI number may equal the old one: the
+		// sender's old INI may be destroyed, and its number reused, first.
+		if moving == nil {
 			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 		}
 	} else if moving != nil {

@@ -42,6 +42,7 @@ type Conn struct {
 	recvReleased bool
 	lastSeen     time.Time
 	goneAt       time.Time // the sender's INI was torn down
+	goneDrains   uint64    // e.drains then
 	finRcvd      bool
 	q            [][]byte
 	wakeCh       chan struct{}
@@ -137,15 +138,15 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 			case verbs.WCSuccess:
 				return nil
 			case verbs.WCRemInvReqErr:
-				return &opError{"send", c.raddr.String(), ErrPeerGone}
+				return &opError{"send", c.raddr.String(), errSRQGone}
 			}
 			// Flushed or retries exhausted: the uplink recovers; again.
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-	c.fail(ErrPeerGone)
-	return &opError{"send", c.raddr.String(), ErrPeerGone}
+	c.fail(errRetries)
+	return &opError{"send", c.raddr.String(), errRetries}
 }
 
 // post posts one frame on the uplink's current INI; ch (if not nil) gets
@@ -341,7 +342,7 @@ func (c *Conn) checkReadyLocked() {
 		return
 	}
 	if c.recvLeg.PeerIncarnation != c.peerInc {
-		c.failLocked(ErrPeerGone)
+		c.failLocked(errIncarnation)
 		return
 	}
 	c.isReady = true

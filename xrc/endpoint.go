@@ -94,6 +94,7 @@ type Endpoint struct {
 	rejected   atomic.Uint64
 	recoveries atomic.Uint64
 	moved      atomic.Uint64
+	drains     atomic.Uint64 // times the receive loop emptied the SRQ
 }
 
 type upKey struct {
@@ -518,7 +519,7 @@ func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn) {
 				}
 			case kernel.EventRejected: // REP-time stale, or the dialer gave up
 				if c != nil {
-					c.fail(ErrPeerGone)
+					c.fail(errStaleLink)
 				}
 				return
 			case kernel.EventDisconnected:
@@ -541,7 +542,7 @@ func (e *Endpoint) senderGone(tgt, ini uint32) {
 	defer e.mu.Unlock()
 	for _, l := range legs {
 		if c := e.recv[l.Tag]; c != nil && c.goneAt.IsZero() {
-			c.goneAt = now
+			c.goneAt, c.goneDrains = now, e.drains.Load()
 		}
 	}
 }
@@ -589,6 +590,9 @@ func (e *Endpoint) recvLoop() {
 		for i := range wcs[:n] {
 			e.deliver(&wcs[i])
 			wcs[i] = kernel.RecvCompletion{}
+		}
+		if n < len(wcs) {
+			e.drains.Add(1)
 		}
 	}
 }
@@ -653,6 +657,7 @@ func (e *Endpoint) janitor() {
 		case <-t.C:
 		}
 		now := time.Now()
+		drains := e.drains.Load()
 		var beat, dead []*Conn
 		e.mu.Lock()
 		for c := range e.conns {
@@ -660,8 +665,13 @@ func (e *Endpoint) janitor() {
 				continue
 			}
 			if c.recvLeg != nil && c.recvUp && !c.finRcvd {
-				if now.Sub(c.lastSeen) > e.cfg.IdleTimeout ||
-					(!c.goneAt.IsZero() && now.Sub(c.goneAt) > e.cfg.Heartbeat) {
+				// A sender whose INI's CM connection ended (DREQ) is gone
+				// once its FIN, if any, cannot still sit in our SRQ: the
+				// receive loop emptied the SRQ after the DREQ (or, if
+				// nothing arrives at all, half an idle timeout passed).
+				gone := !c.goneAt.IsZero() && ((now.Sub(c.goneAt) > e.cfg.Heartbeat && drains > c.goneDrains) ||
+					now.Sub(c.goneAt) > e.cfg.IdleTimeout/2)
+				if now.Sub(c.lastSeen) > e.cfg.IdleTimeout || gone {
 					dead = append(dead, c)
 					continue
 				}
@@ -672,7 +682,7 @@ func (e *Endpoint) janitor() {
 		}
 		e.mu.Unlock()
 		for _, c := range dead {
-			c.fail(ErrPeerGone)
+			c.fail(errIdle)
 		}
 		for _, c := range beat {
 			c.post(kindHeartbeat, nil, nil)

@@ -15,7 +15,7 @@ import (
 // Timings for the engine tests: short, so that crash detection is quick.
 const (
 	testHeartbeat = 20 * time.Millisecond
-	testIdle      = 150 * time.Millisecond
+	testIdle      = 400 * time.Millisecond
 )
 
 // world is a memfabric with one domain directory per node.

@@ -20,6 +20,13 @@ var (
 	ErrPeerGone = errors.New("xrc: peer gone")
 	// ErrNoKernel reports a Config without a process to run on.
 	ErrNoKernel = errors.New("xrc: no kernel (set Config.Process)")
+
+	errSRQGone     = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
+	errIdle        = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)
+	errStaleLink   = fmt.Errorf("%w: its INI's CM connection ended without FIN", ErrPeerGone)
+	errRetries     = fmt.Errorf("%w: sends keep failing", ErrPeerGone)
+	errIncarnation = fmt.Errorf("%w: answered by another incarnation", ErrPeerGone)
+	errUplinkGone  = fmt.Errorf("%w: uplink gone during the request", ErrPeerGone)
 )
 
 // RejectReason is why a peer refused a connection request.

@@ -3,6 +3,7 @@ package xrc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"time"
@@ -133,7 +134,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		// lives on the old TGT and must move to the new one.
 		for err == nil && (u.cur != q || u.state != upUp) {
 			if u.state == upNone {
-				err = ErrPeerGone
+				err = errUplinkGone
 				break
 			}
 			if u.state != upUp {
@@ -181,7 +182,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		e.mu.Unlock()
 		return err
 	}
-	return ErrPeerGone
+	return errRetries
 }
 
 // bindLocked makes c's sending leg ride u, from the ACCEPT; the dial's
@@ -190,9 +191,10 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	if c.failed() || (c.peerInc != 0 && c.peerInc != acc.Incarnation) {
 		u.refs--
 		e.maybeTeardownLocked(u)
-		err := c.errOr(ErrPeerGone)
-		c.failLocked(err)
-		return err
+		if c.err == nil {
+			c.failLocked(errIncarnation)
+		}
+		return c.err
 	}
 	c.up, c.holdsRef = u, true
 	c.peerTag, c.peerSRQN, c.peerInc = acc.AcceptorTag, acc.SRQN, acc.Incarnation
@@ -329,7 +331,7 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			delete(q.waiters, wc.WRID)
 			if wc.Status != verbs.WCSuccess {
 				if wc.Status == verbs.WCRemInvReqErr && ok {
-					w.c.failLocked(ErrPeerGone)
+					w.c.failLocked(errSRQGone)
 				}
 				e.failINILocked(u, q)
 			}
@@ -437,10 +439,10 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			u.inis = append(u.inis, q)
 		}
 		if err == nil && (acc.AcceptorTag != c.peerTag || acc.Incarnation != c.peerInc || acc.DomainID != dom) {
-			err = ErrPeerGone
+			err = errIncarnation
 		}
 		if err != nil {
-			c.failLocked(ErrPeerGone)
+			c.failLocked(fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))
 		} else {
 			e.moved.Add(1)
 		}

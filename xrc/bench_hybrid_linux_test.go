@@ -1,0 +1,228 @@
+//go:build linux && cgo
+
+package xrc_test
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/xrc"
+)
+
+// What XRC buys at connection time, on soft-RoCE in the VM of
+// test/vm/rxe-vm.sh (RXE_DEV, RXE_IP; both benchmarks skip elsewhere):
+//
+//   - BenchmarkHybridAddLogicalConn: one more logical connection between two
+//     endpoints whose uplinks are already up. Its two legs are two SIDR
+//     exchanges through the real kernel CM (VIRT_REQ from the dialer, the
+//     reciprocal VIRT_REQ from the acceptor) on the hybrid seam; no QP is
+//     created, which the benchmark checks (model QP count, Stats.Uplinks).
+//   - BenchmarkRCDial: a full RC connection through package cm (cm.Dial plus
+//     the listener's Accept: CM id, resolve, QP, CQ, receive buffers,
+//     connected exchange, goxrc's hello).
+//
+// Both keep one warm-up connection open throughout (the uplinks; cm's device
+// context and PD) and time only the setup: each iteration's connection is
+// closed with the timer stopped. Run them with a fixed -test.benchtime Nx,
+// alternately (test/bench-xrc.sh). Ports 20321-20329.
+
+func rxeAddr(b *testing.B) netip.Addr {
+	b.Helper()
+	if os.Getenv("RXE_DEV") == "" {
+		b.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh (test/bench-xrc.sh)")
+	}
+	ip, err := netip.ParseAddr(os.Getenv("RXE_IP"))
+	if err != nil {
+		b.Fatalf("RXE_IP: %v", err)
+	}
+	return ip
+}
+
+// waitConns waits until both endpoints hold exactly want connections.
+func waitConns(b *testing.B, want int, es ...*xrc.Endpoint) {
+	b.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok := true
+		for _, e := range es {
+			ok = ok && e.Stats().Conns == want
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, e := range es {
+				b.Logf("%v: %+v", e.Addr(), e.Stats())
+			}
+			b.Fatalf("connections never went back to %d", want)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// BenchmarkHybridAddLogicalConn: after a warm-up Dial that brings up one
+// uplink each way (the physical XRC-typed exchanges), each iteration Dials
+// one more logical connection to the same endpoint (timed: Dial returns once
+// both legs are up, i.e. after both SIDR exchanges), then closes it and waits
+// until both ends have released it (not timed).
+func BenchmarkHybridAddLogicalConn(b *testing.B) {
+	ip := rxeAddr(b)
+	dir := b.TempDir() + "/goxrc"
+	srv := xrc.BenchHybridEndpoint(b, ip, 20321, dir)
+	cli := xrc.BenchHybridEndpoint(b, ip, 20322, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		for {
+			c, err := srv.Accept(ctx)
+			if err != nil {
+				return
+			}
+			go func() { // until the dialer's FIN, then close our side
+				buf := make([]byte, 64)
+				for {
+					if _, err := c.Recv(ctx, buf); err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	dctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 10*time.Second) }
+	raddr := srv.Addr().String()
+
+	wctx, wcancel := dctx()
+	warm, err := cli.Dial(wctx, raddr)
+	wcancel()
+	if err != nil {
+		b.Fatalf("warm-up dial: %v", err)
+	}
+	defer warm.Close()
+	waitConns(b, 1, cli, srv)
+	// One uplink each way between the two endpoints of this node: 2 INIs,
+	// 2 TGTs (after the previous run's endpoints are gone).
+	const ini0, tgt0 = 2, 2
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		ini, tgt := xrc.BenchHybridNodeQPs(ip)
+		if ini == ini0 && tgt == tgt0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("after warm-up the node has %d INI + %d TGT QPs, want %d + %d", ini, tgt, ini0, tgt0)
+		}
+	}
+	check := func(when string) {
+		cs, ss := cli.Stats(), srv.Stats()
+		ini, tgt := xrc.BenchHybridNodeQPs(ip)
+		if cs.Uplinks != 1 || ss.Uplinks != 1 || ini != ini0 || tgt != tgt0 {
+			b.Fatalf("%s: uplinks client %d server %d, node QPs %d INI + %d TGT (after warm-up %d + %d): not the SIDR-only path",
+				when, cs.Uplinks, ss.Uplinks, ini, tgt, ini0, tgt0)
+		}
+		if cs.Rejected != 0 || ss.Rejected != 0 || cs.Recoveries != 0 || ss.Recoveries != 0 {
+			b.Fatalf("%s: rejects/recoveries client %d/%d, server %d/%d", when, cs.Rejected, cs.Recoveries, ss.Rejected, ss.Recoveries)
+		}
+	}
+	check("after warm-up")
+
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c, err := func() (*xrc.Conn, error) {
+			ictx, icancel := dctx()
+			defer icancel()
+			return cli.Dial(ictx, raddr)
+		}()
+		if err != nil {
+			b.Fatalf("dial %d: %v", i, err)
+		}
+		b.StopTimer()
+		if i == 0 {
+			if cs := cli.Stats(); cs.Conns != 2 {
+				b.Fatalf("client holds %d connections with the new one, want 2", cs.Conns)
+			}
+			check("with the new connection")
+		}
+		c.Close()
+		waitConns(b, 1, cli, srv)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	check("at the end")
+	ini, tgt := xrc.BenchHybridNodeQPs(ip)
+	b.ReportMetric(float64(cli.Stats().Uplinks), "uplinks")
+	b.ReportMetric(float64(ini+tgt-ini0-tgt0), "newQPs")
+}
+
+// BenchmarkRCDial: each iteration is cm.Dial plus the listener's Accept of
+// one RC connection (timed), with the smallest buffers cm takes here
+// (64-byte messages, queue depth 2: the cheapest RC setup). Close waits out
+// the CM's time-wait (about 2 s on rxe), so both ends are closed in the
+// background with the timer stopped, and waited for after the loop.
+func BenchmarkRCDial(b *testing.B) {
+	ip := rxeAddr(b)
+	addr := netip.AddrPortFrom(ip, 20325).String()
+	opts := []cm.Option{cm.WithMessageSize(64), cm.WithQueueDepth(2), cm.WithHandshakeTimeout(10 * time.Second)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l, err := cm.Listen(ctx, addr, opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan *cm.Conn)
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+		}
+	}()
+	var closing sync.WaitGroup
+	defer closing.Wait()
+	closeBoth := func(cs ...*cm.Conn) {
+		for _, c := range cs {
+			closing.Add(1)
+			go func() {
+				defer closing.Done()
+				c.Close()
+			}()
+		}
+	}
+	dial := func() (*cm.Conn, *cm.Conn) {
+		dctx, dcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer dcancel()
+		c, err := cm.Dial(dctx, addr, opts...)
+		if err != nil {
+			b.Fatalf("dial: %v", err)
+		}
+		select {
+		case s, ok := <-accepted:
+			if !ok {
+				b.Fatal("listener stopped")
+			}
+			return c, s
+		case <-dctx.Done():
+			b.Fatal("no accepted connection")
+		}
+		return nil, nil
+	}
+	wc, ws := dial() // warm-up: opens cm's device context and PD
+	defer closeBoth(wc, ws)
+
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c, s := dial()
+		b.StopTimer()
+		closeBoth(c, s)
+		b.StartTimer()
+	}
+	b.StopTimer()
+}

@@ -1,0 +1,273 @@
+package xrc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+// rawKernel is a process on ip that speaks to endpoints through the kernel
+// directly, with whatever private data a test makes up.
+func (w *world) rawKernel(ip string) kernel.Kernel {
+	k, ok := kernel.Unwrap(w.f.Node(ip).Process())
+	if !ok {
+		w.t.Fatal("no kernel")
+	}
+	w.t.Cleanup(func() { k.Close() })
+	return k
+}
+
+// answer sends pd to addr over ex (qpNum: the INI for XRC) and returns the
+// first event on the id, which it then destroys.
+func answer(t *testing.T, k kernel.Kernel, addr netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) kernel.Event {
+	t.Helper()
+	id, err := k.Connect(ctxT(t, time.Second), addr, ex, qpNum, pd)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer k.DestroyID(id)
+	ev, err := k.Event(ctxT(t, 2*time.Second), id)
+	if err != nil {
+		t.Fatalf("event: %v", err)
+	}
+	return ev
+}
+
+func encodeReq(t *testing.T, r wire.Req) []byte {
+	t.Helper()
+	b := make([]byte, wire.BudgetSIDRREQ)
+	n, err := r.Encode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b[:n]
+}
+
+// Hostile or broken requests are refused with a reason, and leave nothing
+// behind: no TGT handle, no local count, no connection, no kernel handle.
+func TestEndpointHostileRequests(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.8.1", 7000)
+	r := w.endpoint("10.0.8.2", 7001)  // receives from s: holds s's TGT
+	r2 := w.endpoint("10.0.8.2", 7002) // does not
+	sc, rc := pair(t, s, r)
+	s.mu.Lock()
+	tgt, dom := s.uplinks[0].cur.tgt, s.uplinks[0].dom
+	s.mu.Unlock()
+	evil := w.rawKernel("10.0.8.1")
+	ini, iniQPN, err := evil.CreateINI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = ini
+	nodeB := w.f.Node("10.0.8.2")
+	snapshot := func() string {
+		st, st2 := r.Stats(), r2.Stats()
+		st.Rejected, st2.Rejected, st.Dropped, st2.Dropped = 0, 0, 0, 0
+		return fmt.Sprintf("r %+v r2 %+v node B %+v", st, st2, nodeB.Stats())
+	}
+	before := snapshot()
+	virt := wire.Req{Type: wire.TypeVirtReq, ConnTag: 77, Incarnation: 0xE71, INIQPN: iniQPN, TGTQPNHint: tgt, DomainHint: dom, SRQN: 0x30, ReplyPort: 9}
+	phys := wire.Req{Type: wire.TypePhysReq, ConnTag: 78, Incarnation: 0xE71, INIQPN: iniQPN, SRQN: 0x30, ReplyPort: 9}
+	mut := func(r wire.Req, f func(*wire.Req)) wire.Req { f(&r); return r }
+	mutb := func(b []byte, f func([]byte) []byte) []byte { return f(bytes.Clone(b)) }
+	garbage := []byte("\x13\x37 this is not our private data, just noise from a stranger")
+	cases := []struct {
+		name   string
+		to     *proc
+		ex     kernel.Exchange
+		pd     []byte
+		want   wire.RejectReason
+		wantID uint64 // the domain id the REJECT must carry (0: don't care)
+	}{
+		{"SIDR garbage", r, kernel.ExchangeSIDR, garbage, wire.RejectBadRequest, 0},
+		{"SIDR empty", r, kernel.ExchangeSIDR, nil, wire.RejectBadRequest, 0},
+		{"SIDR truncated", r, kernel.ExchangeSIDR, encodeReq(t, virt)[:30], wire.RejectBadRequest, 0},
+		{"SIDR declared length over budget", r, kernel.ExchangeSIDR, mutb(encodeReq(t, virt), func(b []byte) []byte { b[6], b[7] = 0, 200; return b }), wire.RejectBadRequest, 0},
+		{"SIDR version 2", r, kernel.ExchangeSIDR, mutb(encodeReq(t, virt), func(b []byte) []byte { b[2] = 2; return b }), wire.RejectVersion, 0},
+		{"SIDR PHYS_REQ type", r, kernel.ExchangeSIDR, encodeReq(t, phys), wire.RejectBadRequest, 0},
+		{"foreign domain id", r, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) { q.DomainHint = dom ^ 0x5a5a })), wire.RejectDomainMismatch, dom},
+		{"hint names another sender's TGT (held here)", r, kernel.ExchangeSIDR, encodeReq(t, virt), wire.RejectTGTGone, 0},
+		{"hint names another sender's TGT (open + verify)", r2, kernel.ExchangeSIDR, encodeReq(t, virt), wire.RejectTGTGone, 0},
+		{"hint names no TGT", r2, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) { q.TGTQPNHint = 0xFFFF })), wire.RejectTGTGone, 0},
+		{"MOVE of a leg never made", r, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) { q.Flags = wire.FlagMove })), wire.RejectBadRequest, 0},
+		{"XRC garbage", r, kernel.ExchangeXRC, garbage[:40], wire.RejectBadRequest, 0},
+		{"XRC INI QPN differs from the CM's", r, kernel.ExchangeXRC, encodeReq(t, mut(phys, func(q *wire.Req) { q.INIQPN = iniQPN + 1 })), wire.RejectBadRequest, 0},
+		{"XRC reciprocal naming no dial of ours", r, kernel.ExchangeXRC, encodeReq(t, mut(phys, func(q *wire.Req) { q.Flags, q.PeerTag = wire.FlagReciprocal, 4242 })), wire.RejectBadRequest, 0},
+	}
+	rejected := map[*proc]uint64{}
+	for _, c := range cases {
+		ev := answer(t, evil, c.to.Addr(), c.ex, iniQPN, c.pd)
+		wantEv, wantSt := kernel.EventUnreachable, kernel.SIDRRejected
+		if c.ex == kernel.ExchangeXRC {
+			wantEv, wantSt = kernel.EventRejected, kernel.RejConsumerDefined
+		}
+		var rej wire.Reject
+		if ev.Type != wantEv || ev.Status != wantSt {
+			t.Errorf("%s: %v status %d, want %v %d", c.name, ev.Type, ev.Status, wantEv, wantSt)
+		} else if err := wire.DecodeReject(ev.PrivateData, &rej); err != nil {
+			t.Errorf("%s: REJECT: %v", c.name, err)
+		} else if rej.Reason != c.want || (c.wantID != 0 && rej.DomainID != c.wantID) {
+			t.Errorf("%s: %v (domain %#x), want %v", c.name, rej.Reason, rej.DomainID, c.want)
+		}
+		rejected[c.to]++
+		// The acceptor destroys the request's CM id just after answering.
+		eventually(t, c.name+": state unchanged", func() (bool, string) {
+			got := snapshot()
+			return got == before, got + "\nwas\n" + before
+		})
+	}
+	// One byte over the carrier's budget never leaves the kernel.
+	if _, err := evil.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeSIDR, 0, make([]byte, wire.BudgetSIDRREQ+1)); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("oversize SIDR REQ: %v, want EINVAL", err)
+	}
+	if _, err := evil.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeXRC, iniQPN, make([]byte, wire.BudgetREQ+1)); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("oversize REQ: %v, want EINVAL", err)
+	}
+	for p, n := range rejected {
+		if got := p.Stats().Rejected; got != n {
+			t.Errorf("%v counted %d rejects, want %d", p.Addr(), got, n)
+		}
+	}
+	// The honest connection never noticed.
+	roundTrip(t, sc, rc, []byte("unaffected"))
+	roundTrip(t, rc, sc, []byte("unaffected"))
+}
+
+// rawPeer is a hand-driven sender with an acceptor of its own, so that the
+// endpoint's reverse legs to it succeed and its connections go live.
+type rawPeer struct {
+	k    kernel.Kernel
+	srqn uint32
+	inc  uint64
+	addr netip.AddrPort
+}
+
+func (w *world) rawPeer(ip string, port uint16) *rawPeer {
+	t := w.t
+	k := w.rawKernel(ip)
+	if w.dirs[ip] == "" {
+		w.dirs[ip] = t.TempDir() + "/goxrc"
+	}
+	dom, err := OpenDomainFile(w.dirs[ip])
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := k.OpenXRCD(dom.Path, kernel.XRCDCreate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, srqn, err := k.CreateSRQ(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &rawPeer{k: k, srqn: srqn, inc: 0xBAD1, addr: netip.AddrPortFrom(k.LocalAddr(), port)}
+	acc := NewAcceptor(AcceptorConfig{Kernel: k, XRCD: d, DomainID: dom.ID, Incarnation: p.inc, SRQN: srqn})
+	for _, ex := range []kernel.Exchange{kernel.ExchangeXRC, kernel.ExchangeSIDR} {
+		l, err := k.Listen(p.addr, ex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		t.Cleanup(func() { k.Close(); <-done })
+		go func() {
+			defer close(done)
+			for {
+				ev, err := k.Event(context.Background(), l)
+				if err != nil {
+					return
+				}
+				if d := acc.Decide(ev); d.Accept {
+					k.Accept(ev.ID, d.QPNum, d.PrivateData)
+				} else {
+					k.Reject(ev.ID, d.PrivateData)
+				}
+			}
+		}()
+	}
+	return p
+}
+
+// A replayed VIRT_REQ (a SIDR retransmission, or a hostile replay) gets the
+// cached ACCEPT byte for byte and changes nothing: no count, no second
+// connection. The leg it names stays live: data tagged for it arrives.
+func TestEndpointReplayedVirtReq(t *testing.T) {
+	w := newWorld(t)
+	r := w.endpoint("10.0.9.2", 7001)
+	p := w.rawPeer("10.0.9.1", 7100)
+	k := p.k
+	ini, iniQPN, err := k.CreateINI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Leg 1: PHYS_REQ, by hand.
+	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, ConnTag: 1, Incarnation: p.inc, INIQPN: iniQPN, SRQN: p.srqn, ReplyPort: p.addr.Port()})
+	id, err := k.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeXRC, iniQPN, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := k.Event(ctxT(t, time.Second), id)
+	var acc1 wire.Accept
+	if err != nil || ev.Type != kernel.EventConnectResponse || wire.DecodeAccept(ev.PrivateData, &acc1) != nil {
+		t.Fatalf("PHYS_REQ: %v %v", ev.Type, err)
+	}
+	if err := k.TransitionQP(ini, verbs.QPStateRTS, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Establish(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Accept(ctxT(t, 2*time.Second)); err != nil {
+		t.Fatalf("accept of leg 1: %v", err)
+	}
+	// Leg 2: VIRT_REQ over the same INI, then its replay.
+	vreq := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, ConnTag: 2, Incarnation: p.inc, INIQPN: iniQPN,
+		TGTQPNHint: acc1.TGTQPN, DomainHint: acc1.DomainID, SRQN: p.srqn, ReplyPort: p.addr.Port()})
+	first := answer(t, k, r.Addr(), kernel.ExchangeSIDR, 0, vreq)
+	if first.Type != kernel.EventEstablished {
+		t.Fatalf("VIRT_REQ: %v", first.Type)
+	}
+	c2, err := r.Accept(ctxT(t, 2*time.Second))
+	if err != nil {
+		t.Fatalf("accept of leg 2: %v", err)
+	}
+	before, node := r.Stats(), w.f.Node("10.0.9.2").Stats()
+	if before.LocalCounts != 2 || before.Downlinks != 1 || before.Conns != 2 || node.TGTHandles != 1 {
+		t.Fatalf("before the replay: %+v, node %+v", before, node)
+	}
+	replay := answer(t, k, r.Addr(), kernel.ExchangeSIDR, 0, vreq)
+	if replay.Type != kernel.EventEstablished || !bytes.Equal(replay.PrivateData, first.PrivateData) || replay.QPNum != first.QPNum {
+		t.Fatalf("replay answered %v %x, want the cached ACCEPT %x", replay.Type, replay.PrivateData, first.PrivateData)
+	}
+	after := r.Stats()
+	if after.LocalCounts != before.LocalCounts || after.Downlinks != before.Downlinks || after.Conns != before.Conns ||
+		after.KernelHandles != before.KernelHandles || w.f.Node("10.0.9.2").Stats() != node {
+		t.Fatalf("replay changed state: %+v -> %+v", before, after)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if c, err := r.Accept(short); err == nil {
+		t.Fatalf("the replay made a connection: %v", c.RemoteAddr())
+	}
+	// Leg 2 is live: a message with its tag arrives on its connection.
+	var acc2 wire.Accept
+	if err := wire.DecodeAccept(first.PrivateData, &acc2); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.PostSend(ini, []kernel.SendWR{{WRID: 1, RemoteSRQN: acc2.SRQN, Imm: acc2.AcceptorTag, Payload: []byte("Dhello leg 2")}}); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 32)
+	if n, err := c2.Recv(ctxT(t, time.Second), buf); err != nil || string(buf[:n]) != "hello leg 2" {
+		t.Fatalf("leg 2: %q %v", buf[:n], err)
+	}
+}
