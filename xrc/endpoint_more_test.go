@@ -1,0 +1,177 @@
+package xrc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// Every wait honours its context; Close is idempotent and wakes every
+// waiter; a closed endpoint refuses work.
+func TestEndpointContextsAndClose(t *testing.T) {
+	w := newWorld(t)
+	if _, err := NewEndpoint(context.Background(), Config{Addr: "10.0.10.1:1"}); !errors.Is(err, ErrNoKernel) {
+		t.Fatalf("no process: %v", err)
+	}
+	if _, err := NewEndpoint(context.Background(), Config{Process: w.f.Node("10.0.10.1").Process(), Addr: "10.9.9.9:1", DomainDir: t.TempDir() + "/d"}); err == nil {
+		t.Fatal("listening on another node's address worked")
+	}
+	a, b := w.endpoint("10.0.10.1", 0), w.endpoint("10.0.10.2", 7000)
+	if a.Addr().Port() == 0 {
+		t.Fatal("port 0 was not replaced")
+	}
+	// No listener there.
+	_, err := a.Dial(ctxT(t, time.Second), "10.0.10.2:7999")
+	var rj *RejectError
+	if !errors.As(err, &rj) || rj.Reason != RejectNoListener {
+		t.Fatalf("dial to nobody: %v", err)
+	}
+	// A cancelled context.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := a.Dial(ctx, b.Addr().String()); !errors.Is(err, context.Canceled) {
+		t.Fatalf("dial with a cancelled context: %v", err)
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	if _, err := a.Accept(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("accept with nothing to accept: %v", err)
+	}
+	ca, cb := pair(t, a, b)
+	short2, cancel3 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel3()
+	if _, err := ca.Recv(short2, make([]byte, 4)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("recv with nothing to receive: %v", err)
+	}
+	// Close wakes a blocked Recv and a blocked Accept.
+	errs := make(chan error, 2)
+	go func() { _, err := ca.Recv(context.Background(), make([]byte, 4)); errs <- err }()
+	go func() { _, err := a.Accept(context.Background()); errs <- err }()
+	time.Sleep(20 * time.Millisecond)
+	a.Close()
+	for range 2 {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrClosed) {
+				t.Fatalf("woken with %v, want ErrClosed", err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("Close did not wake a waiter")
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Dial(ctxT(t, time.Second), b.Addr().String()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("dial on a closed endpoint: %v", err)
+	}
+	if err := ca.Send(ctxT(t, time.Second), []byte("x")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("send on a closed endpoint's connection: %v", err)
+	}
+	_ = cb
+}
+
+// Dials to several processes of one node at once: the first makes the
+// uplink (CONNECTING), the others queue behind it and then join it with
+// VIRT_REQs. One INI from the sender, one TGT shared by all receivers.
+func TestEndpointDialsQueueWhileConnecting(t *testing.T) {
+	const R = 6
+	w := newWorld(t)
+	s := w.endpoint("10.0.11.1", 7000)
+	var rs []*proc
+	for i := range R {
+		rs = append(rs, w.endpoint("10.0.11.2", 7001+i))
+	}
+	var wg sync.WaitGroup
+	conns := make([]*Conn, R)
+	for i, r := range rs {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			c, err := s.Dial(ctxT(t, 5*time.Second), r.Addr().String())
+			if err != nil {
+				t.Errorf("dial %d: %v", i, err)
+			}
+			conns[i] = c
+		}()
+		go func() {
+			defer wg.Done()
+			if _, err := r.Accept(ctxT(t, 5*time.Second)); err != nil {
+				t.Errorf("accept %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	if st := s.Stats(); st.Uplinks != 1 || st.Conns != R {
+		t.Fatalf("sender: %+v, want one uplink", st)
+	}
+	b := w.f.Node("10.0.11.2").Stats()
+	if b.TGTs != 1 || b.TGTHandles != R || b.INIs != R {
+		t.Fatalf("node B: %+v, want 1 TGT with %d handles (and %d INIs back)", b, R, R)
+	}
+}
+
+// Two domains on one node (two domain directories): a VIRT_REQ over the
+// uplink to the first domain is refused DOMAIN_MISMATCH with the other
+// domain's id, and the dial moves to an uplink of that domain.
+func TestEndpointDomainMismatchReroutes(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.12.1", 7000)
+	r1 := w.endpoint("10.0.12.2", 7001)
+	other := t.TempDir() + "/other"
+	r2 := w.endpoint("10.0.12.2", 7002, func(c *Config) { c.DomainDir = other })
+	if r1.dom.ID == r2.dom.ID {
+		t.Fatal("one domain")
+	}
+	s1, c1 := pair(t, s, r1)
+	s2, c2 := pair(t, s, r2)
+	roundTrip(t, s1, c1, []byte("domain 1"))
+	roundTrip(t, s2, c2, []byte("domain 2"))
+	if st := s.Stats(); st.Uplinks != 2 {
+		t.Fatalf("sender: %+v, want an uplink per domain", st)
+	}
+	if r2.Stats().Rejected != 1 {
+		t.Fatalf("r2 rejected %d requests, want the one DOMAIN_MISMATCH", r2.Stats().Rejected)
+	}
+	if b := w.f.Node("10.0.12.2").Stats(); b.TGTs != 2 || b.XRCDs != 2 {
+		t.Fatalf("node B: %+v", b)
+	}
+}
+
+// The exported fabric is all a user needs: no kernel types in sight.
+func ExampleNewEndpoint() {
+	f := memfabric.New()
+	ctx := context.Background()
+	srv, _ := NewEndpoint(ctx, Config{Process: f.Node("10.1.0.1").Process(), Addr: "10.1.0.1:7000"})
+	cli, _ := NewEndpoint(ctx, Config{Process: f.Node("10.1.0.2").Process(), Addr: "10.1.0.2:7000"})
+	defer srv.Close()
+	defer cli.Close()
+	go func() {
+		c, err := srv.Accept(ctx)
+		if err != nil {
+			return
+		}
+		buf := make([]byte, 64)
+		n, _ := c.Recv(ctx, buf)
+		c.Send(ctx, append([]byte("echo: "), buf[:n]...))
+	}()
+	c, err := cli.Dial(ctx, "10.1.0.1:7000")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	c.Send(ctx, []byte("hello"))
+	buf := make([]byte, 64)
+	n, _ := c.Recv(ctx, buf)
+	fmt.Println(string(buf[:n]))
+	c.Close()
+	// Output: echo: hello
+}
