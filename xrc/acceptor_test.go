@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"path/filepath"
@@ -479,4 +480,68 @@ func TestAcceptorConcurrentShare(t *testing.T) {
 	}
 	rel.Wait()
 	e.expect(u.tgtQPN, 1, 1, 0)
+}
+
+// MOVE (a sender rebuilding its uplink): an existing leg moves onto the TGT
+// a PHYS_REQ creates or a VIRT_REQ names, keeping its acceptor tag; the
+// handle it leaves is unregistered at a local count of zero; a MOVE of an
+// unknown leg is refused and makes nothing; a replayed MOVE gets the cached
+// ACCEPT.
+func TestAcceptorMove(t *testing.T) {
+	t.Run("VIRT MOVE to another TGT", func(t *testing.T) {
+		e := newEnv(t)
+		_, u1 := e.phys(e.r1, nil)
+		req := e.virtReq(u1)
+		d1 := e.virt(e.r2, req)
+		wantAccept(t, d1)
+		_, u2 := e.phys(e.r1, func(r *wire.Req) { r.Flags |= wire.FlagReplacesTGT; r.TGTQPNHint = u1.tgtQPN })
+		e.expect(u1.tgtQPN, 2, 1, 1)
+		mv := req
+		mv.Flags = wire.FlagMove
+		mv.INIQPN, mv.TGTQPNHint = u2.iniQPN, u2.tgtQPN
+		d := e.virt(e.r2, mv)
+		wantAccept(t, d)
+		if !d.Moved || d.Leg != d1.Leg || d.Leg.Tag != d1.Leg.Tag {
+			t.Fatalf("moved=%v, same leg %v, tag %#x want %#x", d.Moved, d.Leg == d1.Leg, d.Leg.Tag, d1.Leg.Tag)
+		}
+		e.expect(u1.tgtQPN, 1, 1, 0) // r2's handle on the old TGT is gone
+		e.expect(u2.tgtQPN, 2, 1, 1)
+		if !e.r2.acc.LegAccepts(d.Leg, u1.tgtQPN) || !e.r2.acc.LegAccepts(d.Leg, u2.tgtQPN) {
+			t.Fatal("messages queued through the old TGT, or new ones, would be dropped")
+		}
+		replay := e.virt(e.r2, mv)
+		if !replay.Duplicate || !bytes.Equal(replay.PrivateData, d.PrivateData) {
+			t.Fatal("replayed MOVE not answered from the cache")
+		}
+		e.expect(u2.tgtQPN, 2, 1, 1)
+	})
+	t.Run("PHYS MOVE creates the new TGT", func(t *testing.T) {
+		e := newEnv(t)
+		d1, u1 := e.phys(e.r1, nil)
+		tag := d1.Leg.PeerTag
+		d, u2 := e.phys(e.r1, func(r *wire.Req) {
+			r.ConnTag, r.Flags, r.TGTQPNHint = tag, wire.FlagMove|wire.FlagReplacesTGT, u1.tgtQPN
+		})
+		wantAccept(t, d)
+		if !d.Moved || d.Leg != d1.Leg || !d.Leg.Downlink.Creator {
+			t.Fatalf("moved=%v same leg=%v", d.Moved, d.Leg == d1.Leg)
+		}
+		if e.b.TGTHandles(u1.tgtQPN) != 0 && u1.tgtQPN != u2.tgtQPN {
+			t.Fatal("the old TGT outlived its last user")
+		}
+		e.expect(u2.tgtQPN, 1, 1, 0)
+	})
+	t.Run("MOVE of an unknown leg", func(t *testing.T) {
+		e := newEnv(t)
+		_, u := e.phys(e.r1, nil)
+		d, _ := e.phys(e.r1, func(r *wire.Req) { r.Flags = wire.FlagMove })
+		wantReject(t, d, wire.RejectBadRequest)
+		req := e.virtReq(u)
+		req.Flags = wire.FlagMove
+		wantReject(t, e.virt(e.r2, req), wire.RejectBadRequest)
+		e.expect(u.tgtQPN, 1, 1, 0)
+		if _, tgt := e.b.QPCount(); tgt != 1 || e.r1.acc.Downlinks() != 1 || e.r2.acc.Downlinks() != 0 {
+			t.Fatal("a refused MOVE left something behind")
+		}
+	})
 }

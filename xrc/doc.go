@@ -1,23 +1,56 @@
 // Package xrc is the XRC engine: how processes on a node share one XRC
 // domain so that a process sends to every process of a remote node over one
-// INI QP, and a node keeps one TGT QP per remote sender, shared by every local
-// receiver through the kernel's handle count (xrc-protocol.md).
+// INI QP, and a node keeps one TGT QP per remote sending process, shared by
+// every local receiver through the kernel's handle count. For N nodes of P
+// processes connected all to all, a node holds 2*P*(N-1) QPs where RC needs
+// P*P*(N-1). The protocol is in docs/xrc-protocol.md.
 //
-// It talks to the kernel only through internal/kernel's Kernel seam, so the
-// same code runs on real verbs + rdmacm and on internal/kernel/model, which is
-// where it is tested (no machine here has an XRC device).
+// Applications see addresses (ip:port) and messages only:
 //
-// Pieces so far:
+//	ep, err := xrc.NewEndpoint(ctx, xrc.Config{Process: p, Addr: "10.0.0.1:7000"})
+//	c, err := ep.Dial(ctx, "10.0.0.2:7000") // or ep.Accept(ctx)
+//	err = c.Send(ctx, msg)
+//	n, err := c.Recv(ctx, buf)
+//	c.Close()
+//	ep.Close()
+//
+// An Endpoint is one process's engine. It opens the node's shared domain
+// (the domain file in Config.DomainDir), creates its XRC SRQ, and listens on
+// one port number for both exchanges of the protocol: the physical link (an
+// XRC-typed connected CM exchange that makes an INI/TGT pair) and the
+// virtual link (a SIDR exchange that adds a connection to an existing pair).
+// Uplinks (INIs) are kept per remote node and domain, in states NONE,
+// CONNECTING (dials queue), UP and RECOVERING; downlinks (TGT handles) are
+// kept by the Acceptor, at most one kernel handle per TGT per process with a
+// local use count over it.
+//
+// A Conn is bidirectional: the dialer's leg and the acceptor's reciprocal
+// leg, each one way; Dial and Accept return once both are up. Every message
+// names the receiver's SRQ and carries the receiver's tag in the immediate
+// data; a receiver drops messages whose tag names none of its connections
+// (misdelivery after SRQ-number reuse). Close sends an in-band FIN as the
+// last message; the receiver then unregisters, the sender drops its uplink
+// reference, and an unused uplink is disconnected and its INI destroyed
+// after TIMEWAIT_EXIT. Dead peers are found by a DREQ on the physical link,
+// by send errors, and by keepalives with an idle timeout (Config.Heartbeat,
+// Config.IdleTimeout); a sender whose INI failed rebuilds it and moves its
+// connections over (REPLACES_TGT, MOVE).
+//
+// The engine talks to the kernel only through internal/kernel's narrow
+// seam. No machine here has an XRC device, so it runs and is tested on an
+// in-memory kernel that follows the kernel's semantics rule for rule; that
+// model is exported as package memfabric, so that code built on this
+// package can be tested without RDMA hardware.
+//
+// Other pieces:
 //
 //   - OpenDomainFile: the node's domain file (private 0700 directory, 0600
 //     file, created once under flock with O_CREAT|O_EXCL) holding the random
 //     64-bit domain id that names the kernel XRCD on the wire.
 //   - Acceptor: the receiving process's "open new or share existing"
-//     decision for PHYS_REQ (connected-mode XRC exchange: create a TGT) and
-//     VIRT_REQ (SIDR: join an existing TGT). Each process holds at most one
-//     kernel handle per TGT with a process-local use count over it; opening a
-//     TGT by number is always verified (state, dest QPN, address) because
-//     numbers are reused; rejects never leave a reference behind; the handle
-//     is destroyed when the local count reaches zero.
+//     decision for PHYS_REQ (create a TGT) and VIRT_REQ (join an existing
+//     TGT), and MOVEs of existing legs onto a rebuilt uplink. Opening a TGT
+//     by number is always verified (state, dest QPN, address) because
+//     numbers are reused; rejects never leave a reference behind.
 //   - internal/wire: the versioned private-data codec.
 package xrc
