@@ -648,8 +648,10 @@ func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
 // janitor sends keepalives on idle sending legs and ends receiving legs
 // whose sender went silent or whose sender's INI was torn down.
 func (e *Endpoint) janitor() {
-	t := time.NewTicker(e.cfg.Heartbeat / 2)
+	tick := e.cfg.Heartbeat / 2
+	t := time.NewTicker(tick)
 	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-e.ctx.Done():
@@ -657,12 +659,20 @@ func (e *Endpoint) janitor() {
 		case <-t.C:
 		}
 		now := time.Now()
+		// If this goroutine itself ran late, the process was starved (or
+		// stopped): silence over that time proves nothing about a peer,
+		// so it does not count towards the idle timeout.
+		late := now.Sub(last) - tick
+		last = now
 		drains := e.drains.Load()
 		var beat, dead []*Conn
 		e.mu.Lock()
 		for c := range e.conns {
 			if c.failed() {
 				continue
+			}
+			if late > e.cfg.Heartbeat {
+				c.lastSeen = c.lastSeen.Add(late)
 			}
 			if c.recvLeg != nil && c.recvUp && !c.finRcvd {
 				// A sender whose INI's CM connection ended (DREQ) is gone

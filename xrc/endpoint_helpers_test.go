@@ -14,8 +14,8 @@ import (
 
 // Timings for the engine tests: short, so that crash detection is quick.
 const (
-	testHeartbeat = 20 * time.Millisecond
-	testIdle      = 400 * time.Millisecond
+	testHeartbeat = 25 * time.Millisecond
+	testIdle      = time.Second
 )
 
 // world is a memfabric with one domain directory per node.
