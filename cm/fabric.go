@@ -187,7 +187,7 @@ func (c *Conn) closeXRC() error {
 // mapXRCErr gives the engine's errors the meaning of this package's.
 func mapXRCErr(err error) error {
 	switch {
-	case errors.Is(err, xrc.ErrPeerGone):
+	case errors.Is(err, xrc.ErrPeerGone), errors.Is(err, xrc.ErrPeerClosed):
 		return fmt.Errorf("%w: %w", ErrPeerGone, err)
 	case errors.Is(err, xrc.ErrClosed):
 		return ErrClosed

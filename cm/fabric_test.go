@@ -93,3 +93,29 @@ func TestFabricRejectsWhatXRCCannotDo(t *testing.T) {
 	_, err = Dial(ctx, "10.1.0.9:1", WithFabric(p), WithDomainPath(filepath.Join(t.TempDir(), "xrc")), WithHandshakeTimeout(time.Second))
 	require.Error(t, err, "nobody listens there")
 }
+
+// A killed server process: the client's calls fail with ErrPeerGone, and
+// the client node's kernel objects go with its connection.
+func TestFabricPeerKilled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv := f.Node("10.1.0.1").Process()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan *Conn, 1)
+	go func() {
+		c, _ := l.Accept(ctx)
+		accepted <- c
+	}()
+	clientNode := f.Node("10.1.0.2")
+	c, err := Dial(ctx, l.Addr().String(), WithFabric(clientNode.Process()), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
+	require.NoError(t, err)
+	require.NotNil(t, <-accepted)
+	srv.Kill()
+	_, err = c.Recv(ctx, make([]byte, 16))
+	require.ErrorIs(t, err, ErrPeerGone)
+	require.NoError(t, c.Close())
+	require.Eventually(t, func() bool { return clientNode.Stats().QPs() == 0 }, 10*time.Second, 20*time.Millisecond)
+}
