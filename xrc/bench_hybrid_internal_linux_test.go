@@ -5,14 +5,19 @@ package xrc
 import (
 	"context"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
 
-// Hooks for bench_hybrid_linux_test.go. Those benchmarks compare the engine
-// with package cm's RC connections, and cm imports xrc, so they live in the
-// external test package xrc_test, which reaches the unexported hybrid seam
-// only through these.
+// Benchmarks on the hybrid seam that need the package's internals, and hooks
+// for bench_hybrid_linux_test.go: those compare the engine with package cm's
+// RC connections, and cm imports xrc, so they live in the external test
+// package xrc_test, which reaches the unexported seam only through these.
+// Ports 20321-20329 (with bench_hybrid_linux_test.go).
 
 // BenchHybridEndpoint starts an endpoint on the hybrid seam (real kernel CM on
 // the soft-RoCE device at ip, the model's QPs) listening on ip:port, with the
@@ -38,4 +43,60 @@ func BenchHybridEndpoint(tb testing.TB, ip netip.Addr, port uint16, dir string) 
 // (model) node of the device at ip, over every process of this OS process.
 func BenchHybridNodeQPs(ip netip.Addr) (ini, tgt int) {
 	return hybridFabric().Node(ip).QPCount()
+}
+
+// BenchmarkHybridSIDRExchange is the floor under a logical connection's
+// setup: one bare SIDR exchange through the real kernel CM on the hybrid
+// seam, without the engine (Connect: create id, resolve addr and route, SIDR
+// REQ; the listener's CONNECT_REQUEST; Accept: SIDR REP; ESTABLISHED; both
+// ids destroyed). Adding a logical connection takes two of them, one each
+// way. Skips without RXE_DEV.
+func BenchmarkHybridSIDRExchange(b *testing.B) {
+	if os.Getenv("RXE_DEV") == "" {
+		b.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh (test/bench-xrc.sh)")
+	}
+	ip, err := netip.ParseAddr(os.Getenv("RXE_IP"))
+	if err != nil {
+		b.Fatalf("RXE_IP: %v", err)
+	}
+	cli, err := hybridFabric().NewProcess(ip)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cli.Close()
+	srv, err := hybridFabric().NewProcess(ip)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Close()
+	dst := netip.AddrPortFrom(ip, 20327)
+	l, err := srv.Listen(dst, kernel.ExchangeSIDR)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	req, rep := make([]byte, wire.BudgetSIDRREQ), make([]byte, wire.BudgetSIDRREP)
+	const qpn = 0x6f5a5a // made up: SIDR carries it, nothing uses it
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		id, err := cli.Connect(ctx, dst, kernel.ExchangeSIDR, 0, req)
+		if err != nil {
+			b.Fatalf("connect %d: %v", i, err)
+		}
+		cr, err := srv.Event(ctx, l)
+		if err != nil || cr.Type != kernel.EventConnectRequest {
+			b.Fatalf("listener %d: %v %v", i, cr.Type, err)
+		}
+		if err := srv.Accept(cr.ID, qpn, rep); err != nil {
+			b.Fatalf("accept %d: %v", i, err)
+		}
+		ev, err := cli.Event(ctx, id)
+		if err != nil || ev.Type != kernel.EventEstablished || ev.QPNum != qpn {
+			b.Fatalf("dialer %d: %v %#x %v", i, ev.Type, ev.QPNum, err)
+		}
+		srv.DestroyID(cr.ID)
+		cli.DestroyID(id)
+	}
+	b.StopTimer()
 }

@@ -130,6 +130,7 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 	}
 	check("after warm-up")
 
+	var release time.Duration // Close until both ends have let go (untimed)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		c, err := func() (*xrc.Conn, error) {
@@ -147,8 +148,10 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 			}
 			check("with the new connection")
 		}
+		t0 := time.Now()
 		c.Close()
 		waitConns(b, 1, cli, srv)
+		release += time.Since(t0)
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -156,13 +159,15 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 	ini, tgt := xrc.BenchHybridNodeQPs(ip)
 	b.ReportMetric(float64(cli.Stats().Uplinks), "uplinks")
 	b.ReportMetric(float64(ini+tgt-ini0-tgt0), "newQPs")
+	b.ReportMetric(float64(release.Microseconds())/float64(b.N), "us-untimed-close/op")
 }
 
 // BenchmarkRCDial: each iteration is cm.Dial plus the listener's Accept of
 // one RC connection (timed), with the smallest buffers cm takes here
-// (64-byte messages, queue depth 2: the cheapest RC setup). Close waits out
-// the CM's time-wait (about 2 s on rxe), so both ends are closed in the
-// background with the timer stopped, and waited for after the loop.
+// (64-byte messages, queue depth 2: the cheapest RC setup), then both ends
+// closed with the timer stopped. Close waits out the CM's time-wait (about
+// 2 s on rxe); the next iteration starts only after it, so no teardown
+// overlaps a timed setup.
 func BenchmarkRCDial(b *testing.B) {
 	ip := rxeAddr(b)
 	addr := netip.AddrPortFrom(ip, 20325).String()
@@ -185,16 +190,16 @@ func BenchmarkRCDial(b *testing.B) {
 			accepted <- c
 		}
 	}()
-	var closing sync.WaitGroup
-	defer closing.Wait()
-	closeBoth := func(cs ...*cm.Conn) {
+	closeBoth := func(cs ...*cm.Conn) { // concurrently, as two peers would
+		var wg sync.WaitGroup
 		for _, c := range cs {
-			closing.Add(1)
+			wg.Add(1)
 			go func() {
-				defer closing.Done()
+				defer wg.Done()
 				c.Close()
 			}()
 		}
+		wg.Wait()
 	}
 	dial := func() (*cm.Conn, *cm.Conn) {
 		dctx, dcancel := context.WithTimeout(ctx, 20*time.Second)
@@ -218,11 +223,15 @@ func BenchmarkRCDial(b *testing.B) {
 	defer closeBoth(wc, ws)
 
 	b.ResetTimer()
+	var release time.Duration
 	for i := 0; i < b.N; i++ {
 		c, s := dial()
 		b.StopTimer()
+		t0 := time.Now()
 		closeBoth(c, s)
+		release += time.Since(t0)
 		b.StartTimer()
 	}
 	b.StopTimer()
+	b.ReportMetric(float64(release.Microseconds())/float64(b.N), "us-untimed-close/op")
 }
