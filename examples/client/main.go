@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"syscall"
@@ -70,13 +71,26 @@ func main() {
 	flag.IntVar(&o.procs, "procs", 4, "xrc mode with -fabric: server processes per node")
 	flag.IntVar(&o.clients, "clients", 4, "xrc mode with -fabric: client processes")
 	flag.DurationVar(&o.progress, "progress", 2*time.Second, "interval of the progress line on stderr (0: none)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "client:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	res, err := run(ctx, o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 	if o.json {
