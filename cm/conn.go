@@ -2,6 +2,7 @@ package cm
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -13,12 +14,13 @@ import (
 	"github.com/goxrc/goxrc/xrc"
 )
 
-// spinBudget is how long a waiter polls the completion queue before it arms
-// the completion channel and sleeps in the netpoller. Spinning for about a
-// round trip keeps ping-pong latency near a busy-polling C program's (a
-// wake-up through the netpoller costs tens of microseconds under
-// emulation); sleeping after it keeps idle connections free.
-const spinBudget = 200 * time.Microsecond
+// DefaultBusyPoll is how long a waiting call polls the completion queue
+// before it arms the completion channel and sleeps in the netpoller.
+// Spinning for about a round trip keeps ping-pong latency near a
+// busy-polling C program's (a wake-up through the netpoller costs tens of
+// microseconds, more under emulation); sleeping after it keeps idle
+// connections free. WithBusyPoll changes it.
+const DefaultBusyPoll = 200 * time.Microsecond
 
 // Conn is an established RDMA connection carrying messages. Send and Recv
 // may be called from different goroutines at once; each serialises its own
@@ -36,6 +38,7 @@ type Conn struct {
 	peerSlots   int // receive buffers the peer posts: the credit ceiling
 	recvSlots   int
 	timeout     time.Duration
+	busyPoll    time.Duration
 	releaseOnce sync.Once
 	releaseErr  error
 
@@ -48,8 +51,8 @@ type Conn struct {
 	credits     int
 	pending     int // receive buffers reposted, not yet returned to the peer
 	peerStarved bool
-	sendSeq     uint32
-	recvSeq     uint32
+	sendSeq     uint16
+	recvSeq     uint16
 	freeSend    []int
 	ready       ring
 	polling     bool
@@ -102,6 +105,7 @@ type connParams struct {
 	maxSend   int
 	maxRecv   int
 	timeout   time.Duration
+	busyPoll  time.Duration
 	log       logFunc
 }
 
@@ -111,7 +115,7 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 	c := &Conn{
 		t: t, laddr: laddr, raddr: raddr, raw: p.raw, log: p.log,
 		maxSend: p.maxSend, maxRecv: p.maxRecv, peerSlots: p.peerSlots,
-		recvSlots: p.recvSlots, timeout: p.timeout,
+		recvSlots: p.recvSlots, timeout: p.timeout, busyPoll: p.busyPoll,
 		credits:  p.peerSlots,
 		freeSend: make([]int, 0, p.sendSlots),
 		ready:    ring{buf: make([]readyMsg, p.recvSlots)},
@@ -254,9 +258,13 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 	if c.raw {
 		copy(buf, p)
 	} else {
-		h.put(buf)
-		copy(buf[frameHeaderLen:], p)
-		n += frameHeaderLen
+		if hasImm {
+			putUserImm(buf, imm)
+			n += userImmLen
+			buf = buf[userImmLen:]
+		}
+		copy(buf, p)
+		imm, hasImm = h.imm(), true
 	}
 	if err := c.t.postSend(slot, n, imm, hasImm); err != nil {
 		c.mu.Lock()
@@ -386,7 +394,7 @@ func (c *Conn) progress(ctx context.Context) error {
 		start := time.Now()
 		for i := 1; n == 0 && err == nil; i++ {
 			// Reading the clock costs more than a poll: look every 32.
-			if i%32 == 0 && time.Since(start) > spinBudget {
+			if i%32 == 0 && time.Since(start) > c.busyPoll {
 				break
 			}
 			n, err = c.t.poll(ctx, c.cbuf, false)
@@ -458,7 +466,7 @@ func (c *Conn) handle(wc *completion) {
 			c.ready.push(readyMsg{slot: wc.slot, n: wc.n, imm: wc.imm, hasImm: wc.hasImm})
 			return
 		}
-		h, err := parseFrame(c.t.recvBuf(wc.slot), wc.n, c.recvSeq, c.maxRecv, c.peerSlots)
+		h, err := parseFrame(wc.imm, wc.hasImm, wc.n, c.recvSeq, c.maxRecv, c.peerSlots)
 		if err != nil {
 			c.stats.errors.Add(1)
 			c.failLocked(err)
@@ -475,7 +483,12 @@ func (c *Conn) handle(wc *completion) {
 		}
 		switch h.kind {
 		case frameData:
-			c.ready.push(readyMsg{slot: wc.slot, off: frameHeaderLen, n: wc.n - frameHeaderLen, imm: wc.imm, hasImm: h.flags&flagImm != 0})
+			m := readyMsg{slot: wc.slot, n: wc.n}
+			if h.flags&flagImm != 0 {
+				m.off, m.n, m.hasImm = userImmLen, wc.n-userImmLen, true
+				m.imm = binary.BigEndian.Uint32(c.t.recvBuf(wc.slot))
+			}
+			c.ready.push(m)
 		case frameFin:
 			c.peerFin = true
 			c.repost = append(c.repost, wc.slot)

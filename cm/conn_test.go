@@ -144,10 +144,10 @@ func TestConnMessageTooLong(t *testing.T) {
 }
 
 func TestConnGarbageFromPeer(t *testing.T) {
-	for name, corrupt := range map[string]func([]byte){
-		"kind":     func(b []byte) { b[0] = 0x77 },
-		"sequence": func(b []byte) { b[7] ^= 1 },
-		"credits":  func(b []byte) { b[2] = 0xff },
+	for name, corrupt := range map[string]func(uint32) uint32{
+		"kind":     func(imm uint32) uint32 { return imm &^ (3 << 30) },
+		"sequence": func(imm uint32) uint32 { return imm ^ 1 },
+		"credits":  func(imm uint32) uint32 { return imm | 0xfff<<16 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			a, b, w := fakePair(t, fakeOpts{})

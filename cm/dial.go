@@ -143,14 +143,15 @@ func (cfg *config) checkDevice(id *rdmacm.ID) error {
 	return nil
 }
 
-// slots returns the buffer counts and header size of this configuration:
+// slots returns the buffer counts and per-message overhead (room for
+// SendWithImm's data) of this configuration:
 // one receive beyond the queue depth is kept for credit returns, and a
 // sender needs a slot for each receive the peer may post.
 func (cfg *config) slots() (sendSlots, recvSlots, hdr int) {
 	if cfg.raw {
 		return cfg.queueDepth, cfg.queueDepth, 0
 	}
-	return cfg.queueDepth + 1, cfg.queueDepth + 1, frameHeaderLen
+	return cfg.queueDepth + 1, cfg.queueDepth + 1, userImmLen
 }
 
 func (cfg *config) params(sendSlots, recvSlots int) connParams {
@@ -158,7 +159,8 @@ func (cfg *config) params(sendSlots, recvSlots int) connParams {
 	return connParams{
 		raw: cfg.raw, sendSlots: sendSlots, recvSlots: recvSlots, peerSlots: recvSlots,
 		maxSend: cfg.messageSize, maxRecv: cfg.messageSize, timeout: cfg.handshakeTimeout,
-		log: func(msg string, args ...any) { log.Warn(msg, args...) },
+		busyPoll: cfg.busyPoll,
+		log:      func(msg string, args ...any) { log.Warn(msg, args...) },
 	}
 }
 

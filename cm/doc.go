@@ -17,7 +17,8 @@
 //
 // A Conn carries messages up to a maximum size (WithMessageSize) with a
 // fixed number of receive buffers (WithQueueDepth), all registered once,
-// outside the Go heap. Every message has an 8-byte header that returns
+// outside the Go heap. Every message carries a 32-bit header in its
+// immediate data (so the payload needs no extra packet) that returns
 // credits: a sender posts only as many messages as the peer has free receive
 // buffers, so a fast sender waits instead of provoking receiver-not-ready
 // retries or losing messages. Send and Recv do not allocate.

@@ -31,7 +31,7 @@ type fakeEnd struct {
 	notify    chan struct{}
 	shut      bool
 	released  bool
-	corrupt   func(b []byte) // tampers with the next frame this end sends
+	corrupt   func(imm uint32) uint32 // tampers with the next frame header this end sends
 	postFails bool
 }
 
@@ -72,7 +72,7 @@ func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm bool) error {
 		return errors.New("fake: QP in error state")
 	}
 	if e.corrupt != nil {
-		e.corrupt(e.sendBufs[slot][:n])
+		imm = e.corrupt(imm)
 		e.corrupt = nil
 	}
 	p := e.peer()
@@ -213,7 +213,7 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 			o.msgSize[i] = 256
 		}
 	}
-	hdr := frameHeaderLen
+	hdr := userImmLen
 	if o.raw {
 		hdr = 0
 	}

@@ -5,17 +5,21 @@ import (
 	"fmt"
 )
 
-// Every message of a framed connection starts with an 8-byte header:
+// Every message of a framed connection is sent with immediate data, whose
+// 32 bits are the frame header:
 //
-//	0      kind (frameData, frameCredit, frameFin)
-//	1      flags (flagImm, flagStarved)
-//	2..3   credits the sender returns (receive buffers it reposted)
-//	4..7   sequence number, +1 per frame, so loss or garbage is detected
+//	31..30  kind (frameData, frameCredit, frameFin)
+//	29      flagStarved: the sender has no credit left for data
+//	28      flagImm: the payload starts with 4 bytes of the application's
+//	        immediate data (SendWithImm), big-endian
+//	27..16  credits the sender returns (receive buffers it reposted)
+//	15..0   sequence number, +1 per frame (mod 2^16), so loss or garbage
+//	        is detected
 //
-// Credits make flow control explicit: a sender never posts more messages than
-// the peer has receive buffers for, so no RNR retry is ever needed.
-const frameHeaderLen = 8
-
+// Keeping the header out of the payload keeps a 4 KiB message in as many
+// packets as 4 KiB takes. Credits make flow control explicit: a sender never
+// posts more messages than the peer has receive buffers for, so no RNR retry
+// is ever needed.
 type frameKind uint8
 
 const (
@@ -25,47 +29,57 @@ const (
 )
 
 const (
-	flagImm     = 1 << 0
-	flagStarved = 1 << 1 // the sender has no credit left for data: return credits now
+	flagStarved = 1 << 0
+	flagImm     = 1 << 1
+
+	// maxFrameCredits is what 12 bits carry; maxQueueDepth stays below.
+	maxFrameCredits = 1<<12 - 1
+	// userImmLen is the payload prefix that carries SendWithImm's data.
+	userImmLen = 4
 )
 
 type frameHeader struct {
 	kind    frameKind
 	flags   uint8
 	credits uint16
-	seq     uint32
+	seq     uint16
 }
 
-func (h frameHeader) put(b []byte) {
-	b[0] = byte(h.kind)
-	b[1] = h.flags
-	binary.BigEndian.PutUint16(b[2:], h.credits)
-	binary.BigEndian.PutUint32(b[4:], h.seq)
+func (h frameHeader) imm() uint32 {
+	return uint32(h.kind)<<30 | uint32(h.flags&flagStarved)<<29 | uint32(h.flags&flagImm)>>1<<28 |
+		uint32(h.credits&maxFrameCredits)<<16 | uint32(h.seq)
 }
 
-// parseFrame validates a received frame of n bytes against the expected
-// sequence number and the connection's limits. b holds at least n bytes.
-func parseFrame(b []byte, n int, wantSeq uint32, maxPayload int, maxCredits int) (frameHeader, error) {
-	if n < frameHeaderLen {
-		return frameHeader{}, fmt.Errorf("%w: frame of %d bytes is shorter than its header", ErrProtocol, n)
+func putUserImm(b []byte, imm uint32) { binary.BigEndian.PutUint32(b, imm) }
+
+// parseFrame validates a received frame of n payload bytes against the
+// expected sequence number and the connection's limits.
+func parseFrame(imm uint32, hasImm bool, n int, wantSeq uint16, maxPayload int, maxCredits int) (frameHeader, error) {
+	if !hasImm {
+		return frameHeader{}, fmt.Errorf("%w: frame without a header (a raw-mode peer?)", ErrProtocol)
+	}
+	if n < 0 {
+		return frameHeader{}, fmt.Errorf("%w: negative frame length %d", ErrProtocol, n)
 	}
 	h := frameHeader{
-		kind:    frameKind(b[0]),
-		flags:   b[1],
-		credits: binary.BigEndian.Uint16(b[2:]),
-		seq:     binary.BigEndian.Uint32(b[4:]),
+		kind:    frameKind(imm >> 30),
+		credits: uint16(imm >> 16 & maxFrameCredits),
+		seq:     uint16(imm),
+	}
+	if imm&(1<<29) != 0 {
+		h.flags |= flagStarved
+	}
+	if imm&(1<<28) != 0 {
+		h.flags |= flagImm
 	}
 	switch h.kind {
 	case frameData:
 	case frameCredit, frameFin:
-		if n != frameHeaderLen {
-			return h, fmt.Errorf("%w: control frame with %d bytes of payload", ErrProtocol, n-frameHeaderLen)
+		if n != 0 || h.flags&flagImm != 0 {
+			return h, fmt.Errorf("%w: control frame with %d bytes of payload", ErrProtocol, n)
 		}
 	default:
-		return h, fmt.Errorf("%w: unknown frame kind %d", ErrProtocol, b[0])
-	}
-	if h.flags&^(flagImm|flagStarved) != 0 {
-		return h, fmt.Errorf("%w: unknown frame flags %#x", ErrProtocol, h.flags)
+		return h, fmt.Errorf("%w: unknown frame kind %d", ErrProtocol, h.kind)
 	}
 	if h.seq != wantSeq {
 		return h, fmt.Errorf("%w: frame sequence %d, want %d", ErrProtocol, h.seq, wantSeq)
@@ -73,8 +87,15 @@ func parseFrame(b []byte, n int, wantSeq uint32, maxPayload int, maxCredits int)
 	if int(h.credits) > maxCredits {
 		return h, fmt.Errorf("%w: peer returned %d credits, more than the %d it can owe", ErrProtocol, h.credits, maxCredits)
 	}
-	if n-frameHeaderLen > maxPayload {
-		return h, fmt.Errorf("%w: %d-byte message exceeds the agreed maximum %d", ErrProtocol, n-frameHeaderLen, maxPayload)
+	payload := n
+	if h.flags&flagImm != 0 {
+		if n < userImmLen {
+			return h, fmt.Errorf("%w: %d-byte frame too short for its immediate data", ErrProtocol, n)
+		}
+		payload -= userImmLen
+	}
+	if payload > maxPayload {
+		return h, fmt.Errorf("%w: %d-byte message exceeds the agreed maximum %d", ErrProtocol, payload, maxPayload)
 	}
 	return h, nil
 }

@@ -12,7 +12,7 @@ import (
 // for in its handshake.
 const (
 	minQueueDepth  = 2
-	maxQueueDepth  = 4096
+	maxQueueDepth  = 4000 // credits travel in 12 bits
 	minMessageSize = 1
 	maxMessageSize = 1 << 30
 
@@ -72,6 +72,7 @@ type config struct {
 	keepalive        time.Duration
 	backlog          int
 	fabric           *memfabric.Process
+	busyPoll         time.Duration
 }
 
 func newConfig(opts []Option) (config, error) {
@@ -80,6 +81,7 @@ func newConfig(opts []Option) (config, error) {
 		messageSize:      DefaultMessageSize,
 		inlineThreshold:  DefaultInlineThreshold,
 		handshakeTimeout: DefaultHandshakeTimeout,
+		busyPoll:         DefaultBusyPoll,
 		logger:           slog.New(slog.DiscardHandler),
 		backlog:          1024,
 	}
@@ -97,6 +99,8 @@ func newConfig(opts []Option) (config, error) {
 		return c, fmt.Errorf("cm: handshake timeout must be positive")
 	case c.xrc < XRCOff || c.xrc > XRCRequire:
 		return c, fmt.Errorf("cm: unknown XRC mode %d", c.xrc)
+	case c.busyPoll < 0:
+		return c, fmt.Errorf("cm: negative busy-poll time")
 	case c.keepalive < 0:
 		return c, fmt.Errorf("cm: negative keepalive interval")
 	}
@@ -154,3 +158,9 @@ func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepaliv
 
 // WithBacklog sets the listener's backlog of pending connection requests.
 func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
+
+// WithBusyPoll sets how long a waiting Send or Recv polls the completion
+// queue before sleeping (default DefaultBusyPoll). Longer trades CPU for
+// latency, as busy-polling C programs such as ib_send_lat do; 0 sleeps at
+// once.
+func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }

@@ -53,6 +53,7 @@ type options struct {
 	procs    int
 	clients  int
 	progress time.Duration
+	busyPoll time.Duration
 }
 
 func main() {
@@ -71,6 +72,7 @@ func main() {
 	flag.IntVar(&o.procs, "procs", 4, "xrc mode with -fabric: server processes per node")
 	flag.IntVar(&o.clients, "clients", 4, "xrc mode with -fabric: client processes")
 	flag.DurationVar(&o.progress, "progress", 2*time.Second, "interval of the progress line on stderr (0: none)")
+	flag.DurationVar(&o.busyPoll, "busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -141,7 +143,7 @@ func run(ctx context.Context, o options) (result, error) {
 	if o.mode == "xrc" {
 		return xrcDemo(ctx, o)
 	}
-	opts := []cm.Option{cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth)}
+	opts := []cm.Option{cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth), cm.WithBusyPoll(o.busyPoll)}
 	if o.raw {
 		opts = append(opts, cm.WithRawMessages())
 	}

@@ -39,6 +39,7 @@ func main() {
 	count := flag.Int("count", 0, "exit after serving this many connections (0: run until interrupted)")
 	asJSON := flag.Bool("json", false, "print one JSON object per connection")
 	verbose := flag.Bool("v", false, "log connection events")
+	busyPoll := flag.Duration("busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
 	preferXRC := flag.Bool("xrc", false, "prefer XRC; on a device without it, log why RC is used")
 	flag.Parse()
 
@@ -50,7 +51,7 @@ func main() {
 		level = slog.LevelDebug
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	opts := []cm.Option{cm.WithMessageSize(*size), cm.WithQueueDepth(*depth), cm.WithLogger(logger)}
+	opts := []cm.Option{cm.WithMessageSize(*size), cm.WithQueueDepth(*depth), cm.WithLogger(logger), cm.WithBusyPoll(*busyPoll)}
 	if *raw {
 		opts = append(opts, cm.WithRawMessages())
 	}
