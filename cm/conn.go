@@ -39,6 +39,9 @@ type Conn struct {
 	recvSlots   int
 	timeout     time.Duration
 	busyPoll    time.Duration
+	keepalive   time.Duration
+	lastPost    atomic.Int64  // monotonic nanoseconds of the last frame posted
+	kaStop      chan struct{} // closed by Close: ends the keepalive loop
 	releaseOnce sync.Once
 	releaseErr  error
 
@@ -46,6 +49,9 @@ type Conn struct {
 	recvMu sync.Mutex // serialises receivers
 	postMu sync.Mutex // orders sequence numbers with posts
 	rdmaMu sync.Mutex // one one-sided operation at a time
+
+	ioMu     sync.RWMutex // see io
+	released bool
 
 	mu          sync.Mutex // guards the fields below
 	credits     int
@@ -106,6 +112,7 @@ type connParams struct {
 	maxRecv   int
 	timeout   time.Duration
 	busyPoll  time.Duration
+	keepalive time.Duration
 	log       logFunc
 }
 
@@ -115,7 +122,7 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 	c := &Conn{
 		t: t, laddr: laddr, raddr: raddr, raw: p.raw, log: p.log,
 		maxSend: p.maxSend, maxRecv: p.maxRecv, peerSlots: p.peerSlots,
-		recvSlots: p.recvSlots, timeout: p.timeout, busyPoll: p.busyPoll,
+		recvSlots: p.recvSlots, timeout: p.timeout, busyPoll: p.busyPoll, keepalive: p.keepalive,
 		credits:  p.peerSlots,
 		freeSend: make([]int, 0, p.sendSlots),
 		ready:    ring{buf: make([]readyMsg, p.recvSlots)},
@@ -220,6 +227,10 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) error {
 	c.postMu.Lock()
 	defer c.postMu.Unlock()
+	if !c.io() {
+		return ErrClosed
+	}
+	defer c.ioDone()
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
@@ -266,6 +277,7 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 		copy(buf, p)
 		imm, hasImm = h.imm(), true
 	}
+	c.lastPost.Store(int64(time.Since(epoch)))
 	if err := c.t.postSend(slot, n, imm, hasImm); err != nil {
 		c.mu.Lock()
 		c.freeSend = append(c.freeSend, slot)
@@ -277,6 +289,41 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 }
 
 var errNoRoom = errors.New("no send slot or credit")
+
+// epoch makes lastPost monotonic.
+var epoch = time.Now()
+
+// startKeepalive sends an empty credit frame whenever nothing was sent for
+// a keepalive interval. A dead peer (a node gone without a disconnect)
+// then fails the probe's send after the QP's retries, which breaks the
+// connection and wakes every blocked call; without probes an idle
+// connection would not notice. Probes keep one credit in reserve like data.
+func (c *Conn) startKeepalive() {
+	if c.keepalive <= 0 || c.raw {
+		return
+	}
+	c.kaStop = make(chan struct{})
+	go func() {
+		tick := time.NewTicker(c.keepalive)
+		defer tick.Stop()
+		for {
+			select {
+			case <-c.kaStop:
+				return
+			case <-tick.C:
+			}
+			if time.Since(epoch)-time.Duration(c.lastPost.Load()) < c.keepalive {
+				continue
+			}
+			c.mu.Lock()
+			ok := c.err == nil && !c.closing && c.credits >= 2 && len(c.freeSend) > 0
+			c.mu.Unlock()
+			if ok && c.postFrame(frameCredit, nil, 0, false) == nil {
+				c.stats.keepalives.Add(1)
+			}
+		}
+	}()
+}
 
 // returnCredits sends a credit frame when the peer is starved or half our
 // receive buffers wait to be returned. It never blocks: if a post is under
@@ -348,15 +395,33 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	}
 	c.ready.pop()
 	c.mu.Unlock()
+	if !c.io() {
+		return 0, 0, false, c.opErr("recv", ErrClosed)
+	}
 	copy(buf, c.t.recvBuf(m.slot)[m.off:m.off+m.n])
 	c.stats.msgsRecv.Add(1)
 	c.stats.bytesRecv.Add(uint64(m.n))
-	if err := c.repostRecv(m.slot); err != nil {
-		return m.n, m.imm, m.hasImm, nil // the message is good; the next call reports the failure
+	err := c.repostRecv(m.slot)
+	c.ioDone()
+	if err == nil { // else the message is good; the next call reports the failure
+		c.returnCredits()
 	}
-	c.returnCredits()
 	return m.n, m.imm, m.hasImm, nil
 }
+
+// io guards the buffers and the QP against Close releasing them while a
+// copy or a post is under way. It is held only around work that does not
+// block, never while waiting.
+func (c *Conn) io() bool {
+	c.ioMu.RLock()
+	if c.released {
+		c.ioMu.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (c *Conn) ioDone() { c.ioMu.RUnlock() }
 
 func (c *Conn) repostRecv(slot int) error {
 	if err := c.t.postRecv(slot); err != nil {
@@ -404,17 +469,20 @@ func (c *Conn) progress(ctx context.Context) error {
 		n, err = c.t.poll(ctx, c.cbuf, true)
 	}
 
-	c.mu.Lock()
 	c.repost = c.repost[:0]
-	for i := 0; i < n; i++ {
-		c.handle(&c.cbuf[i])
-	}
-	c.mu.Unlock()
-	// Still the leader: c.repost is ours until polling is cleared.
-	for _, slot := range c.repost {
-		if c.repostRecv(slot) != nil {
-			break
+	if n > 0 && c.io() {
+		c.mu.Lock()
+		for i := 0; i < n; i++ {
+			c.handle(&c.cbuf[i])
 		}
+		c.mu.Unlock()
+		// Still the leader: c.repost is ours until polling is cleared.
+		for _, slot := range c.repost {
+			if c.repostRecv(slot) != nil {
+				break
+			}
+		}
+		c.ioDone()
 	}
 	reposted := len(c.repost) > 0
 	c.mu.Lock()
@@ -558,7 +626,13 @@ func (c *Conn) Close() error {
 		c.drainSends(ctx)
 	}
 	c.releaseOnce.Do(func() {
+		if c.kaStop != nil {
+			close(c.kaStop)
+		}
 		c.fail(ErrClosed)
+		c.ioMu.Lock()
+		c.released = true
+		c.ioMu.Unlock()
 		c.releaseErr = c.t.release(ctx)
 		globalStats.connsOpen.Add(-1)
 	})
@@ -601,5 +675,6 @@ type connStats struct {
 	msgsSent, msgsRecv   atomic.Uint64
 	bytesSent, bytesRecv atomic.Uint64
 	creditFrames         atomic.Uint64
+	keepalives           atomic.Uint64
 	errors               atomic.Uint64
 }

@@ -306,3 +306,31 @@ func TestNetConnConformance(t *testing.T) {
 		return a.NetConn(), b.NetConn(), func() { a.Close(); b.Close() }, nil
 	})
 }
+
+// An idle connection probes its peer; when the peer's node is gone the
+// probe fails, and a Recv blocked on the idle connection learns of it.
+func TestConnKeepaliveDetectsDeadPeer(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{keepalive: 10 * time.Millisecond})
+	ctx := ctxT(t)
+	require.Eventually(t, func() bool { return a.Stats().Keepalives >= 3 && b.Stats().Keepalives >= 3 },
+		5*time.Second, 5*time.Millisecond, "idle sides send probes")
+	// Probes are frames like any other: the peer accepted them in sequence.
+	require.NoError(t, a.Send(ctx, []byte("still here")))
+	n, err := b.Recv(ctx, make([]byte, 64))
+	require.NoError(t, err)
+	require.Equal(t, 10, n)
+
+	errc := make(chan error, 1)
+	go func() { _, err := a.Recv(ctx, make([]byte, 64)); errc <- err }()
+	time.Sleep(20 * time.Millisecond)
+	// b's node vanishes without a disconnect: only a's probe can tell.
+	w.mu.Lock()
+	w.ends[1].shut = true
+	w.mu.Unlock()
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, ErrPeerGone)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a blocked Recv on an idle connection never learned the peer was gone")
+	}
+}

@@ -159,8 +159,8 @@ func (cfg *config) params(sendSlots, recvSlots int) connParams {
 	return connParams{
 		raw: cfg.raw, sendSlots: sendSlots, recvSlots: recvSlots, peerSlots: recvSlots,
 		maxSend: cfg.messageSize, maxRecv: cfg.messageSize, timeout: cfg.handshakeTimeout,
-		busyPoll: cfg.busyPoll,
-		log:      func(msg string, args ...any) { log.Warn(msg, args...) },
+		busyPoll: cfg.busyPoll, keepalive: cfg.keepalive,
+		log: func(msg string, args ...any) { log.Warn(msg, args...) },
 	}
 }
 
@@ -178,4 +178,5 @@ func (c *Conn) start(t *rdmaTransport) {
 	globalStats.connsOpen.Add(1)
 	globalStats.connsTotal.Add(1)
 	go t.watch()
+	c.startKeepalive()
 }

@@ -196,9 +196,10 @@ func (a fakeAddr) Network() string { return "rdma" }
 func (a fakeAddr) String() string  { return string(a) }
 
 type fakeOpts struct {
-	depth   [2]int
-	msgSize [2]int
-	raw     bool
+	depth     [2]int
+	msgSize   [2]int
+	raw       bool
+	keepalive time.Duration
 }
 
 // fakePair returns two connected Conns over a fakeWire, as Dial and Accept
@@ -231,7 +232,7 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 	for i := range conns {
 		c, err := newConn(w.ends[i], fakeAddr(fmt.Sprintf("side%d", i)), fakeAddr(fmt.Sprintf("side%d", 1-i)), connParams{
 			raw: o.raw, sendSlots: sendSlots[i], recvSlots: recvSlots[i], peerSlots: recvSlots[1-i],
-			maxSend: maxSend[i], maxRecv: maxSend[1-i], timeout: 2 * time.Second,
+			maxSend: maxSend[i], maxRecv: maxSend[1-i], timeout: 2 * time.Second, keepalive: o.keepalive,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -240,6 +241,7 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 			t.Fatal(err)
 		}
 		globalStats.connsOpen.Add(1)
+		c.startKeepalive()
 		conns[i] = c
 	}
 	t.Cleanup(func() {

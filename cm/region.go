@@ -116,7 +116,12 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	}
 	c.rdmaDone, c.rdmaErr = false, nil
 	c.mu.Unlock()
-	if err := c.t.postRDMA(write, local, off, n, remote, roff); err != nil {
+	if !c.io() {
+		return c.opErr(op, ErrClosed)
+	}
+	err := c.t.postRDMA(write, local, off, n, remote, roff)
+	c.ioDone()
+	if err != nil {
 		return c.opErr(op, err)
 	}
 	for {

@@ -10,7 +10,9 @@ type Stats struct {
 	BytesReceived    uint64
 	// CreditFrames counts flow-control messages sent without data.
 	CreditFrames uint64
-	Errors       uint64
+	// Keepalives counts idle probes (WithKeepalive).
+	Keepalives uint64
+	Errors     uint64
 }
 
 // Stats returns the connection's counters.
@@ -21,6 +23,7 @@ func (c *Conn) Stats() Stats {
 		BytesSent:        c.stats.bytesSent.Load(),
 		BytesReceived:    c.stats.bytesRecv.Load(),
 		CreditFrames:     c.stats.creditFrames.Load(),
+		Keepalives:       c.stats.keepalives.Load(),
 		Errors:           c.stats.errors.Load(),
 	}
 }
