@@ -114,7 +114,7 @@ TABLE=$RUN/table.md
   echo "|---|---|---|---|---|---|"
   echo "| A: add a logical connection over live uplinks (BenchmarkHybridAddLogicalConn, ${XN}x) | $(echo "$XV" | grep . | us || true)| $(echo "$XM" | us) | | | |"
   echo "| B: full RC connection, cm.Dial + Accept (BenchmarkRCDial, ${RN}x) | $(echo "$RV" | grep . | us || true)| $(echo "$RM" | us) | **x$RATIO** | >= x$TARGET | $VERDICT |"
-  echo "| C: one bare SIDR exchange, kernel CM (BenchmarkHybridSIDRExchange, ${SN}x): A's floor is 2 of these | $(echo "$SV" | grep . | us || true)| $(echo "$SM" | us) | x$SRATIO (B/C) | | |"
+  echo "| C: one bare SIDR exchange, kernel CM (BenchmarkHybridSIDRExchange, ${SN}x): A's floor is one of these (two before the reverse leg rode the ACCEPT) | $(echo "$SV" | grep . | us || true)| $(echo "$SM" | us) | x$SRATIO (B/C) | | |"
 } > "$TABLE"
 
 COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
