@@ -3,11 +3,12 @@
 #   sudo test/bench-xrc.sh
 # 1. Builds the xrc package's test binary and runs, in ONE soft-RoCE VM (test/vm/rxe-vm.sh),
 #    alternately A B A B ... for $ROUNDS rounds:
-#      A = BenchmarkHybridAddLogicalConn: one more logical connection over live uplinks (two SIDR
-#          exchanges through the real kernel CM, hybrid seam, no QP created),
+#      A = BenchmarkHybridAddLogicalConn: one more logical connection over live uplinks (one SIDR
+#          exchange through the real kernel CM, the reverse leg riding its ACCEPT; hybrid seam,
+#          no QP created),
 #      B = BenchmarkRCDial: a full RC connection (cm.Dial + Accept) on the same rxe device,
 #      C = BenchmarkHybridSIDRExchange: one bare SIDR exchange through the kernel CM (the floor
-#          under A, which takes two).
+#          under A, which takes one).
 # 2. Runs TestQPCountTable on the host (the model: QPs and kernel handles per node for N x P
 #    all-to-all, XRC against RC).
 # 3. Writes docs/xrc-benchmarks.md (GOXRC_XRC_BENCH_DOC to write elsewhere): medians, the RC/XRC
@@ -113,7 +114,7 @@ TABLE=$RUN/table.md
   echo "|---|---|---|---|---|---|"
   echo "| A: add a logical connection over live uplinks (BenchmarkHybridAddLogicalConn, ${XN}x) | $(echo "$XV" | grep . | us || true)| $(echo "$XM" | us) | | | |"
   echo "| B: full RC connection, cm.Dial + Accept (BenchmarkRCDial, ${RN}x) | $(echo "$RV" | grep . | us || true)| $(echo "$RM" | us) | **x$RATIO** | >= x$TARGET | $VERDICT |"
-  echo "| C: one bare SIDR exchange, kernel CM (BenchmarkHybridSIDRExchange, ${SN}x): A's floor is 2 of these | $(echo "$SV" | grep . | us || true)| $(echo "$SM" | us) | x$SRATIO (B/C) | | |"
+  echo "| C: one bare SIDR exchange, kernel CM (BenchmarkHybridSIDRExchange, ${SN}x): A's floor is one of these (two before the reverse leg rode the ACCEPT) | $(echo "$SV" | grep . | us || true)| $(echo "$SM" | us) | x$SRATIO (B/C) | | |"
 } > "$TABLE"
 
 COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -144,11 +145,12 @@ $(cat "$TABLE")
 - A runs the XRC engine on the hybrid seam (internal/kernel/hybrid): the real kernel RDMA CM on rxe0,
   the model's XRC QPs (soft-RoCE has no XRC verbs). A warm-up Dial brings up one uplink each way
   (physical XRC-typed CM exchanges, kept open); then each iteration Dials one more logical
-  connection to the same endpoint, timed until Dial returns (both legs up: the dialer's VIRT_REQ and
-  the acceptor's reciprocal VIRT_REQ, i.e. two SIDR exchanges through the kernel CM, each with its own
-  resolve addr/route), then closes it and waits until both ends have released it, untimed. The
-  benchmark fails unless Stats.Uplinks stays 1 on both ends and the node's QP count stays at the
-  warm-up's 2 INI + 2 TGT (reported as \`uplinks\` and \`newQPs\`).
+  connection to the same endpoint, timed until Dial returns (both legs up: the dialer's VIRT_REQ,
+  whose ACCEPT carries the reverse leg, which the dialer registers itself: one SIDR exchange through
+  the kernel CM, with its resolve addr/route), then closes it and waits until both ends have
+  released it, untimed. The benchmark fails unless Stats.Uplinks stays 1 on both ends and the node's
+  QP count stays at the warm-up's 2 INI + 2 TGT (reported as \`uplinks\` and \`newQPs\`);
+  \`sidr/op\` is the SIDR exchanges per logical connection (Stats.VirtReqs of both ends).
 - B: cm.Dial plus the listener's Accept with cm.WithMessageSize(64), cm.WithQueueDepth(2) (the
   cheapest RC setup: CM id, resolve, QP, CQ, registered buffers, connect, goxrc's hello), a warm-up
   connection kept open (cm's device context and PD). Each iteration's two ends are then closed
@@ -156,8 +158,8 @@ $(cat "$TABLE")
   after it, so no teardown overlaps a timed setup.
 - C: no engine at all: Connect (create id, resolve addr, resolve route, SIDR REQ), the listener's
   CONNECT_REQUEST, Accept (SIDR REP), ESTABLISHED, both ids destroyed, through the hybrid seam's
-  kcm (librdmacm). A logical connection needs two (one per leg, one after the other), so twice C
-  is what A costs at best without changing the protocol.
+  kcm (librdmacm). A logical connection over live uplinks needs one (the reverse leg rides its
+  ACCEPT; it needed two, one per leg, before), so C is the floor under A.
 - \`us-untimed-close/op\`: Close until both ends let go, per iteration, outside the timed setup.
 - Ratio = median B / median A (how many times faster adding a logical connection is).
 

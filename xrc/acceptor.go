@@ -38,6 +38,7 @@ type Leg struct {
 	PeerSRQN        uint32 // for the reverse leg
 	ReplyPort       uint16
 	Reciprocal      uint32 // the forward leg's tag when this is a reverse leg, else 0
+	RevTag          uint32 // FlagOneExchange: the sender's receive tag for our reverse leg, else 0
 	Physical        bool
 	cached          []byte   // VIRT: the ACCEPT, for SIDR retransmissions
 	prev            []uint32 // TGTs the leg moved away from (newest last, at most 4)
@@ -297,12 +298,105 @@ func (a *Acceptor) accept(dl *Downlink, req *wire.Req, app []byte, physical, fre
 	}
 	dl.count++
 	l := &Leg{Downlink: dl, PeerIncarnation: req.Incarnation, PeerTag: req.ConnTag, Tag: m.AcceptorTag,
-		PeerSRQN: req.SRQN, ReplyPort: req.ReplyPort, Reciprocal: req.PeerTag, Physical: physical}
+		PeerSRQN: req.SRQN, ReplyPort: req.ReplyPort, Physical: physical}
+	if req.Flags&wire.FlagReciprocal != 0 {
+		l.Reciprocal = req.PeerTag
+	} else if req.Flags&wire.FlagOneExchange != 0 {
+		l.RevTag = req.PeerTag
+	}
 	if !physical {
 		l.cached = buf[:n]
 	}
 	a.legs[legKey{req.Incarnation, req.ConnTag}] = l
 	return Decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l}
+}
+
+// ReserveTag returns a fresh tag of ours for a leg not registered yet (the
+// reverse leg a FlagOneExchange VIRT_REQ announces).
+func (a *Acceptor) ReserveTag() uint32 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.nextTag++
+	if a.nextTag == 0 {
+		a.nextTag = 1
+	}
+	return a.nextTag
+}
+
+// AddReverse puts rev into the cached ACCEPT of the VIRT leg l (just
+// accepted, FlagOneExchange) and returns the new encoding, which also
+// answers the request's retransmissions. It fails (and l's ACCEPT stays as
+// it was) if the leg is gone or the section does not fit with the app data.
+func (a *Acceptor) AddReverse(l *Leg, rev wire.Reverse) ([]byte, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l || l.cached == nil || l.RevTag == 0 {
+		return nil, false
+	}
+	var m wire.Accept
+	if wire.DecodeAccept(l.cached, &m) != nil {
+		return nil, false
+	}
+	m.Flags, m.Rev = wire.AcceptReverse, rev
+	buf := make([]byte, wire.BudgetSIDRREP)
+	n, err := m.Encode(buf)
+	if err != nil {
+		return nil, false
+	}
+	l.cached = buf[:n]
+	return l.cached, true
+}
+
+// ReverseLeg registers, on the requester's side, the reverse leg an ACCEPT
+// flagged AcceptReverse announced, as the acceptor would for a VIRT_REQ:
+// tag is the one we reserved (ReserveTag) and sent in the REQ, from the
+// node the ACCEPT came from, acc the decoded ACCEPT. We share our handle
+// on the TGT if we hold one for the same sender incarnation, INI and node
+// (count + 1), or open it by number and verify it (XRC_RECV, RTR/RTS, dest
+// QPN = the acceptor's INI, remote address = its node); anything else
+// leaves no handle, count or leg and returns an error.
+func (a *Acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from netip.Addr, replyPort uint16) (*Leg, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rev := acc.Rev
+	if acc.Flags&wire.AcceptReverse == 0 || rev.DomainID != a.cfg.DomainID {
+		return nil, errBadReverse
+	}
+	key := legKey{acc.Incarnation, rev.Tag}
+	if a.legs[key] != nil {
+		return nil, errBadReverse
+	}
+	for _, l := range a.legs {
+		if l.Tag == tag {
+			return nil, errBadReverse
+		}
+	}
+	dl := a.byTGT[rev.TGTQPN]
+	if dl != nil {
+		if dl.Incarnation != acc.Incarnation || dl.INIQPN != rev.INIQPN || dl.Remote != from {
+			return nil, errBadReverse
+		}
+	} else {
+		k := a.cfg.Kernel
+		qp, err := k.OpenTGT(a.cfg.XRCD, rev.TGTQPN)
+		if err != nil {
+			return nil, errBadReverse
+		}
+		info, err := k.QueryQP(qp)
+		if err != nil || info.Type != verbs.QPTypeXRCRecv ||
+			(info.State != verbs.QPStateRTR && info.State != verbs.QPStateRTS) ||
+			info.DestQPN != rev.INIQPN || info.Remote != from || info.Num != rev.TGTQPN {
+			k.DestroyQP(qp)
+			return nil, errBadReverse
+		}
+		dl = &Downlink{TGTQPN: info.Num, Incarnation: acc.Incarnation, INIQPN: rev.INIQPN, Remote: from, qp: qp}
+		a.byTGT[dl.TGTQPN] = dl
+	}
+	dl.count++
+	l := &Leg{Downlink: dl, PeerIncarnation: acc.Incarnation, PeerTag: rev.Tag, Tag: tag, PeerSRQN: acc.SRQN,
+		ReplyPort: replyPort, Reciprocal: fwdTag}
+	a.legs[key] = l
+	return l, nil
 }
 
 func (a *Acceptor) drop(dl *Downlink) {

@@ -49,8 +49,9 @@ func BenchHybridNodeQPs(ip netip.Addr) (ini, tgt int) {
 // setup: one bare SIDR exchange through the real kernel CM on the hybrid
 // seam, without the engine (Connect: create id, resolve addr and route, SIDR
 // REQ; the listener's CONNECT_REQUEST; Accept: SIDR REP; ESTABLISHED; both
-// ids destroyed). Adding a logical connection takes two of them, one each
-// way. Skips without RXE_DEV.
+// ids destroyed). Adding a logical connection over live uplinks takes one
+// of them (the reverse leg rides its ACCEPT; two before). Skips without
+// RXE_DEV.
 func BenchmarkHybridSIDRExchange(b *testing.B) {
 	if os.Getenv("RXE_DEV") == "" {
 		b.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh (test/bench-xrc.sh)")

@@ -18,9 +18,9 @@ import (
 // test/vm/rxe-vm.sh (RXE_DEV, RXE_IP; both benchmarks skip elsewhere):
 //
 //   - BenchmarkHybridAddLogicalConn: one more logical connection between two
-//     endpoints whose uplinks are already up. Its two legs are two SIDR
-//     exchanges through the real kernel CM (VIRT_REQ from the dialer, the
-//     reciprocal VIRT_REQ from the acceptor) on the hybrid seam; no QP is
+//     endpoints whose uplinks are already up. Its two legs take one SIDR
+//     exchange through the real kernel CM (the dialer's VIRT_REQ; the
+//     acceptor's ACCEPT carries the reverse leg) on the hybrid seam; no QP is
 //     created, which the benchmark checks (model QP count, Stats.Uplinks).
 //   - BenchmarkRCDial: a full RC connection through package cm (cm.Dial plus
 //     the listener's Accept: CM id, resolve, QP, CQ, receive buffers,
@@ -68,7 +68,8 @@ func waitConns(b *testing.B, want int, es ...*xrc.Endpoint) {
 // BenchmarkHybridAddLogicalConn: after a warm-up Dial that brings up one
 // uplink each way (the physical XRC-typed exchanges), each iteration Dials
 // one more logical connection to the same endpoint (timed: Dial returns once
-// both legs are up, i.e. after both SIDR exchanges), then closes it and waits
+// both legs are up, i.e. after the one SIDR exchange whose ACCEPT carries
+// the reverse leg), then closes it and waits
 // until both ends have released it (not timed).
 func BenchmarkHybridAddLogicalConn(b *testing.B) {
 	ip := rxeAddr(b)
@@ -129,6 +130,7 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 		}
 	}
 	check("after warm-up")
+	sidr0 := cli.Stats().VirtReqs + srv.Stats().VirtReqs
 
 	var release time.Duration // Close until both ends have let go (untimed)
 	b.ResetTimer()
@@ -160,6 +162,9 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 	b.ReportMetric(float64(cli.Stats().Uplinks), "uplinks")
 	b.ReportMetric(float64(ini+tgt-ini0-tgt0), "newQPs")
 	b.ReportMetric(float64(release.Microseconds())/float64(b.N), "us-untimed-close/op")
+	// SIDR exchanges per logical connection: 1 when the reverse leg rides
+	// the forward leg's ACCEPT, 2 on the reciprocal path.
+	b.ReportMetric(float64(cli.Stats().VirtReqs+srv.Stats().VirtReqs-sidr0)/float64(b.N), "sidr/op")
 }
 
 // BenchmarkRCDial: each iteration is cm.Dial plus the listener's Accept of

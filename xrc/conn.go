@@ -44,6 +44,9 @@ type Conn struct {
 	goneAt       time.Time // the sender's INI was torn down
 	goneDrains   uint64    // e.drains then
 	finRcvd      bool
+	earlyTag     uint32       // the receive tag announced in a FlagOneExchange VIRT_REQ, until registered
+	early        []earlyMsg   // messages for earlyTag that came before the registration
+	rev          *wire.Accept // the forward ACCEPT, when it carries the reverse leg
 	q            [][]byte
 	wakeCh       chan struct{}
 
@@ -312,6 +315,7 @@ func (c *Conn) dropSendLocked() {
 }
 
 func (c *Conn) releaseRecvLocked() {
+	c.e.dropEarlyLocked(c)
 	if c.recvLeg == nil || c.recvReleased {
 		return
 	}

@@ -24,8 +24,12 @@
 // kept by the Acceptor, at most one kernel handle per TGT per process with a
 // local use count over it.
 //
-// A Conn is bidirectional: the dialer's leg and the acceptor's reciprocal
-// leg, each one way; Dial and Accept return once both are up. Every message
+// A Conn is bidirectional: the dialer's leg and the acceptor's reverse
+// leg, each one way; Dial and Accept return once both are up. When the
+// acceptor already has a live uplink to the dialer's node, the reverse leg
+// rides the forward leg's ACCEPT and the dialer registers it itself (one SIDR
+// exchange per connection); otherwise the acceptor opens it with a
+// reciprocal request. Every message
 // names the receiver's SRQ and carries the receiver's tag in the immediate
 // data; a receiver drops messages whose tag names none of its connections
 // (misdelivery after SRQ-number reuse). Close sends an in-band FIN as the

@@ -90,11 +90,13 @@ type Endpoint struct {
 	passive  map[kernel.ID]struct{} // physical links we accepted
 	acceptq  chan *Conn
 
-	dropped    atomic.Uint64
-	rejected   atomic.Uint64
-	recoveries atomic.Uint64
-	moved      atomic.Uint64
-	drains     atomic.Uint64 // times the receive loop emptied the SRQ
+	dropped     atomic.Uint64
+	rejected    atomic.Uint64
+	recoveries  atomic.Uint64
+	moved       atomic.Uint64
+	drains      atomic.Uint64 // times the receive loop emptied the SRQ
+	virtReqs    atomic.Uint64
+	oneExchange atomic.Uint64
 }
 
 type upKey struct {
@@ -335,6 +337,8 @@ type Stats struct {
 	Rejected      uint64 // connection requests refused
 	Recoveries    uint64 // uplinks rebuilt after an INI error or TGT_GONE
 	LegsMoved     uint64 // sending legs moved onto a rebuilt uplink
+	VirtReqs      uint64 // SIDR exchanges this endpoint started (VIRT_REQs sent)
+	OneExchange   uint64 // reverse legs set up inside the forward leg's exchange (either side)
 }
 
 // Stats returns the endpoint's counts.
@@ -355,6 +359,8 @@ func (e *Endpoint) Stats() Stats {
 	s.Rejected = e.rejected.Load()
 	s.Recoveries = e.recoveries.Load()
 	s.LegsMoved = e.moved.Load()
+	s.VirtReqs = e.virtReqs.Load()
+	s.OneExchange = e.oneExchange.Load()
 	return s
 }
 
@@ -393,6 +399,7 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 		c.fail(err)
 		return nil, &opError{"dial", address, err}
 	}
+	e.finishReverse(ctx, c)
 	select {
 	case <-c.ready:
 		return c, nil
@@ -477,8 +484,14 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 	}
 	c.recvLeg, c.recvTag, c.lastSeen = leg, leg.Tag, time.Now()
 	e.recv[leg.Tag] = c
+	pd := d.PrivateData
+	if !phys && leg.RevTag != 0 {
+		if b, ok := e.bindReverseLocked(c, leg); ok {
+			pd = b
+		}
+	}
 	e.mu.Unlock()
-	if err := e.k.Accept(ev.ID, d.QPNum, d.PrivateData); err != nil {
+	if err := e.k.Accept(ev.ID, d.QPNum, pd); err != nil {
 		e.k.DestroyID(ev.ID)
 		c.fail(err)
 		return
@@ -489,6 +502,111 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 	}
 	e.k.DestroyID(ev.ID)
 	e.recvLegUp(c)
+}
+
+// bindReverseLocked answers a VIRT_REQ flagged FlagOneExchange with the
+// reverse leg in the ACCEPT when we have a live uplink to the requester's
+// node: c's sending leg rides that uplink at once, to the receive tag the
+// requester announced, and the requester registers it itself. Without a
+// live uplink (or if the section does not fit) it returns false and the
+// reverse leg goes the old way, a reciprocal VIRT_REQ (or PHYS_REQ).
+func (e *Endpoint) bindReverseLocked(c *Conn, leg *Leg) ([]byte, bool) {
+	u := e.uplinkForLocked(c.raddr)
+	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 {
+		return nil, false
+	}
+	tag := e.newTagLocked()
+	rev := wire.Reverse{Tag: tag, INIQPN: u.cur.num, TGTQPN: u.cur.tgt, DomainID: u.dom}
+	b, ok := e.acc.AddReverse(leg, rev)
+	if !ok {
+		return nil, false
+	}
+	c.sendTag = tag
+	c.up, c.holdsRef = u, true
+	u.refs++
+	u.legs[c] = struct{}{}
+	c.peerTag, c.peerSRQN, c.peerInc = leg.RevTag, leg.PeerSRQN, leg.PeerIncarnation
+	c.sendUp, c.lastSent = true, time.Now()
+	e.oneExchange.Add(1)
+	return b, true
+}
+
+// finishReverse ends a dial whose forward leg is up: if the ACCEPT carried
+// the reverse leg, register it here (verify the acceptor's TGT as the
+// acceptor would for a VIRT_REQ); if it did not, the reverse leg comes as a
+// reciprocal VIRT_REQ and the tag we announced is forgotten. A reverse leg
+// that fails verification fails the dial cleanly: a FIN on the forward leg
+// ends the acceptor's half, and nothing of it stays registered here.
+func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) {
+	e.mu.Lock()
+	rev, tag := c.rev, c.earlyTag
+	c.rev = nil
+	if rev == nil || c.failed() || c.recvLeg != nil {
+		e.dropEarlyLocked(c)
+		bad := rev != nil && !c.failed()
+		e.mu.Unlock()
+		if bad { // a reverse section and a reciprocal leg: not ours to choose
+			e.abortDial(ctx, c, errBadReverse)
+		}
+		return
+	}
+	e.mu.Unlock()
+	leg, err := e.acc.ReverseLeg(tag, c.sendTag, rev, c.raddr.Addr(), c.raddr.Port())
+	e.mu.Lock()
+	if err != nil {
+		e.dropEarlyLocked(c)
+		e.mu.Unlock()
+		e.abortDial(ctx, c, err)
+		return
+	}
+	if c.failed() || c.recvLeg != nil {
+		e.acc.Release(leg)
+		e.dropEarlyLocked(c)
+		e.mu.Unlock()
+		return
+	}
+	c.recvLeg, c.recvTag, c.recvUp, c.lastSeen = leg, tag, true, time.Now()
+	early := c.early
+	c.early, c.earlyTag = nil, 0
+	for _, m := range early {
+		if !e.acc.LegAccepts(leg, m.tgt) || e.recv[tag] != c {
+			e.dropped.Add(1)
+			continue
+		}
+		e.consumeLocked(c, leg, m.payload)
+	}
+	e.oneExchange.Add(1)
+	c.checkReadyLocked()
+	e.mu.Unlock()
+}
+
+// dropEarlyLocked forgets the receive tag c announced for a reverse leg
+// that will not be registered, and what arrived for it.
+func (e *Endpoint) dropEarlyLocked(c *Conn) {
+	if c.earlyTag == 0 {
+		return
+	}
+	if e.recv[c.earlyTag] == c && c.recvTag != c.earlyTag {
+		delete(e.recv, c.earlyTag)
+	}
+	e.dropped.Add(uint64(len(c.early)))
+	c.early, c.earlyTag = nil, 0
+}
+
+// abortDial ends a dial whose reverse leg cannot be made: a FIN on the
+// forward leg (so the acceptor's half ends), then the dial fails.
+func (e *Endpoint) abortDial(ctx context.Context, c *Conn, err error) {
+	e.mu.Lock()
+	fin := c.sendUp && !c.sendDone && c.err == nil
+	f := wire.FIN{Tag: c.peerTag, SenderTag: c.sendTag}
+	e.mu.Unlock()
+	if fin {
+		b := make([]byte, wire.FinLen)
+		if _, ferr := f.Encode(b); ferr == nil {
+			c.sendFrame(ctx, kindFIN, b, true)
+		}
+	}
+	c.fail(err)
 }
 
 // watchPassive follows a physical link we accepted (we created the TGT):
@@ -557,7 +675,7 @@ func (e *Endpoint) recvLegUp(c *Conn) {
 	}
 	c.recvUp = true
 	c.lastSeen = time.Now()
-	inbound := c.inbound
+	inbound := c.inbound && !c.sendUp // else the reverse leg rode the ACCEPT
 	c.checkReadyLocked()
 	e.mu.Unlock()
 	if inbound {
@@ -612,6 +730,18 @@ func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
 	e.mu.Lock()
 	c := e.recv[wc.Imm]
 	var leg *Leg
+	if c != nil && c.recvTag != wc.Imm {
+		// A reverse leg we announced, not registered yet: its ACCEPT may
+		// still be on its way while the acceptor already sends. Kept
+		// (bounded) until finishReverse checks and consumes them.
+		if c.earlyTag == wc.Imm && len(c.early) < maxEarly {
+			c.early = append(c.early, earlyMsg{tgt: wc.TGTQPN, payload: wc.Payload})
+		} else {
+			e.dropped.Add(1)
+		}
+		e.mu.Unlock()
+		return
+	}
 	if c != nil {
 		leg = c.recvLeg
 	}
@@ -620,15 +750,29 @@ func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
 		e.dropped.Add(1)
 		return
 	}
-	body := wc.Payload[1:]
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.recv[wc.Imm] != c {
 		e.dropped.Add(1)
 		return
 	}
+	e.consumeLocked(c, leg, wc.Payload)
+}
+
+// maxEarly bounds the messages kept for a reverse leg not registered yet.
+const maxEarly = 64
+
+type earlyMsg struct {
+	tgt     uint32
+	payload []byte
+}
+
+// consumeLocked takes one message of c's receiving leg leg (tag and TGT
+// already checked).
+func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) {
+	body := p[1:]
 	c.lastSeen = time.Now()
-	switch wc.Payload[0] {
+	switch p[0] {
 	case kindData:
 		c.q = append(c.q, body)
 		c.wake()

@@ -27,6 +27,7 @@ var (
 	errRetries     = fmt.Errorf("%w: sends keep failing", ErrPeerGone)
 	errIncarnation = fmt.Errorf("%w: answered by another incarnation", ErrPeerGone)
 	errUplinkGone  = fmt.Errorf("%w: uplink gone during the request", ErrPeerGone)
+	errBadReverse  = errors.New("xrc: the peer's reverse leg (in its ACCEPT) failed verification")
 )
 
 // RejectReason is why a peer refused a connection request.

@@ -127,9 +127,22 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		q := u.cur
 		req := e.req(c, wire.TypeVirtReq, peerTag)
 		req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, u.dom
+		if peerTag == 0 && !c.inbound {
+			// A forward leg: announce the tag we will receive the reverse
+			// leg on, so that the acceptor may put it in its ACCEPT.
+			if c.earlyTag == 0 && c.recvLeg == nil {
+				c.earlyTag = e.acc.ReserveTag()
+				e.recv[c.earlyTag] = c
+			}
+			if c.earlyTag != 0 {
+				req.Flags |= wire.FlagOneExchange
+				req.PeerTag = c.earlyTag
+			}
+		}
 		e.mu.Unlock()
 		acc, err := e.virtLink(ctx, raddr, &req)
 		e.mu.Lock()
+		first := acc
 		// The uplink may have been rebuilt while we asked: the leg then
 		// lives on the old TGT and must move to the new one.
 		for err == nil && (u.cur != q || u.state != upUp) {
@@ -149,13 +162,18 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				continue
 			}
 			q = u.cur
-			req.Flags |= wire.FlagMove
+			req.Flags = req.Flags&^wire.FlagOneExchange | wire.FlagMove
+			if req.Flags&wire.FlagReciprocal == 0 {
+				req.PeerTag = 0
+			}
 			req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, u.dom
 			e.mu.Unlock()
 			acc, err = e.virtLink(ctx, raddr, &req)
 			e.mu.Lock()
 		}
 		if err == nil {
+			// A MOVE's answer carries no reverse section; the first did.
+			acc.Flags, acc.Rev = first.Flags, first.Rev
 			err = e.bindLocked(c, u, &acc)
 			e.mu.Unlock()
 			return err
@@ -200,6 +218,10 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	c.peerTag, c.peerSRQN, c.peerInc = acc.AcceptorTag, acc.SRQN, acc.Incarnation
 	c.sendUp, c.lastSent = true, time.Now()
 	u.legs[c] = struct{}{}
+	if acc.Flags&wire.AcceptReverse != 0 {
+		a := *acc
+		c.rev = &a
+	}
 	c.checkReadyLocked()
 	return nil
 }
@@ -242,7 +264,8 @@ func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	default:
 		return fail(&opError{"connect", raddr.String(), errors.New("unexpected " + ev.Type.String())})
 	}
-	if err := wire.DecodeAccept(ev.PrivateData, &acc); err != nil || acc.TagEcho != req.ConnTag || acc.TGTQPN != ev.QPNum {
+	if err := wire.DecodeAccept(ev.PrivateData, &acc); err != nil || acc.TagEcho != req.ConnTag || acc.TGTQPN != ev.QPNum ||
+		acc.Flags != 0 {
 		k.Reject(id, nil)
 		return fail(&opError{"connect", raddr.String(), errors.New("bad ACCEPT")})
 	}
@@ -264,6 +287,7 @@ func (e *Endpoint) virtLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	if err != nil {
 		return acc, err
 	}
+	e.virtReqs.Add(1)
 	id, err := e.k.Connect(ctx, raddr, kernel.ExchangeSIDR, 0, b[:n])
 	if err != nil {
 		return acc, err
@@ -281,7 +305,8 @@ func (e *Endpoint) virtLink(ctx context.Context, raddr netip.AddrPort, req *wire
 		return acc, &opError{"connect", raddr.String(), errors.New("unexpected " + ev.Type.String())}
 	}
 	if err := wire.DecodeAccept(ev.PrivateData, &acc); err != nil || acc.TagEcho != req.ConnTag ||
-		acc.TGTQPN != req.TGTQPNHint || ev.QPNum != acc.TGTQPN || acc.DomainID != req.DomainHint {
+		acc.TGTQPN != req.TGTQPNHint || ev.QPNum != acc.TGTQPN || acc.DomainID != req.DomainHint ||
+		(acc.Flags&wire.AcceptReverse != 0 && req.Flags&wire.FlagOneExchange == 0) {
 		return acc, &opError{"connect", raddr.String(), errors.New("bad ACCEPT")}
 	}
 	return acc, nil

@@ -51,6 +51,11 @@ func FuzzDecodeAccept(f *testing.F) {
 	f.Add(b)
 	f.Add(b[:BudgetSIDRREP])
 	f.Add([]byte{0x58, 0x52, 1, 3, 0, 0, 0, 41})
+	r := sampleReverseAccept()
+	r.SetApp([]byte("seed"))
+	b = make([]byte, BudgetSIDRREP)
+	r.Encode(b)
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var a Accept
 		if err := DecodeAccept(b, &a); err != nil {

@@ -7,7 +7,7 @@ type Req struct {
 	Type        Type  // TypePhysReq or TypeVirtReq
 	Flags       Flags // FlagReciprocal, FlagReplacesTGT (PHYS only)
 	ConnTag     uint32
-	PeerTag     uint32 // non-zero exactly when FlagReciprocal
+	PeerTag     uint32 // non-zero exactly when FlagReciprocal (the forward leg's tag) or FlagOneExchange (the sender's receive tag for the reverse leg)
 	Incarnation uint64 // random per sender process start; never 0
 	INIQPN      uint32 // 24-bit; repeated because SIDR carries none
 	TGTQPNHint  uint32 // VIRT: the TGT to join; PHYS: 0, or the replaced TGT with FlagReplacesTGT
@@ -46,8 +46,14 @@ func (r *Req) validate() check {
 	if r.ConnTag == 0 {
 		return bad("conn tag")
 	}
-	if (r.Flags&FlagReciprocal != 0) != (r.PeerTag != 0) {
+	if r.Flags&FlagReciprocal != 0 && r.Flags&FlagOneExchange != 0 {
+		return badFlags("reciprocal and one-exchange")
+	}
+	if (r.Flags&(FlagReciprocal|FlagOneExchange) != 0) != (r.PeerTag != 0) {
 		return badFlags("reciprocal/peer tag")
+	}
+	if r.Flags&FlagOneExchange != 0 && (r.Type != TypeVirtReq || r.Flags&FlagMove != 0) {
+		return badFlags("one-exchange on PHYS_REQ or MOVE")
 	}
 	if r.Incarnation == 0 {
 		return bad("incarnation")
@@ -151,6 +157,7 @@ func DecodeReq(b []byte, want Type, r *Req) error {
 
 // Accept is the acceptor's positive answer (REP or SIDR REP).
 type Accept struct {
+	Flags       Flags  // 0 or AcceptReverse
 	TagEcho     uint32 // the REQ's ConnTag
 	AcceptorTag uint32
 	Incarnation uint64
@@ -158,9 +165,24 @@ type Accept struct {
 	SRQN        uint32 // acceptor's SRQ for this connection
 	DomainID    uint64
 	Credits     uint16
+	Rev         Reverse // with AcceptReverse only; zero otherwise
 	appLen      uint8
 	app         [MaxAcceptApp]byte
 }
+
+// Reverse is the acceptor's reverse leg, carried in an ACCEPT flagged
+// AcceptReverse (ReverseLen bytes between the fixed part and the app data):
+// the requester registers it itself (opens TGTQPN by number and verifies it)
+// instead of the acceptor sending a reciprocal VIRT_REQ.
+type Reverse struct {
+	Tag      uint32 // the acceptor's ConnTag for the reverse leg (FIN's SenderTag)
+	INIQPN   uint32 // the acceptor's INI on its uplink to the requester's node
+	TGTQPN   uint32 // that uplink's TGT, in the requester's node
+	DomainID uint64 // the domain that TGT is in (the requester's, if all is well)
+}
+
+// ReverseLen is the size of a Reverse section.
+const ReverseLen = 18
 
 // App returns the application data (aliases a).
 func (a *Accept) App() []byte { return a.app[:a.appLen] }
@@ -176,7 +198,14 @@ func (a *Accept) SetApp(p []byte) error {
 }
 
 // Len is the encoded length.
-func (a *Accept) Len() int { return acceptFixed + int(a.appLen) }
+func (a *Accept) Len() int { return a.fixed() + int(a.appLen) }
+
+func (a *Accept) fixed() int {
+	if a.Flags&AcceptReverse != 0 {
+		return acceptFixed + ReverseLen
+	}
+	return acceptFixed
+}
 
 func (a *Accept) validate() check {
 	switch {
@@ -192,6 +221,12 @@ func (a *Accept) validate() check {
 		return bad("SRQN")
 	case a.DomainID == 0:
 		return bad("domain id")
+	case a.Flags&^AcceptReverse != 0:
+		return badFlags("unknown")
+	case a.Flags&AcceptReverse == 0 && a.Rev != (Reverse{}):
+		return bad("reverse without flag")
+	case a.Flags&AcceptReverse != 0 && (a.Rev.Tag == 0 || !validQPN(a.Rev.INIQPN) || !validQPN(a.Rev.TGTQPN) || a.Rev.DomainID == 0):
+		return bad("reverse")
 	case a.Len() > acceptMaxOut:
 		return check{ReasonAppLength, "app"}
 	}
@@ -207,7 +242,7 @@ func (a *Accept) Encode(b []byte) (int, error) {
 	if len(b) < n {
 		return 0, &EncodeError{ReasonShort, "buffer"}
 	}
-	putHeader(b, TypeAccept, 0, n)
+	putHeader(b, TypeAccept, a.Flags, n)
 	binary.BigEndian.PutUint32(b[8:], a.TagEcho)
 	binary.BigEndian.PutUint32(b[12:], a.AcceptorTag)
 	binary.BigEndian.PutUint64(b[16:], a.Incarnation)
@@ -216,7 +251,14 @@ func (a *Accept) Encode(b []byte) (int, error) {
 	binary.BigEndian.PutUint64(b[30:], a.DomainID)
 	binary.BigEndian.PutUint16(b[38:], a.Credits)
 	b[40] = a.appLen
-	copy(b[acceptFixed:n], a.App())
+	if a.Flags&AcceptReverse != 0 {
+		r := b[acceptFixed:]
+		binary.BigEndian.PutUint32(r[0:], a.Rev.Tag)
+		put24(r[4:], a.Rev.INIQPN)
+		put24(r[7:], a.Rev.TGTQPN)
+		binary.BigEndian.PutUint64(r[10:], a.Rev.DomainID)
+	}
+	copy(b[a.fixed():n], a.App())
 	return n, nil
 }
 
@@ -226,13 +268,18 @@ func DecodeAccept(b []byte, a *Accept) error {
 	if err != nil {
 		return err
 	}
-	if h.Flags != 0 {
+	if h.Flags&^AcceptReverse != 0 {
 		return decErr(ReasonFlags, "flags")
 	}
-	if int(h.Length) != acceptFixed+int(b[40]) {
+	fixed := acceptFixed
+	if h.Flags&AcceptReverse != 0 {
+		fixed += ReverseLen
+	}
+	if int(h.Length) < fixed || int(h.Length) != fixed+int(b[40]) {
 		return decErr(ReasonAppLength, "app")
 	}
 	*a = Accept{
+		Flags:       h.Flags,
 		TagEcho:     binary.BigEndian.Uint32(b[8:]),
 		AcceptorTag: binary.BigEndian.Uint32(b[12:]),
 		Incarnation: binary.BigEndian.Uint64(b[16:]),
@@ -242,7 +289,12 @@ func DecodeAccept(b []byte, a *Accept) error {
 		Credits:     binary.BigEndian.Uint16(b[38:]),
 		appLen:      b[40],
 	}
-	copy(a.app[:], b[acceptFixed:h.Length])
+	if h.Flags&AcceptReverse != 0 {
+		r := b[acceptFixed:]
+		a.Rev = Reverse{Tag: binary.BigEndian.Uint32(r[0:]), INIQPN: get24(r[4:]), TGTQPN: get24(r[7:]),
+			DomainID: binary.BigEndian.Uint64(r[10:])}
+	}
+	copy(a.app[:], b[fixed:h.Length])
 	return a.validate().dec()
 }
 

@@ -95,9 +95,20 @@ const (
 	// the TGT this REQ creates (PHYS) or names (VIRT), keeping its acceptor
 	// tag. An acceptor without that leg rejects it.
 	FlagMove Flags = 1 << 2
+	// FlagOneExchange marks a forward VIRT_REQ whose sender can register the
+	// reverse leg itself from the ACCEPT: PeerTag is then the tag the sender
+	// will receive the reverse leg on. An acceptor with a live uplink to the
+	// sender's node may answer with an ACCEPT flagged AcceptReverse instead of
+	// a reciprocal VIRT_REQ. Never with FlagReciprocal or FlagMove.
+	FlagOneExchange Flags = 1 << 3
 
-	knownFlags = FlagReciprocal | FlagReplacesTGT | FlagMove
+	knownFlags = FlagReciprocal | FlagReplacesTGT | FlagMove | FlagOneExchange
 )
+
+// AcceptReverse is the only ACCEPT flag: the ACCEPT carries a Reverse
+// section (the reverse leg, for the requester to register itself). Only an
+// answer to a REQ flagged FlagOneExchange may carry it.
+const AcceptReverse Flags = 1 << 3
 
 // RejectReason is the protocol's reason in a REJECT.
 type RejectReason uint8

@@ -112,6 +112,102 @@ func TestAcceptFromREPAndSIDRREP(t *testing.T) {
 	}
 }
 
+func sampleReverseAccept() Accept {
+	a := sampleAccept()
+	a.Flags = AcceptReverse
+	a.Rev = Reverse{Tag: 0x01020304, INIQPN: 0x0A0B0C, TGTQPN: 0x0D0E0F, DomainID: 0x1112131415161718}
+	return a
+}
+
+func TestAcceptReverse(t *testing.T) {
+	a := sampleReverseAccept()
+	buf := make([]byte, BudgetSIDRREP)
+	n, err := a.Encode(buf)
+	if err != nil || n != acceptFixed+ReverseLen || buf[4] != byte(AcceptReverse) {
+		t.Fatalf("encode: %d %v", n, err)
+	}
+	if want := []byte{1, 2, 3, 4, 0x0A, 0x0B, 0x0C, 0x0D, 0x0E, 0x0F, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18}; !bytes.Equal(buf[acceptFixed:n], want) {
+		t.Fatalf("layout % x", buf[acceptFixed:n])
+	}
+	var got Accept
+	if err := DecodeAccept(buf, &got); err != nil || got != a {
+		t.Fatalf("round trip: %v %+v", err, got)
+	}
+	// The app data shrinks by the section: the whole still fits a SIDR REP.
+	if err := a.SetApp(make([]byte, BudgetSIDRREP-acceptFixed-ReverseLen)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a.Encode(buf); err != nil || n != BudgetSIDRREP {
+		t.Fatalf("full: %d %v", n, err)
+	}
+	a.SetApp(make([]byte, BudgetSIDRREP-acceptFixed-ReverseLen+1))
+	if _, err := a.Encode(buf); err == nil {
+		t.Fatal("over the SIDR REP budget encoded")
+	}
+	// Strictness.
+	bads := map[string]func(*Accept){
+		"unknown flag":   func(a *Accept) { a.Flags |= 1 },
+		"rev no flag":    func(a *Accept) { a.Flags = 0 },
+		"zero rev tag":   func(a *Accept) { a.Rev.Tag = 0 },
+		"rev INI QP1":    func(a *Accept) { a.Rev.INIQPN = 1 },
+		"rev TGT 0":      func(a *Accept) { a.Rev.TGTQPN = 0 },
+		"rev TGT 25 bit": func(a *Accept) { a.Rev.TGTQPN = 1 << 24 },
+		"rev domain 0":   func(a *Accept) { a.Rev.DomainID = 0 },
+	}
+	for name, mod := range bads {
+		x := sampleReverseAccept()
+		mod(&x)
+		if _, err := x.Encode(buf); err == nil {
+			t.Errorf("%s: encoded", name)
+		}
+	}
+	// Decoding: flag set but the declared length has no section; the
+	// section present without the flag (read as app data of wrong length).
+	good := sampleReverseAccept()
+	n, _ = good.Encode(buf)
+	b := bytes.Clone(buf)
+	b[4] = 0
+	if err := DecodeAccept(b, &got); err == nil {
+		t.Error("section without flag decoded")
+	}
+	b = bytes.Clone(buf)
+	b[7] = acceptFixed
+	clear(b[acceptFixed:n])
+	if err := DecodeAccept(b, &got); err == nil {
+		t.Error("flag without section decoded")
+	}
+	b = bytes.Clone(buf)
+	b[4] |= 0x10
+	if err := DecodeAccept(b, &got); !isDec(err, ReasonFlags) {
+		t.Errorf("unknown ACCEPT flag: %v", err)
+	}
+}
+
+func TestOneExchangeReqRules(t *testing.T) {
+	b := make([]byte, BudgetSIDRREQ)
+	r := sampleReq(TypeVirtReq)
+	r.Flags, r.PeerTag = FlagOneExchange, 77
+	if _, err := r.Encode(b); err != nil {
+		t.Fatal(err)
+	}
+	var got Req
+	if err := DecodeReq(b, TypeVirtReq, &got); err != nil || got != r {
+		t.Fatalf("round trip %v", err)
+	}
+	for name, mod := range map[string]func(*Req){
+		"no peer tag":   func(r *Req) { r.PeerTag = 0 },
+		"with RECIPROC": func(r *Req) { r.Flags |= FlagReciprocal },
+		"with MOVE":     func(r *Req) { r.Flags |= FlagMove },
+		"on PHYS_REQ":   func(r *Req) { r.Type, r.TGTQPNHint, r.DomainHint = TypePhysReq, 0, 0 },
+	} {
+		x := r
+		mod(&x)
+		if _, err := x.Encode(b); err == nil {
+			t.Errorf("%s: encoded", name)
+		}
+	}
+}
+
 func TestRejectRoundTrip(t *testing.T) {
 	r := Reject{Tag: 5, Reason: RejectDomainMismatch, MinVersion: 1, MaxVersion: 1, Detail: 77, DomainID: 0x99}
 	buf := make([]byte, BudgetREJ)

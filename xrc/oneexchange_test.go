@@ -1,0 +1,213 @@
+package xrc
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+// pairAcceptorFirst is pair, but the acceptor sends first, as soon as its
+// Accept returns (possibly before the dialer's Dial has returned), and the
+// dialer answers.
+func pairAcceptorFirst(t *testing.T, a, b *proc, i int) (*Conn, *Conn) {
+	t.Helper()
+	type res struct {
+		c   *Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	msg := fmt.Sprintf("from acceptor %d", i)
+	go func() {
+		c, err := b.Accept(ctxT(t, 5*time.Second))
+		if err == nil {
+			err = c.Send(ctxT(t, 5*time.Second), []byte(msg))
+		}
+		ch <- res{c, err}
+	}()
+	ca, err := a.Dial(ctxT(t, 5*time.Second), b.Addr().String())
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	buf := make([]byte, 64)
+	n, err := ca.Recv(ctxT(t, 5*time.Second), buf)
+	if err != nil || string(buf[:n]) != msg {
+		t.Fatalf("dialer recv: %q %v", buf[:n], err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("accept/send: %v", r.err)
+	}
+	roundTrip(t, ca, r.c, []byte("from dialer"))
+	return ca, r.c
+}
+
+// With live uplinks both ways, a logical connection costs one SIDR exchange:
+// the reverse leg rides the forward leg's ACCEPT, in both directions.
+func TestOneExchangePerConn(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.7.1", 7000)
+	b := w.endpoint("10.0.7.2", 7000)
+	pair(t, a, b) // the uplinks, both ways (PHYS)
+	sa, sb := a.Stats(), b.Stats()
+	const n = 8
+	var conns []*Conn
+	for i := range n {
+		ca, cb := pairAcceptorFirst(t, a, b, i)
+		conns = append(conns, ca, cb)
+	}
+	for i := range n {
+		cb, ca := pairAcceptorFirst(t, b, a, i)
+		conns = append(conns, ca, cb)
+	}
+	ea, eb := a.Stats(), b.Stats()
+	if d := ea.VirtReqs - sa.VirtReqs; d != n {
+		t.Errorf("a sent %d VIRT_REQs for %d dials of its own and %d of b's, want %d", d, n, n, n)
+	}
+	if d := eb.VirtReqs - sb.VirtReqs; d != n {
+		t.Errorf("b sent %d VIRT_REQs, want %d", d, n)
+	}
+	if d := ea.OneExchange - sa.OneExchange; d != 2*n {
+		t.Errorf("a: %d one-exchange reverse legs, want %d", d, 2*n)
+	}
+	if ea.Uplinks != 1 || eb.Uplinks != 1 || ea.Downlinks != 1 || eb.Downlinks != 1 {
+		t.Errorf("QPs: a %+v, b %+v", ea, eb)
+	}
+	if ea.LocalCounts != 2*n+1 || ea.Conns != 2*n+1 {
+		t.Errorf("a: %d local counts, %d conns; want %d", ea.LocalCounts, ea.Conns, 2*n+1)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	eventually(t, "legs released", func() (bool, string) {
+		x, y := a.Stats(), b.Stats()
+		return x.LocalCounts == 1 && y.LocalCounts == 1 && x.Conns == 1 && y.Conns == 1, fmt.Sprintf("a %+v b %+v", x, y)
+	})
+	a.mu.Lock()
+	nrecv := len(a.recv)
+	a.mu.Unlock()
+	if nrecv != 1 {
+		t.Errorf("a's receive table has %d entries, want 1", nrecv)
+	}
+}
+
+// An acceptor without a live uplink to the dialer's node cannot put the
+// reverse leg in its ACCEPT: it makes the uplink (the old reciprocal path);
+// the next connection then takes one exchange.
+func TestOneExchangeFallback(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.8.1", 7000)
+	b1 := w.endpoint("10.0.8.2", 7000)
+	b2 := w.endpoint("10.0.8.2", 7001) // same node and domain: a's uplink serves it
+	pair(t, a, b1)
+	sa := a.Stats()
+	pairAcceptorFirst(t, a, b2, 0)
+	ea, e2 := a.Stats(), b2.Stats()
+	if ea.VirtReqs-sa.VirtReqs != 1 || ea.OneExchange != sa.OneExchange || e2.OneExchange != 0 {
+		t.Fatalf("first dial to b2: a %+v (was %+v), b2 %+v", ea, sa, e2)
+	}
+	if e2.Uplinks != 1 || e2.VirtReqs != 0 {
+		t.Fatalf("b2 should have made its uplink by PHYS_REQ: %+v", e2)
+	}
+	pairAcceptorFirst(t, a, b2, 1)
+	fa, f2 := a.Stats(), b2.Stats()
+	if fa.VirtReqs-ea.VirtReqs != 1 || f2.VirtReqs != 0 || fa.OneExchange-ea.OneExchange != 1 || f2.OneExchange != 1 {
+		t.Fatalf("second dial to b2: a %+v, b2 %+v", fa, f2)
+	}
+}
+
+// A hostile ACCEPT naming a reverse leg that fails verification fails the
+// dial and leaves nothing behind: no TGT handle, count, leg, tag or CM id.
+func TestOneExchangeHostileAccept(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.6.1", 7000)
+	a2 := w.endpoint("10.0.6.1", 7001)
+	b := w.endpoint("10.0.6.2", 7000)
+	x := w.endpoint("10.0.6.3", 7000)
+	pair(t, a, b)  // a's uplink to node B; b's TGT on node A, held by a
+	pair(t, x, a2) // x's TGT on node A, held by a2 only
+	k := w.rawKernel("10.0.6.2")
+	fake := netip.MustParseAddrPort("10.0.6.2:7100")
+	l, err := k.Listen(fake, kernel.ExchangeSIDR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upOf := func(p *proc) (ini, tgt uint32) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.uplinks[0].cur.num, p.uplinks[0].cur.tgt
+	}
+	bINI, bTGT := upOf(b)
+	xINI, xTGT := upOf(x)
+	domA := a.dom.ID
+	cases := []struct {
+		name string
+		inc  uint64
+		rev  wire.Reverse
+	}{
+		{"held TGT, other incarnation", 0xBAD2, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: bTGT, DomainID: domA}},
+		{"held TGT, other INI", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI + 1, TGTQPN: bTGT, DomainID: domA}},
+		{"no such TGT", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: 0xFFFF00, DomainID: domA}},
+		{"another node's TGT", x.inc, wire.Reverse{Tag: 5, INIQPN: xINI, TGTQPN: xTGT, DomainID: domA}},
+		{"another domain", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: bTGT, DomainID: domA + 1}},
+	}
+	for _, tc := range cases {
+		before, nodeX := a.Stats(), w.f.Node("10.0.6.1").Stats()
+		a.mu.Lock()
+		nrecv := len(a.recv)
+		a.mu.Unlock()
+		done := make(chan error, 1)
+		go func() {
+			ev, err := k.Event(ctxT(t, 5*time.Second), l)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer k.DestroyID(ev.ID)
+			var req wire.Req
+			if err := wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req); err != nil {
+				done <- err
+				return
+			}
+			if req.Flags&wire.FlagOneExchange == 0 {
+				done <- errors.New("no FlagOneExchange")
+				return
+			}
+			m := wire.Accept{Flags: wire.AcceptReverse, TagEcho: req.ConnTag, AcceptorTag: 99, Incarnation: tc.inc,
+				TGTQPN: req.TGTQPNHint, SRQN: b.srqn, DomainID: req.DomainHint, Rev: tc.rev}
+			buf := make([]byte, wire.BudgetSIDRREP)
+			n, err := m.Encode(buf)
+			if err != nil {
+				done <- err
+				return
+			}
+			done <- k.Accept(ev.ID, req.TGTQPNHint, buf[:n])
+		}()
+		_, err := a.Dial(ctxT(t, 5*time.Second), fake.String())
+		if ferr := <-done; ferr != nil {
+			t.Fatalf("%s: fake acceptor: %v", tc.name, ferr)
+		}
+		if !errors.Is(err, errBadReverse) {
+			t.Fatalf("%s: dial: %v, want the reverse leg refused", tc.name, err)
+		}
+		eventually(t, tc.name+": nothing left", func() (bool, string) {
+			s := a.Stats()
+			a.mu.Lock()
+			r := len(a.recv)
+			a.mu.Unlock()
+			ok := s.KernelHandles == before.KernelHandles && s.Downlinks == before.Downlinks &&
+				s.LocalCounts == before.LocalCounts && s.Conns == before.Conns && r == nrecv &&
+				w.f.Node("10.0.6.1").Stats() == nodeX
+			return ok, fmt.Sprintf("%+v (was %+v), recv %d (was %d)", s, before, r, nrecv)
+		})
+		if a.acc.LocalCount(xTGT) != 0 || a2.acc.LocalCount(xTGT) != 1 {
+			t.Fatalf("%s: x's TGT counts: a %d, a2 %d", tc.name, a.acc.LocalCount(xTGT), a2.acc.LocalCount(xTGT))
+		}
+	}
+	// The real connections still work.
+	pair(t, a, b)
+}
