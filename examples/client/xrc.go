@@ -33,7 +33,10 @@ func xrcDemo(ctx context.Context, o options) (result, error) {
 			if err != nil {
 				return r, err
 			}
-			err = exchange(ctx, c, "hello over whatever the device allows")
+			err = greet(ctx, c, "echo") // examples/server's echo mode
+			if err == nil {
+				err = exchange(ctx, c, "hello over whatever the device allows")
+			}
 			c.Close()
 			if err != nil {
 				return r, err
