@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/goxrc/goxrc/rdmacm"
@@ -63,7 +64,16 @@ func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) 
 			}
 		}
 	}()
-	if err := id.ResolveAddr(ctx, netipZero, dst); err != nil {
+	src := netipZero
+	if cfg.device != "" {
+		// Bind to the device's own address, so the route leaves through it.
+		ip, err := deviceAddr(cfg.device, dst.Addr())
+		if err != nil {
+			return nil, fail(err)
+		}
+		src = netip.AddrPortFrom(ip, 0)
+	}
+	if err := id.ResolveAddr(ctx, src, dst); err != nil {
 		return nil, fail(err)
 	}
 	if err := cfg.checkDevice(id); err != nil {
@@ -135,7 +145,7 @@ func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, 
 }
 
 // checkDevice fails when WithDevice names another device than the one the
-// address leads to.
+// address leads to (a listener's explicit address on another device, say).
 func (cfg *config) checkDevice(id *rdmacm.ID) error {
 	if cfg.device != "" && id.DeviceName() != cfg.device {
 		return fmt.Errorf("address is on device %s, not %s", id.DeviceName(), cfg.device)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"sync"
 
 	"github.com/goxrc/goxrc/rdmacm"
@@ -40,6 +41,14 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	}
 	if cfg.fabric != nil {
 		return listenXRC(ctx, local, cfg)
+	}
+	if cfg.device != "" && local.Addr().IsUnspecified() {
+		// Listen on the forced device only.
+		ip, err := deviceAddr(cfg.device, local.Addr())
+		if err != nil {
+			return nil, opError("listen", Addr{local}, err)
+		}
+		local = netip.AddrPortFrom(ip, local.Port())
 	}
 	fail := func(err error) (*Listener, error) { return nil, opError("listen", Addr{local}, err) }
 	ch, err := newChanRef()

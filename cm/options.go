@@ -119,8 +119,10 @@ func WithMessageSize(n int) Option { return func(c *config) { c.messageSize = n 
 // WithInlineThreshold sets the largest payload sent inline.
 func WithInlineThreshold(n int) Option { return func(c *config) { c.inlineThreshold = n } }
 
-// WithDevice forces an RDMA device by name (e.g. "rxe0") instead of the one
-// the address resolves to.
+// WithDevice forces an RDMA device by name (e.g. "rxe0"): a dial binds to
+// the device's own address, so the route must leave through it, and a
+// listener on an unspecified address listens on the device's address
+// only. An address that cannot be reached through the device fails.
 func WithDevice(name string) Option { return func(c *config) { c.device = name } }
 
 // WithHandshakeTimeout bounds connection steps that have no context deadline.

@@ -362,3 +362,24 @@ func TestCMHTTPOverNetConn(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, "POST /upload 100000 "+strings.ToUpper(big), string(body))
 }
+
+func TestCMWithDevice(t *testing.T) {
+	dev, addr := softroce.Device(t)
+	ctx := cmCtx(t, 20*time.Second)
+	// An unspecified address with the device forced listens on the device's address.
+	l, err := cm.Listen(ctx, "0.0.0.0:0", cm.WithDevice(dev))
+	require.NoError(t, err)
+	defer l.Close()
+	require.Equal(t, addr, l.Addr().(cm.Addr).Addr())
+	go func() {
+		if c, err := l.Accept(ctx); err == nil {
+			c.Close()
+		}
+	}()
+	c, err := cm.Dial(ctx, l.Addr().String(), cm.WithDevice(dev))
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	_, err = cm.Dial(ctx, l.Addr().String(), cm.WithDevice("nosuchdev0"))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "nosuchdev0")
+}
