@@ -497,12 +497,20 @@ func (c *Conn) progress(ctx context.Context) error {
 	if reposted {
 		c.returnCredits()
 	}
-	if err != nil && ctx.Err() == nil {
+	if err != nil && !isWaitEnd(err) {
 		// The CQ itself failed: the connection cannot continue.
 		c.fail(fmt.Errorf("%w: %w", ErrPeerGone, err))
 		return nil
 	}
 	return err
+}
+
+// isWaitEnd reports whether err only ended a wait (the caller's deadline or
+// cancellation), leaving the connection usable. A deadline can fire in the
+// netpoller a moment before the context's own timer marks it done, so the
+// error is what counts, not ctx.Err().
+func isWaitEnd(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // handle processes one completion; c.mu is held.

@@ -334,3 +334,21 @@ func TestConnKeepaliveDetectsDeadPeer(t *testing.T) {
 		t.Fatal("a blocked Recv on an idle connection never learned the peer was gone")
 	}
 }
+
+// A wait can end with a deadline error while the context does not yet
+// report itself done (the netpoller's deadline and the context's timer are
+// two timers): that ends the call, not the connection.
+func TestConnEarlyDeadlineLeavesConnUsable(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{})
+	w.mu.Lock()
+	w.ends[1].pollErr = context.DeadlineExceeded
+	w.mu.Unlock()
+	_, err := b.Recv(context.Background(), make([]byte, 16))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	ctx := ctxT(t)
+	require.NoError(t, a.Send(ctx, []byte("after")))
+	buf := make([]byte, 16)
+	n, err := b.Recv(ctx, buf)
+	require.NoError(t, err, "the connection survives a wait that ended early")
+	require.Equal(t, "after", string(buf[:n]))
+}

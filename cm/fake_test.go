@@ -32,6 +32,7 @@ type fakeEnd struct {
 	shut      bool
 	released  bool
 	corrupt   func(imm uint32) uint32 // tampers with the next frame header this end sends
+	pollErr   error                   // the next blocking poll fails with it, once
 	postFails bool
 }
 
@@ -158,6 +159,13 @@ func (e *fakeEnd) poll(ctx context.Context, cs []completion, block bool) (int, e
 		e.w.mu.Unlock()
 		if n > 0 || !block {
 			return n, nil
+		}
+		e.w.mu.Lock()
+		perr := e.pollErr
+		e.pollErr = nil
+		e.w.mu.Unlock()
+		if perr != nil {
+			return 0, perr
 		}
 		select {
 		case <-e.notify:
