@@ -104,9 +104,9 @@ func (f *Fabric) helper(addr netip.Addr) *model.Process {
 
 // Process is one process on a real node: a kernel.Kernel.
 type Process struct {
-	f  *Fabric
-	m  *model.Process
-	cm *kcm.CM
+	f       *Fabric
+	m       *model.Process
+	*kcm.CM // the CM half: Listen, Connect, Accept, Reject, Establish, Disconnect, DestroyID, Event
 }
 
 var _ kernel.Kernel = (*Process)(nil)
@@ -120,11 +120,11 @@ func (f *Fabric) NewProcess(local netip.Addr) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Process{f: f, m: f.Node(local).NewProcess(), cm: cm}, nil
+	return &Process{f: f, m: f.Node(local).NewProcess(), CM: cm}, nil
 }
 
 // Handles is the number of model handles and real CM ids p holds.
-func (p *Process) Handles() int { return p.m.Handles() + p.cm.Len() }
+func (p *Process) Handles() int { return p.m.Handles() + p.CM.Len() }
 
 // Model is the model process behind p (for counts in tests).
 func (p *Process) Model() *model.Process { return p.m }
@@ -175,7 +175,7 @@ func (p *Process) TransitionQP(q kernel.QP, to verbs.QPState, via kernel.ID) err
 	if !needPath {
 		return p.m.TransitionQP(q, to, 0)
 	}
-	path, err := p.cm.PathOf(via)
+	path, err := p.CM.PathOf(via)
 	if err != nil {
 		return err
 	}
@@ -258,29 +258,10 @@ func (p *Process) PollRecv(ctx context.Context, s kernel.SRQ, out []kernel.RecvC
 	return n, err
 }
 
-func (p *Process) Listen(addr netip.AddrPort, ex kernel.Exchange) (kernel.ID, error) {
-	return p.cm.Listen(addr, ex)
-}
-
-func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
-	return p.cm.Connect(ctx, dst, ex, qpNum, pd)
-}
-
-func (p *Process) Accept(id kernel.ID, qpNum uint32, pd []byte) error {
-	return p.cm.Accept(id, qpNum, pd)
-}
-func (p *Process) Reject(id kernel.ID, pd []byte) error { return p.cm.Reject(id, pd) }
-func (p *Process) Establish(id kernel.ID) error         { return p.cm.Establish(id) }
-func (p *Process) Disconnect(id kernel.ID) error        { return p.cm.Disconnect(id) }
-func (p *Process) DestroyID(id kernel.ID) error         { return p.cm.DestroyID(id) }
-func (p *Process) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
-	return p.cm.Event(ctx, id)
-}
-
 // Close releases everything: the real CM ids first (with what the kernel
 // sends for them), then the model objects.
 func (p *Process) Close() error {
-	err := p.cm.Close()
+	err := p.CM.Close()
 	if err2 := p.m.Close(); err == nil {
 		err = err2
 	}

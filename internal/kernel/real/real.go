@@ -83,13 +83,13 @@ type span struct {
 
 // Process is one process's kernel on one device.
 type Process struct {
-	dev   string
-	local netip.Addr
-	opts  Options
-	ctx   *verbs.Context
-	pd    *verbs.PD
-	xrc   bool
-	cm    *kcm.CM
+	dev     string
+	local   netip.Addr
+	opts    Options
+	ctx     *verbs.Context
+	pd      *verbs.PD
+	xrc     bool
+	*kcm.CM // the CM half: Listen, Connect, Accept, Reject, Establish, Disconnect, DestroyID, Event
 
 	mu     sync.Mutex
 	next   uint64
@@ -119,7 +119,7 @@ func Open(dev string, local netip.Addr, opts Options) (_ *Process, err error) {
 	if p.pd, err = p.ctx.AllocPD(); err != nil {
 		return nil, err
 	}
-	if p.cm, err = kcm.New(p.local); err != nil {
+	if p.CM, err = kcm.New(p.local); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -440,7 +440,7 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	if via == 0 {
 		return errno("rdma_init_qp_attr", syscall.EINVAL)
 	}
-	id, err := p.cm.RawID(via)
+	id, err := p.CM.RawID(via)
 	if err != nil {
 		return err
 	}
@@ -601,25 +601,6 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 	return n, err
 }
 
-func (p *Process) Listen(addr netip.AddrPort, ex kernel.Exchange) (kernel.ID, error) {
-	return p.cm.Listen(addr, ex)
-}
-
-func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
-	return p.cm.Connect(ctx, dst, ex, qpNum, pd)
-}
-
-func (p *Process) Accept(id kernel.ID, qpNum uint32, pd []byte) error {
-	return p.cm.Accept(id, qpNum, pd)
-}
-func (p *Process) Reject(id kernel.ID, pd []byte) error { return p.cm.Reject(id, pd) }
-func (p *Process) Establish(id kernel.ID) error         { return p.cm.Establish(id) }
-func (p *Process) Disconnect(id kernel.ID) error        { return p.cm.Disconnect(id) }
-func (p *Process) DestroyID(id kernel.ID) error         { return p.cm.DestroyID(id) }
-func (p *Process) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
-	return p.cm.Event(ctx, id)
-}
-
 // Close releases everything, as process exit does: CM ids, QPs and TGT
 // handles, SRQs, domains, the PD and the device.
 func (p *Process) Close() error {
@@ -632,8 +613,8 @@ func (p *Process) Close() error {
 	objs := p.objs
 	p.objs = nil
 	p.mu.Unlock()
-	if p.cm != nil {
-		p.cm.Close()
+	if p.CM != nil {
+		p.CM.Close()
 	}
 	for _, o := range objs {
 		if q, ok := o.(*qpObj); ok {
