@@ -28,7 +28,7 @@ import (
 // Every test shares one hybrid fabric (one model node for the one real node)
 // that never reuses a number: a number in a connection that is still in
 // TIMEWAIT would be a stale connection for the kernel. Made-up numbers
-// outside the model are 0x6f0000-0x6f1fff. Ports 20301-20310.
+// outside the model are 0x6f0000-0x6f1fff. Ports 20301-20311.
 
 var xhFabric = sync.OnceValue(func() *hybrid.Fabric { return hybrid.NewFabric(model.ReuseNever) })
 
@@ -274,6 +274,59 @@ func TestXRCHybridSIDRBesideXRC(t *testing.T) {
 	cli.DestroyID(ph.cliID) // the INI side's destroy sends a DREQ
 	xhEvent(t, srv.p, ph.srvID, kernel.EventDisconnected, 10*time.Second)
 	srv.p.DestroyID(ph.srvID)
+}
+
+// TestXRCHybridSIDRSpare: after a SIDR exchange, kcm resolves the next id to
+// the same destination in the background; the next exchange starts from it
+// (no resolve on its path) and still completes, and Close destroys a spare
+// nobody took.
+func TestXRCHybridSIDRSpare(t *testing.T) {
+	ip := xhEnv(t)
+	srv := xhNewServer(t, ip, 20311)
+	cli := xhProc(t, ip)
+	before := rdmacm.Counts()
+	waitSpare := func() {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for ready, _ := cli.Spares(); ready != 1; ready, _ = cli.Spares() {
+			if time.Now().After(deadline) {
+				t.Fatalf("no spare SIDR id to %v after 10 s", srv.addr)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for i := range 3 {
+		if i > 0 {
+			waitSpare()
+		}
+		ctx := rdmacmCtx(t, 10*time.Second)
+		id, err := cli.Connect(ctx, srv.addr, kernel.ExchangeSIDR, 0, xhMsg("VIRT_REQ", 0x6f0abc, uint32(i)))
+		if err != nil {
+			t.Fatalf("exchange %d: %v", i, err)
+		}
+		e := xhEvent(t, srv.p, srv.lu, kernel.EventConnectRequest, 10*time.Second)
+		if err := srv.p.Accept(e.ID, 0x6f0def, xhMsg("VIRT_ACCEPT", srv.srqN)); err != nil {
+			t.Fatal(err)
+		}
+		if e2 := xhEvent(t, cli, id, kernel.EventEstablished, 10*time.Second); e2.QPNum != 0x6f0def {
+			t.Errorf("exchange %d: ESTABLISHED names qpn %#x", i, e2.QPNum)
+		}
+		cli.DestroyID(id)
+		srv.p.DestroyID(e.ID)
+	}
+	if _, used := cli.Spares(); used != 2 {
+		t.Errorf("%d of 3 exchanges started from a spare, want 2 (all but the first)", used)
+	}
+	waitSpare()
+	if got := rdmacm.Counts().IDs - before.IDs; got != 1 {
+		t.Errorf("the client holds %d more CM ids than before its exchanges, want 1 (the spare)", got)
+	}
+	if err := cli.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rdmacm.Counts().IDs - before.IDs; got != 0 {
+		t.Errorf("after Close the client holds %d more CM ids than before, want 0", got)
+	}
 }
 
 // TestXRCHybridRejects: the reject paths, with the statuses the model gives.

@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/rdmacm"
@@ -62,7 +63,31 @@ type CM struct {
 	ids    map[kernel.ID]*entry
 	next   kernel.ID
 	closed bool
+	spares map[netip.AddrPort]*spare // SIDR ids resolved ahead, by destination
+	used   int                       // spares taken by Connect
+
+	prep       sync.WaitGroup // spares being resolved
+	stop       context.Context
+	stopSpares context.CancelFunc
 }
+
+// A SIDR exchange needs a fresh id each time (the kernel does not reuse an id
+// after its REQ), but the address and route to a destination stay the same:
+// after each SIDR Connect, one id to the same destination is resolved in the
+// background, so the next exchange starts with its REQ. A spare older than
+// spareMaxAge is dropped unused (routes change); at most maxSpares
+// destinations keep one.
+type spare struct {
+	done      chan struct{} // closed when resolving ended
+	id        *rdmacm.ID    // set on success, under CM.mu
+	ready     time.Time
+	abandoned bool // a Connect took it, then gave up waiting: destroy it
+}
+
+const (
+	spareMaxAge = 10 * time.Second
+	maxSpares   = 64
+)
 
 // New opens an event channel for a process whose device has address local.
 func New(local netip.Addr) (*CM, error) {
@@ -70,7 +95,124 @@ func New(local netip.Addr) (*CM, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &CM{local: local, ch: ch, ids: map[kernel.ID]*entry{}}, nil
+	c := &CM{local: local, ch: ch, ids: map[kernel.ID]*entry{}, spares: map[netip.AddrPort]*spare{}}
+	c.stop, c.stopSpares = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// resolved returns an id of port space ps resolved to dst: the spare if
+// there is one (waiting for it if it is still resolving: it started first),
+// else a new one resolved now.
+func (c *CM) resolved(ctx context.Context, ps rdmacm.PortSpace, qt verbs.QPType, dst netip.AddrPort) (*rdmacm.ID, error) {
+	if ps == rdmacm.PortSpaceUDP {
+		if id, err := c.takeSpare(ctx, dst); id != nil || err != nil {
+			return id, err
+		}
+	}
+	id, err := c.ch.CreateID(ps, qt)
+	if err != nil {
+		return nil, err
+	}
+	if err = id.ResolveAddr(ctx, netip.AddrPort{}, dst); err == nil {
+		err = id.ResolveRoute(ctx)
+	}
+	if err != nil {
+		id.Close()
+		return nil, err
+	}
+	return id, nil
+}
+
+// takeSpare returns the spare to dst, or nil if there is none usable.
+func (c *CM) takeSpare(ctx context.Context, dst netip.AddrPort) (*rdmacm.ID, error) {
+	c.mu.Lock()
+	sp := c.spares[dst]
+	delete(c.spares, dst)
+	c.mu.Unlock()
+	if sp == nil {
+		return nil, nil
+	}
+	select {
+	case <-sp.done:
+	case <-ctx.Done():
+		c.mu.Lock()
+		sp.abandoned = true
+		id := sp.id
+		sp.id = nil
+		c.mu.Unlock()
+		if id != nil {
+			id.Close() // resolved just now: nobody waits for it
+		}
+		return nil, opErr("rdma_resolve_addr", dst.String(), ctx.Err())
+	}
+	c.mu.Lock()
+	id := sp.id
+	sp.id = nil
+	fresh := id != nil && time.Since(sp.ready) < spareMaxAge
+	if fresh {
+		c.used++
+	}
+	c.mu.Unlock()
+	if id != nil && !fresh {
+		id.Close()
+		return nil, nil
+	}
+	return id, nil
+}
+
+// prepareSpare resolves a SIDR id to dst in the background, unless one is
+// there or being made.
+func (c *CM) prepareSpare(dst netip.AddrPort) {
+	c.mu.Lock()
+	if c.closed || c.spares[dst] != nil || len(c.spares) >= maxSpares {
+		c.mu.Unlock()
+		return
+	}
+	sp := &spare{done: make(chan struct{})}
+	c.spares[dst] = sp
+	c.prep.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.prep.Done()
+		defer close(sp.done)
+		ctx, cancel := context.WithTimeout(c.stop, spareMaxAge)
+		defer cancel()
+		id, err := c.ch.CreateID(rdmacm.PortSpaceUDP, verbs.QPTypeUD)
+		if err == nil {
+			if err = id.ResolveAddr(ctx, netip.AddrPort{}, dst); err == nil {
+				err = id.ResolveRoute(ctx)
+			}
+			if err != nil {
+				id.Close()
+			}
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err != nil {
+			if c.spares[dst] == sp {
+				delete(c.spares, dst)
+			}
+			return
+		}
+		if c.closed || sp.abandoned {
+			id.Close()
+			return
+		}
+		sp.id, sp.ready = id, time.Now()
+	}()
+}
+
+// Spares returns how many SIDR ids are resolved ahead and ready, and how
+// many SIDR Connects so far started from one.
+func (c *CM) Spares() (ready, used int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, sp := range c.spares {
+		if sp.id != nil {
+			ready++
+		}
+	}
+	return ready, c.used
 }
 
 func opErr(op, addr string, err error) error { return &verbs.OpError{Op: op, Addr: addr, Err: err} }
@@ -187,16 +329,14 @@ func (c *CM) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange
 	var err error
 	if ex == kernel.ExchangeXRC {
 		id, err = c.ch.CreateEndpoint(ctx, ps, verbs.QPTypeXRCSend, dst, false)
-	} else if id, err = c.ch.CreateID(ps, qt); err == nil {
-		if err = id.ResolveAddr(ctx, netip.AddrPort{}, dst); err == nil {
-			err = id.ResolveRoute(ctx)
-		}
-		if err != nil {
-			id.Close()
-		}
+	} else {
+		id, err = c.resolved(ctx, ps, qt, dst)
 	}
 	if err != nil {
 		return 0, err
+	}
+	if ex == kernel.ExchangeSIDR {
+		c.prepareSpare(dst)
 	}
 	p := rdmacm.ConnParam{QPNum: qpNum & 0xFFFFFF, PrivateData: pd}
 	if ex.Connected() {
@@ -396,7 +536,16 @@ func (c *CM) Close() error {
 	c.closed = true
 	ids := c.ids
 	c.ids = nil
+	spares := c.spares
+	c.spares = nil
 	c.mu.Unlock()
+	c.stopSpares()
+	c.prep.Wait() // a spare that finishes now sees closed and destroys its id
+	for _, sp := range spares {
+		if sp.id != nil {
+			sp.id.Close()
+		}
+	}
 	// Passive ids first, then active ids, then listeners: a listener's
 	// unclaimed requests go with it.
 	for _, pass := range []func(*entry) bool{
@@ -423,7 +572,8 @@ func (c *CM) RawID(h kernel.ID) (*rdmacm.ID, error) {
 	return e.id, nil
 }
 
-// Len is the number of live CM ids (listeners, requests handed out, active).
+// Len is the number of live CM ids (listeners, requests handed out, active);
+// spare SIDR ids (see Spares) are not among them.
 func (c *CM) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
