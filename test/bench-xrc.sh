@@ -147,7 +147,8 @@ $(cat "$TABLE")
   (physical XRC-typed CM exchanges, kept open); then each iteration Dials one more logical
   connection to the same endpoint, timed until Dial returns (both legs up: the dialer's VIRT_REQ,
   whose ACCEPT carries the reverse leg, which the dialer registers itself: one SIDR exchange through
-  the kernel CM, with its resolve addr/route), then closes it and waits until both ends have
+  the kernel CM, its id resolved ahead: kcm keeps one spare SIDR id per destination, resolved in
+  the background after each exchange), then closes it and waits until both ends have
   released it, untimed. The benchmark fails unless Stats.Uplinks stays 1 on both ends and the node's
   QP count stays at the warm-up's 2 INI + 2 TGT (reported as \`uplinks\` and \`newQPs\`);
   \`sidr/op\` is the SIDR exchanges per logical connection (Stats.VirtReqs of both ends).
@@ -156,7 +157,8 @@ $(cat "$TABLE")
   connection kept open (cm's device context and PD). Each iteration's two ends are then closed
   with the timer stopped; Close waits out the CM's time-wait (~2 s), and the next setup starts only
   after it, so no teardown overlaps a timed setup.
-- C: no engine at all: Connect (create id, resolve addr, resolve route, SIDR REQ), the listener's
+- C: no engine at all: Connect (a spare id resolved in the background after the previous exchange,
+  or a new id resolved now; SIDR REQ), the listener's
   CONNECT_REQUEST, Accept (SIDR REP), ESTABLISHED, both ids destroyed, through the hybrid seam's
   kcm (librdmacm). A logical connection over live uplinks needs one (the reverse leg rides its
   ACCEPT; it needed two, one per leg, before), so C is the floor under A.

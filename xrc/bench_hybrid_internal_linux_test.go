@@ -47,8 +47,8 @@ func BenchHybridNodeQPs(ip netip.Addr) (ini, tgt int) {
 
 // BenchmarkHybridSIDRExchange is the floor under a logical connection's
 // setup: one bare SIDR exchange through the real kernel CM on the hybrid
-// seam, without the engine (Connect: create id, resolve addr and route, SIDR
-// REQ; the listener's CONNECT_REQUEST; Accept: SIDR REP; ESTABLISHED; both
+// seam, without the engine (Connect: the spare id kcm resolved to the
+// destination after the previous exchange, SIDR REQ; the listener's CONNECT_REQUEST; Accept: SIDR REP; ESTABLISHED; both
 // ids destroyed). Adding a logical connection over live uplinks takes one
 // of them (the reverse leg rides its ACCEPT; two before). Skips without
 // RXE_DEV.
