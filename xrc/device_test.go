@@ -41,12 +41,13 @@ func TestEndpointDeviceConfig(t *testing.T) {
 // An address no RDMA device holds (on the host: no RDMA at all) fails,
 // naming the address, and leaves no CM id, channel or verbs object behind.
 func TestEndpointDeviceMissing(t *testing.T) {
+	c0, v0 := rdmacm.Counts(), verbs.Counts()
 	_, err := NewEndpoint(context.Background(), Config{Addr: "192.0.2.77:0", DomainDir: t.TempDir() + "/d"})
 	if err == nil || !strings.Contains(err.Error(), "192.0.2.77:0") {
 		t.Fatalf("an address no device holds: %v", err)
 	}
 	t.Log(err)
-	if c, v := rdmacm.Counts(), verbs.Counts(); c != (rdmacm.Counters{}) || !v.IsZero() {
-		t.Errorf("left behind: rdmacm %+v, verbs %+v", c, v)
+	if c, v := rdmacm.Counts(), verbs.Counts(); c != c0 || v != v0 {
+		t.Errorf("left behind: rdmacm %+v, verbs %+v (before: %+v, %+v)", c, v, c0, v0)
 	}
 }
