@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/rdmaaddr"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 )
@@ -14,7 +15,10 @@ import (
 // Dial connects to the listener at address ("ip:port"; IPv6 in brackets),
 // resolving the address and route and choosing the device the route leads
 // to. ctx bounds the whole handshake; without a deadline each step is
-// bounded by the handshake timeout.
+// bounded by the handshake timeout. In an XRC mode (WithXRC) on a device
+// with XRC, the connection runs through the process's XRC dialer endpoint
+// for that device and local address (package xrc), shared by every such
+// Dial and closed with the last of their connections.
 func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -22,7 +26,7 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 	}
 	var c *Conn
 	if cfg.fabric != nil {
-		c, err = dialXRC(ctx, address, cfg)
+		c, err = dialFabric(ctx, address, cfg)
 	} else {
 		c, err = dial(ctx, address, cfg)
 	}
@@ -33,6 +37,14 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 	return c, nil
 }
 
+// dialFabric dials over the in-memory fabric (WithFabric): always XRC.
+func dialFabric(ctx context.Context, address string, cfg config) (*Conn, error) {
+	return dialXRC(ctx, address, cfg, cfg.fabricSite(cfg.fabric.Node().Addr()))
+}
+
+// dial resolves address and route on a device and connects over RC, or, in
+// an XRC mode on a device with XRC, hands the connection to the device's
+// XRC dialer endpoint.
 func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) {
 	var raddr net.Addr = Addr{}
 	fail := func(err error) error { return opError("dial", raddr, err) }
@@ -58,7 +70,7 @@ func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) 
 		if err != nil {
 			if t != nil {
 				t.free()
-			} else {
+			} else if id != nil {
 				id.Close()
 				ch.release()
 			}
@@ -67,7 +79,7 @@ func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) 
 	src := netipZero
 	if cfg.device != "" {
 		// Bind to the device's own address, so the route leaves through it.
-		ip, err := deviceAddr(cfg.device, dst.Addr())
+		ip, err := rdmaaddr.AddrOf(cfg.device, dst.Addr())
 		if err != nil {
 			return nil, fail(err)
 		}
@@ -79,8 +91,18 @@ func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) 
 	if err := cfg.checkDevice(id); err != nil {
 		return nil, fail(err)
 	}
-	if err := cfg.checkXRC(id); err != nil {
+	useXRC, err := cfg.checkXRC(id)
+	if err != nil {
 		return nil, fail(err)
+	}
+	if useXRC {
+		// The route leads to a device with XRC: the resolution told us
+		// which device and local address; the engine does the rest.
+		site := cfg.deviceSite(id)
+		id.Close()
+		ch.release()
+		id = nil
+		return dialXRC(ctx, dst.String(), cfg, site)
 	}
 	if err := id.ResolveRoute(ctx); err != nil {
 		return nil, fail(err)

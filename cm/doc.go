@@ -53,11 +53,24 @@
 //
 // # Transports
 //
-// On devices, connections run over RC. XRC (WithXRC) shares receive queue
-// pairs among the processes of a node; no device here has it, so XRCPrefer
-// probes the device, falls back to RC and logs why, and XRCRequire fails
-// with ErrNotSupported and the reason. WithFabric runs connections over XRC
-// on an in-memory fabric (package xrc/memfabric) with the engine of package
-// xrc: the same API, for tests without RDMA hardware. XRC connections carry
-// messages; immediate data and one-sided RDMA are RC-only for now.
+// By default connections run over RC. WithXRC(XRCPrefer) or
+// WithXRC(XRCRequire) asks for XRC, which shares receive queue pairs among
+// the processes of a node: once the address (and, for Dial, the route) is
+// resolved, the device is probed (its capability bit, then a private XRC
+// domain, once per device and process). On a device with XRC, connections
+// run on package xrc's engine: Listen opens an XRC endpoint of its own on
+// that device, and every Dial of the process to that device and local
+// address shares one dialer endpoint (one INI QP per remote node), closed
+// with the last of its connections. Only XRC dialers reach an XRC
+// listener, so both sides need an XRC mode. On a device without XRC
+// (soft-RoCE has none), XRCPrefer logs why and uses RC, and XRCRequire fails
+// with ErrNotSupported and the reason; a listener on an unspecified address
+// without WithDevice serves every device and so is never XRC. No device
+// here has XRC: the XRC path is tested on the in-memory fabric and, on a
+// device, only where one with XRC is present.
+//
+// WithFabric runs connections over XRC on an in-memory fabric (package
+// xrc/memfabric) with the same engine: the same API, for tests without RDMA
+// hardware. XRC connections carry framed messages; raw messages, immediate
+// data and one-sided RDMA give ErrNotSupported.
 package cm

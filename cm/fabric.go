@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sync"
 
+	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/xrc"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
@@ -20,17 +21,38 @@ import (
 // sender. Use it to test code built on this package without RDMA hardware.
 func WithFabric(p *memfabric.Process) Option { return func(c *config) { c.fabric = p } }
 
-// xrcConfig builds the engine's configuration for a listener or a dialer.
-func (cfg *config) xrcConfig(addr netip.AddrPort) (xrc.Config, error) {
-	if cfg.xrcSet && cfg.xrc == XRCOff {
+// xrcSite is where an XRC endpoint runs: a process of an in-memory fabric,
+// or a real device (one with XRC) and its address.
+type xrcSite struct {
+	fabric *memfabric.Process
+	device string
+	local  netip.Addr
+}
+
+// fabricSite is the site of a WithFabric listener or dialer at local.
+func (cfg *config) fabricSite(local netip.Addr) xrcSite {
+	return xrcSite{fabric: cfg.fabric, local: local}
+}
+
+// deviceSite is the site of a connection whose CM id is bound (or resolved)
+// to a device with XRC.
+func (cfg *config) deviceSite(id *rdmacm.ID) xrcSite {
+	return xrcSite{device: id.DeviceName(), local: id.LocalAddr().Addr()}
+}
+
+// xrcConfig builds the engine's configuration for a listener or a dialer on
+// site, listening on port.
+func (cfg *config) xrcConfig(site xrcSite, port uint16) (xrc.Config, error) {
+	if site.fabric != nil && cfg.xrcSet && cfg.xrc == XRCOff {
 		return xrc.Config{}, errors.New("the in-memory fabric carries XRC connections only: drop WithXRC(XRCOff)")
 	}
 	if cfg.raw {
 		return xrc.Config{}, fmt.Errorf("raw messages over XRC: %w", ErrNotSupported)
 	}
 	return xrc.Config{
-		Process:          cfg.fabric,
-		Addr:             addr.String(),
+		Process:          site.fabric,
+		Device:           site.device,
+		Addr:             netip.AddrPortFrom(site.local, port).String(),
 		DomainDir:        cfg.domainPath,
 		HandshakeTimeout: cfg.handshakeTimeout,
 	}, nil
@@ -46,11 +68,14 @@ func newXRCConn(x *xrc.Conn, cfg config, release func()) *Conn {
 	}
 }
 
-// The endpoints of XRC connections, by fabric process: every Dial of a
-// process shares one endpoint, and so one uplink per remote node.
+// The endpoints of XRC dialers, by site: every Dial of this process on one
+// fabric process, or on one device and local address, shares one endpoint,
+// and so one uplink per remote node; the options of the Dial that opens it
+// (WithDomainPath, WithHandshakeTimeout) apply to it. The endpoint closes
+// with the last connection that uses it.
 var xrcDialers struct {
 	sync.Mutex
-	m map[*memfabric.Process]*xrcDialer
+	m map[xrcSite]*xrcDialer
 }
 
 type xrcDialer struct {
@@ -74,16 +99,17 @@ func closeEndpoint(ep *xrc.Endpoint) error {
 	return ep.Close()
 }
 
-func acquireDialer(ctx context.Context, cfg config) (*xrc.Endpoint, func(), error) {
-	p := cfg.fabric
+// acquireDialer returns the dialer endpoint of site, opening it on first
+// use, and the function that drops the reference taken.
+func acquireDialer(ctx context.Context, cfg config, site xrcSite) (*xrc.Endpoint, func(), error) {
 	xrcDialers.Lock()
 	defer xrcDialers.Unlock()
 	if xrcDialers.m == nil {
-		xrcDialers.m = map[*memfabric.Process]*xrcDialer{}
+		xrcDialers.m = map[xrcSite]*xrcDialer{}
 	}
-	d := xrcDialers.m[p]
+	d := xrcDialers.m[site]
 	if d == nil {
-		xc, err := cfg.xrcConfig(netip.AddrPortFrom(p.Node().Addr(), 0))
+		xc, err := cfg.xrcConfig(site, 0)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -92,24 +118,28 @@ func acquireDialer(ctx context.Context, cfg config) (*xrc.Endpoint, func(), erro
 			return nil, nil, err
 		}
 		d = &xrcDialer{ep: ep}
-		xrcDialers.m[p] = d
+		xrcDialers.m[site] = d
 	}
 	d.refs++
+	var once sync.Once
 	release := func() {
-		xrcDialers.Lock()
-		defer xrcDialers.Unlock()
-		d.refs--
-		if d.refs == 0 {
-			delete(xrcDialers.m, p)
-			closeEndpoint(d.ep)
-		}
+		once.Do(func() {
+			xrcDialers.Lock()
+			defer xrcDialers.Unlock()
+			d.refs--
+			if d.refs == 0 {
+				delete(xrcDialers.m, site)
+				closeEndpoint(d.ep)
+			}
+		})
 	}
 	return d.ep, release, nil
 }
 
-func dialXRC(ctx context.Context, address string, cfg config) (*Conn, error) {
+// dialXRC dials address through the dialer endpoint of site.
+func dialXRC(ctx context.Context, address string, cfg config, site xrcSite) (*Conn, error) {
 	fail := func(err error) (*Conn, error) { return nil, opError("dial", nil, err) }
-	ep, release, err := acquireDialer(ctx, cfg)
+	ep, release, err := acquireDialer(ctx, cfg, site)
 	if err != nil {
 		return fail(err)
 	}
@@ -121,8 +151,9 @@ func dialXRC(ctx context.Context, address string, cfg config) (*Conn, error) {
 	return newXRCConn(x, cfg, release), nil
 }
 
-func listenXRC(ctx context.Context, local netip.AddrPort, cfg config) (*Listener, error) {
-	xc, err := cfg.xrcConfig(local)
+// listenXRC listens on local with an endpoint of its own on site.
+func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSite) (*Listener, error) {
+	xc, err := cfg.xrcConfig(site, local.Port())
 	if err != nil {
 		return nil, opError("listen", Addr{local}, err)
 	}

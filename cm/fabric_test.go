@@ -3,7 +3,11 @@ package cm
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,4 +122,75 @@ func TestFabricPeerKilled(t *testing.T) {
 	require.ErrorIs(t, err, ErrPeerGone)
 	require.NoError(t, c.Close())
 	require.Eventually(t, func() bool { return clientNode.Stats().QPs() == 0 }, 10*time.Second, 20*time.Millisecond)
+}
+
+// The dialer endpoints are shared per site and counted: every acquire of a
+// site gets the same endpoint, each release drops one reference (a second
+// call of the same release does nothing), and the last one closes it.
+func TestXRCDialerRefcount(t *testing.T) {
+	ctx := context.Background()
+	f := memfabric.New()
+	cfg, err := newConfig([]Option{WithDomainPath(filepath.Join(t.TempDir(), "xrc"))})
+	require.NoError(t, err)
+	cfg.fabric = f.Node("10.1.0.1").Process()
+	site := cfg.fabricSite(cfg.fabric.Node().Addr())
+	ep1, rel1, err := acquireDialer(ctx, cfg, site)
+	require.NoError(t, err)
+	ep2, rel2, err := acquireDialer(ctx, cfg, site)
+	require.NoError(t, err)
+	require.Same(t, ep1, ep2, "one endpoint per site")
+
+	other := cfg
+	other.fabric = f.Node("10.1.0.2").Process()
+	ep3, rel3, err := acquireDialer(ctx, other, other.fabricSite(other.fabric.Node().Addr()))
+	require.NoError(t, err)
+	require.NotSame(t, ep1, ep3, "another process is another site")
+	rel3()
+
+	refs := func() int {
+		xrcDialers.Lock()
+		defer xrcDialers.Unlock()
+		if d := xrcDialers.m[site]; d != nil {
+			return d.refs
+		}
+		return 0
+	}
+	require.Equal(t, 2, refs())
+	rel1()
+	rel1()
+	require.Equal(t, 1, refs(), "a release counts once")
+	_, err = ep1.Accept(canceledCtx())
+	require.ErrorIs(t, err, context.Canceled, "still open")
+	rel2()
+	require.Equal(t, 0, refs())
+	_, err = ep1.Accept(ctx)
+	require.ErrorIs(t, err, net.ErrClosed, "the last release closes it")
+	require.Zero(t, GlobalStats().XRCQueuePairs)
+
+	// Options XRC cannot honour fail before any endpoint exists.
+	raw := cfg
+	raw.raw = true
+	_, _, err = acquireDialer(ctx, raw, cfg.fabricSite(netip.MustParseAddr("10.1.0.3")))
+	require.ErrorIs(t, err, ErrNotSupported)
+}
+
+func canceledCtx() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
+// A listener on an unspecified address serves every device; XRC serves one.
+func TestXRCUnboundListener(t *testing.T) {
+	var log strings.Builder
+	cfg, err := newConfig([]Option{WithXRC(XRCPrefer), WithLogger(slog.New(slog.NewTextHandler(&log, nil)))})
+	require.NoError(t, err)
+	require.NoError(t, cfg.checkXRCUnbound())
+	require.Contains(t, log.String(), "XRC unavailable, using RC")
+	cfg.xrc = XRCRequire
+	err = cfg.checkXRCUnbound()
+	require.ErrorIs(t, err, ErrNotSupported)
+	require.ErrorContains(t, err, "WithDevice")
+	cfg.xrc = XRCOff
+	require.NoError(t, cfg.checkXRCUnbound())
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 
+	"github.com/goxrc/goxrc/internal/rdmaaddr"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc"
@@ -18,7 +19,7 @@ type Listener struct {
 	cfg  config
 	ch   *chanRef
 	id   *rdmacm.ID
-	xep  *xrc.Endpoint // XRC over an in-memory fabric (WithFabric) instead of ch and id
+	xep  *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
 	addr Addr
 
 	ready     chan *Conn    // handshakes that completed, waiting for Accept
@@ -29,7 +30,9 @@ type Listener struct {
 
 // Listen listens for connections on address ("ip:port"; port 0 picks one).
 // The listener serves the device the address belongs to (any device for an
-// unspecified address).
+// unspecified address). In an XRC mode (WithXRC) on a device with XRC, it
+// listens with an XRC endpoint of its own (package xrc), and only XRC
+// dialers reach it.
 func Listen(ctx context.Context, address string, opts ...Option) (*Listener, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -40,11 +43,11 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 		return nil, opError("listen", nil, err)
 	}
 	if cfg.fabric != nil {
-		return listenXRC(ctx, local, cfg)
+		return listenXRC(ctx, local, cfg, cfg.fabricSite(local.Addr()))
 	}
 	if cfg.device != "" && local.Addr().IsUnspecified() {
 		// Listen on the forced device only.
-		ip, err := deviceAddr(cfg.device, local.Addr())
+		ip, err := rdmaaddr.AddrOf(cfg.device, local.Addr())
 		if err != nil {
 			return nil, opError("listen", Addr{local}, err)
 		}
@@ -60,20 +63,33 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 		ch.release()
 		return fail(err)
 	}
+	useXRC := false
 	err = id.Bind(local)
-	if err == nil && !local.Addr().IsUnspecified() {
+	switch {
+	case err != nil:
+	case local.Addr().IsUnspecified():
+		err = cfg.checkXRCUnbound()
+	default:
 		err = cfg.checkDevice(id)
 		if err == nil {
-			err = cfg.checkXRC(id)
+			useXRC, err = cfg.checkXRC(id)
 		}
 	}
-	if err == nil {
+	if err == nil && !useXRC {
 		err = id.Listen(cfg.backlog)
 	}
 	if err != nil {
 		id.Close()
 		ch.release()
 		return fail(err)
+	}
+	if useXRC {
+		// A device with XRC: the bind told us which; an XRC endpoint of
+		// the listener's own listens there instead.
+		site := cfg.deviceSite(id)
+		id.Close()
+		ch.release()
+		return listenXRC(ctx, local, cfg, site)
 	}
 	l := &Listener{
 		cfg: cfg, ch: ch, id: id, addr: Addr{id.LocalAddr()},
@@ -221,8 +237,9 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 
 // Close stops listening. Pending Accepts return ErrClosed, handshakes in
 // progress are abandoned, and connections not yet accepted are closed.
-// Connections already accepted stay open, except on an in-memory fabric,
-// where the listener's XRC endpoint and its connections close together.
+// Connections already accepted stay open, except over XRC (an in-memory
+// fabric, or an XRC mode on a device with XRC), where the listener's XRC
+// endpoint and its connections close together.
 // Close is idempotent.
 func (l *Listener) Close() error {
 	var err error

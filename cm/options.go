@@ -37,9 +37,11 @@ const (
 	// XRCOff uses RC queue pairs only.
 	XRCOff XRCMode = iota
 	// XRCPrefer uses XRC where the device supports it and falls back to RC
-	// with a logged reason elsewhere.
+	// with a logged reason elsewhere (soft-RoCE, or a listener on an
+	// unspecified address without WithDevice).
 	XRCPrefer
-	// XRCRequire fails with ErrNotSupported where XRC is missing.
+	// XRCRequire fails with ErrNotSupported, and the reason, where XRC is
+	// missing.
 	XRCRequire
 )
 
@@ -140,6 +142,12 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithXRC selects the transport: RC, or XRC where the device supports it.
+// XRC connections run on package xrc's engine: the processes of a node
+// share one XRC domain (WithDomainPath), a process reaches every process of
+// a remote node over one INI QP. An XRC listener is reached by XRC dialers
+// only, so on a device with XRC both sides need an XRC mode. XRC
+// connections carry framed messages only: WithRawMessages, immediate data
+// and one-sided RDMA give ErrNotSupported.
 func WithXRC(m XRCMode) Option { return func(c *config) { c.xrc, c.xrcSet = m, true } }
 
 // WithDomainPath sets the private directory (mode 0700) of the node's XRC

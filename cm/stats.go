@@ -41,7 +41,7 @@ type ProcessStats struct {
 	// DialErrors and AcceptErrors count failed connection attempts.
 	DialErrors   uint64
 	AcceptErrors uint64
-	// XRC connections (WithFabric): INI QPs (one per remote node), TGT
+	// XRC connections (WithFabric, or an XRC mode on a device with XRC): INI QPs (one per remote node), TGT
 	// handles (one per remote sender), receiving legs counted over them,
 	// XRC QPs held, and every kernel handle and CM id the engine holds.
 	XRCUplinks       int

@@ -7,25 +7,47 @@ import (
 	"github.com/goxrc/goxrc/rdmacm"
 )
 
-// checkXRC applies the XRC mode to the device id is bound to. Connections
-// in this package run on RC: XRCPrefer logs why XRC is not used and goes on,
-// XRCRequire fails with ErrNotSupported and the reason.
-func (cfg *config) checkXRC(id *rdmacm.ID) error {
+// checkXRC applies the XRC mode to the device id is bound to, and reports
+// whether the connection runs on XRC: it does where the device has XRC and
+// the mode is XRCPrefer or XRCRequire. Elsewhere XRCPrefer logs why XRC is
+// not used and goes on with RC, and XRCRequire fails with ErrNotSupported
+// and the reason.
+func (cfg *config) checkXRC(id *rdmacm.ID) (bool, error) {
+	if cfg.xrc == XRCOff {
+		return false, nil
+	}
+	reason := xrcUnavailable(id)
+	if reason == "" {
+		return true, nil
+	}
+	return false, cfg.noXRC(id.DeviceName(), reason)
+}
+
+// checkXRCUnbound applies the XRC mode to a listener on an unspecified
+// address without WithDevice: it serves every device, and an XRC endpoint
+// serves one.
+func (cfg *config) checkXRCUnbound() error {
 	if cfg.xrc == XRCOff {
 		return nil
 	}
-	reason := xrcUnavailable(id)
+	return cfg.noXRC("any device", "an XRC listener serves one device: listen on its address or use WithDevice")
+}
+
+// noXRC is the answer of XRCRequire (an error) and XRCPrefer (a log line and
+// RC) where XRC cannot be used.
+func (cfg *config) noXRC(where, reason string) error {
 	if cfg.xrc == XRCRequire {
-		return fmt.Errorf("XRC on %s: %s: %w", id.DeviceName(), reason, ErrNotSupported)
+		return fmt.Errorf("XRC on %s: %s: %w", where, reason, ErrNotSupported)
 	}
-	cfg.logger.Info("XRC unavailable, using RC", "device", id.DeviceName(), "reason", reason)
+	cfg.logger.Info("XRC unavailable, using RC", "device", where, "reason", reason)
 	return nil
 }
 
 var xrcProbes sync.Map // device name -> reason string
 
-// xrcUnavailable says why connections on id's device cannot use XRC. The
-// device is probed once: its capability bit, then a private XRC domain.
+// xrcUnavailable says why connections on id's device cannot use XRC, or ""
+// where they can. The device is probed once: its capability bit, then a
+// private XRC domain.
 func xrcUnavailable(id *rdmacm.ID) string {
 	name := id.DeviceName()
 	if r, ok := xrcProbes.Load(name); ok {
@@ -54,5 +76,5 @@ func probeXRC(id *rdmacm.ID) string {
 		return "ibv_open_xrcd: " + err.Error()
 	}
 	x.Close()
-	return "XRC connections on hardware devices are not wired into package cm yet (see package xrc)"
+	return ""
 }

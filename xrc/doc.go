@@ -7,7 +7,8 @@
 //
 // Applications see addresses (ip:port) and messages only:
 //
-//	ep, err := xrc.NewEndpoint(ctx, xrc.Config{Process: p, Addr: "10.0.0.1:7000"})
+//	ep, err := xrc.NewEndpoint(ctx, xrc.Config{Addr: "10.0.0.1:7000"}) // the device of 10.0.0.1
+//	// or xrc.Config{Process: p, Addr: ...} on an in-memory fabric (memfabric)
 //	c, err := ep.Dial(ctx, "10.0.0.2:7000") // or ep.Accept(ctx)
 //	err = c.Send(ctx, msg)
 //	n, err := c.Recv(ctx, buf)
@@ -41,10 +42,20 @@
 // connections over (REPLACES_TGT, MOVE).
 //
 // The engine talks to the kernel only through internal/kernel's narrow
-// seam. No machine here has an XRC device, so it runs and is tested on an
-// in-memory kernel that follows the kernel's semantics rule for rule; that
-// model is exported as package memfabric, so that code built on this
-// package can be tested without RDMA hardware.
+// seam, which has two sides. With Config.Process nil, NewEndpoint opens a
+// real RDMA device (Config.Device, or the device that holds Addr's IP)
+// through libibverbs and librdmacm, owns it, and closes it in Close. The
+// device must have XRC: on one without it (soft-RoCE, siw, iWARP devices)
+// NewEndpoint fails with an error matching ErrNotSupported that names the
+// device and the reason, having released everything it opened; without
+// Linux or cgo it always fails so. With Config.Process set, the endpoint
+// runs on an in-memory kernel that follows the kernel's XRC and RDMA CM
+// semantics rule for rule, exported as package memfabric, so that code
+// built on this package can be tested without RDMA hardware. No machine
+// here has an XRC device: the engine is proven on the in-memory kernel and
+// on the real kernel CM with in-memory QPs (soft-RoCE carries every CM
+// exchange); its tests on the real device skip, saying why, where the
+// device has no XRC.
 //
 // Other pieces:
 //

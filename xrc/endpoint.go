@@ -34,11 +34,22 @@ const (
 
 // Config configures an Endpoint.
 type Config struct {
-	// Process is the kernel the endpoint runs on: a process of an in-memory
-	// fabric (memfabric). Required until the real device lands.
+	// Process, when set, is the kernel the endpoint runs on: a process of an
+	// in-memory fabric (memfabric). When nil, the endpoint runs on a real
+	// RDMA device (Device), which must have XRC: elsewhere NewEndpoint fails
+	// with an error matching ErrNotSupported that names the device and the
+	// reason (soft-RoCE, for one, has no XRC).
 	Process *memfabric.Process
-	// Addr is the ip:port to listen on; the ip must be the node's. Port 0
-	// picks a free port.
+	// Device is the RDMA device (e.g. "mlx5_0") of an endpoint without a
+	// Process. Empty: the device that holds Addr's IP, which must then be a
+	// concrete address (not 0.0.0.0 or ::). With an unspecified Addr the
+	// endpoint listens on the device's own address (from its GID table);
+	// with a concrete one, the address must be on this device. The
+	// endpoint opens the device for itself and closes it in Close. Set
+	// Device or Process, not both.
+	Device string
+	// Addr is the ip:port to listen on; the ip must be the node's (the
+	// device's). Port 0 picks a free port.
 	Addr string
 	// DomainDir is the private directory of the node's domain file; every
 	// process that uses the same directory on a node shares one XRC domain.
@@ -63,6 +74,7 @@ type Config struct {
 // addresses and Conns.
 type Endpoint struct {
 	k      kernel.Kernel
+	ownK   bool // k is a device the endpoint opened: release closes it
 	cfg    Config
 	addr   netip.AddrPort
 	dom    DomainFile
@@ -104,13 +116,33 @@ type upKey struct {
 	dom  uint64
 }
 
-// NewEndpoint opens an endpoint as cfg says and starts listening.
+// NewEndpoint opens an endpoint as cfg says and starts listening: on
+// cfg.Process, or on a real RDMA device when Process is nil.
 func NewEndpoint(ctx context.Context, cfg Config) (*Endpoint, error) {
-	k, ok := kernel.Unwrap(cfg.Process)
-	if !ok {
-		return nil, ErrNoKernel
+	if cfg.Process != nil {
+		if cfg.Device != "" {
+			return nil, &opError{"listen", cfg.Addr, errors.New("set Config.Process or Config.Device, not both")}
+		}
+		k, ok := kernel.Unwrap(cfg.Process)
+		if !ok {
+			return nil, ErrNoKernel
+		}
+		return newEndpoint(ctx, k, cfg)
 	}
-	return newEndpoint(ctx, k, cfg)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	k, err := deviceKernel(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	e, err := newEndpoint(ctx, k, cfg)
+	if err != nil {
+		k.Close()
+		return nil, err
+	}
+	e.ownK = true
+	return e, nil
 }
 
 func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint, err error) {
@@ -309,6 +341,9 @@ func (e *Endpoint) release() {
 	}
 	if e.xrcd != 0 {
 		k.CloseXRCD(e.xrcd)
+	}
+	if e.ownK {
+		k.Close()
 	}
 }
 

@@ -15,8 +15,8 @@ import (
 // waiter; a closed endpoint refuses work.
 func TestEndpointContextsAndClose(t *testing.T) {
 	w := newWorld(t)
-	if _, err := NewEndpoint(context.Background(), Config{Addr: "10.0.10.1:1"}); !errors.Is(err, ErrNoKernel) {
-		t.Fatalf("no process: %v", err)
+	if _, err := NewEndpoint(context.Background(), Config{Process: &memfabric.Process{}, Addr: "10.0.10.1:1"}); !errors.Is(err, ErrNoKernel) {
+		t.Fatalf("a process without a kernel: %v", err)
 	}
 	if _, err := NewEndpoint(context.Background(), Config{Process: w.f.Node("10.0.10.1").Process(), Addr: "10.9.9.9:1", DomainDir: t.TempDir() + "/d"}); err == nil {
 		t.Fatal("listening on another node's address worked")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
 
@@ -18,8 +19,13 @@ var (
 	// (a send to its SRQ failed), its sender went silent past the idle
 	// timeout, or its INI's CM connection was torn down without a FIN.
 	ErrPeerGone = errors.New("xrc: peer gone")
-	// ErrNoKernel reports a Config without a process to run on.
-	ErrNoKernel = errors.New("xrc: no kernel (set Config.Process)")
+	// ErrNoKernel reports a Config.Process that carries no kernel (a
+	// memfabric.Process not made by its Node).
+	ErrNoKernel = errors.New("xrc: no kernel (Config.Process was not made by a memfabric Node)")
+	// ErrNotSupported is returned where the platform or the device lacks
+	// XRC (soft-RoCE, siw, ...: the error names the device and the reason),
+	// or RDMA altogether (no Linux or no cgo). It is verbs.ErrNotSupported.
+	ErrNotSupported = verbs.ErrNotSupported
 
 	errSRQGone     = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
 	errIdle        = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)

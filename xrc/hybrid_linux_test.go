@@ -14,16 +14,32 @@ import (
 
 	"github.com/goxrc/goxrc/internal/kernel/hybrid"
 	"github.com/goxrc/goxrc/internal/kernel/model"
+	"github.com/goxrc/goxrc/internal/kernel/real"
 )
 
-// The engine on the real CM: internal/kernel/hybrid carries the physical
-// (XRC-typed) and virtual (SIDR) exchanges through the kernel's RDMA CM on
-// soft-RoCE, the QPs and the data path are the model's. Runs in the VM of
-// test/vm/rxe-vm.sh (RXE_DEV, RXE_IP); skips elsewhere. Ports 20311-20319.
+// The engine on the real CM, on two seams. The hybrid (internal/kernel/
+// hybrid) carries the physical (XRC-typed) and virtual (SIDR) exchanges
+// through the kernel's RDMA CM on soft-RoCE, the QPs and the data path are
+// the model's. The real seam is what NewEndpoint opens with Config.Process
+// nil: the device of RXE_IP through internal/kernel/real, XRC verbs
+// included; its tests skip, saying why, where the device has no XRC
+// (soft-RoCE), and fail where it claims XRC but cannot open a domain. Runs
+// in the VM of test/vm/rxe-vm.sh (RXE_DEV, RXE_IP); skips elsewhere. Ports
+// 20311-20319 (hybrid), 20331-20339 (real).
 
 var hybridFabric = sync.OnceValue(func() *hybrid.Fabric { return hybrid.NewFabric(model.ReuseNever) })
 
-func hybridEndpoint(t *testing.T, port uint16, dir string, mod ...func(*Config)) (*Endpoint, *hybrid.Process) {
+type seam int
+
+const (
+	hybridSeam seam = iota
+	realSeam
+)
+
+// seamEndpoint opens an endpoint on port on the VM's device through seam,
+// and returns it with a kill: the process's kill -9 (its kernel closes
+// everything at once).
+func seamEndpoint(t *testing.T, s seam, port uint16, dir string, mod ...func(*Config)) (*Endpoint, func()) {
 	t.Helper()
 	if os.Getenv("RXE_DEV") == "" {
 		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
@@ -32,32 +48,58 @@ func hybridEndpoint(t *testing.T, port uint16, dir string, mod ...func(*Config))
 	if err != nil {
 		t.Fatalf("RXE_IP: %v", err)
 	}
-	p, err := hybridFabric().NewProcess(ip)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
 	cfg := Config{Addr: netip.AddrPortFrom(ip, port).String(), DomainDir: dir,
 		Heartbeat: 50 * time.Millisecond, IdleTimeout: 2 * time.Second, HandshakeTimeout: 10 * time.Second}
 	for _, m := range mod {
 		m(&cfg)
 	}
+	if s == realSeam {
+		cfg.Addr = netip.AddrPortFrom(ip, port+20).String()
+		e, err := NewEndpoint(context.Background(), cfg)
+		if err != nil {
+			skipWithoutXRC(t, err)
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e, func() { e.k.Close() }
+	}
+	p, err := hybridFabric().NewProcess(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
 	e, err := newEndpoint(context.Background(), p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	return e, p
+	return e, func() { p.Close() }
 }
 
-// TestHybridDialEcho: logical connections between two endpoints on one node
+// skipWithoutXRC skips the test when err is a device's lack of XRC (its
+// capability bit clear and ibv_open_xrcd refused), and only then.
+func skipWithoutXRC(t *testing.T, err error) {
+	t.Helper()
+	if errors.Is(err, real.ErrNoXRC) && errors.Is(err, ErrNotSupported) {
+		t.Skipf("the device has no XRC, so the engine cannot run on it: %v", err)
+	}
+}
+
+func TestHybridDialEcho(t *testing.T)       { testDialEcho(t, hybridSeam) }
+func TestRealDialEcho(t *testing.T)         { testDialEcho(t, realSeam) }
+func TestHybridKillTGTCreator(t *testing.T) { testKillTGTCreator(t, hybridSeam) }
+func TestRealKillTGTCreator(t *testing.T)   { testKillTGTCreator(t, realSeam) }
+func TestHybridKillSender(t *testing.T)     { testKillSender(t, hybridSeam) }
+func TestRealKillSender(t *testing.T)       { testKillSender(t, realSeam) }
+
+// testDialEcho: logical connections between two endpoints on one node
 // over the real CM: one uplink each way however many connections, echo on
 // every one, then a graceful close.
-func TestHybridDialEcho(t *testing.T) {
+func testDialEcho(t *testing.T, sm seam) {
 	checkGoroutines(t)
 	dir := t.TempDir() + "/goxrc"
-	srv, _ := hybridEndpoint(t, 20311, dir)
-	cli, _ := hybridEndpoint(t, 20312, dir)
+	srv, _ := seamEndpoint(t, sm, 20311, dir)
+	cli, _ := seamEndpoint(t, sm, 20312, dir)
 	ctx := ctxT(t, 60*time.Second)
 
 	const n = 20
@@ -121,17 +163,17 @@ func TestHybridDialEcho(t *testing.T) {
 
 func quickIdle(c *Config) { c.Heartbeat, c.IdleTimeout = 50*time.Millisecond, 400*time.Millisecond }
 
-// TestHybridKillTGTCreator: on one node and one domain, s reaches r1 (which
+// testKillTGTCreator: on one node and one domain, s reaches r1 (which
 // creates the TGT: PHYS_REQ over the real XRC-typed CM) and r2 (which opens
 // it: VIRT_REQ over real SIDR). r1's process dies: its TGT-side CM id goes
 // without a DREQ (the real kernel's rule), r2 keeps talking to s, and s's
 // connection to r1 fails with ErrPeerGone.
-func TestHybridKillTGTCreator(t *testing.T) {
+func testKillTGTCreator(t *testing.T, sm seam) {
 	checkGoroutines(t)
 	dir := t.TempDir() + "/goxrc"
-	se, _ := hybridEndpoint(t, 20313, dir, quickIdle)
-	r1e, r1p := hybridEndpoint(t, 20314, dir, quickIdle)
-	r2e, _ := hybridEndpoint(t, 20315, dir, quickIdle)
+	se, _ := seamEndpoint(t, sm, 20313, dir, quickIdle)
+	r1e, kill1 := seamEndpoint(t, sm, 20314, dir, quickIdle)
+	r2e, _ := seamEndpoint(t, sm, 20315, dir, quickIdle)
 	s, r1, r2 := &proc{Endpoint: se}, &proc{Endpoint: r1e}, &proc{Endpoint: r2e}
 	s1, _ := pair(t, s, r1)
 	s2, c2 := pair(t, s, r2)
@@ -139,7 +181,7 @@ func TestHybridKillTGTCreator(t *testing.T) {
 	if st := s.Stats(); st.Uplinks != 1 {
 		t.Errorf("sender %+v: want one uplink to the node's domain", st)
 	}
-	r1p.Close() // kill -9
+	kill1() // kill -9
 	deadline := time.Now().Add(6 * 400 * time.Millisecond)
 	for i := 0; time.Now().Before(deadline); i++ {
 		roundTrip(t, s2, c2, fmt.Appendf(nil, "to r2 %d", i))
@@ -157,19 +199,19 @@ func TestHybridKillTGTCreator(t *testing.T) {
 	t.Logf("sender %+v, r2 %+v", s.Stats(), r2.Stats())
 }
 
-// TestHybridKillSender: the sender's process dies; the kernel's DREQ for
+// testKillSender: the sender's process dies; the kernel's DREQ for
 // its INI-side CM id reaches the TGT's creator, the idle timeout the
 // sharer; both receivers end up with no connection and no downlink.
-func TestHybridKillSender(t *testing.T) {
+func testKillSender(t *testing.T, sm seam) {
 	checkGoroutines(t)
 	dir := t.TempDir() + "/goxrc"
-	se, sp := hybridEndpoint(t, 20316, dir, quickIdle)
-	r1e, _ := hybridEndpoint(t, 20317, dir, quickIdle)
-	r2e, _ := hybridEndpoint(t, 20318, dir, quickIdle)
+	se, kill := seamEndpoint(t, sm, 20316, dir, quickIdle)
+	r1e, _ := seamEndpoint(t, sm, 20317, dir, quickIdle)
+	r2e, _ := seamEndpoint(t, sm, 20318, dir, quickIdle)
 	s, r1, r2 := &proc{Endpoint: se}, &proc{Endpoint: r1e}, &proc{Endpoint: r2e}
 	_, c1 := pair(t, s, r1)
 	_, c2 := pair(t, s, r2)
-	sp.Close() // kill -9
+	kill() // kill -9
 	for i, c := range []*Conn{c1, c2} {
 		if _, err := c.Recv(ctxT(t, 5*time.Second), make([]byte, 8)); !errors.Is(err, ErrPeerGone) {
 			t.Errorf("receiver %d: %v, want ErrPeerGone", i+1, err)

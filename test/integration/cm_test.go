@@ -276,21 +276,42 @@ func TestCMPortInUse(t *testing.T) {
 	require.Contains(t, err.Error(), "in use")
 }
 
+// skipWithXRC skips a test of the no-XRC side where the device has XRC
+// (TestXRCDeviceCM covers that side).
+func skipWithXRC(t *testing.T) {
+	t.Helper()
+	if deviceNoXRC(t) == nil {
+		t.Skip("the device has XRC: this tests a device without it")
+	}
+}
+
 func TestCMRequireXRCNotSupported(t *testing.T) {
 	_, addr := softroce.Device(t)
+	skipWithXRC(t)
 	_, err := cm.Dial(cmCtx(t, 5*time.Second), netip.AddrPortFrom(addr, 1).String(), cm.WithXRC(cm.XRCRequire))
 	require.ErrorIs(t, err, cm.ErrNotSupported)
 	require.Contains(t, err.Error(), "IBV_DEVICE_XRC clear", "the error says why")
 	_, err = cm.Listen(cmCtx(t, 5*time.Second), netip.AddrPortFrom(addr, 0).String(), cm.WithXRC(cm.XRCRequire))
 	require.ErrorIs(t, err, cm.ErrNotSupported)
+	require.Contains(t, err.Error(), "IBV_DEVICE_XRC clear", "the error says why")
+	// A listener on every device cannot be one XRC endpoint, whatever the
+	// devices have.
+	_, err = cm.Listen(cmCtx(t, 5*time.Second), "0.0.0.0:0", cm.WithXRC(cm.XRCRequire))
+	require.ErrorIs(t, err, cm.ErrNotSupported)
+	require.Contains(t, err.Error(), "WithDevice")
 }
 
 // XRCPrefer on soft-RoCE falls back to RC and logs the reason.
 func TestCMPreferXRCFallsBackToRC(t *testing.T) {
+	skipWithXRC(t)
 	var log syncBuffer
 	logger := slog.New(slog.NewTextHandler(&log, nil))
+	xrcQPs := cm.GlobalStats().XRCQueuePairs
 	client, server := cmPair(t, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger))
 	ctx := cmCtx(t, 10*time.Second)
+	s := cm.GlobalStats()
+	require.GreaterOrEqual(t, s.QueuePairs, int64(2), "RC queue pairs")
+	require.Equal(t, xrcQPs, s.XRCQueuePairs, "no XRC")
 	require.NoError(t, client.Send(ctx, []byte("over RC")))
 	buf := make([]byte, 16)
 	n, err := server.Recv(ctx, buf)

@@ -528,10 +528,11 @@ func TestXRCHybridManyVirtualOneUplink(t *testing.T) {
 	srv.p.DestroyID(ph.srvID)
 }
 
-// xrcReal opens the real seam on the VM's device, and skips (with the
-// reason) where the device has no XRC: the XRC suite cannot run on rxe. A
-// device that claims XRC but cannot open a domain fails the test.
-func xrcReal(t *testing.T) *real.Process {
+// openReal opens the real seam on the VM's device (closed when the test
+// ends) and returns CheckXRC's verdict: nil where the device has XRC, an
+// error matching real.ErrNoXRC where it genuinely has none. A device that
+// claims XRC but cannot open a domain fails the test.
+func openReal(t *testing.T) (*real.Process, error) {
 	t.Helper()
 	dev, ip := rdmacmEnv(t)
 	p, err := real.Open(dev, ip, real.Options{})
@@ -539,13 +540,30 @@ func xrcReal(t *testing.T) *real.Process {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	if err := p.CheckXRC(); err != nil {
-		if errors.Is(err, real.ErrNoXRC) {
-			t.Skip(err)
-		}
+	err = p.CheckXRC()
+	if err != nil && !errors.Is(err, real.ErrNoXRC) {
 		t.Fatal(err)
 	}
+	return p, err
+}
+
+// xrcReal opens the real seam on the VM's device, and skips (with the
+// reason) where the device has no XRC: the XRC suite cannot run on rxe.
+func xrcReal(t *testing.T) *real.Process {
+	t.Helper()
+	p, noXRC := openReal(t)
+	if noXRC != nil {
+		t.Skip(noXRC)
+	}
 	return p
+}
+
+// deviceNoXRC says why the VM's device has no XRC, or nil where it has.
+func deviceNoXRC(t *testing.T) error {
+	t.Helper()
+	p, noXRC := openReal(t)
+	p.Close()
+	return noXRC
 }
 
 // TestXRCRealSkipsWithoutXRC: on rxe the real seam says XRC() false,

@@ -29,40 +29,69 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// objects is what a test may leave behind: the device's `rdma resource`
+// counts, the bindings' object counters and cm's process counters.
+type objects struct {
+	kernel map[string]uint64
+	rdmacm rdmacm.Counters
+	verbs  verbs.ObjectCounts
+	cm     cm.ProcessStats
+}
+
+func objectsNow(t *testing.T, dev string) objects {
+	t.Helper()
+	res, err := softroce.Resources(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objects{kernel: res, rdmacm: rdmacm.Counts(), verbs: verbs.Counts(), cm: cm.GlobalStats()}
+}
+
+// diff says how o differs from base, "" where it does not.
+func (o objects) diff(base objects) string {
+	var s string
+	for _, k := range []string{"pd", "cq", "qp", "mr", "srq", "cm_id"} {
+		if o.kernel[k] != base.kernel[k] {
+			s += fmt.Sprintf(" %s %d (at start %d)", k, o.kernel[k], base.kernel[k])
+		}
+	}
+	if o.verbs != base.verbs {
+		s += fmt.Sprintf(" verbs objects %+v (at start %+v)", o.verbs, base.verbs)
+	}
+	if o.rdmacm != base.rdmacm {
+		s += fmt.Sprintf(" rdmacm objects %+v (at start %+v)", o.rdmacm, base.rdmacm)
+	}
+	if c, b := o.cm, base.cm; c.ConnectionsOpen != b.ConnectionsOpen || c.QueuePairs != b.QueuePairs ||
+		c.Listeners != b.Listeners || c.XRCQueuePairs != b.XRCQueuePairs || c.XRCKernelHandles != b.XRCKernelHandles {
+		s += fmt.Sprintf(" cm %+v (at start %+v)", c, b)
+	}
+	return s
+}
+
+// waitObjects waits up to d for the objects to be back to base (connections
+// closing in the background finish time-wait), and fails the test with what
+// is left otherwise.
+func waitObjects(t *testing.T, dev string, base objects, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		now := objectsNow(t, dev)
+		left := now.diff(base)
+		if left == "" {
+			t.Logf("kernel resources back to the start: %v", now.kernel)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("leaked:%s", left)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // TestZZNothingLeaked runs last (this file sorts last): after every test of
 // the binary, every QP, CQ, MR, PD, SRQ and CM id is gone, in the library's
 // counters and in the kernel's.
 func TestZZNothingLeaked(t *testing.T) {
 	dev, _ := softroce.Device(t)
-	var last string
-	deadline := time.Now().Add(15 * time.Second) // connections closing in the background finish time-wait
-	for {
-		res, err := softroce.Resources(dev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = ""
-		for _, k := range []string{"pd", "cq", "qp", "mr", "srq", "cm_id"} {
-			if res[k] != kernelBaseline[k] {
-				last += fmt.Sprintf(" %s %d (at start %d)", k, res[k], kernelBaseline[k])
-			}
-		}
-		if !verbs.Counts().IsZero() {
-			last += fmt.Sprintf(" verbs objects %+v", verbs.Counts())
-		}
-		if c := rdmacm.Counts(); c != (rdmacm.Counters{}) {
-			last += fmt.Sprintf(" rdmacm objects %+v", c)
-		}
-		if s := cm.GlobalStats(); s.ConnectionsOpen != 0 || s.QueuePairs != 0 || s.Listeners != 0 {
-			last += fmt.Sprintf(" cm %+v", s)
-		}
-		if last == "" {
-			t.Logf("kernel resources back to the start: %v", res)
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("leaked:%s", last)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitObjects(t, dev, objects{kernel: kernelBaseline}, 15*time.Second)
 }
