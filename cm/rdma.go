@@ -21,13 +21,14 @@ const minRNRTimer = 12
 // rdmaTransport is a Conn's RC queue pair with its buffers, on a CM id the
 // transport owns.
 type rdmaTransport struct {
-	id  *rdmacm.ID
-	ch  *chanRef // the event channel the id lives on
-	dev *device
-	cc  *verbs.CompChannel
-	cq  *verbs.CQ
-	qp  *verbs.QP
-	mr  *verbs.MR
+	id     *rdmacm.ID
+	ch     *chanRef // the event channel the id lives on
+	dev    *device
+	cc     *verbs.CompChannel
+	cq     *verbs.CQ
+	qp     *verbs.QP
+	mem    regBlock // the buffers, from the device's pool
+	hasMem bool
 
 	sendSlots, recvSlots int
 	sendSize, recvSize   int
@@ -129,6 +130,7 @@ type device struct {
 	name string
 	ctx  *verbs.Context
 	pd   *verbs.PD
+	pool *regPool
 	refs int
 }
 
@@ -157,7 +159,7 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		vctx.Close()
 		return nil, err
 	}
-	d := &device{name: name, ctx: vctx, pd: pd, refs: 1}
+	d := &device{name: name, ctx: vctx, pd: pd, pool: newRegPool(pd), refs: 1}
 	devices.m[name] = d
 	return d, nil
 }
@@ -168,6 +170,7 @@ func (d *device) release() {
 	d.refs--
 	if d.refs == 0 {
 		delete(devices.m, d.name)
+		d.pool.close()
 		d.pd.Close()
 		d.ctx.Close()
 	}
@@ -215,9 +218,10 @@ func newRDMATransport(id *rdmacm.ID, sendSlots, recvSlots, sendSize, recvSize, i
 	globalStats.qps.Add(1)
 	t.inline = min(inline, int(t.qp.Cap().MaxInlineData))
 	size := sendSlots*sendSize + recvSlots*recvSize
-	if t.mr, err = t.dev.pd.RegMR(size, verbs.AccessLocalWrite); err != nil {
+	if t.mem, err = t.dev.pool.get(size); err != nil {
 		return nil, err
 	}
+	t.hasMem = true
 	if err = t.modify(verbs.QPStateInit); err != nil {
 		return nil, err
 	}
@@ -247,12 +251,12 @@ func (t *rdmaTransport) connect() error {
 
 func (t *rdmaTransport) sendBuf(slot int) []byte {
 	off := slot * t.sendSize
-	return t.mr.Bytes()[off : off+t.sendSize]
+	return t.mem.buf[off : off+t.sendSize : off+t.sendSize]
 }
 
 func (t *rdmaTransport) recvBuf(slot int) []byte {
 	off := t.sendSlots*t.sendSize + slot*t.recvSize
-	return t.mr.Bytes()[off : off+t.recvSize]
+	return t.mem.buf[off : off+t.recvSize : off+t.recvSize]
 }
 
 func (t *rdmaTransport) postSend(slot, n int, imm uint32, hasImm bool) error {
@@ -264,7 +268,7 @@ func (t *rdmaTransport) postSend(slot, n int, imm uint32, hasImm bool) error {
 	if n <= t.inline {
 		wr.Inline = t.sendBuf(slot)[:n]
 	} else {
-		t.sendSGE[0] = t.mr.SGE(slot*t.sendSize, n)
+		t.sendSGE[0] = t.mem.sge(slot*t.sendSize, n)
 		wr.SGL = t.sendSGE[:]
 	}
 	return t.qp.PostSend(t.sendWR[:])
@@ -273,7 +277,7 @@ func (t *rdmaTransport) postSend(slot, n int, imm uint32, hasImm bool) error {
 func (t *rdmaTransport) postRecv(slot int) error {
 	t.recvMu.Lock()
 	defer t.recvMu.Unlock()
-	t.recvSGE[0] = t.mr.SGE(t.sendSlots*t.sendSize+slot*t.recvSize, t.recvSize)
+	t.recvSGE[0] = t.mem.sge(t.sendSlots*t.sendSize+slot*t.recvSize, t.recvSize)
 	t.recvWR[0] = verbs.RecvWR{ID: uint64(slot), SGL: t.recvSGE[:]}
 	return t.qp.PostRecv(t.recvWR[:])
 }
@@ -407,12 +411,19 @@ func (t *rdmaTransport) free() error {
 	if t.id != nil {
 		errs = append(errs, t.id.Close())
 	}
+	qpGone := true
 	if t.qp != nil {
-		errs = append(errs, t.qp.Close())
+		err := t.qp.Close()
+		qpGone = err == nil
+		errs = append(errs, err)
 		globalStats.qps.Add(-1)
 	}
-	if t.mr != nil {
-		errs = append(errs, t.mr.Close())
+	if t.hasMem && qpGone {
+		// The device no longer touches the buffers: another connection
+		// may have them. (Were the QP still there, they stay out of the
+		// pool.)
+		errs = append(errs, t.dev.pool.put(t.mem))
+		t.hasMem = false
 	}
 	if t.cq != nil {
 		errs = append(errs, t.cq.Close())
