@@ -15,7 +15,8 @@ import (
 )
 
 // DefaultBusyPoll is how long a waiting call polls the completion queue
-// before it arms the completion channel and sleeps in the netpoller.
+// before it arms the CQ and sleeps until the device's completion channel,
+// read by one goroutine in the netpoller, reports an event for it.
 // Spinning for about a round trip keeps ping-pong latency near a
 // busy-polling C program's (a wake-up through the netpoller costs tens of
 // microseconds, more under emulation); sleeping after it keeps idle

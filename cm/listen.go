@@ -24,6 +24,8 @@ type Listener struct {
 
 	ready     chan *Conn    // handshakes that completed, waiting for Accept
 	done      chan struct{} // closed by Close
+	ctx       context.Context
+	stop      context.CancelFunc // ends ctx, which bounds handshakes, at Close
 	closeOnce sync.Once
 	wg        sync.WaitGroup // the event loop and handshakes in flight
 }
@@ -95,6 +97,7 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 		cfg: cfg, ch: ch, id: id, addr: Addr{id.LocalAddr()},
 		ready: make(chan *Conn, cfg.backlog), done: make(chan struct{}),
 	}
+	l.ctx, l.stop = context.WithCancel(context.Background())
 	globalStats.listeners.Add(1)
 	l.wg.Add(1)
 	go l.loop()
@@ -205,21 +208,12 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 		t.free()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.handshakeTimeout)
-	defer cancel()
-	waitErr := make(chan error, 1)
-	go func() {
-		_, err := id.WaitEvent(ctx, rdmacm.EventEstablished)
-		waitErr <- err
-	}()
-	select {
-	case err = <-waitErr:
-	case <-l.done:
-		cancel()
-		err = <-waitErr
-		if err == nil {
-			err = ErrClosed
-		}
+	// The wait ends at the handshake timeout or when the listener closes.
+	ctx, cancel := context.WithTimeout(l.ctx, cfg.handshakeTimeout)
+	_, err = id.WaitEvent(ctx, rdmacm.EventEstablished)
+	cancel()
+	if err == nil && l.ctx.Err() != nil {
+		err = ErrClosed
 	}
 	if err != nil {
 		globalStats.acceptErrors.Add(1)
@@ -245,6 +239,9 @@ func (l *Listener) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
 		close(l.done)
+		if l.stop != nil {
+			l.stop()
+		}
 		if l.xep != nil {
 			err = closeEndpoint(l.xep)
 			globalStats.listeners.Add(-1)

@@ -21,13 +21,16 @@ const minRNRTimer = 12
 // rdmaTransport is a Conn's RC queue pair with its buffers, on a CM id the
 // transport owns.
 type rdmaTransport struct {
-	id  *rdmacm.ID
-	ch  *chanRef // the event channel the id lives on
-	dev *device
-	cc  *verbs.CompChannel
-	cq  *verbs.CQ
-	qp  *verbs.QP
-	mr  *verbs.MR
+	id      *rdmacm.ID
+	ch      *chanRef // the event channel the id lives on
+	dev     *device
+	cq      *verbs.CQ
+	wake    chan struct{} // a token when the CQ had an event; closed by free
+	watched bool          // the device's pump knows wake
+	armed   bool          // the CQ is armed and its event not yet taken (the polling leader's)
+	qp      *verbs.QP
+	mem     regBlock // the buffers, from the device's pool
+	hasMem  bool
 
 	sendSlots, recvSlots int
 	sendSize, recvSize   int
@@ -129,7 +132,16 @@ type device struct {
 	name string
 	ctx  *verbs.Context
 	pd   *verbs.PD
+	pool *regPool
 	refs int
+
+	// One completion channel serves the CQs of every connection on the
+	// device: its reader (pump) wakes the connection whose CQ had an event.
+	cc       *verbs.CompChannel
+	pumpDone chan struct{}
+	mu       sync.Mutex
+	wakes    map[*verbs.CQ]chan struct{}
+	ccErr    error // the channel failed: no wake-ups come any more
 }
 
 var devices struct {
@@ -157,9 +169,76 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		vctx.Close()
 		return nil, err
 	}
-	d := &device{name: name, ctx: vctx, pd: pd, refs: 1}
+	cc, err := vctx.NewSharedCompChannel()
+	if err != nil {
+		pd.Close()
+		vctx.Close()
+		return nil, err
+	}
+	d := &device{
+		name: name, ctx: vctx, pd: pd, pool: newRegPool(pd), refs: 1,
+		cc: cc, pumpDone: make(chan struct{}), wakes: map[*verbs.CQ]chan struct{}{},
+	}
+	go d.pump()
 	devices.m[name] = d
 	return d, nil
+}
+
+// pump reads the completion channel for the life of the device and wakes
+// the connection whose CQ had an event. It waits in the netpoller; closing
+// the channel ends it.
+func (d *device) pump() {
+	defer close(d.pumpDone)
+	var cqs [64]*verbs.CQ
+	for {
+		n, err := d.cc.GetEvents(context.Background(), cqs[:])
+		d.mu.Lock()
+		if err != nil {
+			// Closed with the device (no CQ is left then), or broken:
+			// every waiter wakes and sees ccErr.
+			d.ccErr = err
+			for _, w := range d.wakes {
+				notify(w)
+			}
+			d.mu.Unlock()
+			return
+		}
+		for _, q := range cqs[:n] {
+			if w := d.wakes[q]; w != nil {
+				notify(w)
+			}
+		}
+		d.mu.Unlock()
+	}
+}
+
+// notify leaves a wake-up token unless one is waiting already.
+func notify(w chan struct{}) {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+}
+
+// watchCQ makes the pump wake w on q's events.
+func (d *device) watchCQ(q *verbs.CQ, w chan struct{}) {
+	d.mu.Lock()
+	d.wakes[q] = w
+	d.mu.Unlock()
+}
+
+// unwatchCQ stops the wake-ups and closes w, which wakes a waiter for good.
+func (d *device) unwatchCQ(q *verbs.CQ, w chan struct{}) {
+	d.mu.Lock()
+	delete(d.wakes, q)
+	d.mu.Unlock()
+	close(w)
+}
+
+func (d *device) channelErr() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ccErr
 }
 
 func (d *device) release() {
@@ -168,6 +247,10 @@ func (d *device) release() {
 	d.refs--
 	if d.refs == 0 {
 		delete(devices.m, d.name)
+		if d.cc.Close() == nil {
+			<-d.pumpDone
+		}
+		d.pool.close()
 		d.pd.Close()
 		d.ctx.Close()
 	}
@@ -191,13 +274,13 @@ func newRDMATransport(id *rdmacm.ID, sendSlots, recvSlots, sendSize, recvSize, i
 		return nil, err
 	}
 	vctx := t.dev.ctx
-	if t.cc, err = vctx.NewCompChannel(); err != nil {
-		return nil, err
-	}
 	cqe := sendSlots + recvSlots + 1
-	if t.cq, err = vctx.CreateCQ(cqe, t.cc, 0); err != nil {
+	if t.cq, err = vctx.CreateCQ(cqe, t.dev.cc, 0); err != nil {
 		return nil, err
 	}
+	t.wake = make(chan struct{}, 1)
+	t.dev.watchCQ(t.cq, t.wake)
+	t.watched = true
 	t.wcs = make([]verbs.WorkCompletion, cqe)
 	qpCap := verbs.QPCap{
 		MaxSendWR: uint32(sendSlots + 1), MaxRecvWR: uint32(recvSlots),
@@ -215,9 +298,10 @@ func newRDMATransport(id *rdmacm.ID, sendSlots, recvSlots, sendSize, recvSize, i
 	globalStats.qps.Add(1)
 	t.inline = min(inline, int(t.qp.Cap().MaxInlineData))
 	size := sendSlots*sendSize + recvSlots*recvSize
-	if t.mr, err = t.dev.pd.RegMR(size, verbs.AccessLocalWrite); err != nil {
+	if t.mem, err = t.dev.pool.get(size); err != nil {
 		return nil, err
 	}
+	t.hasMem = true
 	if err = t.modify(verbs.QPStateInit); err != nil {
 		return nil, err
 	}
@@ -247,12 +331,12 @@ func (t *rdmaTransport) connect() error {
 
 func (t *rdmaTransport) sendBuf(slot int) []byte {
 	off := slot * t.sendSize
-	return t.mr.Bytes()[off : off+t.sendSize]
+	return t.mem.buf[off : off+t.sendSize : off+t.sendSize]
 }
 
 func (t *rdmaTransport) recvBuf(slot int) []byte {
 	off := t.sendSlots*t.sendSize + slot*t.recvSize
-	return t.mr.Bytes()[off : off+t.recvSize]
+	return t.mem.buf[off : off+t.recvSize : off+t.recvSize]
 }
 
 func (t *rdmaTransport) postSend(slot, n int, imm uint32, hasImm bool) error {
@@ -264,7 +348,7 @@ func (t *rdmaTransport) postSend(slot, n int, imm uint32, hasImm bool) error {
 	if n <= t.inline {
 		wr.Inline = t.sendBuf(slot)[:n]
 	} else {
-		t.sendSGE[0] = t.mr.SGE(slot*t.sendSize, n)
+		t.sendSGE[0] = t.mem.sge(slot*t.sendSize, n)
 		wr.SGL = t.sendSGE[:]
 	}
 	return t.qp.PostSend(t.sendWR[:])
@@ -273,7 +357,7 @@ func (t *rdmaTransport) postSend(slot, n int, imm uint32, hasImm bool) error {
 func (t *rdmaTransport) postRecv(slot int) error {
 	t.recvMu.Lock()
 	defer t.recvMu.Unlock()
-	t.recvSGE[0] = t.mr.SGE(t.sendSlots*t.sendSize+slot*t.recvSize, t.recvSize)
+	t.recvSGE[0] = t.mem.sge(t.sendSlots*t.sendSize+slot*t.recvSize, t.recvSize)
 	t.recvWR[0] = verbs.RecvWR{ID: uint64(slot), SGL: t.recvSGE[:]}
 	return t.qp.PostRecv(t.recvWR[:])
 }
@@ -318,7 +402,7 @@ func (t *rdmaTransport) poll(ctx context.Context, cs []completion, block bool) (
 	var n int
 	var err error
 	if block {
-		n, err = t.cq.Wait(ctx, wcs)
+		n, err = t.wait(ctx, wcs)
 	} else {
 		n, err = t.cq.Poll(wcs)
 	}
@@ -339,6 +423,37 @@ func (t *rdmaTransport) poll(ctx context.Context, cs []completion, block bool) (
 		}
 	}
 	return n, err
+}
+
+// wait polls the CQ; with nothing there it arms the CQ, polls again (a
+// completion may have come before the arming), and sleeps until the
+// device's channel pump wakes it, ctx ends or the transport is freed.
+func (t *rdmaTransport) wait(ctx context.Context, wcs []verbs.WorkCompletion) (int, error) {
+	for {
+		n, err := t.cq.Poll(wcs)
+		if n > 0 || err != nil {
+			return n, err
+		}
+		if !t.armed {
+			if err := t.cq.ReqNotify(false); err != nil {
+				return 0, err
+			}
+			t.armed = true
+			continue
+		}
+		if err := t.dev.channelErr(); err != nil {
+			return 0, err
+		}
+		select {
+		case _, ok := <-t.wake:
+			if !ok {
+				return 0, ErrClosed
+			}
+			t.armed = false
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
 }
 
 // shutdown moves the QP to the error state, flushing everything posted.
@@ -407,18 +522,26 @@ func (t *rdmaTransport) free() error {
 	if t.id != nil {
 		errs = append(errs, t.id.Close())
 	}
+	qpGone := true
 	if t.qp != nil {
-		errs = append(errs, t.qp.Close())
+		err := t.qp.Close()
+		qpGone = err == nil
+		errs = append(errs, err)
 		globalStats.qps.Add(-1)
 	}
-	if t.mr != nil {
-		errs = append(errs, t.mr.Close())
+	if t.hasMem && qpGone {
+		// The device no longer touches the buffers: another connection
+		// may have them. (Were the QP still there, they stay out of the
+		// pool.)
+		errs = append(errs, t.dev.pool.put(t.mem))
+		t.hasMem = false
+	}
+	if t.watched {
+		t.dev.unwatchCQ(t.cq, t.wake)
+		t.watched = false
 	}
 	if t.cq != nil {
 		errs = append(errs, t.cq.Close())
-	}
-	if t.cc != nil {
-		errs = append(errs, t.cc.Close())
 	}
 	if t.dev != nil {
 		t.dev.release()

@@ -20,8 +20,8 @@ type transport interface {
 	// local memory and the peer's region.
 	postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error
 	regMem(size int, remoteWrite bool) (memory, error)
-	// poll fills cs with completions. With block it sleeps (in the
-	// netpoller) until at least one arrives or ctx ends.
+	// poll fills cs with completions. With block it sleeps (never in a C
+	// call) until at least one arrives or ctx ends.
 	poll(ctx context.Context, cs []completion, block bool) (int, error)
 	// shutdown moves the QP to the error state: every posted request
 	// completes as flushed, which wakes a blocked poll.

@@ -36,13 +36,30 @@ func cFree(p unsafe.Pointer) {
 
 // CompChannel is a completion channel: the file descriptor through which a
 // CQ's notifications arrive. Package verbs waits on it in the netpoller.
+//
+// A channel from NewCompChannel serves one CQ, which CQ.Wait sleeps on. A
+// channel from NewSharedCompChannel serves any number of CQs: one goroutine
+// reads their events with GetEvents and wakes whoever owns each CQ, so many
+// CQs cost one descriptor and one netpoller registration.
 type CompChannel struct {
 	l  lifecycle
 	c  *Context
 	ch *C.struct_ibv_comp_channel
 
 	bindMu sync.Mutex
-	cq     *CQ // the one CQ bound to this channel
+	cq     *CQ // the one CQ bound to this channel (not shared)
+
+	// A shared channel's reader state.
+	shared  bool
+	fd      *fdpoll.FD
+	waitSem chan struct{} // one GetEvents at a time
+	evMu    sync.Mutex
+	dead    bool              // set by Close: readEvents reads no more
+	cbuf    **C.struct_ibv_cq // C scratch for goxrc_get_any_cq_events
+	want    []*CQ             // the caller's slice during GetEvents
+	got     int
+	readErr error
+	read    func() bool // ch.readEvents, bound once so GetEvents does not allocate it
 }
 
 // NewCompChannel creates a completion channel. One channel serves one CQ.
@@ -59,8 +76,118 @@ func (c *Context) NewCompChannel() (*CompChannel, error) {
 	return &CompChannel{c: c, ch: ch}, nil
 }
 
-// Close destroys the channel; it fails with EBUSY while its CQ is open.
-// Close is idempotent.
+// NewSharedCompChannel creates a completion channel for any number of CQs.
+// CQ.Wait does not work on its CQs: read their events with GetEvents, and
+// arm each CQ with ReqNotify.
+func (c *Context) NewSharedCompChannel() (*CompChannel, error) {
+	ch, err := c.NewCompChannel()
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*CompChannel, error) {
+		C.ibv_destroy_comp_channel(ch.ch)
+		live.channels.Add(-1)
+		c.l.unref()
+		return nil, &OpError{Op: "ibv_create_comp_channel", Addr: c.name, Err: err}
+	}
+	ch.cbuf = (**C.struct_ibv_cq)(cAlloc(eventBatch, unsafe.Sizeof((*C.struct_ibv_cq)(nil))))
+	if ch.cbuf == nil {
+		return fail(syscall.ENOMEM)
+	}
+	fd, err := fdpoll.Open(int(C.goxrc_channel_fd(ch.ch)), c.name+" shared completion channel")
+	if err != nil {
+		cFree(unsafe.Pointer(ch.cbuf))
+		return fail(err)
+	}
+	ch.shared, ch.fd, ch.waitSem = true, fd, make(chan struct{}, 1)
+	ch.read = ch.readEvents
+	return ch, nil
+}
+
+// eventBatch bounds how many events one read of a shared channel takes.
+const eventBatch = 64
+
+// GetEvents waits until CQs of a shared channel have events, acknowledges
+// the events and stores the CQs in cqs (a CQ may appear more than once), and
+// returns how many it stored. Each CQ that had an event is disarmed until
+// its next ReqNotify. The wait sleeps in the netpoller; it returns ctx's
+// error when ctx ends first and ErrClosed once the channel is closed.
+// Concurrent calls take turns. With a context that can never end it does
+// not allocate.
+func (ch *CompChannel) GetEvents(ctx context.Context, cqs []*CQ) (int, error) {
+	if ch == nil || ch.ch == nil {
+		return 0, closedErr("get CQ events", "")
+	}
+	if !ch.shared {
+		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: &explained{syscall.EINVAL, "the channel serves one CQ: use CQ.Wait (or make it with NewSharedCompChannel)"}}
+	}
+	if len(cqs) == 0 {
+		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: &explained{syscall.EINVAL, "no room for CQs"}}
+	}
+	select {
+	case ch.waitSem <- struct{}{}:
+	case <-ctx.Done():
+		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: ctx.Err()}
+	}
+	defer func() { <-ch.waitSem }()
+	ch.want, ch.got = cqs, 0
+	err := ch.fd.Wait(ctx, ch.read)
+	n := ch.got
+	ch.want, ch.got = nil, 0
+	if ch.readErr != nil {
+		err, ch.readErr = ch.readErr, nil
+		return 0, &OpError{Op: "ibv_get_cq_event", Addr: ch.c.name, Err: err}
+	}
+	if err != nil {
+		if errors.Is(err, fdpoll.ErrClosed) {
+			return 0, closedErr("get CQ events", ch.c.name)
+		}
+		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: err}
+	}
+	if n == 0 { // the channel was closed under the read
+		return 0, closedErr("get CQ events", ch.c.name)
+	}
+	return n, nil
+}
+
+// readEvents reads queued events into ch.want and reports whether it has
+// any (or an error, or the channel died).
+func (ch *CompChannel) readEvents() bool {
+	ch.evMu.Lock()
+	defer ch.evMu.Unlock()
+	if ch.dead {
+		return true
+	}
+	for {
+		limit := min(len(ch.want)-ch.got, eventBatch)
+		n, err := C.goxrc_get_any_cq_events(ch.ch, ch.cbuf, C.int(limit))
+		if n < 0 {
+			ch.readErr = errnoOr(err, syscall.EIO)
+			return true
+		}
+		ch.c.regMu.Lock()
+		for _, p := range unsafe.Slice(ch.cbuf, int(n)) {
+			// A CQ closed since its event was queued is gone from the
+			// registry; its event is simply dropped.
+			if q := ch.c.cqs[p]; q != nil {
+				q.armed.Store(false)
+				ch.want[ch.got] = q
+				ch.got++
+			}
+		}
+		ch.c.regMu.Unlock()
+		if ch.got > 0 {
+			return true
+		}
+		if int(n) < limit {
+			return false // drained: sleep until the descriptor is readable
+		}
+	}
+}
+
+// Close destroys the channel, waking a GetEvents (which returns ErrClosed);
+// it fails with EBUSY while CQs on the channel are open. Close is
+// idempotent.
 func (ch *CompChannel) Close() error {
 	if ch == nil || ch.ch == nil {
 		return nil
@@ -69,11 +196,21 @@ func (ch *CompChannel) Close() error {
 	if already || err != nil {
 		return err
 	}
+	if ch.shared {
+		// Wakes the reader; after dead is set no read starts.
+		ch.fd.Close()
+		ch.evMu.Lock()
+		ch.dead = true
+		ch.evMu.Unlock()
+	}
 	if rc, cerr := C.ibv_destroy_comp_channel(ch.ch); rc != 0 {
 		ch.l.endClose(false)
 		return &OpError{Op: "ibv_destroy_comp_channel", Addr: ch.c.name, Err: rcErr(rc, cerr)}
 	}
 	ch.l.endClose(true)
+	if ch.shared {
+		cFree(unsafe.Pointer(ch.cbuf))
+	}
 	live.channels.Add(-1)
 	ch.c.l.unref()
 	return nil
@@ -135,7 +272,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 		}
 		ch.bindMu.Lock()
 		busy := ch.cq != nil
-		if !busy {
+		if !busy && !ch.shared {
 			ch.cq = q
 		}
 		ch.bindMu.Unlock()
@@ -147,10 +284,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 	}
 	unbind := func() {
 		if ch != nil {
-			ch.bindMu.Lock()
-			ch.cq = nil
-			ch.bindMu.Unlock()
-			ch.l.unref()
+			ch.unbind()
 		}
 	}
 	cq, err := C.ibv_create_cq(c.ctx, C.int(cqe), nil, cch, C.int(vector))
@@ -171,7 +305,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 		return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: syscall.ENOMEM})
 	}
 	q.out = unsafe.Slice(out, pollBatch)
-	if ch != nil {
+	if ch != nil && !ch.shared {
 		fd, err := fdpoll.Open(int(C.goxrc_channel_fd(cch)), q.tag+" channel")
 		if err != nil {
 			q.freeScratch(out)
@@ -320,7 +454,11 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 		return 0, closedErr("wait CQ", q.addr())
 	}
 	if q.fd == nil {
-		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: &explained{syscall.EINVAL, "CQ was created without a completion channel"}}
+		why := "CQ was created without a completion channel"
+		if q.ch != nil {
+			why = "the CQ's completion channel is shared: read its events with CompChannel.GetEvents"
+		}
+		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: &explained{syscall.EINVAL, why}}
 	}
 	if len(wcs) == 0 {
 		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: &explained{syscall.EINVAL, "no room for completions"}}
@@ -392,11 +530,18 @@ func (q *CQ) Close() error {
 	q.l.endClose(true)
 	live.cqs.Add(-1)
 	if q.ch != nil {
-		q.ch.bindMu.Lock()
-		q.ch.cq = nil
-		q.ch.bindMu.Unlock()
-		q.ch.l.unref()
+		q.ch.unbind()
 	}
 	q.c.l.unref()
 	return nil
+}
+
+// unbind forgets a CQ of the channel.
+func (ch *CompChannel) unbind() {
+	ch.bindMu.Lock()
+	if !ch.shared {
+		ch.cq = nil
+	}
+	ch.bindMu.Unlock()
+	ch.l.unref()
 }

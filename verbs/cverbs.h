@@ -167,6 +167,26 @@ static inline int goxrc_get_cq_events(struct ibv_comp_channel *ch, struct ibv_cq
 	}
 }
 
+// goxrc_get_any_cq_events reads up to n queued events of a non-blocking
+// channel that serves many CQs, acks each at once and stores its CQ in cqs.
+// It returns the number read (0 when none is queued), or -1 with errno set.
+// Acking at once means a CQ can be destroyed whatever its events' readers do.
+static inline int goxrc_get_any_cq_events(struct ibv_comp_channel *ch, struct ibv_cq **cqs, int n) {
+	int got = 0;
+	while (got < n) {
+		struct ibv_cq *cq;
+		void *cqctx;
+		if (ibv_get_cq_event(ch, &cq, &cqctx)) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return got;
+			return got ? got : -1;
+		}
+		ibv_ack_cq_events(cq, 1);
+		cqs[got++] = cq;
+	}
+	return got;
+}
+
 // goxrc_get_async reads one async event, copies it and acks it. Returns 1 when
 // an event was copied, 0 when none is queued, -1 on error.
 static inline int goxrc_get_async(struct ibv_context *ctx, struct goxrc_async *out) {

@@ -43,6 +43,9 @@ func (c *Context) AllocPD() (*PD, error)          { return nil, unsupported("ibv
 func (c *Context) NewCompChannel() (*CompChannel, error) {
 	return nil, unsupported("ibv_create_comp_channel")
 }
+func (c *Context) NewSharedCompChannel() (*CompChannel, error) {
+	return nil, unsupported("ibv_create_comp_channel")
+}
 func (c *Context) CreateCQ(int, *CompChannel, int) (*CQ, error) {
 	return nil, unsupported("ibv_create_cq")
 }
@@ -91,6 +94,9 @@ func (x *XRCD) Close() error { return nil }
 type CompChannel struct{}
 
 func (ch *CompChannel) Close() error { return nil }
+func (ch *CompChannel) GetEvents(context.Context, []*CQ) (int, error) {
+	return 0, unsupported("get CQ events")
+}
 
 // CQ is a completion queue.
 type CQ struct{}

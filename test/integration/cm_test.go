@@ -228,6 +228,52 @@ func TestCMConcurrentDials(t *testing.T) {
 	wg.Wait()
 }
 
+// TestCMBuffersFromPool: connections of one size share the device's
+// registered chunks instead of one registration each, and keep their data
+// apart.
+func TestCMBuffersFromPool(t *testing.T) {
+	const n = 8
+	opts := []cm.Option{cm.WithQueueDepth(2), cm.WithMessageSize(64)}
+	l, addr := cmListen(t, opts...)
+	ctx := cmCtx(t, 60*time.Second)
+	before := verbs.Counts().MRs
+	clients, servers := make([]*cm.Conn, n), make([]*cm.Conn, n)
+	defer func() {
+		// In parallel: each close waits for the CM's time-wait.
+		var wg sync.WaitGroup
+		for _, c := range append(clients, servers...) {
+			if c != nil {
+				wg.Add(1)
+				go func() { defer wg.Done(); c.Close() }()
+			}
+		}
+		wg.Wait()
+	}()
+	for i := range clients {
+		var err error
+		clients[i], err = cm.Dial(ctx, addr, opts...)
+		require.NoError(t, err)
+		servers[i], err = l.Accept(ctx)
+		require.NoError(t, err)
+	}
+	// Both sides of every pair ask for the same buffer size: one chunk
+	// serves all 2n of them.
+	require.LessOrEqual(t, verbs.Counts().MRs-before, int64(1), "registrations for %d connections", 2*n)
+	for i, c := range clients {
+		require.NoError(t, c.Send(ctx, []byte(fmt.Sprintf("to server %d", i))))
+		require.NoError(t, servers[i].Send(ctx, []byte(fmt.Sprintf("to client %d", i))))
+	}
+	buf := make([]byte, 64)
+	for i := range clients {
+		k, err := servers[i].Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("to server %d", i), string(buf[:k]))
+		k, err = clients[i].Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("to client %d", i), string(buf[:k]))
+	}
+}
+
 func TestCMListenerCloseWakesAccept(t *testing.T) {
 	l, _ := cmListen(t)
 	errc := make(chan error, 2)

@@ -220,13 +220,6 @@ const pairAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.Acce
 
 func newRCPair(t testing.TB, ctx *verbs.Context, srq *verbs.SRQ, pd *verbs.PD) *rcPair {
 	t.Helper()
-	ip := rxeIP(t)
-	gid := roceGID(t, ctx, ip)
-	pa, err := ctx.QueryPort(verbsPort)
-	require.NoError(t, err)
-	da, err := ctx.QueryDevice()
-	require.NoError(t, err)
-
 	p := &rcPair{ctx: ctx, pd: pd, wcs: make([]verbs.WorkCompletion, 64)}
 	ch, err := ctx.NewCompChannel()
 	require.NoError(t, err)
@@ -255,6 +248,22 @@ func newRCPair(t testing.TB, ctx *verbs.Context, srq *verbs.SRQ, pd *verbs.PD) *
 		return qp
 	}
 	p.a, p.b = mk(), mk()
+	connectRC(t, ctx, p.a, p.b)
+	_, caps, err := p.a.Query(verbs.QPAttrState)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, caps.MaxSendWR, uint32(64))
+	return p
+}
+
+// connectRC moves two RC QPs of ctx's device through RTR to RTS, each
+// connected to the other.
+func connectRC(t testing.TB, ctx *verbs.Context, a, b *verbs.QP) {
+	t.Helper()
+	gid := roceGID(t, ctx, rxeIP(t))
+	pa, err := ctx.QueryPort(verbsPort)
+	require.NoError(t, err)
+	da, err := ctx.QueryDevice()
+	require.NoError(t, err)
 	rd := uint8(min(da.MaxQPRdAtom, da.MaxQPInitRdAtom, 8))
 	connect := func(q *verbs.QP, dest uint32) {
 		attr := verbs.QPAttr{State: verbs.QPStateInit, PortNum: verbsPort, AccessFlags: pairAccess}
@@ -269,15 +278,97 @@ func newRCPair(t testing.TB, ctx *verbs.Context, srq *verbs.SRQ, pd *verbs.PD) *
 		attr = verbs.QPAttr{State: verbs.QPStateRTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxQPRdAtomic: rd}
 		require.NoError(t, q.Modify(&attr, verbs.RequiredMask(verbs.QPTypeRC, verbs.QPStateRTR, verbs.QPStateRTS)))
 	}
-	connect(p.a, p.b.Num())
-	connect(p.b, p.a.Num())
-	got, caps, err := p.a.Query(verbs.QPAttrState | verbs.QPAttrDestQPN | verbs.QPAttrPathMTU)
+	connect(a, b.Num())
+	connect(b, a.Num())
+	got, _, err := a.Query(verbs.QPAttrState | verbs.QPAttrDestQPN | verbs.QPAttrPathMTU)
 	require.NoError(t, err)
 	require.Equal(t, verbs.QPStateRTS, got.State)
-	require.Equal(t, p.b.Num(), got.DestQPNum)
+	require.Equal(t, b.Num(), got.DestQPNum)
 	require.Equal(t, pa.ActiveMTU, got.PathMTU)
-	require.GreaterOrEqual(t, caps.MaxSendWR, uint32(64))
-	return p
+}
+
+// TestVerbsSharedCompChannel: many CQs on one channel, whose events one
+// reader takes with GetEvents.
+func TestVerbsSharedCompChannel(t *testing.T) {
+	ctx := openRXE(t)
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	ch, err := ctx.NewSharedCompChannel()
+	require.NoError(t, err)
+	cleanupClose(t, ch)
+	cqA, err := ctx.CreateCQ(16, ch, 0)
+	require.NoError(t, err)
+	cqB, err := ctx.CreateCQ(16, ch, 0)
+	require.NoError(t, err, "a shared channel takes many CQs")
+	_, err = cqA.Wait(context.Background(), make([]verbs.WorkCompletion, 1))
+	require.ErrorIs(t, err, syscall.EINVAL, "CQ.Wait on a shared channel")
+	require.ErrorIs(t, ch.Close(), syscall.EBUSY, "CQs still open")
+	private, err := ctx.NewCompChannel()
+	require.NoError(t, err)
+	_, err = private.GetEvents(context.Background(), make([]*verbs.CQ, 1))
+	require.ErrorIs(t, err, syscall.EINVAL, "GetEvents on a one-CQ channel")
+	require.NoError(t, private.Close())
+
+	mr, err := pd.RegMR(4096, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	cleanupClose(t, mr)
+	mk := func(cq *verbs.CQ) *verbs.QP {
+		qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+			Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		require.NoError(t, err)
+		return qp
+	}
+	a, b := mk(cqA), mk(cqB)
+	connectRC(t, ctx, a, b)
+
+	// Nothing armed, nothing queued: the wait ends with the context.
+	cqs := make([]*verbs.CQ, 4)
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = ch.GetEvents(short, cqs)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	require.NoError(t, cqA.ReqNotify(false))
+	require.NoError(t, cqB.ReqNotify(false))
+	require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
+	require.NoError(t, a.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
+	seen := map[*verbs.CQ]bool{}
+	wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for len(seen) < 2 {
+		n, err := ch.GetEvents(wait, cqs)
+		require.NoError(t, err)
+		for _, q := range cqs[:n] {
+			require.True(t, q == cqA || q == cqB, "an event names one of the channel's CQs")
+			seen[q] = true
+		}
+	}
+	wcs := make([]verbs.WorkCompletion, 4)
+	for id, q := range map[uint64]*verbs.CQ{2: cqA, 1: cqB} {
+		n, err := q.Poll(wcs)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, id, wcs[0].WRID)
+		require.NoError(t, wcs[0].Err())
+	}
+
+	// Close wakes a reader.
+	errc := make(chan error, 1)
+	go func() {
+		_, err := ch.GetEvents(context.Background(), cqs)
+		errc <- err
+	}()
+	for _, c := range []interface{ Close() error }{a, b, cqA, cqB, ch} {
+		require.NoError(t, c.Close())
+	}
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, verbs.ErrClosed)
+	case <-time.After(10 * time.Second):
+		t.Fatal("GetEvents still waiting after Close")
+	}
 }
 
 // collect waits for exactly n completions, all successful.
