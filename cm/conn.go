@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,15 @@ import (
 // microseconds, more under emulation); sleeping after it keeps idle
 // connections free. WithBusyPoll changes it.
 const DefaultBusyPoll = 200 * time.Microsecond
+
+// spinYield is how long the polling leader spins before it yields its
+// thread to the Go scheduler. A goroutine that never blocks is preempted
+// by the runtime after 10 ms; when that lands inside a cgo call the
+// runtime also takes the P away and hands it to another thread, and its
+// monitor thread then wakes every 20 us for a while: on a machine with
+// few cores, each wake-up takes the core from a poller. Yielding first
+// avoids all of that for the cost of one scheduling round.
+const spinYield = 2 * time.Millisecond
 
 // Conn is an established RDMA connection carrying messages. Send and Recv
 // may be called from different goroutines at once; each serialises its own
@@ -78,7 +88,8 @@ type Conn struct {
 	rdmaDone    bool
 	rdmaErr     error
 	cbuf        []completion
-	deferred    []int // receive slots consumed, waiting to be reposted
+	deferred    []int     // receive slots consumed, waiting to be reposted
+	lastYield   time.Time // the leader's last yield (spinYield)
 
 	stats connStats
 }
@@ -525,8 +536,15 @@ func (c *Conn) progress(ctx context.Context) error {
 		start := time.Now()
 		for i := 1; n == 0 && err == nil; i++ {
 			// Reading the clock costs more than a poll: look every 32.
-			if i%32 == 0 && time.Since(start) > c.busyPoll {
-				break
+			if i%32 == 0 {
+				now := time.Now()
+				if now.Sub(start) > c.busyPoll {
+					break
+				}
+				if now.Sub(c.lastYield) > spinYield {
+					c.lastYield = now
+					runtime.Gosched()
+				}
 			}
 			n, err = c.t.poll(ctx, c.cbuf, false)
 		}
