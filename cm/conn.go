@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,15 @@ import (
 // microseconds, more under emulation); sleeping after it keeps idle
 // connections free. WithBusyPoll changes it.
 const DefaultBusyPoll = 200 * time.Microsecond
+
+// spinYield is how long the polling leader spins before it yields its
+// thread to the Go scheduler. A goroutine that never blocks is preempted
+// by the runtime after 10 ms; when that lands inside a cgo call the
+// runtime also takes the P away and hands it to another thread, and its
+// monitor thread then wakes every 20 us for a while: on a machine with
+// few cores, each wake-up takes the core from a poller. Yielding first
+// avoids all of that for the cost of one scheduling round.
+const spinYield = 2 * time.Millisecond
 
 // Conn is an established RDMA connection carrying messages. Send and Recv
 // may be called from different goroutines at once; each serialises its own
@@ -46,10 +56,15 @@ type Conn struct {
 	releaseOnce sync.Once
 	releaseErr  error
 
-	sendMu sync.Mutex // serialises senders
-	recvMu sync.Mutex // serialises receivers
-	postMu sync.Mutex // orders sequence numbers with posts
-	rdmaMu sync.Mutex // one one-sided operation at a time
+	sendMu   sync.Mutex // serialises senders
+	recvMu   sync.Mutex // serialises receivers
+	postMu   sync.Mutex // orders sequence numbers with posts
+	rdmaMu   sync.Mutex // one one-sided operation at a time
+	repostMu sync.Mutex // one batch of receive reposts at a time; owns flushBuf
+	flushBuf []int
+
+	sigEvery  int // a send is signaled at least once in this many (see postFrame)
+	recvBatch int // receive buffers are reposted in chains of this many (see recycle)
 
 	ioMu     sync.RWMutex // see io
 	released bool
@@ -61,7 +76,9 @@ type Conn struct {
 	sendSeq     uint16
 	recvSeq     uint16
 	freeSend    []int
-	ready       ring
+	inFlight    ring[int] // send slots posted and not yet completed, in post order
+	unsignaled  int       // sends posted since the last signaled one
+	ready       ring[readyMsg]
 	polling     bool
 	waiters     int           // goroutines waiting for the leader's round
 	wake        chan struct{} // one token per waiter at the end of a round
@@ -72,7 +89,8 @@ type Conn struct {
 	rdmaDone    bool
 	rdmaErr     error
 	cbuf        []completion
-	repost      []int
+	deferred    []int     // receive slots consumed, waiting to be reposted
+	lastYield   time.Time // the leader's last yield (spinYield)
 
 	stats connStats
 }
@@ -86,23 +104,26 @@ type readyMsg struct {
 	hasImm bool
 }
 
-// ring is a fixed-capacity FIFO, so queueing a message never allocates.
-type ring struct {
-	buf        []readyMsg
+// ring is a fixed-capacity FIFO, so queueing never allocates.
+type ring[T any] struct {
+	buf        []T
 	head, size int
 }
 
-func (r *ring) push(m readyMsg) {
-	r.buf[(r.head+r.size)%len(r.buf)] = m
+func (r *ring[T]) push(v T) {
+	r.buf[(r.head+r.size)%len(r.buf)] = v
 	r.size++
 }
 
-func (r *ring) pop() readyMsg {
-	m := r.buf[r.head]
+func (r *ring[T]) pop() T {
+	v := r.buf[r.head]
 	r.head = (r.head + 1) % len(r.buf)
 	r.size--
-	return m
+	return v
 }
+
+// dropLast takes back the most recent push.
+func (r *ring[T]) dropLast() { r.size-- }
 
 type connParams struct {
 	raw       bool
@@ -126,12 +147,16 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		recvSlots: p.recvSlots, timeout: p.timeout, busyPoll: p.busyPoll, keepalive: p.keepalive,
 		credits:  p.peerSlots,
 		freeSend: make([]int, 0, p.sendSlots),
-		ready:    ring{buf: make([]readyMsg, p.recvSlots)},
+		ready:    ring[readyMsg]{buf: make([]readyMsg, p.recvSlots)},
 		cbuf:     make([]completion, p.sendSlots+p.recvSlots+1),
 		// At most one Send, one Recv, one one-sided operation and Close
 		// wait at a time (each serialises its callers).
-		wake:   make(chan struct{}, 8),
-		repost: make([]int, 0, p.recvSlots),
+		wake:      make(chan struct{}, 8),
+		inFlight:  ring[int]{buf: make([]int, p.sendSlots)},
+		deferred:  make([]int, 0, p.recvSlots),
+		flushBuf:  make([]int, 0, p.recvSlots),
+		sigEvery:  sigInterval(p.sendSlots, p.raw),
+		recvBatch: repostBatch(p.recvSlots),
 	}
 	if c.log == nil {
 		c.log = func(string, ...any) {}
@@ -143,12 +168,31 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 }
 
 func (c *Conn) postAllRecvs() error {
+	slots := c.flushBuf[:0]
 	for i := 0; i < c.recvSlots; i++ {
-		if err := c.t.postRecv(i); err != nil {
-			return err
-		}
+		slots = append(slots, i)
 	}
-	return nil
+	return c.t.postRecvs(slots)
+}
+
+// sigInterval is how many sends share one signaled completion. A signaled
+// send's completion frees every slot posted before it (an RC queue pair
+// completes in order), so fewer completions are polled and handled. A send
+// that takes the last free slot is always signaled, so a sender out of slots
+// always has a completion to wait for. Raw connections signal every send:
+// without a closing frame, nothing would complete the last unsignaled ones.
+func sigInterval(sendSlots int, raw bool) int {
+	if raw {
+		return 1
+	}
+	return max(1, sendSlots/4)
+}
+
+// repostBatch is how many consumed receive buffers are reposted in one
+// chain. It stays well below the credit return threshold (half the
+// buffers); a starved peer gets its buffers back at once (recycle).
+func repostBatch(recvSlots int) int {
+	return max(1, recvSlots/4)
 }
 
 // LocalAddr returns the local address.
@@ -249,6 +293,13 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 	}
 	slot := c.freeSend[len(c.freeSend)-1]
 	c.freeSend = c.freeSend[:len(c.freeSend)-1]
+	c.inFlight.push(slot)
+	c.unsignaled++
+	// Control frames are signaled: Close's drain waits for the FIN's.
+	signaled := kind != frameData || c.unsignaled >= c.sigEvery || len(c.freeSend) == 0
+	if signaled {
+		c.unsignaled = 0
+	}
 	var h frameHeader
 	if !c.raw {
 		c.credits--
@@ -279,8 +330,9 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 		imm, hasImm = h.imm(), true
 	}
 	c.lastPost.Store(int64(time.Since(epoch)))
-	if err := c.t.postSend(slot, n, imm, hasImm); err != nil {
+	if err := c.t.postSend(slot, n, imm, hasImm, signaled); err != nil {
 		c.mu.Lock()
+		c.inFlight.dropLast() // postMu is held: nothing was pushed after it
 		c.freeSend = append(c.freeSend, slot)
 		c.mu.Unlock()
 		c.fail(fmt.Errorf("%w: post send: %w", ErrPeerGone, err))
@@ -402,7 +454,7 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	copy(buf, c.t.recvBuf(m.slot)[m.off:m.off+m.n])
 	c.stats.msgsRecv.Add(1)
 	c.stats.bytesRecv.Add(uint64(m.n))
-	err := c.repostRecv(m.slot)
+	err := c.recycle(m.slot)
 	c.ioDone()
 	if err == nil { // else the message is good; the next call reports the failure
 		c.returnCredits()
@@ -424,13 +476,38 @@ func (c *Conn) io() bool {
 
 func (c *Conn) ioDone() { c.ioMu.RUnlock() }
 
-func (c *Conn) repostRecv(slot int) error {
-	if err := c.t.postRecv(slot); err != nil {
+// recycle queues a consumed receive buffer for reposting and reposts the
+// queue as one chain once it holds recvBatch buffers, or at once when the
+// peer has said it is out of credit. The caller holds io.
+func (c *Conn) recycle(slot int) error {
+	c.mu.Lock()
+	c.deferred = append(c.deferred, slot)
+	flush := len(c.deferred) >= c.recvBatch || c.peerStarved
+	c.mu.Unlock()
+	if !flush {
+		return nil
+	}
+	return c.flushRecvs()
+}
+
+// flushRecvs reposts every queued receive buffer in one chain; they count
+// as credits for the peer from then on. The caller holds io.
+func (c *Conn) flushRecvs() error {
+	c.repostMu.Lock()
+	defer c.repostMu.Unlock()
+	c.mu.Lock()
+	slots := append(c.flushBuf[:0], c.deferred...)
+	c.deferred = c.deferred[:0]
+	c.mu.Unlock()
+	if len(slots) == 0 {
+		return nil
+	}
+	if err := c.t.postRecvs(slots); err != nil {
 		c.fail(fmt.Errorf("%w: post receive: %w", ErrPeerGone, err))
 		return err
 	}
 	c.mu.Lock()
-	c.pending++
+	c.pending += len(slots)
 	c.mu.Unlock()
 	return nil
 }
@@ -460,8 +537,15 @@ func (c *Conn) progress(ctx context.Context) error {
 		start := time.Now()
 		for i := 1; n == 0 && err == nil; i++ {
 			// Reading the clock costs more than a poll: look every 32.
-			if i%32 == 0 && time.Since(start) > c.busyPoll {
-				break
+			if i%32 == 0 {
+				now := time.Now()
+				if now.Sub(start) > c.busyPoll {
+					break
+				}
+				if now.Sub(c.lastYield) > spinYield {
+					c.lastYield = now
+					runtime.Gosched()
+				}
 			}
 			n, err = c.t.poll(ctx, c.cbuf, false)
 		}
@@ -470,22 +554,22 @@ func (c *Conn) progress(ctx context.Context) error {
 		n, err = c.t.poll(ctx, c.cbuf, true)
 	}
 
-	c.repost = c.repost[:0]
+	reposted := false
 	if n > 0 && c.io() {
 		c.mu.Lock()
+		before := len(c.deferred)
 		for i := 0; i < n; i++ {
 			c.handle(&c.cbuf[i])
 		}
+		// A control frame's buffer goes back at once, as do all queued
+		// ones when the peer is out of credit.
+		reposted = len(c.deferred) > before || (c.peerStarved && len(c.deferred) > 0)
 		c.mu.Unlock()
-		// Still the leader: c.repost is ours until polling is cleared.
-		for _, slot := range c.repost {
-			if c.repostRecv(slot) != nil {
-				break
-			}
+		if reposted {
+			c.flushRecvs()
 		}
 		c.ioDone()
 	}
-	reposted := len(c.repost) > 0
 	c.mu.Lock()
 	c.polling = false
 	for ; c.waiters > 0; c.waiters-- {
@@ -518,7 +602,15 @@ func isWaitEnd(err error) bool {
 func (c *Conn) handle(wc *completion) {
 	switch wc.op {
 	case compSend:
-		c.freeSend = append(c.freeSend, wc.slot)
+		// Sends complete in post order: this completion is also that of
+		// every unsignaled send posted before it.
+		for c.inFlight.size > 0 {
+			s := c.inFlight.pop()
+			c.freeSend = append(c.freeSend, s)
+			if s == wc.slot {
+				break
+			}
+		}
 		if wc.err != nil {
 			c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, wc.err))
 		}
@@ -568,9 +660,9 @@ func (c *Conn) handle(wc *completion) {
 			c.ready.push(m)
 		case frameFin:
 			c.peerFin = true
-			c.repost = append(c.repost, wc.slot)
+			c.deferred = append(c.deferred, wc.slot)
 		default:
-			c.repost = append(c.repost, wc.slot)
+			c.deferred = append(c.deferred, wc.slot)
 		}
 	}
 }

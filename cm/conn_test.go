@@ -352,3 +352,108 @@ func TestConnEarlyDeadlineLeavesConnUsable(t *testing.T) {
 	require.NoError(t, err, "the connection survives a wait that ended early")
 	require.Equal(t, "after", string(buf[:n]))
 }
+
+// Sends are signaled once in a few: one completion frees every slot posted
+// before it. Every slot must come back (the sender would stall otherwise)
+// and none may be reused before a completion covers it (the fake counts
+// that, checked in fakePair's cleanup).
+func TestConnSelectiveSignalingFreesSlotsInOrder(t *testing.T) {
+	for _, depth := range []int{2, 3, 8, 64} {
+		t.Run("", func(t *testing.T) {
+			a, b, w := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+			ctx := ctxT(t)
+			const count = 2000
+			errc := make(chan error, 1)
+			go func() {
+				buf := make([]byte, 256)
+				for i := 0; i < count; i++ {
+					if i%300 == 0 {
+						time.Sleep(2 * time.Millisecond) // let the sender run out of slots
+					}
+					n, err := b.Recv(ctx, buf)
+					if err != nil {
+						errc <- err
+						return
+					}
+					if n != 3 || buf[0] != byte(i) || buf[1] != byte(i>>8) {
+						errc <- errors.New("out of order or corrupt")
+						return
+					}
+				}
+				errc <- nil
+			}()
+			for i := 0; i < count; i++ {
+				require.NoError(t, a.Send(ctx, []byte{byte(i), byte(i >> 8), 0}))
+			}
+			require.NoError(t, <-errc)
+			require.NoError(t, a.Close())
+
+			w.mu.Lock()
+			sends, signaled := w.ends[0].sends, w.ends[0].signaled
+			w.mu.Unlock()
+			a.mu.Lock()
+			free, inFlight := len(a.freeSend), a.inFlight.size
+			a.mu.Unlock()
+			require.Equal(t, cap(a.freeSend), free, "every send slot is free after Close")
+			require.Zero(t, inFlight)
+			if a.sigEvery > 1 {
+				require.Less(t, signaled, sends*3/4, "sends share completions")
+			}
+		})
+	}
+}
+
+// The last free slot's send is signaled even when the interval is not
+// reached, so a sender that used every slot has a completion to wait for.
+func TestConnSignalsTheLastFreeSlot(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{depth: [2]int{64, 64}})
+	ctx := ctxT(t)
+	slots := cap(a.freeSend)
+	a.sigEvery = slots * 2 // the interval alone would never signal
+	buf := make([]byte, 256)
+	for i := 0; i < 3*slots; i++ { // ping-pong: credits never run out
+		require.NoError(t, a.Send(ctx, []byte{byte(i)}))
+		_, err := b.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.NoError(t, b.Send(ctx, []byte{byte(i)}))
+		_, err = a.Recv(ctx, buf)
+		require.NoError(t, err)
+	}
+	w.mu.Lock()
+	signaled := w.ends[0].signaled
+	w.mu.Unlock()
+	require.Equal(t, 3, signaled, "one completion per round of all slots")
+}
+
+// Consumed receive buffers go back to the device in chains, not one post
+// each, and the credits they stand for still reach a sender that waits.
+func TestConnRecvRepostsAreBatched(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{depth: [2]int{64, 64}})
+	ctx := ctxT(t)
+	require.Greater(t, b.recvBatch, 1)
+	const count = 1000
+	errc := make(chan error, 1)
+	go func() {
+		for i := 0; i < count; i++ {
+			if err := a.Send(ctx, []byte{byte(i)}); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	buf := make([]byte, 256)
+	for i := 0; i < count; i++ {
+		n, err := b.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, []byte{byte(i)}, buf[:n])
+	}
+	require.NoError(t, <-errc)
+	w.mu.Lock()
+	posts := w.ends[1].recvPosts
+	w.mu.Unlock()
+	// One post of all buffers at the start, then about one per batch
+	// (starvation flushes add a few).
+	require.Less(t, posts, 1+2*count/b.recvBatch)
+	require.Greater(t, posts, count/b.recvBatch/2)
+}

@@ -34,6 +34,14 @@ type fakeEnd struct {
 	corrupt   func(imm uint32) uint32 // tampers with the next frame header this end sends
 	pollErr   error                   // the next blocking poll fails with it, once
 	postFails bool
+	sends     int // sends posted
+	signaled  int // of them signaled (or failed), so completing
+	recvPosts int // postRecvs calls
+	// Send slots posted and not yet covered by a completion the Conn has
+	// polled, in post order: reusing one of them would overwrite a buffer
+	// the device may still read.
+	busy   []int
+	reused int
 }
 
 func newFakeWire(sendSlots, recvSlots [2]int, size [2]int) *fakeWire {
@@ -66,7 +74,7 @@ func (e *fakeEnd) recvBuf(slot int) []byte { return e.recvBufs[slot] }
 var errFakeFlushed = errors.New("fake: work request flushed")
 var errFakeRNR = errors.New("fake: receiver not ready")
 
-func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm bool) error {
+func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm, signaled bool) error {
 	e.w.mu.Lock()
 	defer e.w.mu.Unlock()
 	if e.shut || e.postFails {
@@ -91,18 +99,29 @@ func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm bool) error {
 		p.cq = append(p.cq, completion{op: compRecv, slot: r, n: n, imm: imm, hasImm: hasImm})
 		p.signal()
 	}
-	e.cq = append(e.cq, completion{op: compSend, slot: slot, err: err})
-	e.signal()
+	for _, b := range e.busy {
+		if b == slot {
+			e.reused++
+		}
+	}
+	e.busy = append(e.busy, slot)
+	e.sends++
+	if signaled || err != nil { // a failed send completes even unsignaled
+		e.signaled++
+		e.cq = append(e.cq, completion{op: compSend, slot: slot, err: err})
+		e.signal()
+	}
 	return nil
 }
 
-func (e *fakeEnd) postRecv(slot int) error {
+func (e *fakeEnd) postRecvs(slots []int) error {
 	e.w.mu.Lock()
 	defer e.w.mu.Unlock()
 	if e.shut {
 		return errors.New("fake: QP in error state")
 	}
-	e.posted = append(e.posted, slot)
+	e.posted = append(e.posted, slots...)
+	e.recvPosts++
 	return nil
 }
 
@@ -156,6 +175,18 @@ func (e *fakeEnd) poll(ctx context.Context, cs []completion, block bool) (int, e
 		e.w.mu.Lock()
 		n := copy(cs, e.cq)
 		e.cq = append(e.cq[:0], e.cq[n:]...)
+		for _, c := range cs[:n] {
+			if c.op != compSend {
+				continue
+			}
+			// In order: this completion covers every send posted before.
+			for i, b := range e.busy {
+				if b == c.slot {
+					e.busy = append(e.busy[:0], e.busy[i+1:]...)
+					break
+				}
+			}
+		}
 		e.w.mu.Unlock()
 		if n > 0 || !block {
 			return n, nil
@@ -259,6 +290,11 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 		defer w.mu.Unlock()
 		if w.rnr != 0 {
 			t.Errorf("%d sends found no receive buffer: flow control failed", w.rnr)
+		}
+		for _, e := range w.ends {
+			if e.reused != 0 {
+				t.Errorf("side %d: %d sends reused a slot whose send had not completed", e.side, e.reused)
+			}
 		}
 	})
 	return conns[0], conns[1], w

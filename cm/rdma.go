@@ -39,8 +39,8 @@ type rdmaTransport struct {
 	sendWR  [1]verbs.SendWR // posts are serialised by the Conn's postMu
 	sendSGE [1]verbs.SGE
 	recvMu  sync.Mutex
-	recvWR  [1]verbs.RecvWR
-	recvSGE [1]verbs.SGE
+	recvWR  []verbs.RecvWR // one chain of up to recvSlots
+	recvSGE []verbs.SGE
 	wcs     []verbs.WorkCompletion // the polling leader's
 
 	mu           sync.Mutex // guards the QP's life against shutdown
@@ -264,6 +264,7 @@ func newRDMATransport(id *rdmacm.ID, sendSlots, recvSlots, sendSize, recvSize, i
 		id: id, sendSlots: sendSlots, recvSlots: recvSlots,
 		sendSize: sendSize, recvSize: recvSize,
 		events: make(chan struct{}), disconnected: make(chan struct{}),
+		recvWR: make([]verbs.RecvWR, recvSlots), recvSGE: make([]verbs.SGE, recvSlots),
 	}
 	defer func() {
 		if err != nil {
@@ -339,9 +340,12 @@ func (t *rdmaTransport) recvBuf(slot int) []byte {
 	return t.mem.buf[off : off+t.recvSize : off+t.recvSize]
 }
 
-func (t *rdmaTransport) postSend(slot, n int, imm uint32, hasImm bool) error {
+func (t *rdmaTransport) postSend(slot, n int, imm uint32, hasImm, signaled bool) error {
 	wr := &t.sendWR[0]
-	*wr = verbs.SendWR{ID: sendWRTag | uint64(slot), Opcode: verbs.WRSend, Flags: verbs.SendSignaled, Imm: imm}
+	*wr = verbs.SendWR{ID: sendWRTag | uint64(slot), Opcode: verbs.WRSend, Imm: imm}
+	if signaled {
+		wr.Flags = verbs.SendSignaled
+	}
 	if hasImm {
 		wr.Opcode = verbs.WRSendWithImm
 	}
@@ -354,12 +358,21 @@ func (t *rdmaTransport) postSend(slot, n int, imm uint32, hasImm bool) error {
 	return t.qp.PostSend(t.sendWR[:])
 }
 
-func (t *rdmaTransport) postRecv(slot int) error {
+func (t *rdmaTransport) postRecvs(slots []int) error {
 	t.recvMu.Lock()
 	defer t.recvMu.Unlock()
-	t.recvSGE[0] = t.mem.sge(t.sendSlots*t.sendSize+slot*t.recvSize, t.recvSize)
-	t.recvWR[0] = verbs.RecvWR{ID: uint64(slot), SGL: t.recvSGE[:]}
-	return t.qp.PostRecv(t.recvWR[:])
+	for len(slots) > 0 {
+		k := min(len(slots), len(t.recvWR))
+		for i, slot := range slots[:k] {
+			t.recvSGE[i] = t.mem.sge(t.sendSlots*t.sendSize+slot*t.recvSize, t.recvSize)
+			t.recvWR[i] = verbs.RecvWR{ID: uint64(slot), SGL: t.recvSGE[i : i+1]}
+		}
+		if err := t.qp.PostRecv(t.recvWR[:k]); err != nil {
+			return err
+		}
+		slots = slots[k:]
+	}
+	return nil
 }
 
 type rdmaMem struct{ mr *verbs.MR }

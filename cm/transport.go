@@ -13,9 +13,12 @@ import (
 type transport interface {
 	sendBuf(slot int) []byte
 	recvBuf(slot int) []byte
-	// postSend sends n bytes of send slot slot, signaled.
-	postSend(slot, n int, imm uint32, hasImm bool) error
-	postRecv(slot int) error
+	// postSend sends n bytes of send slot slot. An unsignaled send makes
+	// no completion of its own unless it fails; a later signaled one's
+	// completion covers it.
+	postSend(slot, n int, imm uint32, hasImm, signaled bool) error
+	// postRecvs posts the receive slots, in order, as one chain.
+	postRecvs(slots []int) error
 	// postRDMA posts a signaled RDMA write (or read) of n bytes between
 	// local memory and the peer's region.
 	postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error

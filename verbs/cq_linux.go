@@ -362,7 +362,7 @@ func (q *CQ) poll(wcs []WorkCompletion) (int, error) {
 		return 0, nil
 	}
 	q.pollMu.Lock()
-	got := int(C.goxrc_poll(q.cq, C.int(n), q.tmp, &q.out[0]))
+	got := int(C.goxrc_poll(C.uintptr_t(uintptr(unsafe.Pointer(q.cq))), C.int(n), q.tmp, &q.out[0]))
 	for i := 0; i < got; i++ {
 		o := &q.out[i]
 		wcs[i] = WorkCompletion{
