@@ -270,6 +270,12 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 // is free and the credit is there; postMu keeps sequence order equal to post
 // order.
 func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) error {
+	return c.postFrameProbe(kind, p, imm, hasImm, false)
+}
+
+// postFrameProbe is postFrame; probe sends a credit frame even with no
+// credits to return (a keepalive).
+func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, probe bool) error {
 	c.postMu.Lock()
 	defer c.postMu.Unlock()
 	if !c.io() {
@@ -286,8 +292,9 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 	if kind == frameData && !c.raw {
 		need = 2
 	}
-	if len(c.freeSend) == 0 || (!c.raw && c.credits < need) {
-		// Another poster took what the caller saw.
+	if len(c.freeSend) == 0 || (!c.raw && c.credits < need) || (kind == frameCredit && c.pending == 0 && !probe) {
+		// Another poster took what the caller saw (or, for a credit
+		// return, already carried the credits).
 		c.mu.Unlock()
 		return errNoRoom
 	}
@@ -371,7 +378,7 @@ func (c *Conn) startKeepalive() {
 			c.mu.Lock()
 			ok := c.err == nil && !c.closing && c.credits >= 2 && len(c.freeSend) > 0
 			c.mu.Unlock()
-			if ok && c.postFrame(frameCredit, nil, 0, false) == nil {
+			if ok && c.postFrameProbe(frameCredit, nil, 0, false, true) == nil {
 				c.stats.keepalives.Add(1)
 			}
 		}
@@ -379,8 +386,11 @@ func (c *Conn) startKeepalive() {
 }
 
 // returnCredits sends a credit frame when the peer is starved or half our
-// receive buffers wait to be returned. It never blocks: if a post is under
-// way, that post (or the next round) carries the credits.
+// receive buffers wait to be returned. It waits at most for a post under
+// way (posts do not block), then checks again: that post may have carried
+// the credits. Skipping while another post held the lock lost credits when
+// that post had read them before the repost (both sides then waited for
+// each other: TestConnBidirectionalFloodNoDeadlock hung now and then).
 func (c *Conn) returnCredits() {
 	if c.raw {
 		return
@@ -389,10 +399,11 @@ func (c *Conn) returnCredits() {
 	want := c.err == nil && c.pending > 0 && (c.peerStarved || c.pending >= c.recvSlots/2) &&
 		c.credits >= 1 && len(c.freeSend) > 0
 	c.mu.Unlock()
-	if !want || !c.postMu.TryLock() {
+	if !want {
 		return
 	}
-	c.postMu.Unlock()
+	// postFrame checks again under its locks: a frame posted meanwhile may
+	// have carried the credits already.
 	if err := c.postFrame(frameCredit, nil, 0, false); err == nil {
 		c.stats.creditFrames.Add(1)
 	}
@@ -579,7 +590,9 @@ func (c *Conn) progress(ctx context.Context) error {
 		}
 	}
 	c.mu.Unlock()
-	if reposted {
+	if n > 0 {
+		// Reposted buffers are credits to return; a freed send slot may
+		// let a return go out that earlier found none.
 		c.returnCredits()
 	}
 	if err != nil && !isWaitEnd(err) {

@@ -121,6 +121,13 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 	check := func(when string) {
 		cs, ss := cli.Stats(), srv.Stats()
 		ini, tgt := xrc.BenchHybridNodeQPs(ip)
+		// The acceptor's reverse uplink comes up a moment after the
+		// dialer's Dial returns: give the counts a little time.
+		for deadline := time.Now().Add(5 * time.Second); (cs.Uplinks != 1 || ss.Uplinks != 1) && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+			cs, ss = cli.Stats(), srv.Stats()
+			ini, tgt = xrc.BenchHybridNodeQPs(ip)
+		}
 		if cs.Uplinks != 1 || ss.Uplinks != 1 || ini != ini0 || tgt != tgt0 {
 			b.Fatalf("%s: uplinks client %d server %d, node QPs %d INI + %d TGT (after warm-up %d + %d): not the SIDR-only path",
 				when, cs.Uplinks, ss.Uplinks, ini, tgt, ini0, tgt0)
