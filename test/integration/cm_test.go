@@ -438,7 +438,9 @@ func TestCMWithDevice(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	require.Equal(t, addr, l.Addr().(cm.Addr).Addr())
+	served := make(chan struct{})
 	go func() {
+		defer close(served)
 		if c, err := l.Accept(ctx); err == nil {
 			c.Close()
 		}
@@ -446,6 +448,8 @@ func TestCMWithDevice(t *testing.T) {
 	c, err := cm.Dial(ctx, l.Addr().String(), cm.WithDevice(dev))
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
+	// The server's Close too: later tests start from no verbs objects.
+	<-served
 	_, err = cm.Dial(ctx, l.Addr().String(), cm.WithDevice("nosuchdev0"))
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "nosuchdev0")
