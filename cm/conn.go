@@ -24,14 +24,23 @@ import (
 // connections free. WithBusyPoll changes it.
 const DefaultBusyPoll = 200 * time.Microsecond
 
-// spinYield is how long the polling leader spins before it yields its
-// thread to the Go scheduler. A goroutine that never blocks is preempted
-// by the runtime after 10 ms; when that lands inside a cgo call the
-// runtime also takes the P away and hands it to another thread, and its
-// monitor thread then wakes every 20 us for a while: on a machine with
-// few cores, each wake-up takes the core from a poller. Yielding first
-// avoids all of that for the cost of one scheduling round.
-const spinYield = 2 * time.Millisecond
+// spinSlice bounds one C call of a busy poll. The spin runs inside C
+// (verbs.CQ.PollSpin): a goroutine spinning in Go with a cgo call per poll
+// is preempted by the runtime every 10 ms and, yielding to avoid that, it
+// woke other threads of the process, which on a machine with few cores took
+// the core from a poller. Between slices the loop checks ctx; Close waits
+// at most a slice for the poll under way.
+const spinSlice = 50 * time.Microsecond
+
+// spinYield is how often a busy connection yields its thread. The runtime
+// forces a reschedule on a goroutine that kept its scheduling tick for
+// 10 ms; a goroutine that only polls, posts and copies (cgo calls, no
+// blocking) is never rescheduled otherwise, so its tick never moves, and
+// the runtime's monitor then takes its P away during a post on every one of
+// its 20 us wake-ups, each a thread wake-up. Measured in the VM: one
+// monitor wake-up per message, a core's worth of CPU. Yielding moves the
+// tick and lets the monitor sleep.
+const spinYield = 4 * time.Millisecond
 
 // Conn is an established RDMA connection carrying messages. Send and Recv
 // may be called from different goroutines at once; each serialises its own
@@ -52,6 +61,7 @@ type Conn struct {
 	busyPoll    time.Duration
 	keepalive   time.Duration
 	lastPost    atomic.Int64  // monotonic nanoseconds of the last frame posted
+	lastYield   atomic.Int64  // monotonic nanoseconds of the last yield (spinYield)
 	kaStop      chan struct{} // closed by Close: ends the keepalive loop
 	releaseOnce sync.Once
 	releaseErr  error
@@ -89,8 +99,7 @@ type Conn struct {
 	rdmaDone    bool
 	rdmaErr     error
 	cbuf        []completion
-	deferred    []int     // receive slots consumed, waiting to be reposted
-	lastYield   time.Time // the leader's last yield (spinYield)
+	deferred    []int // receive slots consumed, waiting to be reposted
 
 	stats connStats
 }
@@ -262,7 +271,18 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 	c.stats.msgsSent.Add(1)
 	c.stats.bytesSent.Add(uint64(len(p)))
 	c.returnCredits()
+	c.yieldIfDue(time.Now())
 	return nil
+}
+
+// yieldIfDue yields the thread when this connection last did so more than
+// spinYield ago (see spinYield): a sender that always finds credits, or a
+// receiver that always finds messages, never blocks either.
+func (c *Conn) yieldIfDue(now time.Time) {
+	t := now.Sub(epoch)
+	if last := time.Duration(c.lastYield.Load()); t-last > spinYield && c.lastYield.CompareAndSwap(int64(last), int64(t)) {
+		runtime.Gosched()
+	}
 }
 
 // postFrame takes a send slot and a credit (reserved by the caller's check),
@@ -543,26 +563,20 @@ func (c *Conn) progress(ctx context.Context) error {
 	c.polling = true
 	c.mu.Unlock()
 
-	n, err := c.t.poll(ctx, c.cbuf, false)
-	if n == 0 && err == nil {
+	c.yieldIfDue(time.Now())
+	n, err := c.t.poll(ctx, c.cbuf, 0, false)
+	if n == 0 && err == nil && c.busyPoll > 0 {
+		// Spin in slices, each one C call; between them, look at ctx.
 		start := time.Now()
-		for i := 1; n == 0 && err == nil; i++ {
-			// Reading the clock costs more than a poll: look every 32.
-			if i%32 == 0 {
-				now := time.Now()
-				if now.Sub(start) > c.busyPoll {
-					break
-				}
-				if now.Sub(c.lastYield) > spinYield {
-					c.lastYield = now
-					runtime.Gosched()
-				}
-			}
-			n, err = c.t.poll(ctx, c.cbuf, false)
+		for left := c.busyPoll; n == 0 && err == nil && left > 0 && ctx.Err() == nil; {
+			n, err = c.t.poll(ctx, c.cbuf, min(left, spinSlice), false)
+			now := time.Now()
+			left = c.busyPoll - now.Sub(start)
+			c.yieldIfDue(now)
 		}
 	}
 	if n == 0 && err == nil {
-		n, err = c.t.poll(ctx, c.cbuf, true)
+		n, err = c.t.poll(ctx, c.cbuf, 0, true)
 	}
 
 	reposted := false

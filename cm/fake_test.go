@@ -170,7 +170,7 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 	return nil
 }
 
-func (e *fakeEnd) poll(ctx context.Context, cs []completion, block bool) (int, error) {
+func (e *fakeEnd) poll(ctx context.Context, cs []completion, _ time.Duration, block bool) (int, error) {
 	for {
 		e.w.mu.Lock()
 		n := copy(cs, e.cq)

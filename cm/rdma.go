@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
@@ -410,14 +411,14 @@ func (t *rdmaTransport) postRDMA(write bool, local *Region, off, n int, remote R
 	}})
 }
 
-func (t *rdmaTransport) poll(ctx context.Context, cs []completion, block bool) (int, error) {
+func (t *rdmaTransport) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
 	wcs := t.wcs[:min(len(cs), len(t.wcs))]
 	var n int
 	var err error
 	if block {
 		n, err = t.wait(ctx, wcs)
 	} else {
-		n, err = t.cq.Poll(wcs)
+		n, err = t.cq.PollSpin(wcs, spin)
 	}
 	for i := 0; i < n; i++ {
 		wc := &wcs[i]

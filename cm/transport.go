@@ -2,6 +2,7 @@ package cm
 
 import (
 	"context"
+	"time"
 )
 
 // transport is what a Conn needs from its queue pair. The RDMA implementation
@@ -24,8 +25,9 @@ type transport interface {
 	postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error
 	regMem(size int, remoteWrite bool) (memory, error)
 	// poll fills cs with completions. With block it sleeps (never in a C
-	// call) until at least one arrives or ctx ends.
-	poll(ctx context.Context, cs []completion, block bool) (int, error)
+	// call) until at least one arrives or ctx ends; otherwise it may keep
+	// polling for up to spin before it reports none.
+	poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error)
 	// shutdown moves the QP to the error state: every posted request
 	// completes as flushed, which wakes a blocked poll.
 	shutdown()

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/goxrc/goxrc/internal/fdpoll"
@@ -355,14 +356,30 @@ func (q *CQ) Poll(wcs []WorkCompletion) (int, error) {
 	return n, err
 }
 
+// PollSpin is Poll that keeps polling, inside one C call, until it finds a
+// completion or spin has passed. It is a busy-polling loop's body: the loop
+// gets back to Go, to check its context or deadline, once per spin. Keep
+// spin short (tens of microseconds): Close waits for a spin under way.
+func (q *CQ) PollSpin(wcs []WorkCompletion, spin time.Duration) (int, error) {
+	if q == nil || q.cq == nil || !q.l.use() {
+		return 0, closedErr("ibv_poll_cq", q.addr())
+	}
+	n, err := q.pollFor(wcs, spin)
+	q.l.done()
+	return n, err
+}
+
 // poll runs with q read-locked.
-func (q *CQ) poll(wcs []WorkCompletion) (int, error) {
+func (q *CQ) poll(wcs []WorkCompletion) (int, error) { return q.pollFor(wcs, 0) }
+
+// pollFor runs with q read-locked; it spins up to spin for a completion.
+func (q *CQ) pollFor(wcs []WorkCompletion, spin time.Duration) (int, error) {
 	n := min(len(wcs), pollBatch)
 	if n == 0 {
 		return 0, nil
 	}
 	q.pollMu.Lock()
-	got := int(C.goxrc_poll(C.uintptr_t(uintptr(unsafe.Pointer(q.cq))), C.int(n), q.tmp, &q.out[0]))
+	got := int(C.goxrc_poll_spin(C.uintptr_t(uintptr(unsafe.Pointer(q.cq))), C.int(n), q.tmp, &q.out[0], C.int64_t(spin)))
 	for i := 0; i < got; i++ {
 		o := &q.out[i]
 		wcs[i] = WorkCompletion{

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <infiniband/verbs.h>
+#include <time.h>
 
 // goxrc_swr is a send work request in a flat layout Go can fill; the chain
 // helper below turns it into an ibv_send_wr.
@@ -141,6 +142,26 @@ static inline int goxrc_poll(uintptr_t cqp, int n, struct ibv_wc *tmp, struct go
 		out[i].sl = tmp[i].sl;
 	}
 	return got;
+}
+
+// goxrc_poll_spin is goxrc_poll repeated until it finds a completion or
+// spin_ns have passed. Spinning here rather than in Go keeps a busy-polling
+// goroutine inside one cgo call: the Go scheduler then neither preempts it
+// nor needs it to yield, and each poll costs no cgo transition.
+static inline int goxrc_poll_spin(uintptr_t cqp, int n, struct ibv_wc *tmp, struct goxrc_wc *out, int64_t spin_ns) {
+	struct timespec t0, t;
+	int i, got;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (i = 1;; i++) {
+		got = goxrc_poll(cqp, n, tmp, out);
+		if (got != 0 || spin_ns <= 0)
+			return got;
+		if ((i & 15) == 0) { // the clock costs more than an empty poll
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if ((int64_t)(t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec) >= spin_ns)
+				return 0;
+		}
+	}
 }
 
 static inline int goxrc_req_notify(struct ibv_cq *cq, int solicited) {

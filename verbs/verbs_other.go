@@ -2,7 +2,10 @@
 
 package verbs
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // This build has no libibverbs (not Linux, or cgo disabled): every call
 // fails with an error matching ErrNotSupported, and the API stays the same.
@@ -105,6 +108,9 @@ func (q *CQ) CQE() int                           { return 0 }
 func (q *CQ) Poll([]WorkCompletion) (int, error) { return 0, unsupported("ibv_poll_cq") }
 func (q *CQ) ReqNotify(bool) error               { return unsupported("ibv_req_notify_cq") }
 func (q *CQ) Close() error                       { return nil }
+func (q *CQ) PollSpin([]WorkCompletion, time.Duration) (int, error) {
+	return 0, unsupported("ibv_poll_cq")
+}
 func (q *CQ) Wait(context.Context, []WorkCompletion) (int, error) {
 	return 0, unsupported("wait CQ")
 }

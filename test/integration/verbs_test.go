@@ -793,6 +793,42 @@ func TestVerbsXRCQPsOnRXE(t *testing.T) {
 	require.ErrorIs(t, err, syscall.EINVAL, "no channel")
 }
 
+// TestVerbsPollSpin: PollSpin on an empty CQ spins for about its budget and
+// reports nothing; with a completion on the way it returns it without
+// waiting out the budget; on a closed CQ it fails at once.
+func TestVerbsPollSpin(t *testing.T) {
+	ctx := openRXE(t)
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	p := newRCPair(t, ctx, nil, pd)
+
+	start := time.Now()
+	n, err := p.cq.PollSpin(p.wcs, 2*time.Millisecond)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.GreaterOrEqual(t, time.Since(start), 2*time.Millisecond, "an empty poll spins out its budget")
+
+	require.NoError(t, p.b.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{p.peerMR.SGE(0, 64)}}}))
+	require.NoError(t, p.a.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, Inline: []byte("spin")}}))
+	got := map[uint64]verbs.WCStatus{}
+	for deadline := time.Now().Add(10 * time.Second); len(got) < 2 && time.Now().Before(deadline); {
+		// A budget far longer than the test: only a completion ends it.
+		n, err := p.cq.PollSpin(p.wcs, time.Hour)
+		require.NoError(t, err)
+		for _, wc := range p.wcs[:n] {
+			got[wc.WRID] = wc.Status
+		}
+	}
+	require.Equal(t, map[uint64]verbs.WCStatus{1: verbs.WCSuccess, 2: verbs.WCSuccess}, got)
+
+	cq, err := ctx.CreateCQ(4, nil, 0)
+	require.NoError(t, err)
+	require.NoError(t, cq.Close())
+	_, err = cq.PollSpin(p.wcs, time.Hour)
+	require.ErrorIs(t, err, verbs.ErrClosed)
+}
+
 // BenchmarkVerbsSendRecv measures one send/receive round trip through the
 // binding on the loopback pair (meaningful as a ratio against ib_send_lat in
 // the same guest, not as an absolute figure under TCG).
