@@ -24,13 +24,13 @@ import (
 // connections free. WithBusyPoll changes it.
 const DefaultBusyPoll = 200 * time.Microsecond
 
-// spinSlice bounds one C call of a busy poll. The spin runs inside C
-// (verbs.CQ.PollSpin): a goroutine spinning in Go with a cgo call per poll
-// is preempted by the runtime every 10 ms and, yielding to avoid that, it
-// woke other threads of the process, which on a machine with few cores took
-// the core from a poller. Between slices the loop checks ctx; Close waits
-// at most a slice for the poll under way.
-const spinSlice = 50 * time.Microsecond
+// spinSlice bounds one C call of a busy poll (verbs.CQ.PollSpin): polling
+// inside C saves a cgo transition per poll, and between slices the loop
+// checks ctx. It stays under the runtime monitor's 20 us tick: a cgo call
+// seen on two ticks counts as blocked, and with other goroutines runnable
+// the runtime would start another thread for them, so that many spinning
+// connections could spin on as many threads at once.
+const spinSlice = 10 * time.Microsecond
 
 // spinYield is how often a busy connection yields its thread. The runtime
 // forces a reschedule on a goroutine that kept its scheduling tick for
