@@ -42,6 +42,10 @@ const spinSlice = 10 * time.Microsecond
 // tick and lets the monitor sleep.
 const spinYield = 4 * time.Millisecond
 
+// yieldCheckEvery paces the clock reads of paths that do not spin: a clock
+// read costs more than the rest of a send's bookkeeping.
+const yieldCheckEvery = 32
+
 // Conn is an established RDMA connection carrying messages. Send and Recv
 // may be called from different goroutines at once; each serialises its own
 // callers.
@@ -60,13 +64,15 @@ type Conn struct {
 	timeout     time.Duration
 	busyPoll    time.Duration
 	keepalive   time.Duration
-	lastPost    atomic.Int64  // monotonic nanoseconds of the last frame posted
+	posts       atomic.Uint64 // frames posted, for the keepalive's idle check
 	lastYield   atomic.Int64  // monotonic nanoseconds of the last yield (spinYield)
 	kaStop      chan struct{} // closed by Close: ends the keepalive loop
 	releaseOnce sync.Once
 	releaseErr  error
 
 	sendMu   sync.Mutex // serialises senders
+	sendTick uint32     // sends, to pace yieldIfDue; guarded by sendMu
+	pollTick uint32     // progress rounds, likewise; the polling leader's
 	recvMu   sync.Mutex // serialises receivers
 	postMu   sync.Mutex // orders sequence numbers with posts
 	rdmaMu   sync.Mutex // one one-sided operation at a time
@@ -241,6 +247,9 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 	}
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
+	if c.sendTick++; c.sendTick%yieldCheckEvery == 0 {
+		c.yieldIfDue(time.Now())
+	}
 	for {
 		c.mu.Lock()
 		err := c.err
@@ -271,7 +280,6 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 	c.stats.msgsSent.Add(1)
 	c.stats.bytesSent.Add(uint64(len(p)))
 	c.returnCredits()
-	c.yieldIfDue(time.Now())
 	return nil
 }
 
@@ -356,7 +364,7 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 		copy(buf, p)
 		imm, hasImm = h.imm(), true
 	}
-	c.lastPost.Store(int64(time.Since(epoch)))
+	c.posts.Add(1)
 	if err := c.t.postSend(slot, n, imm, hasImm, signaled); err != nil {
 		c.mu.Lock()
 		c.inFlight.dropLast() // postMu is held: nothing was pushed after it
@@ -370,7 +378,7 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 
 var errNoRoom = errors.New("no send slot or credit")
 
-// epoch makes lastPost monotonic.
+// epoch makes lastYield monotonic.
 var epoch = time.Now()
 
 // startKeepalive sends an empty credit frame whenever nothing was sent for
@@ -386,13 +394,16 @@ func (c *Conn) startKeepalive() {
 	go func() {
 		tick := time.NewTicker(c.keepalive)
 		defer tick.Stop()
+		seen := c.posts.Load()
 		for {
 			select {
 			case <-c.kaStop:
 				return
 			case <-tick.C:
 			}
-			if time.Since(epoch)-time.Duration(c.lastPost.Load()) < c.keepalive {
+			// Something was posted during the last interval: not idle.
+			if n := c.posts.Load(); n != seen {
+				seen = n
 				continue
 			}
 			c.mu.Lock()
@@ -400,6 +411,7 @@ func (c *Conn) startKeepalive() {
 			c.mu.Unlock()
 			if ok && c.postFrameProbe(frameCredit, nil, 0, false, true) == nil {
 				c.stats.keepalives.Add(1)
+				seen = c.posts.Load()
 			}
 		}
 	}()
@@ -563,11 +575,11 @@ func (c *Conn) progress(ctx context.Context) error {
 	c.polling = true
 	c.mu.Unlock()
 
-	c.yieldIfDue(time.Now())
 	n, err := c.t.poll(ctx, c.cbuf, 0, false)
 	if n == 0 && err == nil && c.busyPoll > 0 {
 		// Spin in slices, each one C call; between them, look at ctx.
 		start := time.Now()
+		c.yieldIfDue(start)
 		for left := c.busyPoll; n == 0 && err == nil && left > 0 && ctx.Err() == nil; {
 			n, err = c.t.poll(ctx, c.cbuf, min(left, spinSlice), false)
 			now := time.Now()
@@ -577,6 +589,9 @@ func (c *Conn) progress(ctx context.Context) error {
 	}
 	if n == 0 && err == nil {
 		n, err = c.t.poll(ctx, c.cbuf, 0, true)
+	} else if c.pollTick++; c.pollTick%yieldCheckEvery == 0 {
+		// A receiver that always finds completions never spins.
+		c.yieldIfDue(time.Now())
 	}
 
 	reposted := false

@@ -29,6 +29,10 @@ func cAlloc(n int, size uintptr) unsafe.Pointer {
 	return C.calloc(C.size_t(n), C.size_t(size))
 }
 
+// cAddr passes a pointer to C memory as an integer, which cgo does not
+// check for Go pointers (see goxrc_poll in cverbs.h). Only for C memory.
+func cAddr(p unsafe.Pointer) C.uintptr_t { return C.uintptr_t(uintptr(p)) }
+
 func cFree(p unsafe.Pointer) {
 	if p != nil {
 		C.free(p)
@@ -379,7 +383,7 @@ func (q *CQ) pollFor(wcs []WorkCompletion, spin time.Duration) (int, error) {
 		return 0, nil
 	}
 	q.pollMu.Lock()
-	got := int(C.goxrc_poll_spin(C.uintptr_t(uintptr(unsafe.Pointer(q.cq))), C.int(n), q.tmp, &q.out[0], C.int64_t(spin)))
+	got := int(C.goxrc_poll_spin(cAddr(unsafe.Pointer(q.cq)), C.int(n), q.tmp, &q.out[0], C.int64_t(spin)))
 	for i := 0; i < got; i++ {
 		o := &q.out[i]
 		wcs[i] = WorkCompletion{

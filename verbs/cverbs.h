@@ -61,9 +61,15 @@ struct goxrc_async {
 	uint32_t port;
 };
 
-static inline int goxrc_post_send(struct ibv_qp *qp, const struct goxrc_swr *in,
-				  struct ibv_send_wr *wr, struct ibv_sge *sge,
-				  int n, int *bad) {
+// The post helpers take the QP (or SRQ) and the work-request arrays as
+// integers, like goxrc_poll: all are C memory, and as pointers to structs
+// that hold pointers, cgo would check each of them for Go memory on every
+// post.
+static inline int goxrc_post_send(uintptr_t qpp, uintptr_t inp, uintptr_t wrp,
+				  struct ibv_sge *sge, int n, int *bad) {
+	struct ibv_qp *qp = (struct ibv_qp *)qpp;
+	const struct goxrc_swr *in = (const struct goxrc_swr *)inp;
+	struct ibv_send_wr *wr = (struct ibv_send_wr *)wrp;
 	int i;
 	for (i = 0; i < n; i++) {
 		const struct goxrc_swr *s = &in[i];
@@ -107,14 +113,18 @@ static inline int goxrc_post_send(struct ibv_qp *qp, const struct goxrc_swr *in,
 	return rc;
 }
 
-static inline int goxrc_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, int *bad) {
+static inline int goxrc_post_recv(uintptr_t qpp, uintptr_t wrp, int *bad) {
+	struct ibv_qp *qp = (struct ibv_qp *)qpp;
+	struct ibv_recv_wr *wr = (struct ibv_recv_wr *)wrp;
 	struct ibv_recv_wr *badwr = NULL;
 	int rc = ibv_post_recv(qp, wr, &badwr);
 	*bad = (rc && badwr) ? (int)(badwr - wr) : -1;
 	return rc;
 }
 
-static inline int goxrc_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, int *bad) {
+static inline int goxrc_post_srq_recv(uintptr_t srqp, uintptr_t wrp, int *bad) {
+	struct ibv_srq *srq = (struct ibv_srq *)srqp;
+	struct ibv_recv_wr *wr = (struct ibv_recv_wr *)wrp;
 	struct ibv_recv_wr *badwr = NULL;
 	int rc = ibv_post_srq_recv(srq, wr, &badwr);
 	*bad = (rc && badwr) ? (int)(badwr - wr) : -1;

@@ -512,7 +512,7 @@ func (q *QP) PostSend(wrs []SendWR) error {
 	if err := q.fillSend(wrs); err != nil {
 		return &OpError{Op: "ibv_post_send", Addr: q.tag, Err: err}
 	}
-	if rc := C.goxrc_post_send(q.qp, &s.in[0], s.wr, &s.sges[0], C.int(len(wrs)), s.bad); rc != 0 {
+	if rc := C.goxrc_post_send(cAddr(unsafe.Pointer(q.qp)), cAddr(unsafe.Pointer(&s.in[0])), cAddr(unsafe.Pointer(s.wr)), &s.sges[0], C.int(len(wrs)), s.bad); rc != 0 {
 		return &OpError{Op: "ibv_post_send", Addr: q.tag, Err: &PostError{Index: int(*s.bad), Err: rcErr(rc, nil)}}
 	}
 	return nil
@@ -606,7 +606,7 @@ func (q *QP) PostRecv(wrs []RecvWR) error {
 	if err := r.fill(wrs); err != nil {
 		return &OpError{Op: "ibv_post_recv", Addr: q.tag, Err: err}
 	}
-	if rc := C.goxrc_post_recv(q.qp, &r.wrs[0], r.bad); rc != 0 {
+	if rc := C.goxrc_post_recv(cAddr(unsafe.Pointer(q.qp)), cAddr(unsafe.Pointer(&r.wrs[0])), r.bad); rc != 0 {
 		return &OpError{Op: "ibv_post_recv", Addr: q.tag, Err: &PostError{Index: int(*r.bad), Err: rcErr(rc, nil)}}
 	}
 	return nil
@@ -805,7 +805,7 @@ func (s *SRQ) PostRecv(wrs []RecvWR) error {
 	if err := r.fill(wrs); err != nil {
 		return &OpError{Op: "ibv_post_srq_recv", Addr: s.tag, Err: err}
 	}
-	if rc := C.goxrc_post_srq_recv(s.srq, &r.wrs[0], r.bad); rc != 0 {
+	if rc := C.goxrc_post_srq_recv(cAddr(unsafe.Pointer(s.srq)), cAddr(unsafe.Pointer(&r.wrs[0])), r.bad); rc != 0 {
 		return &OpError{Op: "ibv_post_srq_recv", Addr: s.tag, Err: &PostError{Index: int(*r.bad), Err: rcErr(rc, nil)}}
 	}
 	return nil
