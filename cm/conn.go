@@ -173,6 +173,7 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		sigEvery:  sigInterval(p.sendSlots, p.raw),
 		recvBatch: repostBatch(p.recvSlots),
 	}
+	c.lastYield.Store(int64(time.Since(epoch))) // a new connection has nothing to yield for yet
 	if c.log == nil {
 		c.log = func(string, ...any) {}
 	}
