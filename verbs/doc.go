@@ -18,7 +18,9 @@
 // and SRQ owns C scratch arrays of work requests and scatter/gather
 // elements. PostSend and PostRecv fill them from Go under a per-queue mutex,
 // link them into one chain and post it in one call. CQ.Poll reads up to 256
-// completions in one call. Registered memory (PD.RegMR) is mapped outside
+// completions in one call; CQ.PollSpin keeps polling inside that call for a
+// short budget, which is what a busy-polling loop wants (no cgo transition
+// per empty poll). Registered memory (PD.RegMR) is mapped outside
 // the Go heap, so the device can touch it at any time.
 //
 // Every object has an idempotent Close. Methods of a nil or closed object
