@@ -155,16 +155,19 @@ static inline int goxrc_poll(uintptr_t cqp, int n, struct ibv_wc *tmp, struct go
 }
 
 // goxrc_poll_spin is goxrc_poll repeated until it finds a completion or
-// spin_ns have passed. Spinning here rather than in Go keeps a busy-polling
-// goroutine inside one cgo call: the Go scheduler then neither preempts it
-// nor needs it to yield, and each poll costs no cgo transition.
+// spin_ns have passed: a busy-polling loop pays one cgo transition per
+// spin instead of one per poll. With spin_ns <= 0 it is one goxrc_poll and
+// reads no clock.
 static inline int goxrc_poll_spin(uintptr_t cqp, int n, struct ibv_wc *tmp, struct goxrc_wc *out, int64_t spin_ns) {
 	struct timespec t0, t;
 	int i, got;
+	got = goxrc_poll(cqp, n, tmp, out);
+	if (got != 0 || spin_ns <= 0)
+		return got;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (i = 1;; i++) {
 		got = goxrc_poll(cqp, n, tmp, out);
-		if (got != 0 || spin_ns <= 0)
+		if (got != 0)
 			return got;
 		if ((i & 15) == 0) { // the clock costs more than an empty poll
 			clock_gettime(CLOCK_MONOTONIC, &t);
