@@ -741,15 +741,30 @@ func TestRDMACMConcurrent(t *testing.T) {
 	if err := <-srvErr; err != nil {
 		t.Fatal(err)
 	}
+	overtaken := 0
 	for _, id := range srvIDs {
-		// Each passive id: ESTABLISHED, then DISCONNECTED from the client's Close.
-		if _, err := id.WaitEvent(ctx, rdmacm.EventEstablished); err != nil {
+		// Each passive id: ESTABLISHED, then DISCONNECTED from the client's
+		// Close. The client sends its RTU and then its DREQ right away, both
+		// unreliable MADs; when the DREQ gets there first (or the RTU is
+		// lost), the kernel CM takes the DREQ in REP_SENT and the rdma_cm
+		// reports DISCONNECTED without an ESTABLISHED (cm_dreq_handler,
+		// cma_ib_handler). Seen once in a full run of the suite.
+		e, err := id.Event(ctx)
+		if err != nil {
 			t.Error(err)
-		}
-		if _, err := id.WaitEvent(ctx, rdmacm.EventDisconnected); err != nil {
-			t.Error(err)
+		} else if e.Type == rdmacm.EventEstablished {
+			if _, err := id.WaitEvent(ctx, rdmacm.EventDisconnected); err != nil {
+				t.Error(err)
+			}
+		} else if e.Type == rdmacm.EventDisconnected {
+			overtaken++
+		} else {
+			t.Errorf("passive id: got %v, want ESTABLISHED or DISCONNECTED", e.Type)
 		}
 		id.Close()
+	}
+	if overtaken > 0 {
+		t.Logf("%d of %d passive ids saw the DREQ before the RTU (DISCONNECTED without ESTABLISHED)", overtaken, n)
 	}
 }
 
