@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -28,6 +29,36 @@ func cAlloc(n int, size uintptr) unsafe.Pointer {
 	}
 	return C.calloc(C.size_t(n), C.size_t(size))
 }
+
+// cParts carves zeroed C arrays out of one calloc. Set-up paths use it
+// instead of one calloc per array: on an emulated CPU every C call, and
+// every fresh heap page a big array touches, is expensive.
+type cParts struct {
+	size uintptr
+	offs []uintptr
+}
+
+// add reserves n elements of size bytes, 16-byte aligned, and returns the
+// part's index for at.
+func (p *cParts) add(n int, size uintptr) int {
+	p.size = (p.size + 15) &^ 15
+	p.offs = append(p.offs, p.size)
+	p.size += uintptr(max(n, 0)) * size
+	return len(p.offs) - 1
+}
+
+// alloc returns the block (free it with cFree) or nil.
+func (p *cParts) alloc() unsafe.Pointer { return C.calloc(1, C.size_t(max(p.size, 1))) }
+
+// at returns part i of block.
+func (p *cParts) at(block unsafe.Pointer, i int) unsafe.Pointer {
+	return unsafe.Add(block, p.offs[i])
+}
+
+// hexNum and hexAddr format numbers for object tags (error messages) without
+// fmt: tags are built on every set-up, and fmt costs there (guest profiles).
+func hexNum(n uint32) string          { return "0x" + strconv.FormatUint(uint64(n), 16) }
+func hexAddr(p unsafe.Pointer) string { return "0x" + strconv.FormatUint(uint64(uintptr(p)), 16) }
 
 // cAddr passes a pointer to C memory as an integer, which cgo does not
 // check for Go pointers (see goxrc_poll in cverbs.h). Only for C memory.
@@ -237,9 +268,10 @@ type CQ struct {
 	fd  *fdpoll.FD // nil without a channel
 	tag string
 
-	pollMu sync.Mutex
-	tmp    *C.struct_ibv_wc
-	out    []C.struct_goxrc_wc // C memory
+	pollMu  sync.Mutex
+	scratch unsafe.Pointer // C block holding tmp, out and other
+	tmp     *C.struct_ibv_wc
+	out     []C.struct_goxrc_wc // C memory
 
 	waitSem  chan struct{} // one Wait at a time: fdpoll deadlines are per fd
 	armed    atomic.Bool
@@ -299,21 +331,24 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 	}
 	q.cq = cq
 	q.cqe = int(C.goxrc_cq_cqe(cq))
-	q.tag = fmt.Sprintf("%s cq %p", c.name, cq)
-	q.tmp = (*C.struct_ibv_wc)(cAlloc(pollBatch, unsafe.Sizeof(C.struct_ibv_wc{})))
-	out := (*C.struct_goxrc_wc)(cAlloc(pollBatch, unsafe.Sizeof(C.struct_goxrc_wc{})))
-	q.other = (*C.int)(cAlloc(1, unsafe.Sizeof(C.int(0))))
-	if q.tmp == nil || out == nil || q.other == nil {
-		q.freeScratch(out)
+	q.tag = c.name + " cq " + hexAddr(unsafe.Pointer(cq))
+	// One poll never returns more than the CQ holds: a small CQ (a
+	// connection's) gets small arrays.
+	batch := min(max(q.cqe, 1), pollBatch)
+	var parts cParts
+	tmp, out, other := parts.add(batch, unsafe.Sizeof(C.struct_ibv_wc{})), parts.add(batch, unsafe.Sizeof(C.struct_goxrc_wc{})), parts.add(1, unsafe.Sizeof(C.int(0)))
+	if q.scratch = parts.alloc(); q.scratch == nil {
 		C.ibv_destroy_cq(cq)
 		unbind()
 		return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: syscall.ENOMEM})
 	}
-	q.out = unsafe.Slice(out, pollBatch)
+	q.tmp = (*C.struct_ibv_wc)(parts.at(q.scratch, tmp))
+	q.out = unsafe.Slice((*C.struct_goxrc_wc)(parts.at(q.scratch, out)), batch)
+	q.other = (*C.int)(parts.at(q.scratch, other))
 	if ch != nil && !ch.shared {
 		fd, err := fdpoll.Open(int(C.goxrc_channel_fd(cch)), q.tag+" channel")
 		if err != nil {
-			q.freeScratch(out)
+			cFree(q.scratch)
 			C.ibv_destroy_cq(cq)
 			unbind()
 			return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: err})
@@ -326,12 +361,6 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 	c.regMu.Unlock()
 	live.cqs.Add(1)
 	return q, nil
-}
-
-func (q *CQ) freeScratch(out *C.struct_goxrc_wc) {
-	cFree(unsafe.Pointer(q.tmp))
-	cFree(unsafe.Pointer(out))
-	cFree(unsafe.Pointer(q.other))
 }
 
 func (q *CQ) addr() string {
@@ -349,7 +378,8 @@ func (q *CQ) CQE() int {
 	return q.cqe
 }
 
-// Poll copies up to len(wcs) completions (at most 256 per call) into wcs and
+// Poll copies up to len(wcs) completions (at most 256, and at most CQE, per
+// call) into wcs and
 // returns how many. It makes one C call and does not allocate.
 func (q *CQ) Poll(wcs []WorkCompletion) (int, error) {
 	if q == nil || q.cq == nil || !q.l.use() {
@@ -378,7 +408,7 @@ func (q *CQ) poll(wcs []WorkCompletion) (int, error) { return q.pollFor(wcs, 0) 
 
 // pollFor runs with q read-locked; it spins up to spin for a completion.
 func (q *CQ) pollFor(wcs []WorkCompletion, spin time.Duration) (int, error) {
-	n := min(len(wcs), pollBatch)
+	n := min(len(wcs), len(q.out))
 	if n == 0 {
 		return 0, nil
 	}
@@ -544,7 +574,7 @@ func (q *CQ) Close() error {
 		q.l.endClose(false)
 		return &OpError{Op: "ibv_destroy_cq", Addr: q.tag, Err: rcErr(rc, cerr)}
 	}
-	q.freeScratch(&q.out[0])
+	cFree(q.scratch)
 	q.c.regMu.Lock()
 	delete(q.c.cqs, q.cq)
 	q.c.regMu.Unlock()

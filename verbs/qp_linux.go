@@ -26,86 +26,63 @@ const maxInlineArena = 64 << 10
 // cgo forbids passing Go memory that holds Go pointers, and allocating per
 // call would put the data path on the garbage collector.
 type sendScratch struct {
-	mu   sync.Mutex
-	in   []C.struct_goxrc_swr
-	wr   *C.struct_ibv_send_wr
-	sges []C.struct_ibv_sge
-	inl  []byte // inline arena
-	bad  *C.int
+	mu    sync.Mutex
+	block unsafe.Pointer // one C block holding the arrays below
+	in    []C.struct_goxrc_swr
+	wr    *C.struct_ibv_send_wr
+	sges  []C.struct_ibv_sge
+	inl   []byte // inline arena
+	bad   *C.int
 }
 
 func (s *sendScratch) alloc(chain, sge, inline int) bool {
-	in := cAlloc(chain, unsafe.Sizeof(C.struct_goxrc_swr{}))
-	s.wr = (*C.struct_ibv_send_wr)(cAlloc(chain, unsafe.Sizeof(C.struct_ibv_send_wr{})))
-	sg := cAlloc(sge, unsafe.Sizeof(C.struct_ibv_sge{}))
-	s.bad = (*C.int)(cAlloc(1, unsafe.Sizeof(C.int(0))))
-	var inl unsafe.Pointer
-	if inline > 0 {
-		inl = cAlloc(inline, 1)
-	}
-	if in == nil || s.wr == nil || sg == nil || s.bad == nil || (inline > 0 && inl == nil) {
-		cFree(in)
-		cFree(sg)
-		cFree(inl)
-		cFree(unsafe.Pointer(s.wr))
-		cFree(unsafe.Pointer(s.bad))
-		*s = sendScratch{}
+	var p cParts
+	in, wr := p.add(chain, unsafe.Sizeof(C.struct_goxrc_swr{})), p.add(chain, unsafe.Sizeof(C.struct_ibv_send_wr{}))
+	sg, bad, inl := p.add(sge, unsafe.Sizeof(C.struct_ibv_sge{})), p.add(1, unsafe.Sizeof(C.int(0))), p.add(inline, 1)
+	if s.block = p.alloc(); s.block == nil {
 		return false
 	}
-	s.in = unsafe.Slice((*C.struct_goxrc_swr)(in), chain)
-	s.sges = unsafe.Slice((*C.struct_ibv_sge)(sg), sge)
-	if inl != nil {
-		s.inl = unsafe.Slice((*byte)(inl), inline)
+	s.in = unsafe.Slice((*C.struct_goxrc_swr)(p.at(s.block, in)), chain)
+	s.wr = (*C.struct_ibv_send_wr)(p.at(s.block, wr))
+	s.sges = unsafe.Slice((*C.struct_ibv_sge)(p.at(s.block, sg)), sge)
+	s.bad = (*C.int)(p.at(s.block, bad))
+	if inline > 0 {
+		s.inl = unsafe.Slice((*byte)(p.at(s.block, inl)), inline)
 	}
 	return true
 }
 
 func (s *sendScratch) free() {
-	if s.in != nil {
-		cFree(unsafe.Pointer(&s.in[0]))
-		cFree(unsafe.Pointer(&s.sges[0]))
-		cFree(unsafe.Pointer(s.wr))
-		cFree(unsafe.Pointer(s.bad))
-	}
-	if s.inl != nil {
-		cFree(unsafe.Pointer(&s.inl[0]))
-	}
+	cFree(s.block)
 	// Not *s = sendScratch{}: that would reset the held mutex.
-	s.in, s.wr, s.sges, s.inl, s.bad = nil, nil, nil, nil, nil
+	s.block, s.in, s.wr, s.sges, s.inl, s.bad = nil, nil, nil, nil, nil, nil
 }
 
 // recvScratch is the receive-side counterpart; ibv_recv_wr has no unions, so
 // Go fills it directly.
 type recvScratch struct {
-	mu   sync.Mutex
-	wrs  []C.struct_ibv_recv_wr
-	sges []C.struct_ibv_sge
-	bad  *C.int
+	mu    sync.Mutex
+	block unsafe.Pointer // one C block holding the arrays below
+	wrs   []C.struct_ibv_recv_wr
+	sges  []C.struct_ibv_sge
+	bad   *C.int
 }
 
 func (r *recvScratch) alloc(chain, sge int) bool {
-	w := cAlloc(chain, unsafe.Sizeof(C.struct_ibv_recv_wr{}))
-	sg := cAlloc(sge, unsafe.Sizeof(C.struct_ibv_sge{}))
-	r.bad = (*C.int)(cAlloc(1, unsafe.Sizeof(C.int(0))))
-	if w == nil || sg == nil || r.bad == nil {
-		cFree(w)
-		cFree(sg)
-		cFree(unsafe.Pointer(r.bad))
-		*r = recvScratch{}
+	var p cParts
+	w, sg, bad := p.add(chain, unsafe.Sizeof(C.struct_ibv_recv_wr{})), p.add(sge, unsafe.Sizeof(C.struct_ibv_sge{})), p.add(1, unsafe.Sizeof(C.int(0)))
+	if r.block = p.alloc(); r.block == nil {
 		return false
 	}
-	r.wrs = unsafe.Slice((*C.struct_ibv_recv_wr)(w), chain)
-	r.sges = unsafe.Slice((*C.struct_ibv_sge)(sg), sge)
+	r.wrs = unsafe.Slice((*C.struct_ibv_recv_wr)(p.at(r.block, w)), chain)
+	r.sges = unsafe.Slice((*C.struct_ibv_sge)(p.at(r.block, sg)), sge)
+	r.bad = (*C.int)(p.at(r.block, bad))
 	return true
 }
 
 func (r *recvScratch) free() {
-	if r.wrs != nil {
-		cFree(unsafe.Pointer(&r.wrs[0]))
-		cFree(unsafe.Pointer(&r.sges[0]))
-		cFree(unsafe.Pointer(r.bad))
-	}
-	r.wrs, r.sges, r.bad = nil, nil, nil
+	cFree(r.block)
+	r.block, r.wrs, r.sges, r.bad = nil, nil, nil, nil
 }
 
 // fill copies wrs into the scratch arrays and links them. Call with r.mu held.
@@ -321,7 +298,7 @@ func (c *Context) createQP(pd *PD, init QPInit) (*QP, error) {
 	}
 	q.qp = cqp
 	q.num = uint32(C.goxrc_qp_num(cqp))
-	q.tag = fmt.Sprintf("%s %v QP %#x", c.name, init.Type, q.num)
+	q.tag = c.name + " " + init.Type.String() + " QP " + hexNum(q.num)
 	q.cap = QPCap{
 		MaxSendWR:     uint32(a.cap.max_send_wr),
 		MaxRecvWR:     uint32(a.cap.max_recv_wr),
