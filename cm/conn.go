@@ -576,21 +576,34 @@ func (c *Conn) progress(ctx context.Context) error {
 	c.polling = true
 	c.mu.Unlock()
 
-	n, err := c.t.poll(ctx, c.cbuf, 0, false)
-	if n == 0 && err == nil && c.busyPoll > 0 {
-		// Spin in slices, each one C call; between them, look at ctx.
-		start := time.Now()
-		c.yieldIfDue(start)
-		for left := c.busyPoll; n == 0 && err == nil && left > 0 && ctx.Err() == nil; {
-			n, err = c.t.poll(ctx, c.cbuf, min(left, spinSlice), false)
+	var n int
+	var err error
+	spun := false
+	if c.busyPoll <= 0 {
+		n, err = c.t.poll(ctx, c.cbuf, 0, false)
+	} else {
+		// Spin in slices, each one C call that looks before it spins (so
+		// a completion already there costs one call); between slices,
+		// look at ctx and the clock.
+		var start time.Time
+		for left := c.busyPoll; ; {
+			slice := min(left, spinSlice)
+			if n, err = c.t.poll(ctx, c.cbuf, slice, false); n > 0 || err != nil {
+				break
+			}
 			now := time.Now()
-			left = c.busyPoll - now.Sub(start)
+			if !spun {
+				start, spun = now.Add(-slice), true
+			}
 			c.yieldIfDue(now)
+			if left = c.busyPoll - now.Sub(start); left <= 0 || ctx.Err() != nil {
+				break
+			}
 		}
 	}
 	if n == 0 && err == nil {
 		n, err = c.t.poll(ctx, c.cbuf, 0, true)
-	} else if c.pollTick++; c.pollTick%yieldCheckEvery == 0 {
+	} else if c.pollTick++; !spun && c.pollTick%yieldCheckEvery == 0 {
 		// A receiver that always finds completions never spins.
 		c.yieldIfDue(time.Now())
 	}
@@ -655,20 +668,16 @@ func (c *Conn) handle(wc *completion) {
 			}
 		}
 		if wc.err != nil {
-			c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, wc.err))
+			c.failedCompletionLocked(wc.err)
 		}
 	case compRDMA:
 		c.rdmaDone, c.rdmaErr = true, wc.err
 		if wc.err != nil {
-			c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, wc.err))
+			c.failedCompletionLocked(wc.err)
 		}
 	case compRecv:
 		if wc.err != nil {
-			if c.peerLeft != "" {
-				c.failLocked(fmt.Errorf("%w: %s", ErrPeerGone, c.peerLeft))
-			} else {
-				c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, wc.err))
-			}
+			c.failedCompletionLocked(wc.err)
 			return
 		}
 		if c.err != nil {
@@ -715,6 +724,18 @@ func (c *Conn) fail(err error) {
 	c.mu.Lock()
 	c.failLocked(err)
 	c.mu.Unlock()
+}
+
+// failedCompletionLocked fails the Conn for a failed work request. A flush
+// fails every request posted, so only the first failure is formatted.
+func (c *Conn) failedCompletionLocked(err error) {
+	switch {
+	case c.err != nil:
+	case c.peerLeft != "":
+		c.failLocked(fmt.Errorf("%w: %s", ErrPeerGone, c.peerLeft))
+	default:
+		c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, err))
+	}
 }
 
 func (c *Conn) failLocked(err error) {
