@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,7 +42,19 @@ func main() {
 	verbose := flag.Bool("v", false, "log connection events")
 	busyPoll := flag.Duration("busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
 	preferXRC := flag.Bool("xrc", false, "prefer XRC; on a device without it, log why RC is used")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run (until the server stops) to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "server:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	level := slog.LevelWarn
 	if *preferXRC {
