@@ -6,6 +6,8 @@
 #   connection setup, N=100 and N=500:  cmtime -b/-s -c N       vs  client -mode connect -conns N
 #   64-byte ping-pong (one-way latency): ib_send_lat -R -s 64    vs  client -mode latency -size 64
 #   4 KiB and 64 KiB streaming:          ib_send_bw -R -s S      vs  client -mode bandwidth -size S
+# plus, beside the latency, test/cmd/cgofloor (the same ping-pong with no library: the loop
+# in C inside a Go process, and one cgo call per step), the floor under any Go binding here;
 # then the Go benchmarks (allocs/op) and the zero-allocation test. Prints a table of medians
 # and Go/C ratios and writes it to docs/benchmarks.md (GOXRC_BENCH_DOC to write elsewhere).
 # Environment: GOXRC_BENCH_ROUNDS (5), GOXRC_BENCH_LAT_ITERS (1000), GOXRC_BENCH_BW_ITERS_4K
@@ -36,6 +38,7 @@ BIN=$RUN/bin; mkdir -p "$BIN"
 say "building examples/server, examples/client and the integration tests into $BIN"
 go build -o "$BIN/server" ./examples/server
 go build -o "$BIN/client" ./examples/client
+go build -o "$BIN/cgofloor" ./test/cmd/cgofloor
 go test -c -o "$BIN/integration.test" ./test/integration
 
 # ---- the guest script: every result goes to $RXE_VM_OUT/<bench>.<impl>.<round>
@@ -76,6 +79,8 @@ for r in $(seq 1 $ROUNDS); do
   cserver timeout 120 ib_send_lat -d $DEV -R -s 64 -n $LAT_N
   cclient $O/lat64.c.$r "^ *64 +[0-9]" ib_send_lat -d $DEV -R -s 64 -n $LAT_N $IP; cstop
   timeout 120 $BIN/client -addr $IP:7472 -mode latency -size 64 -count $LAT_N -busypoll $BUSY -json -progress 0 > $O/lat64.go.$r 2>&1
+  cserver timeout 120 $BIN/cgofloor -server -addr $IP:7475 -count $LAT_N -rounds 1
+  cclient $O/floor.$r "go_median_us" timeout 120 $BIN/cgofloor -addr $IP:7475 -count $LAT_N -rounds 1 -json; cstop
   for s in 4096 65536; do
     n=$BW_N4; [[ $s == 65536 ]] && n=$BW_N64
     log "round $r: bandwidth $s"
@@ -112,7 +117,9 @@ lat_c() { awk '$1 == 64 && NF >= 9 {print $5}' "$1"; }          # t_typical = me
 bw_c() { awk -v s="$2" '$1 == s && NF >= 5 {print $4}' "$1"; }  # BW average, MB = 2^20 bytes
 values() { # BENCH IMPL: one value per round
   local f
-  for f in "$O/$1.$2".*; do
+  local base=$1.$2
+  [[ $1 == floor* ]] && base=floor   # one cgofloor output holds both figures
+  for f in "$O/$base".*; do
     [[ -f $f ]] || continue
     value "$1" "$2" "$f"
   done | awk '{printf "%.2f\n", $1}'
@@ -123,6 +130,8 @@ value() { # BENCH IMPL FILE
     setup*.go) jfield per_conn_us "$3";;
     lat64.c) lat_c "$3";;
     lat64.go) jfield median_us "$3";;
+    floorc.go) jfield c_median_us "$3";;
+    floorgo.go) jfield go_median_us "$3";;
     bw*.c) bw_c "$3" "${1#bw}";;
     bw*.go) jfield mb_per_s "$3" | awk '{print $1 / 1.048576}';;   # to perftest's MB
   esac
@@ -145,6 +154,12 @@ TABLE=$RUN/table.md
   done
   c=$(values lat64 c | median); g=$(values lat64 go | median); r=$(ratio "$g" "$c")
   echo "| 64 B ping-pong, one-way median us (rounds: C $(values lat64 c | tr '\n' ' ')/ Go $(values lat64 go | tr '\n' ' ')) | $c | $g | $r | lower | <= 1.10x ib_send_lat | $(verdict "$r" '<=' 1.10) |"
+  for f in floorc floorgo; do
+    g=$(values $f go | median); r=$(ratio "$g" "$c")
+    what="no library, the loop in C inside a Go process"
+    [[ $f == floorgo ]] && what="no library, one cgo call per step (post; poll in 10 us slices)"
+    echo "| floor: 64 B ping-pong, $what (test/cmd/cgofloor; rounds: $(values $f go | tr '\n' ' ')) | $c | $g | $r | lower | (none: for reference) | - |"
+  done
   for s in 4096 65536; do
     c=$(values bw$s c | median); g=$(values bw$s go | median); r=$(ratio "$g" "$c")
     echo "| $((s / 1024)) KiB send bandwidth, MB/s (2^20) (rounds: C $(values bw$s c | tr '\n' ' ')/ Go $(values bw$s go | tr '\n' ' ')) | $c | $g | $r | higher | >= 0.9x ib_send_bw | $(verdict "$r" '>=' 0.9) |"
@@ -187,6 +202,11 @@ How the figures compare:
   all are established (closing excluded, as cmtime's disconnect and destroy are). Rate ratio = C/Go time.
   For reference, the "connect" step alone: ${CONNECT_ONLY}
 - Latency: ib_send_lat's t_typical (median of RTT/2) vs the client's median RTT/2.
+- Floor rows: \`cgofloor -server -addr \$RXE_IP:7475 -count $LAT_N -rounds 1\` + \`cgofloor -addr \$RXE_IP:7475 ...\`
+  (test/cmd/cgofloor), the same 64 B send/receive ping-pong on one librdmacm connection with no
+  library: first the whole loop in one C call, then each step its own cgo call from Go, polling in
+  10 us slices with a yield every 4 ms as goxrc does. Their ratios to ib_send_lat are what a Go
+  process, and calling C once per step, cost on this machine before any library logic.
 - Bandwidth: ib_send_bw's "BW average" (MB = 2^20 bytes) vs the client's bytes/time, converted to
   2^20-byte MB. The Go figure includes the final acknowledgement round trip.
 - Allocations: Go benchmarks in test/integration on the same guest, allocs/op values: ${ALLOCS:-none} (target 0).
