@@ -171,6 +171,10 @@ ALLOCS=$(awk '/^BenchmarkCM/ {for (i = 1; i < NF; i++) if ($(i+1) == "allocs/op"
 CONNECT_ONLY=$(for n in $CONNS; do printf 'N=%s: cmtime "connect" step %s us/conn; ' "$n" "$(for f in "$O"/setup$n.c.*; do cm_connect "$f"; done | median)"; done)
 
 mkdir -p "$(dirname "$DOC")"
+# Before the doc is rewritten: the doc itself is not a change to the measured code.
+COMMIT="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+CHANGED=$(git -C "$REPO" diff --name-only HEAD -- . ":(exclude)${DOC#"$REPO"/}" 2>/dev/null | tr '\n' ' ')
+[[ -z $CHANGED ]] || COMMIT+=" (with uncommitted changes to: $CHANGED)"
 # Hand-written analysis below this marker survives a rerun.
 MARK='<!-- notes below are kept by test/bench.sh -->'
 NOTES=$(awk -v m="$MARK" 'f || $0 == m {f = 1; print}' "$DOC" 2>/dev/null || true)
@@ -184,7 +188,7 @@ on $(date -u '+%Y-%m-%d %H:%M UTC').
 - Guest kernel: $(cat "$O/kernel" 2>/dev/null || echo unknown) (test/vm/rxe-vm.sh: qemu TCG, $(nproc) host CPUs, soft-RoCE rxe0 on a veth pair; server and client in the same guest, both on \$RXE_IP)
 - Host kernel: $(uname -r); CPU: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
 - rdma-core $(dpkg-query -W -f='${Version}' rdma-core 2>/dev/null), perftest $(dpkg-query -W -f='${Version}' perftest 2>/dev/null), $(go version | cut -d' ' -f3)
-- Commit: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$REPO" diff --quiet HEAD 2>/dev/null || echo " (with uncommitted changes to: $(git -C "$REPO" diff --name-only HEAD | tr '\n' ' '))")
+- Commit: $COMMIT
 
 Commands in the guest (see test/bench.sh):
 \`cmtime -b \$RXE_IP -c N\` + \`cmtime -s \$RXE_IP -c N\` vs \`server -size 64 -depth 2\` + \`client -mode connect -conns N\`;
