@@ -1,3 +1,5 @@
+//go:build linux && cgo
+
 // Command cgofloor measures the floor under any Go binding's ping-pong
 // latency on this machine: a 64-byte send/receive ping-pong over one RC
 // connection (made with librdmacm, no goxrc), run two ways in one process on
