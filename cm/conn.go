@@ -85,6 +85,12 @@ type Conn struct {
 	ioMu     sync.RWMutex // see io
 	released bool
 
+	// creditsDue mirrors part of returnCredits' condition (pending, and
+	// peerStarved or half the buffers) so that the data path, which asks
+	// after every message, takes no lock when nothing is due. It is set
+	// under mu wherever those change; whoever sets it calls returnCredits.
+	creditsDue atomic.Bool
+
 	mu          sync.Mutex // guards the fields below
 	credits     int
 	pending     int // receive buffers reposted, not yet returned to the peer
@@ -252,27 +258,16 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 		c.yieldIfDue(time.Now())
 	}
 	for {
-		c.mu.Lock()
-		err := c.err
-		if err == nil && c.closing {
-			err = ErrClosed
+		// postFrame checks everything under its locks; without a free
+		// slot and a credit (it keeps one back for credit returns, so two
+		// sides that both ran out never wait on each other) it posts
+		// nothing and the loop waits for completions.
+		err := c.postFrame(frameData, p, imm, hasImm)
+		if err == nil {
+			break
 		}
-		// Keep one credit back for returning credits, so two sides that
-		// both ran out can never wait on each other.
-		ready := len(c.freeSend) > 0 && (c.raw || c.credits >= 2)
-		c.mu.Unlock()
-		if err != nil {
+		if !errors.Is(err, errNoRoom) {
 			return c.opErr("send", err)
-		}
-		if ready {
-			err := c.postFrame(frameData, p, imm, hasImm)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, errNoRoom) {
-				return c.opErr("send", err)
-			}
-			// A credit frame took the slot or credit first: wait again.
 		}
 		if err := c.progress(ctx); err != nil {
 			return c.opErr("send", err)
@@ -312,8 +307,11 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 	}
 	defer c.ioDone()
 	c.mu.Lock()
-	if c.err != nil {
+	if c.err != nil || (kind == frameData && c.closing) {
 		err := c.err
+		if err == nil {
+			err = ErrClosed
+		}
 		c.mu.Unlock()
 		return err
 	}
@@ -342,6 +340,7 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 		h = frameHeader{kind: kind, credits: uint16(c.pending), seq: c.sendSeq}
 		c.pending = 0
 		c.peerStarved = false
+		c.creditsDue.Store(false)
 		c.sendSeq++
 		if hasImm {
 			h.flags |= flagImm
@@ -425,7 +424,7 @@ func (c *Conn) startKeepalive() {
 // that post had read them before the repost (both sides then waited for
 // each other: TestConnBidirectionalFloodNoDeadlock hung now and then).
 func (c *Conn) returnCredits() {
-	if c.raw {
+	if c.raw || !c.creditsDue.Load() {
 		return
 	}
 	c.mu.Lock()
@@ -440,6 +439,11 @@ func (c *Conn) returnCredits() {
 	if err := c.postFrame(frameCredit, nil, 0, false); err == nil {
 		c.stats.creditFrames.Add(1)
 	}
+}
+
+// noteCreditsLocked updates creditsDue after pending or peerStarved changed.
+func (c *Conn) noteCreditsLocked() {
+	c.creditsDue.Store(c.pending > 0 && (c.peerStarved || c.pending >= c.recvSlots/2))
 }
 
 // Recv receives the next message into buf and returns its length. A buf too
@@ -552,6 +556,7 @@ func (c *Conn) flushRecvs() error {
 	}
 	c.mu.Lock()
 	c.pending += len(slots)
+	c.noteCreditsLocked()
 	c.mu.Unlock()
 	return nil
 }
@@ -701,6 +706,7 @@ func (c *Conn) handle(wc *completion) {
 		}
 		if h.flags&flagStarved != 0 {
 			c.peerStarved = true
+			c.noteCreditsLocked()
 		}
 		switch h.kind {
 		case frameData:
