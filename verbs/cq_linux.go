@@ -378,9 +378,9 @@ func (q *CQ) CQE() int {
 	return q.cqe
 }
 
-// Poll copies up to len(wcs) completions (at most 256, and at most CQE, per
-// call) into wcs and
-// returns how many. It makes one C call and does not allocate.
+// Poll copies up to len(wcs) completions into wcs (at most 256, and at most
+// CQE, per call) and returns how many. It makes one C call and does not
+// allocate.
 func (q *CQ) Poll(wcs []WorkCompletion) (int, error) {
 	if q == nil || q.cq == nil || !q.l.use() {
 		return 0, closedErr("ibv_poll_cq", q.addr())
