@@ -161,7 +161,11 @@ $(cat "$TABLE")
   or a new id resolved now; SIDR REQ), the listener's
   CONNECT_REQUEST, Accept (SIDR REP), ESTABLISHED, both ids destroyed, through the hybrid seam's
   kcm (librdmacm). A logical connection over live uplinks needs one (the reverse leg rides its
-  ACCEPT; it needed two, one per leg, before), so C is the floor under A.
+  ACCEPT; it needed two, one per leg, before), so C is the floor under A. C also reports each
+  step's mean: \`us-connect/op\` (rdma_connect, the SIDR REQ), \`us-request/op\` (until the
+  listener has its CONNECT_REQUEST), \`us-accept/op\` (rdma_accept, the SIDR REP), \`us-reply/op\`
+  (until the dialer has ESTABLISHED), \`us-destroy/op\` (both ids). connect and accept are each one
+  system call into the kernel CM, which sends a MAD through rxe: their time is the kernel's.
 - \`us-untimed-close/op\`: Close until both ends let go, per iteration, outside the timed setup.
 - Ratio = median B / median A (how many times faster adding a logical connection is).
 

@@ -48,9 +48,12 @@ func BenchHybridNodeQPs(ip netip.Addr) (ini, tgt int) {
 // BenchmarkHybridSIDRExchange is the floor under a logical connection's
 // setup: one bare SIDR exchange through the real kernel CM on the hybrid
 // seam, without the engine (Connect: the spare id kcm resolved to the
-// destination after the previous exchange, SIDR REQ; the listener's CONNECT_REQUEST; Accept: SIDR REP; ESTABLISHED; both
-// ids destroyed). Adding a logical connection over live uplinks takes one
-// of them (the reverse leg rides its ACCEPT; two before). Skips without
+// destination after the previous exchange, SIDR REQ; the listener's
+// CONNECT_REQUEST; Accept: SIDR REP; ESTABLISHED; both ids destroyed).
+// Adding a logical connection over live uplinks takes one of them (the
+// reverse leg rides its ACCEPT; two before). It reports each step's mean as
+// well, to show where an exchange's time goes (Connect and Accept are each
+// one system call into the kernel CM, which sends a MAD). Skips without
 // RXE_DEV.
 func BenchmarkHybridSIDRExchange(b *testing.B) {
 	if os.Getenv("RXE_DEV") == "" {
@@ -79,25 +82,42 @@ func BenchmarkHybridSIDRExchange(b *testing.B) {
 	defer cancel()
 	req, rep := make([]byte, wire.BudgetSIDRREQ), make([]byte, wire.BudgetSIDRREP)
 	const qpn = 0x6f5a5a // made up: SIDR carries it, nothing uses it
+	// The steps, in order; each is timed from the end of the one before.
+	steps := [...]string{"connect", "request", "accept", "reply", "destroy"}
+	var spent [len(steps)]time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		t := time.Now()
+		lap := func(step int) {
+			now := time.Now()
+			spent[step] += now.Sub(t)
+			t = now
+		}
 		id, err := cli.Connect(ctx, dst, kernel.ExchangeSIDR, 0, req)
 		if err != nil {
 			b.Fatalf("connect %d: %v", i, err)
 		}
+		lap(0)
 		cr, err := srv.Event(ctx, l)
 		if err != nil || cr.Type != kernel.EventConnectRequest {
 			b.Fatalf("listener %d: %v %v", i, cr.Type, err)
 		}
+		lap(1)
 		if err := srv.Accept(cr.ID, qpn, rep); err != nil {
 			b.Fatalf("accept %d: %v", i, err)
 		}
+		lap(2)
 		ev, err := cli.Event(ctx, id)
 		if err != nil || ev.Type != kernel.EventEstablished || ev.QPNum != qpn {
 			b.Fatalf("dialer %d: %v %#x %v", i, ev.Type, ev.QPNum, err)
 		}
+		lap(3)
 		srv.DestroyID(cr.ID)
 		cli.DestroyID(id)
+		lap(4)
 	}
 	b.StopTimer()
+	for i, name := range steps {
+		b.ReportMetric(float64(spent[i].Microseconds())/float64(b.N), "us-"+name+"/op")
+	}
 }
