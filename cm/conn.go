@@ -42,9 +42,41 @@ const spinSlice = 10 * time.Microsecond
 // tick and lets the monitor sleep.
 const spinYield = 4 * time.Millisecond
 
-// yieldCheckEvery paces the clock reads of paths that do not spin: a clock
-// read costs more than the rest of a send's bookkeeping.
-const yieldCheckEvery = 32
+// maxYieldCheckEvery bounds yieldPacer's interval: a clock read costs more
+// than the rest of a fast send's bookkeeping.
+const maxYieldCheckEvery = 32
+
+// yieldPacer paces the clock reads by which a path that does not spin
+// (sends that always find credits, progress rounds that always find
+// completions) notices a due yield. It reads the clock every `every`
+// operations and adapts `every` to what an operation costs, so that reads
+// come between spinYield/8 and spinYield/4 apart. A fixed count fails one
+// way or the other: under emulation a 64 KiB post takes milliseconds, so 32
+// of them outlast the runtime's 10 ms (see spinYield), while a clock read on
+// every 64 B send was a sixth of the send path on the host.
+type yieldPacer struct {
+	every, n int
+	last     time.Duration // since epoch, at the last read
+}
+
+// tick counts one operation and, when a read is due, yields if c is due.
+func (p *yieldPacer) tick(c *Conn) {
+	if p.n++; p.n < p.every {
+		return
+	}
+	p.n = 0
+	now := time.Now()
+	t := now.Sub(epoch)
+	switch gap := t - p.last; {
+	case gap > spinYield/4:
+		p.every /= 2
+	case gap < spinYield/8:
+		p.every *= 2
+	}
+	p.every = min(max(p.every, 1), maxYieldCheckEvery)
+	p.last = t
+	c.yieldIfDue(now)
+}
 
 // Conn is an established RDMA connection carrying messages. Send and Recv
 // may be called from different goroutines at once; each serialises its own
@@ -71,8 +103,8 @@ type Conn struct {
 	releaseErr  error
 
 	sendMu   sync.Mutex // serialises senders
-	sendTick uint32     // sends, to pace yieldIfDue; guarded by sendMu
-	pollTick uint32     // progress rounds, likewise; the polling leader's
+	sendPace yieldPacer // sends' yield checks; guarded by sendMu
+	pollPace yieldPacer // progress rounds', likewise; the polling leader's
 	recvMu   sync.Mutex // serialises receivers
 	postMu   sync.Mutex // orders sequence numbers with posts
 	rdmaMu   sync.Mutex // one one-sided operation at a time
@@ -254,9 +286,7 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 	}
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
-	if c.sendTick++; c.sendTick%yieldCheckEvery == 0 {
-		c.yieldIfDue(time.Now())
-	}
+	c.sendPace.tick(c)
 	for {
 		// postFrame checks everything under its locks; without a free
 		// slot and a credit (it keeps one back for credit returns, so two
@@ -608,9 +638,9 @@ func (c *Conn) progress(ctx context.Context) error {
 	}
 	if n == 0 && err == nil {
 		n, err = c.t.poll(ctx, c.cbuf, 0, true)
-	} else if c.pollTick++; !spun && c.pollTick%yieldCheckEvery == 0 {
+	} else if !spun {
 		// A receiver that always finds completions never spins.
-		c.yieldIfDue(time.Now())
+		c.pollPace.tick(c)
 	}
 
 	reposted := false

@@ -457,3 +457,23 @@ func TestConnRecvRepostsAreBatched(t *testing.T) {
 	require.Less(t, posts, 1+2*count/b.recvBatch)
 	require.Greater(t, posts, count/b.recvBatch/2)
 }
+
+// The yield pacer reads the clock rarely while operations are fast and on
+// every operation once they are slow, so a run of slow posts still yields
+// well within the runtime's 10 ms.
+func TestYieldPacerAdapts(t *testing.T) {
+	c := &Conn{}
+	var p yieldPacer
+	for i := 0; i < 1_000_000 && p.every < maxYieldCheckEvery; i++ {
+		p.tick(c)
+	}
+	require.Equal(t, maxYieldCheckEvery, p.every, "fast operations: read the clock every %d", maxYieldCheckEvery)
+
+	// Slow operations (each longer than spinYield/4): every read halves
+	// the interval until the clock is read on every operation.
+	for i := 0; i < 2*maxYieldCheckEvery; i++ {
+		time.Sleep(spinYield/4 + time.Millisecond)
+		p.tick(c)
+	}
+	require.Equal(t, 1, p.every, "slow operations: read the clock on every one")
+}
