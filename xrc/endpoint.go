@@ -109,6 +109,7 @@ type Endpoint struct {
 	drains      atomic.Uint64 // times the receive loop emptied the SRQ
 	virtReqs    atomic.Uint64
 	oneExchange atomic.Uint64
+	sidrGoing   atomic.Int64 // SIDR ids of finished exchanges not yet destroyed
 }
 
 type upKey struct {

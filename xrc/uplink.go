@@ -292,7 +292,14 @@ func (e *Endpoint) virtLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	if err != nil {
 		return acc, err
 	}
-	defer e.k.DestroyID(id) // a virtual link keeps no CM state
+	// A virtual link keeps no CM state. Its id goes in the background:
+	// the exchange is over, and the dial need not wait for the kernel
+	// (0.2-0.3 ms of a 4-6 ms logical connection on rxe).
+	e.sidrGoing.Add(1)
+	defer e.spawn(func() {
+		e.k.DestroyID(id)
+		e.sidrGoing.Add(-1)
+	})
 	ev, err := e.k.Event(ctx, id)
 	if err != nil {
 		return acc, err
