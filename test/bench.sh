@@ -11,7 +11,9 @@
 # then the Go benchmarks (allocs/op) and the zero-allocation test. Prints a table of medians
 # and Go/C ratios and writes it to docs/benchmarks.md (GOXRC_BENCH_DOC to write elsewhere).
 # Environment: GOXRC_BENCH_ROUNDS (5), GOXRC_BENCH_LAT_ITERS (1000), GOXRC_BENCH_BW_ITERS_4K
-# (2000), GOXRC_BENCH_BW_ITERS_64K (300), GOXRC_BENCH_CONNS ("100 500").
+# (2000), GOXRC_BENCH_BW_ITERS_64K (300), GOXRC_BENCH_CONNS ("100 500");
+# GOXRC_BENCH_REPARSE=RUNDIR (a run dir under /var/cache/goxrc-vm/bench) writes the doc from
+# that run's VM outputs without building or booting.
 set -euo pipefail
 
 ROUNDS=${GOXRC_BENCH_ROUNDS:-5}
@@ -29,10 +31,23 @@ need_root "$@"
 cd "$REPO"
 DOC=${GOXRC_BENCH_DOC:-$REPO/docs/benchmarks.md}
 START=$SECONDS
+# describe_tree prints the commit being measured and any uncommitted change to it (the doc
+# itself is not a change to the measured code).
+describe_tree() {
+  local exclude=() changed
+  [[ $DOC != "$REPO"/* ]] || exclude=(":(exclude)${DOC#"$REPO"/}")
+  changed=$({ git -C "$REPO" diff --name-only HEAD -- . "${exclude[@]}" 2>/dev/null || true; } | tr '\n' ' ')
+  echo "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)${changed:+ (with uncommitted changes to: $changed)}"
+}
 install_packages
 ensure_go
 prepare_vm
 
+REPARSE=${GOXRC_BENCH_REPARSE:-}
+if [[ -n $REPARSE ]]; then
+  RUN=$REPARSE; [[ -d $RUN/vm ]] || die "$RUN/vm: no such run"
+  say "reparsing $RUN (no build, no VM)"
+else # ---- build and measure (up to the matching fi; not indented for the heredocs' sake)
 RUN=$(mkdir -p /var/cache/goxrc-vm/bench && mktemp -d "/var/cache/goxrc-vm/bench/$(date +%Y%m%d-%H%M%S)-XXXX")
 BIN=$RUN/bin; mkdir -p "$BIN"
 say "building examples/server, examples/client and the integration tests into $BIN"
@@ -101,8 +116,10 @@ EOF
 
 say "running $ROUNDS interleaved rounds in one VM (about $((ROUNDS * 2 + 2)) minutes)"
 VM_RC=0
+describe_tree > "$RUN/commit"
 "$REPO/test/vm/rxe-vm.sh" -t "$VM_TIMEOUT" -o "$RUN/vm" bash "$RUN/guest.sh" || VM_RC=$?
 [[ $VM_RC == 0 ]] || say "the VM run exited $VM_RC (results so far are used; see $RUN/vm)"
+fi
 O=$RUN/vm
 
 # ---- parsing
@@ -171,10 +188,7 @@ ALLOCS=$(awk '/^BenchmarkCM/ {for (i = 1; i < NF; i++) if ($(i+1) == "allocs/op"
 CONNECT_ONLY=$(for n in $CONNS; do printf 'N=%s: cmtime "connect" step %s us/conn; ' "$n" "$(for f in "$O"/setup$n.c.*; do cm_connect "$f"; done | median)"; done)
 
 mkdir -p "$(dirname "$DOC")"
-# Before the doc is rewritten: the doc itself is not a change to the measured code.
-COMMIT="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-CHANGED=$(git -C "$REPO" diff --name-only HEAD -- . ":(exclude)${DOC#"$REPO"/}" 2>/dev/null | tr '\n' ' ')
-[[ -z $CHANGED ]] || COMMIT+=" (with uncommitted changes to: $CHANGED)"
+COMMIT=$(cat "$RUN/commit" 2>/dev/null || describe_tree)
 # Hand-written analysis below this marker survives a rerun.
 MARK='<!-- notes below are kept by test/bench.sh -->'
 NOTES=$(awk -v m="$MARK" 'f || $0 == m {f = 1; print}' "$DOC" 2>/dev/null || true)
