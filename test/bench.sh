@@ -31,14 +31,6 @@ need_root "$@"
 cd "$REPO"
 DOC=${GOXRC_BENCH_DOC:-$REPO/docs/benchmarks.md}
 START=$SECONDS
-# describe_tree prints the commit being measured and any uncommitted change to it (the doc
-# itself is not a change to the measured code).
-describe_tree() {
-  local exclude=() changed
-  [[ $DOC != "$REPO"/* ]] || exclude=(":(exclude)${DOC#"$REPO"/}")
-  changed=$({ git -C "$REPO" diff --name-only HEAD -- . "${exclude[@]}" 2>/dev/null || true; } | tr '\n' ' ')
-  echo "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)${changed:+ (with uncommitted changes to: $changed)}"
-}
 install_packages
 ensure_go
 prepare_vm
@@ -116,7 +108,7 @@ EOF
 
 say "running $ROUNDS interleaved rounds in one VM (about $((ROUNDS * 2 + 2)) minutes)"
 VM_RC=0
-describe_tree > "$RUN/commit"
+describe_tree "$DOC" > "$RUN/commit"
 "$REPO/test/vm/rxe-vm.sh" -t "$VM_TIMEOUT" -o "$RUN/vm" bash "$RUN/guest.sh" || VM_RC=$?
 [[ $VM_RC == 0 ]] || say "the VM run exited $VM_RC (results so far are used; see $RUN/vm)"
 fi
@@ -188,7 +180,7 @@ ALLOCS=$(awk '/^BenchmarkCM/ {for (i = 1; i < NF; i++) if ($(i+1) == "allocs/op"
 CONNECT_ONLY=$(for n in $CONNS; do printf 'N=%s: cmtime "connect" step %s us/conn; ' "$n" "$(for f in "$O"/setup$n.c.*; do cm_connect "$f"; done | median)"; done)
 
 mkdir -p "$(dirname "$DOC")"
-COMMIT=$(cat "$RUN/commit" 2>/dev/null || describe_tree)
+COMMIT=$(cat "$RUN/commit" 2>/dev/null || describe_tree "$DOC")
 # Hand-written analysis below this marker survives a rerun.
 MARK='<!-- notes below are kept by test/bench.sh -->'
 NOTES=$(awk -v m="$MARK" 'f || $0 == m {f = 1; print}' "$DOC" 2>/dev/null || true)

@@ -1,4 +1,4 @@
-# test/lib.sh - shared by test/run-tests.sh and test/run-demo.sh (source it; bash only).
+# test/lib.sh - shared by the test, demo and benchmark scripts under test/ (source it; bash only).
 # Installs what the project needs on a Debian bookworm(-compatible) machine, idempotently:
 # nothing is installed, and apt-get update is not run, when everything is already there.
 
@@ -14,6 +14,15 @@ export GOFLAGS=${GOFLAGS:--buildvcs=false}
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
 need_root() { [[ $(id -u) == 0 ]] || die "run as root: sudo $0 $*"; }
+
+# describe_tree [DOC]: the commit being measured, with any uncommitted change to it (DOC, a
+# benchmark doc about to be rewritten, is not a change to the measured code).
+describe_tree() {
+  local exclude=() changed
+  [[ -z ${1:-} || $1 != "$REPO"/* ]] || exclude=(":(exclude)${1#"$REPO"/}")
+  changed=$({ git -C "$REPO" diff --name-only HEAD -- . "${exclude[@]}" 2>/dev/null || true; } | tr '\n' ' ')
+  echo "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)${changed:+ (with uncommitted changes to: $changed)}"
+}
 
 install_packages() {
   local missing=() p
