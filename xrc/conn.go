@@ -144,6 +144,10 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 				return &opError{"send", c.raddr.String(), errSRQGone}
 			}
 			// Flushed or retries exhausted: the uplink recovers; again.
+		case <-e.ctx.Done():
+			// The endpoint is closing: its completion pollers are
+			// gone, so no completion will come.
+			return &opError{"send", c.raddr.String(), ErrClosed}
 		case <-ctx.Done():
 			return ctx.Err()
 		}

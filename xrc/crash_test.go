@@ -206,10 +206,14 @@ func TestEndpointRecoveryMovesLegs(t *testing.T) {
 	roundTrip(t, s2, c2, []byte("r2 after recovery"))
 	roundTrip(t, s3, c3, []byte("r3 after recovery"))
 	roundTrip(t, c2, s2, []byte("r2 back"))
-	st := s.Stats()
-	if st.Recoveries != 1 || st.LegsMoved != 2 || st.Uplinks != 1 {
+	if st := s.Stats(); st.Recoveries != 1 || st.LegsMoved != 2 {
 		t.Fatalf("sender: %+v, want one recovery moving two legs", st)
 	}
+	// The old INI stays until its physical link's TIMEWAIT_EXIT.
+	eventually(t, "the old INI destroyed", func() (bool, string) {
+		st := s.Stats()
+		return st.Uplinks == 1, fmt.Sprintf("%+v", st)
+	})
 	s.mu.Lock()
 	newTGT := s.uplinks[0].cur.tgt
 	s.mu.Unlock()

@@ -87,7 +87,11 @@ type Endpoint struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// wg counts spawned goroutines; spawnMu orders every Add before
+	// Close's Wait (spawn's callers may hold mu, so it cannot be mu).
+	wg           sync.WaitGroup
+	spawnMu      sync.Mutex
+	spawnStopped bool
 
 	mu       sync.Mutex
 	closed   bool
@@ -232,12 +236,21 @@ func (e *Endpoint) listen(ap netip.AddrPort) error {
 	}
 }
 
-func (e *Endpoint) spawn(f func()) {
+// spawn runs f on a goroutine that Close waits for, and reports whether it
+// did. Once Close waits, f does not run: the endpoint is going, and Close
+// fails every connection and releases what f would have watched.
+func (e *Endpoint) spawn(f func()) bool {
+	e.spawnMu.Lock()
+	defer e.spawnMu.Unlock()
+	if e.spawnStopped {
+		return false
+	}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
 		f()
 	}()
+	return true
 }
 
 func random64() uint64 {
@@ -297,6 +310,9 @@ func (e *Endpoint) Close() error {
 	}
 	cancel()
 	e.cancel()
+	e.spawnMu.Lock()
+	e.spawnStopped = true
+	e.spawnMu.Unlock()
 	e.wg.Wait()
 	e.mu.Lock()
 	for c := range e.conns {

@@ -16,6 +16,7 @@ import (
 const (
 	testHeartbeat = 25 * time.Millisecond
 	testIdle      = time.Second
+	testHandshake = 5 * time.Second
 )
 
 // world is a memfabric with one domain directory per node.
@@ -43,7 +44,7 @@ func (w *world) endpoint(ip string, port int, mod ...func(*Config)) *proc {
 	}
 	p := w.f.Node(ip).Process()
 	cfg := Config{Process: p, Addr: fmt.Sprintf("%s:%d", ip, port), DomainDir: w.dirs[ip],
-		Heartbeat: testHeartbeat, IdleTimeout: testIdle, HandshakeTimeout: 5 * time.Second}
+		Heartbeat: testHeartbeat, IdleTimeout: testIdle, HandshakeTimeout: testHandshake}
 	for _, m := range mod {
 		m(&cfg)
 	}

@@ -175,3 +175,57 @@ func ExampleNewEndpoint() {
 	c.Close()
 	// Output: echo: hello
 }
+
+// Close while dials are in flight: every dial ends (a connection, or an
+// error) and every Close of their connections returns, long before any
+// timeout; nothing panics (a spawn racing Close's Wait used to: "WaitGroup
+// is reused before previous Wait has returned"); no goroutine outlives the
+// test (newWorld checks). Afterwards the endpoint starts no goroutine, and a finished
+// exchange's SIDR id is destroyed at once instead of in the background.
+func TestEndpointCloseDuringDials(t *testing.T) {
+	w := newWorld(t)
+	b := w.endpoint("10.0.11.2", 7000)
+	for round := 0; round < 5; round++ {
+		a := w.endpoint("10.0.11.1", 7100+round)
+		// The first dial makes the uplinks, so the others are virtual
+		// links with a SIDR exchange each.
+		first, err := a.Dial(ctxT(t, 2*time.Second), b.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for i := 0; i < 8; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					c, err := a.Dial(ctxT(t, 2*time.Second), b.Addr().String())
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+		}
+		time.Sleep(time.Duration(round+1) * 5 * time.Millisecond)
+		a.Close()
+		// A connection's Close that raced the endpoint's used to wait for
+		// its FIN's completion until the handshake timeout (5 s here); the
+		// dials' own contexts are 2 s.
+		dialsDone := make(chan struct{})
+		go func() { wg.Wait(); close(dialsDone) }()
+		select {
+		case <-dialsDone:
+		case <-time.After(testHandshake / 2):
+			t.Fatal("dials and closes still blocked after the endpoint closed")
+		}
+		first.Close()
+		ran := false
+		if a.spawn(func() { ran = true }) || ran {
+			t.Fatal("a closed endpoint started a goroutine")
+		}
+		if n := a.sidrGoing.Load(); n != 0 {
+			t.Fatalf("%d SIDR ids left to destroy after Close", n)
+		}
+	}
+}

@@ -314,25 +314,17 @@ func (e *Endpoint) virtLink(ctx context.Context, raddr netip.AddrPort, req *wire
 
 // destroyLater destroys the id of a finished SIDR exchange in the
 // background: the dial need not wait for the kernel (0.2-0.3 ms of a 4-6 ms
-// logical connection on rxe). Close waits for it; once Close has begun, the
-// id goes at once instead. Checking e.closed under e.mu puts the
-// WaitGroup's Add before Close's Wait; spawn cannot do that, since some of
-// its callers hold e.mu.
+// logical connection on rxe). Close waits for it; once Close waits, the id
+// goes at once instead.
 func (e *Endpoint) destroyLater(id kernel.ID) {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		e.k.DestroyID(id)
-		return
-	}
-	e.wg.Add(1)
 	e.sidrGoing.Add(1)
-	e.mu.Unlock()
-	go func() {
-		defer e.wg.Done()
+	destroy := func() {
 		e.k.DestroyID(id)
 		e.sidrGoing.Add(-1)
-	}()
+	}
+	if !e.spawn(destroy) {
+		destroy()
+	}
 }
 
 // rejectErr reads a REJECTED or UNREACHABLE event.
