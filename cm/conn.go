@@ -399,8 +399,14 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 		c.mu.Lock()
 		c.inFlight.dropLast() // postMu is held: nothing was pushed after it
 		c.freeSend = append(c.freeSend, slot)
+		closing := c.closing
 		c.mu.Unlock()
-		c.fail(fmt.Errorf("%w: post send: %w", ErrPeerGone, err))
+		if closing {
+			// Our own Close shut the QP down under this post.
+			return ErrClosed
+		}
+		err = fmt.Errorf("%w: post send: %w", ErrPeerGone, err)
+		c.fail(err)
 		return err
 	}
 	return nil

@@ -477,3 +477,86 @@ func TestYieldPacerAdapts(t *testing.T) {
 	}
 	require.Equal(t, 1, p.every, "slow operations: read the clock on every one")
 }
+
+// Close racing busy and blocked callers on both sides: senders that stream,
+// senders blocked on credits, receivers that drain, receivers blocked on an
+// empty queue. Every call returns (a result or an error) well before any
+// timeout, nothing panics or races (go test -race), and the errors are the
+// closed or peer-gone kind.
+func TestConnCloseRacesEveryCall(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		a, b, _ := fakePair(t, fakeOpts{depth: [2]int{2, 2}, msgSize: [2]int{64, 64}})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		call := func(f func() error) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					if err := f(); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		msg := make([]byte, 64)
+		for _, c := range []*Conn{a, b} {
+			c := c
+			call(func() error { return c.Send(ctx, msg) })
+			call(func() error { return c.Send(ctx, msg) })
+		}
+		// Only b drains; a's sends soon block on credits, a's receiver
+		// blocks on an empty queue after b's messages.
+		call(func() error { _, err := b.Recv(ctx, make([]byte, 64)); return err })
+		call(func() error { _, err := a.Recv(ctx, make([]byte, 64)); return err })
+		time.Sleep(time.Duration(round%5) * time.Millisecond)
+		closer := a
+		if round%2 == 1 {
+			closer = b
+		}
+		closer.Close()
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: calls still blocked after Close", round)
+		}
+		cancel()
+		close(errs)
+		for err := range errs {
+			if !errors.Is(err, ErrClosed) && !errors.Is(err, ErrPeerGone) && !errors.Is(err, io.EOF) {
+				t.Fatalf("round %d: a call ended with %v", round, err)
+			}
+		}
+		a.Close()
+		b.Close()
+	}
+}
+
+// A post the device refuses fails the Conn with a typed error, or, when our
+// own Close shut the QP under the post, reports ErrClosed.
+func TestConnRefusedPost(t *testing.T) {
+	a, _, w := fakePair(t, fakeOpts{})
+	w.mu.Lock()
+	w.ends[0].postFails = true
+	w.mu.Unlock()
+	err := a.Send(ctxT(t), []byte("x"))
+	require.ErrorIs(t, err, ErrPeerGone)
+	_, err = a.Recv(ctxT(t), make([]byte, 8))
+	require.ErrorIs(t, err, ErrPeerGone, "the Conn failed with the refusal")
+
+	c, _, w2 := fakePair(t, fakeOpts{})
+	w2.mu.Lock()
+	w2.ends[0].postFails = true
+	w2.mu.Unlock()
+	c.mu.Lock()
+	c.closing = true // as Close does before it shuts the QP
+	c.mu.Unlock()
+	require.ErrorIs(t, c.postFrame(frameFin, nil, 0, false), ErrClosed)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.NoError(t, c.err, "a refusal during our own Close is not a failure")
+}

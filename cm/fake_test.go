@@ -42,6 +42,9 @@ type fakeEnd struct {
 	// the device may still read.
 	busy   []int
 	reused int
+	// onPeerGone is the Conn's, as the CM watcher calls it on a
+	// DISCONNECTED event; release calls the peer's.
+	onPeerGone func(reason string)
 }
 
 func newFakeWire(sendSlots, recvSlots [2]int, size [2]int) *fakeWire {
@@ -77,8 +80,8 @@ var errFakeRNR = errors.New("fake: receiver not ready")
 func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm, signaled bool) error {
 	e.w.mu.Lock()
 	defer e.w.mu.Unlock()
-	if e.shut || e.postFails {
-		return errors.New("fake: QP in error state")
+	if e.postFails {
+		return errors.New("fake: post refused")
 	}
 	if e.corrupt != nil {
 		imm = e.corrupt(imm)
@@ -87,7 +90,9 @@ func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm, signaled bool) error
 	p := e.peer()
 	var err error
 	switch {
-	case p.shut:
+	case e.shut || p.shut:
+		// A QP in the error state takes the request and flushes it, as
+		// the IB spec has it.
 		err = errFakeFlushed
 	case len(p.posted) == 0:
 		e.w.rnr++
@@ -117,11 +122,16 @@ func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm, signaled bool) error
 func (e *fakeEnd) postRecvs(slots []int) error {
 	e.w.mu.Lock()
 	defer e.w.mu.Unlock()
+	e.recvPosts++
 	if e.shut {
-		return errors.New("fake: QP in error state")
+		// In the error state a receive completes at once, flushed.
+		for _, r := range slots {
+			e.cq = append(e.cq, completion{op: compRecv, slot: r, err: errFakeFlushed})
+		}
+		e.signal()
+		return nil
 	}
 	e.posted = append(e.posted, slots...)
-	e.recvPosts++
 	return nil
 }
 
@@ -223,9 +233,14 @@ func (e *fakeEnd) shutdown() {
 func (e *fakeEnd) release(ctx context.Context) error {
 	e.shutdown()
 	e.w.mu.Lock()
+	first := !e.released
 	e.released = true
+	gone := e.peer().onPeerGone
 	e.w.mu.Unlock()
-	// The peer's CM would see a disconnect.
+	// The peer's CM sees a disconnect.
+	if first && gone != nil {
+		gone("peer disconnected")
+	}
 	return nil
 }
 
@@ -281,6 +296,9 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 		}
 		globalStats.connsOpen.Add(1)
 		c.startKeepalive()
+		w.mu.Lock()
+		w.ends[i].onPeerGone = c.peerGone
+		w.mu.Unlock()
 		conns[i] = c
 	}
 	t.Cleanup(func() {
