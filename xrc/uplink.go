@@ -95,11 +95,31 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			e.mu.Unlock()
 			q, acc, err := e.physLink(ctx, raddr, &req)
 			e.mu.Lock()
+			if err == nil && e.closed {
+				// Close released what it knew while we connected: this INI
+				// and its CM id are ours to end (destroying the id sends
+				// the DREQ that frees the peer's stale-connection entry).
+				e.k.DestroyID(q.aid)
+				e.k.DestroyQP(q.qp)
+				err = ErrClosed
+			}
 			if err != nil {
 				u.refs--
 				u.setState(upNone)
 				e.removeUplinkLocked(u)
 				e.mu.Unlock()
+				if staleReject(err) && attempt < 15 {
+					// The peer still holds a connection from this node on
+					// our INI's number (an earlier process's, whose number
+					// the kernel gave us again); the kernel has just sent
+					// it a DREQ. Ask again shortly.
+					select {
+					case <-time.After(time.Duration(attempt+1) * 10 * time.Millisecond):
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+					continue
+				}
 				return err
 			}
 			delete(e.replaced, key)
@@ -325,6 +345,13 @@ func (e *Endpoint) destroyLater(id kernel.ID) {
 	if !e.spawn(destroy) {
 		destroy()
 	}
+}
+
+// staleReject reports whether err is the CM's stale-connection reject
+// (REJ reason 10) of a PHYS_REQ.
+func staleReject(err error) bool {
+	var rj *RejectError
+	return errors.As(err, &rj) && rj.Reason == RejectCM && rj.Status == kernel.RejStaleConn
 }
 
 // rejectErr reads a REJECTED or UNREACHABLE event.
