@@ -614,6 +614,12 @@ func (c *Conn) progress(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	if c.err != nil {
+		// Failed since the caller looked (by the round that just
+		// ended): nothing may complete any more, so do not wait.
+		c.mu.Unlock()
+		return nil
+	}
 	c.polling = true
 	c.mu.Unlock()
 

@@ -210,6 +210,14 @@ func (e *fakeEnd) poll(ctx context.Context, cs []completion, _ time.Duration, bl
 		}
 		select {
 		case <-e.notify:
+			// Like rdmaTransport.wait: a wake-up after shutdown with
+			// nothing to complete returns, so the caller rechecks.
+			e.w.mu.Lock()
+			idle := e.shut && len(e.cq) == 0
+			e.w.mu.Unlock()
+			if idle {
+				return 0, nil
+			}
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}

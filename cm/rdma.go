@@ -464,6 +464,12 @@ func (t *rdmaTransport) wait(ctx context.Context, wcs []verbs.WorkCompletion) (i
 				return 0, ErrClosed
 			}
 			t.armed = false
+			if t.isShut() {
+				// The Conn failed or is closing (shutdown pokes us): the
+				// caller rechecks instead of waiting for a flush that
+				// may have nothing to complete.
+				return 0, nil
+			}
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
@@ -479,6 +485,16 @@ func (t *rdmaTransport) shutdown() {
 	}
 	t.shut = true
 	t.qp.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.QPAttrState)
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (t *rdmaTransport) isShut() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.shut
 }
 
 // watch reads the CM id's events for the life of the connection: a
