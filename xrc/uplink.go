@@ -96,9 +96,10 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			q, acc, err := e.physLink(ctx, raddr, &req)
 			e.mu.Lock()
 			if err == nil && e.closed {
-				// Close released what it knew while we connected: this INI
-				// and its CM id are ours to end (destroying the id sends
-				// the DREQ that frees the peer's stale-connection entry).
+				// Close began while we connected. It releases the INIs it
+				// finds on the uplinks, which this one never joined, so
+				// its CM id and QP are ours to end (destroying the id
+				// sends the DREQ that frees the peer's stale entry).
 				e.k.DestroyID(q.aid)
 				e.k.DestroyQP(q.qp)
 				err = ErrClosed
