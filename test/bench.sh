@@ -111,8 +111,13 @@ VM_RC=0
 describe_tree "$DOC" > "$RUN/commit"
 "$REPO/test/vm/rxe-vm.sh" -t "$VM_TIMEOUT" -o "$RUN/vm" bash "$RUN/guest.sh" || VM_RC=$?
 [[ $VM_RC == 0 ]] || say "the VM run exited $VM_RC (results so far are used; see $RUN/vm)"
+date -u '+%Y-%m-%d %H:%M UTC' > "$RUN/vm.date"
 fi
 O=$RUN/vm
+if [[ -n $REPARSE ]]; then # the run's own round count and date, not this call's
+  ROUNDS=$(ls "$O"/lat64.c.* 2>/dev/null | sed 's/.*\.//' | sort -n | tail -1); ROUNDS=${ROUNDS:-0}
+  [[ -f $RUN/vm.date ]] || date -u -r "$O/output.log" '+%Y-%m-%d %H:%M UTC' > "$RUN/vm.date" 2>/dev/null || true
+fi
 
 # ---- parsing
 median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print v[(NR+1)/2]; else printf "%.2f\n", (v[NR/2]+v[NR/2+1])/2}'; }
@@ -146,32 +151,45 @@ value() { # BENCH IMPL FILE
   esac
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.2f\n", a / b}'; }
+# paired BENCH NUM: the ratio within each round (NUM=go: Go/C, NUM=c: C/Go), as "median,
+# lowest-highest" over the rounds that have both figures. Host load drifts between rounds; a
+# ratio taken within a round pairs a C run with the Go run just after it.
+paired() {
+  local r c g n
+  n=$(ls "$O/$1".c.* 2>/dev/null | sed 's/.*\.//' | sort -n | tail -1)
+  for r in $(seq 1 "${n:-0}"); do
+    [[ -f $O/$1.c.$r && -f $O/$1.go.$r ]] || continue
+    c=$(value "$1" c "$O/$1.c.$r"); g=$(value "$1" go "$O/$1.go.$r")
+    [[ -n $c && -n $g ]] || continue
+    if [[ $2 == go ]]; then ratio "$g" "$c"; else ratio "$c" "$g"; fi
+  done | grep -v n/a | sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "n/a"; else {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2; printf "%.2f, %.2f-%.2f\n", m, v[1], v[NR]}}'
+}
 verdict() { # RATIO OP TARGET
   awk -v r="$1" -v op="$2" -v t="$3" 'BEGIN {if (r == "n/a") print "no data"; else if ((op == ">=" && r >= t) || (op == "<=" && r <= t)) print "met"; else print "MISSED"}'
 }
 
 TABLE=$RUN/table.md
 {
-  echo "| benchmark | rdma-core C (median) | goxrc Go (median) | Go/C | better | target | result |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| benchmark | rdma-core C (median) | goxrc Go (median) | Go/C | Go/C within a round (median, range) | better | target | result |"
+  echo "|---|---|---|---|---|---|---|---|"
   for n in $CONNS; do
     c=$(values setup$n c | median); g=$(values setup$n go | median)
     cr=$(values setup$n c | tr '\n' ' '); gr=$(values setup$n go | tr '\n' ' ')
     # setup rate ratio = Go rate / C rate = C time per connection / Go time per connection
     r=$(ratio "$c" "$g")
-    echo "| setup N=$n, us per connection (rounds: C $cr/ Go $gr) | $c | $g | rate x$r | higher rate | rate >= 1.0x cmtime | $(verdict "$r" '>=' 1.0) |"
+    echo "| setup N=$n, us per connection (rounds: C $cr/ Go $gr) | $c | $g | rate x$r | rate x$(paired setup$n c) | higher rate | rate >= 1.0x cmtime | $(verdict "$r" '>=' 1.0) |"
   done
   c=$(values lat64 c | median); g=$(values lat64 go | median); r=$(ratio "$g" "$c")
-  echo "| 64 B ping-pong, one-way median us (rounds: C $(values lat64 c | tr '\n' ' ')/ Go $(values lat64 go | tr '\n' ' ')) | $c | $g | $r | lower | <= 1.10x ib_send_lat | $(verdict "$r" '<=' 1.10) |"
+  echo "| 64 B ping-pong, one-way median us (rounds: C $(values lat64 c | tr '\n' ' ')/ Go $(values lat64 go | tr '\n' ' ')) | $c | $g | $r | $(paired lat64 go) | lower | <= 1.10x ib_send_lat | $(verdict "$r" '<=' 1.10) |"
   for f in floorc floorgo; do
     g=$(values $f go | median); r=$(ratio "$g" "$c")
     what="no library, the loop in C inside a Go process"
     [[ $f == floorgo ]] && what="no library, one cgo call per step (post; poll in 10 us slices)"
-    echo "| floor: 64 B ping-pong, $what (test/cmd/cgofloor; rounds: $(values $f go | tr '\n' ' ')) | $c | $g | $r | lower | (none: for reference) | - |"
+    echo "| floor: 64 B ping-pong, $what (test/cmd/cgofloor; rounds: $(values $f go | tr '\n' ' ')) | $c | $g | $r | | lower | (none: for reference) | - |"
   done
   for s in 4096 65536; do
     c=$(values bw$s c | median); g=$(values bw$s go | median); r=$(ratio "$g" "$c")
-    echo "| $((s / 1024)) KiB send bandwidth, MB/s (2^20) (rounds: C $(values bw$s c | tr '\n' ' ')/ Go $(values bw$s go | tr '\n' ' ')) | $c | $g | $r | higher | >= 0.9x ib_send_bw | $(verdict "$r" '>=' 0.9) |"
+    echo "| $((s / 1024)) KiB send bandwidth, MB/s (2^20) (rounds: C $(values bw$s c | tr '\n' ' ')/ Go $(values bw$s go | tr '\n' ' ')) | $c | $g | $r | $(paired bw$s go) | higher | >= 0.9x ib_send_bw | $(verdict "$r" '>=' 0.9) |"
   done
 } > "$TABLE"
 GOBENCH=$(cat <(grep -E '^ *(--- |cm_bench)' "$O/goallocs.log" 2>/dev/null) <(grep -E '^Benchmark' "$O/gobench.log" 2>/dev/null))
@@ -185,11 +203,12 @@ COMMIT=$(cat "$RUN/commit" 2>/dev/null || describe_tree "$DOC")
 MARK='<!-- notes below are kept by test/bench.sh -->'
 NOTES=$(awk -v m="$MARK" 'f || $0 == m {f = 1; print}' "$DOC" 2>/dev/null || true)
 [[ -n $NOTES ]] || NOTES=$MARK
-cat > "$DOC" <<EOF
+# Written beside the doc and moved over it, so a failure here leaves the old doc (and its notes).
+cat > "$DOC.new" <<EOF
 # Benchmarks: goxrc against rdma-core's C tools
 
 Generated by \`sudo test/bench.sh\` (${ROUNDS} interleaved rounds C, Go, C, Go, ...; medians over rounds)
-on $(date -u '+%Y-%m-%d %H:%M UTC').
+on $(cat "$RUN/vm.date" 2>/dev/null || date -u '+%Y-%m-%d %H:%M UTC')${REPARSE:+ (the doc rewritten later from the outputs of that run)}.
 
 - Guest kernel: $(cat "$O/kernel" 2>/dev/null || echo unknown) (test/vm/rxe-vm.sh: qemu TCG, $(nproc) host CPUs, soft-RoCE rxe0 on a veth pair; server and client in the same guest, both on \$RXE_IP)
 - Host kernel: $(uname -r); CPU: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
@@ -206,6 +225,10 @@ it sleeps in the netpoller (\`cm.WithBusyPoll\`; the library default is 200us).
 $(cat "$TABLE")
 
 How the figures compare:
+- Verdicts are on the ratio of the two medians ("Go/C"). "Within a round" is the ratio of each
+  round's C run to the Go run right after it, their median and range: host load drifts between
+  rounds, and both tools switch between a fast and a slow mode from one run to the next (see the
+  findings below), so a single comparison can land anywhere in that range.
 - Setup: cmtime runs each step (create id, resolve addr, resolve route, create QP, connect) for all N
   connections at once, one step after another; the C figure is the sum of those steps' "us / conn"
   (step wall time / N). \`client -mode connect\` dials all N at once; its figure is wall time / N until
@@ -230,6 +253,7 @@ real NICs, and variance between rounds is large (see the per-round values).
 
 $NOTES
 EOF
+mv "$DOC.new" "$DOC"
 
 echo
 echo "==================== benchmarks ($((SECONDS - START))s; raw outputs in $O)"
