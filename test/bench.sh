@@ -204,6 +204,7 @@ MARK='<!-- notes below are kept by test/bench.sh -->'
 NOTES=$(awk -v m="$MARK" 'f || $0 == m {f = 1; print}' "$DOC" 2>/dev/null || true)
 [[ -n $NOTES ]] || NOTES=$MARK
 # Written beside the doc and moved over it, so a failure here leaves the old doc (and its notes).
+trap 'rm -f "$DOC.new"' EXIT
 cat > "$DOC.new" <<EOF
 # Benchmarks: goxrc against rdma-core's C tools
 
