@@ -95,7 +95,7 @@ else
 fi
 O=$RUN/vm
 if [[ -n $REPARSE ]]; then # the run's own round count, not this call's default
-  ROUNDS=$(ls "$O"/logical.* 2>/dev/null | sed 's/.*\.//' | sort -n | tail -1); ROUNDS=${ROUNDS:-0}
+  ROUNDS=$(last_round "$O"/logical.*); ROUNDS=${ROUNDS:-0}
 fi
 
 median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print v[(NR+1)/2]; else printf "%.0f\n", (v[NR/2]+v[NR/2+1])/2}'; }
@@ -114,7 +114,7 @@ RATIO=$(awk -v a="$RM" -v b="$XM" 'BEGIN {if (a == "nan" || b == "nan" || b == 0
 PAIRED=$(for r in $(seq 1 "$ROUNDS"); do
   a=$([[ -f $O/logical.$r ]] && nsop BenchmarkHybridAddLogicalConn "$O/logical.$r"); b=$([[ -f $O/rc.$r ]] && nsop BenchmarkRCDial "$O/rc.$r")
   [[ -n $a && -n $b ]] && awk -v a="$a" -v b="$b" 'BEGIN {if (a > 0) printf "%.2f\n", b / a}'
-done | sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "n/a"; else {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2; printf "x%.1f (x%.1f-x%.1f)\n", m, v[1], v[NR]}}')
+done | median_range 'x%.1f (x%.1f-x%.1f)')
 VERDICT=$(awk -v r="$RATIO" -v t="$TARGET" 'BEGIN {if (r == "n/a") print "no data"; else if (r >= t) print "met"; else print "MISSED"}')
 BENCHLINES=$(grep -hE '^Benchmark|^--- (FAIL|SKIP)|^ +bench_hybrid|^rc=' "$O"/logical.* "$O"/rc.* "$O"/sidr.* 2>/dev/null || echo "(no benchmark output: see $O)")
 

@@ -115,7 +115,7 @@ date -u '+%Y-%m-%d %H:%M UTC' > "$RUN/vm.date"
 fi
 O=$RUN/vm
 if [[ -n $REPARSE ]]; then # the run's own round count and date, not this call's
-  ROUNDS=$(ls "$O"/lat64.c.* 2>/dev/null | sed 's/.*\.//' | sort -n | tail -1); ROUNDS=${ROUNDS:-0}
+  ROUNDS=$(last_round "$O"/lat64.c.*); ROUNDS=${ROUNDS:-0}
   [[ -f $RUN/vm.date ]] || date -u -r "$O/output.log" '+%Y-%m-%d %H:%M UTC' > "$RUN/vm.date" 2>/dev/null || true
 fi
 
@@ -155,14 +155,13 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "nan" || b == "nan" || b == 0
 # lowest-highest" over the rounds that have both figures. Host load drifts between rounds; a
 # ratio taken within a round pairs a C run with the Go run just after it.
 paired() {
-  local r c g n
-  n=$(ls "$O/$1".c.* 2>/dev/null | sed 's/.*\.//' | sort -n | tail -1)
-  for r in $(seq 1 "${n:-0}"); do
+  local r c g
+  for r in $(seq 1 "$ROUNDS"); do
     [[ -f $O/$1.c.$r && -f $O/$1.go.$r ]] || continue
     c=$(value "$1" c "$O/$1.c.$r"); g=$(value "$1" go "$O/$1.go.$r")
     [[ -n $c && -n $g ]] || continue
     if [[ $2 == go ]]; then ratio "$g" "$c"; else ratio "$c" "$g"; fi
-  done | grep -v n/a | sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "n/a"; else {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2; printf "%.2f, %.2f-%.2f\n", m, v[1], v[NR]}}'
+  done | grep -v n/a | median_range '%.2f, %.2f-%.2f'
 }
 verdict() { # RATIO OP TARGET
   awk -v r="$1" -v op="$2" -v t="$3" 'BEGIN {if (r == "n/a") print "no data"; else if ((op == ">=" && r >= t) || (op == "<=" && r <= t)) print "met"; else print "MISSED"}'

@@ -24,6 +24,14 @@ describe_tree() {
   echo "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)${changed:+ (with uncommitted changes to: $changed)}"
 }
 
+# last_round FILE...: the highest N among files named ....N (a run's round count).
+last_round() { ls "$@" 2>/dev/null | sed 's/.*\.//' | sort -n | tail -1; }
+# median_range FORMAT: the median, lowest and highest of the numbers on stdin, through
+# printf FORMAT (three %f), or n/a when there are none.
+median_range() {
+  sort -g | awk -v f="$1" '{v[NR]=$1} END {if (NR == 0) print "n/a"; else {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2; printf f "\n", m, v[1], v[NR]}}'
+}
+
 install_packages() {
   local missing=() p
   for p in "${PACKAGES[@]}"; do
