@@ -152,7 +152,7 @@ func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) 
 		return nil, fail(err)
 	}
 	c.start(t)
-	cfg.logger.Debug("connected", "remote", raddr, "local", c.laddr, "device", id.DeviceName())
+	cfg.logger.Debug("connected", "remote", raddr, "local", c.laddr, "device", t.dev.name)
 	return c, nil
 }
 

@@ -304,31 +304,15 @@ func newRDMATransport(id *rdmacm.ID, sendSlots, recvSlots, sendSize, recvSize, i
 		return nil, err
 	}
 	t.hasMem = true
-	if err = t.modify(verbs.QPStateInit); err != nil {
+	if err = t.id.MoveQP(t.qp, verbs.QPStateInit, 0); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// modify moves the QP to state with the attributes the CM computed.
-func (t *rdmaTransport) modify(state verbs.QPState) error {
-	attr, mask, err := t.id.InitQPAttr(state)
-	if err != nil {
-		return err
-	}
-	if state == verbs.QPStateRTR {
-		attr.MinRNRTimer = minRNRTimer
-		mask |= verbs.QPAttrMinRNRTimer
-	}
-	return t.qp.Modify(&attr, mask)
-}
-
 // connect moves the QP through RTR to RTS once the peer's QP number is known.
 func (t *rdmaTransport) connect() error {
-	if err := t.modify(verbs.QPStateRTR); err != nil {
-		return err
-	}
-	return t.modify(verbs.QPStateRTS)
+	return t.id.MoveQP(t.qp, verbs.QPStateRTS, minRNRTimer)
 }
 
 func (t *rdmaTransport) sendBuf(slot int) []byte {

@@ -9,7 +9,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
+	"github.com/goxrc/goxrc/internal/cbridge"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -259,17 +261,26 @@ func (id *ID) get() (func(), bool) {
 	return id.mu.RUnlock, true
 }
 
-func (id *ID) opErr(op, addr string, err error) error {
+// opErr wraps a failed operation's error with the address it concerns;
+// addr is called only on failure, as it may call into C.
+func (id *ID) opErr(op string, err error, addr func() string) error {
 	if err == nil {
 		return nil
 	}
-	if addr == "" {
+	where := ""
+	if addr != nil {
+		where = addr()
+	}
+	if where == "" {
 		if dev := id.sysDeviceName(); dev != "" {
-			addr = dev
+			where = dev
 		}
 	}
-	return &verbs.OpError{Op: op, Addr: addr, Err: err}
+	return &verbs.OpError{Op: op, Addr: where, Err: err}
 }
+
+func (id *ID) localString() string  { return id.sysLocalAddr().String() }
+func (id *ID) remoteString() string { return id.sysRemoteAddr().String() }
 
 // PortSpace returns the id's port space.
 func (id *ID) PortSpace() PortSpace {
@@ -309,7 +320,7 @@ func (id *ID) Bind(addr netip.AddrPort) error {
 	if !addr.IsValid() {
 		return &verbs.OpError{Op: op, Err: syscall.EINVAL}
 	}
-	return id.opErr(op, addr.String(), id.sysBind(addr))
+	return id.opErr(op, id.sysBind(addr), addr.String)
 }
 
 // kernelTimeout turns ctx's deadline into the millisecond timeout of a
@@ -385,7 +396,7 @@ func (id *ID) Listen(backlog int) error {
 		return err
 	}
 	defer unlock()
-	return id.opErr(op, id.sysLocalAddr().String(), id.sysListen(backlog))
+	return id.opErr(op, id.sysListen(backlog), id.localString)
 }
 
 // Connect sends a connection request (rdma_connect): a REQ (private data up
@@ -409,7 +420,7 @@ func (id *ID) Connect(p ConnParam) error {
 	if err := checkPrivateData(op, limit, p.PrivateData); err != nil {
 		return err
 	}
-	return id.opErr(op, id.sysRemoteAddr().String(), id.sysConnect(&p))
+	return id.opErr(op, id.sysConnect(&p), id.remoteString)
 }
 
 // Accept accepts the connection request this id came with (rdma_accept):
@@ -432,7 +443,7 @@ func (id *ID) Accept(p ConnParam) error {
 	if err := checkPrivateData(op, limit, p.PrivateData); err != nil {
 		return err
 	}
-	return id.opErr(op, id.sysRemoteAddr().String(), id.sysAccept(&p))
+	return id.opErr(op, id.sysAccept(&p), id.remoteString)
 }
 
 // Reject rejects the connection request this id came with, or (on the
@@ -454,7 +465,7 @@ func (id *ID) Reject(privateData []byte) error {
 	if err := checkPrivateData(op, limit, privateData); err != nil {
 		return err
 	}
-	return id.opErr(op, id.sysRemoteAddr().String(), id.sysReject(privateData))
+	return id.opErr(op, id.sysReject(privateData), id.remoteString)
 }
 
 // Establish completes a connection on the active side after
@@ -467,7 +478,7 @@ func (id *ID) Establish() error {
 		return err
 	}
 	defer unlock()
-	return id.opErr(op, id.sysRemoteAddr().String(), id.sysEstablish())
+	return id.opErr(op, id.sysEstablish(), id.remoteString)
 }
 
 // Disconnect sends a DREQ, or answers the peer's with a DREP
@@ -481,7 +492,7 @@ func (id *ID) Disconnect() error {
 		return err
 	}
 	defer unlock()
-	return id.opErr(op, id.sysRemoteAddr().String(), id.sysDisconnect())
+	return id.opErr(op, id.sysDisconnect(), id.remoteString)
 }
 
 // InitQPAttr returns the attributes and the mask that move a QP of this
@@ -498,9 +509,41 @@ func (id *ID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask, e
 	defer unlock()
 	attr, mask, err := id.sysInitQPAttr(state)
 	if err != nil {
-		return verbs.QPAttr{}, 0, id.opErr(op, state.String(), err)
+		return verbs.QPAttr{}, 0, id.opErr(op, err, state.String)
 	}
 	return attr, mask, nil
+}
+
+// MoveQP moves qp, the QP of this connection, to state (INIT, RTR or RTS)
+// through each state between, with the attributes the CM computes: what
+// InitQPAttr and verbs.QP.Modify do step by step, in one C call. minRNRTimer,
+// when not 0, replaces the CM's MinRNRTimer (0, a 655 ms back-off) at RTR.
+// A QP already in state is left alone; one past it, or in SQD, SQE or ERR,
+// gives EINVAL.
+// librdmacm makes the same calls itself, inside rdma_accept and its
+// CONNECT_RESPONSE handling, for QPs made by rdma_create_qp.
+func (id *ID) MoveQP(qp *verbs.QP, state verbs.QPState, minRNRTimer uint8) error {
+	const op = "rdma_init_qp_attr"
+	unlock, err := id.use(op)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if state < verbs.QPStateInit || state > verbs.QPStateRTS {
+		return &verbs.OpError{Op: op, Addr: state.String(), Err: syscall.EINVAL}
+	}
+	modify := cbridge.ModifyQP
+	if modify == nil {
+		return &verbs.OpError{Op: op, Err: ErrNotSupported}
+	}
+	return modify(qp, func(h unsafe.Pointer, cur int) (int, error) {
+		from := verbs.QPState(cur)
+		if from > state {
+			return cur, id.opErr("ibv_modify_qp", syscall.EINVAL, func() string { return from.String() + " to " + state.String() })
+		}
+		reached, failed, err := id.sysMoveQP(h, from, state, minRNRTimer)
+		return reached, id.opErr(failed, err, state.String)
+	})
 }
 
 // DeviceName returns the name of the RDMA device the id is bound to, or ""

@@ -212,6 +212,38 @@ static int gx_init_qp_attr(struct rdma_cm_id *id, int state, struct ibv_qp_attr 
 	return rdma_init_qp_attr(id, attr, mask) ? -errno : 0;
 }
 
+// gx_move_qp moves qp from state `from` through each next state up to `to`
+// with the attributes the CM computes, in one call from Go (each cgo call that
+// sits in the kernel costs a Go process far more than the call itself).
+// rnr > 0 replaces the CM's min_rnr_timer at RTR. *reached is the state the QP
+// is known to be in afterwards (-1 after a failed modify: the driver may have
+// moved it); *in_modify tells a failed ibv_modify_qp from a failed
+// rdma_init_qp_attr.
+static int gx_move_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int from, int to, int rnr,
+		      int *reached, int *in_modify) {
+	*reached = from;
+	*in_modify = 0;
+	for (int st = from + 1; st <= to; st++) {
+		struct ibv_qp_attr attr;
+		int mask, r;
+		memset(&attr, 0, sizeof(attr));
+		attr.qp_state = (enum ibv_qp_state)st;
+		if (rdma_init_qp_attr(id, &attr, &mask))
+			return -errno;
+		if (st == IBV_QPS_RTR && rnr > 0) {
+			attr.min_rnr_timer = rnr;
+			mask |= IBV_QP_MIN_RNR_TIMER;
+		}
+		if ((r = ibv_modify_qp(qp, &attr, mask))) {
+			*reached = -1;
+			*in_modify = 1;
+			return r > 0 ? -r : r;
+		}
+		*reached = st;
+	}
+	return 0;
+}
+
 static void gx_local(struct rdma_cm_id *id, gx_addr *a) { gx_from_sockaddr(rdma_get_local_addr(id), a); }
 static void gx_peer(struct rdma_cm_id *id, gx_addr *a) { gx_from_sockaddr(rdma_get_peer_addr(id), a); }
 static const char *gx_devname(struct rdma_cm_id *id) {
@@ -490,6 +522,16 @@ func (id *ID) sysInitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask
 		return verbs.QPAttr{}, 0, errno(r)
 	}
 	return qpAttrFromC(attr), verbs.QPAttrMask(mask), nil
+}
+
+func (id *ID) sysMoveQP(qp unsafe.Pointer, from, to verbs.QPState, minRNRTimer uint8) (reached int, op string, err error) {
+	var r, inModify C.int
+	err = errno(C.gx_move_qp(id.sys.cid, (*C.struct_ibv_qp)(qp), C.int(from), C.int(to), C.int(minRNRTimer), &r, &inModify))
+	op = "rdma_init_qp_attr"
+	if inModify != 0 {
+		op = "ibv_modify_qp"
+	}
+	return int(r), op, err
 }
 
 func (id *ID) sysDeviceName() string {

@@ -31,6 +31,9 @@ func init() {
 	}
 	cbridge.QPAttrFromC = func(p unsafe.Pointer) any { return qpAttrFromC((*C.struct_ibv_qp_attr)(p)) }
 	cbridge.AHAttrFromC = func(p unsafe.Pointer) any { return ahAttrFromC((*C.struct_ibv_ah_attr)(p)) }
+	cbridge.ModifyQP = func(q any, move func(unsafe.Pointer, int) (int, error)) error {
+		return q.(*QP).modifyOutside(move)
+	}
 }
 
 // errnoOr returns err when the C call set errno, def otherwise: some

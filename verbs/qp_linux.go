@@ -420,13 +420,8 @@ func (q *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
 	}
 	q.stateMu.Lock()
 	defer q.stateMu.Unlock()
-	if !q.stateKnown {
-		var ca C.struct_ibv_qp_attr
-		var ci C.struct_ibv_qp_init_attr
-		if rc, err := C.ibv_query_qp(q.qp, &ca, C.IBV_QP_STATE, &ci); rc != 0 {
-			return &OpError{Op: "ibv_query_qp", Addr: q.tag, Err: rcErr(rc, err)}
-		}
-		q.state, q.stateKnown = QPState(ca.qp_state), true
+	if err := q.learnStateLocked(); err != nil {
+		return err
 	}
 	if err := CheckMask(q.typ, q.state, attr, mask); err != nil {
 		return &OpError{Op: "ibv_modify_qp", Addr: q.tag, Err: err}
@@ -441,6 +436,39 @@ func (q *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
 		q.state = attr.State
 	}
 	return nil
+}
+
+// learnStateLocked queries the QP's state when a failed modify left it
+// unknown; stateMu is held.
+func (q *QP) learnStateLocked() error {
+	if q.stateKnown {
+		return nil
+	}
+	var ca C.struct_ibv_qp_attr
+	var ci C.struct_ibv_qp_init_attr
+	if rc, err := C.ibv_query_qp(q.qp, &ca, C.IBV_QP_STATE, &ci); rc != 0 {
+		return &OpError{Op: "ibv_query_qp", Addr: q.tag, Err: rcErr(rc, err)}
+	}
+	q.state, q.stateKnown = QPState(ca.qp_state), true
+	return nil
+}
+
+// modifyOutside runs move, which changes the QP's state in C (see
+// cbridge.ModifyQP), under the same lock and state bookkeeping as Modify.
+func (q *QP) modifyOutside(move func(qp unsafe.Pointer, state int) (int, error)) error {
+	const op = "ibv_modify_qp"
+	if err := q.use(op); err != nil {
+		return err
+	}
+	defer q.l.done()
+	q.stateMu.Lock()
+	defer q.stateMu.Unlock()
+	if err := q.learnStateLocked(); err != nil {
+		return err
+	}
+	reached, err := move(unsafe.Pointer(q.qp), int(q.state))
+	q.state, q.stateKnown = QPState(reached), reached >= 0
+	return err
 }
 
 // Query returns the attributes selected by mask and the QP's queue sizes.

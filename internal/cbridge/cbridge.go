@@ -18,4 +18,10 @@ var (
 
 	// AHAttrFromC converts a struct ibv_ah_attr into a verbs.AHAttr.
 	AHAttrFromC func(attr unsafe.Pointer) any
+
+	// ModifyQP lets rdmacm change a *verbs.QP's state in C: it calls move
+	// with the struct ibv_qp and its current state while holding the QP
+	// open and its state lock, and records the state move says it reached
+	// (-1: unknown). Its error is move's, or the QP's closed error.
+	ModifyQP func(qp any, move func(qp unsafe.Pointer, state int) (reached int, err error)) error
 )

@@ -5,7 +5,9 @@ package integration
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,15 +94,50 @@ func rdmacmWaitWC(t *testing.T, cq *verbs.CQ, want verbs.WCOpcode) verbs.WorkCom
 	return wcs[0]
 }
 
+// qpMover moves a connection's QP to a later state with the CM's attributes.
+type qpMover func(t *testing.T, id *rdmacm.ID, qp *verbs.QP, to verbs.QPState)
+
+// rdmacmQPState returns the state the device reports for qp.
+func rdmacmQPState(t *testing.T, qp *verbs.QP) verbs.QPState {
+	t.Helper()
+	attr, _, err := qp.Query(verbs.QPAttrState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return attr.State
+}
+
 // TestRDMACMRCWithQPs connects two RC QPs that verbs created, through the
-// CM, and sends a message each way.
+// CM, and sends a message each way: once moving the QPs one state at a time
+// (InitQPAttr, then Modify), once with MoveQP, which makes the same calls in
+// one C call.
 func TestRDMACMRCWithQPs(t *testing.T) {
+	stepwise := func(t *testing.T, id *rdmacm.ID, qp *verbs.QP, to verbs.QPState) {
+		t.Helper()
+		for s := rdmacmQPState(t, qp) + 1; s <= to; s++ {
+			rdmacmMove(t, id, qp, s)
+		}
+	}
+	oneCall := func(t *testing.T, id *rdmacm.ID, qp *verbs.QP, to verbs.QPState) {
+		t.Helper()
+		if err := id.MoveQP(qp, to, 12); err != nil {
+			t.Fatalf("MoveQP(%v): %v", to, err)
+		}
+		if got := rdmacmQPState(t, qp); got != to {
+			t.Fatalf("after MoveQP(%v) the QP is in %v", to, got)
+		}
+	}
+	t.Run("stepwise", func(t *testing.T) { rdmacmRCWithQPs(t, 20108, stepwise) })
+	t.Run("MoveQP", func(t *testing.T) { rdmacmRCWithQPs(t, 20111, oneCall) })
+}
+
+func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover) {
 	_, ip := rdmacmEnv(t)
 	if !verbs.Counts().IsZero() {
 		t.Fatalf("verbs objects left over: %+v", verbs.Counts())
 	}
 	ch := rdmacmChannel(t)
-	addr := netip.AddrPortFrom(ip, 20108)
+	addr := netip.AddrPortFrom(ip, port)
 	l := rdmacmListen(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, addr)
 	vc := l.Context() // one wrapper for the device, used by both ends
 	if vc == nil {
@@ -121,7 +158,7 @@ func TestRDMACMRCWithQPs(t *testing.T) {
 
 	// Active side: route, QP to INIT, REQ.
 	cli := rdmacmResolved(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, addr)
-	rdmacmMove(t, cli, cliEP.qp, verbs.QPStateInit)
+	move(t, cli, cliEP.qp, verbs.QPStateInit)
 	if err := cli.Connect(rdmacm.ConnParam{QPNum: cliEP.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}); err != nil {
 		t.Fatal(err)
 	}
@@ -133,12 +170,11 @@ func TestRDMACMRCWithQPs(t *testing.T) {
 	if e.Conn.QPNum != cliEP.qp.Num() {
 		t.Fatalf("request names QP %#x, want %#x", e.Conn.QPNum, cliEP.qp.Num())
 	}
-	rdmacmMove(t, srv, srvEP.qp, verbs.QPStateInit)
+	move(t, srv, srvEP.qp, verbs.QPStateInit)
 	if err := srvEP.qp.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{srvEP.mr.SGE(0, 4096)}}}); err != nil {
 		t.Fatal(err)
 	}
-	rdmacmMove(t, srv, srvEP.qp, verbs.QPStateRTR)
-	rdmacmMove(t, srv, srvEP.qp, verbs.QPStateRTS)
+	move(t, srv, srvEP.qp, verbs.QPStateRTS)
 	if err := srv.Accept(rdmacm.ConnParam{QPNum: srvEP.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}); err != nil {
 		t.Fatal(err)
 	}
@@ -151,8 +187,7 @@ func TestRDMACMRCWithQPs(t *testing.T) {
 	if err := cliEP.qp.PostRecv([]verbs.RecvWR{{ID: 2, SGL: []verbs.SGE{cliEP.mr.SGE(0, 4096)}}}); err != nil {
 		t.Fatal(err)
 	}
-	rdmacmMove(t, cli, cliEP.qp, verbs.QPStateRTR)
-	rdmacmMove(t, cli, cliEP.qp, verbs.QPStateRTS)
+	move(t, cli, cliEP.qp, verbs.QPStateRTS)
 	if err := cli.Establish(); err != nil {
 		t.Fatal(err)
 	}
@@ -172,6 +207,24 @@ func TestRDMACMRCWithQPs(t *testing.T) {
 	}
 	send(cliEP, srvEP, []byte("hello over an RC QP connected by rdmacm"))
 	send(srvEP, cliEP, bytes.Repeat([]byte{0x5a, 0xa5}, 1000))
+
+	// MoveQP never moves a QP backwards or out of the connection states,
+	// and a refused move leaves the QP as it was.
+	for _, to := range []verbs.QPState{verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateErr, verbs.QPStateReset} {
+		if err := cli.MoveQP(cliEP.qp, to, 0); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("MoveQP(%v) of an RTS QP: %v, want EINVAL", to, err)
+		}
+	}
+	if err := cli.MoveQP(cliEP.qp, verbs.QPStateRTS, 0); err != nil {
+		t.Errorf("MoveQP(RTS) of an RTS QP: %v, want nothing to do", err)
+	}
+	if got := rdmacmQPState(t, cliEP.qp); got != verbs.QPStateRTS {
+		t.Errorf("after refused moves the QP is in %v", got)
+	}
+	if err := srvEP.qp.PostRecv([]verbs.RecvWR{{ID: 3, SGL: []verbs.SGE{srvEP.mr.SGE(0, 4096)}}}); err != nil {
+		t.Fatal(err)
+	}
+	send(cliEP, srvEP, []byte("still connected"))
 
 	if err := cli.Disconnect(); err != nil {
 		t.Fatal(err)
