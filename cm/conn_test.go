@@ -560,3 +560,51 @@ func TestConnRefusedPost(t *testing.T) {
 	defer c.mu.Unlock()
 	require.NoError(t, c.err, "a refusal during our own Close is not a failure")
 }
+
+// TestBusyPollOnlyWhileWaitsAreShort checks when a receiver spins: not on a
+// fresh connection's first wait, not after a wait that outlasted the
+// busy-poll window, and again after a short wait.
+func TestBusyPollOnlyWhileWaitsAreShort(t *testing.T) {
+	const window = 100 * time.Millisecond
+	a, b, w := fakePair(t, fakeOpts{busyPoll: window})
+	ctx := context.Background()
+	spins := func() int {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.ends[1].spins
+	}
+	buf := make([]byte, 64)
+	// recvAfter receives one message that a sends after delay.
+	recvAfter := func(delay time.Duration) {
+		t.Helper()
+		sent := make(chan error, 1)
+		go func() {
+			time.Sleep(delay)
+			sent <- a.Send(ctx, []byte("x"))
+		}()
+		if _, err := b.Recv(ctx, buf); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		what  string
+		delay time.Duration
+		spin  bool
+	}{
+		{"first wait of a fresh connection", 10 * time.Millisecond, false},
+		{"after a short wait", 10 * time.Millisecond, true},
+		{"a wait that outlasts the window", 10 * window, true},
+		{"after that long wait", 10 * time.Millisecond, false},
+		{"after a short wait again", 10 * time.Millisecond, true},
+	}
+	for _, s := range steps {
+		before := spins()
+		recvAfter(s.delay)
+		if spun := spins() > before; spun != s.spin {
+			t.Errorf("%s: spun %v, want %v", s.what, spun, s.spin)
+		}
+	}
+}

@@ -37,6 +37,7 @@ type fakeEnd struct {
 	sends     int // sends posted
 	signaled  int // of them signaled (or failed), so completing
 	recvPosts int // postRecvs calls
+	spins     int // polls asked to busy-poll
 	// Send slots posted and not yet covered by a completion the Conn has
 	// polled, in post order: reusing one of them would overwrite a buffer
 	// the device may still read.
@@ -180,7 +181,12 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 	return nil
 }
 
-func (e *fakeEnd) poll(ctx context.Context, cs []completion, _ time.Duration, block bool) (int, error) {
+func (e *fakeEnd) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
+	if spin > 0 {
+		e.w.mu.Lock()
+		e.spins++
+		e.w.mu.Unlock()
+	}
 	for {
 		e.w.mu.Lock()
 		n := copy(cs, e.cq)
@@ -262,6 +268,7 @@ type fakeOpts struct {
 	msgSize   [2]int
 	raw       bool
 	keepalive time.Duration
+	busyPoll  time.Duration
 }
 
 // fakePair returns two connected Conns over a fakeWire, as Dial and Accept
@@ -295,6 +302,7 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 		c, err := newConn(w.ends[i], fakeAddr(fmt.Sprintf("side%d", i)), fakeAddr(fmt.Sprintf("side%d", 1-i)), connParams{
 			raw: o.raw, sendSlots: sendSlots[i], recvSlots: recvSlots[i], peerSlots: recvSlots[1-i],
 			maxSend: maxSend[i], maxRecv: maxSend[1-i], timeout: 2 * time.Second, keepalive: o.keepalive,
+			busyPoll: o.busyPoll,
 		})
 		if err != nil {
 			t.Fatal(err)
