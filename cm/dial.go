@@ -110,7 +110,7 @@ func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) 
 	sendSlots, recvSlots, hdr := cfg.slots()
 	// The dialer does not know the peer's limits yet: size send slots for
 	// its own, and send at most what the peer agrees to.
-	t, err = newRDMATransport(id, sendSlots, recvSlots, cfg.messageSize+hdr, cfg.messageSize+hdr, cfg.inlineThreshold)
+	t, err = newRDMATransport(id, verbs.QPStateInit, sendSlots, recvSlots, cfg.messageSize+hdr, cfg.messageSize+hdr, cfg.inlineThreshold)
 	if err != nil {
 		return nil, fail(err)
 	}

@@ -177,7 +177,10 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 		sendSlots = int(peer.queueDepth) + 1
 		sendSize = min(cfg.messageSize, int(peer.maxMessage)) + hdr
 	}
-	t, err := newRDMATransport(id, sendSlots, recvSlots, sendSize, cfg.messageSize+hdr, cfg.inlineThreshold)
+	// The QP goes to RTS in one step: the request named the peer's QP, and
+	// the peer sends nothing before our accept, by which time the
+	// receives below are posted.
+	t, err := newRDMATransport(id, verbs.QPStateRTS, sendSlots, recvSlots, sendSize, cfg.messageSize+hdr, cfg.inlineThreshold)
 	if err != nil {
 		reject(err)
 		return
@@ -189,9 +192,6 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 	}
 	if err == nil {
 		err = c.postAllRecvs()
-	}
-	if err == nil {
-		err = t.connect()
 	}
 	if err != nil {
 		globalStats.acceptErrors.Add(1)

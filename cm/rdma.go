@@ -258,9 +258,11 @@ func (d *device) release() {
 }
 
 // newRDMATransport creates the queue pair and its buffers on the device id
-// is bound to and moves the QP to INIT. Buffers: sendSlots of sendSize
-// bytes, then recvSlots of recvSize, in one registration.
-func newRDMATransport(id *rdmacm.ID, sendSlots, recvSlots, sendSize, recvSize, inline int) (_ *rdmaTransport, err error) {
+// is bound to and moves the QP to state: INIT on the active side, which does
+// not know its peer yet; RTS at once on the passive side, whose request
+// named the peer's QP. Buffers: sendSlots of sendSize bytes, then recvSlots
+// of recvSize, in one registration.
+func newRDMATransport(id *rdmacm.ID, state verbs.QPState, sendSlots, recvSlots, sendSize, recvSize, inline int) (_ *rdmaTransport, err error) {
 	t := &rdmaTransport{
 		id: id, sendSlots: sendSlots, recvSlots: recvSlots,
 		sendSize: sendSize, recvSize: recvSize,
@@ -304,13 +306,14 @@ func newRDMATransport(id *rdmacm.ID, sendSlots, recvSlots, sendSize, recvSize, i
 		return nil, err
 	}
 	t.hasMem = true
-	if err = t.id.MoveQP(t.qp, verbs.QPStateInit, 0); err != nil {
+	if err = t.id.MoveQP(t.qp, state, minRNRTimer); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// connect moves the QP through RTR to RTS once the peer's QP number is known.
+// connect moves the active side's QP through RTR to RTS once the peer's
+// reply named its QP.
 func (t *rdmaTransport) connect() error {
 	return t.id.MoveQP(t.qp, verbs.QPStateRTS, minRNRTimer)
 }
