@@ -221,6 +221,15 @@ func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover) {
 	if got := rdmacmQPState(t, cliEP.qp); got != verbs.QPStateRTS {
 		t.Errorf("after refused moves the QP is in %v", got)
 	}
+	closed, err := cliEP.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cliEP.cq, RecvCQ: cliEP.cq,
+		Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	if err := cli.MoveQP(closed, verbs.QPStateInit, 0); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("MoveQP of a closed QP: %v, want ErrClosed", err)
+	}
 	if err := srvEP.qp.PostRecv([]verbs.RecvWR{{ID: 3, SGL: []verbs.SGE{srvEP.mr.SGE(0, 4096)}}}); err != nil {
 		t.Fatal(err)
 	}
