@@ -21,9 +21,8 @@ import (
 // Spinning for about a round trip keeps ping-pong latency near a
 // busy-polling C program's (a wake-up through the netpoller costs tens of
 // microseconds, more under emulation); sleeping after it keeps idle
-// connections free. A connection spins only while its waits have been
-// shorter than this: its first wait, and any wait after one that outlasted
-// the window, sleeps at once. WithBusyPoll changes it.
+// connections free. A connection starts spinning after its first
+// completion: its first wait sleeps at once. WithBusyPoll changes it.
 const DefaultBusyPoll = 200 * time.Microsecond
 
 // spinSlice bounds one C call of a busy poll (verbs.CQ.PollSpin): polling
@@ -107,12 +106,13 @@ type Conn struct {
 	sendMu   sync.Mutex // serialises senders
 	sendPace yieldPacer // sends' yield checks; guarded by sendMu
 	pollPace yieldPacer // progress rounds', likewise; the polling leader's
-	// spinNext says whether the next progress round busy-polls; the polling
-	// leader's. A connection spins only while its waits have been shorter
-	// than the busy-poll window: a fresh connection, or one whose last wait
-	// outlasted the window (a server waiting for a request, the peer
-	// silent), sleeps at once instead of burning a core for nothing; the
-	// next short wait turns spinning back on.
+	// spinNext says whether progress rounds busy-poll: not until the first
+	// completion (the polling leader's). A fresh connection's first wait
+	// (a server's for the first request) sleeps at once: under a burst of
+	// new connections, each one spinning for a window would burn the CPU
+	// that the handshakes need. Deciding by how long waits took instead
+	// failed: a wait that sleeps takes longer than the window under
+	// emulation by the wake-up alone, so spinning, once off, stayed off.
 	spinNext bool
 	recvMu   sync.Mutex // serialises receivers
 	postMu   sync.Mutex // orders sequence numbers with posts
@@ -658,19 +658,13 @@ func (c *Conn) progress(ctx context.Context) error {
 		}
 	}
 	if n == 0 && err == nil {
-		var slept time.Time
-		if !spun && c.busyPoll > 0 {
-			slept = time.Now()
-		}
 		n, err = c.t.poll(ctx, c.cbuf, 0, true)
-		// A wait that outlasted a spin would have spun for nothing.
-		c.spinNext = !spun && c.busyPoll > 0 && time.Since(slept) < c.busyPoll
-	} else {
+	} else if !spun {
+		// A receiver that always finds completions never spins.
+		c.pollPace.tick(c)
+	}
+	if n > 0 {
 		c.spinNext = true
-		if !spun {
-			// A receiver that always finds completions never spins.
-			c.pollPace.tick(c)
-		}
 	}
 
 	reposted := false

@@ -170,8 +170,8 @@ func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepaliv
 func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
 
 // WithBusyPoll sets how long a waiting Send or Recv polls the completion
-// queue before sleeping (default DefaultBusyPoll), on a connection whose
-// recent waits were that short (see DefaultBusyPoll). Longer trades CPU for
+// queue before sleeping (default DefaultBusyPoll), once the connection has
+// had its first completion (see DefaultBusyPoll). Longer trades CPU for
 // latency, as busy-polling C programs such as ib_send_lat do; 0 sleeps at
 // once.
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
