@@ -467,7 +467,9 @@ func (q *QP) modifyOutside(move func(qp unsafe.Pointer, state int) (int, error))
 		return err
 	}
 	reached, err := move(unsafe.Pointer(q.qp), int(q.state))
-	q.state, q.stateKnown = QPState(reached), reached >= 0
+	if q.stateKnown = reached >= 0; q.stateKnown {
+		q.state = QPState(reached)
+	}
 	return err
 }
 
