@@ -1,10 +1,14 @@
 package xrc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
 
 // talkUntil exchanges messages both ways between s and c until done holds
@@ -78,6 +82,80 @@ func TestEndpointKillSharingReceiver(t *testing.T) {
 			fmt.Sprintf("s %+v, node B %+v", ss, sb)
 	})
 	t.Logf("sender: %+v", s.Stats())
+}
+
+// moveGate holds back a CONNECT_REQUEST that moves a leg (a PHYS_REQ
+// flagged MOVE) until before returns.
+type moveGate struct {
+	kernel.Kernel
+	before func()
+}
+
+func (g *moveGate) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
+	ev, err := g.Kernel.Event(ctx, id)
+	var req wire.Req
+	if err == nil && ev.Type == kernel.EventConnectRequest && ev.Exchange == kernel.ExchangeXRC &&
+		wire.DecodeReq(ev.PrivateData, wire.TypePhysReq, &req) == nil && req.Flags&wire.FlagMove != 0 {
+		g.before()
+	}
+	return ev, err
+}
+
+// A sender's recovery disconnects its old INI before it moves the legs: the
+// receiver may read that DREQ (and take the sender for gone) before the
+// MOVE. The MOVE proves the sender alive, so the leg must live on. The gate
+// forces that order; it once failed one run in a few hundred in the VM.
+func TestEndpointMoveAfterDREQKeepsLeg(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.9.1", 7000, longTimers) // learns of r2's death only by the send below
+	r2 := w.endpoint("10.0.9.2", 7002)
+	p := w.f.Node("10.0.9.2").Process()
+	k, _ := kernel.Unwrap(p)
+	var r1e *Endpoint
+	gone := func() bool {
+		r1e.mu.Lock()
+		defer r1e.mu.Unlock()
+		for c := range r1e.conns {
+			if !c.goneAt.IsZero() {
+				return true
+			}
+		}
+		return false
+	}
+	gated := make(chan struct{})
+	gate := &moveGate{Kernel: k, before: func() {
+		defer close(gated)
+		for deadline := time.Now().Add(5 * time.Second); !gone(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Error("the DREQ of the old INI never marked r1's leg")
+				return
+			}
+		}
+	}}
+	r1e, err := newEndpoint(context.Background(), gate, Config{Process: p, Addr: "10.0.9.2:7001",
+		DomainDir: w.dirs["10.0.9.2"], Heartbeat: testHeartbeat, IdleTimeout: testIdle, HandshakeTimeout: testHandshake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r1e.Close() })
+	r1 := &proc{r1e, p}
+	s1, c1 := pair(t, s, r1) // r1 creates the TGT
+	s2, _ := pair(t, s, r2)  // r2 shares it
+	r2.p.Kill()
+	// The send reaches r2's SRQ, which is gone: the INI fails, and s
+	// recovers: DREQ on the old INI, then a PHYS_REQ flagged MOVE to r1.
+	if err := s2.Send(ctxT(t, 5*time.Second), []byte("x")); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send to the dead process: %v, want ErrPeerGone", err)
+	}
+	select {
+	case <-gated:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no MOVE reached r1: s %+v", s.Stats())
+	}
+	talkUntil(t, s1, c1, "r1", func() bool { return s.Stats().LegsMoved == 1 && !gone() })
+	if st := r1.Stats(); st.Conns != 1 {
+		t.Fatalf("r1 after the move: %+v", st)
+	}
 }
 
 // The sender dies: the TGT's creator learns by the DREQ its INI's death

@@ -501,6 +501,9 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 	phys := ev.Exchange == kernel.ExchangeXRC
 	if d.Duplicate || d.Moved {
 		err := e.k.Accept(ev.ID, d.QPNum, d.PrivateData)
+		if err == nil && d.Moved {
+			e.legMoved(d.Leg)
+		}
 		if err != nil || !phys {
 			e.k.DestroyID(ev.ID)
 		}
@@ -706,14 +709,26 @@ func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn) {
 }
 
 func (e *Endpoint) senderGone(tgt, ini uint32) {
-	legs := e.acc.LegsOn(tgt, ini)
 	now := time.Now()
+	// The legs are read under mu: a MOVE that took a leg off this TGT
+	// either came first (the leg is not listed) or clears goneAt after us.
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, l := range legs {
+	for _, l := range e.acc.LegsOn(tgt, ini) {
 		if c := e.recv[l.Tag]; c != nil && c.goneAt.IsZero() {
 			c.goneAt, c.goneDrains = now, e.drains.Load()
 		}
+	}
+}
+
+// legMoved notes that the sender of leg l moved it onto a new TGT: the
+// sender lives, so the DREQ of the INI it left (which recover sends before
+// the MOVE, and which may be read first) no longer ends the leg.
+func (e *Endpoint) legMoved(l *Leg) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := e.recv[l.Tag]; c != nil && c.recvLeg == l {
+		c.goneAt = time.Time{}
 	}
 }
 
