@@ -101,10 +101,14 @@ func (g *moveGate) Event(ctx context.Context, id kernel.ID) (kernel.Event, error
 	return ev, err
 }
 
-// A sender's recovery disconnects its old INI before it moves the legs: the
-// receiver may read that DREQ (and take the sender for gone) before the
-// MOVE. The MOVE proves the sender alive, so the leg must live on. The gate
-// forces that order; it once failed one run in a few hundred in the VM.
+// A sender's recovery moves its legs before it disconnects the old
+// physical link: a DREQ first would let the receiver take the sender for
+// gone before its MOVE. The gate holds r1's MOVE: meanwhile r1's leg must
+// not be marked gone. Then the old link is ended from r1's side (as the
+// CM's stale-connection DREQ, or a sender that disconnects first, would
+// end it) before the MOVE: the MOVE proves the sender alive, and the leg
+// must live on. The first part fails if recover disconnects first; the
+// second failed one run in a few hundred in the VM before legMoved.
 func TestEndpointMoveAfterDREQKeepsLeg(t *testing.T) {
 	w := newWorld(t)
 	s := w.endpoint("10.0.9.1", 7000, longTimers) // learns of r2's death only by the send below
@@ -125,9 +129,26 @@ func TestEndpointMoveAfterDREQKeepsLeg(t *testing.T) {
 	gated := make(chan struct{})
 	gate := &moveGate{Kernel: k, before: func() {
 		defer close(gated)
+		for end := time.Now().Add(4 * testHeartbeat); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			if gone() {
+				t.Error("r1's leg was marked gone before its MOVE")
+				return
+			}
+		}
+		r1e.mu.Lock()
+		var old []kernel.ID
+		for id := range r1e.passive {
+			old = append(old, id)
+		}
+		r1e.mu.Unlock()
+		if len(old) != 1 {
+			t.Errorf("r1 has %d physical links, want 1 (the old one)", len(old))
+			return
+		}
+		k.Disconnect(old[0])
 		for deadline := time.Now().Add(5 * time.Second); !gone(); time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Error("the DREQ of the old INI never marked r1's leg")
+				t.Error("the end of the old link never marked r1's leg")
 				return
 			}
 		}
@@ -143,13 +164,13 @@ func TestEndpointMoveAfterDREQKeepsLeg(t *testing.T) {
 	s2, _ := pair(t, s, r2)  // r2 shares it
 	r2.p.Kill()
 	// The send reaches r2's SRQ, which is gone: the INI fails, and s
-	// recovers: DREQ on the old INI, then a PHYS_REQ flagged MOVE to r1.
+	// recovers with a PHYS_REQ flagged MOVE to r1.
 	if err := s2.Send(ctxT(t, 5*time.Second), []byte("x")); !errors.Is(err, ErrPeerGone) {
 		t.Fatalf("send to the dead process: %v, want ErrPeerGone", err)
 	}
 	select {
 	case <-gated:
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatalf("no MOVE reached r1: s %+v", s.Stats())
 	}
 	talkUntil(t, s1, c1, "r1", func() bool { return s.Stats().LegsMoved == 1 && !gone() })

@@ -722,8 +722,9 @@ func (e *Endpoint) senderGone(tgt, ini uint32) {
 }
 
 // legMoved notes that the sender of leg l moved it onto a new TGT: the
-// sender lives, so the DREQ of the INI it left (which recover sends before
-// the MOVE, and which may be read first) no longer ends the leg.
+// sender lives, so an end of the old physical link read before the MOVE (a
+// DREQ the CM sent, or one from a sender that disconnects before it moves)
+// no longer ends the leg.
 func (e *Endpoint) legMoved(l *Leg) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -462,13 +462,14 @@ func (e *Endpoint) maybeTeardownLocked(u *uplink) {
 	e.k.Disconnect(q.aid)
 }
 
-// recover rebuilds a failed uplink: the old physical link is disconnected
-// (the TGT side learns at once), a new INI is connected with a PHYS_REQ
-// flagged REPLACES_TGT|MOVE to the first live receiver, and every other leg
-// moves to the new TGT with a VIRT_REQ flagged MOVE. Legs whose receiver
+// recover rebuilds a failed uplink: a new INI is connected with a PHYS_REQ
+// flagged REPLACES_TGT|MOVE to the first live receiver, every other leg
+// moves to the new TGT with a VIRT_REQ flagged MOVE, and then the old
+// physical link is disconnected: its DREQ tells the TGT's creator that the
+// legs still on the old TGT are gone. Sent first, it could reach a receiver
+// before that receiver's MOVE and end a live leg. Legs whose receiver
 // refuses or is gone fail; sends and dials wait meanwhile.
 func (e *Endpoint) recover(u *uplink, old *iniQP) {
-	e.k.Disconnect(old.aid)
 	e.mu.Lock()
 	legs := make([]*Conn, 0, len(u.legs))
 	for c := range u.legs {
@@ -519,6 +520,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			e.startINI(u, q)
 		}
 	}
+	e.k.Disconnect(old.aid)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if q == nil || e.closed {
