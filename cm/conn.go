@@ -25,6 +25,15 @@ import (
 // completion: its first wait sleeps at once. WithBusyPoll changes it.
 const DefaultBusyPoll = 200 * time.Microsecond
 
+// maxSpinStretch bounds how far a connection stretches its busy-poll window
+// past the configured one (see Conn.spinFor): to 8 windows, at most 2 ms,
+// about what one sleeping wait's wake-up costs under emulation; spinning
+// longer than a wake-up to avoid one does not pay.
+const (
+	maxSpinStretch   = 8
+	maxStretchedSpin = 2 * time.Millisecond
+)
+
 // spinSlice bounds one C call of a busy poll (verbs.CQ.PollSpin): polling
 // inside C saves a cgo transition per poll, and between slices the loop
 // checks ctx. It stays under the runtime monitor's 20 us tick: a cgo call
@@ -114,6 +123,13 @@ type Conn struct {
 	// failed: a wait that sleeps takes longer than the window under
 	// emulation by the wake-up alone, so spinning, once off, stayed off.
 	spinNext bool
+	// spinFor is the busy-poll window of the next wait (the polling
+	// leader's): busyPoll, stretched after a wait that slept yet ended
+	// soon after the window. Two peers in ping-pong whose replies come just
+	// after the window would otherwise both sleep on every message for
+	// good: each one's wake-up makes the other's wait outlast its window.
+	// It shrinks back as soon as waits are short again.
+	spinFor  time.Duration
 	recvMu   sync.Mutex // serialises receivers
 	postMu   sync.Mutex // orders sequence numbers with posts
 	rdmaMu   sync.Mutex // one one-sided operation at a time
@@ -634,15 +650,16 @@ func (c *Conn) progress(ctx context.Context) error {
 
 	var n int
 	var err error
-	spun := false
+	spun, slept := false, false
+	var start time.Time
 	if c.busyPoll <= 0 || !c.spinNext {
 		n, err = c.t.poll(ctx, c.cbuf, 0, false)
 	} else {
 		// Spin in slices, each one C call that looks before it spins (so
 		// a completion already there costs one call); between slices,
 		// look at ctx and the clock.
-		var start time.Time
-		for left := c.busyPoll; ; {
+		window := max(c.spinFor, c.busyPoll)
+		for left := window; ; {
 			slice := min(left, spinSlice)
 			if n, err = c.t.poll(ctx, c.cbuf, slice, false); n > 0 || err != nil {
 				break
@@ -652,12 +669,13 @@ func (c *Conn) progress(ctx context.Context) error {
 				start, spun = now.Add(-slice), true
 			}
 			c.yieldIfDue(now)
-			if left = c.busyPoll - now.Sub(start); left <= 0 || ctx.Err() != nil {
+			if left = window - now.Sub(start); left <= 0 || ctx.Err() != nil {
 				break
 			}
 		}
 	}
 	if n == 0 && err == nil {
+		slept = spun
 		n, err = c.t.poll(ctx, c.cbuf, 0, true)
 	} else if !spun {
 		// A receiver that always finds completions never spins.
@@ -665,6 +683,11 @@ func (c *Conn) progress(ctx context.Context) error {
 	}
 	if n > 0 {
 		c.spinNext = true
+		var took time.Duration
+		if spun {
+			took = time.Since(start)
+		}
+		c.stretchSpin(spun, slept, took)
 	}
 
 	reposted := false
@@ -703,6 +726,23 @@ func (c *Conn) progress(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// stretchSpin sets the next wait's busy-poll window from the wait that just
+// found completions after took: twice took, between busyPoll and the
+// stretch limit, if it slept; a wait that slept longer than the limit, or
+// found its completions without spinning, resets it to busyPoll; one that
+// found them while spinning shrinks it towards twice took.
+func (c *Conn) stretchSpin(spun, slept bool, took time.Duration) {
+	limit := max(c.busyPoll, min(maxSpinStretch*c.busyPoll, maxStretchedSpin))
+	switch {
+	case !spun, slept && took > limit:
+		c.spinFor = c.busyPoll
+	case slept:
+		c.spinFor = max(c.busyPoll, min(2*took, limit))
+	default:
+		c.spinFor = max(c.busyPoll, min(c.spinFor, 2*took))
+	}
 }
 
 // isWaitEnd reports whether err only ended a wait (the caller's deadline or

@@ -561,6 +561,23 @@ func TestConnRefusedPost(t *testing.T) {
 	require.NoError(t, c.err, "a refusal during our own Close is not a failure")
 }
 
+// recvAfter receives on b one message that a sends after delay.
+func recvAfter(t *testing.T, a, b *Conn, delay time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	sent := make(chan error, 1)
+	go func() {
+		time.Sleep(delay)
+		sent <- a.Send(ctx, []byte("x"))
+	}()
+	if _, err := b.Recv(ctx, make([]byte, 64)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestBusyPollAfterFirstCompletion checks when a receiver spins: not on a
 // fresh connection's first wait, and from then on, also after a wait that
 // outlasted the busy-poll window (a wait that sleeps is slower than the
@@ -569,27 +586,10 @@ func TestConnRefusedPost(t *testing.T) {
 func TestBusyPollAfterFirstCompletion(t *testing.T) {
 	const window = 50 * time.Millisecond
 	a, b, w := fakePair(t, fakeOpts{busyPoll: window})
-	ctx := context.Background()
 	spins := func() int {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return w.ends[1].spins
-	}
-	buf := make([]byte, 64)
-	// recvAfter receives one message that a sends after delay.
-	recvAfter := func(delay time.Duration) {
-		t.Helper()
-		sent := make(chan error, 1)
-		go func() {
-			time.Sleep(delay)
-			sent <- a.Send(ctx, []byte("x"))
-		}()
-		if _, err := b.Recv(ctx, buf); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-sent; err != nil {
-			t.Fatal(err)
-		}
 	}
 	steps := []struct {
 		what  string
@@ -603,9 +603,63 @@ func TestBusyPollAfterFirstCompletion(t *testing.T) {
 	}
 	for _, s := range steps {
 		before := spins()
-		recvAfter(s.delay)
+		recvAfter(t, a, b, s.delay)
 		if spun := spins() > before; spun != s.spin {
 			t.Errorf("%s: spun %v, want %v", s.what, spun, s.spin)
 		}
+	}
+}
+
+// TestStretchSpin checks the rule for the next wait's busy-poll window.
+func TestStretchSpin(t *testing.T) {
+	const us = time.Microsecond
+	for _, tc := range []struct {
+		what        string
+		busyPoll    time.Duration
+		was         time.Duration // spinFor before
+		spun, slept bool
+		took        time.Duration
+		want        time.Duration
+	}{
+		{"found at once", 200 * us, 1000 * us, false, false, 0, 200 * us},
+		{"slept, just past the window", 200 * us, 200 * us, true, true, 300 * us, 600 * us},
+		{"slept, near the limit", 200 * us, 200 * us, true, true, 1500 * us, 1600 * us},
+		{"slept past the limit", 200 * us, 1600 * us, true, true, 1700 * us, 200 * us},
+		{"found while spinning, short", 200 * us, 1200 * us, true, false, 80 * us, 200 * us},
+		{"found while spinning, late", 200 * us, 1200 * us, true, false, 500 * us, 1000 * us},
+		{"found while spinning, never grows", 200 * us, 300 * us, true, false, 280 * us, 300 * us},
+		{"the 2 ms cap", 1000 * us, 1000 * us, true, true, 1500 * us, 2000 * us},
+		{"a window over the cap never stretches", 20 * time.Millisecond, 20 * time.Millisecond, true, true, 25 * time.Millisecond, 20 * time.Millisecond},
+	} {
+		c := &Conn{busyPoll: tc.busyPoll, spinFor: tc.was}
+		c.stretchSpin(tc.spun, tc.slept, tc.took)
+		if c.spinFor != tc.want {
+			t.Errorf("%s: spinFor %v, want %v", tc.what, c.spinFor, tc.want)
+		}
+	}
+}
+
+// TestStretchedSpinCatchesLateReply checks that the stretched window is the
+// one a wait spins for: a reply later than busyPoll but within the
+// stretched window is found by spinning, without a sleep.
+func TestStretchedSpinCatchesLateReply(t *testing.T) {
+	const window = 2 * time.Millisecond
+	a, b, w := fakePair(t, fakeOpts{busyPoll: window})
+	blocks := func() int {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.ends[1].blocks
+	}
+	recvAfter(t, a, b, 0)   // the first completion: spinning starts
+	b.spinFor = 50 * window // as a stretch would set it (the cap aside)
+	before := blocks()
+	recvAfter(t, a, b, 5*window)
+	if n := blocks(); n != before {
+		t.Errorf("a reply 5 windows late slept (%d sleeping polls) although the window was stretched to 50", n-before)
+	}
+	b.spinFor = window
+	recvAfter(t, a, b, 5*window)
+	if blocks() == before {
+		t.Error("a reply 5 windows late was found without a sleep, with the window not stretched")
 	}
 }

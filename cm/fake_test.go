@@ -38,6 +38,7 @@ type fakeEnd struct {
 	signaled  int // of them signaled (or failed), so completing
 	recvPosts int // postRecvs calls
 	spins     int // polls asked to busy-poll
+	blocks    int // polls asked to sleep until a completion
 	// Send slots posted and not yet covered by a completion the Conn has
 	// polled, in post order: reusing one of them would overwrite a buffer
 	// the device may still read.
@@ -182,9 +183,14 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 }
 
 func (e *fakeEnd) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
-	if spin > 0 {
+	if spin > 0 || block {
 		e.w.mu.Lock()
-		e.spins++
+		if spin > 0 {
+			e.spins++
+		}
+		if block {
+			e.blocks++
+		}
 		e.w.mu.Unlock()
 	}
 	for {

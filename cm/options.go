@@ -173,5 +173,8 @@ func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
 // queue before sleeping (default DefaultBusyPoll), once the connection has
 // had its first completion (see DefaultBusyPoll). Longer trades CPU for
 // latency, as busy-polling C programs such as ib_send_lat do; 0 sleeps at
-// once.
+// once. After a wait that slept but ended soon after the window, the next
+// waits poll up to twice as long as it took (at most 8 windows and 2 ms),
+// until waits are short again: two peers whose replies come just after the
+// window would otherwise both sleep on every message from then on.
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
