@@ -32,6 +32,7 @@ const DefaultBusyPoll = 200 * time.Microsecond
 const (
 	maxSpinStretch   = 8
 	maxStretchedSpin = 2 * time.Millisecond
+	maxLateCatches   = 4
 )
 
 // spinSlice bounds one C call of a busy poll (verbs.CQ.PollSpin): polling
@@ -128,13 +129,21 @@ type Conn struct {
 	// soon after the window. Two peers in ping-pong whose replies come just
 	// after the window would otherwise both sleep on every message for
 	// good: each one's wake-up makes the other's wait outlast its window.
-	// It shrinks back as soon as waits are short again.
-	spinFor  time.Duration
-	recvMu   sync.Mutex // serialises receivers
-	postMu   sync.Mutex // orders sequence numbers with posts
-	rdmaMu   sync.Mutex // one one-sided operation at a time
-	repostMu sync.Mutex // one batch of receive reposts at a time; owns flushBuf
-	flushBuf []int
+	// It shrinks back as soon as a message comes within busyPoll again.
+	// lateCatches counts the waits since then that a stretched window
+	// caught after busyPoll; at maxLateCatches the peer is taken for simply
+	// slow (a client with think time, a periodic sender), not locked with us
+	// in sleeping, and stretching stops (noStretch) until a message comes
+	// within busyPoll: spinning through every gap of such a peer would burn
+	// a core.
+	spinFor     time.Duration
+	lateCatches int
+	noStretch   bool
+	recvMu      sync.Mutex // serialises receivers
+	postMu      sync.Mutex // orders sequence numbers with posts
+	rdmaMu      sync.Mutex // one one-sided operation at a time
+	repostMu    sync.Mutex // one batch of receive reposts at a time; owns flushBuf
+	flushBuf    []int
 
 	sigEvery  int // a send is signaled at least once in this many (see postFrame)
 	recvBatch int // receive buffers are reposted in chains of this many (see recycle)
@@ -683,11 +692,9 @@ func (c *Conn) progress(ctx context.Context) error {
 	}
 	if n > 0 {
 		c.spinNext = true
-		var took time.Duration
-		if spun {
-			took = time.Since(start)
+		if spun && c.gotRecv(n) {
+			c.stretchSpin(slept, time.Since(start))
 		}
-		c.stretchSpin(spun, slept, took)
 	}
 
 	reposted := false
@@ -728,20 +735,38 @@ func (c *Conn) progress(ctx context.Context) error {
 	return err
 }
 
-// stretchSpin sets the next wait's busy-poll window from the wait that just
-// found completions after took: twice took, between busyPoll and the
-// stretch limit, if it slept; a wait that slept longer than the limit, or
-// found its completions without spinning, resets it to busyPoll; one that
-// found them while spinning shrinks it towards twice took.
-func (c *Conn) stretchSpin(spun, slept bool, took time.Duration) {
+// gotRecv reports whether the first n completions of the round include a
+// receive: only the peer's messages time the peer (a send completion
+// arriving during a spin says nothing about it).
+func (c *Conn) gotRecv(n int) bool {
+	for i := range n {
+		if c.cbuf[i].op == compRecv {
+			return true
+		}
+	}
+	return false
+}
+
+// stretchSpin sets the next wait's busy-poll window from a wait that spun
+// and then found a message from the peer after took. Found within busyPoll:
+// the window resets, and stretching is allowed again. Found after sleeping:
+// the window stretches to twice took, up to the limit, unless the wait took
+// longer than that or stretching is off. Found late by a stretched window:
+// the window stays, up to maxLateCatches such waits without a short one in
+// between; then it resets and stretching stops (see Conn.spinFor).
+func (c *Conn) stretchSpin(slept bool, took time.Duration) {
 	limit := max(c.busyPoll, min(maxSpinStretch*c.busyPoll, maxStretchedSpin))
 	switch {
-	case !spun, slept && took > limit:
+	case !slept && (took <= c.busyPoll || c.spinFor <= c.busyPoll):
+		c.spinFor, c.lateCatches, c.noStretch = c.busyPoll, 0, false
+	case slept && (c.noStretch || took > limit):
 		c.spinFor = c.busyPoll
 	case slept:
 		c.spinFor = max(c.busyPoll, min(2*took, limit))
-	default:
-		c.spinFor = max(c.busyPoll, min(c.spinFor, 2*took))
+	default: // caught late by a stretched window
+		if c.lateCatches++; c.lateCatches >= maxLateCatches {
+			c.spinFor, c.noStretch = c.busyPoll, true
+		}
 	}
 }
 

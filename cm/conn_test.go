@@ -610,31 +610,60 @@ func TestBusyPollAfterFirstCompletion(t *testing.T) {
 	}
 }
 
-// TestStretchSpin checks the rule for the next wait's busy-poll window.
+// TestStretchSpin checks the rule for the next wait's busy-poll window,
+// over sequences of waits that found a message from the peer.
 func TestStretchSpin(t *testing.T) {
-	const us = time.Microsecond
+	const bp = 200 * time.Microsecond
+	type wait struct {
+		slept bool
+		took  time.Duration
+		want  time.Duration // spinFor after it
+	}
+	late := func(took time.Duration, want time.Duration) wait { return wait{false, took, want} }
+	sleep := func(took time.Duration, want time.Duration) wait { return wait{true, took, want} }
 	for _, tc := range []struct {
-		what        string
-		busyPoll    time.Duration
-		was         time.Duration // spinFor before
-		spun, slept bool
-		took        time.Duration
-		want        time.Duration
+		what     string
+		busyPoll time.Duration
+		waits    []wait
 	}{
-		{"found at once", 200 * us, 1000 * us, false, false, 0, 200 * us},
-		{"slept, just past the window", 200 * us, 200 * us, true, true, 300 * us, 600 * us},
-		{"slept, near the limit", 200 * us, 200 * us, true, true, 1500 * us, 1600 * us},
-		{"slept past the limit", 200 * us, 1600 * us, true, true, 1700 * us, 200 * us},
-		{"found while spinning, short", 200 * us, 1200 * us, true, false, 80 * us, 200 * us},
-		{"found while spinning, late", 200 * us, 1200 * us, true, false, 500 * us, 1000 * us},
-		{"found while spinning, never grows", 200 * us, 300 * us, true, false, 280 * us, 300 * us},
-		{"the 2 ms cap", 1000 * us, 1000 * us, true, true, 1500 * us, 2000 * us},
-		{"a window over the cap never stretches", 20 * time.Millisecond, 20 * time.Millisecond, true, true, 25 * time.Millisecond, 20 * time.Millisecond},
+		{"slept just past the window, then caught, then fast again", bp, []wait{
+			sleep(300*time.Microsecond, 600*time.Microsecond),
+			late(250*time.Microsecond, 600*time.Microsecond),
+			late(80*time.Microsecond, bp),
+		}},
+		{"slept near the limit", bp, []wait{sleep(1500*time.Microsecond, 1600*time.Microsecond)}},
+		{"slept past the limit", bp, []wait{
+			sleep(300*time.Microsecond, 600*time.Microsecond),
+			sleep(1700*time.Microsecond, bp),
+		}},
+		{"a slow peer: four late catches stop stretching until a fast message", bp, []wait{
+			sleep(500*time.Microsecond, time.Millisecond),
+			late(500*time.Microsecond, time.Millisecond),
+			late(500*time.Microsecond, time.Millisecond),
+			late(500*time.Microsecond, time.Millisecond),
+			late(500*time.Microsecond, bp),  // the fourth
+			sleep(500*time.Microsecond, bp), // no stretch now
+			sleep(500*time.Microsecond, bp),
+			late(50*time.Microsecond, bp), // a fast message: allowed again
+			sleep(500*time.Microsecond, time.Millisecond),
+		}},
+		{"a found message past an unstretched window is not late", bp, []wait{
+			late(210*time.Microsecond, bp),
+			late(210*time.Microsecond, bp),
+			late(210*time.Microsecond, bp),
+			late(210*time.Microsecond, bp),
+			sleep(300*time.Microsecond, 600*time.Microsecond),
+		}},
+		{"the 2 ms cap", time.Millisecond, []wait{sleep(1500*time.Microsecond, 2*time.Millisecond)}},
+		{"a window over the cap never stretches", 20 * time.Millisecond, []wait{sleep(25*time.Millisecond, 20*time.Millisecond)}},
 	} {
-		c := &Conn{busyPoll: tc.busyPoll, spinFor: tc.was}
-		c.stretchSpin(tc.spun, tc.slept, tc.took)
-		if c.spinFor != tc.want {
-			t.Errorf("%s: spinFor %v, want %v", tc.what, c.spinFor, tc.want)
+		c := &Conn{busyPoll: tc.busyPoll, spinFor: tc.busyPoll}
+		for i, w := range tc.waits {
+			c.stretchSpin(w.slept, w.took)
+			if c.spinFor != w.want {
+				t.Errorf("%s: wait %d (slept %v, took %v): spinFor %v, want %v", tc.what, i, w.slept, w.took, c.spinFor, w.want)
+				break
+			}
 		}
 	}
 }

@@ -173,8 +173,11 @@ func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
 // queue before sleeping (default DefaultBusyPoll), once the connection has
 // had its first completion (see DefaultBusyPoll). Longer trades CPU for
 // latency, as busy-polling C programs such as ib_send_lat do; 0 sleeps at
-// once. After a wait that slept but ended soon after the window, the next
-// waits poll up to twice as long as it took (at most 8 windows and 2 ms),
-// until waits are short again: two peers whose replies come just after the
-// window would otherwise both sleep on every message from then on.
+// once. After a wait for the peer's message that slept but ended soon after
+// the window, the next waits poll up to twice as long as it took (at most 8
+// windows and 2 ms), until a message comes within the window again: two
+// peers whose replies come just after the window would otherwise both sleep
+// on every message from then on. A peer that is simply slow (the stretched
+// window catches its messages late four times running) stops the stretching
+// until a message comes within the window, so its gaps are not spun through.
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
