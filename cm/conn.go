@@ -25,10 +25,11 @@ import (
 // completion: its first wait sleeps at once. WithBusyPoll changes it.
 const DefaultBusyPoll = 200 * time.Microsecond
 
-// maxSpinStretch bounds how far a connection stretches its busy-poll window
-// past the configured one (see Conn.spinFor): to 8 windows, at most 2 ms,
-// about what one sleeping wait's wake-up costs under emulation; spinning
-// longer than a wake-up to avoid one does not pay.
+// maxSpinStretch and maxStretchedSpin bound how far a connection stretches
+// its busy-poll window past the configured one (see Conn.spinFor): to 8
+// windows, at most 2 ms, about what one sleeping wait's wake-up costs under
+// emulation; spinning longer than a wake-up to avoid one does not pay.
+// maxLateCatches is how many late catches in a row stop the stretching.
 const (
 	maxSpinStretch   = 8
 	maxStretchedSpin = 2 * time.Millisecond

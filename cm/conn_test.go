@@ -586,11 +586,7 @@ func recvAfter(t *testing.T, a, b *Conn, delay time.Duration) {
 func TestBusyPollAfterFirstCompletion(t *testing.T) {
 	const window = 50 * time.Millisecond
 	a, b, w := fakePair(t, fakeOpts{busyPoll: window})
-	spins := func() int {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		return w.ends[1].spins
-	}
+	spins := func() int { n, _ := w.polls(1); return n }
 	steps := []struct {
 		what  string
 		delay time.Duration
@@ -674,11 +670,7 @@ func TestStretchSpin(t *testing.T) {
 func TestStretchedSpinCatchesLateReply(t *testing.T) {
 	const window = 2 * time.Millisecond
 	a, b, w := fakePair(t, fakeOpts{busyPoll: window})
-	blocks := func() int {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		return w.ends[1].blocks
-	}
+	blocks := func() int { _, n := w.polls(1); return n }
 	recvAfter(t, a, b, 0)   // the first completion: spinning starts
 	b.spinFor = 50 * window // as a stretch would set it (the cap aside)
 	before := blocks()

@@ -183,16 +183,14 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 }
 
 func (e *fakeEnd) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
-	if spin > 0 || block {
-		e.w.mu.Lock()
-		if spin > 0 {
-			e.spins++
-		}
-		if block {
-			e.blocks++
-		}
-		e.w.mu.Unlock()
+	e.w.mu.Lock()
+	if spin > 0 {
+		e.spins++
 	}
+	if block {
+		e.blocks++
+	}
+	e.w.mu.Unlock()
 	for {
 		e.w.mu.Lock()
 		n := copy(cs, e.cq)
@@ -341,3 +339,11 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 }
 
 var _ net.Addr = fakeAddr("")
+
+// polls returns how many of side's polls were asked to busy-poll and how
+// many to sleep.
+func (w *fakeWire) polls(side int) (spins, blocks int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ends[side].spins, w.ends[side].blocks
+}

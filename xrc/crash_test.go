@@ -107,8 +107,8 @@ func (g *moveGate) Event(ctx context.Context, id kernel.ID) (kernel.Event, error
 // not be marked gone. Then the old link is ended from r1's side (as the
 // CM's stale-connection DREQ, or a sender that disconnects first, would
 // end it) before the MOVE: the MOVE proves the sender alive, and the leg
-// must live on. The first part fails if recover disconnects first; the
-// second failed one run in a few hundred in the VM before legMoved.
+// must live on. The first part fails if recover disconnects first, the
+// second without legMoved (that race failed CI once, in the VM).
 func TestEndpointMoveAfterDREQKeepsLeg(t *testing.T) {
 	w := newWorld(t)
 	s := w.endpoint("10.0.9.1", 7000, longTimers) // learns of r2's death only by the send below
