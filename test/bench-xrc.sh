@@ -8,7 +8,8 @@
 #          no QP created),
 #      B = BenchmarkRCDial: a full RC connection (cm.Dial + Accept) on the same rxe device,
 #      C = BenchmarkHybridSIDRExchange: one bare SIDR exchange through the kernel CM (the floor
-#          under A, which takes one).
+#          under A, which takes one),
+#      then test/cmd/sidrfloor: the same exchange with no library, in C and from Go (reference rows).
 # 2. Runs TestQPCountTable on the host (the model: QPs and kernel handles per node for N x P
 #    all-to-all, XRC against RC).
 # 3. Writes docs/xrc-benchmarks.md (GOXRC_XRC_BENCH_DOC to write elsewhere): medians, the RC/XRC
@@ -48,6 +49,7 @@ BIN=$RUN/bin; mkdir -p "$BIN"
 if [[ -z $REPARSE ]]; then
   say "building the xrc test binary into $BIN"
   go test -c -o "$BIN/xrc.test" ./xrc
+  go build -o "$BIN/sidrfloor" ./test/cmd/sidrfloor
 fi
 
 say "QP counts on the model (host): go test -run '^TestQPCountTable\$' -v ./xrc"
@@ -78,6 +80,9 @@ for r in $(seq 1 $ROUNDS); do
   echo "[$(date +%T)] round $r: bare SIDR exchange ($SN)"
   timeout 240 $BIN/xrc.test -test.run '^$' -test.bench '^BenchmarkHybridSIDRExchange$' -test.benchtime ${SN}x -test.count 1 -test.v > $O/sidr.$r 2>&1
   echo "rc=$?" >> $O/sidr.$r
+  echo "[$(date +%T)] round $r: SIDR exchange with no library ($SN each way)"
+  timeout 240 $BIN/sidrfloor -addr $RXE_IP:20328 -count $SN -rounds 1 -json > $O/floor.$r 2>&1
+  echo "rc=$?" >> $O/floor.$r
 done
 echo "[$(date +%T)] done"
 EOF
@@ -107,6 +112,12 @@ values() { # BENCH PREFIX: ns/op per round, in round order
 us() { awk '{printf "%.0f ", $1 / 1000}'; }
 XV=$(values BenchmarkHybridAddLogicalConn logical); RV=$(values BenchmarkRCDial rc); SV=$(values BenchmarkHybridSIDRExchange sidr)
 XM=$(echo "$XV" | grep . | median || echo nan); RM=$(echo "$RV" | grep . | median || echo nan); SM=$(echo "$SV" | grep . | median || echo nan)
+# test/cmd/sidrfloor's figures, in us (older runs have none).
+floorvals() { local r; for r in $(seq 1 "$ROUNDS"); do if [[ -f $O/floor.$r ]]; then jfield "$1" "$O/floor.$r"; fi; done; }
+FCV=$(floorvals c_median_us); FGV=$(floorvals go_median_us); FRV=$(floorvals resolve_us)
+FCM=$(echo "$FCV" | { grep . || true; } | median); FGM=$(echo "$FGV" | { grep . || true; } | median)
+FRM=$(echo "$FRV" | { grep . || true; } | median)
+ratio_us() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.1f", a / 1000 / b}'; }
 SRATIO=$(awk -v a="$RM" -v b="$SM" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.1f", a / b}')
 RATIO=$(awk -v a="$RM" -v b="$XM" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.1f", a / b}')
 # The ratio within each round (B over the A run just before it): host load drifts between
@@ -116,7 +127,7 @@ PAIRED=$(for r in $(seq 1 "$ROUNDS"); do
   [[ -n $a && -n $b ]] && awk -v a="$a" -v b="$b" 'BEGIN {if (a > 0) printf "%.2f\n", b / a}'
 done | median_range 'x%.1f (x%.1f-x%.1f)')
 VERDICT=$(awk -v r="$RATIO" -v t="$TARGET" 'BEGIN {if (r == "n/a") print "no data"; else if (r >= t) print "met"; else print "MISSED"}')
-BENCHLINES=$(grep -hE '^Benchmark|^--- (FAIL|SKIP)|^ +bench_hybrid|^rc=' "$O"/logical.* "$O"/rc.* "$O"/sidr.* 2>/dev/null || echo "(no benchmark output: see $O)")
+BENCHLINES=$(grep -hE '^Benchmark|^--- (FAIL|SKIP)|^ +bench_hybrid|^rc=|^\{|^sidrfloor' "$O"/logical.* "$O"/rc.* "$O"/sidr.* $(ls "$O"/floor.* 2>/dev/null) 2>/dev/null || echo "(no benchmark output: see $O)")
 
 TABLE=$RUN/table.md
 {
@@ -125,6 +136,10 @@ TABLE=$RUN/table.md
   echo "| A: add a logical connection over live uplinks (BenchmarkHybridAddLogicalConn, ${XN}x) | $(echo "$XV" | grep . | us || true)| $(echo "$XM" | us) | | | | |"
   echo "| B: full RC connection, cm.Dial + Accept (BenchmarkRCDial, ${RN}x) | $(echo "$RV" | grep . | us || true)| $(echo "$RM" | us) | **x$RATIO** | $PAIRED | >= x$TARGET | $VERDICT |"
   echo "| C: one bare SIDR exchange, kernel CM (BenchmarkHybridSIDRExchange, ${SN}x): A's floor is one of these (two before the reverse leg rode the ACCEPT) | $(echo "$SV" | grep . | us || true)| $(echo "$SM" | us) | x$SRATIO (B/C) | | | |"
+  if [[ -n $FCV ]]; then
+    echo "| floor: the same exchange with no library, the whole of it in one C call (test/cmd/sidrfloor) | $(echo "$FCV" | grep . | awk '{printf "%.0f ", $1}')| $(printf %.0f "$FCM") | x$(ratio_us "$RM" "$FCM") (B/floor) | | | |"
+    echo "| floor: the same exchange with no library, one cgo call per step, each event awaited in the netpoller by the goroutine that wants it (test/cmd/sidrfloor) | $(echo "$FGV" | grep . | awk '{printf "%.0f ", $1}')| $(printf %.0f "$FGM") | x$(ratio_us "$RM" "$FGM") (B/floor) | | | |"
+  fi
 } > "$TABLE"
 
 # What was measured: recorded when the VM run started (older run dirs lack it).
@@ -178,6 +193,14 @@ $(cat "$TABLE")
   listener has its CONNECT_REQUEST), \`us-accept/op\` (rdma_accept, the SIDR REP), \`us-reply/op\`
   (until the dialer has ESTABLISHED), \`us-destroy/op\` (both ids). connect and accept are each one
   system call into the kernel CM, which sends a MAD through rxe: their time is the kernel's.
+- Floor rows: \`sidrfloor -addr \$RXE_IP:20328 -count $SN -rounds 1 -json\` (test/cmd/sidrfloor), the
+  steps of C with no goxrc code at all, each exchange on a new dialer id resolved first (untimed):
+  first the whole exchange in one C call with blocking event reads, as a C program makes it; then
+  one cgo call per step from Go, the goroutine that wants each event waiting for it in the
+  netpoller itself (goxrc's rdmacm package has one goroutine read each event channel and hand
+  events over). Resolving that new id (create, resolve address, resolve route, each event
+  awaited), which every exchange needs and which A does in the background for the next one:
+  $([[ $FRM != nan ]] && printf 'median %.0f us per id over the rounds.' "$FRM" || echo 'not measured in this run.')
 - \`us-untimed-close/op\`: Close until both ends let go, per iteration, outside the timed setup.
 - Ratio = median B / median A (how many times faster adding a logical connection is); the verdict
   is on it. "Within a round" is B / A of each round's pair of runs (A, then B right after it),

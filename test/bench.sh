@@ -123,7 +123,6 @@ fi
 
 # ---- parsing
 median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print v[(NR+1)/2]; else printf "%.2f\n", (v[NR/2]+v[NR/2+1])/2}'; }
-jfield() { sed -n "s/.*\"$1\":\([0-9.e+-]*\).*/\1/p" "$2"; }
 # cmtime: the setup steps (create id .. connect) run one after another, each for all N
 # connections at once; their "us / conn" column is the step's wall time / N. Their sum is
 # the wall time per connection of a full setup, which is what client -mode connect reports.

@@ -26,6 +26,8 @@ describe_tree() {
 
 # last_round FILE...: the highest N among files named ....N (a run's round count).
 last_round() { ls "$@" 2>/dev/null | sed 's/.*\.//' | sort -n | tail -1; }
+# jfield KEY FILE: the number after "KEY": in FILE (one JSON object per line, flat keys).
+jfield() { sed -n "s/.*\"$1\":\([0-9.e+-]*\).*/\1/p" "$2"; }
 # median_range FORMAT: the median, lowest and highest of the numbers on stdin, through
 # printf FORMAT (three %f), or n/a when there are none.
 median_range() {
