@@ -3,9 +3,12 @@ package cm_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // An echo exchange over RDMA. Without an RDMA device (as on most build
@@ -39,4 +42,58 @@ func Example() {
 	buf := make([]byte, 64)
 	n, _ := c.Recv(ctx, buf)
 	fmt.Println(string(buf[:n]))
+}
+
+// Code built on this package runs without RDMA hardware on an in-memory
+// fabric: here two processes on two simulated nodes exchange a message over
+// XRC, addressed by ip:port as on a device.
+func ExampleWithFabric() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "goxrc-example")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	f := memfabric.New()
+	server, client := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+
+	l, err := cm.Listen(ctx, "10.1.0.1:7000", cm.WithFabric(server), cm.WithDomainPath(filepath.Join(dir, "server")))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		n, err := c.Recv(ctx, buf)
+		if err == nil {
+			c.Send(ctx, append([]byte("echo: "), buf[:n]...))
+		}
+	}()
+
+	c, err := cm.Dial(ctx, "10.1.0.1:7000", cm.WithFabric(client), cm.WithDomainPath(filepath.Join(dir, "client")))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	if err := c.Send(ctx, []byte("hello")); err != nil {
+		fmt.Println(err)
+		return
+	}
+	buf := make([]byte, 64)
+	n, err := c.Recv(ctx, buf)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(string(buf[:n]))
+	// Output: echo: hello
 }
