@@ -8,6 +8,8 @@
 #   4 KiB and 64 KiB streaming:          ib_send_bw -R -s S      vs  client -mode bandwidth -size S
 # plus, beside the latency, test/cmd/cgofloor (the same ping-pong with no library: the loop
 # in C inside a Go process, and one cgo call per step), the floor under any Go binding here;
+# beside the setup, against cmtime's server: goxrc's client (-raw) and test/cmd/setupfloor
+# (cmtime's client steps with no library, in one C call and from Go);
 # then the Go benchmarks (allocs/op) and the zero-allocation test. Prints a table of medians
 # and Go/C ratios and writes it to docs/benchmarks.md (GOXRC_BENCH_DOC to write elsewhere).
 # Environment: GOXRC_BENCH_ROUNDS (5), GOXRC_BENCH_LAT_ITERS (1000), GOXRC_BENCH_BW_ITERS_4K
@@ -21,7 +23,7 @@ LAT_N=${GOXRC_BENCH_LAT_ITERS:-1000}
 BW_N4=${GOXRC_BENCH_BW_ITERS_4K:-2000}
 BW_N64=${GOXRC_BENCH_BW_ITERS_64K:-300}
 CONNS=${GOXRC_BENCH_CONNS:-100 500}
-VM_TIMEOUT=${GOXRC_BENCH_VM_TIMEOUT:-900}
+VM_TIMEOUT=${GOXRC_BENCH_VM_TIMEOUT:-1800}
 # How long goxrc's data path polls before sleeping. ib_send_lat and ib_send_bw poll without
 # ever sleeping; the comparison gives goxrc a comparable busy-poll window (cm.WithBusyPoll).
 BUSY=${GOXRC_BENCH_BUSYPOLL:-20ms}
@@ -46,6 +48,7 @@ say "building examples/server, examples/client and the integration tests into $B
 go build -o "$BIN/server" ./examples/server
 go build -o "$BIN/client" ./examples/client
 go build -o "$BIN/cgofloor" ./test/cmd/cgofloor
+go build -o "$BIN/setupfloor" ./test/cmd/setupfloor
 go test -c -o "$BIN/integration.test" ./test/integration
 
 # ---- the guest script: every result goes to $RXE_VM_OUT/<bench>.<impl>.<round>
@@ -82,6 +85,13 @@ for r in $(seq 1 $ROUNDS); do
     cserver cmtime -b $IP -c $n
     cclient $O/setup$n.c.$r "^connect +:" cmtime -s $IP -c $n; cstop
     timeout 120 $BIN/client -addr $IP:7473 -mode connect -conns $n -json -progress 0 > $O/setup$n.go.$r 2>&1
+    # Reference runs against cmtime's server (the client's held warm-up connection is one more).
+    cserver cmtime -b $IP -c $((n + 1))
+    cclient $O/setupraw$n.go.$r per_conn_us $BIN/client -addr $IP:7471 -mode connect -raw -conns $n -json -progress 0; cstop
+    for w in c go; do
+      cserver cmtime -b $IP -c $n
+      cclient $O/setupfloor$w$n.go.$r per_conn_us $BIN/setupfloor -addr $IP:7471 -conns $n -way $w -json; cstop
+    done
   done
   log "round $r: latency"
   cserver timeout 120 ib_send_lat -d $DEV -R -s 64 -n $LAT_N
@@ -178,6 +188,16 @@ TABLE=$RUN/table.md
     # setup rate ratio = Go rate / C rate = C time per connection / Go time per connection
     r=$(ratio "$c" "$g")
     echo "| setup N=$n, us per connection (rounds: C $cr/ Go $gr) | $c | $g | rate x$r | rate x$(paired setup$n c) | higher rate | rate >= 1.0x cmtime | $(verdict "$r" '>=' 1.0) |"
+    for f in setupraw setupfloorc setupfloorgo; do
+      [[ -n $(values $f$n go) ]] || continue # runs before 2026-11-30 have none
+      case $f in
+        setupraw) what="goxrc's client against cmtime's server (client -mode connect -raw)";;
+        setupfloorc) what="no library: cmtime's client steps in one C call, against cmtime's server (test/cmd/setupfloor -way c)";;
+        setupfloorgo) what="no library: cmtime's client steps from one goroutine, one cgo call per call, against cmtime's server (test/cmd/setupfloor -way go)";;
+      esac
+      g=$(values $f$n go | median)
+      echo "| setup N=$n, $what; us per connection (rounds: $(values $f$n go | tr '\n' ' ')) | $c | $g | rate x$(ratio "$c" "$g") | | higher rate | (none: for reference) | - |"
+    done
   done
   c=$(values lat64 c | median); g=$(values lat64 go | median); r=$(ratio "$g" "$c")
   echo "| 64 B ping-pong, one-way median us (rounds: C $(values lat64 c | tr '\n' ' ')/ Go $(values lat64 go | tr '\n' ' ')) | $c | $g | $r | $(paired lat64 go) | lower | <= 1.10x ib_send_lat | $(verdict "$r" '<=' 1.10) |"
@@ -241,6 +261,13 @@ How the figures compare:
   (step wall time / N). \`client -mode connect\` dials all N at once; its figure is wall time / N until
   all are established (closing excluded, as cmtime's disconnect and destroy are). Rate ratio = C/Go time.
   For reference, the "connect" step alone: ${CONNECT_ONLY}
+- Setup reference rows, each against \`cmtime -b\` (the C column is cmtime's own client, against
+  its own server): goxrc's client dialing raw (no hello; cmtime's server is started for one
+  connection more, the client's held warm-up connection), then \`setupfloor -addr \$RXE_IP:7471
+  -conns N -way c|go -json\` (test/cmd/setupfloor): cmtime's five timed client steps with no
+  library, first in one C call, then from one goroutine with one cgo call per call and
+  connection. The first isolates goxrc's client; the other two show what the same calls cost
+  when a Go process makes them.
 - Latency: ib_send_lat's t_typical (median of RTT/2) vs the client's median RTT/2.
 - Floor rows: \`cgofloor -server -addr \$RXE_IP:7475 -count $LAT_N -rounds 1\` + \`cgofloor -addr \$RXE_IP:7475 ...\`
   (test/cmd/cgofloor), the same 64 B send/receive ping-pong on one librdmacm connection with no

@@ -65,7 +65,7 @@ func main() {
 	flag.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run")
 	flag.IntVar(&o.conns, "conns", 100, "connections (connect mode)")
 	flag.IntVar(&o.depth, "depth", 64, "queue depth")
-	flag.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message, read its echo")
+	flag.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message, read its echo; connect mode: dial a plain librdmacm server such as cmtime -b")
 	flag.BoolVar(&o.json, "json", false, "print the result as JSON")
 	flag.BoolVar(&o.fabric, "fabric", false, "xrc mode: run servers and clients on an in-memory XRC fabric in this program")
 	flag.IntVar(&o.nodes, "nodes", 2, "xrc mode with -fabric: server nodes")
@@ -278,7 +278,11 @@ func connect(ctx context.Context, o options, r result) (result, error) {
 	// One connection first, held open: librdmacm's and the device's
 	// one-time set-up then stay out of the timing, as they do for cmtime,
 	// which opens its event channel before its timed steps.
-	warm, err := cm.Dial(ctx, o.addr, cm.WithQueueDepth(2), cm.WithMessageSize(64))
+	opts := []cm.Option{cm.WithQueueDepth(2), cm.WithMessageSize(64)}
+	if o.raw {
+		opts = append(opts, cm.WithRawMessages()) // a plain librdmacm server (cmtime -b) sends no hello
+	}
+	warm, err := cm.Dial(ctx, o.addr, opts...)
 	if err != nil {
 		return r, err
 	}
@@ -292,7 +296,7 @@ func connect(ctx context.Context, o options, r result) (result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conns[i], errs[i] = cm.Dial(ctx, o.addr, cm.WithQueueDepth(2), cm.WithMessageSize(64))
+			conns[i], errs[i] = cm.Dial(ctx, o.addr, opts...)
 			p.add(1)
 		}()
 	}
