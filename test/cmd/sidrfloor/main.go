@@ -7,7 +7,7 @@
 // listener's CONNECT_REQUEST, its rdma_accept (SIDR REP, 136 bytes), the
 // dialer's ESTABLISHED, both ids destroyed. It runs two ways in one process,
 // in alternating rounds, each exchange on a new dialer id whose address and
-// route are resolved first (timed apart, as us-resolve):
+// route are resolved first (timed apart: resolve_us, addr_us, route_us):
 //
 //   - "C": the whole exchange inside one C call, event reads blocking, as a
 //     C program makes it;
@@ -71,6 +71,9 @@ func run(addr string, count, rounds int) (*result, error) {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil || !ap.Addr().Is4() {
 		return nil, fmt.Errorf("-addr %q: want IPv4 ip:port", addr)
+	}
+	if count < 1 || rounds < 1 {
+		return nil, fmt.Errorf("-count %d, -rounds %d: want at least 1 each", count, rounds)
 	}
 	ch, err := setup(ap.Addr().String(), int(ap.Port()))
 	if err != nil {
