@@ -117,9 +117,9 @@ floorvals() { local r; for r in $(seq 1 "$ROUNDS"); do if [[ -f $O/floor.$r ]]; 
 FCV=$(floorvals c_median_us); FGV=$(floorvals go_median_us); FRV=$(floorvals resolve_us)
 FCM=$(echo "$FCV" | { grep . || true; } | median); FGM=$(echo "$FGV" | { grep . || true; } | median)
 FRM=$(echo "$FRV" | { grep . || true; } | median)
-ratio_us() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.1f", a / 1000 / b}'; }
-SRATIO=$(awk -v a="$RM" -v b="$SM" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.1f", a / b}')
-RATIO=$(awk -v a="$RM" -v b="$XM" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.1f", a / b}')
+# xratio A B [DIV]: A / DIV / B to one decimal, or n/a.
+xratio() { awk -v a="$1" -v b="$2" -v d="${3:-1}" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) print "n/a"; else printf "%.1f", a / d / b}'; }
+SRATIO=$(xratio "$RM" "$SM"); RATIO=$(xratio "$RM" "$XM")
 # The ratio within each round (B over the A run just before it): host load drifts between
 # rounds, and this pairs runs that saw the same load. Median and range.
 PAIRED=$(for r in $(seq 1 "$ROUNDS"); do
@@ -137,8 +137,8 @@ TABLE=$RUN/table.md
   echo "| B: full RC connection, cm.Dial + Accept (BenchmarkRCDial, ${RN}x) | $(echo "$RV" | grep . | us || true)| $(echo "$RM" | us) | **x$RATIO** | $PAIRED | >= x$TARGET | $VERDICT |"
   echo "| C: one bare SIDR exchange, kernel CM (BenchmarkHybridSIDRExchange, ${SN}x): A's floor is one of these (two before the reverse leg rode the ACCEPT) | $(echo "$SV" | grep . | us || true)| $(echo "$SM" | us) | x$SRATIO (B/C) | | | |"
   if [[ -n $FCV ]]; then
-    echo "| floor: the same exchange with no library, the whole of it in one C call (test/cmd/sidrfloor) | $(echo "$FCV" | grep . | awk '{printf "%.0f ", $1}')| $(printf %.0f "$FCM") | x$(ratio_us "$RM" "$FCM") (B/floor) | | | |"
-    echo "| floor: the same exchange with no library, one cgo call per step, each event awaited in the netpoller by the goroutine that wants it (test/cmd/sidrfloor) | $(echo "$FGV" | grep . | awk '{printf "%.0f ", $1}')| $(printf %.0f "$FGM") | x$(ratio_us "$RM" "$FGM") (B/floor) | | | |"
+    echo "| floor: the same exchange with no library, the whole of it in one C call (test/cmd/sidrfloor) | $(echo "$FCV" | grep . | awk '{printf "%.0f ", $1}')| $(printf %.0f "$FCM") | x$(xratio "$RM" "$FCM" 1000) (B/floor) | | | |"
+    echo "| floor: the same exchange with no library, one cgo call per step, each event awaited in the netpoller by the goroutine that wants it (test/cmd/sidrfloor) | $(echo "$FGV" | grep . | awk '{printf "%.0f ", $1}')| $(printf %.0f "$FGM") | x$(xratio "$RM" "$FGM" 1000) (B/floor) | | | |"
   fi
 } > "$TABLE"
 
