@@ -78,23 +78,7 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 	cli := xrc.BenchHybridEndpoint(b, ip, 20322, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() {
-		for {
-			c, err := srv.Accept(ctx)
-			if err != nil {
-				return
-			}
-			go func() { // until the dialer's FIN, then close our side
-				buf := make([]byte, 64)
-				for {
-					if _, err := c.Recv(ctx, buf); err != nil {
-						c.Close()
-						return
-					}
-				}
-			}()
-		}
-	}()
+	go xrc.BenchServe(ctx, srv)
 	dctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 10*time.Second) }
 	raddr := srv.Addr().String()
 

@@ -1,0 +1,134 @@
+package xrc
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/internal/kernel/model"
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// The engine's own cost, with no kernel and no emulator: on the in-memory
+// model, natively on the host, the time to add a logical connection over a
+// live uplink (BenchmarkModelAddLogicalConn, the model's twin of
+// BenchmarkHybridAddLogicalConn) against the model's bare SIDR exchange
+// (BenchmarkModelSIDRExchange, the twin of BenchmarkHybridSIDRExchange).
+// Their difference is what the engine adds per logical connection: its Go
+// code and the goroutines it wakes. Run:
+//
+//	go test -run '^$' -bench '^BenchmarkModel' -benchtime 20000x -count 3 ./xrc
+
+// BenchServe accepts e's connections until ctx ends, and reads each until
+// the dialer's FIN, then closes it (for the benchmarks here and in
+// bench_hybrid_linux_test.go).
+func BenchServe(ctx context.Context, e *Endpoint) {
+	for {
+		c, err := e.Accept(ctx)
+		if err != nil {
+			return
+		}
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				if _, err := c.Recv(ctx, buf); err != nil {
+					c.Close()
+					return
+				}
+			}
+		}()
+	}
+}
+
+// BenchmarkModelAddLogicalConn: after a warm-up Dial that brings up the
+// uplinks, each iteration Dials one more logical connection to the same
+// endpoint (timed until Dial returns), then closes it and waits until both
+// ends have released it (untimed). It fails if a dial makes a QP.
+func BenchmarkModelAddLogicalConn(b *testing.B) {
+	f := memfabric.New()
+	node := f.Node("10.9.0.1")
+	dir := b.TempDir() + "/goxrc"
+	open := func(port string) *Endpoint {
+		e, err := NewEndpoint(context.Background(), Config{Process: node.Process(), Addr: "10.9.0.1:" + port,
+			DomainDir: dir, Heartbeat: 50 * time.Millisecond, IdleTimeout: 2 * time.Second, HandshakeTimeout: 10 * time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { e.Close() })
+		return e
+	}
+	srv, cli := open("1"), open("2")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go BenchServe(ctx, srv)
+	raddr := srv.Addr().String()
+	warm, err := cli.Dial(ctx, raddr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer warm.Close()
+	settle := func() {
+		for deadline := time.Now().Add(10 * time.Second); cli.Stats().Conns != 1 || srv.Stats().Conns != 1; time.Sleep(20 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				b.Fatalf("connections never went back to 1: client %+v, server %+v", cli.Stats(), srv.Stats())
+			}
+		}
+	}
+	settle()
+	qps := node.Stats().QPs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c, err := cli.Dial(ctx, raddr)
+		if err != nil {
+			b.Fatalf("dial %d: %v", i, err)
+		}
+		b.StopTimer()
+		c.Close()
+		settle()
+		b.StartTimer()
+	}
+	b.StopTimer()
+	if n := node.Stats().QPs(); n != qps {
+		b.Fatalf("the node has %d QPs after the dials, %d before: a logical connection made a QP", n, qps)
+	}
+}
+
+// BenchmarkModelSIDRExchange: one bare SIDR exchange on the model (Connect,
+// the listener's request, Accept, the reply, both ids destroyed), the
+// acceptor in its own goroutine as the engine's listen loop is.
+func BenchmarkModelSIDRExchange(b *testing.B) {
+	node := model.NewFabric(model.ReuseNever).AddNode(netip.MustParseAddr("10.9.0.1"), model.NodeConfig{})
+	cli, srv := node.NewProcess(), node.NewProcess()
+	defer cli.Close()
+	defer srv.Close()
+	dst := netip.MustParseAddrPort("10.9.0.1:7")
+	l, err := srv.Listen(dst, kernel.ExchangeSIDR)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	req, rep := make([]byte, 56), make([]byte, 136)
+	go func() {
+		for {
+			cr, err := srv.Event(ctx, l)
+			if err != nil {
+				return
+			}
+			srv.Accept(cr.ID, 0x1234, rep)
+			srv.DestroyID(cr.ID)
+		}
+	}()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		id, err := cli.Connect(ctx, dst, kernel.ExchangeSIDR, 0, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if ev, err := cli.Event(ctx, id); err != nil || ev.Type != kernel.EventEstablished {
+			b.Fatalf("exchange %d: %v %v", i, ev.Type, err)
+		}
+		cli.DestroyID(id)
+	}
+}
