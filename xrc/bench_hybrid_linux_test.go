@@ -27,8 +27,8 @@ import (
 //     connected exchange, goxrc's hello).
 //
 // Both keep one warm-up connection open throughout (the uplinks; cm's device
-// context and PD) and time only the setup: each iteration's connection is
-// closed with the timer stopped. Run them with a fixed -test.benchtime Nx,
+// context and PD) and time only the setup, with clock reads around it
+// (xrc.BenchClock): each iteration's connection is closed off the clock. Run them with a fixed -test.benchtime Nx,
 // alternately (test/bench-xrc.sh). Ports 20321-20329.
 
 func rxeAddr(b *testing.B) netip.Addr {
@@ -124,17 +124,18 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 	sidr0 := cli.Stats().VirtReqs + srv.Stats().VirtReqs
 
 	var release time.Duration // Close until both ends have let go (untimed)
+	var clock xrc.BenchClock
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		c, err := func() (*xrc.Conn, error) {
+		var c *xrc.Conn
+		clock.Time(func() {
 			ictx, icancel := dctx()
 			defer icancel()
-			return cli.Dial(ictx, raddr)
-		}()
+			c, err = cli.Dial(ictx, raddr)
+		})
 		if err != nil {
 			b.Fatalf("dial %d: %v", i, err)
 		}
-		b.StopTimer()
 		if i == 0 {
 			if cs := cli.Stats(); cs.Conns != 2 {
 				b.Fatalf("client holds %d connections with the new one, want 2", cs.Conns)
@@ -145,9 +146,9 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 		c.Close()
 		waitConns(b, 1, cli, srv)
 		release += time.Since(t0)
-		b.StartTimer()
 	}
 	b.StopTimer()
+	clock.Report(b)
 	check("at the end")
 	ini, tgt := xrc.BenchHybridNodeQPs(ip)
 	b.ReportMetric(float64(cli.Stats().Uplinks), "uplinks")
@@ -161,7 +162,7 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 // BenchmarkRCDial: each iteration is cm.Dial plus the listener's Accept of
 // one RC connection (timed), with the smallest buffers cm takes here
 // (64-byte messages, queue depth 2: the cheapest RC setup), then both ends
-// closed with the timer stopped. Close waits out the CM's time-wait (about
+// closed off the clock. Close waits out the CM's time-wait (about
 // 2 s on rxe); the next iteration starts only after it, so no teardown
 // overlaps a timed setup.
 func BenchmarkRCDial(b *testing.B) {
@@ -218,16 +219,17 @@ func BenchmarkRCDial(b *testing.B) {
 	wc, ws := dial() // warm-up: opens cm's device context and PD
 	defer closeBoth(wc, ws)
 
+	var clock xrc.BenchClock
 	b.ResetTimer()
 	var release time.Duration
 	for i := 0; i < b.N; i++ {
-		c, s := dial()
-		b.StopTimer()
+		var c, s *cm.Conn
+		clock.Time(func() { c, s = dial() })
 		t0 := time.Now()
 		closeBoth(c, s)
 		release += time.Since(t0)
-		b.StartTimer()
 	}
 	b.StopTimer()
+	clock.Report(b)
 	b.ReportMetric(float64(release.Microseconds())/float64(b.N), "us-untimed-close/op")
 }
