@@ -179,8 +179,9 @@ $(cat "$TABLE")
   both ends have released it, untimed. A and B time each setup with clock reads around it
   (xrc.BenchClock), not with the benchmark timer: b.StopTimer and b.StartTimer read the memory
   statistics, which stops the world right before every timed setup (in 8 paired rounds that added
-  1.5 ms to A, 6.2 against 4.7 ms, and 3 ms to B, 27.3 against 24.3 ms). The benchmark fails unless Stats.Uplinks stays 1 on both ends and the node's
-  QP count stays at the warm-up's 2 INI + 2 TGT (reported as \`uplinks\` and \`newQPs\`);
+  1.5 ms to A, 6.2 against 4.7 ms, and 3 ms to B, 27.3 against 24.3 ms). The benchmark fails
+  unless Stats.Uplinks stays 1 on both ends and the node's QP count stays at the warm-up's
+  2 INI + 2 TGT (reported as \`uplinks\` and \`newQPs\`);
   \`sidr/op\` is the SIDR exchanges per logical connection (Stats.VirtReqs of both ends).
 - B: cm.Dial plus the listener's Accept with cm.WithMessageSize(64), cm.WithQueueDepth(2) (the
   cheapest RC setup: CM id, resolve, QP, CQ, registered buffers, connect, goxrc's hello), a warm-up

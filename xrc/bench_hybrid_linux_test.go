@@ -28,8 +28,9 @@ import (
 //
 // Both keep one warm-up connection open throughout (the uplinks; cm's device
 // context and PD) and time only the setup, with clock reads around it
-// (xrc.BenchClock): each iteration's connection is closed off the clock. Run them with a fixed -test.benchtime Nx,
-// alternately (test/bench-xrc.sh). Ports 20321-20329.
+// (xrc.BenchClock): each iteration's connection is closed off the clock.
+// Run them with a fixed -test.benchtime Nx, alternately (test/bench-xrc.sh).
+// Ports 20321-20329.
 
 func rxeAddr(b *testing.B) netip.Addr {
 	b.Helper()
@@ -41,28 +42,6 @@ func rxeAddr(b *testing.B) netip.Addr {
 		b.Fatalf("RXE_IP: %v", err)
 	}
 	return ip
-}
-
-// waitConns waits until both endpoints hold exactly want connections.
-func waitConns(b *testing.B, want int, es ...*xrc.Endpoint) {
-	b.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ok := true
-		for _, e := range es {
-			ok = ok && e.Stats().Conns == want
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			for _, e := range es {
-				b.Logf("%v: %+v", e.Addr(), e.Stats())
-			}
-			b.Fatalf("connections never went back to %d", want)
-		}
-		time.Sleep(200 * time.Microsecond)
-	}
 }
 
 // BenchmarkHybridAddLogicalConn: after a warm-up Dial that brings up one
@@ -89,7 +68,7 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 		b.Fatalf("warm-up dial: %v", err)
 	}
 	defer warm.Close()
-	waitConns(b, 1, cli, srv)
+	xrc.BenchWaitConns(b, 1, cli, srv)
 	// One uplink each way between the two endpoints of this node: 2 INIs,
 	// 2 TGTs (after the previous run's endpoints are gone).
 	const ini0, tgt0 = 2, 2
@@ -144,7 +123,7 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 		}
 		t0 := time.Now()
 		c.Close()
-		waitConns(b, 1, cli, srv)
+		xrc.BenchWaitConns(b, 1, cli, srv)
 		release += time.Since(t0)
 	}
 	b.StopTimer()

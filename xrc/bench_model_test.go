@@ -62,6 +62,29 @@ func BenchServe(ctx context.Context, e *Endpoint) {
 	}
 }
 
+// BenchWaitConns waits until every endpoint of es holds exactly want
+// connections (after a Close, both ends have let go).
+func BenchWaitConns(b *testing.B, want int, es ...*Endpoint) {
+	b.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok := true
+		for _, e := range es {
+			ok = ok && e.Stats().Conns == want
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, e := range es {
+				b.Logf("%v: %+v", e.Addr(), e.Stats())
+			}
+			b.Fatalf("connections never went back to %d", want)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
 // BenchmarkModelAddLogicalConn: after a warm-up Dial that brings up the
 // uplinks, each iteration Dials one more logical connection to the same
 // endpoint (timed until Dial returns, see BenchClock), then closes it and
@@ -90,14 +113,7 @@ func BenchmarkModelAddLogicalConn(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer warm.Close()
-	settle := func() {
-		for deadline := time.Now().Add(10 * time.Second); cli.Stats().Conns != 1 || srv.Stats().Conns != 1; time.Sleep(20 * time.Microsecond) {
-			if time.Now().After(deadline) {
-				b.Fatalf("connections never went back to 1: client %+v, server %+v", cli.Stats(), srv.Stats())
-			}
-		}
-	}
-	settle()
+	BenchWaitConns(b, 1, cli, srv)
 	qps := node.Stats().QPs()
 	var clock BenchClock
 	b.ResetTimer()
@@ -108,7 +124,7 @@ func BenchmarkModelAddLogicalConn(b *testing.B) {
 			b.Fatalf("dial %d: %v", i, err)
 		}
 		c.Close()
-		settle()
+		BenchWaitConns(b, 1, cli, srv)
 	}
 	b.StopTimer()
 	clock.Report(b)
