@@ -28,7 +28,8 @@ import (
 //
 // Both keep one warm-up connection open throughout (the uplinks; cm's device
 // context and PD) and time only the setup, with clock reads around it
-// (xrc.BenchClock): each iteration's connection is closed off the clock.
+// (xrc.BenchClock). Each setup follows the last one's at once, or after
+// -xrc.bench-idle off the clock: compare the two at the same idle time.
 // Run them with a fixed -test.benchtime Nx, alternately (test/bench-xrc.sh).
 // Ports 20321-20329.
 
@@ -107,6 +108,7 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		var c *xrc.Conn
+		clock.Idle()
 		clock.Time(func() {
 			ictx, icancel := dctx()
 			defer icancel()
@@ -140,10 +142,10 @@ func BenchmarkHybridAddLogicalConn(b *testing.B) {
 
 // BenchmarkRCDial: each iteration is cm.Dial plus the listener's Accept of
 // one RC connection (timed), with the smallest buffers cm takes here
-// (64-byte messages, queue depth 2: the cheapest RC setup), then both ends
-// closed off the clock. Close waits out the CM's time-wait (about
-// 2 s on rxe); the next iteration starts only after it, so no teardown
-// overlaps a timed setup.
+// (64-byte messages, queue depth 2: the cheapest RC setup). Every
+// connection stays open until the loop ends, and all are closed then, off
+// the clock: a Close waits out the CM's time-wait (about 2 s on rxe), and
+// no teardown runs beside a timed setup.
 func BenchmarkRCDial(b *testing.B) {
 	ip := rxeAddr(b)
 	addr := netip.AddrPortFrom(ip, 20325).String()
@@ -199,16 +201,15 @@ func BenchmarkRCDial(b *testing.B) {
 	defer closeBoth(wc, ws)
 
 	var clock xrc.BenchClock
+	conns := make([]*cm.Conn, 0, 2*b.N)
 	b.ResetTimer()
-	var release time.Duration
 	for i := 0; i < b.N; i++ {
 		var c, s *cm.Conn
+		clock.Idle()
 		clock.Time(func() { c, s = dial() })
-		t0 := time.Now()
-		closeBoth(c, s)
-		release += time.Since(t0)
+		conns = append(conns, c, s)
 	}
 	b.StopTimer()
 	clock.Report(b)
-	b.ReportMetric(float64(release.Microseconds())/float64(b.N), "us-untimed-close/op")
+	closeBoth(conns...)
 }
