@@ -18,6 +18,9 @@
 // steps through goxrc's rdmacm package and the hybrid seam) and
 // BenchmarkHybridAddLogicalConn (the engine).
 //
+// -idle D waits D, untimed, between resolving an id and its exchange: what
+// idle costs the exchange itself.
+//
 // In the VM: sidrfloor -addr 10.77.0.1:20328 -count 50 -rounds 3 -json
 package main
 
@@ -37,8 +40,9 @@ func main() {
 	count := flag.Int("count", 50, "timed exchanges per round and way")
 	rounds := flag.Int("rounds", 3, "rounds, each C then Go")
 	asJSON := flag.Bool("json", false, "print the result as JSON")
+	idle := flag.Duration("idle", 0, "idle time before each timed exchange (after its id is resolved)")
 	flag.Parse()
-	res, err := run(*addr, *count, *rounds)
+	res, err := run(*addr, *count, *rounds, *idle)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sidrfloor:", err)
 		os.Exit(1)
@@ -55,6 +59,7 @@ func main() {
 type result struct {
 	Count      int                `json:"count"`
 	Rounds     int                `json:"rounds"`
+	IdleUS     float64            `json:"idle_us"`
 	CMedianUS  float64            `json:"c_median_us"`  // whole exchanges
 	GoMedianUS float64            `json:"go_median_us"` // whole exchanges
 	Ratio      float64            `json:"ratio"`        // Go over C, medians
@@ -67,13 +72,13 @@ type result struct {
 
 var stepNames = [5]string{"connect", "request", "accept", "reply", "destroy"}
 
-func run(addr string, count, rounds int) (*result, error) {
+func run(addr string, count, rounds int, idle time.Duration) (*result, error) {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil || !ap.Addr().Is4() {
 		return nil, fmt.Errorf("-addr %q: want IPv4 ip:port", addr)
 	}
-	if count < 1 || rounds < 1 {
-		return nil, fmt.Errorf("-count %d, -rounds %d: want at least 1 each", count, rounds)
+	if count < 1 || rounds < 1 || idle < 0 {
+		return nil, fmt.Errorf("-count %d, -rounds %d, -idle %v: want at least 1, 1 and 0", count, rounds, idle)
 	}
 	ch, err := setup(ap.Addr().String(), int(ap.Port()))
 	if err != nil {
@@ -91,6 +96,7 @@ func run(addr string, count, rounds int) (*result, error) {
 			return err
 		}
 		addrs, routes = addrs+addr, routes+route
+		time.Sleep(idle)
 		steps, err := ex()
 		if err != nil {
 			return err
@@ -124,7 +130,7 @@ func run(addr string, count, rounds int) (*result, error) {
 		return us(a.totals[len(a.totals)/2]), steps
 	}
 	n := time.Duration(2 * count * rounds)
-	res := &result{Count: count, Rounds: rounds, ResolveUS: us((addrs + routes) / n), AddrUS: us(addrs / n), RouteUS: us(routes / n)}
+	res := &result{Count: count, Rounds: rounds, IdleUS: us(idle), ResolveUS: us((addrs + routes) / n), AddrUS: us(addrs / n), RouteUS: us(routes / n)}
 	res.CMedianUS, res.CStepsUS = summary(&inC)
 	res.GoMedianUS, res.GoStepsUS = summary(&inGo)
 	res.Ratio = math.Round(res.GoMedianUS/res.CMedianUS*1000) / 1000
