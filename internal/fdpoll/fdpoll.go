@@ -65,12 +65,12 @@ func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 	}
 	if d, ok := ctx.Deadline(); ok {
 		if err := p.file.SetReadDeadline(d); err != nil {
-			return err
+			return p.closedOr(err)
 		}
 		p.deadlineOn = true
 	} else if p.deadlineOn {
 		if err := p.file.SetReadDeadline(time.Time{}); err != nil {
-			return err
+			return p.closedOr(err)
 		}
 		p.deadlineOn = false
 	}
@@ -89,6 +89,12 @@ func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 		}
 		return context.DeadlineExceeded
 	}
+	return p.closedOr(err)
+}
+
+// closedOr is ErrClosed once Close has begun (the os.File's own errors for
+// a descriptor closed under a call read "use of closed file"), else err.
+func (p *FD) closedOr(err error) error {
 	if p.isClosed() {
 		return ErrClosed
 	}

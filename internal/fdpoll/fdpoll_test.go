@@ -141,3 +141,21 @@ func TestDeadlineDoesNotStickToTheNextWait(t *testing.T) {
 	go func() { time.Sleep(30 * time.Millisecond); unix.Write(w, []byte{1}) }()
 	require.NoError(t, p.Wait(context.Background(), drainOne(r)), "an old deadline must not end a wait without one")
 }
+
+// A Close that lands between a Wait's first try and its sleep (here, inside
+// try) is ErrClosed too, also when the Wait must first clear an earlier
+// Wait's deadline: once seen as "use of closed file" from that reset.
+func TestCloseDuringWaitIsErrClosed(t *testing.T) {
+	for _, earlierDeadline := range []bool{false, true} {
+		r, _ := pipeFD(t)
+		p, err := Open(r, "pipe")
+		require.NoError(t, err)
+		if earlierDeadline {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+			require.ErrorIs(t, p.Wait(ctx, drainOne(r)), context.DeadlineExceeded)
+			cancel()
+		}
+		err = p.Wait(context.Background(), func() bool { p.Close(); return false })
+		require.ErrorIs(t, err, ErrClosed, "earlier deadline %v", earlierDeadline)
+	}
+}
