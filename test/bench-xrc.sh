@@ -222,8 +222,8 @@ $(cat "$TABLE")
   Under emulation idle makes a setup much slower (sleeping threads and vCPUs to wake, caches to
   refill), and not by the same factor for A and B, so each ratio compares setups that followed
   the same idle time. The target is met only where both ratios reach it.
-- C: no engine at all: Connect (a spare id resolved in the background after the previous exchange,
-  or a new id resolved now; SIDR REQ), the listener's
+- C: no engine at all: Connect (a spare id resolved in the background from the start of the
+  previous exchange, or a new id resolved now; SIDR REQ), the listener's
   CONNECT_REQUEST, Accept (SIDR REP), ESTABLISHED, both ids destroyed, through the hybrid seam's
   kcm (librdmacm). A logical connection over live uplinks needs one (the reverse leg rides its
   ACCEPT; it needed two, one per leg, before), so C is the floor under A. C also reports each

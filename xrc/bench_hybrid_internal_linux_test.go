@@ -47,8 +47,8 @@ func BenchHybridNodeQPs(ip netip.Addr) (ini, tgt int) {
 
 // BenchmarkHybridSIDRExchange is the floor under a logical connection's
 // setup: one bare SIDR exchange through the real kernel CM on the hybrid
-// seam, without the engine (Connect: the spare id kcm resolved to the
-// destination after the previous exchange, SIDR REQ; the listener's
+// seam, without the engine (Connect: the spare id kcm began resolving to
+// the destination as the previous exchange started, SIDR REQ; the listener's
 // CONNECT_REQUEST; Accept: SIDR REP; ESTABLISHED; both ids destroyed).
 // Adding a logical connection over live uplinks takes one of them (the
 // reverse leg rides its ACCEPT; two before). It reports each step's mean as
