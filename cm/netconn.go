@@ -21,13 +21,12 @@ func (c *Conn) NetConn() net.Conn {
 type streamConn struct {
 	c *Conn
 
-	rmu       sync.Mutex
-	buf       []byte
-	off, n    int
-	readDL    deadline
-	writeDL   deadline
-	writeMu   sync.Mutex
-	closeOnce sync.Once
+	rmu     sync.Mutex
+	buf     []byte
+	off, n  int
+	readDL  deadline
+	writeDL deadline
+	writeMu sync.Mutex
 }
 
 // deadline is one direction's deadline. Changing it cancels the operation

@@ -15,6 +15,7 @@
 #   -m, --mem SIZE       guest RAM            [GOXRC_VM_MEM, default 2G]
 #   -s, --smp N          guest vCPUs          [GOXRC_VM_SMP, default 2]
 #   -k, --kver ABI       Debian kernel ABI    [GOXRC_VM_KVER, default 6.1.0-47-amd64]
+#       --append ARGS    extra guest kernel parameters [GOXRC_VM_APPEND]
 #   -e, --env K=V        export K=V to COMMAND (repeatable)
 #       --rw DIR         share DIR read-write at the same path (repeatable)
 #       --no-rxe         no RDMA modules, no veth, no rxe0
@@ -36,6 +37,7 @@ VM_TIMEOUT=${GOXRC_VM_TIMEOUT:-900}
 MEM=${GOXRC_VM_MEM:-2G}
 SMP=${GOXRC_VM_SMP:-2}
 KVER=${GOXRC_VM_KVER:-6.1.0-47-amd64}
+EXTRA_APPEND=${GOXRC_VM_APPEND:-}
 CMD_TIMEOUT= OUT= RXE=1 QUIET=0 VERBOSE=0 PREPARE=0
 RW_DIRS=() ENVS=()
 PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
@@ -54,6 +56,7 @@ while [[ $# -gt 0 ]]; do
     -m|--mem) MEM=$2; shift 2;;
     -s|--smp) SMP=$2; shift 2;;
     -k|--kver) KVER=$2; shift 2;;
+    --append) EXTRA_APPEND=$2; shift 2;;
     -e|--env) ENVS+=("$2"); shift 2;;
     --rw) RW_DIRS+=("$(realpath "$2")"); shift 2;;
     --no-rxe) RXE=0; shift;;
@@ -202,6 +205,7 @@ for d in ${RW_DIRS[@]+"${RW_DIRS[@]}"}; do
 done
 APPEND="console=ttyS0 panic=-1 rdinit=/init rxevm.out=$OUT${RWARG:+ rxevm.rw=$RWARG} mitigations=off nokaslr tsc=reliable"
 [[ $VERBOSE == 1 ]] || APPEND+=" quiet loglevel=3"
+APPEND+="${EXTRA_APPEND:+ $EXTRA_APPEND}"
 QEMU=(qemu-system-x86_64 -machine q35 -accel tcg,thread=multi -cpu max -smp "$SMP" -m "$MEM"
       -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$INITRD" -append "$APPEND" "${VIRTFS[@]}"
       -display none -vga none -monitor none -serial "file:$OUT/console.log" -nic none -nodefaults -no-reboot)
