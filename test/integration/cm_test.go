@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -25,9 +26,18 @@ import (
 	"github.com/goxrc/goxrc/verbs"
 )
 
+// cmCtx is the test's context with limit d. A test that fails after its
+// context ran out logs where every goroutine was then, to show what hung.
 func cmCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
+	t.Cleanup(func() {
+		if t.Failed() && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			var b strings.Builder
+			pprof.Lookup("goroutine").WriteTo(&b, 1)
+			t.Logf("the test's context ran out; goroutines (grouped by stack):\n%s", b.String())
+		}
+	})
 	return ctx
 }
 
@@ -160,12 +170,14 @@ func TestCMConcurrentDials(t *testing.T) {
 	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256), cm.WithLogger(cmTestLogger(t)))
 	ctx := cmCtx(t, 180*time.Second)
 	var wg sync.WaitGroup
-	serverErr := make(chan error, n)
+	serverErr := make(chan error, n+1)
+	accepting := make(chan struct{})
 	go func() {
+		defer close(accepting)
 		for i := 0; i < n; i++ {
 			c, err := l.Accept(ctx)
 			if err != nil {
-				serverErr <- err
+				serverErr <- fmt.Errorf("accept %d of %d: %w", i+1, n, err)
 				return
 			}
 			wg.Add(1)
@@ -183,6 +195,9 @@ func TestCMConcurrentDials(t *testing.T) {
 						err = nil
 					}
 				}
+				if err != nil {
+					err = fmt.Errorf("server side of %v (%+v): %w", c.RemoteAddr(), c.Stats(), err)
+				}
 				serverErr <- err
 			}()
 		}
@@ -195,25 +210,31 @@ func TestCMConcurrentDials(t *testing.T) {
 			defer cwg.Done()
 			c, err := cm.Dial(ctx, addr, cm.WithQueueDepth(4), cm.WithMessageSize(256))
 			if err != nil {
-				clientErr <- err
+				clientErr <- fmt.Errorf("dial %d: %w", i, err)
 				return
 			}
 			defer c.Close()
 			msg := fmt.Sprintf("client %d", i)
 			buf := make([]byte, 256)
 			if err := c.Send(ctx, []byte(msg)); err != nil {
-				clientErr <- err
+				clientErr <- fmt.Errorf("client %d (%v): %w", i, c.LocalAddr(), err)
 				return
 			}
 			k, err := c.Recv(ctx, buf)
 			if err == nil && string(buf[:k]) != "echo:"+msg {
 				err = fmt.Errorf("cross-talk: sent %q, got %q", msg, buf[:k])
 			}
+			if err != nil {
+				err = fmt.Errorf("client %d (%v, %+v): %w", i, c.LocalAddr(), c.Stats(), err)
+			}
 			clientErr <- err
 		}()
 	}
 	cwg.Wait()
 	close(clientErr)
+	<-accepting
+	wg.Wait()
+	close(serverErr)
 	failed := 0
 	for err := range clientErr {
 		if err != nil {
@@ -221,11 +242,19 @@ func TestCMConcurrentDials(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	require.Zero(t, failed)
-	for i := 0; i < n; i++ {
-		require.NoError(t, <-serverErr)
+	served := 0
+	for err := range serverErr {
+		served++
+		if err != nil {
+			failed++
+			t.Error(err)
+		}
 	}
-	wg.Wait()
+	if failed > 0 {
+		t.Logf("process stats: %+v", cm.GlobalStats())
+	}
+	require.Zero(t, failed)
+	require.Equal(t, n, served)
 }
 
 // TestCMBuffersFromPool: connections of one size share the device's
