@@ -170,6 +170,7 @@ type Conn struct {
 	ready       ring[readyMsg]
 	polling     bool
 	waiters     int           // goroutines waiting for the leader's round
+	rounds      uint64        // progress rounds ended (see progress)
 	wake        chan struct{} // one token per waiter at the end of a round
 	err         error         // sticky: the connection is broken
 	peerFin     bool
@@ -327,6 +328,7 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 		// slot and a credit (it keeps one back for credit returns, so two
 		// sides that both ran out never wait on each other) it posts
 		// nothing and the loop waits for completions.
+		seen := c.roundsSeen()
 		err := c.postFrame(frameData, p, imm, hasImm)
 		if err == nil {
 			break
@@ -334,7 +336,7 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 		if !errors.Is(err, errNoRoom) {
 			return c.opErr("send", err)
 		}
-		if err := c.progress(ctx); err != nil {
+		if err := c.progress(ctx, seen); err != nil {
 			return c.opErr("send", err)
 		}
 	}
@@ -554,8 +556,9 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 			c.mu.Unlock()
 			return 0, 0, false, c.opErr("recv", err)
 		}
+		seen := c.rounds
 		c.mu.Unlock()
-		if err := c.progress(ctx); err != nil {
+		if err := c.progress(ctx, seen); err != nil {
 			return 0, 0, false, c.opErr("recv", err)
 		}
 		c.mu.Lock()
@@ -635,8 +638,18 @@ func (c *Conn) flushRecvs() error {
 // progress makes one round of completion processing. One caller at a time
 // polls the completion queue (the leader); others wait until it finishes a
 // round, so a sender and a receiver never both sleep on the channel fd.
-func (c *Conn) progress(ctx context.Context) error {
+//
+// seen is c.rounds as the caller read it, under mu, when it checked its
+// condition: if a round has ended since, the condition may hold now, and
+// waiting for another round could wait for ever (a sender that found no
+// credit would sleep behind a receiver's round that waits for the reply to
+// the very message the sender holds back).
+func (c *Conn) progress(ctx context.Context, seen uint64) error {
 	c.mu.Lock()
+	if c.rounds != seen {
+		c.mu.Unlock()
+		return nil
+	}
 	if c.polling {
 		c.waiters++
 		c.mu.Unlock()
@@ -716,6 +729,7 @@ func (c *Conn) progress(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	c.polling = false
+	c.rounds++
 	for ; c.waiters > 0; c.waiters-- {
 		select {
 		case c.wake <- struct{}{}:
@@ -734,6 +748,14 @@ func (c *Conn) progress(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// roundsSeen returns c.rounds, for a caller about to check its condition
+// (see progress).
+func (c *Conn) roundsSeen() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rounds
 }
 
 // gotRecv reports whether the first n completions of the round include a
@@ -932,11 +954,12 @@ func (c *Conn) Close() error {
 
 func (c *Conn) sendFin(ctx context.Context) {
 	for ctx.Err() == nil {
+		seen := c.roundsSeen()
 		err := c.postFrame(frameFin, nil, 0, false)
 		if err == nil || !errors.Is(err, errNoRoom) {
 			return
 		}
-		if c.progress(ctx) != nil {
+		if c.progress(ctx, seen) != nil {
 			return
 		}
 	}
@@ -948,8 +971,9 @@ func (c *Conn) drainSends(ctx context.Context) {
 	for {
 		c.mu.Lock()
 		done := len(c.freeSend) == cap(c.freeSend) || c.err != nil
+		seen := c.rounds
 		c.mu.Unlock()
-		if done || c.progress(ctx) != nil {
+		if done || c.progress(ctx, seen) != nil {
 			return
 		}
 	}

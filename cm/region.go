@@ -130,11 +130,12 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 		if !done && c.err != nil {
 			err = c.err
 		}
+		seen := c.rounds
 		c.mu.Unlock()
 		if done || err != nil {
 			return c.opErr(op, err)
 		}
-		if err := c.progress(ctx); err != nil {
+		if err := c.progress(ctx, seen); err != nil {
 			// The request stays posted; the connection cannot tell when
 			// the device will finish with local memory, so it breaks.
 			c.fail(fmt.Errorf("%w: %s abandoned: %w", ErrPeerGone, op, err))

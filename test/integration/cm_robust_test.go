@@ -179,6 +179,7 @@ func TestCMServerKilled(t *testing.T) {
 	ctx := cmCtx(t, 60*time.Second)
 	client, err := cm.Dial(ctx, addr, cm.WithMessageSize(4096), cm.WithQueueDepth(16), cm.WithHandshakeTimeout(5*time.Second))
 	require.NoError(t, err)
+	t.Cleanup(func() { client.Close() }) // a failure must not leave it to the leak checks of later tests
 	sendErr, recvErr := make(chan error, 1), make(chan error, 1)
 	echoed := make(chan struct{})
 	go func() {
