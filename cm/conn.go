@@ -170,7 +170,7 @@ type Conn struct {
 	ready       ring[readyMsg]
 	polling     bool
 	waiters     int           // goroutines waiting for the leader's round
-	rounds      uint64        // progress rounds ended (see progress)
+	rounds      atomic.Uint64 // progress rounds ended (see progress); changed under mu
 	wake        chan struct{} // one token per waiter at the end of a round
 	err         error         // sticky: the connection is broken
 	peerFin     bool
@@ -328,7 +328,7 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 		// slot and a credit (it keeps one back for credit returns, so two
 		// sides that both ran out never wait on each other) it posts
 		// nothing and the loop waits for completions.
-		seen := c.roundsSeen()
+		seen := c.rounds.Load()
 		err := c.postFrame(frameData, p, imm, hasImm)
 		if err == nil {
 			break
@@ -556,7 +556,7 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 			c.mu.Unlock()
 			return 0, 0, false, c.opErr("recv", err)
 		}
-		seen := c.rounds
+		seen := c.rounds.Load()
 		c.mu.Unlock()
 		if err := c.progress(ctx, seen); err != nil {
 			return 0, 0, false, c.opErr("recv", err)
@@ -639,14 +639,14 @@ func (c *Conn) flushRecvs() error {
 // polls the completion queue (the leader); others wait until it finishes a
 // round, so a sender and a receiver never both sleep on the channel fd.
 //
-// seen is c.rounds as the caller read it, under mu, when it checked its
-// condition: if a round has ended since, the condition may hold now, and
+// seen is c.rounds as the caller read it before it checked its condition:
+// if a round has ended since, the condition may hold now, and
 // waiting for another round could wait for ever (a sender that found no
 // credit would sleep behind a receiver's round that waits for the reply to
 // the very message the sender holds back).
 func (c *Conn) progress(ctx context.Context, seen uint64) error {
 	c.mu.Lock()
-	if c.rounds != seen {
+	if c.rounds.Load() != seen {
 		c.mu.Unlock()
 		return nil
 	}
@@ -729,7 +729,7 @@ func (c *Conn) progress(ctx context.Context, seen uint64) error {
 	}
 	c.mu.Lock()
 	c.polling = false
-	c.rounds++
+	c.rounds.Add(1)
 	for ; c.waiters > 0; c.waiters-- {
 		select {
 		case c.wake <- struct{}{}:
@@ -748,14 +748,6 @@ func (c *Conn) progress(ctx context.Context, seen uint64) error {
 		return nil
 	}
 	return err
-}
-
-// roundsSeen returns c.rounds, for a caller about to check its condition
-// (see progress).
-func (c *Conn) roundsSeen() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.rounds
 }
 
 // gotRecv reports whether the first n completions of the round include a
@@ -954,7 +946,7 @@ func (c *Conn) Close() error {
 
 func (c *Conn) sendFin(ctx context.Context) {
 	for ctx.Err() == nil {
-		seen := c.roundsSeen()
+		seen := c.rounds.Load()
 		err := c.postFrame(frameFin, nil, 0, false)
 		if err == nil || !errors.Is(err, errNoRoom) {
 			return
@@ -971,7 +963,7 @@ func (c *Conn) drainSends(ctx context.Context) {
 	for {
 		c.mu.Lock()
 		done := len(c.freeSend) == cap(c.freeSend) || c.err != nil
-		seen := c.rounds
+		seen := c.rounds.Load()
 		c.mu.Unlock()
 		if done || c.progress(ctx, seen) != nil {
 			return

@@ -130,7 +130,7 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 		if !done && c.err != nil {
 			err = c.err
 		}
-		seen := c.rounds
+		seen := c.rounds.Load()
 		c.mu.Unlock()
 		if done || err != nil {
 			return c.opErr(op, err)
