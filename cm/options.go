@@ -111,6 +111,10 @@ func newConfig(opts []Option) (config, error) {
 
 // WithQueueDepth sets the number of receive buffers and so the number of
 // messages in flight per direction (default DefaultQueueDepth).
+//
+// Known bug: at depth 1, two sides that both keep sending (an echo server
+// under a flood) can pass one credit back and forth for ever without
+// either sending data; use 2 or more until it is fixed.
 func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } }
 
 // WithMessageSize sets the largest message payload (default
