@@ -3,6 +3,7 @@ package cm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"runtime/pprof"
 	"testing"
@@ -19,12 +20,13 @@ import (
 // Before progress took the caller's view of the rounds, depths 2 to 16
 // stalled here within seconds (a sender that found no credit slept behind a
 // receiver's round waiting for the echo of the message it held back), as
-// TestCMServerKilled did once in the VM. Depth 1 is left out because it
-// still fails: the two sides return a single credit to each other in credit
-// frames for ever, and neither gets the two a data frame needs (a known bug,
-// not yet fixed).
+// TestCMServerKilled did once in the VM. Depth 1 (which the fake pair
+// allows, bypassing the configuration) livelocks: a data frame needs both
+// of the peer's two receive buffers, and the two sides pass one credit back
+// and forth in credit frames for ever. That is why minQueueDepth is 2, for
+// our configuration and for a peer's handshake (TestQueueDepthBelowTwoRefused).
 func TestConnEchoFloodNoDeadlock(t *testing.T) {
-	for _, depth := range []int{2, 4, 16} {
+	for _, depth := range []int{minQueueDepth, 4, 16} {
 		t.Run(fmt.Sprint("depth", depth), func(t *testing.T) {
 			client, server, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}, msgSize: [2]int{4096, 4096}})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -111,4 +113,22 @@ func connState(c *Conn) string {
 	defer c.mu.Unlock()
 	return fmt.Sprintf("credits %d pending %d deferred %d peerStarved %v creditsDue %v freeSend %d inFlight %d unsignaled %d ready %d polling %v waiters %d sigEvery %d recvBatch %d recvSlots %d peerSlots %d",
 		c.credits, c.pending, len(c.deferred), c.peerStarved, c.creditsDue.Load(), len(c.freeSend), c.inFlight.size, c.unsignaled, c.ready.size, c.polling, c.waiters, c.sigEvery, c.recvBatch, c.recvSlots, c.peerSlots)
+}
+
+// TestQueueDepthBelowTwoRefused: neither our options nor a peer's handshake
+// can set up a connection at depth 1 (see TestConnEchoFloodNoDeadlock).
+func TestQueueDepthBelowTwoRefused(t *testing.T) {
+	_, err := newConfig([]Option{WithQueueDepth(1)})
+	if err == nil {
+		t.Fatal("WithQueueDepth(1) accepted")
+	}
+	if _, err := newConfig([]Option{WithQueueDepth(2)}); err != nil {
+		t.Fatalf("WithQueueDepth(2): %v", err)
+	}
+	if _, err := parseHello(hello{queueDepth: 1, maxMessage: 4096}.marshal()); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("a peer's depth 1: %v, want ErrProtocol", err)
+	}
+	if _, err := parseHello(hello{queueDepth: 2, maxMessage: 4096}.marshal()); err != nil {
+		t.Fatalf("a peer's depth 2: %v", err)
+	}
 }

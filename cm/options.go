@@ -11,7 +11,7 @@ import (
 // Limits on what a connection may be configured with, and what a peer may ask
 // for in its handshake.
 const (
-	minQueueDepth  = 2
+	minQueueDepth  = 2    // see WithQueueDepth
 	maxQueueDepth  = 4000 // credits travel in 12 bits
 	minMessageSize = 1
 	maxMessageSize = 1 << 30
@@ -111,10 +111,10 @@ func newConfig(opts []Option) (config, error) {
 
 // WithQueueDepth sets the number of receive buffers and so the number of
 // messages in flight per direction (default DefaultQueueDepth).
-//
-// Known bug: at depth 1, two sides that both keep sending (an echo server
-// under a flood) can pass one credit back and forth for ever without
-// either sending data; use 2 or more until it is fixed.
+// The smallest depth is 2, here and in a peer's handshake: at depth 1 a
+// data frame needs both of the peer's receive buffers, and two sides that
+// both keep sending can pass one credit back and forth in credit frames for
+// ever (TestConnEchoFloodNoDeadlock).
 func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } }
 
 // WithMessageSize sets the largest message payload (default
