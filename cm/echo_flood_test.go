@@ -84,10 +84,10 @@ func TestConnEchoFloodNoDeadlock(t *testing.T) {
 						last, same = n, 0
 						continue
 					}
-					if same++; same == 4 {
+					if same++; same == 10 {
 						var b bytes.Buffer
 						pprof.Lookup("goroutine").WriteTo(&b, 1)
-						stalled <- fmt.Sprintf("stalled for 2 s:\nclient: %s\nserver: %s\n%s", connState(client), connState(server), b.String())
+						stalled <- fmt.Sprintf("stalled for 5 s:\nclient: %s\nserver: %s\n%s", connState(client), connState(server), b.String())
 						cancel()
 						return
 					}
