@@ -8,6 +8,7 @@
 #   4 KiB and 64 KiB streaming:          ib_send_bw -R -s S      vs  client -mode bandwidth -size S
 # plus, beside the latency, test/cmd/cgofloor (the same ping-pong with no library: the loop
 # in C inside a Go process, and one cgo call per step), the floor under any Go binding here;
+# beside the bandwidth, cgofloor -bw (the same stream as ib_send_bw's with no library, both ways);
 # beside the setup, against cmtime's server: goxrc's client (-raw) and test/cmd/setupfloor
 # (cmtime's client steps with no library, in one C call and from Go);
 # then the Go benchmarks (allocs/op) and the zero-allocation test. Prints a table of medians
@@ -106,6 +107,8 @@ for r in $(seq 1 $ROUNDS); do
     cserver timeout 120 ib_send_bw -d $DEV -R -s $s -n $n
     cclient $O/bw$s.c.$r "^ *$s +[0-9]" ib_send_bw -d $DEV -R -s $s -n $n $IP; cstop
     timeout 120 $BIN/client -addr $IP:7472 -mode bandwidth -size $s -count $n -busypoll $BUSY -json -progress 0 > $O/bw$s.go.$r 2>&1
+    cserver timeout 120 $BIN/cgofloor -server -addr $IP:7475 -bw $s -count $n -warmup 50 -rounds 1
+    cclient $O/bwfloor$s.$r "go_mb_per_s" timeout 120 $BIN/cgofloor -addr $IP:7475 -bw $s -count $n -warmup 50 -rounds 1 -json; cstop
   done
 done
 log "Go benchmarks"
@@ -144,6 +147,7 @@ values() { # BENCH IMPL: one value per round
   local f
   local base=$1.$2
   [[ $1 == floor* ]] && base=floor   # one cgofloor output holds both figures
+  [[ $1 == bwfloor* ]] && base=bwfloor${1##*[a-z]}   # bwfloorc4096, bwfloorgo4096: bwfloor4096
   for f in "$O/$base".*; do
     [[ -f $f ]] || continue
     value "$1" "$2" "$f"
@@ -157,6 +161,8 @@ value() { # BENCH IMPL FILE
     lat64.go|latdef.go) jfield median_us "$3";;
     floorc.go) jfield c_median_us "$3";;
     floorgo.go) jfield go_median_us "$3";;
+    bwfloorc*.go) jfield c_mb_per_s "$3";;
+    bwfloorgo*.go) jfield go_mb_per_s "$3";;
     bw*.c) bw_c "$3" "${1#bw}";;
     bw*.go) jfield mb_per_s "$3" | awk '{print $1 / 1.048576}';;   # to perftest's MB
   esac
@@ -214,6 +220,13 @@ TABLE=$RUN/table.md
   for s in 4096 65536; do
     c=$(values bw$s c | median); g=$(values bw$s go | median); r=$(ratio "$g" "$c")
     echo "| $((s / 1024)) KiB send bandwidth, MB/s (2^20) (rounds: C $(values bw$s c | tr '\n' ' ')/ Go $(values bw$s go | tr '\n' ' ')) | $c | $g | $r | $(paired bw$s go) | higher | >= 0.9x ib_send_bw | $(verdict "$r" '>=' 0.9) |"
+    for f in bwfloorc bwfloorgo; do
+      [[ -n $(values $f$s go) ]] || continue # runs before 2026-12 have none
+      g=$(values $f$s go | median); r=$(ratio "$g" "$c")
+      what="no library, the stream in C inside a Go process"
+      [[ $f == bwfloorgo ]] && what="no library, one cgo call per post or poll (poll in 10 us slices)"
+      echo "| floor: $((s / 1024)) KiB stream, $what (test/cmd/cgofloor -bw $s; rounds: $(values $f$s go | tr '\n' ' ')) | $c | $g | $r | | higher | (none: for reference) | - |"
+    done
   done
 } > "$TABLE"
 GOBENCH=$(cat <(grep -E '^ *(--- |cm_bench)' "$O/goallocs.log" 2>/dev/null) <(grep -E '^Benchmark' "$O/gobench.log" 2>/dev/null))
@@ -276,6 +289,12 @@ How the figures compare:
   process, and calling C once per step, cost on this machine before any library logic.
 - Bandwidth: ib_send_bw's "BW average" (MB = 2^20 bytes) vs the client's bytes/time, converted to
   2^20-byte MB. The Go figure includes the final acknowledgement round trip.
+- Bandwidth floor rows: \`cgofloor -server -addr \$RXE_IP:7475 -bw S -count K -warmup 50 -rounds 1\` +
+  \`cgofloor -addr \$RXE_IP:7475 ...\`, right after goxrc's run: ib_send_bw's stream (512 receives
+  reposted as they are taken, 128 sends in flight, one in 64 signaled) with no library and no flow
+  control, ending with a 1-byte acknowledgement; first the whole stream in one C call on each
+  side, then one cgo call per post (sender) or per 10 us poll slice (receiver, reposting in the
+  same call), yielding every 4 ms. What a Go process, and calling C once per step, cost a stream here.
 - Allocations: Go benchmarks in test/integration on the same guest, allocs/op values: ${ALLOCS:-none} (target 0).
 
 \`\`\`

@@ -14,7 +14,15 @@
 // library logic; test/bench.sh prints it beside goxrc's ratio to
 // ib_send_lat.
 //
-// In the VM, with the same -count, -warmup and -rounds on both sides:
+// With -bw SIZE it streams -count messages of SIZE bytes instead, as
+// ib_send_bw does by default (512 receives reposted as they are taken, 128
+// sends in flight, one in 64 signaled), ending with a 1-byte
+// acknowledgement, the same two ways: the whole stream in one C call, then
+// one cgo call per post or poll (the poll also reposts), polling in 10 us
+// slices with a yield every 4 ms. That is the floor under goxrc's bandwidth
+// beside ib_send_bw's.
+//
+// In the VM, with the same -count, -warmup, -rounds and -bw on both sides:
 //
 //	cgofloor -server -addr 10.77.0.1:7475 &
 //	cgofloor -addr 10.77.0.1:7475 -json
@@ -38,16 +46,25 @@ func main() {
 	warmup := flag.Int("warmup", 200, "untimed round trips before each round")
 	rounds := flag.Int("rounds", 3, "rounds of each way, alternating C, Go, C, Go ...")
 	asJSON := flag.Bool("json", false, "print the result as JSON")
+	bw := flag.Int("bw", 0, "stream messages of this many bytes instead of a 64 B ping-pong")
 	flag.Parse()
 	host, port, err := net.SplitHostPort(*addr)
 	if err == nil {
-		err = setup(*server, host, port)
+		size := 64
+		if *bw > 0 {
+			size = *bw
+		}
+		err = setup(*server, host, port, size, *bw > 0)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cgofloor:", err)
 		os.Exit(1)
 	}
 	defer teardown()
+	if *bw > 0 {
+		stream(*server, *bw, *count, *warmup, *rounds, *asJSON)
+		return
+	}
 	// Non-nil: nil means untimed (the warm-ups).
 	inC := make([]time.Duration, 0, *rounds**count)
 	inGo := make([]time.Duration, 0, *rounds**count)
@@ -114,4 +131,69 @@ func loopGo(server bool, n int, rtts []time.Duration) []time.Duration {
 		}
 	}
 	return rtts
+}
+
+type streamResult struct {
+	Size    int     `json:"size"`
+	Count   int     `json:"count"`
+	Rounds  int     `json:"rounds"`
+	CMBps   float64 `json:"c_mb_per_s"`  // MB = 2^20 bytes, as ib_send_bw reports
+	GoMBps  float64 `json:"go_mb_per_s"` // likewise
+	GoOverC float64 `json:"ratio"`
+}
+
+// stream runs the streaming floor: rounds of C then Go, each after an
+// untimed warm-up stream; the client reports the median rate of each way.
+func stream(server bool, size, count, warmup, rounds int, asJSON bool) {
+	var inC, inGo []float64
+	mbps := func(d time.Duration) float64 { return float64(size) * float64(count) / d.Seconds() / (1 << 20) }
+	for r := 0; r < rounds; r++ {
+		streamC(server, warmup)
+		t := time.Now()
+		streamC(server, count)
+		inC = append(inC, mbps(time.Since(t)))
+		streamGo(server, warmup)
+		t = time.Now()
+		streamGo(server, count)
+		inGo = append(inGo, mbps(time.Since(t)))
+	}
+	if server {
+		return
+	}
+	med := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	res := streamResult{Size: size, Count: count, Rounds: rounds, CMBps: med(inC), GoMBps: med(inGo)}
+	res.GoOverC = res.GoMBps / res.CMBps
+	if asJSON {
+		json.NewEncoder(os.Stdout).Encode(res)
+		return
+	}
+	fmt.Printf("%d B stream: loop in C %.2f MB/s, one cgo call per step %.2f MB/s (%.2fx)\n", size, res.CMBps, res.GoMBps, res.GoOverC)
+}
+
+// streamGo runs a stream of n messages from Go, one cgo call per post (the
+// sender) or per poll slice (the receiver), yielding every spinYield.
+func streamGo(server bool, n int) {
+	lastYield := time.Now()
+	yield := func() {
+		if now := time.Now(); now.Sub(lastYield) > spinYield {
+			lastYield = now
+			runtime.Gosched()
+		}
+	}
+	if server {
+		for got := 0; got < n; yield() {
+			got += streamRecv(spinSlice, min(16, n-got))
+		}
+	} else {
+		var done int64
+		for i := 1; i <= n; i++ {
+			streamSend(i, n, &done)
+			yield()
+		}
+		for done < int64(n) {
+			streamReap(&done)
+			yield()
+		}
+	}
+	streamAck(server)
 }
