@@ -133,6 +133,7 @@ func loopGo(server bool, n int, rtts []time.Duration) []time.Duration {
 	return rtts
 }
 
+// streamResult is what -bw reports: the median rate of each way.
 type streamResult struct {
 	Size    int     `json:"size"`
 	Count   int     `json:"count"`
