@@ -14,7 +14,7 @@ package main
 
 // Ping-pong: 8 receives, every send signaled and inline. Streaming (-bw):
 // as ib_send_bw runs by default, 512 receives, 128 sends in flight, one in
-// bw_sig signaled. Every receive lands in the same buffer: a floor needs the
+// BW_SIG signaled. Every receive lands in the same buffer: a floor needs the
 // copy, not the data.
 enum { PING_RECVS = 8, BW_RECVS = 512, BW_SENDS = 128, BW_SIG = 64, INLINE = 64 };
 
