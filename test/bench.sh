@@ -268,7 +268,7 @@ How the figures compare:
 - Verdicts are on the ratio of the two medians ("Go/C"). "Within a round" is the ratio of each
   round's C run to the Go run right after it, their median and range: host load drifts between
   rounds, and both tools switch between a fast and a slow mode from one run to the next (see the
-  findings below), so a single comparison can land anywhere in that range.
+  summary below), so a single comparison can land anywhere in that range.
 - Setup: cmtime runs each step (create id, resolve addr, resolve route, create QP, connect) for all N
   connections at once, one step after another; the C figure is the sum of those steps' "us / conn"
   (step wall time / N). \`client -mode connect\` dials all N at once; its figure is wall time / N until
