@@ -50,10 +50,18 @@ step \$C -addr \$RXE_IP:\$P -mode echo -count 200 -size 1000
 step \$C -addr \$RXE_IP:\$P -mode latency -size 64 -count 2000
 step \$C -addr \$RXE_IP:\$P -mode bandwidth -size 65536 -count 500
 step \$C -addr \$RXE_IP:\$P -mode bandwidth -size 4096 -count 2000 -json
+echo; echo "(this server's defaults, 64 KiB messages and a queue depth of 64, register 65 receive buffers of 64 KiB for every connection: that registration is most of each set-up below)"
 step \$C -addr \$RXE_IP:\$P -mode connect -conns 50
 kill -INT \$spid; wait \$spid
 echo; echo "--- server output (one line per connection that asked for something):"
 cat "\$RXE_VM_OUT/server.log"
+
+echo; echo "--- connection set-up against a server with small buffers, as test/bench.sh measures it: \$S -addr \$RXE_IP:\$((P + 4)) -size 64 -depth 2"
+\$S -addr \$RXE_IP:\$((P + 4)) -size 64 -depth 2 > "\$RXE_VM_OUT/server-small.log" 2>&1 &
+spid=\$!
+listening \$spid || { echo "server did not start"; cat "\$RXE_VM_OUT/server-small.log"; exit 1; }
+step \$C -addr \$RXE_IP:\$((P + 4)) -mode connect -conns 100
+kill -INT \$spid; wait \$spid
 
 echo; echo "--- XRC: several server processes sharing one domain, clients reaching them over one uplink per node (in-memory fabric)"
 step \$C -mode xrc -fabric -nodes 2 -procs 4 -clients 4
