@@ -54,6 +54,16 @@ const spinSlice = 10 * time.Microsecond
 // tick and lets the monitor sleep.
 const spinYield = 4 * time.Millisecond
 
+// minPersist and maxPersist bound the persist timer's delay (see
+// Conn.persist): it starts at about a sleeping wake-up under emulation and
+// doubles while no data comes, so a pair of peers that are both stuck
+// (each sending, neither reading) exchange a frame now and then rather
+// than spin.
+const (
+	minPersist = 200 * time.Microsecond
+	maxPersist = 20 * time.Millisecond
+)
+
 // maxYieldCheckEvery bounds yieldPacer's interval: a clock read costs more
 // than the rest of a fast send's bookkeeping.
 const maxYieldCheckEvery = 32
@@ -152,34 +162,45 @@ type Conn struct {
 	ioMu     sync.RWMutex // see io
 	released bool
 
-	// creditsDue mirrors part of returnCredits' condition (pending, and
-	// peerStarved or half the buffers) so that the data path, which asks
+	// creditsDue mirrors part of returnCredits' condition (see
+	// creditsDueLocked) so that the data path, which asks
 	// after every message, takes no lock when nothing is due. It is set
 	// under mu wherever those change; whoever sets it calls returnCredits.
 	creditsDue atomic.Bool
 
-	mu          sync.Mutex // guards the fields below
-	credits     int
-	pending     int // receive buffers reposted, not yet returned to the peer
-	peerStarved bool
-	sendSeq     uint16
-	recvSeq     uint16
-	freeSend    []int
-	inFlight    ring[int] // send slots posted and not yet completed, in post order
-	unsignaled  int       // sends posted since the last signaled one
-	ready       ring[readyMsg]
-	polling     bool
-	waiters     int           // goroutines waiting for the leader's round
-	rounds      atomic.Uint64 // progress rounds ended (see progress); changed under mu
-	wake        chan struct{} // one token per waiter at the end of a round
-	err         error         // sticky: the connection is broken
-	peerFin     bool
-	peerLeft    string // why the peer went, once the CM said so
-	closing     bool
-	rdmaDone    bool
-	rdmaErr     error
-	cbuf        []completion
-	deferred    []int // receive slots consumed, waiting to be reposted
+	mu      sync.Mutex // guards the fields below
+	credits int
+	pending int // receive buffers reposted, not yet returned to the peer
+	// ctrlPending counts the buffers among pending that held control
+	// frames, and deferredCtrl those among deferred (see persist).
+	ctrlPending  int
+	deferredCtrl int
+	// peerStarved: the peer's last frame left it short of credit for
+	// data, and no credits went back since. peerShort: its last frame
+	// did, whatever went back since (see persist).
+	peerStarved  bool
+	peerShort    bool
+	persistTimer *time.Timer
+	persistArmed bool
+	persistDelay time.Duration
+	sendSeq      uint16
+	recvSeq      uint16
+	freeSend     []int
+	inFlight     ring[int] // send slots posted and not yet completed, in post order
+	unsignaled   int       // sends posted since the last signaled one
+	ready        ring[readyMsg]
+	polling      bool
+	waiters      int           // goroutines waiting for the leader's round
+	rounds       atomic.Uint64 // progress rounds ended (see progress); changed under mu
+	wake         chan struct{} // one token per waiter at the end of a round
+	err          error         // sticky: the connection is broken
+	peerFin      bool
+	peerLeft     string // why the peer went, once the CM said so
+	closing      bool
+	rdmaDone     bool
+	rdmaErr      error
+	cbuf         []completion
+	deferred     []int // receive slots consumed, waiting to be reposted
 
 	stats connStats
 }
@@ -405,7 +426,7 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 	if !c.raw {
 		c.credits--
 		h = frameHeader{kind: kind, credits: uint16(c.pending), seq: c.sendSeq}
-		c.pending = 0
+		c.pending, c.ctrlPending = 0, 0
 		c.peerStarved = false
 		c.creditsDue.Store(false)
 		c.sendSeq++
@@ -490,8 +511,8 @@ func (c *Conn) startKeepalive() {
 	}()
 }
 
-// returnCredits sends a credit frame when the peer is starved or half our
-// receive buffers wait to be returned. It waits at most for a post under
+// returnCredits sends a credit frame when one is due (see
+// creditsDueLocked). It waits at most for a post under
 // way (posts do not block), then checks again: that post may have carried
 // the credits. Skipping while another post held the lock lost credits when
 // that post had read them before the repost (both sides then waited for
@@ -501,8 +522,7 @@ func (c *Conn) returnCredits() {
 		return
 	}
 	c.mu.Lock()
-	want := c.err == nil && c.pending > 0 && (c.peerStarved || c.pending >= c.recvSlots/2) &&
-		c.credits >= 1 && len(c.freeSend) > 0
+	want := c.err == nil && c.creditsDueLocked() && c.credits >= 1 && len(c.freeSend) > 0
 	c.mu.Unlock()
 	if !want {
 		return
@@ -514,9 +534,64 @@ func (c *Conn) returnCredits() {
 	}
 }
 
-// noteCreditsLocked updates creditsDue after pending or peerStarved changed.
+// creditsDueLocked reports whether a credit frame is due at once: half
+// our receive buffers wait to be returned for messages the application
+// consumed, or some do and the peer is starved. Buffers that held control
+// frames do not count (see persist).
+func (c *Conn) creditsDueLocked() bool {
+	data := c.pending - c.ctrlPending
+	return data > 0 && (data >= c.recvSlots/2 || c.peerStarved)
+}
+
+// noteCreditsLocked updates creditsDue after what creditsDueLocked reads
+// changed, and arms the persist timer when a peer that was short when it
+// last sent is owed buffers that no rule returns at once.
 func (c *Conn) noteCreditsLocked() {
-	c.creditsDue.Store(c.pending > 0 && (c.peerStarved || c.pending >= c.recvSlots/2))
+	due := c.creditsDueLocked()
+	c.creditsDue.Store(due)
+	if !due && c.peerShort && c.pending > 0 && !c.persistArmed && c.err == nil && !c.closing {
+		c.persistArmed = true
+		if c.persistTimer == nil {
+			c.persistDelay = minPersist
+			c.persistTimer = time.AfterFunc(c.persistDelay, c.persist)
+		} else {
+			c.persistTimer.Reset(c.persistDelay)
+		}
+	}
+}
+
+// persist returns buffers to a peer that was short of credit when it last
+// sent, when no rule returns them at once: it is TCP's persist timer. Two
+// kinds of buffers wait like that. Those of control frames: a credit frame
+// consumes one of the peer's buffers in turn, and two peers that answered
+// each other's control frames at once passed one credit back and forth
+// for ever while neither had a message for the other (a receiver starved a
+// sender that way at queue depth 2, the two trading credit frames while
+// the data waited). And messages consumed below the threshold after a
+// credit frame went back: one credit may leave the peer short still, but
+// it does not say so again until it sends. Never returning either could
+// leave a sender waiting for ever; so they go after a delay, which doubles
+// until the peer sends data again.
+func (c *Conn) persist() {
+	c.mu.Lock()
+	c.persistArmed = false
+	due := c.err == nil && !c.closing && c.peerShort && c.pending > 0
+	if due {
+		c.persistDelay = min(2*c.persistDelay, maxPersist)
+	}
+	c.mu.Unlock()
+	if !due {
+		return
+	}
+	switch err := c.postFrame(frameCredit, nil, 0, false); {
+	case err == nil:
+		c.stats.creditFrames.Add(1)
+	case errors.Is(err, errNoRoom):
+		// No credit or send slot just now: try again later.
+		c.mu.Lock()
+		c.noteCreditsLocked()
+		c.mu.Unlock()
+	}
 }
 
 // Recv receives the next message into buf and returns its length. A buf too
@@ -619,7 +694,8 @@ func (c *Conn) flushRecvs() error {
 	defer c.repostMu.Unlock()
 	c.mu.Lock()
 	slots := append(c.flushBuf[:0], c.deferred...)
-	c.deferred = c.deferred[:0]
+	ctrl := c.deferredCtrl
+	c.deferred, c.deferredCtrl = c.deferred[:0], 0
 	c.mu.Unlock()
 	if len(slots) == 0 {
 		return nil
@@ -630,6 +706,7 @@ func (c *Conn) flushRecvs() error {
 	}
 	c.mu.Lock()
 	c.pending += len(slots)
+	c.ctrlPending += ctrl
 	c.noteCreditsLocked()
 	c.mu.Unlock()
 	return nil
@@ -838,12 +915,13 @@ func (c *Conn) handle(wc *completion) {
 			c.failLocked(fmt.Errorf("%w: peer returned more credits than it was owed", ErrProtocol))
 			return
 		}
-		if h.flags&flagStarved != 0 {
+		c.peerShort = h.flags&flagStarved != 0
+		if c.peerShort {
 			c.peerStarved = true
-			c.noteCreditsLocked()
 		}
 		switch h.kind {
 		case frameData:
+			c.persistDelay = minPersist
 			m := readyMsg{slot: wc.slot, n: wc.n}
 			if h.flags&flagImm != 0 {
 				m.off, m.n, m.hasImm = userImmLen, wc.n-userImmLen, true
@@ -853,9 +931,13 @@ func (c *Conn) handle(wc *completion) {
 		case frameFin:
 			c.peerFin = true
 			c.deferred = append(c.deferred, wc.slot)
+			c.deferredCtrl++
 		default:
 			c.deferred = append(c.deferred, wc.slot)
+			c.deferredCtrl++
 		}
+		// New credits may let the persist timer send (re-arm it).
+		c.noteCreditsLocked()
 	}
 }
 
@@ -935,6 +1017,11 @@ func (c *Conn) Close() error {
 			close(c.kaStop)
 		}
 		c.fail(ErrClosed)
+		c.mu.Lock()
+		if c.persistTimer != nil {
+			c.persistTimer.Stop()
+		}
+		c.mu.Unlock()
 		c.ioMu.Lock()
 		c.released = true
 		c.ioMu.Unlock()

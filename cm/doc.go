@@ -21,7 +21,12 @@
 // immediate data (so the payload needs no extra packet) that returns
 // credits: a sender posts only as many messages as the peer has free receive
 // buffers, so a fast sender waits instead of provoking receiver-not-ready
-// retries or losing messages. Send and Recv do not allocate.
+// retries or losing messages. Credits ride on the next message; a credit
+// frame of their own goes when half the buffers wait or the peer is short.
+// Credit frames use the peer's buffers too, and theirs come back with the
+// next message or, when none follows, after a delay (a persist timer, as
+// in TCP), so credit frames never answer each other. Send and Recv do not
+// allocate.
 //
 // # One-sided RDMA
 //

@@ -1,0 +1,134 @@
+package cm
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The credit frames that three traffic patterns cost, against bounds a
+// ping-pong of credit frames breaks by far. Credit frames consume the
+// peer's receive buffers too; answering them at once made every credit
+// frame call for another: at depth 2 a one-way stream cost three credit
+// frames per message and an echo flood over thirty, and now and then the
+// two sides traded one credit for ever while the data waited (the
+// integration test TestCMFlowControlSlowReceiver timed out so on rxe).
+func TestConnCreditFramesStayFew(t *testing.T) {
+	const count = 2000
+	for _, depth := range []int{2, 3, 8, 64} {
+		// At depth 2 a receiver returns every message (half of three
+		// buffers is one); from depth 8 at most a few per threshold.
+		perMsg := 1.2
+		if depth >= 8 {
+			perMsg = 0.6
+		}
+		if depth >= 64 {
+			perMsg = 0.1
+		}
+		t.Run(fmt.Sprint("one-way/depth", depth), func(t *testing.T) {
+			a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+			ctx := ctxT(t)
+			errc := make(chan error, 1)
+			go func() { errc <- sendN(ctx, a, count) }()
+			require.NoError(t, recvN(ctx, b, count))
+			require.NoError(t, <-errc)
+			frames := a.Stats().CreditFrames + b.Stats().CreditFrames
+			t.Logf("%d credit frames for %d messages", frames, count)
+			require.LessOrEqual(t, float64(frames), perMsg*count)
+		})
+		t.Run(fmt.Sprint("echo/depth", depth), func(t *testing.T) {
+			client, server, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+			ctx := ctxT(t)
+			errs := make(chan error, 3)
+			go func() { // the echo server: Recv, then Send
+				buf := make([]byte, 256)
+				for i := 0; i < count; i++ {
+					n, err := server.Recv(ctx, buf)
+					if err == nil {
+						err = server.Send(ctx, buf[:n])
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+			go func() { errs <- sendN(ctx, client, count) }()
+			go func() { errs <- recvN(ctx, client, count) }()
+			for range 3 {
+				require.NoError(t, <-errs)
+			}
+			frames := client.Stats().CreditFrames + server.Stats().CreditFrames
+			t.Logf("%d credit frames for %d messages each way", frames, count)
+			require.LessOrEqual(t, float64(frames), 2*perMsg*count)
+		})
+	}
+}
+
+// Two peers that both send and neither reads are stuck, as two TCP
+// senders with full windows are; they must not spin trading credit frames
+// while they wait (they did, 600000 frames a second).
+func TestConnStuckSendersDoNotSpin(t *testing.T) {
+	for _, depth := range []int{2, 3, 8} {
+		t.Run(fmt.Sprint("depth", depth), func(t *testing.T) {
+			a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			for _, c := range []*Conn{a, b} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for c.Send(ctx, []byte("x")) == nil {
+					}
+				}()
+			}
+			// a reads a few, which makes it return credits, then stops.
+			buf := make([]byte, 256)
+			for range depth / 2 {
+				_, err := a.Recv(ctx, buf)
+				require.NoError(t, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			before := a.Stats().CreditFrames + b.Stats().CreditFrames
+			time.Sleep(200 * time.Millisecond)
+			spun := a.Stats().CreditFrames + b.Stats().CreditFrames - before
+			cancel()
+			wg.Wait()
+			t.Logf("%d credit frames while stuck for 200 ms", spun)
+			// The persist timer's doubling allows about a dozen.
+			require.LessOrEqual(t, spun, uint64(30))
+			// Each filled the other's buffers, and b got back exactly
+			// the buffers a read.
+			require.Equal(t, uint64(depth), a.Stats().MessagesSent)
+			require.Equal(t, uint64(depth+depth/2), b.Stats().MessagesSent)
+		})
+	}
+}
+
+func sendN(ctx context.Context, c *Conn, n int) error {
+	for i := 0; i < n; i++ {
+		if err := c.Send(ctx, []byte(fmt.Sprintf("message %d", i))); err != nil {
+			return fmt.Errorf("send %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func recvN(ctx context.Context, c *Conn, n int) error {
+	buf := make([]byte, 256)
+	for i := 0; i < n; i++ {
+		k, err := c.Recv(ctx, buf)
+		if err != nil {
+			return fmt.Errorf("recv %d: %w", i, err)
+		}
+		if want := fmt.Sprintf("message %d", i); string(buf[:k]) != want {
+			return fmt.Errorf("recv %d: %q, want %q", i, buf[:k], want)
+		}
+	}
+	return nil
+}
