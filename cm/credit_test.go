@@ -44,20 +44,7 @@ func TestConnCreditFramesStayFew(t *testing.T) {
 			client, server, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
 			ctx := ctxT(t)
 			errs := make(chan error, 3)
-			go func() { // the echo server: Recv, then Send
-				buf := make([]byte, 256)
-				for i := 0; i < count; i++ {
-					n, err := server.Recv(ctx, buf)
-					if err == nil {
-						err = server.Send(ctx, buf[:n])
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-				errs <- nil
-			}()
+			go func() { errs <- echoN(ctx, server, count, 256) }()
 			go func() { errs <- sendN(ctx, client, count) }()
 			go func() { errs <- recvN(ctx, client, count) }()
 			for range 3 {
@@ -108,6 +95,21 @@ func TestConnStuckSendersDoNotSpin(t *testing.T) {
 			require.Equal(t, uint64(depth+depth/2), b.Stats().MessagesSent)
 		})
 	}
+}
+
+// echoN is an echo server on one goroutine: Recv, then Send, n times.
+func echoN(ctx context.Context, c *Conn, n, bufSize int) error {
+	buf := make([]byte, bufSize)
+	for i := 0; i < n; i++ {
+		k, err := c.Recv(ctx, buf)
+		if err == nil {
+			err = c.Send(ctx, buf[:k])
+		}
+		if err != nil {
+			return fmt.Errorf("echo, message %d: %w (%+v)", i, err, c.Stats())
+		}
+	}
+	return nil
 }
 
 func sendN(ctx context.Context, c *Conn, n int) error {

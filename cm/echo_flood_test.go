@@ -35,20 +35,7 @@ func TestConnEchoFloodNoDeadlock(t *testing.T) {
 			defer cancel()
 			const count = 20000
 			errs := make(chan error, 3)
-			go func() { // the echo server
-				buf := make([]byte, 4096)
-				for i := 0; i < count; i++ {
-					n, err := server.Recv(ctx, buf)
-					if err == nil {
-						err = server.Send(ctx, buf[:n])
-					}
-					if err != nil {
-						errs <- fmt.Errorf("server, message %d: %w (%+v)", i, err, server.Stats())
-						return
-					}
-				}
-				errs <- nil
-			}()
+			go func() { errs <- echoN(ctx, server, count, 4096) }()
 			go func() { // the client's sender
 				msg := make([]byte, 2048)
 				for i := 0; i < count; i++ {
