@@ -148,6 +148,23 @@ func (s snapshot) same(base snapshot) bool {
 		s.listeners == base.listeners && s.goroutines <= base.goroutines && s.kernel == base.kernel
 }
 
+// baseline is the snapshot a test compares with at its end. It binds a CM
+// id to the device first: librdmacm opens the device's verbs context for
+// the first id bound to it and keeps it for the life of the process
+// (ucma_put_device releases only the PD), which the kernel counts, so a
+// test that ran first would otherwise see one context more at its end.
+func baseline(t *testing.T, ip netip.Addr) snapshot {
+	t.Helper()
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	require.NoError(t, err)
+	require.NoError(t, id.Bind(netip.AddrPortFrom(ip, 0)))
+	require.NoError(t, id.Close())
+	require.NoError(t, ch.Close())
+	return takeSnapshot()
+}
+
 // requireBaseline waits up to d for everything to be released.
 func requireBaseline(t *testing.T, base snapshot, d time.Duration) {
 	t.Helper()
@@ -174,7 +191,7 @@ func requirePeerGone(t *testing.T, what string, err error) {
 
 func TestCMServerKilled(t *testing.T) {
 	_, ip := softroce.Device(t)
-	base := takeSnapshot()
+	base := baseline(t, ip)
 	victim, addr := startVictim(t, "server", netip.AddrPortFrom(ip, 0).String())
 	ctx := cmCtx(t, 60*time.Second)
 	client, err := cm.Dial(ctx, addr, cm.WithMessageSize(4096), cm.WithQueueDepth(16), cm.WithHandshakeTimeout(5*time.Second))
@@ -233,8 +250,8 @@ func TestCMServerKilled(t *testing.T) {
 }
 
 func TestCMClientKilled(t *testing.T) {
-	softroce.Device(t)
-	base := takeSnapshot()
+	_, ip := softroce.Device(t)
+	base := baseline(t, ip)
 	l, addr := cmListen(t, cm.WithMessageSize(4096), cm.WithQueueDepth(16))
 	victim, _ := startVictim(t, "client", addr)
 	ctx := cmCtx(t, 60*time.Second)
@@ -298,8 +315,8 @@ func rawConnect(t *testing.T, ch *rdmacm.EventChannel, addr string, pd []byte) (
 }
 
 func TestCMHandshakeNeverCompleted(t *testing.T) {
-	softroce.Device(t)
-	base := takeSnapshot()
+	_, ip := softroce.Device(t)
+	base := baseline(t, ip)
 	l, addr := cmListen(t, cm.WithHandshakeTimeout(2*time.Second))
 	before := cm.GlobalStats().AcceptErrors
 	ch, err := rdmacm.NewEventChannel()
@@ -340,8 +357,8 @@ func TestCMHandshakeNeverCompleted(t *testing.T) {
 }
 
 func TestCMGarbageHandshake(t *testing.T) {
-	softroce.Device(t)
-	base := takeSnapshot()
+	_, ip := softroce.Device(t)
+	base := baseline(t, ip)
 	l, addr := cmListen(t)
 	hello := func(edit func(b []byte) []byte) []byte { return edit(goxrcHello(8, 4096)) }
 	for _, c := range []struct {
@@ -382,8 +399,8 @@ func TestCMGarbageHandshake(t *testing.T) {
 }
 
 func TestCMNoLeaksAfterManyConnections(t *testing.T) {
-	softroce.Device(t)
-	base := takeSnapshot()
+	_, ip := softroce.Device(t)
+	base := baseline(t, ip)
 	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256))
 	ctx := cmCtx(t, 120*time.Second)
 	one := func(i int) error {

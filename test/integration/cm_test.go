@@ -143,6 +143,52 @@ func TestCMFlowControlSlowReceiver(t *testing.T) {
 	require.LessOrEqual(t, frames, uint64(count*3/2))
 }
 
+// Both sides send and receive at once over the smallest queues, each
+// pausing now and then, so that credits go back on messages, in credit
+// frames and by the persist timer: every message arrives, in order.
+func TestCMFlowControlBothWays(t *testing.T) {
+	client, server := cmPair(t, cm.WithQueueDepth(2), cm.WithMessageSize(512))
+	ctx := cmCtx(t, 60*time.Second)
+	const count = 1000
+	errs := make(chan error, 4)
+	for side, c := range []*cm.Conn{client, server} {
+		go func() {
+			for i := 0; i < count; i++ {
+				if i%(150+side*50) == 0 {
+					time.Sleep(5 * time.Millisecond)
+				}
+				if err := c.Send(ctx, []byte(fmt.Sprintf("%d: message %d", side, i))); err != nil {
+					errs <- fmt.Errorf("side %d send %d: %w", side, i, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+		go func() {
+			buf := make([]byte, 512)
+			for i := 0; i < count; i++ {
+				if i%(170+side*40) == 0 {
+					time.Sleep(5 * time.Millisecond)
+				}
+				n, err := c.Recv(ctx, buf)
+				if want := fmt.Sprintf("%d: message %d", 1-side, i); err == nil && string(buf[:n]) != want {
+					err = fmt.Errorf("got %q, want %q", buf[:n], want)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("side %d recv %d: %w", side, i, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+	t.Logf("credit frames: client %d, server %d, for %d messages each way",
+		client.Stats().CreditFrames, server.Stats().CreditFrames, count)
+}
+
 func TestCMOneSidedWriteRead(t *testing.T) {
 	client, server := cmPair(t)
 	ctx := cmCtx(t, 20*time.Second)
