@@ -24,9 +24,10 @@ import (
 // allows, bypassing the configuration) livelocked while credit frames
 // answered each other: a data frame needs both of the peer's two receive
 // buffers, and the two sides passed one credit back and forth for ever.
-// It runs now, but about a hundred times slower than depth 2: its flow
-// waits on the persist timer. That is why minQueueDepth is 2, for our
-// configuration and for a peer's handshake (TestQueueDepthBelowTwoRefused).
+// It runs now, but about 80 times slower than depth 2 (9.7 s against
+// 0.12 s for this test): its flow waits on the persist timer. That is why
+// minQueueDepth is 2, for our configuration and for a peer's handshake
+// (TestQueueDepthBelowTwoRefused).
 func TestConnEchoFloodNoDeadlock(t *testing.T) {
 	for _, depth := range []int{minQueueDepth, 4, 16} {
 		t.Run(fmt.Sprint("depth", depth), func(t *testing.T) {
