@@ -936,8 +936,12 @@ func (c *Conn) handle(wc *completion) {
 			c.deferred = append(c.deferred, wc.slot)
 			c.deferredCtrl++
 		}
-		// New credits may let the persist timer send (re-arm it).
-		c.noteCreditsLocked()
+		if c.peerShort {
+			// A short peer may be owed what no rule returns at once,
+			// and new credits may let the persist timer send: re-arm
+			// it. Otherwise nothing creditsDue reads changed here.
+			c.noteCreditsLocked()
+		}
 	}
 }
 

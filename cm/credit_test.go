@@ -113,8 +113,13 @@ func echoN(ctx context.Context, c *Conn, n, bufSize int) error {
 	return nil
 }
 
-func sendN(ctx context.Context, c *Conn, n int) error {
+// sendN sends "message 0" to "message n-1"; pause, if set, runs before
+// each.
+func sendN(ctx context.Context, c *Conn, n int, pause ...func()) error {
 	for i := 0; i < n; i++ {
+		for _, p := range pause {
+			p()
+		}
 		if err := c.Send(ctx, []byte(fmt.Sprintf("message %d", i))); err != nil {
 			return fmt.Errorf("send %d: %w", i, err)
 		}
@@ -122,9 +127,14 @@ func sendN(ctx context.Context, c *Conn, n int) error {
 	return nil
 }
 
-func recvN(ctx context.Context, c *Conn, n int) error {
+// recvN receives what sendN sends and checks it; pause, if set, runs
+// before each.
+func recvN(ctx context.Context, c *Conn, n int, pause ...func()) error {
 	buf := make([]byte, 256)
 	for i := 0; i < n; i++ {
+		for _, p := range pause {
+			p()
+		}
 		k, err := c.Recv(ctx, buf)
 		if err != nil {
 			return fmt.Errorf("recv %d: %w", i, err)
@@ -151,39 +161,19 @@ func TestConnFlowControlLivenessRandomized(t *testing.T) {
 			defer cancel()
 			const count = 1500
 			errs := make(chan error, 4)
-			for i, c := range []*Conn{a, b} {
-				pause := func(r *rand.Rand) {
+			// A pause of up to 300 us before one call in 50.
+			pause := func(stream uint64) func() {
+				r := rand.New(rand.NewPCG(seed, stream))
+				return func() {
 					if r.IntN(50) == 0 {
 						time.Sleep(time.Duration(r.IntN(300)) * time.Microsecond)
 					}
 				}
-				go func() {
-					r := rand.New(rand.NewPCG(seed, uint64(10+i)))
-					for j := 0; j < count; j++ {
-						pause(r)
-						if err := c.Send(ctx, []byte(fmt.Sprintf("message %d", j))); err != nil {
-							errs <- fmt.Errorf("side %d send %d: %w", i, j, err)
-							return
-						}
-					}
-					errs <- nil
-				}()
-				go func() {
-					r := rand.New(rand.NewPCG(seed, uint64(20+i)))
-					buf := make([]byte, 256)
-					for j := 0; j < count; j++ {
-						pause(r)
-						n, err := c.Recv(ctx, buf)
-						if err == nil && string(buf[:n]) != fmt.Sprintf("message %d", j) {
-							err = fmt.Errorf("got %q", buf[:n])
-						}
-						if err != nil {
-							errs <- fmt.Errorf("side %d recv %d: %w", i, j, err)
-							return
-						}
-					}
-					errs <- nil
-				}()
+			}
+			for i, c := range []*Conn{a, b} {
+				send, recv := pause(uint64(10+i)), pause(uint64(20+i))
+				go func() { errs <- sendN(ctx, c, count, send) }()
+				go func() { errs <- recvN(ctx, c, count, recv) }()
 			}
 			for range 4 {
 				if err := <-errs; err != nil {

@@ -185,8 +185,11 @@ func TestCMFlowControlBothWays(t *testing.T) {
 	for range 4 {
 		require.NoError(t, <-errs)
 	}
-	t.Logf("credit frames: client %d, server %d, for %d messages each way",
-		client.Stats().CreditFrames, server.Stats().CreditFrames, count)
+	// About one credit frame per message a side on rxe (1060-1155 in ten
+	// runs); when credit frames answered each other, dozens.
+	frames := client.Stats().CreditFrames + server.Stats().CreditFrames
+	t.Logf("%d credit frames for %d messages each way", frames, count)
+	require.LessOrEqual(t, frames, uint64(3*count))
 }
 
 func TestCMOneSidedWriteRead(t *testing.T) {
