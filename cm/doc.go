@@ -77,5 +77,8 @@
 // WithFabric runs connections over XRC on an in-memory fabric (package
 // xrc/memfabric) with the same engine: the same API, for tests without RDMA
 // hardware. XRC connections carry framed messages; raw messages, immediate
-// data and one-sided RDMA give ErrNotSupported.
+// data and one-sided RDMA give ErrNotSupported. Their flow control is the
+// engine's: WithQueueDepth is how many messages a connection holds
+// received and not yet taken by Recv before its sender waits (the receive
+// buffers themselves belong to the process's shared receive queue).
 package cm

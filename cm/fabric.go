@@ -55,6 +55,7 @@ func (cfg *config) xrcConfig(site xrcSite, port uint16) (xrc.Config, error) {
 		Addr:             netip.AddrPortFrom(site.local, port).String(),
 		DomainDir:        cfg.domainPath,
 		HandshakeTimeout: cfg.handshakeTimeout,
+		RecvWindow:       cfg.queueDepth,
 	}, nil
 }
 
@@ -222,6 +223,8 @@ func mapXRCErr(err error) error {
 		return fmt.Errorf("%w: %w", ErrPeerGone, err)
 	case errors.Is(err, xrc.ErrClosed):
 		return ErrClosed
+	case errors.Is(err, xrc.ErrProtocol):
+		return fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
 	return err
 }

@@ -194,3 +194,59 @@ func TestXRCUnboundListener(t *testing.T) {
 	cfg.xrc = XRCOff
 	require.NoError(t, cfg.checkXRCUnbound())
 }
+
+// XRC connections have flow control too: WithQueueDepth is how many
+// messages a receiver holds before its sender waits, and what a slow
+// receiver takes later arrives whole and in order.
+func TestFabricXRCFlowControl(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	const depth = 2
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(f.Node("10.1.0.1").Process()),
+		WithDomainPath(filepath.Join(t.TempDir(), "xrc")), WithQueueDepth(depth))
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan *Conn, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	c, err := Dial(ctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()),
+		WithDomainPath(filepath.Join(t.TempDir(), "xrc")), WithQueueDepth(depth))
+	require.NoError(t, err)
+	defer c.Close()
+	s := <-accepted
+	require.NotNil(t, s)
+	defer s.Close()
+
+	for i := range depth {
+		require.NoError(t, c.Send(ctx, []byte{byte(i)}))
+	}
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	err = c.Send(short, []byte("one too many"))
+	cancelShort()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the receiver's window is full: the sender waits")
+
+	const n = 200
+	errc := make(chan error, 1)
+	go func() {
+		for i := depth; i < n; i++ {
+			if err := c.Send(ctx, []byte{byte(i)}); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	buf := make([]byte, 16)
+	for i := range n {
+		k, err := s.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, []byte{byte(i)}, buf[:k], "message %d", i)
+	}
+	require.NoError(t, <-errc)
+}

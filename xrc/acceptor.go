@@ -36,6 +36,7 @@ type Leg struct {
 	PeerTag         uint32 // the REQ's ConnTag
 	Tag             uint32 // ours, in the ACCEPT
 	PeerSRQN        uint32 // for the reverse leg
+	PeerCredits     uint16 // the sender's receive window, for the reverse leg
 	ReplyPort       uint16
 	Reciprocal      uint32 // the forward leg's tag when this is a reverse leg, else 0
 	RevTag          uint32 // FlagOneExchange: the sender's receive tag for our reverse leg, else 0
@@ -57,7 +58,7 @@ type AcceptorConfig struct {
 	DomainID    uint64      // from the domain file
 	Incarnation uint64      // this process's
 	SRQN        uint32      // the SRQ senders should name
-	Credits     uint16
+	Credits     uint16      // the receive window each ACCEPT grants; 0: DefaultRecvWindow
 	// Admit, if set, sees each new request before any kernel object is made
 	// or opened; it returns app data for the ACCEPT, or a rejection.
 	Admit func(req *wire.Req) ([]byte, *AppReject)
@@ -80,6 +81,9 @@ type legKey struct {
 
 // NewAcceptor returns an acceptor for cfg.
 func NewAcceptor(cfg AcceptorConfig) *Acceptor {
+	if cfg.Credits == 0 {
+		cfg.Credits = DefaultRecvWindow
+	}
 	var b [4]byte
 	rand.Read(b[:])
 	return &Acceptor{cfg: cfg, byTGT: map[uint32]*Downlink{}, legs: map[legKey]*Leg{},
@@ -298,7 +302,7 @@ func (a *Acceptor) accept(dl *Downlink, req *wire.Req, app []byte, physical, fre
 	}
 	dl.count++
 	l := &Leg{Downlink: dl, PeerIncarnation: req.Incarnation, PeerTag: req.ConnTag, Tag: m.AcceptorTag,
-		PeerSRQN: req.SRQN, ReplyPort: req.ReplyPort, Physical: physical}
+		PeerSRQN: req.SRQN, PeerCredits: req.Credits, ReplyPort: req.ReplyPort, Physical: physical}
 	if req.Flags&wire.FlagReciprocal != 0 {
 		l.Reciprocal = req.PeerTag
 	} else if req.Flags&wire.FlagOneExchange != 0 {

@@ -2,6 +2,7 @@ package xrc
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net/netip"
@@ -35,6 +36,16 @@ type Conn struct {
 	sendDone bool // FIN sent or leg dropped
 	lastSent time.Time
 
+	// Flow control (xrc-protocol.md, "Flow control"). Counts wrap: only
+	// their differences mean anything.
+	sendWindow uint32        // the receiver's window, from its ACCEPT (or REQ)
+	sent       uint32        // data messages that took a credit
+	acked      uint32        // of those, taken by the receiver's Recv (its credit frames)
+	credited   chan struct{} // closed and replaced when acked grows
+	consumed   uint32        // data messages our Recv took
+	returned   uint32        // consumed, as the last credit frame we sent said
+	returning  bool          // returnCredits is running
+
 	// receiving leg
 	recvLeg      *Leg
 	recvTag      uint32
@@ -60,7 +71,8 @@ type Conn struct {
 }
 
 func (e *Endpoint) newConnLocked(raddr netip.AddrPort) *Conn {
-	c := &Conn{e: e, raddr: raddr, wakeCh: make(chan struct{}, 1), ready: make(chan struct{}), done: make(chan struct{})}
+	c := &Conn{e: e, raddr: raddr, wakeCh: make(chan struct{}, 1), ready: make(chan struct{}), done: make(chan struct{}),
+		credited: make(chan struct{})}
 	e.conns[c] = struct{}{}
 	return c
 }
@@ -99,8 +111,21 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 	return c.sendFrame(ctx, kindData, p, false)
 }
 
-func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool) error {
+// sendFrame sends one frame and waits for its completion, sending it again
+// across an uplink recovery. A data frame first takes a credit, waiting for
+// one if the receiver's window is full; it gives it back if it fails before
+// anything was posted. Internal frames (FIN, credits) take none: the engine,
+// not the application, consumes them.
+func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool) (err error) {
 	e := c.e
+	took, posted := false, false
+	defer func() {
+		if took && !posted {
+			e.mu.Lock()
+			c.sent--
+			e.mu.Unlock()
+		}
+	}()
 	for try := 0; try < 16; try++ {
 		e.mu.Lock()
 		switch {
@@ -117,6 +142,24 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 		case !c.sendUp || c.sendDone:
 			e.mu.Unlock()
 			return &opError{"send", c.raddr.String(), ErrClosed}
+		}
+		if kind == kindData && !took {
+			if c.sent-c.acked >= c.sendWindow {
+				ch := c.credited
+				e.mu.Unlock()
+				select {
+				case <-ch:
+				case <-c.done:
+				case <-e.ctx.Done():
+					return &opError{"send", c.raddr.String(), ErrClosed}
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				try-- // waiting for credits is no failed try
+				continue
+			}
+			c.sent++
+			took = true
 		}
 		u := c.up
 		if u.state != upUp {
@@ -135,6 +178,7 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 		if !c.post(kind, p, ch) {
 			continue
 		}
+		posted = true
 		select {
 		case st := <-ch:
 			switch st {
@@ -203,6 +247,10 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 			if len(c.q) > 0 {
 				c.wake()
 			}
+			c.consumed++
+			if c.consumed-c.returned >= creditThreshold(e.cfg.RecvWindow) && !c.returning {
+				c.returning = e.spawn(c.returnCredits)
+			}
 			e.mu.Unlock()
 			n := copy(buf, m)
 			if n < len(m) {
@@ -227,6 +275,83 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// creditLen is the body of a credit frame: the receiver's count of data
+// messages its application has taken, uint32, wrapping.
+const creditLen = 4
+
+// creditThreshold is how many taken messages a receiver lets pile up before
+// it returns their credits: half the window, so a sender that keeps the
+// window full gets credits back before it runs out, at one credit frame per
+// half window.
+func creditThreshold(window int) uint32 { return uint32(max(1, window/2)) }
+
+// maxQueued is how many received messages a connection holds before it
+// takes its peer for broken: twice the window. A sender keeps within the
+// window; the slack covers messages an uplink recovery sent twice, which
+// the receiver counts as taken and the sender does not.
+func maxQueued(window int) int { return 2 * window }
+
+// returnCredits sends credit frames while the application has taken at
+// least a threshold of messages since the last one. Each frame carries the
+// running count, not a difference: a frame sent twice or late (across an
+// uplink recovery) changes nothing. One runs per connection at a time; it
+// ends when nothing more is due or the sending leg is gone.
+func (c *Conn) returnCredits() {
+	e := c.e
+	for {
+		e.mu.Lock()
+		v := c.consumed
+		if v-c.returned < creditThreshold(e.cfg.RecvWindow) || c.err != nil || c.finRcvd || c.sendDone || !c.sendUp {
+			c.returning = false
+			e.mu.Unlock()
+			return
+		}
+		c.returned = v
+		e.mu.Unlock()
+		var b [creditLen]byte
+		binary.BigEndian.PutUint32(b[:], v)
+		if err := c.sendFrame(e.ctx, kindCredit, b[:], true); err != nil {
+			e.mu.Lock()
+			c.returning = false
+			e.mu.Unlock()
+			return
+		}
+		e.creditSent.Add(1)
+	}
+}
+
+// creditedLocked takes a credit frame's body. It reports false for a
+// malformed one.
+func (c *Conn) creditedLocked(body []byte) bool {
+	acked, ok := creditAck(body, c.acked, c.sent)
+	if !ok {
+		return false
+	}
+	if acked != c.acked {
+		c.acked = acked
+		close(c.credited)
+		c.credited = make(chan struct{})
+	}
+	return true
+}
+
+// creditAck decodes a credit frame's body (the receiver's running count of
+// messages taken) and returns the new count of our messages taken, given
+// the current one and the count sent. A count behind acked is a late frame
+// and changes nothing; one ahead of sent is capped at it (the receiver
+// counts a message that a recovery sent twice). So a peer's frame never
+// moves acked back, nor past what was sent.
+func creditAck(body []byte, acked, sent uint32) (uint32, bool) {
+	if len(body) != creditLen {
+		return acked, false
+	}
+	d := binary.BigEndian.Uint32(body) - acked
+	if int32(d) <= 0 {
+		return acked, true
+	}
+	return acked + min(d, sent-acked), true
 }
 
 // Close ends the connection gracefully: a FIN is the last message on our

@@ -41,6 +41,13 @@
 // Config.IdleTimeout); a sender whose INI failed rebuilds it and moves its
 // connections over (REPLACES_TGT, MOVE).
 //
+// Flow control is by credits per connection: a receiver holds at most
+// Config.RecvWindow messages that Recv has not taken, and its sender,
+// told that window when the leg is set up, waits in Send once it has that
+// many outstanding. The receiver returns credits in-band, a running count of
+// messages taken, every half window; a peer that sends past twice its
+// window fails the connection with ErrProtocol.
+//
 // The engine talks to the kernel only through internal/kernel's narrow
 // seam, which has two sides. With Config.Process nil, NewEndpoint opens a
 // real RDMA device (Config.Device, or the device that holds Addr's IP)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"net/netip"
 	"os"
@@ -27,6 +28,8 @@ const (
 	DefaultHeartbeat        = time.Second
 	DefaultIdleTimeout      = 5 * time.Second
 	DefaultHandshakeTimeout = 30 * time.Second
+	// DefaultRecvWindow is Config.RecvWindow's default.
+	DefaultRecvWindow = 64
 	// MaxMessageSize is the largest message Send takes.
 	MaxMessageSize = 1 << 20
 	acceptBacklog  = 256
@@ -64,6 +67,11 @@ type Config struct {
 	// HandshakeTimeout bounds Dial when its context has no deadline, and a
 	// connection's reverse leg.
 	HandshakeTimeout time.Duration
+	// RecvWindow is how many messages a connection may hold received and
+	// not yet taken by Recv: the credits its sender starts with (flow
+	// control, xrc-protocol.md). A sender that used them all waits in Send
+	// until Recv takes some. 0 means DefaultRecvWindow; at most 65535.
+	RecvWindow int
 }
 
 // Endpoint is one process's XRC engine: it opens the node's shared XRC
@@ -113,6 +121,8 @@ type Endpoint struct {
 	drains      atomic.Uint64 // times the receive loop emptied the SRQ
 	virtReqs    atomic.Uint64
 	oneExchange atomic.Uint64
+	creditSent  atomic.Uint64
+	overruns    atomic.Uint64
 	sidrGoing   atomic.Int64 // SIDR ids of finished exchanges not yet destroyed
 }
 
@@ -166,6 +176,12 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
 	}
+	if cfg.RecvWindow == 0 {
+		cfg.RecvWindow = DefaultRecvWindow
+	}
+	if cfg.RecvWindow < 0 || cfg.RecvWindow > math.MaxUint16 {
+		return nil, &opError{"listen", cfg.Addr, fmt.Errorf("receive window %d outside 1..%d", cfg.RecvWindow, math.MaxUint16)}
+	}
 	if cfg.DomainDir == "" {
 		cfg.DomainDir = filepath.Join(os.TempDir(), fmt.Sprintf("goxrc-%d", os.Getuid()))
 	}
@@ -199,7 +215,8 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	}
 	e.inc = random64()
 	e.nextTag = uint32(random64() >> 33)
-	e.acc = NewAcceptor(AcceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn})
+	e.acc = NewAcceptor(AcceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
+		Credits: uint16(cfg.RecvWindow)})
 	if err = e.listen(ap); err != nil {
 		return nil, err
 	}
@@ -391,6 +408,8 @@ type Stats struct {
 	LegsMoved     uint64 // sending legs moved onto a rebuilt uplink
 	VirtReqs      uint64 // SIDR exchanges this endpoint started (VIRT_REQs sent)
 	OneExchange   uint64 // reverse legs set up inside the forward leg's exchange (either side)
+	CreditFrames  uint64 // credit frames sent (flow control)
+	Overruns      uint64 // connections failed because the peer sent past its credits
 }
 
 // Stats returns the endpoint's counts.
@@ -413,6 +432,8 @@ func (e *Endpoint) Stats() Stats {
 	s.LegsMoved = e.moved.Load()
 	s.VirtReqs = e.virtReqs.Load()
 	s.OneExchange = e.oneExchange.Load()
+	s.CreditFrames = e.creditSent.Load()
+	s.Overruns = e.overruns.Load()
 	return s
 }
 
@@ -581,6 +602,7 @@ func (e *Endpoint) bindReverseLocked(c *Conn, leg *Leg) ([]byte, bool) {
 	u.refs++
 	u.legs[c] = struct{}{}
 	c.peerTag, c.peerSRQN, c.peerInc = leg.RevTag, leg.PeerSRQN, leg.PeerIncarnation
+	c.sendWindow = uint32(leg.PeerCredits)
 	c.sendUp, c.lastSent = true, time.Now()
 	e.oneExchange.Add(1)
 	return b, true
@@ -788,6 +810,7 @@ const (
 	kindData      = 'D'
 	kindFIN       = 'F'
 	kindHeartbeat = 'H'
+	kindCredit    = 'C' // followed by creditLen bytes: see Conn.returnCredits
 )
 
 func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
@@ -802,7 +825,7 @@ func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
 		// A reverse leg we announced, not registered yet: its ACCEPT may
 		// still be on its way while the acceptor already sends. Kept
 		// (bounded) until finishReverse checks and consumes them.
-		if c.earlyTag == wc.Imm && len(c.early) < maxEarly {
+		if c.earlyTag == wc.Imm && len(c.early) < maxQueued(e.cfg.RecvWindow) {
 			c.early = append(c.early, earlyMsg{tgt: wc.TGTQPN, payload: wc.Payload})
 		} else {
 			e.dropped.Add(1)
@@ -827,9 +850,6 @@ func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
 	e.consumeLocked(c, leg, wc.Payload)
 }
 
-// maxEarly bounds the messages kept for a reverse leg not registered yet.
-const maxEarly = 64
-
 type earlyMsg struct {
 	tgt     uint32
 	payload []byte
@@ -842,8 +862,17 @@ func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) {
 	c.lastSeen = time.Now()
 	switch p[0] {
 	case kindData:
+		if len(c.q) >= maxQueued(e.cfg.RecvWindow) {
+			e.overruns.Add(1)
+			c.failLocked(errOverrun)
+			return
+		}
 		c.q = append(c.q, body)
 		c.wake()
+	case kindCredit:
+		if !c.creditedLocked(body) {
+			e.dropped.Add(1)
+		}
 	case kindHeartbeat:
 	case kindFIN:
 		var f wire.FIN

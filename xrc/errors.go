@@ -26,6 +26,9 @@ var (
 	// XRC (soft-RoCE, siw, ...: the error names the device and the reason),
 	// or RDMA altogether (no Linux or no cgo). It is verbs.ErrNotSupported.
 	ErrNotSupported = verbs.ErrNotSupported
+	// ErrProtocol reports a peer that broke the protocol on an established
+	// connection, such as sending past the credits it was given.
+	ErrProtocol = errors.New("xrc: protocol violation by peer")
 
 	errSRQGone     = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
 	errIdle        = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)
@@ -33,6 +36,7 @@ var (
 	errRetries     = fmt.Errorf("%w: sends keep failing", ErrPeerGone)
 	errIncarnation = fmt.Errorf("%w: answered by another incarnation", ErrPeerGone)
 	errUplinkGone  = fmt.Errorf("%w: uplink gone during the request", ErrPeerGone)
+	errOverrun     = fmt.Errorf("%w: messages sent past the receive window", ErrProtocol)
 	errBadReverse  = errors.New("xrc: the peer's reverse leg (in its ACCEPT) failed verification")
 )
 

@@ -76,8 +76,8 @@ func TestEndpointHostileRequests(t *testing.T) {
 		return fmt.Sprintf("r %+v r2 %+v node B %+v", st, st2, nodeB.Stats())
 	}
 	before := snapshot()
-	virt := wire.Req{Type: wire.TypeVirtReq, ConnTag: 77, Incarnation: 0xE71, INIQPN: iniQPN, TGTQPNHint: tgt, DomainHint: dom, SRQN: 0x30, ReplyPort: 9}
-	phys := wire.Req{Type: wire.TypePhysReq, ConnTag: 78, Incarnation: 0xE71, INIQPN: iniQPN, SRQN: 0x30, ReplyPort: 9}
+	virt := wire.Req{Type: wire.TypeVirtReq, ConnTag: 77, Incarnation: 0xE71, INIQPN: iniQPN, TGTQPNHint: tgt, DomainHint: dom, SRQN: 0x30, ReplyPort: 9, Credits: 8}
+	phys := wire.Req{Type: wire.TypePhysReq, ConnTag: 78, Incarnation: 0xE71, INIQPN: iniQPN, SRQN: 0x30, ReplyPort: 9, Credits: 8}
 	mut := func(r wire.Req, f func(*wire.Req)) wire.Req { f(&r); return r }
 	mutb := func(b []byte, f func([]byte) []byte) []byte { return f(bytes.Clone(b)) }
 	garbage := []byte("\x13\x37 this is not our private data, just noise from a stranger")
@@ -210,7 +210,7 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Leg 1: PHYS_REQ, by hand.
-	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, ConnTag: 1, Incarnation: p.inc, INIQPN: iniQPN, SRQN: p.srqn, ReplyPort: p.addr.Port()})
+	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, ConnTag: 1, Incarnation: p.inc, INIQPN: iniQPN, SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8})
 	id, err := k.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeXRC, iniQPN, b)
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +231,7 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 	}
 	// Leg 2: VIRT_REQ over the same INI, then its replay.
 	vreq := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, ConnTag: 2, Incarnation: p.inc, INIQPN: iniQPN,
-		TGTQPNHint: acc1.TGTQPN, DomainHint: acc1.DomainID, SRQN: p.srqn, ReplyPort: p.addr.Port()})
+		TGTQPNHint: acc1.TGTQPN, DomainHint: acc1.DomainID, SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8})
 	first := answer(t, k, r.Addr(), kernel.ExchangeSIDR, 0, vreq)
 	if first.Type != kernel.EventEstablished {
 		t.Fatalf("VIRT_REQ: %v", first.Type)

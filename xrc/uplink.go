@@ -63,7 +63,8 @@ func (u *uplink) setState(s upState) {
 
 // req starts a REQ from c.
 func (e *Endpoint) req(c *Conn, t wire.Type, peerTag uint32) wire.Req {
-	r := wire.Req{Type: t, ConnTag: c.sendTag, Incarnation: e.inc, SRQN: e.srqn, ReplyPort: e.addr.Port()}
+	r := wire.Req{Type: t, ConnTag: c.sendTag, Incarnation: e.inc, SRQN: e.srqn, ReplyPort: e.addr.Port(),
+		Credits: uint16(e.cfg.RecvWindow)}
 	if peerTag != 0 {
 		r.Flags, r.PeerTag = wire.FlagReciprocal, peerTag
 	}
@@ -237,6 +238,7 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	}
 	c.up, c.holdsRef = u, true
 	c.peerTag, c.peerSRQN, c.peerInc = acc.AcceptorTag, acc.SRQN, acc.Incarnation
+	c.sendWindow = uint32(acc.Credits)
 	c.sendUp, c.lastSent = true, time.Now()
 	u.legs[c] = struct{}{}
 	if acc.Flags&wire.AcceptReverse != 0 {
@@ -488,7 +490,8 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		if skip {
 			continue
 		}
-		req := wire.Req{Flags: wire.FlagMove, ConnTag: c.sendTag, Incarnation: e.inc, SRQN: e.srqn, ReplyPort: e.addr.Port()}
+		req := wire.Req{Flags: wire.FlagMove, ConnTag: c.sendTag, Incarnation: e.inc, SRQN: e.srqn, ReplyPort: e.addr.Port(),
+			Credits: uint16(e.cfg.RecvWindow)}
 		var acc wire.Accept
 		var err error
 		fresh := false

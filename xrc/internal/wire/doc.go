@@ -14,7 +14,7 @@
 //
 //	REQ    conn tag u32, peer tag u32, incarnation u64, INI QPN u24,
 //	       TGT QPN hint u24, domain hint u64, sender SRQN u24, reply port u16,
-//	       app length u8, app data            (fixed part 44 bytes)
+//	       credits u16, app length u8, app data  (fixed part 46 bytes)
 //	ACCEPT tag echo u32, acceptor tag u32, incarnation u64, TGT QPN u24,
 //	       SRQN u24, domain id u64, credits u16, app length u8, app data (41)
 //	REJECT tag u32, reason u8, min version u8, max version u8, reserved u8,

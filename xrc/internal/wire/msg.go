@@ -14,8 +14,12 @@ type Req struct {
 	DomainHint  uint64 // 0 = unknown (PHYS only)
 	SRQN        uint32 // sender's own SRQ for the reverse leg (24-bit)
 	ReplyPort   uint16
-	appLen      uint8
-	app         [MaxVirtReqApp]byte
+	// Credits is the sender's receive window: how many messages the leg
+	// that answers this connection (the reverse leg) may have queued at the
+	// sender. Never 0.
+	Credits uint16
+	appLen  uint8
+	app     [MaxVirtReqApp]byte
 }
 
 // App returns the application data (aliases r).
@@ -64,6 +68,9 @@ func (r *Req) validate() check {
 	if r.SRQN > maxQPN {
 		return bad("SRQN")
 	}
+	if r.Credits == 0 {
+		return bad("credits")
+	}
 	if r.Type == TypeVirtReq {
 		if r.Flags&FlagReplacesTGT != 0 {
 			return badFlags("replaces TGT on VIRT_REQ")
@@ -105,8 +112,9 @@ func (r *Req) Encode(b []byte) (int, error) {
 	binary.BigEndian.PutUint64(b[30:], r.DomainHint)
 	put24(b[38:], r.SRQN)
 	binary.BigEndian.PutUint16(b[41:], r.ReplyPort)
-	b[43] = r.appLen
-	copy(b[44:n], r.App())
+	binary.BigEndian.PutUint16(b[43:], r.Credits)
+	b[45] = r.appLen
+	copy(b[reqFixed:n], r.App())
 	return n, nil
 }
 
@@ -135,7 +143,7 @@ func DecodeReq(b []byte, want Type, r *Req) error {
 	if err != nil {
 		return err
 	}
-	if int(h.Length) != reqFixed+int(b[43]) {
+	if int(h.Length) != reqFixed+int(b[45]) {
 		return decErr(ReasonAppLength, "app")
 	}
 	*r = Req{
@@ -149,7 +157,8 @@ func DecodeReq(b []byte, want Type, r *Req) error {
 		DomainHint:  binary.BigEndian.Uint64(b[30:]),
 		SRQN:        get24(b[38:]),
 		ReplyPort:   binary.BigEndian.Uint16(b[41:]),
-		appLen:      b[43],
+		Credits:     binary.BigEndian.Uint16(b[43:]),
+		appLen:      b[45],
 	}
 	copy(r.app[:], b[reqFixed:h.Length])
 	return r.validate().dec()
@@ -164,7 +173,7 @@ type Accept struct {
 	TGTQPN      uint32
 	SRQN        uint32 // acceptor's SRQ for this connection
 	DomainID    uint64
-	Credits     uint16
+	Credits     uint16  // the acceptor's receive window for this leg; never 0
 	Rev         Reverse // with AcceptReverse only; zero otherwise
 	appLen      uint8
 	app         [MaxAcceptApp]byte
@@ -221,6 +230,8 @@ func (a *Accept) validate() check {
 		return bad("SRQN")
 	case a.DomainID == 0:
 		return bad("domain id")
+	case a.Credits == 0:
+		return bad("credits")
 	case a.Flags&^AcceptReverse != 0:
 		return badFlags("unknown")
 	case a.Flags&AcceptReverse == 0 && a.Rev != (Reverse{}):

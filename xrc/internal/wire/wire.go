@@ -32,14 +32,14 @@ const (
 // Fixed (non-app) lengths, header included, and the resulting app-data
 // maxima.
 const (
-	reqFixed    = 44
+	reqFixed    = 46
 	acceptFixed = 41
 	rejectFixed = 29
 	// FinLen is the exact length of a FIN frame.
 	FinLen = 16
 
-	MaxPhysReqApp = BudgetREQ - reqFixed        // 12
-	MaxVirtReqApp = BudgetSIDRREQ - reqFixed    // 136
+	MaxPhysReqApp = BudgetREQ - reqFixed        // 10
+	MaxVirtReqApp = BudgetSIDRREQ - reqFixed    // 134
 	MaxAcceptApp  = BudgetSIDRREP - acceptFixed // 95
 	MaxRejectApp  = BudgetSIDRREP - rejectFixed // 107
 

@@ -8,7 +8,7 @@ import (
 
 func sampleReq(t Type) Req {
 	r := Req{Type: t, ConnTag: 0xA1B2C3D4, Incarnation: 0x0102030405060708, INIQPN: 0x123456,
-		SRQN: 0xABCDEF, ReplyPort: 20002}
+		SRQN: 0xABCDEF, ReplyPort: 20002, Credits: 0x0102}
 	if t == TypeVirtReq {
 		r.TGTQPNHint = 0x654321
 		r.DomainHint = 0xDEADBEEFCAFEF00D
@@ -26,12 +26,12 @@ func TestReqRoundTripAndLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []byte{0x58, 0x52, 1, 1, 0, 0, 0, 49,
+	want := []byte{0x58, 0x52, 1, 1, 0, 0, 0, 51,
 		0xA1, 0xB2, 0xC3, 0xD4, 0, 0, 0, 0,
 		1, 2, 3, 4, 5, 6, 7, 8,
 		0x12, 0x34, 0x56, 0, 0, 0,
 		0, 0, 0, 0, 0, 0, 0, 0,
-		0xAB, 0xCD, 0xEF, 0x4E, 0x22, 5, 'h', 'e', 'l', 'l', 'o'}
+		0xAB, 0xCD, 0xEF, 0x4E, 0x22, 1, 2, 5, 'h', 'e', 'l', 'l', 'o'}
 	if !bytes.Equal(buf[:n], want) {
 		t.Fatalf("layout\n got %x\nwant %x", buf[:n], want)
 	}
@@ -153,6 +153,7 @@ func TestAcceptReverse(t *testing.T) {
 		"rev TGT 0":      func(a *Accept) { a.Rev.TGTQPN = 0 },
 		"rev TGT 25 bit": func(a *Accept) { a.Rev.TGTQPN = 1 << 24 },
 		"rev domain 0":   func(a *Accept) { a.Rev.DomainID = 0 },
+		"credits 0":      func(a *Accept) { a.Credits = 0 },
 	}
 	for name, mod := range bads {
 		x := sampleReverseAccept()
@@ -180,6 +181,11 @@ func TestAcceptReverse(t *testing.T) {
 	b[4] |= 0x10
 	if err := DecodeAccept(b, &got); !isDec(err, ReasonFlags) {
 		t.Errorf("unknown ACCEPT flag: %v", err)
+	}
+	b = bytes.Clone(buf)
+	clear(b[38:40])
+	if err := DecodeAccept(b, &got); !isDec(err, ReasonField) {
+		t.Errorf("ACCEPT with no credits: %v", err)
 	}
 }
 
@@ -270,7 +276,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"truncated", func(b []byte) []byte { return b[:40] }, ReasonShort, RejectBadRequest},
 		{"input over budget", func(b []byte) []byte { return append(b, 0) }, ReasonTooLong, RejectBadRequest},
 		{"garbage padding", func(b []byte) []byte { b[170] = 1; return b }, ReasonTrailing, RejectBadRequest},
-		{"app length", func(b []byte) []byte { b[43] = 3; return b }, ReasonAppLength, RejectBadRequest},
+		{"app length", func(b []byte) []byte { b[45] = 3; return b }, ReasonAppLength, RejectBadRequest},
 		{"unknown flag", func(b []byte) []byte { b[4] = 0x80; return b }, ReasonFlags, RejectBadRequest},
 		{"replaces on VIRT", func(b []byte) []byte { b[4] = byte(FlagReplacesTGT); return b }, ReasonFlags, RejectBadRequest},
 		{"reciprocal without peer tag", func(b []byte) []byte { b[4] = byte(FlagReciprocal); return b }, ReasonFlags, RejectBadRequest},
@@ -280,6 +286,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"INI QPN 1", func(b []byte) []byte { b[24], b[25], b[26] = 0, 0, 1; return b }, ReasonField, RejectBadRequest},
 		{"TGT hint 0", func(b []byte) []byte { clear(b[27:30]); return b }, ReasonField, RejectBadRequest},
 		{"domain hint 0", func(b []byte) []byte { clear(b[30:38]); return b }, ReasonField, RejectBadRequest},
+		{"credits 0", func(b []byte) []byte { clear(b[43:45]); return b }, ReasonField, RejectBadRequest},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
