@@ -655,12 +655,32 @@ func TestStretchSpin(t *testing.T) {
 	} {
 		c := &Conn{busyPoll: tc.busyPoll, spinFor: tc.busyPoll}
 		for i, w := range tc.waits {
-			c.stretchSpin(w.slept, w.took)
+			c.stretchSpin(w.slept, func() time.Duration { return w.took })
 			if c.spinFor != w.want {
 				t.Errorf("%s: wait %d (slept %v, took %v): spinFor %v, want %v", tc.what, i, w.slept, w.took, c.spinFor, w.want)
 				break
 			}
 		}
+	}
+}
+
+// TestStretchSpinReadsNoClockWhenSettled: a message caught by spinning,
+// with the window not stretched, is every message of a busy ping-pong; its
+// wait's length changes nothing then, so it is not measured.
+func TestStretchSpinReadsNoClockWhenSettled(t *testing.T) {
+	const bp = 200 * time.Microsecond
+	reads := 0
+	took := func() time.Duration { reads++; return 50 * time.Microsecond }
+	c := &Conn{busyPoll: bp, spinFor: bp}
+	c.stretchSpin(false, took)
+	if reads != 0 || c.spinFor != bp {
+		t.Fatalf("settled catch: %d clock reads, spinFor %v", reads, c.spinFor)
+	}
+	c.stretchSpin(true, took) // after a sleep the length matters
+	c.spinFor = 2 * bp        // and with the window stretched
+	c.stretchSpin(false, took)
+	if reads != 2 || c.spinFor != bp {
+		t.Fatalf("%d clock reads for a sleep and a stretched catch, want 2; spinFor %v", reads, c.spinFor)
 	}
 }
 
