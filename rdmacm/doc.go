@@ -27,7 +27,8 @@
 // sent a DREQ).
 //
 // XRC-typed ids (verbs.QPTypeXRCSend on the initiator, verbs.QPTypeXRCRecv on
-// the target listener, PortSpaceIB) come from EventChannel.CreateEndpoint.
+// the target listener, PortSpaceIB) come from EventChannel.CreateEndpoint
+// (CreateEndpointFrom to resolve from a given local address).
 // Datagram ids (PortSpaceUDP) run the SIDR exchange: Connect sends a SIDR
 // REQ, Accept answers with a QP number, and the active side's ESTABLISHED
 // event carries UDParam.

@@ -144,19 +144,42 @@ func (c *EventChannel) CreateID(ps PortSpace, qpType verbs.QPType) (*ID, error) 
 // address (what rdma_getaddrinfo with RAI_NUMERICHOST would return), so no
 // name lookup happens either.
 func (c *EventChannel) CreateEndpoint(ctx context.Context, ps PortSpace, qpType verbs.QPType, addr netip.AddrPort, passive bool) (*ID, error) {
+	if passive {
+		return c.createEndpoint(ctx, ps, qpType, addr, netip.AddrPort{})
+	}
+	return c.CreateEndpointFrom(ctx, ps, qpType, netip.Addr{}, addr)
+}
+
+// CreateEndpointFrom is CreateEndpoint's active side, bound to src (any
+// port) rather than the wildcard, so that the id resolves from src: from
+// src's device, with src as the address the peer sees. The zero src means
+// the wildcard.
+//
+// Equivalent to: rdma_create_ep with ai_src_addr SRC, then
+// rdma_resolve_addr and rdma_resolve_route to DST.
+func (c *EventChannel) CreateEndpointFrom(ctx context.Context, ps PortSpace, qpType verbs.QPType, src netip.Addr, dst netip.AddrPort) (*ID, error) {
+	if !src.IsValid() {
+		src = netip.IPv4Unspecified()
+		if dst.Addr().Is6() && !dst.Addr().Is4In6() {
+			src = netip.IPv6Unspecified()
+		}
+	}
+	return c.createEndpoint(ctx, ps, qpType, netip.AddrPortFrom(src, 0), dst)
+}
+
+// createEndpoint makes an id bound to bind and, when dst is valid (an
+// active endpoint), resolves it to dst.
+func (c *EventChannel) createEndpoint(ctx context.Context, ps PortSpace, qpType verbs.QPType, bind, dst netip.AddrPort) (*ID, error) {
 	const op = "rdma_create_ep"
+	addr := bind
+	if dst.IsValid() {
+		addr = dst
+	}
 	if c == nil {
 		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
 	}
 	if !addr.IsValid() {
 		return nil, &verbs.OpError{Op: op, Err: errors.New("invalid address")}
-	}
-	bind := addr
-	if !passive {
-		bind = netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
-		if addr.Addr().Is6() && !addr.Addr().Is4In6() {
-			bind = netip.AddrPortFrom(netip.IPv6Unspecified(), 0)
-		}
 	}
 	c.mu.Lock()
 	if c.closed {
@@ -169,10 +192,10 @@ func (c *EventChannel) CreateEndpoint(ctx context.Context, ps PortSpace, qpType 
 		c.unregister(id)
 		return nil, &verbs.OpError{Op: op, Addr: addr.String(), Err: err}
 	}
-	if passive {
+	if !dst.IsValid() {
 		return id, nil
 	}
-	if err := id.ResolveAddr(ctx, netip.AddrPort{}, addr); err != nil {
+	if err := id.ResolveAddr(ctx, netip.AddrPort{}, dst); err != nil {
 		id.Close()
 		return nil, err
 	}

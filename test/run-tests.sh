@@ -11,7 +11,7 @@ set -euo pipefail
 
 # Packages whose tests need real RDMA: built with `go test -c`, run in the VM as root with
 # RXE_DEV RXE_NETDEV RXE_IP RXE_PEER_IP set. (They also run, and skip, on the host.)
-VM_PACKAGES=(./test/integration ./xrc)
+VM_PACKAGES=(./test/integration ./xrc ./internal/kernel/kcm)
 VM_TEST_TIMEOUT=${GOXRC_VM_TEST_TIMEOUT:-8m}   # -test.timeout for each binary in the VM
 VM_TIMEOUT=${GOXRC_VM_TIMEOUT:-900}            # hard limit for the whole VM run, seconds
 

@@ -15,6 +15,7 @@ import (
 	"github.com/goxrc/goxrc/internal/kernel/hybrid"
 	"github.com/goxrc/goxrc/internal/kernel/model"
 	"github.com/goxrc/goxrc/internal/kernel/real"
+	"github.com/goxrc/goxrc/test/softroce"
 )
 
 // The engine on the real CM, on two seams. The hybrid (internal/kernel/
@@ -36,7 +37,8 @@ const (
 	realSeam
 )
 
-// seamEndpoint opens an endpoint on port on the VM's device through seam,
+// seamEndpoint opens an endpoint on port on the VM's device through seam
+// (on the hybrid seam, at the address a mod may set in Config.Addr),
 // and returns it with a kill: the process's kill -9 (its kernel closes
 // everything at once).
 func seamEndpoint(t *testing.T, s seam, port uint16, dir string, mod ...func(*Config)) (*Endpoint, func()) {
@@ -63,7 +65,7 @@ func seamEndpoint(t *testing.T, s seam, port uint16, dir string, mod ...func(*Co
 		t.Cleanup(func() { e.Close() })
 		return e, func() { e.k.Close() }
 	}
-	p, err := hybridFabric().NewProcess(ip)
+	p, err := hybridFabric().NewProcess(netip.MustParseAddrPort(cfg.Addr).Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,4 +226,37 @@ func testKillSender(t *testing.T, sm seam) {
 		})
 	}
 	t.Logf("r1 %+v, r2 %+v", r1.Stats(), r2.Stats())
+}
+
+// TestHybridTwoAddressesOneDevice: two nodes by address on one device. An
+// endpoint on a second address of the device dials one on the first, a
+// PHYS_REQ and then a VIRT_REQ, over the real CM. The dialer's CM ids must
+// resolve from its own address: from the wildcard, the kernel picks the
+// destination's own address as the source (a local route), so the acceptor
+// would see the request come from its own node, and on a node whose route
+// leaves by another device the CM id and the INI would be on two devices.
+func TestHybridTwoAddressesOneDevice(t *testing.T) {
+	checkGoroutines(t)
+	if os.Getenv("RXE_DEV") == "" {
+		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
+	}
+	ip1, err := netip.ParseAddr(os.Getenv("RXE_IP"))
+	if err != nil || !ip1.Is4() {
+		t.Fatalf("RXE_IP %q: want an IPv4 address (%v)", os.Getenv("RXE_IP"), err)
+	}
+	ip2 := softroce.SecondAddress(t, os.Getenv("RXE_DEV"), ip1)
+	at := func(ip netip.Addr) func(*Config) {
+		return func(c *Config) { c.Addr = netip.AddrPortFrom(ip, netip.MustParseAddrPort(c.Addr).Port()).String() }
+	}
+	srvE, _ := seamEndpoint(t, hybridSeam, 20319, t.TempDir()+"/goxrc", at(ip1))
+	cliE, _ := seamEndpoint(t, hybridSeam, 20319, t.TempDir()+"/goxrc", at(ip2))
+	srv, cli := &proc{Endpoint: srvE}, &proc{Endpoint: cliE}
+	for i := range 2 { // PHYS_REQ, then VIRT_REQ over the uplink it made
+		c, s := pair(t, cli, srv) // checks each side sees the other's address
+		roundTrip(t, c, s, fmt.Appendf(nil, "to %d", i))
+		roundTrip(t, s, c, fmt.Appendf(nil, "from %d", i))
+	}
+	if cs, ss := cli.Stats(), srv.Stats(); cs.Uplinks != 1 || ss.Uplinks != 1 || cs.VirtReqs != 1 {
+		t.Errorf("client %+v, server %+v: want one uplink each way, one VIRT_REQ", cs, ss)
+	}
 }

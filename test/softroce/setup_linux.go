@@ -86,6 +86,36 @@ func AddressFor(dev string) (netip.Addr, error) {
 	return netip.Addr{}, fmt.Errorf("%s: netdev %s has no IPv4 address", dev, nd)
 }
 
+// AddAddress adds ip, with the prefix length of the IPv4 address beside
+// it, to the network device that holds beside, and returns a function that
+// removes it again. Soft-RoCE adds a GID for every address of its netdev,
+// so the device then answers on ip too: a second node address on one
+// device.
+//
+// Equivalent to: ip addr add IP/LEN dev $(ip -o addr show to BESIDE | cut -d' ' -f2)
+func AddAddress(beside, ip netip.Addr) (remove func() error, err error) {
+	as, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("ip addr show: %w", err)
+	}
+	for _, a := range as {
+		if got, ok := netip.AddrFromSlice(a.IP); !ok || got.Unmap() != beside {
+			continue
+		}
+		l, err := netlink.LinkByIndex(a.LinkIndex)
+		if err != nil {
+			return nil, fmt.Errorf("link %d: %w", a.LinkIndex, err)
+		}
+		ones, _ := a.Mask.Size()
+		na := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ones, 32)}}
+		if err := netlink.AddrAdd(l, na); err != nil {
+			return nil, fmt.Errorf("ip addr add %s/%d dev %s: %w", ip, ones, l.Attrs().Name, err)
+		}
+		return func() error { return netlink.AddrDel(l, na) }, nil
+	}
+	return nil, fmt.Errorf("no device holds %s", beside)
+}
+
 // Resources returns the resource counts (pd, cq, qp, cm_id, mr, ...) of RDMA device dev.
 //
 // Equivalent to: rdma resource show DEV

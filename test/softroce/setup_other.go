@@ -22,6 +22,11 @@ func Links() ([]Link, error) { return nil, ErrUnsupported }
 // AddressFor returns the IPv4 address behind an RDMA device; Linux only.
 func AddressFor(dev string) (netip.Addr, error) { return netip.Addr{}, ErrUnsupported }
 
+// AddAddress adds an address beside another; Linux only.
+//
+// Equivalent to: ip addr add IP/LEN dev DEV
+func AddAddress(beside, ip netip.Addr) (remove func() error, err error) { return nil, ErrUnsupported }
+
 // Resources returns the resource counts of an RDMA device; Linux only.
 //
 // Equivalent to: rdma resource show DEV

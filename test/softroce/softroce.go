@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Environment variables exported by test/vm/rxe-vm.sh in the guest.
@@ -70,10 +71,18 @@ func netdevOf(fsys fs.FS, dev string) string {
 // ipv4FromGIDs returns the first IPv4-mapped GID (::ffff:a.b.c.d) of port 1
 // of dev, which is how RoCE v2 devices list the IPv4 addresses of their netdev.
 func ipv4FromGIDs(fsys fs.FS, dev string) (netip.Addr, bool) {
+	if as := ipv4GIDs(fsys, dev); len(as) > 0 {
+		return as[0], true
+	}
+	return netip.Addr{}, false
+}
+
+// ipv4GIDs returns the IPv4-mapped GIDs of dev's port 1, in table order.
+func ipv4GIDs(fsys fs.FS, dev string) []netip.Addr {
 	dir := path.Join(dev, "ports/1/gids")
 	ents, err := fs.ReadDir(fsys, dir)
 	if err != nil {
-		return netip.Addr{}, false
+		return nil
 	}
 	idx := make([]int, 0, len(ents))
 	for _, e := range ents {
@@ -82,16 +91,26 @@ func ipv4FromGIDs(fsys fs.FS, dev string) (netip.Addr, bool) {
 		}
 	}
 	slices.Sort(idx)
+	var out []netip.Addr
 	for _, n := range idx {
 		b, err := fs.ReadFile(fsys, path.Join(dir, strconv.Itoa(n)))
 		if err != nil {
 			continue
 		}
 		if a, ok := parseGIDv4(strings.TrimSpace(string(b))); ok {
-			return a, true
+			out = append(out, a)
 		}
 	}
-	return netip.Addr{}, false
+	return out
+}
+
+// HasGID reports whether RDMA device dev's port 1 has a GID for IPv4
+// address ip: soft-RoCE adds one a moment after the address appears on its
+// netdev.
+//
+// Equivalent to: grep -l ::ffff:IP /sys/class/infiniband/DEV/ports/1/gids/* (in hex)
+func HasGID(dev string, ip netip.Addr) bool {
+	return slices.Contains(ipv4GIDs(os.DirFS(SysfsRoot), dev), ip.Unmap())
 }
 
 // parseGIDv4 parses a GID as sysfs prints it (0000:0000:0000:0000:0000:ffff:0a4d:0001)
@@ -236,4 +255,33 @@ func (v VethPair) check() error {
 		return fmt.Errorf("softroce: veth %s needs an address", v.Name)
 	}
 	return nil
+}
+
+// SecondAddress adds a second IPv4 address to the netdev that holds beside,
+// for the rest of the test, and waits until RDMA device dev has its GID: a
+// second node address on one device. The address is beside's with 100
+// added to its last byte. It fails the test where that cannot be done.
+func SecondAddress(tb testing.TB, dev string, beside netip.Addr) netip.Addr {
+	tb.Helper()
+	if !beside.Is4() {
+		tb.Fatalf("second address beside %v: IPv4 only", beside)
+	}
+	b := beside.As4()
+	b[3] += 100
+	ip := netip.AddrFrom4(b)
+	remove, err := AddAddress(beside, ip)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := remove(); err != nil {
+			tb.Error(err)
+		}
+	})
+	for deadline := time.Now().Add(5 * time.Second); !HasGID(dev, ip); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s has no GID for %v 5 s after the address was added", dev, ip)
+		}
+	}
+	return ip
 }

@@ -13,7 +13,9 @@
 // QPN) needs when both ends run on one rxe node. The model numbers QPs from
 // 0x11 up, where rxe numbers its real QPs; the numbers a Process shows (and
 // the CM carries) are the model's plus QPNOffset, modulo 2^24, so they cannot
-// collide with real QPs or with the made-up numbers of other tests.
+// collide with real QPs or with the made-up numbers of other tests. Each
+// further node's shown numbers start nodeQPNSpan higher, so that two nodes
+// that are two addresses of one device do not collide either.
 //
 // Moving a QP to RTR takes the path from the real CM id: the peer's QP number
 // and address are replayed to the model through a private model CM exchange
@@ -38,24 +40,34 @@ import (
 	"github.com/goxrc/goxrc/verbs"
 )
 
-// QPNOffset is added (mod 2^24) to every model QP number a Process shows.
+// QPNOffset is added (mod 2^24) to every model QP number a Process of the
+// first node shows; each further node's numbers start nodeQPNSpan higher, so
+// that two nodes on one real device (two addresses of it) show different
+// numbers: the kernel CM keys connections by device and QP number, and drops
+// a REQ that repeats one.
 const QPNOffset = 0x700000
+
+// nodeQPNSpan is how many model QP numbers a node has before its shown
+// numbers reach the next node's.
+const nodeQPNSpan = 0x10000
 
 // ShadowPort is the model port of the private exchanges that set QP paths.
 const ShadowPort = 1
 
-func toWire(m uint32) uint32 {
+// toWire is the number a model QP numbered m shows on a node whose
+// numbers start at off (Fabric.offset).
+func toWire(m, off uint32) uint32 {
 	if m == 0 {
 		return 0
 	}
-	return (m + QPNOffset) & 0xFFFFFF
+	return (m + off) & 0xFFFFFF
 }
 
-func toModel(w uint32) uint32 {
+func toModel(w, off uint32) uint32 {
 	if w == 0 {
 		return 0
 	}
-	return (w - QPNOffset) & 0xFFFFFF
+	return (w - off) & 0xFFFFFF
 }
 
 // Fabric is the model side of a set of real nodes: one model node per device
@@ -64,13 +76,15 @@ type Fabric struct {
 	f       *model.Fabric
 	mu      sync.Mutex
 	nodes   map[netip.Addr]*model.Node
+	offsets map[netip.Addr]uint32          // what toWire adds, by node
 	helpers map[*model.Node]*model.Process // the shadow exchanges' far ends
 	shadow  sync.Mutex
 }
 
 // NewFabric returns a fabric whose model reuses numbers by policy.
 func NewFabric(reuse model.Reuse) *Fabric {
-	return &Fabric{f: model.NewFabric(reuse), nodes: map[netip.Addr]*model.Node{}, helpers: map[*model.Node]*model.Process{}}
+	return &Fabric{f: model.NewFabric(reuse), nodes: map[netip.Addr]*model.Node{}, offsets: map[netip.Addr]uint32{},
+		helpers: map[*model.Node]*model.Process{}}
 }
 
 // Node returns the model node of the real node at addr, adding it on first use.
@@ -85,9 +99,18 @@ func (f *Fabric) nodeLocked(addr netip.Addr) *model.Node {
 	n := f.nodes[addr]
 	if n == nil {
 		n = f.f.AddNode(addr, model.NodeConfig{})
+		f.offsets[addr] = QPNOffset + uint32(len(f.nodes))*nodeQPNSpan
 		f.nodes[addr] = n
 	}
 	return n
+}
+
+// offset is what toWire adds to the numbers of the node at addr.
+func (f *Fabric) offset(addr netip.Addr) uint32 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nodeLocked(addr)
+	return f.offsets[addr.Unmap()]
 }
 
 func (f *Fabric) helper(addr netip.Addr) *model.Process {
@@ -105,6 +128,7 @@ func (f *Fabric) helper(addr netip.Addr) *model.Process {
 // Process is one process on a real node: a kernel.Kernel.
 type Process struct {
 	f       *Fabric
+	off     uint32 // toWire's offset for this process's node
 	m       *model.Process
 	*kcm.CM // the CM half: Listen, Connect, Accept, Reject, Establish, Disconnect, DestroyID, Event
 }
@@ -120,7 +144,7 @@ func (f *Fabric) NewProcess(local netip.Addr) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Process{f: f, m: f.Node(local).NewProcess(), CM: cm}, nil
+	return &Process{f: f, off: f.offset(local), m: f.Node(local).NewProcess(), CM: cm}, nil
 }
 
 // Handles is the number of model handles and real CM ids p holds.
@@ -143,23 +167,24 @@ func (p *Process) DestroySRQ(s kernel.SRQ) error { return p.m.DestroySRQ(s) }
 
 func (p *Process) CreateINI() (kernel.QP, uint32, error) {
 	q, n, err := p.m.CreateINI()
-	return q, toWire(n), err
+	return q, toWire(n, p.off), err
 }
 
 func (p *Process) CreateTGT(d kernel.XRCD) (kernel.QP, uint32, error) {
 	q, n, err := p.m.CreateTGT(d)
-	return q, toWire(n), err
+	return q, toWire(n, p.off), err
 }
 
 func (p *Process) OpenTGT(d kernel.XRCD, qpn uint32) (kernel.QP, error) {
-	return p.m.OpenTGT(d, toModel(qpn))
+	return p.m.OpenTGT(d, toModel(qpn, p.off))
 }
 
 func (p *Process) DestroyQP(q kernel.QP) error { return p.m.DestroyQP(q) }
 
 func (p *Process) QueryQP(q kernel.QP) (kernel.QPInfo, error) {
 	info, err := p.m.QueryQP(q)
-	info.Num, info.DestQPN = toWire(info.Num), toWire(info.DestQPN)
+	// The destination is a QP of the peer's node.
+	info.Num, info.DestQPN = toWire(info.Num, p.off), toWire(info.DestQPN, p.f.offset(info.Remote))
 	return info, err
 }
 
@@ -192,7 +217,7 @@ func (f *Fabric) withPath(pm *model.Process, info kernel.QPInfo, path kcm.Path, 
 	defer cancel()
 	local, remote := pm.LocalAddr(), path.Remote.Addr().Unmap()
 	hp := f.helper(remote)
-	peer := toModel(path.RemoteQPN)
+	peer := toModel(path.RemoteQPN, f.offset(remote))
 	if info.Type == verbs.QPTypeXRCSend {
 		// INI: an active model id whose REP named the peer's TGT.
 		l, err := hp.Listen(netip.AddrPortFrom(remote, ShadowPort), kernel.ExchangeXRC)
@@ -200,7 +225,7 @@ func (f *Fabric) withPath(pm *model.Process, info kernel.QPInfo, path kcm.Path, 
 			return err
 		}
 		defer hp.DestroyID(l)
-		a, err := pm.Connect(ctx, netip.AddrPortFrom(remote, ShadowPort), kernel.ExchangeXRC, toModel(info.Num), nil)
+		a, err := pm.Connect(ctx, netip.AddrPortFrom(remote, ShadowPort), kernel.ExchangeXRC, toModel(info.Num, f.offset(local)), nil)
 		if err != nil {
 			return err
 		}
@@ -245,7 +270,7 @@ func (p *Process) PostSend(q kernel.QP, wrs []kernel.SendWR) error { return p.m.
 func (p *Process) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
 	n, err := p.m.PollSend(ctx, q, out)
 	for i := range out[:n] {
-		out[i].QPNum = toWire(out[i].QPNum)
+		out[i].QPNum = toWire(out[i].QPNum, p.off)
 	}
 	return n, err
 }
@@ -253,7 +278,7 @@ func (p *Process) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCo
 func (p *Process) PollRecv(ctx context.Context, s kernel.SRQ, out []kernel.RecvCompletion) (int, error) {
 	n, err := p.m.PollRecv(ctx, s, out)
 	for i := range out[:n] {
-		out[i].TGTQPN = toWire(out[i].TGTQPN)
+		out[i].TGTQPN = toWire(out[i].TGTQPN, p.off)
 	}
 	return n, err
 }

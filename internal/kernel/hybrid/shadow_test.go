@@ -12,13 +12,20 @@ import (
 )
 
 func TestQPNTranslation(t *testing.T) {
-	for _, m := range []uint32{0x11, 0x12345, 0x8FFFFF, 0xFFFFFF} {
-		if got := toModel(toWire(m)); got != m {
-			t.Errorf("toModel(toWire(%#x)) = %#x", m, got)
+	f := NewFabric(model.ReuseNever)
+	first, second := f.offset(netip.MustParseAddr("10.9.0.1")), f.offset(netip.MustParseAddr("10.9.0.2"))
+	if first != QPNOffset || second != QPNOffset+nodeQPNSpan || f.offset(netip.MustParseAddr("10.9.0.1")) != first {
+		t.Fatalf("offsets %#x, %#x: want %#x and one span more, each node's for good", first, second, QPNOffset)
+	}
+	for _, off := range []uint32{first, second} {
+		for _, m := range []uint32{0x11, 0x12345, 0x8FFFFF, 0xFFFFFF} {
+			if got := toModel(toWire(m, off), off); got != m {
+				t.Errorf("toModel(toWire(%#x)) = %#x", m, got)
+			}
 		}
 	}
-	if toWire(0x11) != 0x700011 || toWire(0) != 0 || toModel(0) != 0 {
-		t.Errorf("toWire(0x11) = %#x", toWire(0x11))
+	if toWire(0x11, first) != 0x700011 || toWire(0x11, second) != 0x710011 || toWire(0, first) != 0 || toModel(0, first) != 0 {
+		t.Errorf("toWire(0x11) = %#x, %#x", toWire(0x11, first), toWire(0x11, second))
 	}
 }
 
@@ -58,8 +65,8 @@ func TestShadowPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			info, _ := q.p.QueryQP(q.h)
-			path := kcm.Path{RemoteQPN: toWire(q.peer), Remote: netip.AddrPortFrom(ip, 7), Exchange: kernel.ExchangeXRC}
-			if err := f.withPath(q.p, kernel.QPInfo{Num: toWire(info.Num), Type: info.Type}, path, func(id kernel.ID) error {
+			path := kcm.Path{RemoteQPN: toWire(q.peer, QPNOffset), Remote: netip.AddrPortFrom(ip, 7), Exchange: kernel.ExchangeXRC}
+			if err := f.withPath(q.p, kernel.QPInfo{Num: toWire(info.Num, QPNOffset), Type: info.Type}, path, func(id kernel.ID) error {
 				return q.p.TransitionQP(q.h, verbs.QPStateRTS, id)
 			}); err != nil {
 				t.Fatal(err)
@@ -74,7 +81,7 @@ func TestShadowPath(t *testing.T) {
 		}
 	}
 	// Both paths set: a send arrives. (The loop's last pass reset the TGT.)
-	path := kcm.Path{RemoteQPN: toWire(iniN), Remote: netip.AddrPortFrom(ip, 7), Exchange: kernel.ExchangeXRC}
+	path := kcm.Path{RemoteQPN: toWire(iniN, QPNOffset), Remote: netip.AddrPortFrom(ip, 7), Exchange: kernel.ExchangeXRC}
 	if err := f.withPath(b, kernel.QPInfo{Type: verbs.QPTypeXRCRecv}, path, func(id kernel.ID) error {
 		return b.TransitionQP(tgt, verbs.QPStateRTS, id)
 	}); err != nil {

@@ -109,11 +109,20 @@ func (c *CM) resolved(ctx context.Context, ps rdmacm.PortSpace, qt verbs.QPType,
 			return id, err
 		}
 	}
+	return c.resolve(ctx, ps, qt, dst)
+}
+
+// resolve makes an id of port space ps and resolves its address and route
+// from our own address to dst. From our address, not the wildcard: on a node
+// whose route to dst leaves by another device or address, the id would
+// otherwise sit on another device than the process's QPs, and the peer
+// would see the request come from another address than the node it names.
+func (c *CM) resolve(ctx context.Context, ps rdmacm.PortSpace, qt verbs.QPType, dst netip.AddrPort) (*rdmacm.ID, error) {
 	id, err := c.ch.CreateID(ps, qt)
 	if err != nil {
 		return nil, err
 	}
-	if err = id.ResolveAddr(ctx, netip.AddrPort{}, dst); err == nil {
+	if err = id.ResolveAddr(ctx, netip.AddrPortFrom(c.local, 0), dst); err == nil {
 		err = id.ResolveRoute(ctx)
 	}
 	if err != nil {
@@ -177,15 +186,7 @@ func (c *CM) prepareSpare(dst netip.AddrPort) {
 		defer close(sp.done)
 		ctx, cancel := context.WithTimeout(c.stop, spareMaxAge)
 		defer cancel()
-		id, err := c.ch.CreateID(rdmacm.PortSpaceUDP, verbs.QPTypeUD)
-		if err == nil {
-			if err = id.ResolveAddr(ctx, netip.AddrPort{}, dst); err == nil {
-				err = id.ResolveRoute(ctx)
-			}
-			if err != nil {
-				id.Close()
-			}
-		}
+		id, err := c.resolve(ctx, rdmacm.PortSpaceUDP, verbs.QPTypeUD, dst)
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if err != nil {
@@ -328,7 +329,7 @@ func (c *CM) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange
 	var id *rdmacm.ID
 	var err error
 	if ex == kernel.ExchangeXRC {
-		id, err = c.ch.CreateEndpoint(ctx, ps, verbs.QPTypeXRCSend, dst, false)
+		id, err = c.ch.CreateEndpointFrom(ctx, ps, verbs.QPTypeXRCSend, c.local, dst)
 	} else {
 		id, err = c.resolved(ctx, ps, qt, dst)
 	}
