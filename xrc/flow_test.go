@@ -306,3 +306,30 @@ func FuzzCreditFrame(f *testing.F) {
 		}
 	})
 }
+
+// TestFlowControlReceiverKilled: a sender waiting for credits from a
+// receiver that is killed (kill -9) does not hang: Send fails with
+// ErrPeerGone, and nothing of the connection is left on either side.
+func TestFlowControlReceiverKilled(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.0.1", 7000)
+	r := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 2 })
+	cs, _ := pair(t, s, r)
+	ctx := ctxT(t, 10*time.Second)
+	if err := sendSeq(ctx, cs, 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- cs.Send(ctx, []byte("waits for a credit")) }()
+	eventually(t, "the sender waiting", func() (bool, string) {
+		return credits(cs) == 0, fmt.Sprint(credits(cs), " credits")
+	})
+	r.p.Kill()
+	if err := <-errc; !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send waiting on a killed receiver: %v, want ErrPeerGone", err)
+	}
+	eventually(t, "the sender's state released", func() (bool, string) {
+		st := s.Stats()
+		return st.Conns == 0 && st.LocalCounts == 0, fmt.Sprintf("%+v", st)
+	})
+}
