@@ -113,14 +113,17 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 
 // sendFrame sends one frame and waits for its completion, sending it again
 // across an uplink recovery. A data frame first takes a credit, waiting for
-// one if the receiver's window is full; it gives it back if it fails before
-// anything was posted. Internal frames (FIN, credits) take none: the engine,
-// not the application, consumes them.
+// one if the receiver's window is full. A send that fails gives its credit
+// back, posted or not: a message whose fate is unknown (the caller gave up
+// waiting for its completion) may still arrive, and then the receiver's
+// count runs one ahead, which creditAck's cap absorbs; a credit kept for a
+// message that never arrives would be lost for good. Internal frames (FIN,
+// credits) take none: the engine, not the application, consumes them.
 func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool) (err error) {
 	e := c.e
-	took, posted := false, false
+	took := false
 	defer func() {
-		if took && !posted {
+		if took && err != nil {
 			e.mu.Lock()
 			c.sent--
 			e.mu.Unlock()
@@ -178,7 +181,6 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 		if !c.post(kind, p, ch) {
 			continue
 		}
-		posted = true
 		select {
 		case st := <-ch:
 			switch st {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
 )
 
 // queued returns how many received messages c holds for Recv.
@@ -332,4 +334,80 @@ func TestFlowControlReceiverKilled(t *testing.T) {
 		st := s.Stats()
 		return st.Conns == 0 && st.LocalCounts == 0, fmt.Sprintf("%+v", st)
 	})
+}
+
+// sendGate holds back send completions while hold is set.
+type sendGate struct {
+	kernel.Kernel
+	mu   sync.Mutex
+	hold chan struct{} // nil: pass completions at once
+}
+
+func (g *sendGate) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
+	n, err := g.Kernel.PollSend(ctx, q, out)
+	g.mu.Lock()
+	h := g.hold
+	g.mu.Unlock()
+	if h != nil {
+		select {
+		case <-h:
+		case <-ctx.Done():
+		}
+	}
+	return n, err
+}
+
+func (g *sendGate) set(hold chan struct{}) {
+	g.mu.Lock()
+	g.hold = hold
+	g.mu.Unlock()
+}
+
+// TestFlowControlAbandonedSend: a Send whose caller stops waiting after the
+// message was posted gives its credit back, though the message may still
+// arrive (here it does: it was delivered, only its completion is held).
+// The receiver then counts one message more than the sender; the sender's
+// cap absorbs that, and a stream at the smallest window goes on in order
+// without an overrun.
+func TestFlowControlAbandonedSend(t *testing.T) {
+	w := newWorld(t)
+	r := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 2 })
+	p := w.f.Node("10.0.0.1").Process()
+	k, _ := kernel.Unwrap(p)
+	gate := &sendGate{Kernel: k}
+	se, err := newEndpoint(context.Background(), gate, Config{Process: p, Addr: "10.0.0.1:7000",
+		DomainDir: t.TempDir() + "/goxrc", Heartbeat: testHeartbeat, IdleTimeout: testIdle, HandshakeTimeout: testHandshake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { se.Close() })
+	cs, cr := pair(t, &proc{se, p}, r)
+	ctx := ctxT(t, 10*time.Second)
+
+	release := make(chan struct{})
+	gate.set(release)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	err = cs.Send(short, seqMsg(0))
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("send with its completion held: %v, want a deadline error", err)
+	}
+	if got := credits(cs); got != 2 {
+		t.Fatalf("the abandoned send kept its credit: %d of 2 left", got)
+	}
+	gate.set(nil)
+	close(release)
+
+	const n = 200
+	errc := make(chan error, 1)
+	go func() { errc <- sendSeq(ctx, cs, 1, n) }()
+	if err := recvSeq(ctx, cr, 0, n, nil); err != nil { // message 0 arrived after all
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if s := r.Stats(); s.Overruns != 0 {
+		t.Fatalf("receiver: %+v", s)
+	}
 }
