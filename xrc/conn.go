@@ -125,7 +125,9 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 	defer func() {
 		if took && err != nil {
 			e.mu.Lock()
-			c.sent--
+			if c.sent != c.acked { // else the receiver took it already
+				c.sent--
+			}
 			e.mu.Unlock()
 		}
 	}()

@@ -367,8 +367,10 @@ func (g *sendGate) set(hold chan struct{}) {
 // message was posted gives its credit back, though the message may still
 // arrive (here it does: it was delivered, only its completion is held).
 // The receiver then counts one message more than the sender; the sender's
-// cap absorbs that, and a stream at the smallest window goes on in order
-// without an overrun.
+// cap absorbs that. A Send given up after the receiver took its message
+// and returned the credit gives nothing back (there is nothing to give).
+// A stream at the smallest window then goes on in order without an
+// overrun.
 func TestFlowControlAbandonedSend(t *testing.T) {
 	w := newWorld(t)
 	r := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 2 })
@@ -395,13 +397,37 @@ func TestFlowControlAbandonedSend(t *testing.T) {
 	if got := credits(cs); got != 2 {
 		t.Fatalf("the abandoned send kept its credit: %d of 2 left", got)
 	}
+	// Again, but the receiver takes the message, and its credit comes
+	// back, before the caller gives up: nothing is left to give back.
+	buf := make([]byte, 64)
+	if k, err := cr.Recv(ctx, buf); err != nil || checkSeqMsg(buf[:k], 0) != nil {
+		t.Fatalf("the first abandoned message: %q, %v", buf[:k], err)
+	}
+	late, cancelLate := context.WithCancel(ctx)
+	sent := make(chan error, 1)
+	go func() { sent <- cs.Send(late, seqMsg(0)) }()
+	if k, err := cr.Recv(ctx, buf); err != nil || checkSeqMsg(buf[:k], 0) != nil {
+		t.Fatalf("the second abandoned message: %q, %v", buf[:k], err)
+	}
+	eventually(t, "its credit back while the Send still waits", func() (bool, string) {
+		se.mu.Lock()
+		defer se.mu.Unlock()
+		return cs.sent == cs.acked && cs.sent != 0, fmt.Sprintf("sent %d, acked %d", cs.sent, cs.acked)
+	})
+	cancelLate()
+	if err := <-sent; !errors.Is(err, context.Canceled) {
+		t.Fatalf("send cancelled with its completion held: %v", err)
+	}
+	if got := credits(cs); got != 2 {
+		t.Fatalf("after a cancelled send already taken: %d credits, want 2", got)
+	}
 	gate.set(nil)
 	close(release)
 
 	const n = 200
 	errc := make(chan error, 1)
 	go func() { errc <- sendSeq(ctx, cs, 1, n) }()
-	if err := recvSeq(ctx, cr, 0, n, nil); err != nil { // message 0 arrived after all
+	if err := recvSeq(ctx, cr, 1, n, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-errc; err != nil {
