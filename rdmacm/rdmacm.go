@@ -158,6 +158,9 @@ func (c *EventChannel) CreateEndpoint(ctx context.Context, ps PortSpace, qpType 
 // Equivalent to: rdma_create_ep with ai_src_addr SRC, then
 // rdma_resolve_addr and rdma_resolve_route to DST.
 func (c *EventChannel) CreateEndpointFrom(ctx context.Context, ps PortSpace, qpType verbs.QPType, src netip.Addr, dst netip.AddrPort) (*ID, error) {
+	if !dst.IsValid() {
+		return nil, &verbs.OpError{Op: "rdma_create_ep", Err: errors.New("invalid destination address")}
+	}
 	if !src.IsValid() {
 		src = netip.IPv4Unspecified()
 		if dst.Addr().Is6() && !dst.Addr().Is4In6() {

@@ -225,6 +225,18 @@ func TestCreateIDValidation(t *testing.T) {
 	if _, err := c.CreateEndpoint(context.Background(), PortSpaceIB, verbs.QPTypeXRCRecv, netip.AddrPort{}, true); err == nil {
 		t.Error("CreateEndpoint with an invalid address succeeded")
 	}
+	for _, active := range []func() (*ID, error){
+		func() (*ID, error) {
+			return c.CreateEndpoint(context.Background(), PortSpaceIB, verbs.QPTypeXRCSend, netip.AddrPort{}, false)
+		},
+		func() (*ID, error) {
+			return c.CreateEndpointFrom(context.Background(), PortSpaceIB, verbs.QPTypeXRCSend, netip.MustParseAddr("10.0.0.1"), netip.AddrPort{})
+		},
+	} {
+		if _, err := active(); err == nil || errors.Is(err, ErrClosed) {
+			t.Errorf("active endpoint to no address: %v", err)
+		}
+	}
 }
 
 func TestKernelTimeout(t *testing.T) {
