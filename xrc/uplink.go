@@ -490,8 +490,8 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		if skip {
 			continue
 		}
-		req := wire.Req{Flags: wire.FlagMove, ConnTag: c.sendTag, Incarnation: e.inc, SRQN: e.srqn, ReplyPort: e.addr.Port(),
-			Credits: uint16(e.cfg.RecvWindow)}
+		req := e.req(c, wire.TypePhysReq, 0)
+		req.Flags = wire.FlagMove
 		var acc wire.Accept
 		var err error
 		fresh := false

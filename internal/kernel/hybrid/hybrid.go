@@ -183,8 +183,10 @@ func (p *Process) DestroyQP(q kernel.QP) error { return p.m.DestroyQP(q) }
 
 func (p *Process) QueryQP(q kernel.QP) (kernel.QPInfo, error) {
 	info, err := p.m.QueryQP(q)
-	// The destination is a QP of the peer's node.
-	info.Num, info.DestQPN = toWire(info.Num, p.off), toWire(info.DestQPN, p.f.offset(info.Remote))
+	info.Num = toWire(info.Num, p.off)
+	if info.DestQPN != 0 { // a QP of the peer's node; none before RTR
+		info.DestQPN = toWire(info.DestQPN, p.f.offset(info.Remote))
+	}
 	return info, err
 }
 
