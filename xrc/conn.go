@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"math/bits"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -40,6 +42,9 @@ type Conn struct {
 	// their differences mean anything.
 	sendWindow uint32        // the receiver's window, from its ACCEPT (or REQ)
 	sent       uint32        // data messages that took a credit
+	sendSeq    uint32        // the next data message's sequence number
+	unsettled  []uint32      // numbers of data messages whose Send has not returned
+	spanWait   bool          // a sender waits in spanFullLocked
 	acked      uint32        // of those, taken by the receiver's Recv (its credit frames)
 	credited   chan struct{} // closed and replaced when acked grows
 	consumed   uint32        // data messages our Recv took
@@ -59,6 +64,7 @@ type Conn struct {
 	early        []earlyMsg   // messages for earlyTag that came before the registration
 	rev          *wire.Accept // the forward ACCEPT, when it carries the reverse leg
 	q            [][]byte
+	seen         replayWindow // data sequence numbers taken (made with the first message)
 	wakeCh       chan struct{}
 
 	userClosed bool
@@ -103,7 +109,8 @@ func (c *Conn) wake() {
 
 // Send sends p as one message and returns once it sits in the receiver's
 // queue (the send completed). Across an uplink recovery the message is sent
-// again on the new INI.
+// again on the new INI; its sequence number lets the receiver drop the copy
+// if the first one arrived after all.
 func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if len(p) > MaxMessageSize {
 		return &opError{"send", c.raddr.String(), errors.New("message too long")}
@@ -122,14 +129,17 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool) (err error) {
 	e := c.e
 	took := false
+	var seq uint32
 	defer func() {
-		if took && err != nil {
-			e.mu.Lock()
-			if c.sent != c.acked { // else the receiver took it already
-				c.sent--
-			}
-			e.mu.Unlock()
+		if !took {
+			return
 		}
+		e.mu.Lock()
+		if err != nil && c.sent != c.acked { // else the receiver took it already
+			c.sent--
+		}
+		c.settleLocked(seq)
+		e.mu.Unlock()
 	}()
 	for try := 0; try < 16; try++ {
 		e.mu.Lock()
@@ -149,7 +159,7 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 			return &opError{"send", c.raddr.String(), ErrClosed}
 		}
 		if kind == kindData && !took {
-			if c.sent-c.acked >= c.sendWindow {
+			if c.sent-c.acked >= c.sendWindow || c.spanFullLocked() {
 				ch := c.credited
 				e.mu.Unlock()
 				select {
@@ -165,6 +175,9 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 			}
 			c.sent++
 			took = true
+			seq = c.sendSeq
+			c.sendSeq++
+			c.unsettled = append(c.unsettled, seq)
 		}
 		u := c.up
 		if u.state != upUp {
@@ -180,7 +193,7 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 		}
 		e.mu.Unlock()
 		ch := make(chan verbs.WCStatus, 1)
-		if !c.post(kind, p, ch) {
+		if !c.post(kind, seq, p, ch) {
 			continue
 		}
 		select {
@@ -204,9 +217,36 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 	return &opError{"send", c.raddr.String(), errRetries}
 }
 
+// spanFullLocked reports whether the next data message's number would be
+// the receiver's replay span or more ahead of one whose Send has not
+// returned: that one, sent again or posted late, could then arrive behind
+// the receiver's window and be taken for a duplicate. The sender waits
+// (for credits, as it were) until that Send returns.
+func (c *Conn) spanFullLocked() bool {
+	span := replaySpan(int(c.sendWindow))
+	for _, s := range c.unsettled {
+		if c.sendSeq-s >= span {
+			c.spanWait = true
+			return true
+		}
+	}
+	return false
+}
+
+// settleLocked ends the wait of seq's Send and wakes a sender waiting for it.
+func (c *Conn) settleLocked(seq uint32) {
+	c.unsettled = slices.DeleteFunc(c.unsettled, func(s uint32) bool { return s == seq })
+	if c.spanWait {
+		c.spanWait = false
+		close(c.credited)
+		c.credited = make(chan struct{})
+	}
+}
+
 // post posts one frame on the uplink's current INI; ch (if not nil) gets
-// the completion status. It reports whether the frame was posted.
-func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) bool {
+// the completion status. A data frame carries seq after its kind byte. It
+// reports whether the frame was posted.
+func (c *Conn) post(kind byte, seq uint32, p []byte, ch chan verbs.WCStatus) bool {
 	e := c.e
 	e.mu.Lock()
 	u := c.up
@@ -220,9 +260,16 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) bool {
 	q.waiters[wr.WRID] = waiter{c: c, ch: ch}
 	c.lastSent = time.Now()
 	e.mu.Unlock()
-	wr.Payload = make([]byte, 1+len(p))
+	hdr := 1
+	if kind == kindData {
+		hdr += dataSeqLen
+	}
+	wr.Payload = make([]byte, hdr+len(p))
 	wr.Payload[0] = kind
-	copy(wr.Payload[1:], p)
+	if kind == kindData {
+		binary.BigEndian.PutUint32(wr.Payload[1:], seq)
+	}
+	copy(wr.Payload[hdr:], p)
 	if err := e.k.PostSend(q.qp, []kernel.SendWR{wr}); err != nil {
 		e.mu.Lock()
 		delete(q.waiters, wr.WRID)
@@ -291,10 +338,19 @@ const creditLen = 4
 // half window.
 func creditThreshold(window int) uint32 { return uint32(max(1, window/2)) }
 
+// replaySpan is how many sequence numbers a receiver with this window
+// remembers (replayWindow): twice the window, rounded up to a power of two
+// of at least 64 (whole words, and a ring that divides 2^32, so it stays
+// consistent across the numbers' wrap).
+func replaySpan(window int) uint32 {
+	return max(64, uint32(1)<<bits.Len(uint(2*max(window, 1)-1)))
+}
+
 // maxQueued is how many received messages a connection holds before it
 // takes its peer for broken: twice the window. A sender keeps within the
-// window; the slack covers messages an uplink recovery sent twice, which
-// the receiver counts as taken and the sender does not.
+// window; the slack covers a message whose Send gave up (and its credit
+// back) that arrived after all, which the receiver counts and the sender
+// does not.
 func maxQueued(window int) int { return 2 * window }
 
 // returnCredits sends credit frames while the application has taken at
@@ -345,7 +401,7 @@ func (c *Conn) creditedLocked(body []byte) bool {
 // messages taken) and returns the new count of our messages taken, given
 // the current one and the count sent. A count behind acked is a late frame
 // and changes nothing; one ahead of sent is capped at it (the receiver
-// counts a message that a recovery sent twice). So a peer's frame never
+// counts a message whose Send gave its credit back). So a peer's frame never
 // moves acked back, nor past what was sent.
 func creditAck(body []byte, acked, sent uint32) (uint32, bool) {
 	if len(body) != creditLen {

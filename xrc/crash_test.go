@@ -2,12 +2,16 @@ package xrc
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
 
@@ -326,4 +330,152 @@ func TestEndpointRecoveryMovesLegs(t *testing.T) {
 		return b.TGTs == 1 && b.TGTHandles == 2 && r2.Stats().Downlinks == 1 && r3.Stats().Downlinks == 1,
 			fmt.Sprintf("node B %+v", b)
 	})
+}
+
+// ackLoss turns the next send completion into a retry-exceeded error once
+// armed, though the message was delivered: an ACK lost until the INI's
+// retries ran out, which on a device puts the INI in the error state.
+type ackLoss struct {
+	kernel.Kernel
+	armed atomic.Bool
+}
+
+func (a *ackLoss) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
+	n, err := a.Kernel.PollSend(ctx, q, out)
+	if n > 0 && a.armed.CompareAndSwap(true, false) {
+		out[0].Status = verbs.WCRetryExcErr
+	}
+	return n, err
+}
+
+// A message whose send completion is lost is sent again on the rebuilt
+// uplink, and the receiver, which got the first copy, drops the second by
+// its sequence number: the application sees every message once, in order.
+// Both directions of the connection carry on.
+func TestEndpointRecoveryResendTakenOnce(t *testing.T) {
+	w := newWorld(t)
+	r := w.endpoint("10.0.7.2", 7000, longTimers)
+	p := w.f.Node("10.0.7.1").Process()
+	k, _ := kernel.Unwrap(p)
+	lossy := &ackLoss{Kernel: k}
+	se, err := newEndpoint(context.Background(), lossy, Config{Process: p, Addr: "10.0.7.1:7000",
+		DomainDir: t.TempDir() + "/goxrc", Heartbeat: time.Hour, IdleTimeout: 2 * time.Hour, HandshakeTimeout: testHandshake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { se.Close() })
+	s := &proc{se, p}
+	cs, cr := pair(t, s, r)
+	ctx := ctxT(t, 10*time.Second)
+	if err := sendSeq(ctx, cs, 0, 10); err != nil {
+		t.Fatal(err)
+	}
+	lossy.armed.Store(true)
+	if err := sendSeq(ctx, cs, 10, 20); err != nil {
+		t.Fatal(err)
+	}
+	if err := recvSeq(ctx, cr, 0, 20, nil); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if n, err := cr.Recv(short, make([]byte, 64)); err == nil {
+		t.Fatalf("a message past the last: %d bytes", n)
+	}
+	if st := s.Stats(); st.Recoveries != 1 || st.LegsMoved != 1 {
+		t.Fatalf("sender: %+v, want one recovery that moved the leg", st)
+	}
+	if st := r.Stats(); st.Duplicates != 1 || st.Dropped != 0 {
+		t.Fatalf("receiver: %+v, want the one duplicate dropped", st)
+	}
+	roundTrip(t, cr, cs, []byte("back after recovery"))
+	roundTrip(t, cs, cr, []byte("forth after recovery"))
+}
+
+// postStall holds back the post of the data message numbered seq until
+// release is closed: a sender descheduled between numbering a message and
+// posting it, while other goroutines send on the same connection.
+type postStall struct {
+	kernel.Kernel
+	seq     uint32
+	stalled chan struct{} // closed when the post is held
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *postStall) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	for _, wr := range wrs {
+		if p := wr.Payload; len(p) >= 5 && p[0] == kindData && binary.BigEndian.Uint32(p[1:]) == s.seq {
+			s.once.Do(func() { close(s.stalled) })
+			<-s.release
+		}
+	}
+	return s.Kernel.PostSend(q, wrs)
+}
+
+// While one Send's message waits to be posted, the others on the
+// connection go on only until their numbers are a replay span ahead of it;
+// had they gone further, the receiver would take the late message for a
+// duplicate and drop it. Every message arrives exactly once.
+func TestEndpointLatePostStaysInReplayWindow(t *testing.T) {
+	w := newWorld(t)
+	r := w.endpoint("10.0.7.2", 7000, longTimers, func(c *Config) { c.RecvWindow = 4 })
+	p := w.f.Node("10.0.7.1").Process()
+	k, _ := kernel.Unwrap(p)
+	stall := &postStall{Kernel: k, stalled: make(chan struct{}), release: make(chan struct{})}
+	se, err := newEndpoint(context.Background(), stall, Config{Process: p, Addr: "10.0.7.1:7000",
+		DomainDir: t.TempDir() + "/goxrc", Heartbeat: time.Hour, IdleTimeout: 2 * time.Hour, HandshakeTimeout: testHandshake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { se.Close() })
+	cs, cr := pair(t, &proc{se, p}, r)
+	ctx := ctxT(t, 10*time.Second)
+	span := int(replaySpan(4))
+	const total = 300
+
+	first := make(chan error, 1)
+	go func() { first <- cs.Send(ctx, seqMsg(0)) }() // numbered 0, then held
+	<-stall.stalled
+	rest := make(chan error, 1)
+	go func() { rest <- sendSeq(ctx, cs, 1, total) }()
+	// Numbers 1 to span-1 may go ahead of 0; number span must wait for 0.
+	got := map[int]int{}
+	buf := make([]byte, 64)
+	for range span - 1 {
+		n, err := cr.Recv(ctx, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[int(binary.BigEndian.Uint64(buf[:n]))]++
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if n, err := cr.Recv(short, buf); err == nil {
+		t.Fatalf("message %d arrived more than a replay span (%d) ahead of one not posted",
+			binary.BigEndian.Uint64(buf[:n]), span)
+	}
+	close(stall.release)
+	for len(got) < total {
+		n, err := cr.Recv(ctx, buf)
+		if err != nil {
+			t.Fatalf("after %d messages: %v", len(got), err)
+		}
+		i := int(binary.BigEndian.Uint64(buf[:n]))
+		if err := checkSeqMsg(buf[:n], i); err != nil {
+			t.Fatal(err)
+		}
+		if got[i]++; got[i] > 1 {
+			t.Fatalf("message %d arrived twice", i)
+		}
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-rest; err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.Duplicates != 0 || st.Dropped != 0 {
+		t.Fatalf("receiver: %+v", st)
+	}
 }

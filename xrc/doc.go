@@ -39,7 +39,9 @@
 // after TIMEWAIT_EXIT. Dead peers are found by a DREQ on the physical link,
 // by send errors, and by keepalives with an idle timeout (Config.Heartbeat,
 // Config.IdleTimeout); a sender whose INI failed rebuilds it and moves its
-// connections over (REPLACES_TGT, MOVE).
+// connections over (REPLACES_TGT, MOVE). A Send in flight then is sent
+// again; data messages are numbered, and a receiver drops a second copy
+// (Stats.Duplicates), so Recv sees every message once.
 //
 // Flow control is by credits per connection: a receiver holds at most
 // Config.RecvWindow messages that Recv has not taken, and its sender,

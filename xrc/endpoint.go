@@ -123,6 +123,7 @@ type Endpoint struct {
 	oneExchange atomic.Uint64
 	creditSent  atomic.Uint64
 	overruns    atomic.Uint64
+	duplicates  atomic.Uint64
 	sidrGoing   atomic.Int64 // SIDR ids of finished exchanges not yet destroyed
 }
 
@@ -410,6 +411,7 @@ type Stats struct {
 	OneExchange   uint64 // reverse legs set up inside the forward leg's exchange (either side)
 	CreditFrames  uint64 // credit frames sent (flow control)
 	Overruns      uint64 // connections failed because the peer sent past its credits
+	Duplicates    uint64 // data messages received again (resent across a recovery) and dropped
 }
 
 // Stats returns the endpoint's counts.
@@ -434,6 +436,7 @@ func (e *Endpoint) Stats() Stats {
 	s.OneExchange = e.oneExchange.Load()
 	s.CreditFrames = e.creditSent.Load()
 	s.Overruns = e.overruns.Load()
+	s.Duplicates = e.duplicates.Load()
 	return s
 }
 
@@ -813,6 +816,11 @@ const (
 	kindCredit    = 'C' // followed by creditLen bytes: see Conn.returnCredits
 )
 
+// dataSeqLen is the sequence number after a data frame's kind byte: a
+// uint32 counting the leg's data messages from 0, wrapping (see
+// replayWindow).
+const dataSeqLen = 4
+
 func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
 	if wc.Status != verbs.WCSuccess || len(wc.Payload) == 0 {
 		e.dropped.Add(1)
@@ -862,12 +870,23 @@ func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) {
 	c.lastSeen = time.Now()
 	switch p[0] {
 	case kindData:
+		if len(body) < dataSeqLen {
+			e.dropped.Add(1)
+			return
+		}
+		if c.seen.bits == nil {
+			c.seen = newReplayWindow(e.cfg.RecvWindow)
+		}
+		if !c.seen.take(binary.BigEndian.Uint32(body)) {
+			e.duplicates.Add(1)
+			return
+		}
 		if len(c.q) >= maxQueued(e.cfg.RecvWindow) {
 			e.overruns.Add(1)
 			c.failLocked(errOverrun)
 			return
 		}
-		c.q = append(c.q, body)
+		c.q = append(c.q, body[dataSeqLen:])
 		c.wake()
 	case kindCredit:
 		if !c.creditedLocked(body) {
@@ -936,7 +955,7 @@ func (e *Endpoint) janitor() {
 			c.fail(errIdle)
 		}
 		for _, c := range beat {
-			c.post(kindHeartbeat, nil, nil)
+			c.post(kindHeartbeat, 0, nil, nil)
 		}
 	}
 }

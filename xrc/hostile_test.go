@@ -273,7 +273,7 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 	if err := wire.DecodeAccept(first.PrivateData, &acc2); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.PostSend(ini, []kernel.SendWR{{WRID: 1, RemoteSRQN: acc2.SRQN, Imm: acc2.AcceptorTag, Payload: []byte("Dhello leg 2")}}); err != nil {
+	if err := k.PostSend(ini, []kernel.SendWR{{WRID: 1, RemoteSRQN: acc2.SRQN, Imm: acc2.AcceptorTag, Payload: []byte("D\x00\x00\x00\x00hello leg 2")}}); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 32)
