@@ -429,6 +429,8 @@ func TestEndpointLatePostStaysInReplayWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { se.Close() })
+	release := sync.OnceFunc(func() { close(stall.release) })
+	t.Cleanup(release) // before the endpoint's Close, even on failure
 	cs, cr := pair(t, &proc{se, p}, r)
 	ctx := ctxT(t, 10*time.Second)
 	span := int(replaySpan(4))
@@ -455,7 +457,7 @@ func TestEndpointLatePostStaysInReplayWindow(t *testing.T) {
 		t.Fatalf("message %d arrived more than a replay span (%d) ahead of one not posted",
 			binary.BigEndian.Uint64(buf[:n]), span)
 	}
-	close(stall.release)
+	release()
 	for len(got) < total {
 		n, err := cr.Recv(ctx, buf)
 		if err != nil {
