@@ -427,20 +427,20 @@ func (t *rdmaTransport) poll(ctx context.Context, cs []completion, spin time.Dur
 }
 
 // wait polls the CQ; with nothing there it arms the CQ, polls again (a
-// completion may have come before the arming), and sleeps until the
-// device's channel pump wakes it, ctx ends or the transport is freed.
+// completion may have come before the arming; the three in one C call), and
+// sleeps until the device's channel pump wakes it, ctx ends or the
+// transport is freed.
 func (t *rdmaTransport) wait(ctx context.Context, wcs []verbs.WorkCompletion) (int, error) {
 	for {
-		n, err := t.cq.Poll(wcs)
+		var n int
+		var err error
+		if t.armed {
+			n, err = t.cq.Poll(wcs)
+		} else {
+			n, t.armed, err = t.cq.PollOrArm(wcs)
+		}
 		if n > 0 || err != nil {
 			return n, err
-		}
-		if !t.armed {
-			if err := t.cq.ReqNotify(false); err != nil {
-				return 0, err
-			}
-			t.armed = true
-			continue
 		}
 		if err := t.dev.channelErr(); err != nil {
 			return 0, err

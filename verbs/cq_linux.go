@@ -269,7 +269,7 @@ type CQ struct {
 	tag string
 
 	pollMu  sync.Mutex
-	scratch unsafe.Pointer // C block holding tmp, out and other
+	scratch unsafe.Pointer // C block holding tmp, out, other and armRC
 	tmp     *C.struct_ibv_wc
 	out     []C.struct_goxrc_wc // C memory
 
@@ -279,6 +279,7 @@ type CQ struct {
 	dead     bool // set by Close: drainEvents reads no more
 	unacked  C.uint
 	other    *C.int      // C scratch for goxrc_get_cq_events
+	armRC    *C.int      // C scratch for goxrc_poll_arm, under pollMu
 	drain    func() bool // q.drainEvents, bound once so Wait does not allocate it
 	drainErr error       // a failed channel read; set by drainEvents under waitSem
 	cqe      int
@@ -337,6 +338,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 	batch := min(max(q.cqe, 1), pollBatch)
 	var parts cParts
 	tmp, out, other := parts.add(batch, unsafe.Sizeof(C.struct_ibv_wc{})), parts.add(batch, unsafe.Sizeof(C.struct_goxrc_wc{})), parts.add(1, unsafe.Sizeof(C.int(0)))
+	armRC := parts.add(1, unsafe.Sizeof(C.int(0)))
 	if q.scratch = parts.alloc(); q.scratch == nil {
 		C.ibv_destroy_cq(cq)
 		unbind()
@@ -345,6 +347,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 	q.tmp = (*C.struct_ibv_wc)(parts.at(q.scratch, tmp))
 	q.out = unsafe.Slice((*C.struct_goxrc_wc)(parts.at(q.scratch, out)), batch)
 	q.other = (*C.int)(parts.at(q.scratch, other))
+	q.armRC = (*C.int)(parts.at(q.scratch, armRC))
 	if ch != nil && !ch.shared {
 		fd, err := fdpoll.Open(int(C.goxrc_channel_fd(cch)), q.tag+" channel")
 		if err != nil {
@@ -398,22 +401,61 @@ func (q *CQ) PollSpin(wcs []WorkCompletion, spin time.Duration) (int, error) {
 	if q == nil || q.cq == nil || !q.l.use() {
 		return 0, closedErr("ibv_poll_cq", q.addr())
 	}
-	n, err := q.pollFor(wcs, spin)
+	n, err := q.pollFor(wcs, spin, nil)
 	q.l.done()
 	return n, err
 }
 
+// PollOrArm is Poll that, finding nothing, arms the CQ (ReqNotify for any
+// completion) and polls once more, in one C call: the last look of a wait
+// before it sleeps until the channel's event. armed reports whether it
+// armed the CQ (then an event will come, whatever the second poll found).
+func (q *CQ) PollOrArm(wcs []WorkCompletion) (n int, armed bool, err error) {
+	if q == nil || q.cq == nil || !q.l.use() {
+		return 0, false, closedErr("ibv_poll_cq", q.addr())
+	}
+	defer q.l.done()
+	return q.pollOrArm(wcs)
+}
+
 // poll runs with q read-locked.
-func (q *CQ) poll(wcs []WorkCompletion) (int, error) { return q.pollFor(wcs, 0) }
+func (q *CQ) poll(wcs []WorkCompletion) (int, error) { return q.pollFor(wcs, 0, nil) }
+
+// pollOrArm runs with q read-locked.
+func (q *CQ) pollOrArm(wcs []WorkCompletion) (int, bool, error) {
+	if min(len(wcs), len(q.out)) == 0 {
+		err := q.arm(false)
+		return 0, err == nil, err
+	}
+	var armed bool
+	n, err := q.pollFor(wcs, 0, &armed)
+	return n, armed, err
+}
 
 // pollFor runs with q read-locked; it spins up to spin for a completion.
-func (q *CQ) pollFor(wcs []WorkCompletion, spin time.Duration) (int, error) {
+// With armed set it arms the CQ instead when nothing is there, and sets
+// *armed if it did (pollOrArm).
+func (q *CQ) pollFor(wcs []WorkCompletion, spin time.Duration, armed *bool) (int, error) {
 	n := min(len(wcs), len(q.out))
 	if n == 0 {
 		return 0, nil
 	}
 	q.pollMu.Lock()
-	got := int(C.goxrc_poll_spin(cAddr(unsafe.Pointer(q.cq)), C.int(n), q.tmp, &q.out[0], C.int64_t(spin)))
+	var got int
+	if armed != nil {
+		got = int(C.goxrc_poll_arm(cAddr(unsafe.Pointer(q.cq)), C.int(n), q.tmp, &q.out[0], q.armRC))
+		switch rc := *q.armRC; rc {
+		case C.GOXRC_NOT_ARMED:
+		case 0:
+			*armed = true
+			q.armed.Store(true)
+		default:
+			q.pollMu.Unlock()
+			return 0, &OpError{Op: "ibv_req_notify_cq", Addr: q.tag, Err: rcErr(rc, nil)}
+		}
+	} else {
+		got = int(C.goxrc_poll_spin(cAddr(unsafe.Pointer(q.cq)), C.int(n), q.tmp, &q.out[0], C.int64_t(spin)))
+	}
 	for i := 0; i < got; i++ {
 		o := &q.out[i]
 		wcs[i] = WorkCompletion{
@@ -524,11 +566,12 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 		if !q.l.use() {
 			return 0, closedErr("wait CQ", q.tag)
 		}
-		n, err := q.poll(wcs)
-		if n == 0 && err == nil && !q.armed.Load() {
-			if err = q.arm(false); err == nil {
-				n, err = q.poll(wcs)
-			}
+		var n int
+		var err error
+		if q.armed.Load() {
+			n, err = q.poll(wcs)
+		} else {
+			n, _, err = q.pollOrArm(wcs)
 		}
 		q.l.done()
 		if n > 0 || err != nil {

@@ -177,6 +177,23 @@ static inline int goxrc_poll_spin(uintptr_t cqp, int n, struct ibv_wc *tmp, stru
 	}
 }
 
+// goxrc_poll_arm is goxrc_poll that, finding nothing, arms the CQ and polls
+// once more (a completion may have come before the arming): a wait's three
+// calls before it sleeps, in one cgo transition. *arm_rc gets
+// ibv_req_notify_cq's result, or GOXRC_NOT_ARMED when the first poll found
+// something; on failure nothing more is polled.
+#define GOXRC_NOT_ARMED (-1000)
+static inline int goxrc_poll_arm(uintptr_t cqp, int n, struct ibv_wc *tmp, struct goxrc_wc *out, int *arm_rc) {
+	int got = goxrc_poll(cqp, n, tmp, out);
+	*arm_rc = GOXRC_NOT_ARMED;
+	if (got != 0)
+		return got;
+	*arm_rc = ibv_req_notify_cq((struct ibv_cq *)cqp, 0);
+	if (*arm_rc != 0)
+		return 0;
+	return goxrc_poll(cqp, n, tmp, out);
+}
+
 static inline int goxrc_req_notify(struct ibv_cq *cq, int solicited) {
 	return ibv_req_notify_cq(cq, solicited);
 }

@@ -108,6 +108,9 @@ func (q *CQ) CQE() int                           { return 0 }
 func (q *CQ) Poll([]WorkCompletion) (int, error) { return 0, unsupported("ibv_poll_cq") }
 func (q *CQ) ReqNotify(bool) error               { return unsupported("ibv_req_notify_cq") }
 func (q *CQ) Close() error                       { return nil }
+func (q *CQ) PollOrArm([]WorkCompletion) (int, bool, error) {
+	return 0, false, unsupported("ibv_poll_cq")
+}
 func (q *CQ) PollSpin([]WorkCompletion, time.Duration) (int, error) {
 	return 0, unsupported("ibv_poll_cq")
 }

@@ -793,6 +793,73 @@ func TestVerbsXRCQPsOnRXE(t *testing.T) {
 	require.ErrorIs(t, err, syscall.EINVAL, "no channel")
 }
 
+// TestVerbsPollOrArm: PollOrArm on an empty CQ arms it (the next
+// completion raises an event on its channel); with completions there it
+// returns them. On a closed CQ it fails at once.
+func TestVerbsPollOrArm(t *testing.T) {
+	ctx := openRXE(t)
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	ch, err := ctx.NewSharedCompChannel()
+	require.NoError(t, err)
+	cleanupClose(t, ch)
+	cq, err := ctx.CreateCQ(16, ch, 0)
+	require.NoError(t, err)
+	cleanupClose(t, cq)
+	mr, err := pd.RegMR(4096, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	cleanupClose(t, mr)
+	mk := func() *verbs.QP {
+		qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+			Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		require.NoError(t, err)
+		cleanupClose(t, qp)
+		return qp
+	}
+	a, b := mk(), mk()
+	connectRC(t, ctx, a, b)
+
+	wcs := make([]verbs.WorkCompletion, 4)
+	n, armed, err := cq.PollOrArm(wcs)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.True(t, armed, "an empty CQ is armed")
+
+	require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
+	require.NoError(t, a.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
+	wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cqs := make([]*verbs.CQ, 4)
+	events := func() {
+		t.Helper()
+		k, err := ch.GetEvents(wait, cqs)
+		require.NoError(t, err, "the armed CQ raises an event")
+		require.Equal(t, []*verbs.CQ{cq}, cqs[:k])
+	}
+	events()
+	got := map[uint64]verbs.WCStatus{}
+	for len(got) < 2 {
+		n, armed, err := cq.PollOrArm(wcs)
+		require.NoError(t, err)
+		if n == 0 {
+			require.True(t, armed)
+			events()
+		}
+		for _, wc := range wcs[:n] {
+			got[wc.WRID] = wc.Status
+		}
+	}
+	require.Equal(t, map[uint64]verbs.WCStatus{1: verbs.WCSuccess, 2: verbs.WCSuccess}, got)
+
+	closed, err := ctx.CreateCQ(4, nil, 0)
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	_, _, err = closed.PollOrArm(wcs)
+	require.ErrorIs(t, err, verbs.ErrClosed)
+}
+
 // TestVerbsPollSpin: PollSpin on an empty CQ spins for about its budget and
 // reports nothing; with a completion on the way it returns it without
 // waiting out the budget; on a closed CQ it fails at once.
