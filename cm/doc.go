@@ -28,6 +28,16 @@
 // in TCP), so credit frames never answer each other. Send and Recv do not
 // allocate.
 //
+// # Resources per device
+//
+// Connections on one device share its context, protection domain and one
+// completion channel (read by one goroutine in the netpoller), and take
+// their buffers from a pool of large registrations. A closed connection's
+// queue pair and completion queue are reset and kept, once the CM has left
+// time-wait and after a cool-off of a second, for the next connection of
+// the same sizes (ProcessStats.CachedQueuePairs, at most 512 per device).
+// All of it lives while a connection or a listener on the device does.
+//
 // # One-sided RDMA
 //
 // RegisterMemory exposes memory to the peer; hand it the Descriptor in a

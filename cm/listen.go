@@ -19,6 +19,7 @@ type Listener struct {
 	cfg  config
 	ch   *chanRef
 	id   *rdmacm.ID
+	dev  *device       // the device cache, held while listening (nil for a wildcard address)
 	xep  *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
 	addr Addr
 
@@ -96,6 +97,16 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	l := &Listener{
 		cfg: cfg, ch: ch, id: id, addr: Addr{id.LocalAddr()},
 		ready: make(chan *Conn, cfg.backlog), done: make(chan struct{}),
+	}
+	if !local.Addr().IsUnspecified() {
+		// Hold the device's cache (context, PD, buffers, QPs of closed
+		// connections) between connections: a server whose connections
+		// come and go would otherwise rebuild it for each burst.
+		if l.dev, err = acquireDevice(id); err != nil {
+			id.Close()
+			ch.release()
+			return fail(err)
+		}
 	}
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	globalStats.listeners.Add(1)
@@ -259,6 +270,9 @@ func (l *Listener) Close() error {
 			break
 		}
 		err = errors.Join(err, l.ch.release())
+		if l.dev != nil {
+			l.dev.release()
+		}
 		globalStats.listeners.Add(-1)
 	})
 	if err != nil {

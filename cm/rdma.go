@@ -44,6 +44,9 @@ type rdmaTransport struct {
 	recvSGE []verbs.SGE
 	wcs     []verbs.WorkCompletion // the polling leader's
 
+	shape        qpShape    // the sizes the QP and CQ were made for (qpcache.go)
+	timewaitDone bool       // release saw the CM leave time-wait: the pair may be reused
+	cqKept       bool       // free gave the QP and CQ back to the device
 	mu           sync.Mutex // guards the QP's life against shutdown
 	released     bool
 	shut         bool
@@ -143,6 +146,9 @@ type device struct {
 	mu       sync.Mutex
 	wakes    map[*verbs.CQ]chan struct{}
 	ccErr    error // the channel failed: no wake-ups come any more
+
+	qps       map[qpShape][]cachedQP // closed connections' QPs and CQs (qpcache.go)
+	cachedQPs int
 }
 
 var devices struct {
@@ -179,6 +185,7 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 	d := &device{
 		name: name, ctx: vctx, pd: pd, pool: newRegPool(pd), refs: 1,
 		cc: cc, pumpDone: make(chan struct{}), wakes: map[*verbs.CQ]chan struct{}{},
+		qps: map[qpShape][]cachedQP{},
 	}
 	go d.pump()
 	devices.m[name] = d
@@ -248,6 +255,7 @@ func (d *device) release() {
 	d.refs--
 	if d.refs == 0 {
 		delete(devices.m, d.name)
+		d.dropQPs()
 		if d.cc.Close() == nil {
 			<-d.pumpDone
 		}
@@ -279,25 +287,33 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, sendSlots, recvSlots, 
 	}
 	vctx := t.dev.ctx
 	cqe := sendSlots + recvSlots + 1
-	if t.cq, err = vctx.CreateCQ(cqe, t.dev.cc, 0); err != nil {
+	t.shape = qpShape{sendSlots, recvSlots, inline}
+	cached, ok := t.dev.takeQP(t.shape)
+	if ok {
+		t.cq = cached.cq
+	} else if t.cq, err = vctx.CreateCQ(cqe, t.dev.cc, 0); err != nil {
 		return nil, err
 	}
 	t.wake = make(chan struct{}, 1)
 	t.dev.watchCQ(t.cq, t.wake)
 	t.watched = true
 	t.wcs = make([]verbs.WorkCompletion, cqe)
-	qpCap := verbs.QPCap{
-		MaxSendWR: uint32(sendSlots + 1), MaxRecvWR: uint32(recvSlots),
-		MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: uint32(inline),
-	}
-	t.qp, err = t.dev.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: t.cq, RecvCQ: t.cq, Cap: qpCap})
-	if err != nil && inline > 0 {
-		// Some devices inline less than asked: go without.
-		qpCap.MaxInlineData = 0
+	if ok {
+		t.qp = cached.qp
+	} else {
+		qpCap := verbs.QPCap{
+			MaxSendWR: uint32(sendSlots + 1), MaxRecvWR: uint32(recvSlots),
+			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: uint32(inline),
+		}
 		t.qp, err = t.dev.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: t.cq, RecvCQ: t.cq, Cap: qpCap})
-	}
-	if err != nil {
-		return nil, err
+		if err != nil && inline > 0 {
+			// Some devices inline less than asked: go without.
+			qpCap.MaxInlineData = 0
+			t.qp, err = t.dev.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: t.cq, RecvCQ: t.cq, Cap: qpCap})
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	globalStats.qps.Add(1)
 	t.inline = min(inline, int(t.qp.Cap().MaxInlineData))
@@ -523,6 +539,7 @@ func (t *rdmaTransport) release(ctx context.Context) error {
 	err := t.id.Disconnect()
 	select {
 	case <-t.events:
+		t.timewaitDone = true
 	case <-ctx.Done():
 		err = errors.Join(err, fmt.Errorf("waiting for the CM to leave time-wait: %w", ctx.Err()))
 	}
@@ -539,12 +556,23 @@ func (t *rdmaTransport) free() error {
 	if t.id != nil {
 		errs = append(errs, t.id.Close())
 	}
+	if t.watched {
+		// Before the pair may go back to the device, where another
+		// connection could watch its CQ at once.
+		t.dev.unwatchCQ(t.cq, t.wake)
+		t.watched = false
+	}
 	qpGone := true
 	if t.qp != nil {
-		err := t.qp.Close()
-		qpGone = err == nil
-		errs = append(errs, err)
 		globalStats.qps.Add(-1)
+		if t.timewaitDone && t.dev.putQP(t.shape, t.qp, t.cq, t.wcs) {
+			// Reset and kept for the next connection, with its CQ.
+			t.cqKept = true
+		} else {
+			err := t.qp.Close()
+			qpGone = err == nil
+			errs = append(errs, err)
+		}
 	}
 	if t.hasMem && qpGone {
 		// The device no longer touches the buffers: another connection
@@ -553,11 +581,7 @@ func (t *rdmaTransport) free() error {
 		errs = append(errs, t.dev.pool.put(t.mem))
 		t.hasMem = false
 	}
-	if t.watched {
-		t.dev.unwatchCQ(t.cq, t.wake)
-		t.watched = false
-	}
-	if t.cq != nil {
+	if t.cq != nil && !t.cqKept {
 		errs = append(errs, t.cq.Close())
 	}
 	if t.dev != nil {

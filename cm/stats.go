@@ -36,6 +36,11 @@ type ProcessStats struct {
 	ConnectionsTotal uint64
 	// QueuePairs is the number of live queue pairs the package created.
 	QueuePairs int64
+	// CachedQueuePairs is the number of closed connections' queue pairs
+	// (with their CQs) kept, reset, for new connections of the same
+	// sizes; QueuePairsReused counts connections that took one.
+	CachedQueuePairs int64
+	QueuePairsReused uint64
 	// Listeners is the number of open listeners.
 	Listeners int64
 	// DialErrors and AcceptErrors count failed connection attempts.
@@ -55,6 +60,8 @@ var globalStats struct {
 	connsOpen    atomic.Int64
 	connsTotal   atomic.Uint64
 	qps          atomic.Int64
+	cachedQPs    atomic.Int64
+	qpsReused    atomic.Uint64
 	listeners    atomic.Int64
 	dialErrors   atomic.Uint64
 	acceptErrors atomic.Uint64
@@ -72,6 +79,8 @@ func GlobalStats() ProcessStats {
 		ConnectionsOpen:  globalStats.connsOpen.Load(),
 		ConnectionsTotal: globalStats.connsTotal.Load(),
 		QueuePairs:       globalStats.qps.Load(),
+		CachedQueuePairs: globalStats.cachedQPs.Load(),
+		QueuePairsReused: globalStats.qpsReused.Load(),
 		Listeners:        globalStats.listeners.Load(),
 		DialErrors:       globalStats.dialErrors.Load(),
 		AcceptErrors:     globalStats.acceptErrors.Load(),

@@ -358,6 +358,61 @@ func TestCMBuffersFromPool(t *testing.T) {
 	}
 }
 
+// TestCMQueuePairsReused: a closed connection's QP and CQ go back to the
+// device, reset, once the CM left time-wait; after a cool-off a new
+// connection of the same sizes takes them, on either side, and carries
+// messages both ways. Closing the listener (the last holder of the device)
+// destroys them.
+func TestCMQueuePairsReused(t *testing.T) {
+	_, ip := softroce.Device(t)
+	base := baseline(t, ip)
+	opts := []cm.Option{cm.WithQueueDepth(3), cm.WithMessageSize(128)}
+	l, addr := cmListen(t, opts...)
+	ctx := cmCtx(t, 60*time.Second)
+	start := cm.GlobalStats()
+	// connect makes a connection, checks an exchange both ways and
+	// closes both ends.
+	connect := func(what string) {
+		t.Helper()
+		client, err := cm.Dial(ctx, addr, opts...)
+		require.NoError(t, err, what)
+		server, err := l.Accept(ctx)
+		require.NoError(t, err, what)
+		buf := make([]byte, 128)
+		for _, p := range [][2]*cm.Conn{{client, server}, {server, client}} {
+			require.NoError(t, p[0].Send(ctx, []byte(what)))
+			k, err := p[1].Recv(ctx, buf)
+			require.NoError(t, err, what)
+			require.Equal(t, what, string(buf[:k]))
+		}
+		var wg sync.WaitGroup
+		for _, c := range []*cm.Conn{client, server} {
+			wg.Add(1)
+			go func() { defer wg.Done(); require.NoError(t, c.Close()) }()
+		}
+		wg.Wait()
+	}
+	connect("first")
+	s := cm.GlobalStats()
+	require.Equal(t, start.CachedQueuePairs+2, s.CachedQueuePairs, "both ends' QPs kept after time-wait")
+	require.Equal(t, start.QueuePairs, s.QueuePairs)
+	// At once: the kept pairs rest (a peer that still remembered their
+	// numbers would reject the connection as stale), so new ones are made.
+	connect("second, within the cool-off")
+	s = cm.GlobalStats()
+	require.Equal(t, start.QueuePairsReused, s.QueuePairsReused, "a pair reused before its cool-off")
+	require.Equal(t, start.CachedQueuePairs+4, s.CachedQueuePairs)
+	// The second connection's time-wait outlasted the first pairs'
+	// cool-off: the third connection takes them.
+	connect("third, on reused pairs")
+	s = cm.GlobalStats()
+	require.Equal(t, start.QueuePairsReused+2, s.QueuePairsReused, "both ends take a kept pair")
+	require.Equal(t, start.CachedQueuePairs+4, s.CachedQueuePairs)
+	require.NoError(t, l.Close())
+	requireBaseline(t, base, 10*time.Second)
+	require.Equal(t, start.CachedQueuePairs, cm.GlobalStats().CachedQueuePairs)
+}
+
 func TestCMListenerCloseWakesAccept(t *testing.T) {
 	l, _ := cmListen(t)
 	errc := make(chan error, 2)

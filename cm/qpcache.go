@@ -1,0 +1,104 @@
+package cm
+
+import (
+	"time"
+
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// A closed connection's queue pair and completion queue go back to their
+// device for the next connection of the same shape instead of being
+// destroyed: creating the CQ and the QP, and destroying them again, was a
+// third of a server's CPU in a burst of set-ups (docs/benchmarks-log.md).
+// A pair comes back only after the connection left the CM's time-wait (its
+// QP number may be reused then, as the kernel would reuse it), reset, with
+// its CQ drained. Pairs wait while the device cache lives: as long as a
+// connection or a listener bound to the device does.
+
+// maxCachedQPs bounds the pairs a device keeps; more are destroyed.
+const maxCachedQPs = 512
+
+// qpCoolOff is how long a pair rests after its time-wait before reuse,
+// oldest first. The peer's CM left its own time-wait of the connection
+// within milliseconds of ours; a REQ or REP naming the QP number while the
+// peer still remembered it would be rejected as stale (IB CM reject 10).
+const qpCoolOff = time.Second
+
+// qpShape is what a cached pair must match: the queue sizes asked for.
+type qpShape struct {
+	sendSlots, recvSlots, inline int
+}
+
+type cachedQP struct {
+	qp    *verbs.QP
+	cq    *verbs.CQ
+	since time.Time // when it came back
+}
+
+// takeQP returns the oldest cached pair of this shape that has rested
+// qpCoolOff, if the device has one.
+func (d *device) takeQP(s qpShape) (cachedQP, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l := d.qps[s]
+	if len(l) == 0 || time.Since(l[0].since) < qpCoolOff {
+		return cachedQP{}, false
+	}
+	p := l[0]
+	l[0] = cachedQP{}
+	d.qps[s] = l[1:]
+	d.cachedQPs--
+	globalStats.cachedQPs.Add(-1)
+	globalStats.qpsReused.Add(1)
+	return p, true
+}
+
+// putQP resets qp, drains cq and keeps the pair for the next connection of
+// shape s. It reports false, keeping nothing, if the device holds enough or
+// the reset fails; the caller destroys the pair then.
+func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCompletion) bool {
+	d.mu.Lock()
+	full := d.cachedQPs >= maxCachedQPs || d.ccErr != nil
+	d.mu.Unlock()
+	if full {
+		return false
+	}
+	// In RESET the QP's queues are empty and it makes no more
+	// completions; those of the flush before are polled out.
+	if qp.Modify(&verbs.QPAttr{State: verbs.QPStateReset}, verbs.QPAttrState) != nil {
+		return false
+	}
+	for {
+		n, err := cq.Poll(wcs)
+		if err != nil {
+			return false
+		}
+		if n == 0 {
+			break
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cachedQPs >= maxCachedQPs {
+		return false
+	}
+	d.qps[s] = append(d.qps[s], cachedQP{qp: qp, cq: cq, since: time.Now()})
+	d.cachedQPs++
+	globalStats.cachedQPs.Add(1)
+	return true
+}
+
+// dropQPs destroys every cached pair; the device is going.
+func (d *device) dropQPs() {
+	d.mu.Lock()
+	qps := d.qps
+	globalStats.cachedQPs.Add(-int64(d.cachedQPs))
+	d.qps, d.cachedQPs = map[qpShape][]cachedQP{}, 0
+	d.mu.Unlock()
+	for _, l := range qps {
+		for _, p := range l {
+			p.qp.Close()
+			p.cq.Close()
+		}
+	}
+}
