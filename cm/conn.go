@@ -752,9 +752,7 @@ func (c *Conn) progress(ctx context.Context, seen uint64) error {
 	var err error
 	spun, slept := false, false
 	var start time.Time
-	if c.busyPoll <= 0 || !c.spinNext {
-		n, err = c.t.poll(ctx, c.cbuf, 0, false)
-	} else {
+	if c.busyPoll > 0 && c.spinNext {
 		// Spin in slices, each one C call that looks before it spins (so
 		// a completion already there costs one call); between slices,
 		// look at ctx and the clock.
@@ -775,10 +773,14 @@ func (c *Conn) progress(ctx context.Context, seen uint64) error {
 		}
 	}
 	if n == 0 && err == nil {
+		// Not spinning, or spun out: the wait's first poll is the
+		// look a non-spinning round takes.
 		slept = spun
 		n, err = c.t.poll(ctx, c.cbuf, 0, true)
-	} else if !spun {
-		// A receiver that always finds completions never spins.
+	}
+	if n > 0 && !spun {
+		// A receiver that always finds completions never spins (or
+		// never sleeps, with spinning off).
 		c.pollPace.tick(c)
 	}
 	if n > 0 {
