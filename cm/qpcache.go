@@ -54,9 +54,16 @@ func (d *device) takeQP(s qpShape) (cachedQP, bool) {
 }
 
 // putQP resets qp, drains cq and keeps the pair for the next connection of
-// shape s. It reports false, keeping nothing, if the device holds enough or
-// the reset fails; the caller destroys the pair then.
+// shape s. It reports false, keeping nothing, if the device holds enough,
+// goes with the caller's reference, or the reset fails; the caller destroys
+// the pair then.
 func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCompletion) bool {
+	devices.Lock()
+	last := d.refs <= 1 // the caller's: the device goes with it
+	devices.Unlock()
+	if last {
+		return false
+	}
 	d.mu.Lock()
 	full := d.cachedQPs >= maxCachedQPs || d.ccErr != nil
 	d.mu.Unlock()
