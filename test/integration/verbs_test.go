@@ -287,6 +287,42 @@ func connectRC(t testing.TB, ctx *verbs.Context, a, b *verbs.QP) {
 	require.Equal(t, pa.ActiveMTU, got.PathMTU)
 }
 
+// cqSetup opens the device and makes a PD, a completion channel (shared,
+// or for one CQ), a CQ of cqe entries on it and a local-write MR of size
+// bytes, all closed at the test's end.
+func cqSetup(t *testing.T, shared bool, cqe, size int) (*verbs.Context, *verbs.PD, *verbs.CompChannel, *verbs.CQ, *verbs.MR) {
+	t.Helper()
+	ctx := openRXE(t)
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	newCh := ctx.NewCompChannel
+	if shared {
+		newCh = ctx.NewSharedCompChannel
+	}
+	ch, err := newCh()
+	require.NoError(t, err)
+	cleanupClose(t, ch)
+	cq, err := ctx.CreateCQ(cqe, ch, 0)
+	require.NoError(t, err)
+	cleanupClose(t, cq)
+	mr, err := pd.RegMR(size, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	cleanupClose(t, mr)
+	return ctx, pd, ch, cq, mr
+}
+
+// smallRCQP makes an RC QP of four sends and four receives on cq, closed
+// at the test's end.
+func smallRCQP(t *testing.T, pd *verbs.PD, cq *verbs.CQ) *verbs.QP {
+	t.Helper()
+	qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+		Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	cleanupClose(t, qp)
+	return qp
+}
+
 // TestVerbsSharedCompChannel: many CQs on one channel, whose events one
 // reader takes with GetEvents.
 func TestVerbsSharedCompChannel(t *testing.T) {
@@ -313,13 +349,7 @@ func TestVerbsSharedCompChannel(t *testing.T) {
 	mr, err := pd.RegMR(4096, verbs.AccessLocalWrite)
 	require.NoError(t, err)
 	cleanupClose(t, mr)
-	mk := func(cq *verbs.CQ) *verbs.QP {
-		qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
-			Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
-		require.NoError(t, err)
-		return qp
-	}
-	a, b := mk(cqA), mk(cqB)
+	a, b := smallRCQP(t, pd, cqA), smallRCQP(t, pd, cqB)
 	connectRC(t, ctx, a, b)
 
 	// Nothing armed, nothing queued: the wait ends with the context.
@@ -697,20 +727,8 @@ func TestVerbsClosedContextStopsEvents(t *testing.T) {
 }
 
 func TestVerbsUDLoopback(t *testing.T) {
-	ctx := openRXE(t)
+	ctx, pd, _, cq, mr := cqSetup(t, false, 64, 8192)
 	gid := roceGID(t, ctx, rxeIP(t))
-	pd, err := ctx.AllocPD()
-	require.NoError(t, err)
-	cleanupClose(t, pd)
-	ch, err := ctx.NewCompChannel()
-	require.NoError(t, err)
-	cleanupClose(t, ch)
-	cq, err := ctx.CreateCQ(64, ch, 0)
-	require.NoError(t, err)
-	cleanupClose(t, cq)
-	mr, err := pd.RegMR(8192, verbs.AccessLocalWrite)
-	require.NoError(t, err)
-	cleanupClose(t, mr)
 
 	const qkey = 0x11111111
 	mk := func() *verbs.QP {
@@ -797,27 +815,8 @@ func TestVerbsXRCQPsOnRXE(t *testing.T) {
 // completion raises an event on its channel); with completions there it
 // returns them. On a closed CQ it fails at once.
 func TestVerbsPollOrArm(t *testing.T) {
-	ctx := openRXE(t)
-	pd, err := ctx.AllocPD()
-	require.NoError(t, err)
-	cleanupClose(t, pd)
-	ch, err := ctx.NewSharedCompChannel()
-	require.NoError(t, err)
-	cleanupClose(t, ch)
-	cq, err := ctx.CreateCQ(16, ch, 0)
-	require.NoError(t, err)
-	cleanupClose(t, cq)
-	mr, err := pd.RegMR(4096, verbs.AccessLocalWrite)
-	require.NoError(t, err)
-	cleanupClose(t, mr)
-	mk := func() *verbs.QP {
-		qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
-			Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
-		require.NoError(t, err)
-		cleanupClose(t, qp)
-		return qp
-	}
-	a, b := mk(), mk()
+	ctx, pd, ch, cq, mr := cqSetup(t, true, 16, 4096)
+	a, b := smallRCQP(t, pd, cq), smallRCQP(t, pd, cq)
 	connectRC(t, ctx, a, b)
 
 	wcs := make([]verbs.WorkCompletion, 4)
