@@ -32,11 +32,12 @@
 //
 // Connections on one device share its context, protection domain and one
 // completion channel (read by one goroutine in the netpoller), and take
-// their buffers from a pool of large registrations. A closed connection's
-// queue pair and completion queue are reset and kept, once the CM has left
-// time-wait and after a cool-off of a second, for the next connection of
-// the same sizes (ProcessStats.CachedQueuePairs, at most 512 per device).
-// All of it lives while a connection or a listener on the device does.
+// their buffers from a pool of large registrations; all of it lives while a
+// connection or a listener on the device does. While a listener holds the
+// device, a closed connection's queue pair and completion queue are reset
+// and kept, once the CM has left time-wait and after a cool-off of a
+// second, for the next connection of the same sizes
+// (ProcessStats.CachedQueuePairs, at most 512 per device).
 //
 // # One-sided RDMA
 //

@@ -107,6 +107,9 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 			ch.release()
 			return fail(err)
 		}
+		devices.Lock()
+		l.dev.listeners++
+		devices.Unlock()
 	}
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	globalStats.listeners.Add(1)
@@ -271,6 +274,9 @@ func (l *Listener) Close() error {
 		}
 		err = errors.Join(err, l.ch.release())
 		if l.dev != nil {
+			devices.Lock()
+			l.dev.listeners--
+			devices.Unlock()
 			l.dev.release()
 		}
 		globalStats.listeners.Add(-1)

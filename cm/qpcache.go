@@ -12,8 +12,8 @@ import (
 // third of a server's CPU in a burst of set-ups (docs/benchmarks-log.md).
 // A pair comes back only after the connection left the CM's time-wait (its
 // QP number may be reused then, as the kernel would reuse it), reset, with
-// its CQ drained. Pairs wait while the device cache lives: as long as a
-// connection or a listener bound to the device does.
+// its CQ drained. Pairs are kept while a listener holds the device (a
+// server's connections come and go; a client's mostly end together).
 
 // maxCachedQPs bounds the pairs a device keeps; more are destroyed.
 const maxCachedQPs = 512
@@ -54,14 +54,17 @@ func (d *device) takeQP(s qpShape) (cachedQP, bool) {
 }
 
 // putQP resets qp, drains cq and keeps the pair for the next connection of
-// shape s. It reports false, keeping nothing, if the device holds enough,
-// goes with the caller's reference, or the reset fails; the caller destroys
+// shape s. It reports false, keeping nothing, if no listener holds the
+// device, the device holds enough, or the reset fails; the caller destroys
 // the pair then.
 func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCompletion) bool {
 	devices.Lock()
-	last := d.refs <= 1 // the caller's: the device goes with it
+	// Only for a listener's device: a client process closing its
+	// connections would reset each QP only to destroy it when the last one
+	// takes the device with it.
+	keep := d.listeners > 0 && d.refs > 1
 	devices.Unlock()
-	if last {
+	if !keep {
 		return false
 	}
 	d.mu.Lock()

@@ -133,11 +133,12 @@ func releaseDialChan() error {
 // shared by every connection on it. verbs objects must come from one
 // context wrapper to be used together, so the first id's wrapper serves all.
 type device struct {
-	name string
-	ctx  *verbs.Context
-	pd   *verbs.PD
-	pool *regPool
-	refs int
+	name      string
+	ctx       *verbs.Context
+	pd        *verbs.PD
+	pool      *regPool
+	refs      int // under devices' lock, as is listeners
+	listeners int // listeners holding the device: it keeps closed connections' QPs (qpcache.go)
 
 	// One completion channel serves the CQs of every connection on the
 	// device: its reader (pump) wakes the connection whose CQ had an event.
