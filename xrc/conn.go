@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -45,11 +46,13 @@ type Conn struct {
 	sendSeq    uint32        // the next data message's sequence number
 	unsettled  []uint32      // numbers of data messages whose Send has not returned
 	spanWait   bool          // a sender waits in spanFullLocked
+	creditWait bool          // a sender waits for acked to grow
 	acked      uint32        // of those, taken by the receiver's Recv (its credit frames)
-	credited   chan struct{} // closed and replaced when acked grows
+	credited   chan struct{} // closed and replaced when a waiter's wait ends (creditWait, spanWait)
 	consumed   uint32        // data messages our Recv took
 	returned   uint32        // consumed, as the last credit frame we sent said
 	returning  bool          // returnCredits is running
+	returnFn   func()        // c.returnCredits, made once: a method value allocates
 
 	// receiving leg
 	recvLeg      *Leg
@@ -63,7 +66,7 @@ type Conn struct {
 	earlyTag     uint32       // the receive tag announced in a FlagOneExchange VIRT_REQ, until registered
 	early        []earlyMsg   // messages for earlyTag that came before the registration
 	rev          *wire.Accept // the forward ACCEPT, when it carries the reverse leg
-	q            [][]byte
+	q            frameQueue   // data frames (kind and number included) for Recv
 	seen         replayWindow // data sequence numbers taken (made with the first message)
 	wakeCh       chan struct{}
 
@@ -79,6 +82,7 @@ type Conn struct {
 func (e *Endpoint) newConnLocked(raddr netip.AddrPort) *Conn {
 	c := &Conn{e: e, raddr: raddr, wakeCh: make(chan struct{}, 1), ready: make(chan struct{}), done: make(chan struct{}),
 		credited: make(chan struct{})}
+	c.returnFn = c.returnCredits
 	e.conns[c] = struct{}{}
 	return c
 }
@@ -159,7 +163,10 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 			return &opError{"send", c.raddr.String(), ErrClosed}
 		}
 		if kind == kindData && !took {
-			if c.sent-c.acked >= c.sendWindow || c.spanFullLocked() {
+			if full := c.sent-c.acked >= c.sendWindow; full || c.spanFullLocked() {
+				if full {
+					c.creditWait = true
+				}
 				ch := c.credited
 				e.mu.Unlock()
 				select {
@@ -192,12 +199,16 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 			continue
 		}
 		e.mu.Unlock()
-		ch := make(chan verbs.WCStatus, 1)
+		ch := statusChans.Get().(chan verbs.WCStatus)
 		if !c.post(kind, seq, p, ch) {
+			statusChans.Put(ch)
 			continue
 		}
 		select {
 		case st := <-ch:
+			// The poller sent the one status it had for it: free to reuse.
+			// (A wait that gave up leaves its channel to the collector.)
+			statusChans.Put(ch)
 			switch st {
 			case verbs.WCSuccess:
 				return nil
@@ -243,6 +254,13 @@ func (c *Conn) settleLocked(seq uint32) {
 	}
 }
 
+// statusChans and sendWRs keep a Send from allocating: a channel for its
+// completion's status, and the one-request array for PostSend.
+var (
+	statusChans = sync.Pool{New: func() any { return make(chan verbs.WCStatus, 1) }}
+	sendWRs     = sync.Pool{New: func() any { return new([1]kernel.SendWR) }}
+)
+
 // post posts one frame on the uplink's current INI; ch (if not nil) gets
 // the completion status. A data frame carries seq after its kind byte. It
 // reports whether the frame was posted.
@@ -264,13 +282,21 @@ func (c *Conn) post(kind byte, seq uint32, p []byte, ch chan verbs.WCStatus) boo
 	if kind == kindData {
 		hdr += dataSeqLen
 	}
-	wr.Payload = make([]byte, hdr+len(p))
-	wr.Payload[0] = kind
+	// PostSend copies the frame: it and the request array are reused.
+	frame := kernel.NewPayload(hdr + len(p))
+	defer kernel.FreePayload(frame)
+	frame[0] = kind
 	if kind == kindData {
-		binary.BigEndian.PutUint32(wr.Payload[1:], seq)
+		binary.BigEndian.PutUint32(frame[1:], seq)
 	}
-	copy(wr.Payload[hdr:], p)
-	if err := e.k.PostSend(q.qp, []kernel.SendWR{wr}); err != nil {
+	copy(frame[hdr:], p)
+	wr.Payload = frame
+	wrs := sendWRs.Get().(*[1]kernel.SendWR)
+	wrs[0] = wr
+	err := e.k.PostSend(q.qp, wrs[:])
+	wrs[0] = kernel.SendWR{}
+	sendWRs.Put(wrs)
+	if err != nil {
 		e.mu.Lock()
 		delete(q.waiters, wr.WRID)
 		e.failINILocked(u, q)
@@ -291,20 +317,21 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 			e.mu.Unlock()
 			return 0, &opError{"recv", c.raddr.String(), ErrClosed}
 		}
-		if len(c.q) > 0 {
-			m := c.q[0]
-			c.q[0] = nil
-			c.q = c.q[1:]
-			if len(c.q) > 0 {
+		if c.q.len() > 0 {
+			frame := c.q.pop()
+			if c.q.len() > 0 {
 				c.wake()
 			}
 			c.consumed++
 			if c.consumed-c.returned >= creditThreshold(e.cfg.RecvWindow) && !c.returning {
-				c.returning = e.spawn(c.returnCredits)
+				c.returning = e.spawn(c.returnFn)
 			}
 			e.mu.Unlock()
+			m := frame[1+dataSeqLen:]
 			n := copy(buf, m)
-			if n < len(m) {
+			short := n < len(m)
+			kernel.FreePayload(frame)
+			if short {
 				return n, io.ErrShortBuffer
 			}
 			return n, nil
@@ -391,8 +418,11 @@ func (c *Conn) creditedLocked(body []byte) bool {
 	}
 	if acked != c.acked {
 		c.acked = acked
-		close(c.credited)
-		c.credited = make(chan struct{})
+		if c.creditWait {
+			c.creditWait = false
+			close(c.credited)
+			c.credited = make(chan struct{})
+		}
 	}
 	return true
 }
@@ -551,4 +581,34 @@ func (c *Conn) checkReadyLocked() {
 			c.failLocked(&RejectError{Addr: c.raddr.String(), Reason: RejectBusyRetry})
 		}
 	}
+}
+
+// frameQueue is a FIFO of received frames that reuses its array, so that
+// queueing a message does not allocate once the queue has grown to the
+// connection's window.
+type frameQueue struct {
+	buf     [][]byte
+	head, n int
+}
+
+func (q *frameQueue) len() int { return q.n }
+
+func (q *frameQueue) push(f []byte) {
+	if q.n == len(q.buf) {
+		grown := make([][]byte, max(8, 2*len(q.buf)))
+		for i := range q.n {
+			grown[i] = q.buf[(q.head+i)%len(q.buf)]
+		}
+		q.buf, q.head = grown, 0
+	}
+	q.buf[(q.head+q.n)%len(q.buf)] = f
+	q.n++
+}
+
+func (q *frameQueue) pop() []byte {
+	f := q.buf[q.head]
+	q.buf[q.head] = nil
+	q.head = (q.head + 1) % len(q.buf)
+	q.n--
+	return f
 }

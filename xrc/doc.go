@@ -50,6 +50,11 @@
 // messages taken, every half window; a peer that sends past twice its
 // window fails the connection with ErrProtocol.
 //
+// Send and Recv do not allocate per message once a connection is warm:
+// frames, received copies (the SRQ's buffer is reposted at once), queue
+// slots and completion channels are reused. What remains is a goroutine
+// per credit return, one every half window.
+//
 // The engine talks to the kernel only through internal/kernel's narrow
 // seam, which has two sides. With Config.Process nil, NewEndpoint opens a
 // real RDMA device (Config.Device, or the device that holds Addr's IP)

@@ -653,7 +653,9 @@ func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) {
 			e.dropped.Add(1)
 			continue
 		}
-		e.consumeLocked(c, leg, m.payload)
+		if !e.consumeLocked(c, leg, m.payload) {
+			kernel.FreePayload(m.payload)
+		}
 	}
 	e.oneExchange.Add(1)
 	c.checkReadyLocked()
@@ -799,7 +801,9 @@ func (e *Endpoint) recvLoop() {
 			return
 		}
 		for i := range wcs[:n] {
-			e.deliver(&wcs[i])
+			if !e.deliver(&wcs[i]) {
+				kernel.FreePayload(wcs[i].Payload)
+			}
 			wcs[i] = kernel.RecvCompletion{}
 		}
 		if n < len(wcs) {
@@ -821,10 +825,12 @@ const (
 // replayWindow).
 const dataSeqLen = 4
 
-func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
+// deliver hands one message to its connection; it reports whether the
+// payload was kept (queued), else the caller gives it back.
+func (e *Endpoint) deliver(wc *kernel.RecvCompletion) bool {
 	if wc.Status != verbs.WCSuccess || len(wc.Payload) == 0 {
 		e.dropped.Add(1)
-		return
+		return false
 	}
 	e.mu.Lock()
 	c := e.recv[wc.Imm]
@@ -833,13 +839,14 @@ func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
 		// A reverse leg we announced, not registered yet: its ACCEPT may
 		// still be on its way while the acceptor already sends. Kept
 		// (bounded) until finishReverse checks and consumes them.
-		if c.earlyTag == wc.Imm && len(c.early) < maxQueued(e.cfg.RecvWindow) {
+		kept := c.earlyTag == wc.Imm && len(c.early) < maxQueued(e.cfg.RecvWindow)
+		if kept {
 			c.early = append(c.early, earlyMsg{tgt: wc.TGTQPN, payload: wc.Payload})
 		} else {
 			e.dropped.Add(1)
 		}
 		e.mu.Unlock()
-		return
+		return kept
 	}
 	if c != nil {
 		leg = c.recvLeg
@@ -847,15 +854,15 @@ func (e *Endpoint) deliver(wc *kernel.RecvCompletion) {
 	e.mu.Unlock()
 	if c == nil || !e.acc.LegAccepts(leg, wc.TGTQPN) {
 		e.dropped.Add(1)
-		return
+		return false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.recv[wc.Imm] != c {
 		e.dropped.Add(1)
-		return
+		return false
 	}
-	e.consumeLocked(c, leg, wc.Payload)
+	return e.consumeLocked(c, leg, wc.Payload)
 }
 
 type earlyMsg struct {
@@ -864,30 +871,32 @@ type earlyMsg struct {
 }
 
 // consumeLocked takes one message of c's receiving leg leg (tag and TGT
-// already checked).
-func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) {
+// already checked). It reports whether it kept p (a data message, queued
+// for Recv); the caller gives back any other.
+func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) bool {
 	body := p[1:]
 	c.lastSeen = time.Now()
 	switch p[0] {
 	case kindData:
 		if len(body) < dataSeqLen {
 			e.dropped.Add(1)
-			return
+			return false
 		}
 		if c.seen.bits == nil {
 			c.seen = newReplayWindow(e.cfg.RecvWindow)
 		}
 		if !c.seen.take(binary.BigEndian.Uint32(body)) {
 			e.duplicates.Add(1)
-			return
+			return false
 		}
-		if len(c.q) >= maxQueued(e.cfg.RecvWindow) {
+		if c.q.len() >= maxQueued(e.cfg.RecvWindow) {
 			e.overruns.Add(1)
 			c.failLocked(errOverrun)
-			return
+			return false
 		}
-		c.q = append(c.q, body[dataSeqLen:])
+		c.q.push(p)
 		c.wake()
+		return true
 	case kindCredit:
 		if !c.creditedLocked(body) {
 			e.dropped.Add(1)
@@ -897,12 +906,13 @@ func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) {
 		var f wire.FIN
 		if wire.DecodeFIN(body, &f) != nil || f.Tag != c.recvTag || f.SenderTag != leg.PeerTag {
 			e.dropped.Add(1)
-			return
+			return false
 		}
 		c.finLocked()
 	default:
 		e.dropped.Add(1)
 	}
+	return false
 }
 
 // janitor sends keepalives on idle sending legs and ends receiving legs

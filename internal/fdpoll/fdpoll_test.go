@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/testenv"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -111,7 +112,7 @@ func TestTryCalledUntilDone(t *testing.T) {
 }
 
 func TestWaitDoesNotAllocateWithoutCancel(t *testing.T) {
-	if raceEnabled {
+	if testenv.RaceEnabled {
 		t.Skip("the race detector allocates on its own")
 	}
 	r, w := pipeFD(t)

@@ -135,8 +135,10 @@ type SendCompletion struct {
 
 // RecvCompletion is one message received on an SRQ.
 type RecvCompletion struct {
-	TGTQPN  uint32 // which TGT it came through (wc.qp_num)
-	Imm     uint32
+	TGTQPN uint32 // which TGT it came through (wc.qp_num)
+	Imm    uint32
+	// Payload is a copy from NewPayload, the receiver's: give it back with
+	// FreePayload when done.
 	Payload []byte
 	Status  verbs.WCStatus
 }

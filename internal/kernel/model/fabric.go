@@ -287,8 +287,11 @@ func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*que
 		}
 		if len(q.items) > 0 {
 			k := copy(out, q.items)
-			clear(q.items[:k])
-			q.items = q.items[k:]
+			// Shift the rest down rather than reslice, so that the
+			// array is reused and pushes do not allocate.
+			rest := copy(q.items, q.items[k:])
+			clear(q.items[rest:])
+			q.items = q.items[:rest]
 			if len(q.items) > 0 {
 				q.signal() // another waiter may take the rest
 			}

@@ -329,7 +329,7 @@ func (q *qp) deliver(wr kernel.SendWR) verbs.WCStatus {
 	if s == nil || s.d != t.d {
 		return verbs.WCRemInvReqErr
 	}
-	s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Payload: slices.Clone(wr.Payload), Status: verbs.WCSuccess})
+	s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Payload: clonePayload(wr.Payload), Status: verbs.WCSuccess})
 	return verbs.WCSuccess
 }
 
@@ -402,4 +402,12 @@ func (p *Process) Close() error {
 	close(p.done)
 	p.n.procs = slices.DeleteFunc(p.n.procs, func(x *Process) bool { return x == p })
 	return nil
+}
+
+// clonePayload copies a sent payload into a receive buffer, as the device
+// writes it into one of the SRQ's.
+func clonePayload(p []byte) []byte {
+	b := kernel.NewPayload(len(p))
+	copy(b, p)
+	return b
 }

@@ -59,6 +59,11 @@ type srqObj struct {
 	num  uint32
 	slot int
 	mu   sync.Mutex // one poller at a time: the repost follows the copy
+	// The poller's scratch (under mu), reused so that polling does not
+	// allocate.
+	wcs    []verbs.WorkCompletion
+	repost []verbs.RecvWR
+	sges   []verbs.SGE
 }
 
 type qpObj struct {
@@ -71,9 +76,19 @@ type qpObj struct {
 	ch   *verbs.CompChannel
 	mr   *verbs.MR
 	mu   sync.Mutex
-	head int // next free byte
-	used int // bytes in flight
-	out  []span
+	head int    // next free byte
+	used int    // bytes in flight
+	out  []span // posted, not completed: out[outHead:], in posting order
+	// outHead is the first span of out still in flight; out is compacted
+	// once most of it is done, so that neither grows nor allocates.
+	outHead int
+	// PostSend's scratch (under mu), and PollSend's (under pollMu): reused
+	// so that the data path does not allocate.
+	vw     []verbs.SendWR
+	sges   []verbs.SGE
+	spans  []span
+	pollMu sync.Mutex
+	wcs    []verbs.WorkCompletion
 }
 
 type span struct {
@@ -485,8 +500,9 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	buf := q.mr.Bytes()
-	vw := make([]verbs.SendWR, len(wrs))
-	spans := make([]span, 0, len(wrs))
+	vw := resize(q.vw, len(wrs))
+	sges := resize(q.sges, len(wrs))
+	spans := q.spans[:0]
 	head, used := q.head, q.used
 	for i, wr := range wrs {
 		n := len(wr.Payload)
@@ -505,9 +521,11 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 		vw[i] = verbs.SendWR{ID: wr.WRID, Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled,
 			Imm: wr.Imm, RemoteSRQNum: wr.RemoteSRQN}
 		if n > 0 {
-			vw[i].SGL = []verbs.SGE{q.mr.SGE(off, n)}
+			sges[i] = q.mr.SGE(off, n)
+			vw[i].SGL = sges[i : i+1]
 		}
 	}
+	q.vw, q.sges, q.spans = vw, sges, spans
 	if err := q.q.PostSend(vw); err != nil {
 		// Work requests before the failed one were posted.
 		var pe *verbs.PostError
@@ -534,18 +552,32 @@ func (q *qpObj) commit(spans []span) {
 func (q *qpObj) release(wrid uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for i, s := range q.out {
-		if s.wrid == wrid {
-			for _, t := range q.out[:i+1] {
-				q.used -= t.size
-			}
-			q.out = q.out[i+1:]
-			if len(q.out) == 0 {
-				q.used, q.head = 0, 0
-			}
-			return
+	for i := q.outHead; i < len(q.out); i++ {
+		if q.out[i].wrid != wrid {
+			continue
 		}
+		for _, t := range q.out[q.outHead : i+1] {
+			q.used -= t.size
+		}
+		q.outHead = i + 1
+		switch {
+		case q.outHead == len(q.out):
+			q.out, q.outHead = q.out[:0], 0
+			q.used, q.head = 0, 0
+		case q.outHead > len(q.out)/2:
+			q.out = q.out[:copy(q.out, q.out[q.outHead:])]
+			q.outHead = 0
+		}
+		return
 	}
+}
+
+// resize returns s with length n, reusing its array when it is large enough.
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
 }
 
 func (p *Process) PollSend(ctx context.Context, h kernel.QP, out []kernel.SendCompletion) (int, error) {
@@ -556,9 +588,11 @@ func (p *Process) PollSend(ctx context.Context, h kernel.QP, out []kernel.SendCo
 	if q.cq == nil || len(out) == 0 {
 		return 0, errno("ibv_poll_cq", syscall.EINVAL)
 	}
-	wcs := make([]verbs.WorkCompletion, min(len(out), 256))
-	n, err := q.cq.Wait(ctx, wcs)
-	for i, wc := range wcs[:n] {
+	q.pollMu.Lock()
+	defer q.pollMu.Unlock()
+	q.wcs = resize(q.wcs, min(len(out), 256))
+	n, err := q.cq.Wait(ctx, q.wcs)
+	for i, wc := range q.wcs[:n] {
 		q.release(wc.WRID)
 		out[i] = kernel.SendCompletion{WRID: wc.WRID, Status: wc.Status, QPNum: q.q.Num()}
 	}
@@ -575,10 +609,12 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	wcs := make([]verbs.WorkCompletion, min(len(out), 256))
+	s.wcs = resize(s.wcs, min(len(out), 256))
+	wcs := s.wcs
 	n, err := s.cq.Wait(ctx, wcs)
 	buf := s.mr.Bytes()
-	repost := make([]verbs.RecvWR, 0, n)
+	s.sges = resize(s.sges, n)
+	repost := s.repost[:0]
 	for i, wc := range wcs[:n] {
 		off := int(wc.WRID) * s.slot
 		rc := kernel.RecvCompletion{TGTQPN: wc.QPNum, Status: wc.Status}
@@ -586,13 +622,16 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 			rc.Imm = wc.Imm
 		}
 		if wc.Status == verbs.WCSuccess {
-			rc.Payload = append([]byte(nil), buf[off:off+int(wc.ByteLen)]...)
+			rc.Payload = kernel.NewPayload(int(wc.ByteLen))
+			copy(rc.Payload, buf[off:])
 		}
 		out[i] = rc
 		if wc.Status != verbs.WCWRFlushErr {
-			repost = append(repost, verbs.RecvWR{ID: wc.WRID, SGL: []verbs.SGE{s.mr.SGE(off, s.slot)}})
+			s.sges[i] = s.mr.SGE(off, s.slot)
+			repost = append(repost, verbs.RecvWR{ID: wc.WRID, SGL: s.sges[i : i+1]})
 		}
 	}
+	s.repost = repost
 	if len(repost) > 0 {
 		if err2 := s.s.PostRecv(repost); err2 != nil && err == nil {
 			err = err2

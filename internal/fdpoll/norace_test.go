@@ -1,5 +1,0 @@
-//go:build !race
-
-package fdpoll
-
-const raceEnabled = false
