@@ -298,6 +298,19 @@ func TestConnZeroAllocsPerMessage(t *testing.T) {
 		}
 	})
 	require.Zero(t, allocs, "send/receive hot path allocates")
+
+	// The net.Conn adapter too: its reads and writes share a context per
+	// deadline instead of making one each.
+	na, nb := a.NetConn(), b.NetConn()
+	allocs = testing.AllocsPerRun(1000, func() {
+		if _, err := na.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nb.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	require.Zero(t, allocs, "NetConn Write/Read allocate")
 }
 
 func TestNetConnConformance(t *testing.T) {

@@ -32,10 +32,13 @@ type streamConn struct {
 // deadline is one direction's deadline. Changing it cancels the operation
 // in flight, which then re-reads the deadline: a deadline in the past ends
 // it, as net.Conn requires (net/http relies on this to abort reads).
+// Operations share one context per deadline, made when first needed after
+// a change, so that a Read or Write does not allocate one of its own.
 type deadline struct {
 	mu     sync.Mutex
 	t      time.Time
 	gen    uint64
+	ctx    context.Context // for gen; nil until an operation needs it
 	cancel context.CancelFunc
 }
 
@@ -45,24 +48,24 @@ func (d *deadline) set(t time.Time) {
 	d.gen++
 	if d.cancel != nil {
 		d.cancel()
+		d.ctx, d.cancel = nil, nil
 	}
 	d.mu.Unlock()
 }
 
-// context returns a context for one attempt, and the deadline generation
-// it was made for.
-func (d *deadline) context() (context.Context, uint64, func()) {
+// context returns the context for attempts under the current deadline, and
+// the deadline generation it belongs to.
+func (d *deadline) context() (context.Context, uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var ctx context.Context
-	var cancel context.CancelFunc
-	if d.t.IsZero() {
-		ctx, cancel = context.WithCancel(context.Background())
-	} else {
-		ctx, cancel = context.WithDeadline(context.Background(), d.t)
+	if d.ctx == nil {
+		if d.t.IsZero() {
+			d.ctx, d.cancel = context.WithCancel(context.Background())
+		} else {
+			d.ctx, d.cancel = context.WithDeadline(context.Background(), d.t)
+		}
 	}
-	d.cancel = cancel
-	return ctx, d.gen, cancel
+	return d.ctx, d.gen
 }
 
 func (d *deadline) expired() bool {
@@ -105,9 +108,8 @@ func (s *streamConn) Read(p []byte) (int, error) {
 		return 0, nil
 	}
 	for s.off == s.n {
-		ctx, gen, cancel := s.readDL.context()
+		ctx, gen := s.readDL.context()
 		n, err := s.c.Recv(ctx, s.buf)
-		cancel()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return 0, io.EOF
@@ -130,9 +132,8 @@ func (s *streamConn) Write(p []byte) (int, error) {
 	written := 0
 	for written < len(p) {
 		chunk := min(len(p)-written, s.c.maxSend)
-		ctx, gen, cancel := s.writeDL.context()
+		ctx, gen := s.writeDL.context()
 		err := s.c.Send(ctx, p[written:written+chunk])
-		cancel()
 		if err != nil {
 			if s.writeDL.retry(err, gen) {
 				continue
@@ -144,7 +145,14 @@ func (s *streamConn) Write(p []byte) (int, error) {
 	return written, nil
 }
 
-func (s *streamConn) Close() error                       { return s.c.Close() }
+// Close closes the connection and stops the deadlines' timers.
+func (s *streamConn) Close() error {
+	err := s.c.Close()
+	s.readDL.set(time.Time{})
+	s.writeDL.set(time.Time{})
+	return err
+}
+
 func (s *streamConn) LocalAddr() net.Addr                { return s.c.LocalAddr() }
 func (s *streamConn) RemoteAddr() net.Addr               { return s.c.RemoteAddr() }
 func (s *streamConn) SetReadDeadline(t time.Time) error  { s.readDL.set(t); return nil }
