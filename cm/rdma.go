@@ -39,6 +39,8 @@ type rdmaTransport struct {
 
 	sendWR  [1]verbs.SendWR // posts are serialised by the Conn's postMu
 	sendSGE [1]verbs.SGE
+	rdmaWR  [1]verbs.SendWR // one-sided posts, serialised by the Conn's rdmaMu
+	rdmaSGE [1]verbs.SGE
 	recvMu  sync.Mutex
 	recvWR  []verbs.RecvWR // one chain of up to recvSlots
 	recvSGE []verbs.SGE
@@ -408,11 +410,12 @@ func (t *rdmaTransport) postRDMA(write bool, local *Region, off, n int, remote R
 	if write {
 		op = verbs.WRRDMAWrite
 	}
-	return t.qp.PostSend([]verbs.SendWR{{
-		ID: rdmaWRID, Opcode: op, Flags: verbs.SendSignaled,
-		SGL:        []verbs.SGE{m.mr.SGE(off, n)},
+	t.rdmaSGE[0] = m.mr.SGE(off, n)
+	t.rdmaWR[0] = verbs.SendWR{
+		ID: rdmaWRID, Opcode: op, Flags: verbs.SendSignaled, SGL: t.rdmaSGE[:],
 		RemoteAddr: remote.Addr + roff, RKey: remote.RKey,
-	}})
+	}
+	return t.qp.PostSend(t.rdmaWR[:])
 }
 
 func (t *rdmaTransport) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"runtime"
 	"testing"
-
-	"github.com/goxrc/goxrc/internal/testenv"
 )
 
 // TestDataPathAllocations: once a connection is warm, Send and Recv take
@@ -15,9 +13,6 @@ import (
 // 64), so the count per message stays well under one. On the model, which
 // takes its payload copies from the same free lists as the real kernel.
 func TestDataPathAllocations(t *testing.T) {
-	if testenv.RaceEnabled {
-		t.Skip("allocation counts are not the code's under the race detector")
-	}
 	w := newWorld(t)
 	a := w.endpoint("10.0.0.1", 7000)
 	b := w.endpoint("10.0.0.2", 7000)

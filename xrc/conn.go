@@ -8,7 +8,6 @@ import (
 	"math/bits"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -199,16 +198,16 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 			continue
 		}
 		e.mu.Unlock()
-		ch := statusChans.Get().(chan verbs.WCStatus)
+		ch := statusChans.get(newStatusChan)
 		if !c.post(kind, seq, p, ch) {
-			statusChans.Put(ch)
+			statusChans.put(ch)
 			continue
 		}
 		select {
 		case st := <-ch:
 			// The poller sent the one status it had for it: free to reuse.
 			// (A wait that gave up leaves its channel to the collector.)
-			statusChans.Put(ch)
+			statusChans.put(ch)
 			switch st {
 			case verbs.WCSuccess:
 				return nil
@@ -257,9 +256,33 @@ func (c *Conn) settleLocked(seq uint32) {
 // statusChans and sendWRs keep a Send from allocating: a channel for its
 // completion's status, and the one-request array for PostSend.
 var (
-	statusChans = sync.Pool{New: func() any { return make(chan verbs.WCStatus, 1) }}
-	sendWRs     = sync.Pool{New: func() any { return new([1]kernel.SendWR) }}
+	statusChans = make(freeList[chan verbs.WCStatus], 1024)
+	sendWRs     = make(freeList[*[1]kernel.SendWR], 1024)
 )
+
+func newStatusChan() chan verbs.WCStatus { return make(chan verbs.WCStatus, 1) }
+func newSendWRs() *[1]kernel.SendWR      { return new([1]kernel.SendWR) }
+
+// freeList keeps spare values for reuse, up to its capacity. A buffered
+// channel rather than a sync.Pool: a pool drops what it holds at each
+// garbage collection, and some at random under the race detector.
+type freeList[T any] chan T
+
+func (f freeList[T]) get(mk func() T) T {
+	select {
+	case v := <-f:
+		return v
+	default:
+		return mk()
+	}
+}
+
+func (f freeList[T]) put(v T) {
+	select {
+	case f <- v:
+	default:
+	}
+}
 
 // post posts one frame on the uplink's current INI; ch (if not nil) gets
 // the completion status. A data frame carries seq after its kind byte. It
@@ -291,11 +314,11 @@ func (c *Conn) post(kind byte, seq uint32, p []byte, ch chan verbs.WCStatus) boo
 	}
 	copy(frame[hdr:], p)
 	wr.Payload = frame
-	wrs := sendWRs.Get().(*[1]kernel.SendWR)
+	wrs := sendWRs.get(newSendWRs)
 	wrs[0] = wr
 	err := e.k.PostSend(q.qp, wrs[:])
 	wrs[0] = kernel.SendWR{}
-	sendWRs.Put(wrs)
+	sendWRs.put(wrs)
 	if err != nil {
 		e.mu.Lock()
 		delete(q.waiters, wr.WRID)

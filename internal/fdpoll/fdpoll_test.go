@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goxrc/goxrc/internal/testenv"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -112,7 +111,7 @@ func TestTryCalledUntilDone(t *testing.T) {
 }
 
 func TestWaitDoesNotAllocateWithoutCancel(t *testing.T) {
-	if testenv.RaceEnabled {
+	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
 	}
 	r, w := pipeFD(t)

@@ -212,6 +212,11 @@ func TestCMOneSidedWriteRead(t *testing.T) {
 	require.Equal(t, "written one-sided", string(exposed.Bytes()[100:117]))
 	require.NoError(t, client.ReadRemote(ctx, local, 1000, 11, desc, 4096))
 	require.Equal(t, "server data", string(local.Bytes()[1000:1011]))
+	require.Zero(t, testing.AllocsPerRun(50, func() {
+		if err := client.WriteRemote(ctx, local, 0, 17, desc, 100); err != nil {
+			t.Fatal(err)
+		}
+	}), "a one-sided write allocates")
 	// Revoked: the peer's access now fails and breaks that connection.
 	require.NoError(t, exposed.Close())
 	err = client.WriteRemote(ctx, local, 0, 8, desc, 0)

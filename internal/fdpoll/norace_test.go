@@ -1,0 +1,5 @@
+//go:build !race
+
+package fdpoll
+
+const raceEnabled = false
