@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"sync"
 )
 
@@ -36,16 +37,22 @@ func (r RemoteRegion) Marshal() []byte {
 	return b
 }
 
-// UnmarshalRemoteRegion decodes a descriptor received from a peer.
+// UnmarshalRemoteRegion decodes a descriptor received from a peer. It
+// rejects one whose range would wrap past the end of the address space
+// (WriteRemote and ReadRemote add offsets to Addr).
 func UnmarshalRemoteRegion(b []byte) (RemoteRegion, error) {
 	if len(b) != RemoteRegionLen {
 		return RemoteRegion{}, fmt.Errorf("cm: remote region descriptor of %d bytes, want %d", len(b), RemoteRegionLen)
 	}
-	return RemoteRegion{
+	r := RemoteRegion{
 		Addr: binary.BigEndian.Uint64(b),
 		Len:  binary.BigEndian.Uint32(b[8:]),
 		RKey: binary.BigEndian.Uint32(b[12:]),
-	}, nil
+	}
+	if r.Addr > math.MaxUint64-uint64(r.Len) {
+		return RemoteRegion{}, fmt.Errorf("cm: remote region [%#x, +%d) wraps the address space", r.Addr, r.Len)
+	}
+	return r, nil
 }
 
 // Bytes returns the region's memory. It lives outside the Go heap and is
