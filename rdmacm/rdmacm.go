@@ -433,20 +433,8 @@ func (id *ID) Listen(backlog int) error {
 // Oversized private data fails with ErrPrivateDataTooLong before anything is
 // sent, and the id stays usable.
 func (id *ID) Connect(p ConnParam) error {
-	const op = "rdma_connect"
-	unlock, err := id.use(op)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	limit := MaxReqPrivateData
-	if id.ud() {
-		limit = MaxSIDRReqPrivateData
-	}
-	if err := checkPrivateData(op, limit, p.PrivateData); err != nil {
-		return err
-	}
-	return id.opErr(op, id.sysConnect(&p), id.remoteString)
+	return id.sendMAD("rdma_connect", MaxReqPrivateData, MaxSIDRReqPrivateData, p.PrivateData,
+		func() error { return id.sysConnect(&p) })
 }
 
 // Accept accepts the connection request this id came with (rdma_accept):
@@ -456,20 +444,8 @@ func (id *ID) Connect(p ConnParam) error {
 // then gets ESTABLISHED when the peer calls Establish. A failing Accept
 // rejects the request.
 func (id *ID) Accept(p ConnParam) error {
-	const op = "rdma_accept"
-	unlock, err := id.use(op)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	limit := MaxRepPrivateData
-	if id.ud() {
-		limit = MaxSIDRRepPrivateData
-	}
-	if err := checkPrivateData(op, limit, p.PrivateData); err != nil {
-		return err
-	}
-	return id.opErr(op, id.sysAccept(&p), id.remoteString)
+	return id.sendMAD("rdma_accept", MaxRepPrivateData, MaxSIDRRepPrivateData, p.PrivateData,
+		func() error { return id.sysAccept(&p) })
 }
 
 // Reject rejects the connection request this id came with, or (on the
@@ -478,20 +454,26 @@ func (id *ID) Accept(p ConnParam) error {
 // MaxRejPrivateData bytes, or on PortSpaceUDP UNREACHABLE with SIDR status 2
 // and up to MaxSIDRRepPrivateData bytes.
 func (id *ID) Reject(privateData []byte) error {
-	const op = "rdma_reject"
+	return id.sendMAD("rdma_reject", MaxRejPrivateData, MaxSIDRRepPrivateData, privateData,
+		func() error { return id.sysReject(privateData) })
+}
+
+// sendMAD makes a call that sends a CM message carrying private data: the
+// data is checked against the limit of the id's kind (connected or SIDR)
+// before anything is sent.
+func (id *ID) sendMAD(op string, limit, sidrLimit int, privateData []byte, call func() error) error {
 	unlock, err := id.use(op)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	limit := MaxRejPrivateData
 	if id.ud() {
-		limit = MaxSIDRRepPrivateData
+		limit = sidrLimit
 	}
 	if err := checkPrivateData(op, limit, privateData); err != nil {
 		return err
 	}
-	return id.opErr(op, id.sysReject(privateData), id.remoteString)
+	return id.opErr(op, call(), id.remoteString)
 }
 
 // Establish completes a connection on the active side after

@@ -433,15 +433,7 @@ func (p *Process) Disconnect(h kernel.ID) error {
 }
 
 func (p *Process) DestroyID(h kernel.ID) error {
-	p.lock()
-	defer p.unlock()
-	id, err := lookup[*cmid](p, "rdma_destroy_id", uint64(h))
-	if err != nil {
-		return err
-	}
-	delete(p.handles, uint64(h))
-	p.destroyID(id)
-	return nil
+	return destroyHandle(p, "rdma_destroy_id", uint64(h), p.destroyID)
 }
 
 // destroyID sends what cm_destroy_id sends for the id's state.

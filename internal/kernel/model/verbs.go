@@ -49,6 +49,19 @@ func lookup[T any](p *Process, op string, h uint64) (T, error) {
 	return o, nil
 }
 
+// destroyHandle closes handle h, which must name a T, with destroy.
+func destroyHandle[T any](p *Process, op string, h uint64, destroy func(T)) error {
+	p.lock()
+	defer p.unlock()
+	o, err := lookup[T](p, op, h)
+	if err != nil {
+		return err
+	}
+	delete(p.handles, h)
+	destroy(o)
+	return nil
+}
+
 func (p *Process) lock()   { p.n.f.mu.Lock() }
 func (p *Process) unlock() { p.n.f.mu.Unlock() }
 
@@ -139,15 +152,7 @@ func (p *Process) CreateSRQ(h kernel.XRCD) (kernel.SRQ, uint32, error) {
 }
 
 func (p *Process) DestroySRQ(h kernel.SRQ) error {
-	p.lock()
-	defer p.unlock()
-	s, err := lookup[*srq](p, "ibv_destroy_srq", uint64(h))
-	if err != nil {
-		return err
-	}
-	delete(p.handles, uint64(h))
-	p.destroySRQ(s)
-	return nil
+	return destroyHandle(p, "ibv_destroy_srq", uint64(h), p.destroySRQ)
 }
 
 func (p *Process) destroySRQ(s *srq) {
@@ -202,15 +207,7 @@ func (p *Process) OpenTGT(h kernel.XRCD, qpn uint32) (kernel.QP, error) {
 }
 
 func (p *Process) DestroyQP(h kernel.QP) error {
-	p.lock()
-	defer p.unlock()
-	qh, err := lookup[*qpHandle](p, "ibv_destroy_qp", uint64(h))
-	if err != nil {
-		return err
-	}
-	delete(p.handles, uint64(h))
-	p.destroyQP(qh)
-	return nil
+	return destroyHandle(p, "ibv_destroy_qp", uint64(h), p.destroyQP)
 }
 
 func (p *Process) destroyQP(qh *qpHandle) {
