@@ -17,15 +17,12 @@ import (
 // the wrapper once per device, for instance from the listener or the first
 // id, and reuse it for every id on that device.
 func (id *ID) Context() *verbs.Context {
-	unlock, ok := id.get()
-	if !ok {
-		return nil
-	}
-	defer unlock()
-	p := id.sysVerbs()
-	if p == nil || cbridge.WrapContext == nil {
-		return nil
-	}
-	c, _ := cbridge.WrapContext(p).(*verbs.Context)
-	return c
+	return readID(id, func() *verbs.Context {
+		p := id.sysVerbs()
+		if p == nil || cbridge.WrapContext == nil {
+			return nil
+		}
+		c, _ := cbridge.WrapContext(p).(*verbs.Context)
+		return c
+	})
 }

@@ -274,17 +274,19 @@ func (id *ID) use(op string) (func(), error) {
 	return id.mu.RUnlock, nil
 }
 
-// get locks the id for reading its C fields; ok is false after Close.
-func (id *ID) get() (func(), bool) {
+// readID returns what read finds in the id's C fields, under the id's read
+// lock; the zero value after Close.
+func readID[T any](id *ID, read func() T) T {
+	var zero T
 	if id == nil || id.ch == nil {
-		return nil, false
+		return zero
 	}
 	id.mu.RLock()
+	defer id.mu.RUnlock()
 	if id.closed {
-		id.mu.RUnlock()
-		return nil, false
+		return zero
 	}
-	return id.mu.RUnlock, true
+	return read()
 }
 
 // opErr wraps a failed operation's error with the address it concerns;
@@ -556,44 +558,16 @@ func (id *ID) MoveQP(qp *verbs.QP, state verbs.QPState, minRNRTimer uint8) error
 
 // DeviceName returns the name of the RDMA device the id is bound to, or ""
 // before the id is bound to one (or after Close).
-func (id *ID) DeviceName() string {
-	unlock, ok := id.get()
-	if !ok {
-		return ""
-	}
-	defer unlock()
-	return id.sysDeviceName()
-}
+func (id *ID) DeviceName() string { return readID(id, id.sysDeviceName) }
 
 // Port returns the device port the id is bound to, or 0.
-func (id *ID) Port() uint8 {
-	unlock, ok := id.get()
-	if !ok {
-		return 0
-	}
-	defer unlock()
-	return id.sysPort()
-}
+func (id *ID) Port() uint8 { return readID(id, id.sysPort) }
 
 // LocalAddr returns the id's local address (rdma_get_local_addr).
-func (id *ID) LocalAddr() netip.AddrPort {
-	unlock, ok := id.get()
-	if !ok {
-		return netip.AddrPort{}
-	}
-	defer unlock()
-	return id.sysLocalAddr()
-}
+func (id *ID) LocalAddr() netip.AddrPort { return readID(id, id.sysLocalAddr) }
 
 // RemoteAddr returns the id's peer address (rdma_get_peer_addr).
-func (id *ID) RemoteAddr() netip.AddrPort {
-	unlock, ok := id.get()
-	if !ok {
-		return netip.AddrPort{}
-	}
-	defer unlock()
-	return id.sysRemoteAddr()
-}
+func (id *ID) RemoteAddr() netip.AddrPort { return readID(id, id.sysRemoteAddr) }
 
 // Pending returns how many events are queued for the id.
 func (id *ID) Pending() int {
