@@ -91,5 +91,10 @@
 // data and one-sided RDMA give ErrNotSupported. Their flow control is the
 // engine's: WithQueueDepth is how many messages a connection holds
 // received and not yet taken by Recv before its sender waits (the receive
-// buffers themselves belong to the process's shared receive queue).
+// buffers themselves belong to the process's shared receive queue). And
+// an XRC Send returns once its message is in the receiver's queue (its
+// completion), where an RC Send returns once it is posted: one goroutine
+// has one XRC message in flight, so streams of small messages want several
+// sending goroutines (the engine keeps each message until its completion
+// so that it can send it again across a recovery).
 package cm
