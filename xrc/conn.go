@@ -200,7 +200,8 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 		e.mu.Unlock()
 		ch := statusChans.get(newStatusChan)
 		if !c.post(kind, seq, p, ch) {
-			statusChans.put(ch)
+			// Not reused: a poller flushing the INI may have taken its
+			// waiter and still send to it.
 			continue
 		}
 		select {
