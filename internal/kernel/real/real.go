@@ -76,12 +76,7 @@ type qpObj struct {
 	ch   *verbs.CompChannel
 	mr   *verbs.MR
 	mu   sync.Mutex
-	head int    // next free byte
-	used int    // bytes in flight
-	out  []span // posted, not completed: out[outHead:], in posting order
-	// outHead is the first span of out still in flight; out is compacted
-	// once most of it is done, so that neither grows nor allocates.
-	outHead int
+	ring sendRing // the send memory (under mu)
 	// PostSend's scratch (under mu), and PollSend's (under pollMu): reused
 	// so that the data path does not allocate.
 	vw     []verbs.SendWR
@@ -89,11 +84,6 @@ type qpObj struct {
 	spans  []span
 	pollMu sync.Mutex
 	wcs    []verbs.WorkCompletion
-}
-
-type span struct {
-	wrid         uint64
-	off, n, size int // size includes any wasted tail of the ring
 }
 
 // Process is one process's kernel on one device.
@@ -333,6 +323,7 @@ func (p *Process) CreateINI() (_ kernel.QP, _ uint32, err error) {
 	if q.mr, err = p.pd.RegMR(p.opts.SendBuffer, verbs.AccessLocalWrite); err != nil {
 		return 0, 0, err
 	}
+	q.ring.size = q.mr.Len()
 	if q.q, err = p.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeXRCSend, SendCQ: q.cq,
 		Cap: verbs.QPCap{MaxSendWR: uint32(p.opts.SendWR), MaxSendSGE: 1}}); err != nil {
 		return 0, 0, err
@@ -503,25 +494,20 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 	vw := resize(q.vw, len(wrs))
 	sges := resize(q.sges, len(wrs))
 	spans := q.spans[:0]
-	head, used := q.head, q.used
+	head, used := q.ring.head, q.ring.used
 	for i, wr := range wrs {
 		n := len(wr.Payload)
-		off, size := head, n
-		if off+n > len(buf) { // wrap: waste the tail
-			size += len(buf) - off
-			off = 0
-		}
-		if used+size > len(buf) {
+		s, ok := q.ring.place(head, used, wr.WRID, n)
+		if !ok {
 			return errno(op, syscall.ENOMEM)
 		}
-		copy(buf[off:], wr.Payload)
-		head = (off + n) % len(buf)
-		used += size
-		spans = append(spans, span{wr.WRID, off, n, size})
+		copy(buf[s.off:], wr.Payload)
+		head, used = q.ring.next(s, used)
+		spans = append(spans, s)
 		vw[i] = verbs.SendWR{ID: wr.WRID, Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled,
 			Imm: wr.Imm, RemoteSRQNum: wr.RemoteSRQN}
 		if n > 0 {
-			sges[i] = q.mr.SGE(off, n)
+			sges[i] = q.mr.SGE(s.off, n)
 			vw[i].SGL = sges[i : i+1]
 		}
 	}
@@ -531,45 +517,20 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 		var pe *verbs.PostError
 		if errors.As(err, &pe) {
 			if k := pe.Index; k >= 0 && k <= len(spans) {
-				q.commit(spans[:k])
+				q.ring.commit(spans[:k])
 			}
 		}
 		return err
 	}
-	q.commit(spans)
+	q.ring.commit(spans)
 	return nil
-}
-
-func (q *qpObj) commit(spans []span) {
-	for _, s := range spans {
-		q.out = append(q.out, s)
-		q.used += s.size
-		q.head = (s.off + s.n) % q.mr.Len()
-	}
 }
 
 // release frees the send memory of completions, which come in posting order.
 func (q *qpObj) release(wrid uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for i := q.outHead; i < len(q.out); i++ {
-		if q.out[i].wrid != wrid {
-			continue
-		}
-		for _, t := range q.out[q.outHead : i+1] {
-			q.used -= t.size
-		}
-		q.outHead = i + 1
-		switch {
-		case q.outHead == len(q.out):
-			q.out, q.outHead = q.out[:0], 0
-			q.used, q.head = 0, 0
-		case q.outHead > len(q.out)/2:
-			q.out = q.out[:copy(q.out, q.out[q.outHead:])]
-			q.outHead = 0
-		}
-		return
-	}
+	q.ring.release(wrid)
 }
 
 // resize returns s with length n, reusing its array when it is large enough.
