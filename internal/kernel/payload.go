@@ -13,10 +13,11 @@ import (
 const (
 	minPayloadClass = 6  // 64 bytes
 	maxPayloadClass = 21 // 2 MiB: the largest receive slot (1 MiB + 4 KiB) fits
-	// payloadClassBytes bounds what one class keeps on its free list, so
-	// that a burst of large messages does not pin its buffers for ever.
-	payloadClassBytes = 8 << 20
-	minPayloadKept    = 4
+	// payloadClassBytes bounds what one class keeps on its free list (but
+	// minPayloadKept buffers), so that a burst does not pin its buffers for
+	// ever: about 19 MiB for all classes at most, far less in practice.
+	payloadClassBytes = 1 << 20
+	minPayloadKept    = 2
 )
 
 type payloadClass struct {

@@ -32,15 +32,16 @@ func TestPayloadFreeLists(t *testing.T) {
 	}
 
 	// A class keeps a bounded number of buffers.
-	const class = 20 // 1 MiB: at most 8 kept
-	pc := &payloadClasses[class]
-	for range 20 {
-		FreePayload(make([]byte, 1<<class))
-	}
-	pc.mu.Lock()
-	kept := len(pc.free)
-	pc.mu.Unlock()
-	if kept != payloadClassBytes>>class {
-		t.Fatalf("1 MiB class keeps %d buffers, want %d", kept, payloadClassBytes>>class)
+	for class, want := range map[int]int{20: minPayloadKept, 12: payloadClassBytes >> 12} {
+		pc := &payloadClasses[class]
+		for range 2 * want {
+			FreePayload(make([]byte, 1<<class))
+		}
+		pc.mu.Lock()
+		kept := len(pc.free)
+		pc.mu.Unlock()
+		if kept != want {
+			t.Fatalf("class of %d bytes keeps %d buffers, want %d", 1<<class, kept, want)
+		}
 	}
 }
