@@ -15,7 +15,7 @@ const (
 	maxPayloadClass = 21 // 2 MiB: the largest receive slot (1 MiB + 4 KiB) fits
 	// payloadClassBytes bounds what one class keeps on its free list (but
 	// minPayloadKept buffers), so that a burst does not pin its buffers for
-	// ever: about 19 MiB for all classes at most, far less in practice.
+	// ever: 20 MiB for all classes at most, far less in practice.
 	payloadClassBytes = 1 << 20
 	minPayloadKept    = 2
 )
