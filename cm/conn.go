@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/ring"
 	"github.com/goxrc/goxrc/xrc"
 )
 
@@ -186,9 +187,9 @@ type Conn struct {
 	sendSeq      uint16
 	recvSeq      uint16
 	freeSend     []int
-	inFlight     ring[int] // send slots posted and not yet completed, in post order
-	unsignaled   int       // sends posted since the last signaled one
-	ready        ring[readyMsg]
+	inFlight     ring.Ring[int] // send slots posted and not yet completed, in post order
+	unsignaled   int            // sends posted since the last signaled one
+	ready        ring.Ring[readyMsg]
 	polling      bool
 	waiters      int           // goroutines waiting for the leader's round
 	rounds       atomic.Uint64 // progress rounds ended (see progress); changed under mu
@@ -214,27 +215,6 @@ type readyMsg struct {
 	hasImm bool
 }
 
-// ring is a fixed-capacity FIFO, so queueing never allocates.
-type ring[T any] struct {
-	buf        []T
-	head, size int
-}
-
-func (r *ring[T]) push(v T) {
-	r.buf[(r.head+r.size)%len(r.buf)] = v
-	r.size++
-}
-
-func (r *ring[T]) pop() T {
-	v := r.buf[r.head]
-	r.head = (r.head + 1) % len(r.buf)
-	r.size--
-	return v
-}
-
-// dropLast takes back the most recent push.
-func (r *ring[T]) dropLast() { r.size-- }
-
 type connParams struct {
 	raw       bool
 	sendSlots int
@@ -257,12 +237,12 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		recvSlots: p.recvSlots, timeout: p.timeout, busyPoll: p.busyPoll, keepalive: p.keepalive,
 		credits:  p.peerSlots,
 		freeSend: make([]int, 0, p.sendSlots),
-		ready:    ring[readyMsg]{buf: make([]readyMsg, p.recvSlots)},
+		ready:    ring.Make[readyMsg](p.recvSlots),
 		cbuf:     make([]completion, p.sendSlots+p.recvSlots+1),
 		// At most one Send, one Recv, one one-sided operation and Close
 		// wait at a time (each serialises its callers).
 		wake:      make(chan struct{}, 8),
-		inFlight:  ring[int]{buf: make([]int, p.sendSlots)},
+		inFlight:  ring.Make[int](p.sendSlots),
 		deferred:  make([]int, 0, p.recvSlots),
 		flushBuf:  make([]int, 0, p.recvSlots),
 		sigEvery:  sigInterval(p.sendSlots, p.raw),
@@ -415,7 +395,7 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 	}
 	slot := c.freeSend[len(c.freeSend)-1]
 	c.freeSend = c.freeSend[:len(c.freeSend)-1]
-	c.inFlight.push(slot)
+	c.inFlight.Push(slot)
 	c.unsignaled++
 	// Control frames are signaled: Close's drain waits for the FIN's.
 	signaled := kind != frameData || c.unsignaled >= c.sigEvery || len(c.freeSend) == 0
@@ -455,7 +435,7 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 	c.posts.Add(1)
 	if err := c.t.postSend(slot, n, imm, hasImm, signaled); err != nil {
 		c.mu.Lock()
-		c.inFlight.dropLast() // postMu is held: nothing was pushed after it
+		c.inFlight.DropLast() // postMu is held: nothing was pushed after it
 		c.freeSend = append(c.freeSend, slot)
 		closing := c.closing
 		c.mu.Unlock()
@@ -621,7 +601,7 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
 	c.mu.Lock()
-	for c.ready.size == 0 {
+	for c.ready.Len() == 0 {
 		if c.peerFin {
 			c.mu.Unlock()
 			return 0, 0, false, io.EOF
@@ -638,12 +618,12 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 		}
 		c.mu.Lock()
 	}
-	m := c.ready.buf[c.ready.head]
+	m := c.ready.Peek()
 	if m.n > len(buf) {
 		c.mu.Unlock()
 		return 0, 0, false, c.opErr("recv", fmt.Errorf("%w: %d-byte message, %d-byte buffer", ErrMessageTooLong, m.n, len(buf)))
 	}
-	c.ready.pop()
+	c.ready.Pop()
 	c.mu.Unlock()
 	if !c.io() {
 		return 0, 0, false, c.opErr("recv", ErrClosed)
@@ -886,8 +866,8 @@ func (c *Conn) handle(wc *completion) {
 	case compSend:
 		// Sends complete in post order: this completion is also that of
 		// every unsignaled send posted before it.
-		for c.inFlight.size > 0 {
-			s := c.inFlight.pop()
+		for c.inFlight.Len() > 0 {
+			s := c.inFlight.Pop()
 			c.freeSend = append(c.freeSend, s)
 			if s == wc.slot {
 				break
@@ -910,7 +890,7 @@ func (c *Conn) handle(wc *completion) {
 			return
 		}
 		if c.raw {
-			c.ready.push(readyMsg{slot: wc.slot, n: wc.n, imm: wc.imm, hasImm: wc.hasImm})
+			c.ready.Push(readyMsg{slot: wc.slot, n: wc.n, imm: wc.imm, hasImm: wc.hasImm})
 			return
 		}
 		h, err := parseFrame(wc.imm, wc.hasImm, wc.n, c.recvSeq, c.maxRecv, c.peerSlots)
@@ -937,7 +917,7 @@ func (c *Conn) handle(wc *completion) {
 				m.off, m.n, m.hasImm = userImmLen, wc.n-userImmLen, true
 				m.imm = binary.BigEndian.Uint32(c.t.recvBuf(wc.slot))
 			}
-			c.ready.push(m)
+			c.ready.Push(m)
 		case frameFin:
 			c.peerFin = true
 			c.deferred = append(c.deferred, wc.slot)

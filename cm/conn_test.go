@@ -405,7 +405,7 @@ func TestConnSelectiveSignalingFreesSlotsInOrder(t *testing.T) {
 			sends, signaled := w.ends[0].sends, w.ends[0].signaled
 			w.mu.Unlock()
 			a.mu.Lock()
-			free, inFlight := len(a.freeSend), a.inFlight.size
+			free, inFlight := len(a.freeSend), a.inFlight.Len()
 			a.mu.Unlock()
 			require.Equal(t, cap(a.freeSend), free, "every send slot is free after Close")
 			require.Zero(t, inFlight)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/internal/ring"
 	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
@@ -62,11 +63,11 @@ type Conn struct {
 	goneAt       time.Time // the sender's INI was torn down
 	goneDrains   uint64    // e.drains then
 	finRcvd      bool
-	earlyTag     uint32       // the receive tag announced in a FlagOneExchange VIRT_REQ, until registered
-	early        []earlyMsg   // messages for earlyTag that came before the registration
-	rev          *wire.Accept // the forward ACCEPT, when it carries the reverse leg
-	q            frameQueue   // data frames (kind and number included) for Recv
-	seen         replayWindow // data sequence numbers taken (made with the first message)
+	earlyTag     uint32            // the receive tag announced in a FlagOneExchange VIRT_REQ, until registered
+	early        []earlyMsg        // messages for earlyTag that came before the registration
+	rev          *wire.Accept      // the forward ACCEPT, when it carries the reverse leg
+	q            ring.Ring[[]byte] // data frames (kind and number included) for Recv (made with the first, maxQueued long)
+	seen         replayWindow      // data sequence numbers taken (made with the first message)
 	wakeCh       chan struct{}
 
 	userClosed bool
@@ -341,9 +342,9 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 			e.mu.Unlock()
 			return 0, &opError{"recv", c.raddr.String(), ErrClosed}
 		}
-		if c.q.len() > 0 {
-			frame := c.q.pop()
-			if c.q.len() > 0 {
+		if c.q.Len() > 0 {
+			frame := c.q.Pop()
+			if c.q.Len() > 0 {
 				c.wake()
 			}
 			c.consumed++
@@ -605,34 +606,4 @@ func (c *Conn) checkReadyLocked() {
 			c.failLocked(&RejectError{Addr: c.raddr.String(), Reason: RejectBusyRetry})
 		}
 	}
-}
-
-// frameQueue is a FIFO of received frames that reuses its array, so that
-// queueing a message does not allocate once the queue has grown to the
-// connection's window.
-type frameQueue struct {
-	buf     [][]byte
-	head, n int
-}
-
-func (q *frameQueue) len() int { return q.n }
-
-func (q *frameQueue) push(f []byte) {
-	if q.n == len(q.buf) {
-		grown := make([][]byte, max(8, 2*len(q.buf)))
-		for i := range q.n {
-			grown[i] = q.buf[(q.head+i)%len(q.buf)]
-		}
-		q.buf, q.head = grown, 0
-	}
-	q.buf[(q.head+q.n)%len(q.buf)] = f
-	q.n++
-}
-
-func (q *frameQueue) pop() []byte {
-	f := q.buf[q.head]
-	q.buf[q.head] = nil
-	q.head = (q.head + 1) % len(q.buf)
-	q.n--
-	return f
 }

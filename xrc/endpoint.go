@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/internal/ring"
 	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc/internal/wire"
 	"github.com/goxrc/goxrc/xrc/memfabric"
@@ -885,16 +886,19 @@ func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) bool {
 		if c.seen.bits == nil {
 			c.seen = newReplayWindow(e.cfg.RecvWindow)
 		}
+		if c.q.Cap() == 0 {
+			c.q = ring.Make[[]byte](maxQueued(e.cfg.RecvWindow))
+		}
 		if !c.seen.take(binary.BigEndian.Uint32(body)) {
 			e.duplicates.Add(1)
 			return false
 		}
-		if c.q.len() >= maxQueued(e.cfg.RecvWindow) {
+		if c.q.Len() == c.q.Cap() {
 			e.overruns.Add(1)
 			c.failLocked(errOverrun)
 			return false
 		}
-		c.q.push(p)
+		c.q.Push(p)
 		c.wake()
 		return true
 	case kindCredit:

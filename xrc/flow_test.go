@@ -17,7 +17,7 @@ import (
 func queued(c *Conn) int {
 	c.e.mu.Lock()
 	defer c.e.mu.Unlock()
-	return c.q.len()
+	return c.q.Len()
 }
 
 // credits returns what c may still send before the receiver's window is full.

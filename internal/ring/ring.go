@@ -1,0 +1,42 @@
+// Package ring is a fixed-capacity FIFO for data paths: made once at its
+// largest size, so that queueing never allocates.
+package ring
+
+// Ring holds up to its capacity of T in insertion order. The zero Ring has
+// capacity 0; make one with Make. It is not safe for concurrent use.
+type Ring[T any] struct {
+	buf     []T
+	head, n int
+}
+
+// Make returns an empty ring that holds up to capacity values.
+func Make[T any](capacity int) Ring[T] { return Ring[T]{buf: make([]T, capacity)} }
+
+// Len is the number of values held.
+func (r *Ring[T]) Len() int { return r.n }
+
+// Cap is the most the ring holds.
+func (r *Ring[T]) Cap() int { return len(r.buf) }
+
+// Push appends v; the caller has checked that Len < Cap.
+func (r *Ring[T]) Push(v T) {
+	r.buf[(r.head+r.n)%len(r.buf)] = v
+	r.n++
+}
+
+// Peek returns the oldest value, which must exist.
+func (r *Ring[T]) Peek() T { return r.buf[r.head] }
+
+// Pop removes and returns the oldest value, which must exist; its slot is
+// cleared so that the ring does not keep what it referred to.
+func (r *Ring[T]) Pop() T {
+	var zero T
+	v := r.buf[r.head]
+	r.buf[r.head] = zero
+	r.head = (r.head + 1) % len(r.buf)
+	r.n--
+	return v
+}
+
+// DropLast takes back the most recent Push.
+func (r *Ring[T]) DropLast() { r.n-- }

@@ -1,0 +1,42 @@
+package ring
+
+import "testing"
+
+func TestRingFIFOAcrossTheWrap(t *testing.T) {
+	r := Make[int](3)
+	next, want := 0, 0
+	for round := range 10 {
+		for r.Len() < r.Cap() {
+			r.Push(next)
+			next++
+		}
+		if round%2 == 0 {
+			r.DropLast() // taken back: never popped
+			next--
+		}
+		for r.Len() > 1 {
+			if got := r.Peek(); got != want {
+				t.Fatalf("round %d: peek %d, want %d", round, got, want)
+			}
+			if got := r.Pop(); got != want {
+				t.Fatalf("round %d: pop %d, want %d", round, got, want)
+			}
+			want++
+		}
+	}
+	if r.Len() != 1 || r.Pop() != want {
+		t.Fatalf("the last value is not %d", want)
+	}
+}
+
+func TestRingPopClearsItsSlot(t *testing.T) {
+	r := Make[*int](2)
+	v := new(int)
+	r.Push(v)
+	if r.Pop() != v {
+		t.Fatal("popped another value")
+	}
+	if r.buf[0] != nil {
+		t.Fatal("the ring still refers to a popped value")
+	}
+}
