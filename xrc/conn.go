@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -200,7 +201,20 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 		}
 		e.mu.Unlock()
 		ch := statusChans.get(newStatusChan)
-		if !c.post(kind, seq, p, ch) {
+		switch res, room := c.post(kind, seq, p, ch); res {
+		case postFull:
+			statusChans.put(ch) // its waiter was never seen by a poller
+			select {
+			case <-room:
+			case <-c.done:
+			case <-e.ctx.Done():
+				return &opError{"send", c.raddr.String(), ErrClosed}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			try-- // waiting for the send queue is no failed try
+			continue
+		case postFailed:
 			// Not reused: a poller flushing the INI may have taken its
 			// waiter and still send to it.
 			continue
@@ -286,16 +300,27 @@ func (f freeList[T]) put(v T) {
 	}
 }
 
+// postResult is what became of a post.
+type postResult uint8
+
+const (
+	posted     postResult = iota
+	postFailed            // not posted: the leg or the INI is down (recovery started), or a retry is due
+	postFull              // not posted: the INI's send queue is full; wait for room and post again
+)
+
 // post posts one frame on the uplink's current INI; ch (if not nil) gets
-// the completion status. A data frame carries seq after its kind byte. It
-// reports whether the frame was posted.
-func (c *Conn) post(kind byte, seq uint32, p []byte, ch chan verbs.WCStatus) bool {
+// the completion status. A data frame carries seq after its kind byte. A
+// full send queue (ENOMEM: completions not yet polled hold every slot) is
+// no error of the INI: the caller waits on room, closed once the INI's
+// poller has taken completions, and posts again.
+func (c *Conn) post(kind byte, seq uint32, p []byte, ch chan verbs.WCStatus) (res postResult, room <-chan struct{}) {
 	e := c.e
 	e.mu.Lock()
 	u := c.up
 	if !c.sendUp || c.sendDone && kind != kindFIN || c.err != nil || u == nil || u.state != upUp {
 		e.mu.Unlock()
-		return false
+		return postFailed, nil
 	}
 	q := u.cur
 	q.nextWR++
@@ -323,12 +348,21 @@ func (c *Conn) post(kind byte, seq uint32, p []byte, ch chan verbs.WCStatus) boo
 	sendWRs.put(wrs)
 	if err != nil {
 		e.mu.Lock()
+		defer e.mu.Unlock()
+		_, mine := q.waiters[wr.WRID] // else a poller flushing the INI took the waiter
 		delete(q.waiters, wr.WRID)
+		if errors.Is(err, syscall.ENOMEM) && mine {
+			if len(q.waiters) == 0 {
+				return postFailed, nil // polled meanwhile: post again at once (a try)
+			}
+			q.roomWait = true
+			e.sqFull.Add(1)
+			return postFull, q.room
+		}
 		e.failINILocked(u, q)
-		e.mu.Unlock()
-		return false
+		return postFailed, nil
 	}
-	return true
+	return posted, nil
 }
 
 // Recv waits for the next message and copies it into buf. A message longer

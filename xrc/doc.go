@@ -48,7 +48,9 @@
 // told that window when the leg is set up, waits in Send once it has that
 // many outstanding. The receiver returns credits in-band, a running count of
 // messages taken, every half window; a peer that sends past twice its
-// window fails the connection with ErrProtocol.
+// window fails the connection with ErrProtocol. All connections to a node
+// share one INI, whose send queue is a device limit: a Send that finds it
+// full waits until completions free a slot (Stats.SendQueueFull).
 //
 // Send and Recv do not allocate per message once a connection is warm:
 // frames, received copies (the SRQ's buffer is reposted at once), queue

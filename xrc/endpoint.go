@@ -125,6 +125,7 @@ type Endpoint struct {
 	creditSent  atomic.Uint64
 	overruns    atomic.Uint64
 	duplicates  atomic.Uint64
+	sqFull      atomic.Uint64
 	sidrGoing   atomic.Int64 // SIDR ids of finished exchanges not yet destroyed
 }
 
@@ -413,6 +414,7 @@ type Stats struct {
 	CreditFrames  uint64 // credit frames sent (flow control)
 	Overruns      uint64 // connections failed because the peer sent past its credits
 	Duplicates    uint64 // data messages received again (resent across a recovery) and dropped
+	SendQueueFull uint64 // times a post found an INI's send queue full (ENOMEM) and waited for room
 }
 
 // Stats returns the endpoint's counts.
@@ -438,6 +440,7 @@ func (e *Endpoint) Stats() Stats {
 	s.CreditFrames = e.creditSent.Load()
 	s.Overruns = e.overruns.Load()
 	s.Duplicates = e.duplicates.Load()
+	s.SendQueueFull = e.sqFull.Load()
 	return s
 }
 

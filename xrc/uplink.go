@@ -48,6 +48,20 @@ type iniQP struct {
 	tgt     uint32    // the TGT it is connected to
 	nextWR  uint64
 	waiters map[uint64]waiter
+	// room is closed and replaced when completions free send-queue slots
+	// and a sender waits for them (roomWait): a post that found the queue
+	// full (ENOMEM) waits on it and posts again.
+	room     chan struct{}
+	roomWait bool
+}
+
+// roomLocked wakes the senders waiting for q's send queue to drain.
+func (q *iniQP) roomLocked() {
+	if q.roomWait {
+		q.roomWait = false
+		close(q.room)
+		q.room = make(chan struct{})
+	}
 }
 
 type waiter struct {
@@ -299,7 +313,7 @@ func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	if err := k.Establish(id); err != nil {
 		return fail(err)
 	}
-	return &iniQP{qp: qp, num: num, aid: id, tgt: acc.TGTQPN, waiters: map[uint64]waiter{}}, acc, nil
+	return &iniQP{qp: qp, num: num, aid: id, tgt: acc.TGTQPN, waiters: map[uint64]waiter{}, room: make(chan struct{})}, acc, nil
 }
 
 // virtLink asks for a leg over an existing uplink with a SIDR exchange.
@@ -387,6 +401,7 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			e.mu.Lock()
 			ws := q.waiters
 			q.waiters = map[uint64]waiter{}
+			q.roomLocked()
 			e.mu.Unlock()
 			for _, w := range ws {
 				if w.ch != nil {
@@ -397,6 +412,7 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 		}
 		for _, wc := range wcs[:n] {
 			e.mu.Lock()
+			q.roomLocked() // polled: a slot is free
 			w, ok := q.waiters[wc.WRID]
 			delete(q.waiters, wc.WRID)
 			if wc.Status != verbs.WCSuccess {

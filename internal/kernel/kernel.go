@@ -185,6 +185,9 @@ type Kernel interface {
 
 	// PostSend posts a chain on an INI (RTS, or ERR where everything is
 	// flushed). Once one fails, the INI goes to ERR and the rest is flushed.
+	// ENOMEM: the send queue (or the send memory) is full until completions
+	// are polled; the requests before the one that did not fit were posted,
+	// and the INI is as it was.
 	PostSend(q QP, wrs []SendWR) error
 	// PollSend waits for at least one send completion on q and fills out.
 	PollSend(ctx context.Context, q QP, out []SendCompletion) (int, error)

@@ -46,21 +46,51 @@ func New() *Fabric {
 	return &Fabric{f: model.NewFabric(model.ReuseLIFO), nodes: map[netip.Addr]*Node{}}
 }
 
-// Node returns the node at ip, adding it on first use. It panics if ip is not
-// an IP address.
+// Node returns the node at ip, adding it with the default NodeConfig on
+// first use. It panics if ip is not an IP address.
 func (f *Fabric) Node(ip string) *Node {
-	a, err := netip.ParseAddr(ip)
-	if err != nil {
-		panic(fmt.Sprintf("memfabric: %v", err))
-	}
+	a := parseIP(ip)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if n := f.nodes[a]; n != nil {
 		return n
 	}
-	n := &Node{n: f.f.AddNode(a, model.NodeConfig{})}
+	return f.addLocked(a, NodeConfig{})
+}
+
+// NodeConfig describes a node's device.
+type NodeConfig struct {
+	// SendQueueDepth is the depth of each XRC send QP's send queue
+	// (max_send_wr): as on a real device, a post finds the queue full
+	// (ENOMEM) while that many sends wait for their completions to be
+	// polled. Default 256, what the engine asks of a real device.
+	SendQueueDepth int
+}
+
+// AddNode adds the node at ip with cfg. It panics if ip is not an IP address
+// or the node exists.
+func (f *Fabric) AddNode(ip string, cfg NodeConfig) *Node {
+	a := parseIP(ip)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.nodes[a] != nil {
+		panic("memfabric: node " + ip + " exists")
+	}
+	return f.addLocked(a, cfg)
+}
+
+func (f *Fabric) addLocked(a netip.Addr, cfg NodeConfig) *Node {
+	n := &Node{n: f.f.AddNode(a, model.NodeConfig{SendQueueDepth: cfg.SendQueueDepth})}
 	f.nodes[a] = n
 	return n
+}
+
+func parseIP(ip string) netip.Addr {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		panic(fmt.Sprintf("memfabric: %v", err))
+	}
+	return a
 }
 
 // Node is one host with one RDMA device.

@@ -26,6 +26,9 @@
 //     later, connected back to that INI) into any SRQ of the TGT's domain
 //     named by the sender; an unknown SRQN fails the send with
 //     WCRemInvReqErr, moves the INI to ERR and flushes everything behind it.
+//   - An INI's send queue holds NodeConfig.SendQueueDepth sends (default
+//     256) until their completions are polled; a post beyond that fails with
+//     ENOMEM and leaves the QP as it was (mlx5_wq_overflow; not in facts.md).
 //   - Process death (Kill or Close) closes all of the process's handles and
 //     CM ids at once, sending what the kernel sends.
 //

@@ -50,7 +50,14 @@ func NewFabric(reuse Reuse) *Fabric {
 // NodeConfig configures a node.
 type NodeConfig struct {
 	NoXRC bool // a device without XRC (like rxe): OpenXRCD fails with EOPNOTSUPP
+	// SendQueueDepth is each INI's max_send_wr: PostSend fails with ENOMEM
+	// while that many sends wait to be polled (default DefaultSendQueueDepth).
+	SendQueueDepth int
 }
+
+// DefaultSendQueueDepth is an INI's send queue depth unless NodeConfig says
+// otherwise: the real kernel's default (internal/kernel/real, Options.SendWR).
+const DefaultSendQueueDepth = 256
 
 // AddNode adds a node (one device, one port) at addr.
 func (f *Fabric) AddNode(addr netip.Addr, cfg NodeConfig) *Node {
@@ -59,8 +66,11 @@ func (f *Fabric) AddNode(addr netip.Addr, cfg NodeConfig) *Node {
 	if _, ok := f.nodes[addr]; ok {
 		panic("model: duplicate node address " + addr.String())
 	}
+	if cfg.SendQueueDepth <= 0 {
+		cfg.SendQueueDepth = DefaultSendQueueDepth
+	}
 	n := &Node{
-		f: f, addr: addr, xrc: !cfg.NoXRC,
+		f: f, addr: addr, xrc: !cfg.NoXRC, sqDepth: cfg.SendQueueDepth,
 		qpns:      numbers{next: firstQPN, policy: f.reuse},
 		srqns:     numbers{next: firstSRQN, policy: f.reuse},
 		qps:       map[uint32]*qp{},
@@ -80,6 +90,7 @@ type Node struct {
 	f         *Fabric
 	addr      netip.Addr
 	xrc       bool
+	sqDepth   int // an INI's max_send_wr
 	qpns      numbers
 	srqns     numbers
 	qps       map[uint32]*qp // live QPs (INI and TGT objects, not handles)

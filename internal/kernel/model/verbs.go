@@ -295,6 +295,12 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 		return opErr(op, syscall.EINVAL)
 	}
 	for _, wr := range wrs {
+		// A full send queue refuses the rest of the chain; the QP stays as
+		// it is (mlx5_wq_overflow: a slot is free once its completion is
+		// polled).
+		if len(q.sendq.items) >= p.n.sqDepth {
+			return opErr(op, syscall.ENOMEM)
+		}
 		st := verbs.WCWRFlushErr
 		if q.state == verbs.QPStateRTS {
 			st = q.deliver(wr)

@@ -386,3 +386,36 @@ func TestModelPollHonoursContext(t *testing.T) {
 	}
 
 }
+
+// Rule: a send queue holds max_send_wr sends until their completions are
+// polled; a post beyond that fails with ENOMEM, posts the rest of its chain
+// not at all, and leaves the QP as it is (mlx5_wq_overflow).
+func TestModelSendQueueFullENOMEM(t *testing.T) {
+	f := NewFabric(ReuseLIFO)
+	a := f.AddNode(addrA, NodeConfig{SendQueueDepth: 3})
+	b := f.AddNode(addrB, NodeConfig{})
+	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
+	k := physLink(t, sa, sb, listen(t, sb.p, kernel.ExchangeXRC))
+	wr := func(id uint64) kernel.SendWR {
+		return kernel.SendWR{WRID: id, RemoteSRQN: sb.srqn, Imm: uint32(id), Payload: []byte{byte(id)}}
+	}
+	ok(t, sa.p.PostSend(k.ini, []kernel.SendWR{wr(1), wr(2)}))
+	err := sa.p.PostSend(k.ini, []kernel.SendWR{wr(3), wr(4), wr(5)})
+	if !isErrno(err, syscall.ENOMEM) {
+		t.Fatalf("post past the depth: %v, want ENOMEM", err)
+	}
+	if info := must[kernel.QPInfo](t)(sa.p.QueryQP(k.ini)); info.State != verbs.QPStateRTS {
+		t.Fatalf("INI in %v after ENOMEM, want RTS", info.State)
+	}
+	var c [8]kernel.SendCompletion
+	n := must[int](t)(sa.p.PollSend(ctxT(t), k.ini, c[:]))
+	if n != 3 || c[2].WRID != 3 || c[2].Status != verbs.WCSuccess {
+		t.Fatalf("completions %+v, want 1-3 successful (4 and 5 never posted)", c[:n])
+	}
+	ok(t, sa.p.PostSend(k.ini, []kernel.SendWR{wr(6)})) // polled slots are free again
+	for _, want := range []uint32{1, 2, 3, 6} {
+		if r := recv(t, sb); r.Imm != want {
+			t.Fatalf("received imm %d, want %d", r.Imm, want)
+		}
+	}
+}
