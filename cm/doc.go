@@ -91,10 +91,8 @@
 // data and one-sided RDMA give ErrNotSupported. Their flow control is the
 // engine's: WithQueueDepth is how many messages a connection holds
 // received and not yet taken by Recv before its sender waits (the receive
-// buffers themselves belong to the process's shared receive queue). And
-// an XRC Send returns once its message is in the receiver's queue (its
-// completion), where an RC Send returns once it is posted: one goroutine
-// has one XRC message in flight, so streams of small messages want several
-// sending goroutines (the engine keeps each message until its completion
-// so that it can send it again across a recovery).
+// buffers themselves belong to the process's shared receive queue). An
+// XRC Send, like an RC one, returns once its message is posted; the engine
+// keeps the message until its completion, to send it again if the uplink
+// is rebuilt meanwhile.
 package cm

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/bits"
 	"net/netip"
-	"slices"
 	"syscall"
 	"time"
 
@@ -42,18 +41,19 @@ type Conn struct {
 
 	// Flow control (xrc-protocol.md, "Flow control"). Counts wrap: only
 	// their differences mean anything.
-	sendWindow uint32        // the receiver's window, from its ACCEPT (or REQ)
-	sent       uint32        // data messages that took a credit
-	sendSeq    uint32        // the next data message's sequence number
-	unsettled  []uint32      // numbers of data messages whose Send has not returned
-	spanWait   bool          // a sender waits in spanFullLocked
-	creditWait bool          // a sender waits for acked to grow
-	acked      uint32        // of those, taken by the receiver's Recv (its credit frames)
-	credited   chan struct{} // closed and replaced when a waiter's wait ends (creditWait, spanWait)
-	consumed   uint32        // data messages our Recv took
-	returned   uint32        // consumed, as the last credit frame we sent said
-	returning  bool          // returnCredits is running
-	returnFn   func()        // c.returnCredits, made once: a method value allocates
+	sendWindow uint32              // the receiver's window, from its ACCEPT (or REQ)
+	sent       uint32              // data messages that took a credit
+	sendSeq    uint32              // the next data message's sequence number
+	out        ring.Ring[outFrame] // data messages whose completion has not come, in order (made with the first, replaySpan long)
+	turn       chan struct{}       // held (one token) by the goroutine posting on the connection
+	spanWait   bool                // a sender waits in spanFullLocked
+	creditWait bool                // a sender waits for acked to grow
+	acked      uint32              // of those, taken by the receiver's Recv (its credit frames)
+	credited   chan struct{}       // closed and replaced when a waiter's wait ends (creditWait, spanWait)
+	consumed   uint32              // data messages our Recv took
+	returned   uint32              // consumed, as the last credit frame we sent said
+	returning  bool                // returnCredits is running
+	returnFn   func()              // c.returnCredits, made once: a method value allocates
 
 	// receiving leg
 	recvLeg      *Leg
@@ -82,7 +82,7 @@ type Conn struct {
 
 func (e *Endpoint) newConnLocked(raddr netip.AddrPort) *Conn {
 	c := &Conn{e: e, raddr: raddr, wakeCh: make(chan struct{}, 1), ready: make(chan struct{}), done: make(chan struct{}),
-		credited: make(chan struct{})}
+		credited: make(chan struct{}), turn: make(chan struct{}, 1)}
 	c.returnFn = c.returnCredits
 	e.conns[c] = struct{}{}
 	return c
@@ -112,80 +112,326 @@ func (c *Conn) wake() {
 	}
 }
 
-// Send sends p as one message and returns once it sits in the receiver's
-// queue (the send completed). Across an uplink recovery the message is sent
-// again on the new INI; its sequence number lets the receiver drop the copy
-// if the first one arrived after all.
+// Send sends p as one message. It returns once the message is posted on
+// the uplink's INI, as an RC send does, so one goroutine can stream; the
+// engine keeps the message until its completion comes and sends it again
+// on the new INI if the uplink recovers meanwhile (its sequence number lets
+// the receiver drop the copy if the first arrived after all). Messages of
+// one connection are posted, and arrive, in the order their Sends took
+// their turn. A failure after the post (the receiver gone, the uplink not
+// recovered) ends the connection and is what the next call returns.
 func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if len(p) > MaxMessageSize {
 		return &opError{"send", c.raddr.String(), errors.New("message too long")}
 	}
-	return c.sendFrame(ctx, kindData, p, false)
+	frame := kernel.NewPayload(1 + dataSeqLen + len(p))
+	frame[0] = kindData
+	copy(frame[1+dataSeqLen:], p)
+	posted, err := c.sendData(ctx, frame)
+	if !posted {
+		kernel.FreePayload(frame)
+	}
+	return err
 }
 
-// sendFrame sends one frame and waits for its completion, sending it again
-// across an uplink recovery. A data frame first takes a credit, waiting for
-// one if the receiver's window is full. A send that fails gives its credit
-// back, posted or not: a message whose fate is unknown (the caller gave up
-// waiting for its completion) may still arrive, and then the receiver's
-// count runs one ahead, which creditAck's cap absorbs; a credit kept for a
-// message that never arrives would be lost for good. Internal frames (FIN,
-// credits) take none: the engine, not the application, consumes them.
-func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool) (err error) {
+// outFrame is a data message whose completion has not come: the engine
+// keeps it to send again across a recovery.
+type outFrame struct {
+	seq   uint32
+	frame []byte // from kernel.NewPayload: kind, seq, message
+	q     *iniQP // the INI of its latest post
+	wrid  uint64
+	tries int // posts on successive INIs
+}
+
+// maxTries is how many INIs a frame is posted on before its connection
+// fails with errRetries.
+const maxTries = 16
+
+// sendErrLocked is why nothing more can be sent on c, or nil. FIN and
+// credit frames (internal) go out after the application closed.
+func (c *Conn) sendErrLocked(internal bool) error {
+	switch {
+	case c.userClosed && !internal:
+		return ErrClosed
+	case c.err != nil:
+		return c.err
+	case c.finRcvd && !internal:
+		return ErrPeerClosed
+	case !c.sendUp || c.sendDone:
+		return ErrClosed
+	}
+	return nil
+}
+
+// takeTurn waits for c's send turn, which orders posts on the connection:
+// a data frame is numbered and posted, or handed over, in one turn.
+func (c *Conn) takeTurn(ctx context.Context) error {
+	select {
+	case c.turn <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case c.turn <- struct{}{}:
+		return nil
+	case <-c.done:
+		return &opError{"send", c.raddr.String(), c.errOr(ErrClosed)}
+	case <-c.e.ctx.Done():
+		return &opError{"send", c.raddr.String(), ErrClosed}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Conn) endTurn() { <-c.turn }
+
+// sendData numbers frame and posts it, first waiting (honouring ctx) for a
+// credit, for the replay span, and for the uplink to be up. It reports
+// whether the engine took the frame: then it is posted, or queued for a
+// recovery to post, and the caller no longer owns it.
+func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 	e := c.e
-	took := false
-	var seq uint32
-	defer func() {
-		if !took {
-			return
+	for {
+		if err := c.takeTurn(ctx); err != nil {
+			return false, err
 		}
 		e.mu.Lock()
-		if err != nil && c.sent != c.acked { // else the receiver took it already
-			c.sent--
+		if err := c.sendErrLocked(false); err != nil {
+			e.mu.Unlock()
+			c.endTurn()
+			return false, &opError{"send", c.raddr.String(), err}
 		}
-		c.settleLocked(seq)
-		e.mu.Unlock()
-	}()
-	for try := 0; try < 16; try++ {
-		e.mu.Lock()
+		var wait <-chan struct{}
+		u := c.up
 		switch {
-		case c.userClosed && !internal:
-			e.mu.Unlock()
-			return &opError{"send", c.raddr.String(), ErrClosed}
-		case c.err != nil:
-			err := c.err
-			e.mu.Unlock()
-			return &opError{"send", c.raddr.String(), err}
-		case c.finRcvd && !internal:
-			e.mu.Unlock()
-			return &opError{"send", c.raddr.String(), ErrPeerClosed}
-		case !c.sendUp || c.sendDone:
-			e.mu.Unlock()
-			return &opError{"send", c.raddr.String(), ErrClosed}
+		case c.sent-c.acked >= c.sendWindow:
+			c.creditWait = true
+			wait = c.credited
+		case c.spanFullLocked():
+			wait = c.credited
+		case u.state != upUp:
+			wait = u.changed
 		}
-		if kind == kindData && !took {
-			if full := c.sent-c.acked >= c.sendWindow; full || c.spanFullLocked() {
-				if full {
-					c.creditWait = true
-				}
-				ch := c.credited
+		if wait != nil {
+			e.mu.Unlock()
+			c.endTurn()
+			select {
+			case <-wait:
+			case <-c.done:
+			case <-e.ctx.Done():
+				return false, &opError{"send", c.raddr.String(), ErrClosed}
+			case <-ctx.Done():
+				return false, ctx.Err()
+			}
+			continue
+		}
+		// Take a credit and a number, and keep the frame for resends.
+		if c.out.Cap() == 0 {
+			c.out = ring.Make[outFrame](int(replaySpan(int(c.sendWindow))))
+		}
+		c.sent++
+		seq := c.sendSeq
+		c.sendSeq++
+		binary.BigEndian.PutUint32(frame[1:], seq)
+		q := u.cur
+		q.nextWR++
+		wrid := q.nextWR
+		q.waiters[wrid] = waiter{c: c, seq: seq, data: true}
+		c.out.Push(outFrame{seq: seq, frame: frame, q: q, wrid: wrid, tries: 1})
+		c.lastSent = time.Now()
+		e.mu.Unlock()
+		taken, err := c.postData(ctx, u, q, wrid, frame)
+		c.endTurn()
+		return taken, err
+	}
+}
+
+// postData posts c's newest kept frame as request wrid on q, during the
+// connection's turn. A full send queue (ENOMEM: completions not yet polled
+// hold every slot) is no error of the INI: it waits until the INI's poller
+// has taken completions and posts again, or, if ctx ends first, takes the
+// frame back with its number and credit (taken false). Any other error
+// fails the INI, and the recovery posts the frame.
+func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, frame []byte) (taken bool, err error) {
+	e := c.e
+	wrs := sendWRs.get(newSendWRs)
+	defer func() {
+		wrs[0] = kernel.SendWR{}
+		sendWRs.put(wrs)
+	}()
+	wrs[0] = kernel.SendWR{WRID: wrid, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: frame}
+	for bare := 0; ; {
+		err := e.k.PostSend(q.qp, wrs[:])
+		if err == nil {
+			return true, nil
+		}
+		e.mu.Lock()
+		if !c.ownsLastLocked(q, wrid) {
+			e.mu.Unlock()
+			return true, nil // a recovery took it over, or the leg is gone
+		}
+		full := errors.Is(err, syscall.ENOMEM)
+		if !full || u.cur != q || u.state != upUp {
+			e.failINILocked(u, q) // the recovery posts it
+			e.mu.Unlock()
+			return true, nil
+		}
+		if len(q.waiters) == 1 { // only ours: the poller took the rest meanwhile
+			if bare++; bare == maxTries {
+				e.failINILocked(u, q)
 				e.mu.Unlock()
-				select {
-				case <-ch:
-				case <-c.done:
-				case <-e.ctx.Done():
-					return &opError{"send", c.raddr.String(), ErrClosed}
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-				try-- // waiting for credits is no failed try
+				return true, nil
+			}
+			e.mu.Unlock()
+			continue
+		}
+		q.roomWait = true
+		room := q.room
+		e.sqFull.Add(1)
+		e.mu.Unlock()
+		select {
+		case <-room:
+			e.mu.Lock()
+			again := c.ownsLastLocked(q, wrid) && u.cur == q && u.state == upUp
+			e.mu.Unlock()
+			if again {
 				continue
 			}
-			c.sent++
-			took = true
-			seq = c.sendSeq
-			c.sendSeq++
-			c.unsettled = append(c.unsettled, seq)
+			return true, nil // a recovery posts it, or the leg is gone
+		case <-c.done:
+			return true, nil
+		case <-e.ctx.Done():
+			return true, &opError{"send", c.raddr.String(), ErrClosed}
+		case <-ctx.Done():
+		}
+		e.mu.Lock()
+		if !c.ownsLastLocked(q, wrid) {
+			e.mu.Unlock()
+			return true, nil
+		}
+		// Never posted: take back its number and credit.
+		delete(q.waiters, wrid)
+		c.out.DropLast()
+		c.sendSeq--
+		c.sent--
+		c.wakeSendersLocked()
+		e.mu.Unlock()
+		return false, ctx.Err()
+	}
+}
+
+// ownsLastLocked reports whether c's newest kept frame is still the one
+// posted as wrid on q: neither moved to another INI by a recovery nor
+// dropped with the leg.
+func (c *Conn) ownsLastLocked(q *iniQP, wrid uint64) bool {
+	if c.out.Len() == 0 || c.sendDone || c.err != nil {
+		return false
+	}
+	f := c.out.At(c.out.Len() - 1)
+	return f.q == q && f.wrid == wrid
+}
+
+// spanFullLocked reports whether the next data message's number would be
+// the receiver's replay span or more ahead of the oldest one whose
+// completion has not come: sent again, that one could then arrive behind
+// the receiver's window and be taken for a duplicate. (It also bounds what
+// the connection keeps for resends.) The sender waits, as for credits.
+func (c *Conn) spanFullLocked() bool {
+	if c.out.Len() > 0 && c.sendSeq-c.out.Peek().seq >= replaySpan(int(c.sendWindow)) {
+		c.spanWait = true
+		return true
+	}
+	return false
+}
+
+// completedLocked takes the success of data frame seq's latest post: it
+// and every frame kept before it (posted earlier on the same INI, whose
+// completions come in order) are delivered and their memory is reused.
+func (c *Conn) completedLocked(seq uint32) {
+	for c.out.Len() > 0 && int32(seq-c.out.Peek().seq) >= 0 {
+		kernel.FreePayload(c.out.Pop().frame)
+	}
+	if c.spanWait {
+		c.spanWait = false
+		c.wakeSendersLocked()
+	}
+}
+
+// wakeSendersLocked ends the waits of senders blocked on credits or span.
+func (c *Conn) wakeSendersLocked() {
+	c.creditWait, c.spanWait = false, false
+	close(c.credited)
+	c.credited = make(chan struct{})
+}
+
+// resend posts again, on q, every frame c keeps, in order: the sending
+// half of a recovery that moved c's leg to q. It takes c's turn, so no
+// Send posts in between.
+func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
+	e := c.e
+	if c.takeTurn(ctx) != nil {
+		return
+	}
+	defer c.endTurn()
+	e.mu.Lock()
+	if c.sendErrLocked(true) != nil {
+		e.mu.Unlock()
+		return
+	}
+	wrs := make([]kernel.SendWR, 0, c.out.Len())
+	for i := range c.out.Len() {
+		f := c.out.At(i)
+		delete(f.q.waiters, f.wrid)
+		if f.tries++; f.tries > maxTries {
+			c.failLocked(errRetries)
+			e.mu.Unlock()
+			return
+		}
+		q.nextWR++
+		f.q, f.wrid = q, q.nextWR
+		q.waiters[f.wrid] = waiter{c: c, seq: f.seq, data: true}
+		wrs = append(wrs, kernel.SendWR{WRID: f.wrid, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: f.frame})
+	}
+	e.mu.Unlock()
+	for i := 0; i < len(wrs); {
+		err := e.k.PostSend(q.qp, wrs[i:i+1])
+		if err == nil {
+			i++
+			continue
+		}
+		e.mu.Lock()
+		if !errors.Is(err, syscall.ENOMEM) || len(q.waiters) <= len(wrs)-i {
+			q.broken = true // this INI fails once the recovery ends
+			e.mu.Unlock()
+			return
+		}
+		q.roomWait = true
+		room := q.room
+		e.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			e.mu.Lock()
+			q.broken = true
+			e.mu.Unlock()
+			return
+		}
+	}
+}
+
+// sendFrame sends one internal frame (FIN, credits) and waits for its
+// completion, sending it again across an uplink recovery. Internal frames
+// take no credit and no number: the engine, not the application, consumes
+// them, and a second copy changes nothing. A FIN takes the connection's
+// turn to post, so that it follows every data frame posted before it.
+func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
+	e := c.e
+	for try := 0; try < maxTries; try++ {
+		e.mu.Lock()
+		if err := c.sendErrLocked(true); err != nil {
+			e.mu.Unlock()
+			return &opError{"send", c.raddr.String(), err}
 		}
 		u := c.up
 		if u.state != upUp {
@@ -201,7 +447,16 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 		}
 		e.mu.Unlock()
 		ch := statusChans.get(newStatusChan)
-		switch res, room := c.post(kind, seq, p, ch); res {
+		if kind == kindFIN {
+			if err := c.takeTurn(ctx); err != nil {
+				return err
+			}
+		}
+		res, room := c.post(kind, p, ch)
+		if kind == kindFIN {
+			c.endTurn()
+		}
+		switch res {
 		case postFull:
 			statusChans.put(ch) // its waiter was never seen by a poller
 			select {
@@ -243,34 +498,9 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte, internal bool
 	return &opError{"send", c.raddr.String(), errRetries}
 }
 
-// spanFullLocked reports whether the next data message's number would be
-// the receiver's replay span or more ahead of one whose Send has not
-// returned: that one, sent again or posted late, could then arrive behind
-// the receiver's window and be taken for a duplicate. The sender waits
-// (for credits, as it were) until that Send returns.
-func (c *Conn) spanFullLocked() bool {
-	span := replaySpan(int(c.sendWindow))
-	for _, s := range c.unsettled {
-		if c.sendSeq-s >= span {
-			c.spanWait = true
-			return true
-		}
-	}
-	return false
-}
-
-// settleLocked ends the wait of seq's Send and wakes a sender waiting for it.
-func (c *Conn) settleLocked(seq uint32) {
-	c.unsettled = slices.DeleteFunc(c.unsettled, func(s uint32) bool { return s == seq })
-	if c.spanWait {
-		c.spanWait = false
-		close(c.credited)
-		c.credited = make(chan struct{})
-	}
-}
-
-// statusChans and sendWRs keep a Send from allocating: a channel for its
-// completion's status, and the one-request array for PostSend.
+// statusChans and sendWRs keep sends from allocating: a channel for an
+// internal frame's completion status, and the one-request array for
+// PostSend.
 var (
 	statusChans = make(freeList[chan verbs.WCStatus], 1024)
 	sendWRs     = make(freeList[*[1]kernel.SendWR], 1024)
@@ -300,7 +530,7 @@ func (f freeList[T]) put(v T) {
 	}
 }
 
-// postResult is what became of a post.
+// postResult is what became of an internal frame's post.
 type postResult uint8
 
 const (
@@ -309,12 +539,11 @@ const (
 	postFull              // not posted: the INI's send queue is full; wait for room and post again
 )
 
-// post posts one frame on the uplink's current INI; ch (if not nil) gets
-// the completion status. A data frame carries seq after its kind byte. A
-// full send queue (ENOMEM: completions not yet polled hold every slot) is
-// no error of the INI: the caller waits on room, closed once the INI's
-// poller has taken completions, and posts again.
-func (c *Conn) post(kind byte, seq uint32, p []byte, ch chan verbs.WCStatus) (res postResult, room <-chan struct{}) {
+// post posts one internal frame (FIN, credits, keepalive) on the uplink's
+// current INI; ch (if not nil) gets the completion status. A full send
+// queue (ENOMEM) is no error of the INI: the caller waits on room, closed
+// once the INI's poller has taken completions, and posts again.
+func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult, room <-chan struct{}) {
 	e := c.e
 	e.mu.Lock()
 	u := c.up
@@ -328,18 +557,11 @@ func (c *Conn) post(kind byte, seq uint32, p []byte, ch chan verbs.WCStatus) (re
 	q.waiters[wr.WRID] = waiter{c: c, ch: ch}
 	c.lastSent = time.Now()
 	e.mu.Unlock()
-	hdr := 1
-	if kind == kindData {
-		hdr += dataSeqLen
-	}
 	// PostSend copies the frame: it and the request array are reused.
-	frame := kernel.NewPayload(hdr + len(p))
+	frame := kernel.NewPayload(1 + len(p))
 	defer kernel.FreePayload(frame)
 	frame[0] = kind
-	if kind == kindData {
-		binary.BigEndian.PutUint32(frame[1:], seq)
-	}
-	copy(frame[hdr:], p)
+	copy(frame[1:], p)
 	wr.Payload = frame
 	wrs := sendWRs.get(newSendWRs)
 	wrs[0] = wr
@@ -434,9 +656,9 @@ func replaySpan(window int) uint32 {
 
 // maxQueued is how many received messages a connection holds before it
 // takes its peer for broken: twice the window. A sender keeps within the
-// window; the slack covers a message whose Send gave up (and its credit
-// back) that arrived after all, which the receiver counts and the sender
-// does not.
+// window (a Send takes its credit back only for a message never posted);
+// the slack is a margin, so that only a clearly broken or hostile sender
+// is failed.
 func maxQueued(window int) int { return 2 * window }
 
 // returnCredits sends credit frames while the application has taken at
@@ -458,7 +680,7 @@ func (c *Conn) returnCredits() {
 		e.mu.Unlock()
 		var b [creditLen]byte
 		binary.BigEndian.PutUint32(b[:], v)
-		if err := c.sendFrame(e.ctx, kindCredit, b[:], true); err != nil {
+		if err := c.sendFrame(e.ctx, kindCredit, b[:]); err != nil {
 			e.mu.Lock()
 			c.returning = false
 			e.mu.Unlock()
@@ -478,9 +700,7 @@ func (c *Conn) creditedLocked(body []byte) bool {
 	if acked != c.acked {
 		c.acked = acked
 		if c.creditWait {
-			c.creditWait = false
-			close(c.credited)
-			c.credited = make(chan struct{})
+			c.wakeSendersLocked()
 		}
 	}
 	return true
@@ -489,9 +709,9 @@ func (c *Conn) creditedLocked(body []byte) bool {
 // creditAck decodes a credit frame's body (the receiver's running count of
 // messages taken) and returns the new count of our messages taken, given
 // the current one and the count sent. A count behind acked is a late frame
-// and changes nothing; one ahead of sent is capped at it (the receiver
-// counts a message whose Send gave its credit back). So a peer's frame never
-// moves acked back, nor past what was sent.
+// and changes nothing; one ahead of sent is capped at it (a hostile or
+// broken peer). So a peer's frame never moves acked back, nor past what was
+// sent.
 func creditAck(body []byte, acked, sent uint32) (uint32, bool) {
 	if len(body) != creditLen {
 		return acked, false
@@ -533,7 +753,7 @@ func (c *Conn) close(ctx context.Context) {
 	if fin {
 		b := make([]byte, wire.FinLen)
 		if _, err := f.Encode(b); err == nil {
-			c.sendFrame(ctx, kindFIN, b, true)
+			c.sendFrame(ctx, kindFIN, b)
 		}
 	}
 	e.mu.Lock()

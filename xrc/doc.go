@@ -39,9 +39,13 @@
 // after TIMEWAIT_EXIT. Dead peers are found by a DREQ on the physical link,
 // by send errors, and by keepalives with an idle timeout (Config.Heartbeat,
 // Config.IdleTimeout); a sender whose INI failed rebuilds it and moves its
-// connections over (REPLACES_TGT, MOVE). A Send in flight then is sent
-// again; data messages are numbered, and a receiver drops a second copy
-// (Stats.Duplicates), so Recv sees every message once.
+// connections over (REPLACES_TGT, MOVE). Send returns once its message is
+// posted, as an RC send does, so one goroutine streams; the engine keeps
+// each message until its completion and, across a recovery, posts the
+// connection's unfinished ones again, in order, before anything new. Data
+// messages are numbered, and a receiver drops a second copy
+// (Stats.Duplicates), so Recv sees every message once, in the order its
+// connection's Sends posted them.
 //
 // Flow control is by credits per connection: a receiver holds at most
 // Config.RecvWindow messages that Recv has not taken, and its sender,

@@ -689,7 +689,7 @@ func (e *Endpoint) abortDial(ctx context.Context, c *Conn, err error) {
 	if fin {
 		b := make([]byte, wire.FinLen)
 		if _, ferr := f.Encode(b); ferr == nil {
-			c.sendFrame(ctx, kindFIN, b, true)
+			c.sendFrame(ctx, kindFIN, b)
 		}
 	}
 	c.fail(err)
@@ -972,7 +972,7 @@ func (e *Endpoint) janitor() {
 			c.fail(errIdle)
 		}
 		for _, c := range beat {
-			c.post(kindHeartbeat, 0, nil, nil)
+			c.post(kindHeartbeat, nil, nil)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -39,6 +40,14 @@ type proc struct {
 
 func (w *world) endpoint(ip string, port int, mod ...func(*Config)) *proc {
 	w.t.Helper()
+	return w.wrappedEndpoint(ip, port, nil, mod...)
+}
+
+// wrappedEndpoint is endpoint with the engine's kernel wrapped: wrap (if not
+// nil) gets the process's kernel and returns what the engine talks to, a
+// test's stand-in that holds back or alters some calls.
+func (w *world) wrappedEndpoint(ip string, port int, wrap func(kernel.Kernel) kernel.Kernel, mod ...func(*Config)) *proc {
+	w.t.Helper()
 	if w.dirs[ip] == "" {
 		w.dirs[ip] = w.t.TempDir() + "/goxrc"
 	}
@@ -48,7 +57,11 @@ func (w *world) endpoint(ip string, port int, mod ...func(*Config)) *proc {
 	for _, m := range mod {
 		m(&cfg)
 	}
-	e, err := NewEndpoint(context.Background(), cfg)
+	k, _ := kernel.Unwrap(p)
+	if wrap != nil {
+		k = wrap(k)
+	}
+	e, err := newEndpoint(context.Background(), k, cfg)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -139,4 +152,19 @@ func checkGoroutines(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	})
+}
+
+// sendErr sends on c until a Send fails, as one does once the failure of an
+// earlier message (which Send, returning when it is posted, does not wait
+// for) has ended the connection, and returns that error; nil if every Send
+// for 5 s succeeded.
+func sendErr(t *testing.T, c *Conn) error {
+	ctx := ctxT(t, 5*time.Second)
+	for ctx.Err() == nil {
+		if err := c.Send(ctx, []byte("x")); err != nil {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
 }

@@ -8,8 +8,8 @@ package xrc
 // the highest number seen, and bit s mod size says whether s was seen, for
 // s in [next-size, next). A number older than that is taken for a
 // duplicate: a sender never numbers a message size or more ahead of one
-// whose Send has not returned (Conn.spanFullLocked), so a first copy cannot
-// fall that far behind, and a Send that returned failed or succeeded.
+// whose completion has not come (Conn.spanFullLocked), so a first copy
+// cannot fall that far behind.
 type replayWindow struct {
 	next uint32
 	bits []uint64

@@ -53,6 +53,7 @@ type iniQP struct {
 	// full (ENOMEM) waits on it and posts again.
 	room     chan struct{}
 	roomWait bool
+	broken   bool // failed while its uplink was recovering onto it
 }
 
 // roomLocked wakes the senders waiting for q's send queue to drain.
@@ -65,8 +66,10 @@ func (q *iniQP) roomLocked() {
 }
 
 type waiter struct {
-	c  *Conn
-	ch chan verbs.WCStatus // nil: fire and forget (keepalives)
+	c    *Conn
+	ch   chan verbs.WCStatus // internal frames: the sender's; nil: fire and forget (keepalives)
+	seq  uint32              // data frames: the number
+	data bool
 }
 
 func (u *uplink) setState(s upState) {
@@ -415,6 +418,9 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			q.roomLocked() // polled: a slot is free
 			w, ok := q.waiters[wc.WRID]
 			delete(q.waiters, wc.WRID)
+			if ok && w.data && wc.Status == verbs.WCSuccess {
+				w.c.completedLocked(w.seq)
+			}
 			if wc.Status != verbs.WCSuccess {
 				if wc.Status == verbs.WCRemInvReqErr && ok {
 					w.c.failLocked(errSRQGone)
@@ -431,6 +437,10 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 
 // failINILocked starts the recovery of u if q is its current INI.
 func (e *Endpoint) failINILocked(u *uplink, q *iniQP) {
+	if u.cur == q && u.state == upRecovering {
+		q.broken = true // recovering onto it: recover starts again
+		return
+	}
 	if u.cur != q || u.state != upUp || e.closed {
 		return
 	}
@@ -541,6 +551,16 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	}
 	e.k.Disconnect(old.aid)
 	e.mu.Lock()
+	if q != nil && !e.closed {
+		// Still RECOVERING, so no Send posts: each moved leg first sends
+		// again, on the new INI and in order, what has not completed.
+		u.cur = q
+		e.mu.Unlock()
+		for _, c := range legs {
+			c.resend(ctx, u, q)
+		}
+		e.mu.Lock()
+	}
 	defer e.mu.Unlock()
 	if q == nil || e.closed {
 		// Nobody left to move to: the uplink is gone. The next dial there
@@ -556,7 +576,10 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		}
 		return
 	}
-	u.cur = q
 	u.setState(upUp)
+	if q.broken {
+		e.failINILocked(u, q) // it failed during the resends: again
+		return
+	}
 	e.maybeTeardownLocked(u)
 }

@@ -27,6 +27,9 @@ func (r *Ring[T]) Push(v T) {
 // Peek returns the oldest value, which must exist.
 func (r *Ring[T]) Peek() T { return r.buf[r.head] }
 
+// At returns the i-th oldest value (0 <= i < Len), in place.
+func (r *Ring[T]) At(i int) *T { return &r.buf[(r.head+i)%len(r.buf)] }
+
 // Pop removes and returns the oldest value, which must exist; its slot is
 // cleared so that the ring does not keep what it referred to.
 func (r *Ring[T]) Pop() T {
@@ -38,5 +41,9 @@ func (r *Ring[T]) Pop() T {
 	return v
 }
 
-// DropLast takes back the most recent Push.
-func (r *Ring[T]) DropLast() { r.n-- }
+// DropLast takes back the most recent Push, clearing its slot.
+func (r *Ring[T]) DropLast() {
+	var zero T
+	r.n--
+	r.buf[(r.head+r.n)%len(r.buf)] = zero
+}

@@ -14,6 +14,11 @@ func TestRingFIFOAcrossTheWrap(t *testing.T) {
 			r.DropLast() // taken back: never popped
 			next--
 		}
+		for i := range r.Len() {
+			if got := *r.At(i); got != want+i {
+				t.Fatalf("round %d: At(%d) %d, want %d", round, i, got, want+i)
+			}
+		}
 		for r.Len() > 1 {
 			if got := r.Peek(); got != want {
 				t.Fatalf("round %d: peek %d, want %d", round, got, want)
@@ -38,5 +43,16 @@ func TestRingPopClearsItsSlot(t *testing.T) {
 	}
 	if r.buf[0] != nil {
 		t.Fatal("the ring still refers to a popped value")
+	}
+	r.Push(v)
+	r.DropLast()
+	if r.Len() != 0 || r.buf[1] != nil {
+		t.Fatal("the ring still refers to a value taken back")
+	}
+	r.Push(v)
+	w := new(int)
+	*r.At(0) = w // At is in place
+	if r.Pop() != w {
+		t.Fatal("At gave a copy")
 	}
 }
