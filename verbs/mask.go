@@ -188,11 +188,14 @@ func (e *TypeError) Error() string {
 
 func (e *TypeError) Is(target error) bool { return target == syscall.EINVAL }
 
-// PostError says which work request of a chain failed: requests before
-// Index were posted, Index and those after it were not.
+// PostError says which work request of a chain failed (Index) and how
+// many were posted (Posted, those before Index, or none): the driver posts
+// in order up to the one it refuses, and this package's own checks refuse
+// a chain before any of it is posted.
 type PostError struct {
-	Index int
-	Err   error
+	Index  int
+	Posted int
+	Err    error
 }
 
 func (e *PostError) Error() string {

@@ -263,7 +263,9 @@ func (c *Context) OpenXRCD(path string, flags XRCDFlags) (*XRCD, error) {
 		oflags |= unix.O_EXCL
 	}
 	if path != "" {
-		fileFlags := unix.O_RDWR | unix.O_CLOEXEC
+		// Only the inode names the domain: reading is enough, so a file
+		// of another user's, readable to us, serves too.
+		fileFlags := unix.O_RDONLY | unix.O_CLOEXEC
 		if flags&XRCDCreate != 0 {
 			fileFlags |= unix.O_CREAT
 		}

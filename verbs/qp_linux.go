@@ -520,7 +520,7 @@ func (q *QP) PostSend(wrs []SendWR) error {
 		return &OpError{Op: "ibv_post_send", Addr: q.tag, Err: err}
 	}
 	if rc := C.goxrc_post_send(cAddr(unsafe.Pointer(q.qp)), cAddr(unsafe.Pointer(&s.in[0])), cAddr(unsafe.Pointer(s.wr)), &s.sges[0], C.int(len(wrs)), s.bad); rc != 0 {
-		return &OpError{Op: "ibv_post_send", Addr: q.tag, Err: &PostError{Index: int(*s.bad), Err: rcErr(rc, nil)}}
+		return &OpError{Op: "ibv_post_send", Addr: q.tag, Err: &PostError{Index: int(*s.bad), Posted: int(*s.bad), Err: rcErr(rc, nil)}}
 	}
 	return nil
 }
@@ -614,7 +614,7 @@ func (q *QP) PostRecv(wrs []RecvWR) error {
 		return &OpError{Op: "ibv_post_recv", Addr: q.tag, Err: err}
 	}
 	if rc := C.goxrc_post_recv(cAddr(unsafe.Pointer(q.qp)), cAddr(unsafe.Pointer(&r.wrs[0])), r.bad); rc != 0 {
-		return &OpError{Op: "ibv_post_recv", Addr: q.tag, Err: &PostError{Index: int(*r.bad), Err: rcErr(rc, nil)}}
+		return &OpError{Op: "ibv_post_recv", Addr: q.tag, Err: &PostError{Index: int(*r.bad), Posted: int(*r.bad), Err: rcErr(rc, nil)}}
 	}
 	return nil
 }
@@ -813,7 +813,7 @@ func (s *SRQ) PostRecv(wrs []RecvWR) error {
 		return &OpError{Op: "ibv_post_srq_recv", Addr: s.tag, Err: err}
 	}
 	if rc := C.goxrc_post_srq_recv(cAddr(unsafe.Pointer(s.srq)), cAddr(unsafe.Pointer(&r.wrs[0])), r.bad); rc != 0 {
-		return &OpError{Op: "ibv_post_srq_recv", Addr: s.tag, Err: &PostError{Index: int(*r.bad), Err: rcErr(rc, nil)}}
+		return &OpError{Op: "ibv_post_srq_recv", Addr: s.tag, Err: &PostError{Index: int(*r.bad), Posted: int(*r.bad), Err: rcErr(rc, nil)}}
 	}
 	return nil
 }

@@ -184,7 +184,8 @@ type Kernel interface {
 	TransitionQP(q QP, to verbs.QPState, via ID) error
 
 	// PostSend posts a chain on an INI (RTS, or ERR where everything is
-	// flushed). Once one fails, the INI goes to ERR and the rest is flushed.
+	// flushed; EINVAL before RTS). Once one fails, the INI goes to ERR and
+	// the rest is flushed.
 	// ENOMEM: the send queue (or the send memory) is full until completions
 	// are polled; the requests before the one that did not fit were posted,
 	// and the INI is as it was.

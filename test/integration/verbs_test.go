@@ -606,6 +606,12 @@ func TestVerbsRCLoopback(t *testing.T) {
 		err = p.a.PostSend([]verbs.SendWR{{ID: 1, Opcode: verbs.WROpcode(99)}})
 		require.ErrorAs(t, err, &pe)
 		require.Zero(t, pe.Index)
+		// ... also as the second of a chain: it names that one, and none
+		// of the chain was posted.
+		err = p.a.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend}, {ID: 3, Opcode: verbs.WROpcode(99)}})
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, 1, pe.Index)
+		require.Zero(t, pe.Posted)
 		// The driver refuses the second request of a chain (too many SGEs):
 		// the error names it, and the first one was posted.
 		require.NoError(t, p.b.PostRecv([]verbs.RecvWR{{ID: 80, SGL: []verbs.SGE{p.peerMR.SGE(0, 64)}}}))
@@ -620,6 +626,7 @@ func TestVerbsRCLoopback(t *testing.T) {
 		t.Logf("bad second request: %v", err)
 		require.ErrorAs(t, err, &pe)
 		require.Equal(t, 1, pe.Index)
+		require.Equal(t, 1, pe.Posted)
 		require.ErrorIs(t, err, syscall.EINVAL)
 		wcs := p.collect(t, 2)
 		require.Equal(t, verbs.WCSend, byID(wcs, 81).Opcode)

@@ -67,9 +67,10 @@ type srqObj struct {
 }
 
 type qpObj struct {
-	q   *verbs.QP
-	typ verbs.QPType
-	via *xrcdObj // TGT only
+	q      *verbs.QP
+	typ    verbs.QPType
+	via    *xrcdObj // TGT only
+	opened bool     // a TGT handle from ibv_open_qp
 	// INI only: the send CQ and a byte ring of registered send memory,
 	// released in completion order.
 	cq   *verbs.CQ
@@ -77,6 +78,7 @@ type qpObj struct {
 	mr   *verbs.MR
 	mu   sync.Mutex
 	ring sendRing // the send memory (under mu)
+	rts  bool     // it reached RTS (under mu)
 	// PostSend's scratch (under mu), and PollSend's (under pollMu): reused
 	// so that the data path does not allocate.
 	vw     []verbs.SendWR
@@ -228,12 +230,15 @@ func (p *Process) CloseXRCD(d kernel.XRCD) error {
 	case x.uses > 0:
 		return errno("ibv_close_xrcd", syscall.EBUSY)
 	}
+	if err := x.x.Close(); err != nil {
+		return err // the handle stays, to be closed again
+	}
 	delete(p.objs, uint64(d))
-	return x.x.Close()
+	return nil
 }
 
 func (p *Process) CreateSRQ(d kernel.XRCD) (_ kernel.SRQ, _ uint32, err error) {
-	x, err := get[*xrcdObj](p, "ibv_create_srq_ex", uint64(d))
+	x, err := p.useXRCD(d, "ibv_create_srq_ex")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -241,6 +246,7 @@ func (p *Process) CreateSRQ(d kernel.XRCD) (_ kernel.SRQ, _ uint32, err error) {
 	defer func() {
 		if err != nil {
 			s.close()
+			p.unuseXRCD(x)
 		}
 	}()
 	if s.ch, err = p.ctx.NewCompChannel(); err != nil {
@@ -269,9 +275,6 @@ func (p *Process) CreateSRQ(d kernel.XRCD) (_ kernel.SRQ, _ uint32, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	p.mu.Lock()
-	x.uses++
-	p.mu.Unlock()
 	return kernel.SRQ(h), s.num, nil
 }
 
@@ -317,7 +320,10 @@ func (p *Process) CreateINI() (_ kernel.QP, _ uint32, err error) {
 	if q.ch, err = p.ctx.NewCompChannel(); err != nil {
 		return 0, 0, err
 	}
-	if q.cq, err = p.ctx.CreateCQ(p.opts.SendWR, q.ch, 0); err != nil {
+	// Every send is signaled, and a driver may round the send queue up
+	// (mlx5: to a power of two, past a CQ of SendWR entries): room for
+	// twice SendWR keeps the CQ from overrunning.
+	if q.cq, err = p.ctx.CreateCQ(2*p.opts.SendWR, q.ch, 0); err != nil {
 		return 0, 0, err
 	}
 	if q.mr, err = p.pd.RegMR(p.opts.SendBuffer, verbs.AccessLocalWrite); err != nil {
@@ -350,32 +356,53 @@ func (q *qpObj) close() {
 	}
 }
 
-func (p *Process) tgt(d kernel.XRCD, op string, mk func(*verbs.XRCD) (*verbs.QP, error)) (kernel.QP, uint32, error) {
-	x, err := get[*xrcdObj](p, op, uint64(d))
+func (p *Process) tgt(d kernel.XRCD, op string, opened bool, mk func(*verbs.XRCD) (*verbs.QP, error)) (kernel.QP, uint32, error) {
+	x, err := p.useXRCD(d, op)
 	if err != nil {
 		return 0, 0, err
 	}
 	vq, err := mk(x.x)
 	if err != nil {
+		p.unuseXRCD(x)
 		return 0, 0, err
 	}
-	h, err := p.add(&qpObj{q: vq, typ: verbs.QPTypeXRCRecv, via: x})
+	h, err := p.add(&qpObj{q: vq, typ: verbs.QPTypeXRCRecv, via: x, opened: opened})
 	if err != nil {
 		vq.Close()
+		p.unuseXRCD(x)
 		return 0, 0, err
 	}
-	p.mu.Lock()
-	x.uses++
-	p.mu.Unlock()
 	return kernel.QP(h), vq.Num(), nil
 }
 
+// useXRCD looks d up and counts a use of it in one step, so that CloseXRCD
+// cannot close it while an SRQ or TGT is being made in it.
+func (p *Process) useXRCD(d kernel.XRCD, op string) (*xrcdObj, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	x, ok := p.objs[uint64(d)].(*xrcdObj)
+	switch {
+	case p.closed:
+		return nil, closedErr(op)
+	case !ok:
+		return nil, errno(op, syscall.EBADF)
+	}
+	x.uses++
+	return x, nil
+}
+
+func (p *Process) unuseXRCD(x *xrcdObj) {
+	p.mu.Lock()
+	x.uses--
+	p.mu.Unlock()
+}
+
 func (p *Process) CreateTGT(d kernel.XRCD) (kernel.QP, uint32, error) {
-	return p.tgt(d, "ibv_create_qp_ex", p.ctx.CreateXRCRecvQP)
+	return p.tgt(d, "ibv_create_qp_ex", false, p.ctx.CreateXRCRecvQP)
 }
 
 func (p *Process) OpenTGT(d kernel.XRCD, qpn uint32) (kernel.QP, error) {
-	h, _, err := p.tgt(d, "ibv_open_qp", func(x *verbs.XRCD) (*verbs.QP, error) { return p.ctx.OpenQP(x, qpn) })
+	h, _, err := p.tgt(d, "ibv_open_qp", true, func(x *verbs.XRCD) (*verbs.QP, error) { return p.ctx.OpenQP(x, qpn) })
 	return h, err
 }
 
@@ -430,6 +457,10 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 		return err
 	}
 	cur := a.State
+	if to == verbs.QPStateReset && q.opened {
+		// mlx5 writes a doorbell record that an opened handle lacks.
+		return errno("ibv_modify_qp", syscall.EINVAL)
+	}
 	switch to {
 	case verbs.QPStateErr, verbs.QPStateReset:
 		return q.q.Modify(&verbs.QPAttr{State: to}, verbs.QPAttrState)
@@ -474,6 +505,11 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 		}
 		cur = next
 	}
+	if cur == verbs.QPStateRTS {
+		q.mu.Lock()
+		q.rts = true
+		q.mu.Unlock()
+	}
 	return nil
 }
 
@@ -490,6 +526,11 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if !q.rts {
+		// As the seam says (EINVAL before RTS); mlx5 would answer ENOMEM,
+		// which means "the queue is full" to the engine.
+		return errno(op, syscall.EINVAL)
+	}
 	buf := q.mr.Bytes()
 	vw := resize(q.vw, len(wrs))
 	sges := resize(q.sges, len(wrs))
@@ -516,7 +557,7 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 		// Work requests before the failed one were posted.
 		var pe *verbs.PostError
 		if errors.As(err, &pe) {
-			if k := pe.Index; k >= 0 && k <= len(spans) {
+			if k := pe.Posted; k > 0 && k <= len(spans) {
 				q.ring.commit(spans[:k])
 			}
 		}
@@ -587,10 +628,12 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 			copy(rc.Payload, buf[off:])
 		}
 		out[i] = rc
-		if wc.Status != verbs.WCWRFlushErr {
-			s.sges[i] = s.mr.SGE(off, s.slot)
-			repost = append(repost, verbs.RecvWR{ID: wc.WRID, SGL: s.sges[i : i+1]})
-		}
+		// Flushed slots too: an XRC SRQ completes a receive as flushed
+		// when the TGT it came through fails mid-message, and lives on
+		// (destroying it completes nothing). Not reposted, the slot
+		// would be lost, and with it, in time, the SRQ.
+		s.sges[i] = s.mr.SGE(off, s.slot)
+		repost = append(repost, verbs.RecvWR{ID: wc.WRID, SGL: s.sges[i : i+1]})
 	}
 	s.repost = repost
 	if len(repost) > 0 {
