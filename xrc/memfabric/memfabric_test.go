@@ -57,3 +57,17 @@ func TestProcessCarriesKernel(t *testing.T) {
 		t.Fatalf("after kill: %+v handles %d", s, p.Handles())
 	}
 }
+
+func TestAddNodeConfigAndDuplicates(t *testing.T) {
+	f := New()
+	n := f.AddNode("10.3.0.1", NodeConfig{SendQueueDepth: 4})
+	if f.Node("10.3.0.1") != n {
+		t.Fatal("Node did not return the node AddNode added")
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("AddNode of an existing node did not panic")
+		}
+	}()
+	f.AddNode("10.3.0.1", NodeConfig{})
+}
