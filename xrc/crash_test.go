@@ -523,3 +523,50 @@ func TestEndpointRecoveryResendsFlushed(t *testing.T) {
 	}
 	roundTrip(t, s2, c2, []byte("after the recovery"))
 }
+
+// A receiver is killed while its sender streams to another process of its
+// node over the same INI (timers off, so that the sender learns of the
+// death only from its own posts): the next send to the dead SRQ fails the
+// INI, which flushes the stream's messages in flight; the recovery posts
+// them again, so the live receiver gets its whole stream once and in
+// order, and the connection to the dead one ends with ErrPeerGone.
+func TestEndpointKillReceiverMidStream(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.7.1", 7000, longTimers)
+	r1 := w.endpoint("10.0.7.2", 7001, longTimers)
+	r2 := w.endpoint("10.0.7.2", 7002, longTimers)
+	s1, _ := pair(t, s, r1)
+	s2, c2 := pair(t, s, r2)
+	ctx := ctxT(t, 20*time.Second)
+	const total = 20000
+	streamed := make(chan error, 1)
+	go func() { streamed <- sendSeq(ctx, s2, 0, total) }()
+	received := make(chan error, 1)
+	go func() { received <- recvSeq(ctx, c2, 0, total, nil) }()
+	eventually(t, "the stream under way", func() (bool, string) {
+		st := r2.Stats()
+		return st.CreditFrames > 10, fmt.Sprintf("%+v", st)
+	})
+	r1.p.Kill()
+	if err := s1.Send(ctx, []byte("to the dead")); err != nil {
+		t.Fatalf("send to the killed receiver (posted, it fails later): %v", err)
+	}
+	if err := sendErr(t, s1); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("the connection to the killed receiver: %v, want ErrPeerGone", err)
+	}
+	if err := <-streamed; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-received; err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Recoveries != 1 || st.LegsMoved != 1 {
+		t.Fatalf("sender: %+v, want one recovery moving the live leg", st)
+	}
+	if st := r2.Stats(); st.Dropped != 0 {
+		t.Fatalf("live receiver: %+v", st)
+	}
+	roundTrip(t, s2, c2, []byte("after the recovery"))
+	roundTrip(t, c2, s2, []byte("and back"))
+	t.Logf("live receiver dropped %d duplicates", r2.Stats().Duplicates)
+}
