@@ -91,8 +91,10 @@
 // data and one-sided RDMA give ErrNotSupported. Their flow control is the
 // engine's: WithQueueDepth is how many messages a connection holds
 // received and not yet taken by Recv before its sender waits (the receive
-// buffers themselves belong to the process's shared receive queue). An
-// XRC Send, like an RC one, returns once its message is posted; the engine
+// buffers themselves belong to the process's shared receive queue), and
+// WithMessageSize sizes that queue's buffers (64 bytes to 1 MiB over XRC)
+// and is what the endpoint's peers may send it. An XRC Send, like an RC
+// one, returns once its message is posted; the engine
 // keeps the message until its completion, to send it again if the uplink
 // is rebuilt meanwhile.
 package cm

@@ -56,6 +56,9 @@ func (cfg *config) xrcConfig(site xrcSite, port uint16) (xrc.Config, error) {
 		DomainDir:        cfg.domainPath,
 		HandshakeTimeout: cfg.handshakeTimeout,
 		RecvWindow:       cfg.queueDepth,
+		// The endpoint's receive slots: what its peers may send. XRC's
+		// range is narrower than cm's.
+		MaxMessageSize: min(max(cfg.messageSize, xrc.MinMessageSize), xrc.MaxMessageSize),
 	}, nil
 }
 
@@ -65,14 +68,15 @@ func newXRCConn(x *xrc.Conn, cfg config, release func()) *Conn {
 	globalStats.connsTotal.Add(1)
 	return &Conn{
 		x: x, xrelease: release, laddr: Addr{x.LocalAddr()}, raddr: Addr{x.RemoteAddr()},
-		maxSend: cfg.messageSize, maxRecv: cfg.messageSize,
+		maxSend: min(cfg.messageSize, x.MaxMessageSize()), maxRecv: cfg.messageSize,
 	}
 }
 
 // The endpoints of XRC dialers, by site: every Dial of this process on one
 // fabric process, or on one device and local address, shares one endpoint,
 // and so one uplink per remote node; the options of the Dial that opens it
-// (WithDomainPath, WithHandshakeTimeout) apply to it. The endpoint closes
+// (WithDomainPath, WithHandshakeTimeout, WithQueueDepth, WithMessageSize:
+// what the endpoint receives) apply to it. The endpoint closes
 // with the last connection that uses it.
 var xrcDialers struct {
 	sync.Mutex
@@ -225,6 +229,8 @@ func mapXRCErr(err error) error {
 		return ErrClosed
 	case errors.Is(err, xrc.ErrProtocol):
 		return fmt.Errorf("%w: %w", ErrProtocol, err)
+	case errors.Is(err, xrc.ErrMessageTooLong):
+		return fmt.Errorf("%w: %w", ErrMessageTooLong, err)
 	}
 	return err
 }

@@ -104,21 +104,10 @@ func TestFabricPeerKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	f := memfabric.New()
-	srv := f.Node("10.1.0.1").Process()
-	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
-	require.NoError(t, err)
-	defer l.Close()
-	accepted := make(chan *Conn, 1)
-	go func() {
-		c, _ := l.Accept(ctx)
-		accepted <- c
-	}()
-	clientNode := f.Node("10.1.0.2")
-	c, err := Dial(ctx, l.Addr().String(), WithFabric(clientNode.Process()), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
-	require.NoError(t, err)
-	require.NotNil(t, <-accepted)
+	srv, clientNode := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2")
+	c, _ := fabricPair(ctx, t, srv, clientNode.Process(), nil, nil)
 	srv.Kill()
-	_, err = c.Recv(ctx, make([]byte, 16))
+	_, err := c.Recv(ctx, make([]byte, 16))
 	require.ErrorIs(t, err, ErrPeerGone)
 	require.NoError(t, c.Close())
 	require.Eventually(t, func() bool { return clientNode.Stats().QPs() == 0 }, 10*time.Second, 20*time.Millisecond)
@@ -203,31 +192,14 @@ func TestFabricXRCFlowControl(t *testing.T) {
 	defer cancel()
 	f := memfabric.New()
 	const depth = 2
-	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(f.Node("10.1.0.1").Process()),
-		WithDomainPath(filepath.Join(t.TempDir(), "xrc")), WithQueueDepth(depth))
-	require.NoError(t, err)
-	defer l.Close()
-	accepted := make(chan *Conn, 1)
-	go func() {
-		c, err := l.Accept(ctx)
-		if err == nil {
-			accepted <- c
-		}
-		close(accepted)
-	}()
-	c, err := Dial(ctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()),
-		WithDomainPath(filepath.Join(t.TempDir(), "xrc")), WithQueueDepth(depth))
-	require.NoError(t, err)
-	defer c.Close()
-	s := <-accepted
-	require.NotNil(t, s)
-	defer s.Close()
+	opts := []Option{WithQueueDepth(depth)}
+	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), opts, opts)
 
 	for i := range depth {
 		require.NoError(t, c.Send(ctx, []byte{byte(i)}))
 	}
 	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
-	err = c.Send(short, []byte("one too many"))
+	err := c.Send(short, []byte("one too many"))
 	cancelShort()
 	require.ErrorIs(t, err, context.DeadlineExceeded, "the receiver's window is full: the sender waits")
 
@@ -249,4 +221,49 @@ func TestFabricXRCFlowControl(t *testing.T) {
 		require.Equal(t, []byte{byte(i)}, buf[:k], "message %d", i)
 	}
 	require.NoError(t, <-errc)
+}
+
+// Over XRC, WithMessageSize sizes what an endpoint receives (its SRQ's
+// slots), and each side learns the other's when the connection is set up:
+// MaxMessageSize is the smaller of the two, and a larger Send fails with
+// ErrMessageTooLong and sends nothing.
+func TestFabricXRCMessageSizes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(),
+		[]Option{WithMessageSize(1000)}, []Option{WithMessageSize(4000)})
+
+	require.Equal(t, 1000, c.MaxMessageSize(), "the dialer sends what the listener takes")
+	require.Equal(t, 1000, s.MaxMessageSize(), "the listener's own limit is the smaller")
+	require.ErrorIs(t, c.Send(ctx, make([]byte, 1001)), ErrMessageTooLong)
+	require.NoError(t, c.Send(ctx, make([]byte, 1000)))
+	buf := make([]byte, 4000)
+	n, err := s.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, 1000, n, "the message over the limit was not sent")
+}
+
+// fabricPair listens on srv (an in-memory fabric's process) and dials it
+// from cli, each side with its options and a domain of its own, and
+// returns the dialed and the accepted end, closed when the test ends.
+func fabricPair(ctx context.Context, t *testing.T, srv, cli *memfabric.Process, lopts, dopts []Option) (c, s *Conn) {
+	t.Helper()
+	l, err := Listen(ctx, srv.Node().Addr().String()+":0",
+		append([]Option{WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "xrc"))}, lopts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	accepted := make(chan *Conn, 1)
+	go func() {
+		a, _ := l.Accept(ctx)
+		accepted <- a
+	}()
+	c, err = Dial(ctx, l.Addr().String(),
+		append([]Option{WithFabric(cli), WithDomainPath(filepath.Join(t.TempDir(), "xrc"))}, dopts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	s = <-accepted
+	require.NotNil(t, s)
+	t.Cleanup(func() { s.Close() })
+	return c, s
 }

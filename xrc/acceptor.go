@@ -37,6 +37,7 @@ type Leg struct {
 	Tag             uint32 // ours, in the ACCEPT
 	PeerSRQN        uint32 // for the reverse leg
 	PeerCredits     uint16 // the sender's receive window, for the reverse leg
+	PeerMaxMessage  uint32 // the largest message the sender takes, for the reverse leg
 	ReplyPort       uint16
 	Reciprocal      uint32 // the forward leg's tag when this is a reverse leg, else 0
 	RevTag          uint32 // FlagOneExchange: the sender's receive tag for our reverse leg, else 0
@@ -59,6 +60,7 @@ type AcceptorConfig struct {
 	Incarnation uint64      // this process's
 	SRQN        uint32      // the SRQ senders should name
 	Credits     uint16      // the receive window each ACCEPT grants; 0: DefaultRecvWindow
+	MaxMessage  uint32      // the largest message our SRQ takes, in each ACCEPT; 0: MaxMessageSize
 	// Admit, if set, sees each new request before any kernel object is made
 	// or opened; it returns app data for the ACCEPT, or a rejection.
 	Admit func(req *wire.Req) ([]byte, *AppReject)
@@ -83,6 +85,9 @@ type legKey struct {
 func NewAcceptor(cfg AcceptorConfig) *Acceptor {
 	if cfg.Credits == 0 {
 		cfg.Credits = DefaultRecvWindow
+	}
+	if cfg.MaxMessage == 0 {
+		cfg.MaxMessage = MaxMessageSize
 	}
 	var b [4]byte
 	rand.Read(b[:])
@@ -242,7 +247,7 @@ func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 // unchanged.
 func (a *Acceptor) move(l *Leg, dl *Downlink, req *wire.Req, physical, fresh bool) Decision {
 	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: l.Tag, Incarnation: a.cfg.Incarnation,
-		TGTQPN: dl.TGTQPN, SRQN: a.cfg.SRQN, DomainID: a.cfg.DomainID, Credits: a.cfg.Credits}
+		TGTQPN: dl.TGTQPN, SRQN: a.cfg.SRQN, DomainID: a.cfg.DomainID, Credits: a.cfg.Credits, MaxMessage: a.cfg.MaxMessage}
 	buf := make([]byte, wire.BudgetSIDRREP)
 	n, err := m.Encode(buf)
 	if err != nil {
@@ -287,7 +292,7 @@ func (a *Acceptor) accept(dl *Downlink, req *wire.Req, app []byte, physical, fre
 		a.nextTag = 1
 	}
 	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: a.nextTag, Incarnation: a.cfg.Incarnation,
-		TGTQPN: dl.TGTQPN, SRQN: a.cfg.SRQN, DomainID: a.cfg.DomainID, Credits: a.cfg.Credits}
+		TGTQPN: dl.TGTQPN, SRQN: a.cfg.SRQN, DomainID: a.cfg.DomainID, Credits: a.cfg.Credits, MaxMessage: a.cfg.MaxMessage}
 	buf := make([]byte, wire.BudgetSIDRREP)
 	var n int
 	err := m.SetApp(app)
@@ -302,7 +307,7 @@ func (a *Acceptor) accept(dl *Downlink, req *wire.Req, app []byte, physical, fre
 	}
 	dl.count++
 	l := &Leg{Downlink: dl, PeerIncarnation: req.Incarnation, PeerTag: req.ConnTag, Tag: m.AcceptorTag,
-		PeerSRQN: req.SRQN, PeerCredits: req.Credits, ReplyPort: req.ReplyPort, Physical: physical}
+		PeerSRQN: req.SRQN, PeerCredits: req.Credits, PeerMaxMessage: req.MaxMessage, ReplyPort: req.ReplyPort, Physical: physical}
 	if req.Flags&wire.FlagReciprocal != 0 {
 		l.Reciprocal = req.PeerTag
 	} else if req.Flags&wire.FlagOneExchange != 0 {

@@ -92,7 +92,7 @@ func (e *env) ev(p *model.Process, id kernel.ID, want kernel.EventType) kernel.E
 
 func (e *env) nextReq(t wire.Type) wire.Req {
 	e.tag++
-	return wire.Req{Type: t, ConnTag: e.tag, Incarnation: senderInc, SRQN: 0x99, ReplyPort: 30000, Credits: 8}
+	return wire.Req{Type: t, ConnTag: e.tag, Incarnation: senderInc, SRQN: 0x99, ReplyPort: 30000, Credits: 8, MaxMessage: MaxMessageSize}
 }
 
 // rawUplink is the sender's side of a physical link.
@@ -458,7 +458,7 @@ func TestAcceptorConcurrentShare(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				req := wire.Req{Type: wire.TypeVirtReq, ConnTag: uint32(1000 + w*each + i), Incarnation: senderInc,
-					INIQPN: u.iniQPN, TGTQPNHint: u.tgtQPN, DomainHint: e.dom.ID, Credits: 8}
+					INIQPN: u.iniQPN, TGTQPNHint: u.tgtQPN, DomainHint: e.dom.ID, Credits: 8, MaxMessage: MaxMessageSize}
 				b := make([]byte, wire.BudgetSIDRREQ)
 				req.Encode(b)
 				d := e.r2.acc.Decide(kernel.Event{Type: kernel.EventConnectRequest, Exchange: kernel.ExchangeSIDR,

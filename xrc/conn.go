@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math/bits"
 	"net/netip"
@@ -42,6 +43,7 @@ type Conn struct {
 	// Flow control (xrc-protocol.md, "Flow control"). Counts wrap: only
 	// their differences mean anything.
 	sendWindow uint32              // the receiver's window, from its ACCEPT (or REQ)
+	sendMax    int                 // the largest message the receiver takes, from the same
 	sent       uint32              // data messages that took a credit
 	sendSeq    uint32              // the next data message's sequence number
 	out        ring.Ring[outFrame] // data messages whose completion has not come, in order (made with the first, replaySpan long)
@@ -94,6 +96,15 @@ func (c *Conn) LocalAddr() netip.AddrPort { return c.e.addr }
 // RemoteAddr is the peer endpoint's listening address.
 func (c *Conn) RemoteAddr() netip.AddrPort { return c.raddr }
 
+// MaxMessageSize is the largest message Send takes on c: what the peer
+// endpoint receives (its Config.MaxMessageSize), learned when the leg was
+// set up.
+func (c *Conn) MaxMessageSize() int {
+	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
+	return c.sendMax
+}
+
 func (c *Conn) failed() bool { return c.err != nil }
 
 func (c *Conn) errOr(def error) error {
@@ -122,7 +133,7 @@ func (c *Conn) wake() {
 // recovered) ends the connection and is what the next call returns.
 func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if len(p) > MaxMessageSize {
-		return &opError{"send", c.raddr.String(), errors.New("message too long")}
+		return &opError{"send", c.raddr.String(), fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLong, len(p), MaxMessageSize)}
 	}
 	frame := kernel.NewPayload(1 + dataSeqLen + len(p))
 	frame[0] = kindData
@@ -201,6 +212,11 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 			e.mu.Unlock()
 			c.endTurn()
 			return false, &opError{"send", c.raddr.String(), err}
+		}
+		if n := len(frame) - 1 - dataSeqLen; n > c.sendMax {
+			e.mu.Unlock()
+			c.endTurn()
+			return false, &opError{"send", c.raddr.String(), fmt.Errorf("%w: %d bytes, the receiver takes %d", ErrMessageTooLong, n, c.sendMax)}
 		}
 		var wait <-chan struct{}
 		u := c.up

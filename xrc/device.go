@@ -42,7 +42,7 @@ func deviceKernel(cfg *Config) (kernel.Kernel, error) {
 		dev = on
 	}
 	cfg.Addr = netip.AddrPortFrom(ip, ap.Port()).String()
-	k, err := openDevice(dev, ip)
+	k, err := openDevice(dev, ip, cfg.MaxMessageSize)
 	if err != nil {
 		return nil, &opError{"listen", cfg.Addr, err}
 	}

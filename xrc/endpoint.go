@@ -31,8 +31,11 @@ const (
 	DefaultHandshakeTimeout = 30 * time.Second
 	// DefaultRecvWindow is Config.RecvWindow's default.
 	DefaultRecvWindow = 64
-	// MaxMessageSize is the largest message Send takes.
-	MaxMessageSize = 1 << 20
+	// MaxMessageSize is the largest message of the protocol, and
+	// Config.MaxMessageSize's default.
+	MaxMessageSize = wire.MaxMessage
+	// MinMessageSize is Config.MaxMessageSize's least value.
+	MinMessageSize = wire.MinMessage
 	acceptBacklog  = 256
 )
 
@@ -73,6 +76,23 @@ type Config struct {
 	// control, xrc-protocol.md). A sender that used them all waits in Send
 	// until Recv takes some. 0 means DefaultRecvWindow; at most 65535.
 	RecvWindow int
+	// MaxMessageSize is the largest message the endpoint receives: the
+	// size of its SRQ's receive slots, which every sender to it learns when
+	// a leg is set up (a larger Send fails with ErrMessageTooLong). 0 means
+	// MaxMessageSize (1 MiB); from MinMessageSize (64 bytes) up. On a
+	// device the SRQ registers 32 slots of it (plus a frame header each).
+	MaxMessageSize int
+}
+
+// messageSize fills in MaxMessageSize's default and checks its range.
+func (cfg *Config) messageSize() error {
+	if cfg.MaxMessageSize == 0 {
+		cfg.MaxMessageSize = MaxMessageSize
+	}
+	if cfg.MaxMessageSize < MinMessageSize || cfg.MaxMessageSize > MaxMessageSize {
+		return &opError{"listen", cfg.Addr, fmt.Errorf("max message size %d outside %d..%d", cfg.MaxMessageSize, MinMessageSize, MaxMessageSize)}
+	}
+	return nil
 }
 
 // Endpoint is one process's XRC engine: it opens the node's shared XRC
@@ -150,6 +170,9 @@ func NewEndpoint(ctx context.Context, cfg Config) (*Endpoint, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := cfg.messageSize(); err != nil {
+		return nil, err
+	}
 	k, err := deviceKernel(&cfg)
 	if err != nil {
 		return nil, err
@@ -178,6 +201,9 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if err := cfg.messageSize(); err != nil {
+		return nil, err
 	}
 	if cfg.RecvWindow == 0 {
 		cfg.RecvWindow = DefaultRecvWindow
@@ -219,7 +245,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	e.inc = random64()
 	e.nextTag = uint32(random64() >> 33)
 	e.acc = NewAcceptor(AcceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
-		Credits: uint16(cfg.RecvWindow)})
+		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize)})
 	if err = e.listen(ap); err != nil {
 		return nil, err
 	}
@@ -609,7 +635,7 @@ func (e *Endpoint) bindReverseLocked(c *Conn, leg *Leg) ([]byte, bool) {
 	u.refs++
 	u.legs[c] = struct{}{}
 	c.peerTag, c.peerSRQN, c.peerInc = leg.RevTag, leg.PeerSRQN, leg.PeerIncarnation
-	c.sendWindow = uint32(leg.PeerCredits)
+	c.sendWindow, c.sendMax = uint32(leg.PeerCredits), int(leg.PeerMaxMessage)
 	c.sendUp, c.lastSent = true, time.Now()
 	e.oneExchange.Add(1)
 	return b, true
@@ -828,6 +854,10 @@ const (
 // uint32 counting the leg's data messages from 0, wrapping (see
 // replayWindow).
 const dataSeqLen = 4
+
+// frameSize is the SRQ slot that holds a data frame of a message of up to
+// maxMessage bytes (MinMessageSize and up: internal frames are smaller).
+func frameSize(maxMessage int) int { return 1 + dataSeqLen + maxMessage }
 
 // deliver hands one message to its connection; it reports whether the
 // payload was kept (queued), else the caller gives it back.

@@ -15,6 +15,10 @@ var (
 	// ErrPeerClosed is returned by Send after the peer closed the connection
 	// (its FIN arrived); Recv returns io.EOF then.
 	ErrPeerClosed = errors.New("xrc: connection closed by peer")
+	// ErrMessageTooLong is returned by Send for a message over what the
+	// receiver takes (its Config.MaxMessageSize, learned when the leg was
+	// set up).
+	ErrMessageTooLong = errors.New("xrc: message too long")
 	// ErrPeerGone reports a peer found dead: its receive queue vanished
 	// (a send to its SRQ failed), its sender went silent past the idle
 	// timeout, or its INI's CM connection was torn down without a FIN.

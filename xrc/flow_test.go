@@ -86,21 +86,11 @@ func TestFlowControlWindow(t *testing.T) {
 	w := newWorld(t)
 	a := w.endpoint("10.0.0.1", 7000, func(c *Config) { c.RecvWindow = 3 })
 	b := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 5 })
-	first, firstB := pair(t, a, b)
-	second, secondB := pair(t, a, b)
-	if s := a.Stats(); s.OneExchange != 1 {
-		t.Fatalf("the second connection should take one exchange: %+v", s)
-	}
-	for _, tc := range []struct {
-		name     string
-		snd, rcv *Conn
-		window   int
-	}{
-		{"PHYS forward leg", first, firstB, 5},
-		{"reciprocal reverse leg", firstB, first, 3},
-		{"VIRT forward leg", second, secondB, 5},
-		{"one-exchange reverse leg", secondB, second, 3},
-	} {
+	for _, tc := range legKinds(t, a, b) {
+		tc.window = 5
+		if !tc.toB {
+			tc.window = 3
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			if got := credits(tc.snd); got != tc.window {
 				t.Fatalf("sender starts with %d credits, want the receiver's window %d", got, tc.window)
@@ -109,8 +99,8 @@ func TestFlowControlWindow(t *testing.T) {
 			if err := sendSeq(ctx, tc.snd, 0, tc.window); err != nil {
 				t.Fatal(err)
 			}
-			// Send returns once the message is in the SRQ; the receive
-			// loop queues it a moment later.
+			// Send returns once the message is posted; the receive loop
+			// queues it a moment later.
 			eventually(t, "the window queued", func() (bool, string) {
 				q := queued(tc.rcv)
 				return q == tc.window, fmt.Sprintf("receiver holds %d messages, want %d", q, tc.window)
@@ -421,5 +411,31 @@ func TestSendReturnsOncePosted(t *testing.T) {
 	})
 	if s := r.Stats(); s.Overruns != 0 || s.Duplicates != 0 {
 		t.Fatalf("receiver: %+v", s)
+	}
+}
+
+// legCase is one leg of the connections legKinds makes.
+type legCase struct {
+	name     string
+	snd, rcv *Conn
+	toB      bool // a sends, b receives
+	window   int  // for the test's own use
+}
+
+// legKinds dials twice from a to b and returns the four kinds of leg the
+// two connections have: a PHYS forward leg with a reciprocal reverse leg,
+// then a VIRT forward leg whose reverse leg rode its ACCEPT.
+func legKinds(t *testing.T, a, b *proc) []legCase {
+	t.Helper()
+	first, firstB := pair(t, a, b)
+	second, secondB := pair(t, a, b)
+	if s := a.Stats(); s.OneExchange != 1 {
+		t.Fatalf("the second connection should take one exchange: %+v", s)
+	}
+	return []legCase{
+		{name: "PHYS forward leg", snd: first, rcv: firstB, toB: true},
+		{name: "reciprocal reverse leg", snd: firstB, rcv: first},
+		{name: "VIRT forward leg", snd: second, rcv: secondB, toB: true},
+		{name: "one-exchange reverse leg", snd: secondB, rcv: second},
 	}
 }

@@ -76,8 +76,8 @@ func TestEndpointHostileRequests(t *testing.T) {
 		return fmt.Sprintf("r %+v r2 %+v node B %+v", st, st2, nodeB.Stats())
 	}
 	before := snapshot()
-	virt := wire.Req{Type: wire.TypeVirtReq, ConnTag: 77, Incarnation: 0xE71, INIQPN: iniQPN, TGTQPNHint: tgt, DomainHint: dom, SRQN: 0x30, ReplyPort: 9, Credits: 8}
-	phys := wire.Req{Type: wire.TypePhysReq, ConnTag: 78, Incarnation: 0xE71, INIQPN: iniQPN, SRQN: 0x30, ReplyPort: 9, Credits: 8}
+	virt := wire.Req{Type: wire.TypeVirtReq, ConnTag: 77, Incarnation: 0xE71, INIQPN: iniQPN, TGTQPNHint: tgt, DomainHint: dom, SRQN: 0x30, ReplyPort: 9, Credits: 8, MaxMessage: MaxMessageSize}
+	phys := wire.Req{Type: wire.TypePhysReq, ConnTag: 78, Incarnation: 0xE71, INIQPN: iniQPN, SRQN: 0x30, ReplyPort: 9, Credits: 8, MaxMessage: MaxMessageSize}
 	mut := func(r wire.Req, f func(*wire.Req)) wire.Req { f(&r); return r }
 	mutb := func(b []byte, f func([]byte) []byte) []byte { return f(bytes.Clone(b)) }
 	garbage := []byte("\x13\x37 this is not our private data, just noise from a stranger")
@@ -93,7 +93,7 @@ func TestEndpointHostileRequests(t *testing.T) {
 		{"SIDR empty", r, kernel.ExchangeSIDR, nil, wire.RejectBadRequest, 0},
 		{"SIDR truncated", r, kernel.ExchangeSIDR, encodeReq(t, virt)[:30], wire.RejectBadRequest, 0},
 		{"SIDR declared length over budget", r, kernel.ExchangeSIDR, mutb(encodeReq(t, virt), func(b []byte) []byte { b[6], b[7] = 0, 200; return b }), wire.RejectBadRequest, 0},
-		{"SIDR version 2", r, kernel.ExchangeSIDR, mutb(encodeReq(t, virt), func(b []byte) []byte { b[2] = 2; return b }), wire.RejectVersion, 0},
+		{"SIDR version 3", r, kernel.ExchangeSIDR, mutb(encodeReq(t, virt), func(b []byte) []byte { b[2] = wire.Version + 1; return b }), wire.RejectVersion, 0},
 		{"SIDR PHYS_REQ type", r, kernel.ExchangeSIDR, encodeReq(t, phys), wire.RejectBadRequest, 0},
 		{"foreign domain id", r, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) { q.DomainHint = dom ^ 0x5a5a })), wire.RejectDomainMismatch, dom},
 		{"hint names another sender's TGT (held here)", r, kernel.ExchangeSIDR, encodeReq(t, virt), wire.RejectTGTGone, 0},
@@ -210,7 +210,7 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Leg 1: PHYS_REQ, by hand.
-	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, ConnTag: 1, Incarnation: p.inc, INIQPN: iniQPN, SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8})
+	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, ConnTag: 1, Incarnation: p.inc, INIQPN: iniQPN, SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8, MaxMessage: MaxMessageSize})
 	id, err := k.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeXRC, iniQPN, b)
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +231,7 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 	}
 	// Leg 2: VIRT_REQ over the same INI, then its replay.
 	vreq := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, ConnTag: 2, Incarnation: p.inc, INIQPN: iniQPN,
-		TGTQPNHint: acc1.TGTQPN, DomainHint: acc1.DomainID, SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8})
+		TGTQPNHint: acc1.TGTQPN, DomainHint: acc1.DomainID, SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8, MaxMessage: MaxMessageSize})
 	first := answer(t, k, r.Addr(), kernel.ExchangeSIDR, 0, vreq)
 	if first.Type != kernel.EventEstablished {
 		t.Fatalf("VIRT_REQ: %v", first.Type)

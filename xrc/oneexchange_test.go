@@ -178,7 +178,7 @@ func TestOneExchangeHostileAccept(t *testing.T) {
 				return
 			}
 			m := wire.Accept{Flags: wire.AcceptReverse, TagEcho: req.ConnTag, AcceptorTag: 99, Incarnation: tc.inc,
-				TGTQPN: req.TGTQPNHint, SRQN: b.srqn, DomainID: req.DomainHint, Credits: 8, Rev: tc.rev}
+				TGTQPN: req.TGTQPNHint, SRQN: b.srqn, DomainID: req.DomainHint, Credits: 8, MaxMessage: MaxMessageSize, Rev: tc.rev}
 			buf := make([]byte, wire.BudgetSIDRREP)
 			n, err := m.Encode(buf)
 			if err != nil {

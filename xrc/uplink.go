@@ -81,7 +81,7 @@ func (u *uplink) setState(s upState) {
 // req starts a REQ from c.
 func (e *Endpoint) req(c *Conn, t wire.Type, peerTag uint32) wire.Req {
 	r := wire.Req{Type: t, ConnTag: c.sendTag, Incarnation: e.inc, SRQN: e.srqn, ReplyPort: e.addr.Port(),
-		Credits: uint16(e.cfg.RecvWindow)}
+		Credits: uint16(e.cfg.RecvWindow), MaxMessage: uint32(e.cfg.MaxMessageSize)}
 	if peerTag != 0 {
 		r.Flags, r.PeerTag = wire.FlagReciprocal, peerTag
 	}
@@ -255,7 +255,7 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	}
 	c.up, c.holdsRef = u, true
 	c.peerTag, c.peerSRQN, c.peerInc = acc.AcceptorTag, acc.SRQN, acc.Incarnation
-	c.sendWindow = uint32(acc.Credits)
+	c.sendWindow, c.sendMax = uint32(acc.Credits), int(acc.MaxMessage)
 	c.sendUp, c.lastSent = true, time.Now()
 	u.legs[c] = struct{}{}
 	if acc.Flags&wire.AcceptReverse != 0 {

@@ -35,7 +35,7 @@
 // Simplifications, all deterministic: one mutex per fabric; no timers (a
 // retransmitted REQ after a REP-time stale hit is redelivered at once;
 // TIMEWAIT_EXIT follows DISCONNECTED without the ~2 s delay; nothing times
-// out); SRQs have unlimited posted receives; a stale-table entry leaves when
+// out); SRQs have unlimited posted receives, of any size; a stale-table entry leaves when
 // its id leaves the established state, which is when rxe showed the number
 // reusable; a bad SRQN leaves the TGT as it was (the mlx5 responder's
 // behaviour is an open point).

@@ -50,7 +50,7 @@ func FuzzDecodeAccept(f *testing.F) {
 	a.Encode(b)
 	f.Add(b)
 	f.Add(b[:BudgetSIDRREP])
-	f.Add([]byte{0x58, 0x52, 1, 3, 0, 0, 0, 41})
+	f.Add([]byte{0x58, 0x52, 2, 3, 0, 0, 0, 45})
 	r := sampleReverseAccept()
 	r.SetApp([]byte("seed"))
 	b = make([]byte, BudgetSIDRREP)
@@ -109,12 +109,12 @@ func FuzzDecodeFIN(f *testing.F) {
 // FuzzEncodeReq is the structured direction: any field values either fail to
 // encode or survive the round trip, also through kernel padding.
 func FuzzEncodeReq(f *testing.F) {
-	f.Add(uint8(1), uint8(0), uint32(1), uint32(0), uint64(1), uint32(2), uint32(0), uint64(0), uint32(0), uint16(0), uint16(1), []byte("a"))
-	f.Add(uint8(2), uint8(1), uint32(1), uint32(9), uint64(1), uint32(2), uint32(3), uint64(4), uint32(5), uint16(6), uint16(64), []byte{})
-	f.Add(uint8(2), uint8(8), uint32(1), uint32(9), uint64(1), uint32(2), uint32(3), uint64(4), uint32(5), uint16(6), uint16(0), []byte{})
-	f.Fuzz(func(t *testing.T, typ, flags uint8, tag, peer uint32, inc uint64, ini, hint uint32, dom uint64, srqn uint32, port, credits uint16, app []byte) {
+	f.Add(uint8(1), uint8(0), uint32(1), uint32(0), uint64(1), uint32(2), uint32(0), uint64(0), uint32(0), uint16(0), uint16(1), uint32(64), []byte("a"))
+	f.Add(uint8(2), uint8(1), uint32(1), uint32(9), uint64(1), uint32(2), uint32(3), uint64(4), uint32(5), uint16(6), uint16(64), uint32(1<<20), []byte{})
+	f.Add(uint8(2), uint8(8), uint32(1), uint32(9), uint64(1), uint32(2), uint32(3), uint64(4), uint32(5), uint16(6), uint16(0), uint32(0), []byte{})
+	f.Fuzz(func(t *testing.T, typ, flags uint8, tag, peer uint32, inc uint64, ini, hint uint32, dom uint64, srqn uint32, port, credits uint16, maxMsg uint32, app []byte) {
 		r := Req{Type: Type(typ), Flags: Flags(flags), ConnTag: tag, PeerTag: peer, Incarnation: inc,
-			INIQPN: ini, TGTQPNHint: hint, DomainHint: dom, SRQN: srqn, ReplyPort: port, Credits: credits}
+			INIQPN: ini, TGTQPNHint: hint, DomainHint: dom, SRQN: srqn, ReplyPort: port, Credits: credits, MaxMessage: maxMsg}
 		if r.SetApp(app) != nil {
 			return
 		}

@@ -18,8 +18,11 @@ type Req struct {
 	// that answers this connection (the reverse leg) may have queued at the
 	// sender. Never 0.
 	Credits uint16
-	appLen  uint8
-	app     [MaxVirtReqApp]byte
+	// MaxMessage is the largest message the sender takes on that leg
+	// (MinMessage..MaxMessage).
+	MaxMessage uint32
+	appLen     uint8
+	app        [MaxVirtReqApp]byte
 }
 
 // App returns the application data (aliases r).
@@ -71,6 +74,9 @@ func (r *Req) validate() check {
 	if r.Credits == 0 {
 		return bad("credits")
 	}
+	if !validMessage(r.MaxMessage) {
+		return bad("max message")
+	}
 	if r.Type == TypeVirtReq {
 		if r.Flags&FlagReplacesTGT != 0 {
 			return badFlags("replaces TGT on VIRT_REQ")
@@ -113,7 +119,8 @@ func (r *Req) Encode(b []byte) (int, error) {
 	put24(b[38:], r.SRQN)
 	binary.BigEndian.PutUint16(b[41:], r.ReplyPort)
 	binary.BigEndian.PutUint16(b[43:], r.Credits)
-	b[45] = r.appLen
+	binary.BigEndian.PutUint32(b[45:], r.MaxMessage)
+	b[49] = r.appLen
 	copy(b[reqFixed:n], r.App())
 	return n, nil
 }
@@ -143,7 +150,7 @@ func DecodeReq(b []byte, want Type, r *Req) error {
 	if err != nil {
 		return err
 	}
-	if int(h.Length) != reqFixed+int(b[45]) {
+	if int(h.Length) != reqFixed+int(b[49]) {
 		return decErr(ReasonAppLength, "app")
 	}
 	*r = Req{
@@ -158,7 +165,8 @@ func DecodeReq(b []byte, want Type, r *Req) error {
 		SRQN:        get24(b[38:]),
 		ReplyPort:   binary.BigEndian.Uint16(b[41:]),
 		Credits:     binary.BigEndian.Uint16(b[43:]),
-		appLen:      b[45],
+		MaxMessage:  binary.BigEndian.Uint32(b[45:]),
+		appLen:      b[49],
 	}
 	copy(r.app[:], b[reqFixed:h.Length])
 	return r.validate().dec()
@@ -174,6 +182,7 @@ type Accept struct {
 	SRQN        uint32 // acceptor's SRQ for this connection
 	DomainID    uint64
 	Credits     uint16  // the acceptor's receive window for this leg; never 0
+	MaxMessage  uint32  // the largest message the acceptor takes on this leg (MinMessage..MaxMessage)
 	Rev         Reverse // with AcceptReverse only; zero otherwise
 	appLen      uint8
 	app         [MaxAcceptApp]byte
@@ -232,6 +241,8 @@ func (a *Accept) validate() check {
 		return bad("domain id")
 	case a.Credits == 0:
 		return bad("credits")
+	case !validMessage(a.MaxMessage):
+		return bad("max message")
 	case a.Flags&^AcceptReverse != 0:
 		return badFlags("unknown")
 	case a.Flags&AcceptReverse == 0 && a.Rev != (Reverse{}):
@@ -261,7 +272,8 @@ func (a *Accept) Encode(b []byte) (int, error) {
 	put24(b[27:], a.SRQN)
 	binary.BigEndian.PutUint64(b[30:], a.DomainID)
 	binary.BigEndian.PutUint16(b[38:], a.Credits)
-	b[40] = a.appLen
+	binary.BigEndian.PutUint32(b[40:], a.MaxMessage)
+	b[44] = a.appLen
 	if a.Flags&AcceptReverse != 0 {
 		r := b[acceptFixed:]
 		binary.BigEndian.PutUint32(r[0:], a.Rev.Tag)
@@ -286,7 +298,7 @@ func DecodeAccept(b []byte, a *Accept) error {
 	if h.Flags&AcceptReverse != 0 {
 		fixed += ReverseLen
 	}
-	if int(h.Length) < fixed || int(h.Length) != fixed+int(b[40]) {
+	if int(h.Length) < fixed || int(h.Length) != fixed+int(b[44]) {
 		return decErr(ReasonAppLength, "app")
 	}
 	*a = Accept{
@@ -298,7 +310,8 @@ func DecodeAccept(b []byte, a *Accept) error {
 		SRQN:        get24(b[27:]),
 		DomainID:    binary.BigEndian.Uint64(b[30:]),
 		Credits:     binary.BigEndian.Uint16(b[38:]),
-		appLen:      b[40],
+		MaxMessage:  binary.BigEndian.Uint32(b[40:]),
+		appLen:      b[44],
 	}
 	if h.Flags&AcceptReverse != 0 {
 		r := b[acceptFixed:]
@@ -444,3 +457,5 @@ func DecodeFIN(b []byte, f *FIN) error {
 	*f = FIN{Tag: binary.BigEndian.Uint32(b[8:]), SenderTag: binary.BigEndian.Uint32(b[12:])}
 	return f.validate().dec()
 }
+
+func validMessage(n uint32) bool { return n >= MinMessage && n <= MaxMessage }

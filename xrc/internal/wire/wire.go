@@ -11,10 +11,18 @@ const Magic uint16 = 0x5852
 
 // Version is the protocol version this package speaks. MinVersion..MaxVersion
 // is the range it accepts (sent back in REJECT(VERSION)).
+// Version 2 added the receivers' largest message to REQ and ACCEPT.
 const (
-	Version    uint8 = 1
-	MinVersion uint8 = 1
-	MaxVersion uint8 = 1
+	Version    uint8 = 2
+	MinVersion uint8 = 2
+	MaxVersion uint8 = 2
+)
+
+// The range of a REQ's or ACCEPT's MaxMessage: the largest message a
+// receiver takes (its SRQ's slot, less the frame header).
+const (
+	MinMessage = 64
+	MaxMessage = 1 << 20
 )
 
 // HeaderLen is the size of the common header.
@@ -32,15 +40,15 @@ const (
 // Fixed (non-app) lengths, header included, and the resulting app-data
 // maxima.
 const (
-	reqFixed    = 46
-	acceptFixed = 41
+	reqFixed    = 50
+	acceptFixed = 45
 	rejectFixed = 29
 	// FinLen is the exact length of a FIN frame.
 	FinLen = 16
 
-	MaxPhysReqApp = BudgetREQ - reqFixed        // 10
-	MaxVirtReqApp = BudgetSIDRREQ - reqFixed    // 134
-	MaxAcceptApp  = BudgetSIDRREP - acceptFixed // 95
+	MaxPhysReqApp = BudgetREQ - reqFixed        // 6
+	MaxVirtReqApp = BudgetSIDRREQ - reqFixed    // 130
+	MaxAcceptApp  = BudgetSIDRREP - acceptFixed // 91
 	MaxRejectApp  = BudgetSIDRREP - rejectFixed // 107
 
 	maxQPN = 1<<24 - 1 // QPNs and SRQNs are 24-bit

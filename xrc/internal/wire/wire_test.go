@@ -8,7 +8,7 @@ import (
 
 func sampleReq(t Type) Req {
 	r := Req{Type: t, ConnTag: 0xA1B2C3D4, Incarnation: 0x0102030405060708, INIQPN: 0x123456,
-		SRQN: 0xABCDEF, ReplyPort: 20002, Credits: 0x0102}
+		SRQN: 0xABCDEF, ReplyPort: 20002, Credits: 0x0102, MaxMessage: 0x10000}
 	if t == TypeVirtReq {
 		r.TGTQPNHint = 0x654321
 		r.DomainHint = 0xDEADBEEFCAFEF00D
@@ -26,12 +26,12 @@ func TestReqRoundTripAndLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []byte{0x58, 0x52, 1, 1, 0, 0, 0, 51,
+	want := []byte{0x58, 0x52, 2, 1, 0, 0, 0, 55,
 		0xA1, 0xB2, 0xC3, 0xD4, 0, 0, 0, 0,
 		1, 2, 3, 4, 5, 6, 7, 8,
 		0x12, 0x34, 0x56, 0, 0, 0,
 		0, 0, 0, 0, 0, 0, 0, 0,
-		0xAB, 0xCD, 0xEF, 0x4E, 0x22, 1, 2, 5, 'h', 'e', 'l', 'l', 'o'}
+		0xAB, 0xCD, 0xEF, 0x4E, 0x22, 1, 2, 0, 1, 0, 0, 5, 'h', 'e', 'l', 'l', 'o'}
 	if !bytes.Equal(buf[:n], want) {
 		t.Fatalf("layout\n got %x\nwant %x", buf[:n], want)
 	}
@@ -87,7 +87,7 @@ func TestBudgets(t *testing.T) {
 }
 
 func sampleAccept() Accept {
-	return Accept{TagEcho: 7, AcceptorTag: 9, Incarnation: 11, TGTQPN: 0x22, SRQN: 0x33, DomainID: 0x44, Credits: 16}
+	return Accept{TagEcho: 7, AcceptorTag: 9, Incarnation: 11, TGTQPN: 0x22, SRQN: 0x33, DomainID: 0x44, Credits: 16, MaxMessage: MaxMessage}
 }
 
 func TestAcceptFromREPAndSIDRREP(t *testing.T) {
@@ -146,14 +146,16 @@ func TestAcceptReverse(t *testing.T) {
 	}
 	// Strictness.
 	bads := map[string]func(*Accept){
-		"unknown flag":   func(a *Accept) { a.Flags |= 1 },
-		"rev no flag":    func(a *Accept) { a.Flags = 0 },
-		"zero rev tag":   func(a *Accept) { a.Rev.Tag = 0 },
-		"rev INI QP1":    func(a *Accept) { a.Rev.INIQPN = 1 },
-		"rev TGT 0":      func(a *Accept) { a.Rev.TGTQPN = 0 },
-		"rev TGT 25 bit": func(a *Accept) { a.Rev.TGTQPN = 1 << 24 },
-		"rev domain 0":   func(a *Accept) { a.Rev.DomainID = 0 },
-		"credits 0":      func(a *Accept) { a.Credits = 0 },
+		"unknown flag":     func(a *Accept) { a.Flags |= 1 },
+		"rev no flag":      func(a *Accept) { a.Flags = 0 },
+		"zero rev tag":     func(a *Accept) { a.Rev.Tag = 0 },
+		"rev INI QP1":      func(a *Accept) { a.Rev.INIQPN = 1 },
+		"rev TGT 0":        func(a *Accept) { a.Rev.TGTQPN = 0 },
+		"rev TGT 25 bit":   func(a *Accept) { a.Rev.TGTQPN = 1 << 24 },
+		"rev domain 0":     func(a *Accept) { a.Rev.DomainID = 0 },
+		"credits 0":        func(a *Accept) { a.Credits = 0 },
+		"max message 63":   func(a *Accept) { a.MaxMessage = MinMessage - 1 },
+		"max message 1M+1": func(a *Accept) { a.MaxMessage = MaxMessage + 1 },
 	}
 	for name, mod := range bads {
 		x := sampleReverseAccept()
@@ -266,8 +268,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"empty", func(b []byte) []byte { return nil }, ReasonShort, RejectBadRequest},
 		{"all zero (kernel reject)", func(b []byte) []byte { return make([]byte, len(b)) }, ReasonMagic, RejectBadRequest},
 		{"magic", func(b []byte) []byte { b[0] ^= 1; return b }, ReasonMagic, RejectBadRequest},
-		{"version 2", func(b []byte) []byte { b[2] = 2; return b }, ReasonVersion, RejectVersion},
-		{"version 2 short", func(b []byte) []byte { b[2] = 2; return b[:4] }, ReasonVersion, RejectVersion},
+		{"version 1", func(b []byte) []byte { b[2] = 1; return b }, ReasonVersion, RejectVersion},
+		{"version 3 short", func(b []byte) []byte { b[2] = 3; return b[:4] }, ReasonVersion, RejectVersion},
 		{"type", func(b []byte) []byte { b[3] = byte(TypePhysReq); return b }, ReasonType, RejectBadRequest},
 		{"reserved", func(b []byte) []byte { b[5] = 1; return b }, ReasonReserved, RejectBadRequest},
 		{"length zero", func(b []byte) []byte { b[6], b[7] = 0, 0; return b }, ReasonLength, RejectBadRequest},
@@ -276,7 +278,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"truncated", func(b []byte) []byte { return b[:40] }, ReasonShort, RejectBadRequest},
 		{"input over budget", func(b []byte) []byte { return append(b, 0) }, ReasonTooLong, RejectBadRequest},
 		{"garbage padding", func(b []byte) []byte { b[170] = 1; return b }, ReasonTrailing, RejectBadRequest},
-		{"app length", func(b []byte) []byte { b[45] = 3; return b }, ReasonAppLength, RejectBadRequest},
+		{"app length", func(b []byte) []byte { b[49] = 3; return b }, ReasonAppLength, RejectBadRequest},
 		{"unknown flag", func(b []byte) []byte { b[4] = 0x80; return b }, ReasonFlags, RejectBadRequest},
 		{"replaces on VIRT", func(b []byte) []byte { b[4] = byte(FlagReplacesTGT); return b }, ReasonFlags, RejectBadRequest},
 		{"reciprocal without peer tag", func(b []byte) []byte { b[4] = byte(FlagReciprocal); return b }, ReasonFlags, RejectBadRequest},
@@ -287,6 +289,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"TGT hint 0", func(b []byte) []byte { clear(b[27:30]); return b }, ReasonField, RejectBadRequest},
 		{"domain hint 0", func(b []byte) []byte { clear(b[30:38]); return b }, ReasonField, RejectBadRequest},
 		{"credits 0", func(b []byte) []byte { clear(b[43:45]); return b }, ReasonField, RejectBadRequest},
+		{"max message 0", func(b []byte) []byte { clear(b[45:49]); return b }, ReasonField, RejectBadRequest},
+		{"max message 2 MiB", func(b []byte) []byte { b[46] = 0x20; return b }, ReasonField, RejectBadRequest},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
