@@ -61,7 +61,7 @@ func (e *env) newReceiver(port uint16) *receiver {
 	if r.d, err = r.p.OpenXRCD(e.dom.Path, kernel.XRCDCreate); err != nil {
 		t.Fatal(err)
 	}
-	if _, r.srqn, err = r.p.CreateSRQ(r.d); err != nil {
+	if _, r.srqn, err = r.p.CreateSRQ(r.d, frameSize(MaxMessageSize)); err != nil {
 		t.Fatal(err)
 	}
 	r.acc = NewAcceptor(AcceptorConfig{Kernel: r.p, XRCD: r.d, DomainID: e.dom.ID, Incarnation: uint64(port), SRQN: r.srqn, Credits: 8})

@@ -119,7 +119,7 @@ func TestQPCountAllToAll(t *testing.T) {
 			if s.d, err = s.p.OpenXRCD(dom.Path, kernel.XRCDCreate); err != nil {
 				t.Fatal(err)
 			}
-			if s.srq, s.srqn, err = s.p.CreateSRQ(s.d); err != nil {
+			if s.srq, s.srqn, err = s.p.CreateSRQ(s.d, frameSize(MaxMessageSize)); err != nil {
 				t.Fatal(err)
 			}
 			s.acc = NewAcceptor(AcceptorConfig{Kernel: s.p, XRCD: s.d, DomainID: dom.ID, Incarnation: s.inc, SRQN: s.srqn})

@@ -42,7 +42,7 @@ func deviceKernel(cfg *Config) (kernel.Kernel, error) {
 		dev = on
 	}
 	cfg.Addr = netip.AddrPortFrom(ip, ap.Port()).String()
-	k, err := openDevice(dev, ip, cfg.MaxMessageSize)
+	k, err := openDevice(dev, ip)
 	if err != nil {
 		return nil, &opError{"listen", cfg.Addr, err}
 	}

@@ -11,11 +11,10 @@ import (
 	"github.com/goxrc/goxrc/internal/kernel/real"
 )
 
-// openDevice opens device dev (address ip) through the real kernel seam,
-// with SRQ slots for messages of up to maxMessage bytes, and checks that
-// XRC works there.
-func openDevice(dev string, ip netip.Addr, maxMessage int) (kernel.Kernel, error) {
-	p, err := real.Open(dev, ip, real.Options{SlotSize: frameSize(maxMessage)})
+// openDevice opens device dev (address ip) through the real kernel seam and
+// checks that XRC works there.
+func openDevice(dev string, ip netip.Addr) (kernel.Kernel, error) {
+	p, err := real.Open(dev, ip, real.Options{})
 	if err != nil {
 		return nil, err
 	}

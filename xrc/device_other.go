@@ -10,6 +10,6 @@ import (
 )
 
 // openDevice: real RDMA devices need Linux and cgo.
-func openDevice(dev string, _ netip.Addr, _ int) (kernel.Kernel, error) {
+func openDevice(dev string, _ netip.Addr) (kernel.Kernel, error) {
 	return nil, fmt.Errorf("device %s: RDMA devices need Linux and cgo: %w", dev, ErrNotSupported)
 }

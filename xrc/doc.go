@@ -70,7 +70,8 @@
 // device and the reason, having released everything it opened; without
 // Linux or cgo it always fails so. On a device, an endpoint registers its
 // SRQ's receive slots, 32 of Config.MaxMessageSize plus 5 bytes (about 32
-// MiB at the default 1 MiB; the endpoint's senders learn the size), and
+// MiB at the default 1 MiB; the endpoint's senders learn the size, since a
+// longer message would fail the sender's INI), and
 // 8 MiB of send memory per INI. With Config.Process set, the endpoint
 // runs on an in-memory kernel that follows the kernel's XRC and RDMA CM
 // semantics rule for rule, exported as package memfabric, so that code

@@ -239,7 +239,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	if e.xrcd, err = k.OpenXRCD(e.dom.Path, kernel.XRCDCreate); err != nil {
 		return nil, err
 	}
-	if e.srq, e.srqn, err = k.CreateSRQ(e.xrcd); err != nil {
+	if e.srq, e.srqn, err = k.CreateSRQ(e.xrcd, frameSize(cfg.MaxMessageSize)); err != nil {
 		return nil, err
 	}
 	e.inc = random64()

@@ -166,7 +166,7 @@ func (w *world) rawPeer(ip string, port uint16) *rawPeer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, srqn, err := k.CreateSRQ(d)
+	_, srqn, err := k.CreateSRQ(d, frameSize(MaxMessageSize))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -162,8 +162,10 @@ type Kernel interface {
 	// CloseXRCD closes this handle; EBUSY while this process has QPs or SRQs
 	// made through it.
 	CloseXRCD(d XRCD) error
-	// CreateSRQ creates an XRC SRQ in d and returns its number.
-	CreateSRQ(d XRCD) (SRQ, uint32, error)
+	// CreateSRQ creates an XRC SRQ in d, its receives slot bytes each, and
+	// returns its number. A longer message fails: its receive completes
+	// with WCLocLenErr and its send with WCRemInvReqErr, the INI in ERR.
+	CreateSRQ(d XRCD, slot int) (SRQ, uint32, error)
 	DestroySRQ(s SRQ) error
 	// CreateINI creates an XRC_SEND QP (not bound to any domain).
 	CreateINI() (QP, uint32, error)

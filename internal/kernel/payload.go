@@ -12,7 +12,7 @@ import (
 // by a mutex: sync.Pool would box every []byte it is given back.
 const (
 	minPayloadClass = 6  // 64 bytes
-	maxPayloadClass = 21 // 2 MiB: the largest receive slot (1 MiB + 4 KiB) fits
+	maxPayloadClass = 21 // 2 MiB: the largest frame (1 MiB and its header) fits
 	// payloadClassBytes bounds what one class keeps on its free list (but
 	// minPayloadKept buffers), so that a burst does not pin its buffers for
 	// ever: 20 MiB for all classes at most, far less in practice.

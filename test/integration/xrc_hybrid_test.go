@@ -174,7 +174,7 @@ func xhNewServer(t *testing.T, ip netip.Addr, port uint16) *xhServer {
 	if s.xrcd, err = s.p.OpenXRCD("", kernel.XRCDCreate); err != nil {
 		t.Fatal(err)
 	}
-	if s.srq, s.srqN, err = s.p.CreateSRQ(s.xrcd); err != nil {
+	if s.srq, s.srqN, err = s.p.CreateSRQ(s.xrcd, 1<<16); err != nil {
 		t.Fatal(err)
 	}
 	s.lx = xhListen(t, s.p, s.addr, kernel.ExchangeXRC)

@@ -160,8 +160,8 @@ func (p *Process) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, er
 	return p.m.OpenXRCD(path, flags)
 }
 func (p *Process) CloseXRCD(d kernel.XRCD) error { return p.m.CloseXRCD(d) }
-func (p *Process) CreateSRQ(d kernel.XRCD) (kernel.SRQ, uint32, error) {
-	return p.m.CreateSRQ(d)
+func (p *Process) CreateSRQ(d kernel.XRCD, slot int) (kernel.SRQ, uint32, error) {
+	return p.m.CreateSRQ(d, slot)
 }
 func (p *Process) DestroySRQ(s kernel.SRQ) error { return p.m.DestroySRQ(s) }
 

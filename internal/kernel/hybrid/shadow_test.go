@@ -44,7 +44,7 @@ func TestShadowPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srq, srqN, err := b.CreateSRQ(d)
+	srq, srqN, err := b.CreateSRQ(d, 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,9 @@
 //     later, connected back to that INI) into any SRQ of the TGT's domain
 //     named by the sender; an unknown SRQN fails the send with
 //     WCRemInvReqErr, moves the INI to ERR and flushes everything behind it.
+//   - An SRQ's receives hold the slot size it was made with; a longer
+//     message completes its receive with WCLocLenErr and its send with
+//     WCRemInvReqErr, the INI to ERR (IB's local length error and NAK).
 //   - An INI's send queue holds NodeConfig.SendQueueDepth sends (default
 //     256) until their completions are polled; a post beyond that fails with
 //     ENOMEM and leaves the QP as it was (mlx5_wq_overflow; not in facts.md).
@@ -35,7 +38,7 @@
 // Simplifications, all deterministic: one mutex per fabric; no timers (a
 // retransmitted REQ after a REP-time stale hit is redelivered at once;
 // TIMEWAIT_EXIT follows DISCONNECTED without the ~2 s delay; nothing times
-// out); SRQs have unlimited posted receives, of any size; a stale-table entry leaves when
+// out); SRQs have unlimited posted receives; a stale-table entry leaves when
 // its id leaves the established state, which is when rxe showed the number
 // reusable; a bad SRQN leaves the TGT as it was (the mlx5 responder's
 // behaviour is an open point).

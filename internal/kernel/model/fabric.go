@@ -228,6 +228,7 @@ type xrcdHandle struct {
 
 type srq struct {
 	num  uint32
+	slot int // bytes per receive
 	d    *xrcd
 	via  *xrcdHandle
 	recv queue[kernel.RecvCompletion]

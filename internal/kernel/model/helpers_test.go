@@ -21,6 +21,9 @@ var (
 
 const port = 20002
 
+// testSlot is the receive size of the tests' SRQs.
+const testSlot = 4096
+
 func twoNodes(t *testing.T, reuse Reuse) (*Fabric, *Node, *Node) {
 	t.Helper()
 	f := NewFabric(reuse)
@@ -97,7 +100,7 @@ func newSide(t *testing.T, n *Node, path string) *side {
 	s := &side{p: n.NewProcess()}
 	s.d = must[kernel.XRCD](t)(s.p.OpenXRCD(path, kernel.XRCDCreate))
 	var err error
-	s.srq, s.srqn, err = s.p.CreateSRQ(s.d)
+	s.srq, s.srqn, err = s.p.CreateSRQ(s.d, testSlot)
 	ok(t, err)
 	return s
 }

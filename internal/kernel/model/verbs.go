@@ -137,14 +137,17 @@ func (p *Process) CloseXRCD(h kernel.XRCD) error {
 	return nil
 }
 
-func (p *Process) CreateSRQ(h kernel.XRCD) (kernel.SRQ, uint32, error) {
+func (p *Process) CreateSRQ(h kernel.XRCD, slot int) (kernel.SRQ, uint32, error) {
 	p.lock()
 	defer p.unlock()
 	x, err := lookup[*xrcdHandle](p, "ibv_create_srq_ex", uint64(h))
 	if err != nil {
 		return 0, 0, err
 	}
-	s := &srq{num: p.n.srqns.get(), d: x.d, via: x, recv: newQueue[kernel.RecvCompletion]()}
+	if slot <= 0 {
+		return 0, 0, opErr("ibv_create_srq_ex", syscall.EINVAL)
+	}
+	s := &srq{num: p.n.srqns.get(), slot: slot, d: x.d, via: x, recv: newQueue[kernel.RecvCompletion]()}
 	x.uses++
 	x.d.refs++
 	p.n.srqs[s.num] = s
@@ -330,6 +333,12 @@ func (q *qp) deliver(wr kernel.SendWR) verbs.WCStatus {
 	// Any SRQ of the TGT's domain, by the number the sender names.
 	s := dst.srqs[wr.RemoteSRQN]
 	if s == nil || s.d != t.d {
+		return verbs.WCRemInvReqErr
+	}
+	if len(wr.Payload) > s.slot {
+		// The receive it took is too short: it completes in error (a
+		// local length error) and the sender is NAKed.
+		s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Status: verbs.WCLocLenErr})
 		return verbs.WCRemInvReqErr
 	}
 	s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Payload: clonePayload(wr.Payload), Status: verbs.WCSuccess})

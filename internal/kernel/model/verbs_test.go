@@ -186,7 +186,7 @@ func TestModelQPNReuseOpensWrongQP(t *testing.T) {
 	s := newSide(t, a, domainFile(t))
 	old := s.srqn
 	ok(t, s.p.DestroySRQ(s.srq))
-	_, n, err := s.p.CreateSRQ(s.d)
+	_, n, err := s.p.CreateSRQ(s.d, testSlot)
 	ok(t, err)
 	if n != old {
 		t.Fatalf("SRQN not reused: %#x then %#x", old, n)
@@ -417,5 +417,31 @@ func TestModelSendQueueFullENOMEM(t *testing.T) {
 		if r := recv(t, sb); r.Imm != want {
 			t.Fatalf("received imm %d, want %d", r.Imm, want)
 		}
+	}
+}
+
+// Rule: an SRQ's receives hold its slot size; a longer message completes
+// that receive with a local length error and NAKs the sender: the send
+// completes with WCRemInvReqErr and the INI goes to ERR, flushing what
+// follows. A message of exactly the slot size is delivered.
+func TestModelMessageLongerThanSlot(t *testing.T) {
+	_, a, b := twoNodes(t, ReuseLIFO)
+	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
+	k := physLink(t, sa, sb, listen(t, sb.p, kernel.ExchangeXRC))
+	fits := string(make([]byte, testSlot))
+	if c := send(t, sa.p, k.ini, sb.srqn, 1, fits); c.Status != verbs.WCSuccess {
+		t.Fatalf("a message of the slot size: %v", c.Status)
+	}
+	if r := recv(t, sb); r.Status != verbs.WCSuccess || len(r.Payload) != testSlot {
+		t.Fatalf("received %v, %d bytes", r.Status, len(r.Payload))
+	}
+	if c := send(t, sa.p, k.ini, sb.srqn, 2, fits+"x"); c.Status != verbs.WCRemInvReqErr {
+		t.Fatalf("one byte over the slot: %v, want WCRemInvReqErr", c.Status)
+	}
+	if r := recv(t, sb); r.Status != verbs.WCLocLenErr || r.Imm != 2 || len(r.Payload) != 0 {
+		t.Fatalf("the receive it took: %+v, want WCLocLenErr with no payload", r)
+	}
+	if info := must[kernel.QPInfo](t)(sa.p.QueryQP(k.ini)); info.State != verbs.QPStateErr {
+		t.Fatalf("INI in %v, want ERR", info.State)
 	}
 }

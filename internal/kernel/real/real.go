@@ -20,7 +20,6 @@ type Options struct {
 	SendBuffer int // bytes of registered send memory per INI (default 8 MiB)
 	SendWR     int // send queue depth per INI (default 256)
 	RecvSlots  int // receives posted on each SRQ (default 32)
-	SlotSize   int // bytes per receive (default 1 MiB + 4 KiB): the largest message
 	MinRNR     uint8
 }
 
@@ -33,9 +32,6 @@ func (o *Options) fill() {
 	}
 	if o.RecvSlots <= 0 {
 		o.RecvSlots = 32
-	}
-	if o.SlotSize <= 0 {
-		o.SlotSize = 1<<20 + 4096
 	}
 	if o.MinRNR == 0 {
 		o.MinRNR = 12 // 0.64 ms instead of rdma_init_qp_attr's 0 (655 ms)
@@ -237,12 +233,15 @@ func (p *Process) CloseXRCD(d kernel.XRCD) error {
 	return nil
 }
 
-func (p *Process) CreateSRQ(d kernel.XRCD) (_ kernel.SRQ, _ uint32, err error) {
+func (p *Process) CreateSRQ(d kernel.XRCD, slot int) (_ kernel.SRQ, _ uint32, err error) {
+	if slot <= 0 {
+		return 0, 0, errno("ibv_create_srq_ex", syscall.EINVAL)
+	}
 	x, err := p.useXRCD(d, "ibv_create_srq_ex")
 	if err != nil {
 		return 0, 0, err
 	}
-	s := &srqObj{via: x, slot: p.opts.SlotSize}
+	s := &srqObj{via: x, slot: slot}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -261,7 +260,7 @@ func (p *Process) CreateSRQ(d kernel.XRCD) (_ kernel.SRQ, _ uint32, err error) {
 	if s.num, err = s.s.Num(); err != nil {
 		return 0, 0, err
 	}
-	if s.mr, err = p.pd.RegMR(p.opts.RecvSlots*p.opts.SlotSize, verbs.AccessLocalWrite); err != nil {
+	if s.mr, err = p.pd.RegMR(p.opts.RecvSlots*slot, verbs.AccessLocalWrite); err != nil {
 		return 0, 0, err
 	}
 	wrs := make([]verbs.RecvWR, p.opts.RecvSlots)
