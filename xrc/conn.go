@@ -302,9 +302,7 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 			e.mu.Unlock()
 			continue
 		}
-		q.roomWait = true
-		room := q.room
-		e.sqFull.Add(1)
+		room := e.awaitRoomLocked(q)
 		e.mu.Unlock()
 		select {
 		case <-room:
@@ -422,8 +420,7 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 			e.mu.Unlock()
 			return
 		}
-		q.roomWait = true
-		room := q.room
+		room := e.awaitRoomLocked(q)
 		e.mu.Unlock()
 		select {
 		case <-room:
@@ -462,12 +459,12 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 			continue
 		}
 		e.mu.Unlock()
-		ch := statusChans.get(newStatusChan)
 		if kind == kindFIN {
 			if err := c.takeTurn(ctx); err != nil {
 				return err
 			}
 		}
+		ch := statusChans.get(newStatusChan)
 		res, room := c.post(kind, p, ch)
 		if kind == kindFIN {
 			c.endTurn()
@@ -593,9 +590,7 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 			if len(q.waiters) == 0 {
 				return postFailed, nil // polled meanwhile: post again at once (a try)
 			}
-			q.roomWait = true
-			e.sqFull.Add(1)
-			return postFull, q.room
+			return postFull, e.awaitRoomLocked(q)
 		}
 		e.failINILocked(u, q)
 		return postFailed, nil

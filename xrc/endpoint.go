@@ -170,9 +170,6 @@ func NewEndpoint(ctx context.Context, cfg Config) (*Endpoint, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := cfg.messageSize(); err != nil {
-		return nil, err
-	}
 	k, err := deviceKernel(&cfg)
 	if err != nil {
 		return nil, err

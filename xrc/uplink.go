@@ -56,6 +56,14 @@ type iniQP struct {
 	broken   bool // failed while its uplink was recovering onto it
 }
 
+// awaitRoomLocked returns what a sender that found q's send queue full
+// (ENOMEM) waits on: closed once the poller has taken completions.
+func (e *Endpoint) awaitRoomLocked(q *iniQP) <-chan struct{} {
+	q.roomWait = true
+	e.sqFull.Add(1)
+	return q.room
+}
+
 // roomLocked wakes the senders waiting for q's send queue to drain.
 func (q *iniQP) roomLocked() {
 	if q.roomWait {
