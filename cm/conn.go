@@ -371,7 +371,11 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 	c.postMu.Lock()
 	defer c.postMu.Unlock()
 	if !c.io() {
-		return ErrClosed
+		// Released: by Close (c.err is ErrClosed), or on its own after
+		// the device went (c.err says so).
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.err
 	}
 	defer c.ioDone()
 	c.mu.Lock()
@@ -980,6 +984,14 @@ func (c *Conn) peerGone(reason string) {
 	}
 	c.mu.Unlock()
 	c.t.shutdown()
+}
+
+// deviceRemoved fails the connection and releases it at once, without
+// waiting for the application's Close: the kernel cannot finish removing
+// the device while anything of ours is left on it.
+func (c *Conn) deviceRemoved() {
+	c.fail(fmt.Errorf("%w: %w", ErrPeerGone, ErrDeviceRemoved))
+	go c.Close()
 }
 
 // Close closes the connection gracefully: it tells the peer no more data

@@ -207,6 +207,7 @@ func (c *Conn) agree(h hello, cfg config) {
 // start hands the established connection to its CM watcher.
 func (c *Conn) start(t *rdmaTransport) {
 	t.onPeerGone = c.peerGone
+	t.onDeviceRemoved = c.deviceRemoved
 	globalStats.connsOpen.Add(1)
 	globalStats.connsTotal.Add(1)
 	go t.watch()

@@ -67,6 +67,23 @@
 // a rejected connection wraps *rdmacm.RejectError. Close is graceful: the
 // peer reads the data sent before it, then io.EOF.
 //
+// # Device removal
+//
+// When the RDMA device goes away (rdma link delete, a driver unloaded, a
+// device unplugged), the RDMA CM tells every id on it. Every connection and
+// listener on the device then fails, with ErrDeviceRemoved (a connection's
+// error wraps ErrPeerGone too), and releases what it holds on the device at
+// once, without waiting for the application's Close; once the last is gone,
+// cm has librdmacm drop its context on the device (rdmacm.RefreshDevices).
+// That matters on devices that cannot take contexts away from a process,
+// soft-RoCE among them: the kernel's removal waits until every process has
+// closed its context. A listener on an unspecified address serves the
+// remaining devices. A device added again is used like a new one. One case
+// is left to the application: librdmacm keeps a context on every device it
+// has used until it exits, and a process with no connection or listener on
+// a device when it is removed gets no event; it holds up the removal until
+// it calls rdmacm.RefreshDevices or exits.
+//
 // # Transports
 //
 // By default connections run over RC. WithXRC(XRCPrefer) or

@@ -27,6 +27,13 @@ var (
 	// ErrPeerGone reports that the connection was lost: the peer
 	// disconnected, died, or the QP went to the error state.
 	ErrPeerGone = errors.New("connection lost")
+
+	// ErrDeviceRemoved reports that the RDMA device under a connection or
+	// listener went away (rdma link delete, a driver unloaded, a device
+	// unplugged). A connection's error wraps ErrPeerGone as well. Both have
+	// released what they held on the device by then, on their own, so that
+	// the kernel can finish the removal; Close still works and returns nil.
+	ErrDeviceRemoved = errors.New("RDMA device removed")
 )
 
 // OpError is the error type of every failed cm operation; it implements

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/goxrc/goxrc/internal/rdmaaddr"
 	"github.com/goxrc/goxrc/rdmacm"
@@ -29,6 +30,7 @@ type Listener struct {
 	stop      context.CancelFunc // ends ctx, which bounds handshakes, at Close
 	closeOnce sync.Once
 	wg        sync.WaitGroup // the event loop and handshakes in flight
+	removed   atomic.Bool    // the device went away: Accept says so
 }
 
 // Listen listens for connections on address ("ip:port"; port 0 picks one).
@@ -135,6 +137,9 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	case c := <-l.ready:
 		return c, nil
 	case <-l.done:
+		if l.removed.Load() {
+			return nil, opError("accept", l.addr, ErrDeviceRemoved)
+		}
 		return nil, opError("accept", l.addr, ErrClosed)
 	case <-ctx.Done():
 		return nil, opError("accept", l.addr, ctx.Err())
@@ -149,6 +154,14 @@ func (l *Listener) loop() {
 		ev, err := l.id.Event(context.Background())
 		if err != nil {
 			return // closed
+		}
+		if ev.Type == rdmacm.EventDeviceRemoval {
+			// The kernel has destroyed the listening id; the rest
+			// must go at once, or the device's removal waits for it.
+			l.cfg.logger.Warn("listener's RDMA device removed", "addr", l.addr)
+			l.removed.Store(true)
+			go l.Close()
+			return
 		}
 		if ev.Type != rdmacm.EventConnectRequest {
 			l.cfg.logger.Debug("listener event ignored", "event", ev.Type)
@@ -261,6 +274,7 @@ func (l *Listener) Close() error {
 			globalStats.listeners.Add(-1)
 			return
 		}
+		gone := l.id.DeviceRemoved()
 		err = l.id.Close()
 		l.wg.Wait()
 		for {
@@ -274,6 +288,9 @@ func (l *Listener) Close() error {
 		}
 		err = errors.Join(err, l.ch.release())
 		if l.dev != nil {
+			if gone {
+				l.dev.removed()
+			}
 			devices.Lock()
 			l.dev.listeners--
 			devices.Unlock()

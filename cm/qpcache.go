@@ -62,7 +62,7 @@ func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCo
 	// Only for a listener's device: a client process closing its
 	// connections would reset each QP only to destroy it when the last one
 	// takes the device with it.
-	keep := d.listeners > 0 && d.refs > 1
+	keep := d.listeners > 0 && d.refs > 1 && !d.gone
 	devices.Unlock()
 	if !keep {
 		return false

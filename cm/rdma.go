@@ -55,6 +55,8 @@ type rdmaTransport struct {
 	events       chan struct{} // closed when the CM id's watcher ends
 	disconnected chan struct{}
 	onPeerGone   func(reason string)
+	// onDeviceRemoved: the device went away (the watcher ends after it).
+	onDeviceRemoved func()
 }
 
 // chanRef counts the users of an event channel: a listener's channel carries
@@ -152,6 +154,10 @@ type device struct {
 
 	qps       map[qpShape][]cachedQP // closed connections' QPs and CQs (qpcache.go)
 	cachedQPs int
+
+	// gone: an id on the device reported its removal (see removed); under
+	// devices' lock.
+	gone bool
 }
 
 var devices struct {
@@ -257,7 +263,9 @@ func (d *device) release() {
 	defer devices.Unlock()
 	d.refs--
 	if d.refs == 0 {
-		delete(devices.m, d.name)
+		if devices.m[d.name] == d {
+			delete(devices.m, d.name)
+		}
 		d.dropQPs()
 		if d.cc.Close() == nil {
 			<-d.pumpDone
@@ -265,6 +273,26 @@ func (d *device) release() {
 		d.pool.close()
 		d.pd.Close()
 		d.ctx.Close()
+		if d.gone {
+			// librdmacm holds a context on the device until it
+			// reads the device list again; until then the kernel's
+			// removal waits for this process. Every id and object of
+			// ours on the device is gone by now (free closes a
+			// connection's id after its objects).
+			rdmacm.RefreshDevices()
+		}
+	}
+}
+
+// removed takes a device that is being removed out of use: an id that
+// reaches a device of that name later (one added again) gets a new entry.
+// Its objects go with its last user, as always.
+func (d *device) removed() {
+	devices.Lock()
+	defer devices.Unlock()
+	d.gone = true
+	if devices.m[d.name] == d {
+		delete(devices.m, d.name)
 	}
 }
 
@@ -527,9 +555,12 @@ func (t *rdmaTransport) watch() {
 				}
 			}
 		case rdmacm.EventDeviceRemoval:
-			if t.onPeerGone != nil {
-				t.onPeerGone("RDMA device removed")
+			// The kernel has destroyed its side of the id: no
+			// time-wait follows.
+			if t.onDeviceRemoved != nil {
+				t.onDeviceRemoved()
 			}
+			return
 		case rdmacm.EventTimewaitExit:
 			return
 		}
@@ -541,6 +572,9 @@ func (t *rdmaTransport) watch() {
 func (t *rdmaTransport) release(ctx context.Context) error {
 	t.shutdown()
 	err := t.id.Disconnect()
+	if t.id.DeviceRemoved() {
+		err = nil // nothing left to disconnect
+	}
 	select {
 	case <-t.events:
 		t.timewaitDone = true
@@ -553,12 +587,14 @@ func (t *rdmaTransport) release(ctx context.Context) error {
 	return errors.Join(err, t.free())
 }
 
-// free destroys everything in reverse order of creation. It also cleans up
-// after a failed handshake, where any field may be nil.
+// free destroys everything in reverse order of creation, except the CM id,
+// which goes last: on a removed device, librdmacm closes its context once
+// the last id on it goes, and nothing may be left on the context then. It
+// also cleans up after a failed handshake, where any field may be nil.
 func (t *rdmaTransport) free() error {
 	var errs []error
-	if t.id != nil {
-		errs = append(errs, t.id.Close())
+	if t.dev != nil && t.id.DeviceRemoved() {
+		t.dev.removed()
 	}
 	if t.watched {
 		// Before the pair may go back to the device, where another
@@ -590,6 +626,9 @@ func (t *rdmaTransport) free() error {
 	}
 	if t.dev != nil {
 		t.dev.release()
+	}
+	if t.id != nil {
+		errs = append(errs, t.id.Close())
 	}
 	if t.ch != nil {
 		errs = append(errs, t.ch.release())
