@@ -5,6 +5,7 @@ import (
 	"net"
 
 	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc"
 )
 
 var (
@@ -33,7 +34,7 @@ var (
 	// unplugged). A connection's error wraps ErrPeerGone as well. Both have
 	// released what they held on the device by then, on their own, so that
 	// the kernel can finish the removal; Close still works and returns nil.
-	ErrDeviceRemoved = errors.New("RDMA device removed")
+	ErrDeviceRemoved = xrc.ErrDeviceRemoved
 )
 
 // OpError is the error type of every failed cm operation; it implements

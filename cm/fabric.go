@@ -223,6 +223,8 @@ func (c *Conn) closeXRC() error {
 // mapXRCErr gives the engine's errors the meaning of this package's.
 func mapXRCErr(err error) error {
 	switch {
+	case errors.Is(err, xrc.ErrDeviceRemoved):
+		return fmt.Errorf("%w: %w", ErrPeerGone, err)
 	case errors.Is(err, xrc.ErrPeerGone), errors.Is(err, xrc.ErrPeerClosed):
 		return fmt.Errorf("%w: %w", ErrPeerGone, err)
 	case errors.Is(err, xrc.ErrClosed):

@@ -39,7 +39,9 @@
 // after TIMEWAIT_EXIT. Dead peers are found by a DREQ on the physical link,
 // by send errors, and by keepalives with an idle timeout (Config.Heartbeat,
 // Config.IdleTimeout); a sender whose INI failed rebuilds it and moves its
-// connections over (REPLACES_TGT, MOVE). Send returns once its message is
+// connections over (REPLACES_TGT, MOVE). When the device goes away, every
+// connection fails with ErrDeviceRemoved and the endpoint closes itself,
+// so that the kernel can finish the removal. Send returns once its message is
 // posted, as an RC send does, so one goroutine streams; the engine keeps
 // each message until its completion and, across a recovery, posts the
 // connection's unfinished ones again, in order, before anything new. Data

@@ -407,16 +407,22 @@ func (e *Endpoint) release() {
 	}
 }
 
-// die is the end of an endpoint whose kernel failed (its process died):
-// every connection fails.
+// die is the end of an endpoint whose kernel failed (its process died) or
+// whose device went away: every connection fails. After a device removal
+// the endpoint also closes itself: the kernel may not finish removing the
+// device while anything of ours is left on it, and Accept waits until
+// Close.
 func (e *Endpoint) die(err error) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.fatal == nil {
 		e.fatal = err
 	}
 	for c := range e.conns {
 		c.failLocked(err)
+	}
+	e.mu.Unlock()
+	if errors.Is(err, ErrDeviceRemoved) {
+		go e.Close()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
@@ -23,6 +24,12 @@ var (
 	// (a send to its SRQ failed), its sender went silent past the idle
 	// timeout, or its INI's CM connection was torn down without a FIN.
 	ErrPeerGone = errors.New("xrc: peer gone")
+	// ErrDeviceRemoved reports that the endpoint's RDMA device went away
+	// (the real kernel CM's DEVICE_REMOVAL): every connection fails with
+	// it, Accept and Dial return it, and the endpoint closes itself,
+	// releasing everything it held on the device. cm.ErrDeviceRemoved is
+	// the same error.
+	ErrDeviceRemoved = kernel.ErrDeviceRemoved
 	// ErrNoKernel reports a Config.Process that carries no kernel (a
 	// memfabric.Process not made by its Node).
 	ErrNoKernel = errors.New("xrc: no kernel (Config.Process was not made by a memfabric Node)")

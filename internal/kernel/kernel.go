@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 
 	"github.com/goxrc/goxrc/verbs"
@@ -15,6 +16,12 @@ type (
 	QP   uint64 // an INI QP, or one handle on a TGT QP (created or opened)
 	ID   uint64 // an RDMA CM id
 )
+
+// ErrDeviceRemoved is what Event returns on an id whose RDMA device went
+// away (RDMA_CM_EVENT_DEVICE_REMOVAL; the real kernel CM only): the kernel
+// has destroyed its side of the id, and the process is to let go of
+// everything on the device.
+var ErrDeviceRemoved = errors.New("RDMA device removed")
 
 // XRCDFlags are ibv_open_xrcd's oflags.
 type XRCDFlags uint8

@@ -434,8 +434,39 @@ func (c *CM) DestroyID(h kernel.ID) error {
 	if e == nil {
 		return opErr("rdma_destroy_id", "", syscall.EBADF)
 	}
-	return e.id.Close()
+	err := e.id.Close()
+	if e.id.DeviceRemoved() {
+		forgetRemoved()
+	}
+	return err
 }
+
+// dropRemovedSpares destroys the spare ids on a device that went away: they
+// would keep librdmacm's context on it, and with it the kernel's removal.
+func (c *CM) dropRemovedSpares() {
+	c.mu.Lock()
+	var gone []*rdmacm.ID
+	for dst, sp := range c.spares {
+		if sp.id != nil && sp.id.DeviceRemoved() {
+			gone = append(gone, sp.id)
+			sp.id = nil
+			delete(c.spares, dst)
+		}
+	}
+	c.mu.Unlock()
+	for _, id := range gone {
+		id.Close()
+	}
+	if len(gone) > 0 {
+		forgetRemoved()
+	}
+}
+
+// forgetRemoved has librdmacm drop a removed device's context, now or when
+// its last id goes. kcm's ids are all it has on librdmacm's context (QPs
+// live on a context of their own, or in the model), so no object is left
+// on it then.
+func forgetRemoved() { rdmacm.RefreshDevices() }
 
 func pad(pd []byte, n int) []byte {
 	b := make([]byte, max(n, len(pd)))
@@ -452,6 +483,10 @@ func (c *CM) Event(ctx context.Context, h kernel.ID) (kernel.Event, error) {
 	}
 	for {
 		re, err := e.id.Event(ctx)
+		if err == nil && re.Type == rdmacm.EventDeviceRemoval {
+			c.dropRemovedSpares()
+			return kernel.Event{}, opErr("rdma_get_cm_event", "", kernel.ErrDeviceRemoved)
+		}
 		if err != nil {
 			if errors.Is(err, rdmacm.ErrClosed) {
 				// Destroyed meanwhile (or the process closed): like the
@@ -542,8 +577,10 @@ func (c *CM) Close() error {
 	c.mu.Unlock()
 	c.stopSpares()
 	c.prep.Wait() // a spare that finishes now sees closed and destroys its id
+	removed := false
 	for _, sp := range spares {
 		if sp.id != nil {
+			removed = removed || sp.id.DeviceRemoved()
 			sp.id.Close()
 		}
 	}
@@ -556,10 +593,14 @@ func (c *CM) Close() error {
 	} {
 		for h, e := range ids {
 			if pass(e) {
+				removed = removed || e.id.DeviceRemoved()
 				e.id.Close()
 				delete(ids, h)
 			}
 		}
+	}
+	if removed {
+		forgetRemoved()
 	}
 	return c.ch.Close()
 }
