@@ -87,6 +87,7 @@ func TestHybridDeviceRemoval(t *testing.T) {
 	// The removal runs in a process of its own: a thread waiting in the
 	// kernel for this process to let go could not be interrupted.
 	del := exec.Command("rdma", "link", "delete", dev)
+	start := time.Now()
 	if err := del.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -97,6 +98,7 @@ func TestHybridDeviceRemoval(t *testing.T) {
 		if err != nil {
 			t.Fatalf("rdma link delete %s: %v", dev, err)
 		}
+		t.Logf("rdma link delete %s finished in %v", dev, time.Since(start))
 	case <-time.After(60 * time.Second):
 		t.Fatalf("rdma link delete %s did not finish in 60 s: the endpoints kept CM ids on the device (it ends when this process exits)", dev)
 	}
