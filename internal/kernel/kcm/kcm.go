@@ -434,11 +434,7 @@ func (c *CM) DestroyID(h kernel.ID) error {
 	if e == nil {
 		return opErr("rdma_destroy_id", "", syscall.EBADF)
 	}
-	err := e.id.Close()
-	if e.id.DeviceRemoved() {
-		forgetRemoved()
-	}
-	return err
+	return e.id.Close()
 }
 
 // dropRemovedSpares destroys the spare ids on a device that went away: they
@@ -457,16 +453,7 @@ func (c *CM) dropRemovedSpares() {
 	for _, id := range gone {
 		id.Close()
 	}
-	if len(gone) > 0 {
-		forgetRemoved()
-	}
 }
-
-// forgetRemoved has librdmacm drop a removed device's context, now or when
-// its last id goes. kcm's ids are all it has on librdmacm's context (QPs
-// live on a context of their own, or in the model), so no object is left
-// on it then.
-func forgetRemoved() { rdmacm.RefreshDevices() }
 
 func pad(pd []byte, n int) []byte {
 	b := make([]byte, max(n, len(pd)))
@@ -485,6 +472,12 @@ func (c *CM) Event(ctx context.Context, h kernel.ID) (kernel.Event, error) {
 		re, err := e.id.Event(ctx)
 		if err == nil && re.Type == rdmacm.EventDeviceRemoval {
 			c.dropRemovedSpares()
+			// librdmacm keeps a context on the device, and with it the
+			// kernel's removal, until it reads the device list again;
+			// then it closes the context with the last id on it. kcm's
+			// ids are all it has there (QPs live on a context of their
+			// own, or in the model), so nothing is left on it then.
+			rdmacm.RefreshDevices()
 			return kernel.Event{}, opErr("rdma_get_cm_event", "", kernel.ErrDeviceRemoved)
 		}
 		if err != nil {
@@ -577,10 +570,8 @@ func (c *CM) Close() error {
 	c.mu.Unlock()
 	c.stopSpares()
 	c.prep.Wait() // a spare that finishes now sees closed and destroys its id
-	removed := false
 	for _, sp := range spares {
 		if sp.id != nil {
-			removed = removed || sp.id.DeviceRemoved()
 			sp.id.Close()
 		}
 	}
@@ -593,14 +584,10 @@ func (c *CM) Close() error {
 	} {
 		for h, e := range ids {
 			if pass(e) {
-				removed = removed || e.id.DeviceRemoved()
 				e.id.Close()
 				delete(ids, h)
 			}
 		}
-	}
-	if removed {
-		forgetRemoved()
 	}
 	return c.ch.Close()
 }
