@@ -71,18 +71,19 @@
 //
 // When the RDMA device goes away (rdma link delete, a driver unloaded, a
 // device unplugged), the RDMA CM tells every id on it. Every connection and
-// listener on the device then fails, with ErrDeviceRemoved (a connection's
-// error wraps ErrPeerGone too), and releases what it holds on the device at
-// once, without waiting for the application's Close; once the last is gone,
-// cm has librdmacm drop its context on the device (rdmacm.RefreshDevices).
-// That matters on devices that cannot take contexts away from a process,
-// soft-RoCE among them: the kernel's removal waits until every process has
-// closed its context. A listener on an unspecified address serves the
-// remaining devices. A device added again is used like a new one. One case
-// is left to the application: librdmacm keeps a context on every device it
-// has used until it exits, and a process with no connection or listener on
-// a device when it is removed gets no event; it holds up the removal until
-// it calls rdmacm.RefreshDevices or exits.
+// listener on the device then fails with ErrDeviceRemoved (a connection's
+// error wraps ErrPeerGone too; one whose peer was on the same device may
+// report the peer's disconnect, which came first), and releases everything
+// it holds on the device at once, without waiting for the application's
+// Close; Close then returns nil. A device that can take contexts away from a
+// process (mlx5) is then gone. One that cannot (soft-RoCE) waits until every
+// process has closed its context, and librdmacm keeps a context on every
+// device it has used until the process exits: it drops a removed one only
+// when it reads the device list again (rdma_get_devices), and doing that
+// while a removal waits (rdma-core 44 on soft-RoCE, seen in the VM) can
+// leave it without the devices that stay, and its next call hung. So cm does
+// not make it read the list, and on such a device the removal completes
+// when the process exits.
 //
 // # Transports
 //

@@ -32,8 +32,8 @@ var (
 	// ErrDeviceRemoved reports that the RDMA device under a connection or
 	// listener went away (rdma link delete, a driver unloaded, a device
 	// unplugged). A connection's error wraps ErrPeerGone as well. Both have
-	// released what they held on the device by then, on their own, so that
-	// the kernel can finish the removal; Close still works and returns nil.
+	// released what they held on the device by then, on their own; Close
+	// still works and returns nil. See "Device removal" in the package doc.
 	ErrDeviceRemoved = xrc.ErrDeviceRemoved
 )
 

@@ -273,14 +273,6 @@ func (d *device) release() {
 		d.pool.close()
 		d.pd.Close()
 		d.ctx.Close()
-		if d.gone {
-			// librdmacm holds a context on the device until it
-			// reads the device list again; until then the kernel's
-			// removal waits for this process. Every id and object of
-			// ours on the device is gone by now (free closes a
-			// connection's id after its objects).
-			rdmacm.RefreshDevices()
-		}
 	}
 }
 
@@ -588,9 +580,11 @@ func (t *rdmaTransport) release(ctx context.Context) error {
 }
 
 // free destroys everything in reverse order of creation, except the CM id,
-// which goes last: on a removed device, librdmacm closes its context once
-// the last id on it goes, and nothing may be left on the context then. It
-// also cleans up after a failed handshake, where any field may be nil.
+// which goes last: librdmacm closes the context of a device it has found
+// gone (it reads the device list again when an id reaches a device it does
+// not know) with the last id on it, and nothing may be left on the context
+// then. It also cleans up after a failed handshake, where any field may be
+// nil.
 func (t *rdmaTransport) free() error {
 	var errs []error
 	if t.dev != nil && t.id.DeviceRemoved() {

@@ -27,22 +27,6 @@ func Counts() Counters {
 	return Counters{Channels: int(liveChannels.Load()), IDs: int(liveIDs.Load())}
 }
 
-// RefreshDevices makes librdmacm read the system's device list again
-// (rdma_get_devices). librdmacm keeps a context open on every device it has
-// used, for the life of the process, and drops a removed device's only when
-// it next reads the list and no id holds the device. The kernel does not
-// finish removing a device (rdma link delete, a driver unloading) while a
-// process has a context open on it. So once a device has reported
-// EventDeviceRemoval, and every id and verbs object on it is gone, call
-// RefreshDevices: the device's context is closed and the removal completes.
-// A device added since becomes usable as well.
-func RefreshDevices() error {
-	if err := sysRefreshDevices(); err != nil {
-		return &verbs.OpError{Op: "rdma_get_devices", Err: err}
-	}
-	return nil
-}
-
 // EventChannel is an RDMA CM event channel with its event pump: one goroutine
 // that waits for the channel's descriptor in Go's netpoller, reads every
 // event, copies and acknowledges it at once, and queues it on the ID it
@@ -282,7 +266,7 @@ type ID struct {
 // EventDeviceRemoval for this id has arrived (whether or not it was read
 // yet). The kernel has destroyed its side of the id; what is left is to
 // destroy the verbs objects on the device, then the id (librdmacm's manual
-// asks for that), then to call RefreshDevices.
+// asks for that).
 func (id *ID) DeviceRemoved() bool { return id != nil && id.deviceRemoved.Load() }
 
 // use locks the id for a C call; it fails with ErrClosed after Close of the

@@ -31,17 +31,6 @@ typedef struct {
 	uint8_t pd[256];
 } gx_event;
 
-// gx_refresh_devices makes librdmacm re-read the device list: a device
-// gone from it is dropped, its context closed once no id holds it.
-static int gx_refresh_devices(void) {
-	struct ibv_context **l = rdma_get_devices(NULL);
-
-	if (!l)
-		return -errno;
-	rdma_free_devices(l);
-	return 0;
-}
-
 // gx_get_event reads one event without blocking (the descriptor is
 // non-blocking: -EAGAIN when none is pending), copies it and acks it.
 static int gx_get_event(struct rdma_event_channel *ch, gx_event *out) {
@@ -398,13 +387,6 @@ func (c *EventChannel) dispatch(r *C.gx_event) {
 	if !l.q.push(e) {
 		nid.Close()
 	}
-}
-
-func sysRefreshDevices() error {
-	if r := C.gx_refresh_devices(); r != 0 {
-		return errno(r)
-	}
-	return nil
 }
 
 func (c *EventChannel) sysStop() {

@@ -21,8 +21,6 @@ func (c *EventChannel) sysOpen() error {
 	return &verbs.OpError{Op: "rdma_create_event_channel", Err: ErrNotSupported}
 }
 
-func sysRefreshDevices() error { return ErrNotSupported }
-
 func (c *EventChannel) sysStop()    {}
 func (c *EventChannel) sysDestroy() {}
 

@@ -41,7 +41,7 @@
 // Config.IdleTimeout); a sender whose INI failed rebuilds it and moves its
 // connections over (REPLACES_TGT, MOVE). When the device goes away, every
 // connection fails with ErrDeviceRemoved and the endpoint closes itself,
-// so that the kernel can finish the removal. Send returns once its message is
+// leaving nothing of the process on the device. Send returns once its message is
 // posted, as an RC send does, so one goroutine streams; the engine keeps
 // each message until its completion and, across a recovery, posts the
 // connection's unfinished ones again, in order, before anything new. Data

@@ -437,8 +437,8 @@ func (c *CM) DestroyID(h kernel.ID) error {
 	return e.id.Close()
 }
 
-// dropRemovedSpares destroys the spare ids on a device that went away: they
-// would keep librdmacm's context on it, and with it the kernel's removal.
+// dropRemovedSpares destroys the spare ids on a device that went away:
+// nothing can use them, and librdmacm's manual asks for it.
 func (c *CM) dropRemovedSpares() {
 	c.mu.Lock()
 	var gone []*rdmacm.ID
@@ -472,12 +472,6 @@ func (c *CM) Event(ctx context.Context, h kernel.ID) (kernel.Event, error) {
 		re, err := e.id.Event(ctx)
 		if err == nil && re.Type == rdmacm.EventDeviceRemoval {
 			c.dropRemovedSpares()
-			// librdmacm keeps a context on the device, and with it the
-			// kernel's removal, until it reads the device list again;
-			// then it closes the context with the last id on it. kcm's
-			// ids are all it has there (QPs live on a context of their
-			// own, or in the model), so nothing is left on it then.
-			rdmacm.RefreshDevices()
 			return kernel.Event{}, opErr("rdma_get_cm_event", "", kernel.ErrDeviceRemoved)
 		}
 		if err != nil {
