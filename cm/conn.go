@@ -110,7 +110,8 @@ type Conn struct {
 	xrelease     func()
 	laddr, raddr net.Addr
 	raw          bool
-	log          logFunc
+	log          logFunc // warnings
+	logInfo      logFunc
 
 	maxSend     int // largest payload this side may send (the peer's limit)
 	maxRecv     int // largest payload this side accepts
@@ -225,14 +226,15 @@ type connParams struct {
 	timeout   time.Duration
 	busyPoll  time.Duration
 	keepalive time.Duration
-	log       logFunc
+	log       logFunc // warnings
+	logInfo   logFunc
 }
 
 // newConn wires the engine to a transport whose receive buffers are not yet
 // posted; it posts them all.
 func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 	c := &Conn{
-		t: t, laddr: laddr, raddr: raddr, raw: p.raw, log: p.log,
+		t: t, laddr: laddr, raddr: raddr, raw: p.raw, log: p.log, logInfo: p.logInfo,
 		maxSend: p.maxSend, maxRecv: p.maxRecv, peerSlots: p.peerSlots,
 		recvSlots: p.recvSlots, timeout: p.timeout, busyPoll: p.busyPoll, keepalive: p.keepalive,
 		credits:  p.peerSlots,
@@ -251,6 +253,9 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 	c.lastYield.Store(int64(time.Since(epoch))) // a new connection has nothing to yield for yet
 	if c.log == nil {
 		c.log = func(string, ...any) {}
+	}
+	if c.logInfo == nil {
+		c.logInfo = func(string, ...any) {}
 	}
 	for i := p.sendSlots - 1; i >= 0; i-- {
 		c.freeSend = append(c.freeSend, i)

@@ -192,7 +192,8 @@ func (cfg *config) params(sendSlots, recvSlots int) connParams {
 		raw: cfg.raw, sendSlots: sendSlots, recvSlots: recvSlots, peerSlots: recvSlots,
 		maxSend: cfg.messageSize, maxRecv: cfg.messageSize, timeout: cfg.handshakeTimeout,
 		busyPoll: cfg.busyPoll, keepalive: cfg.keepalive,
-		log: func(msg string, args ...any) { log.Warn(msg, args...) },
+		log:     func(msg string, args ...any) { log.Warn(msg, args...) },
+		logInfo: func(msg string, args ...any) { log.Info(msg, args...) },
 	}
 }
 
@@ -208,6 +209,9 @@ func (c *Conn) agree(h hello, cfg config) {
 func (c *Conn) start(t *rdmaTransport) {
 	t.onPeerGone = c.peerGone
 	t.onDeviceRemoved = c.deviceRemoved
+	t.onAsync, t.port = c.asyncEvent, t.id.Port()
+	t.dev.addConn(t)
+	t.inAsync = true
 	globalStats.connsOpen.Add(1)
 	globalStats.connsTotal.Add(1)
 	go t.watch()

@@ -85,6 +85,19 @@
 // not make it read the list, and on such a device the removal completes
 // when the process exits.
 //
+// # Device events
+//
+// cm reads each device's asynchronous events (what ibv_asyncwatch prints)
+// for as long as it uses the device, waiting in the netpoller. A QP or CQ
+// error the device reports (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, CQ_ERR)
+// fails the connection it names with ErrPeerGone and the device's reason,
+// and DEVICE_FATAL fails every connection on the device. A port going down
+// (PORT_ERR) breaks nothing by itself: each connection on the port logs a
+// warning, ProcessStats.PortErrors counts it, and a connection fails only
+// when its transport gives up retrying, or its keepalive (WithKeepalive)
+// does; one that sees the port come back first (PORT_ACTIVE, logged at
+// Info) carries on, as a TCP connection does over a link that flaps.
+//
 // # Transports
 //
 // By default connections run over RC. WithXRC(XRCPrefer) or

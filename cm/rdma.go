@@ -57,6 +57,11 @@ type rdmaTransport struct {
 	onPeerGone   func(reason string)
 	// onDeviceRemoved: the device went away (the watcher ends after it).
 	onDeviceRemoved func()
+	// onAsync: a device event about the QP, the CQ or port (async.go),
+	// while registered with the device.
+	onAsync func(verbs.AsyncEvent)
+	port    uint8
+	inAsync bool // registered with the device for its events
 }
 
 // chanRef counts the users of an event channel: a listener's channel carries
@@ -155,6 +160,14 @@ type device struct {
 	qps       map[qpShape][]cachedQP // closed connections' QPs and CQs (qpcache.go)
 	cachedQPs int
 
+	// The device's asynchronous events (async.go): asyncDone is closed when
+	// their reader ends (nil if they could not be read); conns, under mu,
+	// are the connections they may concern; portDown, under mu, the ports
+	// last reported down.
+	asyncDone chan struct{}
+	conns     map[*rdmaTransport]struct{}
+	portDown  map[uint8]bool
+
 	// gone: an id on the device reported its removal (see removed); under
 	// devices' lock.
 	gone bool
@@ -194,9 +207,14 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 	d := &device{
 		name: name, ctx: vctx, pd: pd, pool: newRegPool(pd), refs: 1,
 		cc: cc, pumpDone: make(chan struct{}), wakes: map[*verbs.CQ]chan struct{}{},
-		qps: map[qpShape][]cachedQP{},
+		qps: map[qpShape][]cachedQP{}, conns: map[*rdmaTransport]struct{}{},
+		portDown: map[uint8]bool{},
 	}
 	go d.pump()
+	if events := vctx.AsyncEvents(); events != nil {
+		d.asyncDone = make(chan struct{})
+		go d.readAsync(events)
+	}
 	devices.m[name] = d
 	return d, nil
 }
@@ -272,7 +290,10 @@ func (d *device) release() {
 		}
 		d.pool.close()
 		d.pd.Close()
-		d.ctx.Close()
+		d.ctx.Close() // ends the async events
+		if d.asyncDone != nil {
+			<-d.asyncDone
+		}
 	}
 }
 
@@ -589,6 +610,10 @@ func (t *rdmaTransport) free() error {
 	var errs []error
 	if t.dev != nil && t.id.DeviceRemoved() {
 		t.dev.removed()
+	}
+	if t.inAsync {
+		t.dev.removeConn(t)
+		t.inAsync = false
 	}
 	if t.watched {
 		// Before the pair may go back to the device, where another

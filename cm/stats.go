@@ -46,6 +46,9 @@ type ProcessStats struct {
 	// DialErrors and AcceptErrors count failed connection attempts.
 	DialErrors   uint64
 	AcceptErrors uint64
+	// PortErrors counts the times a port of a device in use went down
+	// (PORT_ERR; see "Device events" in the package doc).
+	PortErrors uint64
 	// XRC connections (WithFabric, or an XRC mode on a device with XRC): INI QPs (one per remote node), TGT
 	// handles (one per remote sender), receiving legs counted over them,
 	// XRC QPs held, and every kernel handle and CM id the engine holds.
@@ -65,6 +68,7 @@ var globalStats struct {
 	listeners    atomic.Int64
 	dialErrors   atomic.Uint64
 	acceptErrors atomic.Uint64
+	portErrors   atomic.Uint64
 }
 
 // GlobalStats returns the process-wide counters.
@@ -83,6 +87,7 @@ func GlobalStats() ProcessStats {
 		QueuePairsReused: globalStats.qpsReused.Load(),
 		Listeners:        globalStats.listeners.Load(),
 		DialErrors:       globalStats.dialErrors.Load(),
+		PortErrors:       globalStats.portErrors.Load(),
 		AcceptErrors:     globalStats.acceptErrors.Load(),
 	}
 }

@@ -1,0 +1,123 @@
+package cm
+
+import (
+	"fmt"
+
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// A device's asynchronous events (ibv_get_async_event) are read for the life
+// of the device by one goroutine, which waits for the async fd in the
+// netpoller (verbs.Context.AsyncEvents acknowledges each event at once, so
+// destroying a QP never waits for us). The events that concern connections:
+//
+//   - QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR and CQ_ERR fail the connection
+//     whose QP or CQ they name, with the device's reason. The flush that
+//     follows would fail it too, but only as "work request flushed".
+//   - DEVICE_FATAL fails every connection on the device.
+//   - PORT_ERR and PORT_ACTIVE, when they change the port's state (taken to
+//     be up at first), are logged by each connection on the port and counted
+//     (ProcessStats.PortErrors). A port that goes down breaks no
+//     connection by itself: a connection fails once its transport gives up
+//     retrying (or its keepalive does), and survives a port that comes back
+//     before then, as a TCP connection survives a cable pulled and put back.
+//
+// Everything else (COMM_EST, which only matters to a QP in RTR while ours go
+// to RTS at once; LID, P_Key, GID and SM changes) is read and dropped.
+
+// readAsync delivers the device's events until the context closes.
+func (d *device) readAsync(events <-chan verbs.AsyncEvent) {
+	defer close(d.asyncDone)
+	for ev := range events {
+		d.handleAsync(ev)
+	}
+}
+
+func (d *device) handleAsync(ev verbs.AsyncEvent) {
+	var match func(t *rdmaTransport) bool
+	switch ev.Type {
+	case verbs.EventQPFatal, verbs.EventQPReqErr, verbs.EventQPAccessErr:
+		match = func(t *rdmaTransport) bool { return t.qp.Num() == ev.QPNum }
+	case verbs.EventCQErr:
+		match = func(t *rdmaTransport) bool { return t.cq == ev.CQ }
+	case verbs.EventDeviceFatal:
+		match = func(*rdmaTransport) bool { return true }
+	case verbs.EventPortErr, verbs.EventPortActive:
+		match = func(t *rdmaTransport) bool { return t.port == ev.Port }
+	default:
+		return
+	}
+	d.mu.Lock()
+	if ev.Type == verbs.EventPortErr || ev.Type == verbs.EventPortActive {
+		// Only changes count: rxe reports a netdev coming up twice
+		// (NETDEV_UP, then NETDEV_CHANGE).
+		down := ev.Type == verbs.EventPortErr
+		if d.portDown[ev.Port] == down {
+			d.mu.Unlock()
+			return
+		}
+		d.portDown[ev.Port] = down
+		if down {
+			globalStats.portErrors.Add(1)
+		}
+	}
+	var hit []*rdmaTransport
+	for t := range d.conns {
+		if match(t) {
+			hit = append(hit, t)
+		}
+	}
+	d.mu.Unlock()
+	// Outside the lock: a connection failing takes locks of its own.
+	for _, t := range hit {
+		t.asyncEvent(ev)
+	}
+}
+
+// addConn makes t's connection hear the device's events about it.
+func (d *device) addConn(t *rdmaTransport) {
+	d.mu.Lock()
+	d.conns[t] = struct{}{}
+	d.mu.Unlock()
+}
+
+func (d *device) removeConn(t *rdmaTransport) {
+	d.mu.Lock()
+	delete(d.conns, t)
+	d.mu.Unlock()
+}
+
+// asyncEvent passes an event on to the connection. An error event about the
+// QP counts only while the QP is in the error state, where such an event
+// always leaves it: an event read late, about a QP that a closed connection
+// gave back and a new one took since (qpcache.go), finds it working and is
+// dropped.
+func (t *rdmaTransport) asyncEvent(ev verbs.AsyncEvent) {
+	if t.onAsync == nil {
+		return
+	}
+	switch ev.Type {
+	case verbs.EventQPFatal, verbs.EventQPReqErr, verbs.EventQPAccessErr:
+		attr, _, err := t.qp.Query(verbs.QPAttrState)
+		if err != nil || attr.State != verbs.QPStateErr {
+			return
+		}
+	}
+	t.onAsync(ev)
+}
+
+// asyncEvent handles a device event about the connection: see the top of
+// this file.
+func (c *Conn) asyncEvent(ev verbs.AsyncEvent) {
+	switch ev.Type {
+	case verbs.EventPortErr:
+		c.log("RDMA port down: the connection fails unless the port comes back before the transport's retries run out",
+			"remote", c.raddr, "event", ev)
+	case verbs.EventPortActive:
+		c.logInfo("RDMA port active", "remote", c.raddr, "event", ev)
+	case verbs.EventDeviceFatal:
+		c.fail(fmt.Errorf("%w: the RDMA device reported a fatal error (%v)", ErrPeerGone, ev.Type))
+	default:
+		c.fail(fmt.Errorf("%w: the RDMA device reported %v on the connection's queues", ErrPeerGone, ev.Type))
+	}
+}
