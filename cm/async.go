@@ -14,7 +14,11 @@ import (
 //   - QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR and CQ_ERR fail the connection
 //     whose QP or CQ they name, with the device's reason. The flush that
 //     follows would fail it too, but only as "work request flushed".
-//   - DEVICE_FATAL fails every connection on the device.
+//   - DEVICE_FATAL fails every connection on the device as a removal does
+//     (ErrDeviceRemoved, and each lets go of the device at once): nothing
+//     on the context works any more, and drivers that take a device away
+//     from a process send it before the RDMA CM's DEVICE_REMOVAL, which
+//     then finds the connection failed already.
 //   - PORT_ERR and PORT_ACTIVE, when they change the port's state (taken to
 //     be up at first), are logged by each connection on the port and counted
 //     (ProcessStats.PortErrors). A port that goes down breaks no
@@ -116,7 +120,7 @@ func (c *Conn) asyncEvent(ev verbs.AsyncEvent) {
 	case verbs.EventPortActive:
 		c.logInfo("RDMA port active", "remote", c.raddr, "event", ev)
 	case verbs.EventDeviceFatal:
-		c.fail(fmt.Errorf("%w: the RDMA device reported a fatal error (%v)", ErrPeerGone, ev.Type))
+		c.deviceLost(fmt.Sprintf("the device reported a fatal error (%v)", ev.Type))
 	default:
 		c.fail(fmt.Errorf("%w: the RDMA device reported %v on the connection's queues", ErrPeerGone, ev.Type))
 	}

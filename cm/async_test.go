@@ -3,6 +3,7 @@ package cm
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -22,7 +23,7 @@ func TestConnDeviceEvents(t *testing.T) {
 		{verbs.AsyncEvent{Type: verbs.EventQPFatal, QPNum: 17}, "connection lost: the RDMA device reported QP_FATAL on the connection's queues"},
 		{verbs.AsyncEvent{Type: verbs.EventQPAccessErr, QPNum: 17}, "QP_ACCESS_ERR"},
 		{verbs.AsyncEvent{Type: verbs.EventCQErr}, "CQ_ERR"},
-		{verbs.AsyncEvent{Type: verbs.EventDeviceFatal}, "the RDMA device reported a fatal error (DEVICE_FATAL)"},
+		{verbs.AsyncEvent{Type: verbs.EventDeviceFatal}, "connection lost: RDMA device removed: the device reported a fatal error (DEVICE_FATAL)"},
 	} {
 		t.Run(tc.ev.Type.String(), func(t *testing.T) {
 			a, b, _ := fakePair(t, fakeOpts{})
@@ -47,6 +48,16 @@ func TestConnDeviceEvents(t *testing.T) {
 			require.ErrorContains(t, err, tc.want)
 			require.ErrorIs(t, a.Send(context.Background(), []byte("x")), ErrPeerGone)
 			require.Equal(t, []string{"warn: connection failed"}, logged)
+			if tc.ev.Type == verbs.EventDeviceFatal {
+				// Released without the application's Close, as on a
+				// removal.
+				require.ErrorIs(t, err, ErrDeviceRemoved)
+				require.Eventually(t, func() bool {
+					a.ioMu.RLock()
+					defer a.ioMu.RUnlock()
+					return a.released
+				}, 5*time.Second, time.Millisecond)
+			}
 		})
 	}
 }

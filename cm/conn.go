@@ -994,8 +994,15 @@ func (c *Conn) peerGone(reason string) {
 // deviceRemoved fails the connection and releases it at once, without
 // waiting for the application's Close: the kernel cannot finish removing
 // the device while anything of ours is left on it.
-func (c *Conn) deviceRemoved() {
-	c.fail(fmt.Errorf("%w: %w", ErrPeerGone, ErrDeviceRemoved))
+func (c *Conn) deviceRemoved() { c.deviceLost("") }
+
+// deviceLost is deviceRemoved with the reason the device gave, if any.
+func (c *Conn) deviceLost(why string) {
+	err := fmt.Errorf("%w: %w", ErrPeerGone, ErrDeviceRemoved)
+	if why != "" {
+		err = fmt.Errorf("%w: %s", err, why)
+	}
+	c.fail(err)
 	go c.Close()
 }
 

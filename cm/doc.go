@@ -90,8 +90,10 @@
 // cm reads each device's asynchronous events (what ibv_asyncwatch prints)
 // for as long as it uses the device, waiting in the netpoller. A QP or CQ
 // error the device reports (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, CQ_ERR)
-// fails the connection it names with ErrPeerGone and the device's reason,
-// and DEVICE_FATAL fails every connection on the device. A port going down
+// fails the connection it names with ErrPeerGone and the device's reason.
+// DEVICE_FATAL (a device failing, or taken away from the process by a driver
+// that can) is handled as a removal: every connection on the device fails
+// with ErrDeviceRemoved and lets go of the device. A port going down
 // (PORT_ERR) breaks nothing by itself: each connection on the port logs a
 // warning, ProcessStats.PortErrors counts it, and a connection fails only
 // when its transport gives up retrying, or its keepalive (WithKeepalive)

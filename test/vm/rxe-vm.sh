@@ -12,6 +12,8 @@
 #   -o, --out DIR        output dir of this run (default WORK/runs/<time>-XXXX)
 #   -t, --timeout SEC    limit for the whole VM  [GOXRC_VM_TIMEOUT, default 900]
 #       --cmd-timeout S  limit for COMMAND in the guest (default: timeout - 30)
+#   [GOXRC_VM_BOOT_LIMIT] seconds for the guest to reach COMMAND (default 180; it takes 10-20)
+#                        before the boot counts as hung: it is killed and booted once more
 #   -m, --mem SIZE       guest RAM            [GOXRC_VM_MEM, default 2G]
 #   -s, --smp N          guest vCPUs          [GOXRC_VM_SMP, default 2]
 #   -k, --kver ABI       Debian kernel ABI    [GOXRC_VM_KVER, default 6.1.0-47-amd64]
@@ -212,19 +214,38 @@ QEMU=(qemu-system-x86_64 -machine q35 -accel tcg,thread=multi -cpu max -smp "$SM
 printf '%q ' "${QEMU[@]}" > "$OUT/qemu-cmdline"
 
 log "run dir $OUT (timeout ${VM_TIMEOUT}s)"
-T0=$(date +%s.%N) T1=
-timeout -k 5 "$VM_TIMEOUT" "${QEMU[@]}" 2> "$OUT/qemu.stderr" &
-QPID=$! TAILPID=
-trap 'kill $QPID $TAILPID 2>/dev/null' INT TERM HUP
-while kill -0 "$QPID" 2>/dev/null; do
-  if [[ -e $OUT/.cmd-started ]]; then
-    T1=$(date +%s.%N)
-    if [[ $QUIET == 0 ]]; then tail -s 0.2 -n +1 -F --pid="$QPID" "$OUT/output.log" 2>/dev/null & TAILPID=$!; fi
-    break
-  fi
-  sleep 0.1
+# A guest that has not reached the command after BOOT_LIMIT seconds (it takes 10-20) hung while
+# booting: seen once in many runs, with nothing on the quiet console. Nothing of the command has
+# run then, so it is killed and booted once more instead of waiting out the whole timeout.
+BOOT_LIMIT=${GOXRC_VM_BOOT_LIMIT:-180}
+for attempt in 1 2; do
+  T0=$(date +%s.%N) T1= HUNG=0
+  timeout -k 5 "$VM_TIMEOUT" "${QEMU[@]}" 2> "$OUT/qemu.stderr" &
+  QPID=$! TAILPID=
+  trap 'kill $QPID $TAILPID 2>/dev/null' INT TERM HUP
+  while kill -0 "$QPID" 2>/dev/null; do
+    if [[ -e $OUT/.cmd-started ]]; then
+      T1=$(date +%s.%N)
+      if [[ $QUIET == 0 ]]; then tail -s 0.2 -n +1 -F --pid="$QPID" "$OUT/output.log" 2>/dev/null & TAILPID=$!; fi
+      break
+    fi
+    if (( $(date +%s) - ${T0%.*} >= BOOT_LIMIT )); then
+      HUNG=1; kill "$QPID" 2>/dev/null || true; wait "$QPID" 2>/dev/null || true
+      break
+    fi
+    sleep 0.1
+  done
+  [[ $HUNG == 1 && $attempt == 1 ]] || break
+  log "the guest did not reach the command in ${BOOT_LIMIT}s (a hung boot): booting again (console of that boot: $OUT/console-hung-boot.log)"
+  mv "$OUT/console.log" "$OUT/console-hung-boot.log" 2>/dev/null || true
+  rm -f "$OUT"/{guest-timings,setup.log}
 done
-QRC=0; wait "$QPID" || QRC=$?
+QRC=0
+if [[ $HUNG == 1 ]]; then
+  QRC="killed: hung while booting, twice"
+else
+  wait "$QPID" || QRC=$?
+fi
 [[ -z $TAILPID ]] || wait "$TAILPID" 2>/dev/null || true
 T2=$(date +%s.%N)
 [[ -n $T1 || ! -e $OUT/.cmd-started ]] || T1=$T2
