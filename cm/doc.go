@@ -98,7 +98,10 @@
 // warning, ProcessStats.PortErrors counts it, and a connection fails only
 // when its transport gives up retrying, or its keepalive (WithKeepalive)
 // does; one that sees the port come back first (PORT_ACTIVE, logged at
-// Info) carries on, as a TCP connection does over a link that flaps.
+// Info) carries on, as a TCP connection does over a link that flaps. The
+// events come from librdmacm's context on the device, which every user of
+// librdmacm in the process shares: a program that reads that context's
+// events itself while cm uses the device gets only some of them.
 //
 // # Transports
 //
