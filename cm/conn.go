@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/goxrc/goxrc/internal/ring"
+	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc"
 )
 
@@ -1006,10 +1007,22 @@ func (c *Conn) deviceLost(why string) {
 	go c.Close()
 }
 
+// peerVanishedLocked reports whether the connection failed because the peer
+// stopped answering without a word: the transport's retries ran out (a send,
+// or a keepalive probe) and the CM never reported a disconnect. A peer
+// whose process died has its kernel disconnect for it; a vanished node
+// (power lost, cable cut) does not.
+func (c *Conn) peerVanishedLocked() bool {
+	var ce *verbs.CompletionError
+	return c.peerLeft == "" && errors.As(c.err, &ce) && ce.Status == verbs.WCRetryExcErr
+}
+
 // Close closes the connection gracefully: it tells the peer no more data
 // follows, waits (bounded by the handshake timeout) for posted messages to
 // complete, disconnects, waits for the CM's time-wait to end, and releases
-// every resource. Close is idempotent and wakes every blocked call.
+// every resource. A connection whose peer vanished (its retries ran out with
+// no disconnect from the CM) is released at once, with no one to wait for.
+// Close is idempotent and wakes every blocked call.
 func (c *Conn) Close() error {
 	if c == nil {
 		return nil
@@ -1023,6 +1036,7 @@ func (c *Conn) Close() error {
 	first := !c.closing
 	c.closing = true
 	broken := c.err != nil
+	vanished := c.peerVanishedLocked()
 	c.mu.Unlock()
 	if first && !broken && !c.raw {
 		c.sendFin(ctx)
@@ -1043,7 +1057,7 @@ func (c *Conn) Close() error {
 		c.ioMu.Lock()
 		c.released = true
 		c.ioMu.Unlock()
-		c.releaseErr = c.t.release(ctx)
+		c.releaseErr = c.t.release(ctx, vanished)
 		globalStats.connsOpen.Add(-1)
 	})
 	return c.releaseErr

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/nettest"
+
+	"github.com/goxrc/goxrc/verbs"
 )
 
 func ctxT(t testing.TB) context.Context {
@@ -715,5 +717,37 @@ func TestStretchedSpinCatchesLateReply(t *testing.T) {
 	recvAfter(t, a, b, 5*window)
 	if blocks() == before {
 		t.Error("a reply 5 windows late was found without a sleep, with the window not stretched")
+	}
+}
+
+// A peer that stopped answering (the transport's retries ran out, and the CM
+// never said it disconnected) is not waited for by Close; any other broken
+// connection is (the rdma transport then waits for the CM's time-wait).
+func TestConnCloseDoesNotWaitForVanishedPeer(t *testing.T) {
+	retries := &verbs.CompletionError{Status: verbs.WCRetryExcErr, QPNum: 17}
+	for _, tc := range []struct {
+		name     string
+		err      error
+		peerLeft string
+		vanished bool
+	}{
+		{"retries ran out", retries, "", true},
+		{"retries ran out after a disconnect", retries, "peer disconnected", false},
+		{"RNR retries ran out", &verbs.CompletionError{Status: verbs.WCRNRRetryExcErr}, "", false},
+		{"flushed", &verbs.CompletionError{Status: verbs.WCWRFlushErr}, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, _, w := fakePair(t, fakeOpts{})
+			a.mu.Lock()
+			a.peerLeft = tc.peerLeft
+			a.failedCompletionLocked(tc.err)
+			a.mu.Unlock()
+			_, err := a.Recv(ctxT(t), make([]byte, 256))
+			require.ErrorIs(t, err, ErrPeerGone)
+			require.NoError(t, a.Close())
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			require.Equal(t, tc.vanished, w.ends[0].releasedVanished)
+		})
 	}
 }

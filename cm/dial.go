@@ -125,7 +125,7 @@ func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) 
 	if err := c.postAllRecvs(); err != nil {
 		return nil, fail(err)
 	}
-	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}
+	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RetryCount: rdmacm.RetryCountFinite, RNRRetryCount: 7}
 	if !cfg.raw {
 		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize)}.marshal()
 	}

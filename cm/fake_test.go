@@ -47,6 +47,8 @@ type fakeEnd struct {
 	// onPeerGone is the Conn's, as the CM watcher calls it on a
 	// DISCONNECTED event; release calls the peer's.
 	onPeerGone func(reason string)
+	// releasedVanished: release was told the peer vanished.
+	releasedVanished bool
 }
 
 func newFakeWire(sendSlots, recvSlots [2]int, size [2]int) *fakeWire {
@@ -248,11 +250,12 @@ func (e *fakeEnd) shutdown() {
 	e.signal()
 }
 
-func (e *fakeEnd) release(ctx context.Context) error {
+func (e *fakeEnd) release(ctx context.Context, vanished bool) error {
 	e.shutdown()
 	e.w.mu.Lock()
 	first := !e.released
 	e.released = true
+	e.releasedVanished = vanished
 	gone := e.peer().onPeerGone
 	e.w.mu.Unlock()
 	// The peer's CM sees a disconnect.

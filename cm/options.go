@@ -167,7 +167,11 @@ func WithDomainPath(path string) Option { return func(c *config) { c.domainPath 
 func WithRawMessages() Option { return func(c *config) { c.raw = true } }
 
 // WithKeepalive makes an idle connection send a probe every d, so a dead peer
-// is noticed even when no data flows (0, the default, disables it).
+// is noticed even when no data flows (0, the default, disables it). A probe
+// to a peer that vanished without a word (power lost, cable cut) fails once
+// the transport's retries run out: seven tries, each after the ACK timeout
+// the RDMA CM derives from the path (about 15 s in all on soft-RoCE, between
+// two guests of test/vm/rxe-pair.sh).
 func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepalive = d } }
 
 // WithBacklog sets the listener's backlog of pending connection requests.

@@ -582,17 +582,23 @@ func (t *rdmaTransport) watch() {
 
 // release disconnects, waits until the CM leaves time-wait (so the QP
 // number is not reused while the peer may still know it), and frees all.
-func (t *rdmaTransport) release(ctx context.Context) error {
+// With a vanished peer it does not wait: the CM would resend its DREQ to no
+// one for as long as its retries last. The kernel's CM finishes the
+// disconnect and keeps the time-wait on its own; the QP is destroyed, not
+// kept for reuse.
+func (t *rdmaTransport) release(ctx context.Context, vanished bool) error {
 	t.shutdown()
 	err := t.id.Disconnect()
 	if t.id.DeviceRemoved() {
 		err = nil // nothing left to disconnect
 	}
-	select {
-	case <-t.events:
-		t.timewaitDone = true
-	case <-ctx.Done():
-		err = errors.Join(err, fmt.Errorf("waiting for the CM to leave time-wait: %w", ctx.Err()))
+	if !vanished {
+		select {
+		case <-t.events:
+			t.timewaitDone = true
+		case <-ctx.Done():
+			err = errors.Join(err, fmt.Errorf("waiting for the CM to leave time-wait: %w", ctx.Err()))
+		}
 	}
 	t.mu.Lock()
 	t.released = true

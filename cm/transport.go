@@ -32,8 +32,9 @@ type transport interface {
 	// completes as flushed, which wakes a blocked poll.
 	shutdown()
 	// release disconnects, waits (bounded by ctx) for the CM to finish,
-	// and frees every resource.
-	release(ctx context.Context) error
+	// unless the peer is known to have vanished (then nothing will), and
+	// frees every resource.
+	release(ctx context.Context, vanished bool) error
 }
 
 type compOp uint8

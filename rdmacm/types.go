@@ -125,12 +125,22 @@ type ConnParam struct {
 	PrivateData        []byte // sent by Connect and Accept; in events, see Event.PrivateData
 	ResponderResources uint8
 	InitiatorDepth     uint8
-	RetryCount         uint8 // ignored by Accept
+	RetryCount         uint8 // ignored by Accept: both ends take the connecting side's (see RetryCountFinite)
 	RNRRetryCount      uint8
 	FlowControl        bool
 	SRQ                bool
 	QPNum              uint32
 }
+
+// RetryCountFinite is the largest RetryCount that gives up everywhere: after
+// it, a send that no ACK answers fails with a retry-exceeded completion and
+// the QP goes to the error state, so a peer that vanished without a word
+// (power lost, cable cut) is noticed. 7, the usual choice, means infinite
+// retries to soft-RoCE (rxe's completer never counts it down; seen with a
+// peer node killed, test/integration's TestTwoNodes), although it is a finite
+// count to the InfiniBand specification and to hardware. (The RNR retry
+// count's 7 means infinite everywhere, as the specification says.)
+const RetryCountFinite = 6
 
 // UDParam is what a datagram (SIDR, PortSpaceUDP) event carries: on the
 // active side's ESTABLISHED, the remote QP number, the Q_Key and the address

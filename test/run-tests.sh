@@ -4,7 +4,8 @@
 # 1. installs missing Debian packages and Go (nothing when all is there),
 # 2. on the host: go vet, CGO_ENABLED=0 and GOOS=darwin builds, go test -race ./...,
 # 3. builds the VM_PACKAGES' test binaries on the host and runs them all in ONE soft-RoCE
-#    VM (test/vm/rxe-vm.sh) with -test.v,
+#    VM (test/vm/rxe-vm.sh) with -test.v, then the integration binary's TestTwoNodes across
+#    two guests on one wire (test/vm/rxe-pair.sh; counted with the guest's tests),
 # 4. prints counts for the host and the guest; the last line is "N passed, N failed, N skipped".
 # Exit status: 0 only if every check and test passed. Logs: $LOGS (printed at the end).
 set -euo pipefail
@@ -80,6 +81,23 @@ if [[ ${#VM_NAMES[@]} -gt 0 ]]; then
   [[ $VM_RC != 125 ]] || say "the VM did not complete (see $LOGS/vm/console.log)"
 fi
 
+# ---- two nodes: the integration binary again, in two guests on one wire (test/vm/rxe-pair.sh):
+# TestTwoNodes serves in A and checks in B, which has the host kill A outright midway.
+PAIR_NOTE="not run"
+if [[ -x $BIN/test_integration.test ]]; then
+  say "two nodes: TestTwoNodes in two guests on one wire"
+  INT=$REPO/test/integration PAIR_RC=0
+  run_role() { printf 'cd %q && GOXRC_PAIR_ROLE=%s %q -test.v -test.count=1 -test.run %q -test.timeout 4m' \
+    "$INT" "$1" "$BIN/test_integration.test" '^TestTwoNodes$'; }
+  "$REPO/test/vm/rxe-pair.sh" -q -o "$LOGS/pair" -t 300 --a "$(run_role a)" --b "$(run_role b)" \
+    > "$LOGS/pair.log" 2>&1 || PAIR_RC=$?
+  grep -E '^\[B\] *(--- |ok|FAIL|PASS)|^rxe-pair:' "$LOGS/pair.log" || true
+  touch "$LOGS/pair/b/output.log"
+  read -r p f s < <(count_verbose "$LOGS/pair/b/output.log" "$PAIR_RC")
+  GP=$((GP + p)) GF=$((GF + f)) GS=$((GS + s))
+  PAIR_NOTE="$p passed, $f failed, $s skipped (exit $PAIR_RC, $LOGS/pair.log)"
+fi
+
 # ---- summary
 echo
 echo "==================== summary ($((SECONDS - START))s, logs in $LOGS)"
@@ -88,6 +106,7 @@ printf '  host:  %d passed, %d failed, %d skipped   (go test -race ./..., %ss)\n
 printf '  guest: %d passed, %d failed, %d skipped   (%s; boot to command %ss, VM total %ss)\n' "$GP" "$GF" "$GS" \
   "${VM_NAMES[*]:-nothing to run}" "$(sed -n 's/boot_to_command_s=\([0-9]*\.\{0,1\}[0-9]\{0,1\}\).*/\1/p' "$LOGS/vm/timings" 2>/dev/null)" \
   "$(sed -n 's/total_s=\([0-9]*\.\{0,1\}[0-9]\{0,1\}\).*/\1/p' "$LOGS/vm/timings" 2>/dev/null)"
+printf '  two nodes: %s\n' "$PAIR_NOTE"
 [[ $CHECKS_FAILED == 0 ]] || echo "  ($CHECKS_FAILED failed check(s) are counted as failures below)"
 FAILED=$((HF + GF + CHECKS_FAILED))
 [[ $FAILED -gt 0 || $VM_RC == 0 ]] || FAILED=1   # the VM failed although no test did

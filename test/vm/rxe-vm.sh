@@ -21,6 +21,11 @@
 #   -e, --env K=V        export K=V to COMMAND (repeatable)
 #       --rw DIR         share DIR read-write at the same path (repeatable)
 #       --no-rxe         no RDMA modules, no veth, no rxe0
+#       --nic MODE:SOCK  a virtio-net NIC (the wire to another guest: test/vm/rxe-pair.sh) whose
+#                        qemu backend is the unix stream socket SOCK, MODE listen or connect;
+#                        rxe0 then sits on that NIC instead of veth0
+#       --ip CIDR        the NIC's address      --peer IP   the other guest's (RXE_PEER_IP)
+#       --mac MAC        the NIC's MAC (default from --ip; rxe's node GUID comes from it)
 #   -q, --quiet          print COMMAND's output at the end instead of live
 #   -v, --verbose        kernel messages on the console log
 #       --prepare        install packages, fetch the kernel, build initramfs + rxe-setup, exit
@@ -40,7 +45,7 @@ MEM=${GOXRC_VM_MEM:-2G}
 SMP=${GOXRC_VM_SMP:-2}
 KVER=${GOXRC_VM_KVER:-6.1.0-47-amd64}
 EXTRA_APPEND=${GOXRC_VM_APPEND:-}
-CMD_TIMEOUT= OUT= RXE=1 QUIET=0 VERBOSE=0 PREPARE=0
+CMD_TIMEOUT= OUT= RXE=1 QUIET=0 VERBOSE=0 PREPARE=0 NIC= NIC_IP= NIC_PEER= NIC_MAC=
 RW_DIRS=() ENVS=()
 PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
           libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc)
@@ -62,6 +67,10 @@ while [[ $# -gt 0 ]]; do
     -e|--env) ENVS+=("$2"); shift 2;;
     --rw) RW_DIRS+=("$(realpath "$2")"); shift 2;;
     --no-rxe) RXE=0; shift;;
+    --nic) NIC=$2; shift 2;;
+    --ip) NIC_IP=$2; shift 2;;
+    --peer) NIC_PEER=$2; shift 2;;
+    --mac) NIC_MAC=$2; shift 2;;
     -q|--quiet) QUIET=1; shift;;
     -v|--verbose) VERBOSE=1; shift;;
     --prepare) PREPARE=1; shift;;
@@ -76,6 +85,19 @@ done
 WORK=$(realpath -m "$WORK")
 [[ $WORK != *[[:space:],:]* ]] || die "work dir must not contain spaces, commas or colons: $WORK"
 mkdir -p "$WORK"
+
+NICARGS=(-nic none)
+if [[ -n $NIC ]]; then
+  case $NIC in listen:/*) NIC_SERVER=on;; connect:/*) NIC_SERVER=off;; *) die "--nic wants listen:/SOCKET or connect:/SOCKET";; esac
+  NIC_SOCK=${NIC#*:}
+  [[ ${#NIC_SOCK} -lt 100 && $NIC_SOCK != *[[:space:],]* ]] || die "--nic socket path too long (unix sockets: 108 bytes) or has spaces or commas: $NIC_SOCK"
+  [[ $NIC_IP == */* ]] || die "--nic needs --ip ADDRESS/PREFIX"
+  if [[ -z $NIC_MAC ]]; then
+    IFS=. read -r _ _ o3 o4 <<< "${NIC_IP%/*}"
+    NIC_MAC=$(printf '52:54:00:88:%02x:%02x' "$o3" "$o4")
+  fi
+  NICARGS=(-netdev "stream,id=n0,server=$NIC_SERVER,addr.type=unix,addr.path=$NIC_SOCK" -device "virtio-net-pci,netdev=n0,mac=$NIC_MAC")
+fi
 
 ensure_packages() {
   local missing=() p
@@ -183,7 +205,7 @@ if [[ -z $OUT ]]; then
 fi
 mkdir -p "$OUT" && OUT=$(realpath "$OUT")
 [[ $OUT != *[[:space:],:]* ]] || die "output dir must not contain spaces, commas or colons: $OUT"
-rm -f "$OUT"/{.cmd-started,exit_code,output.log,console.log,setup.log,timings,guest-timings}
+rm -f "$OUT"/{.cmd-started,exit_code,output.log,console.log,setup.log,timings,guest-timings,qemu.pid}
 
 if [[ $# == 1 && $1 == *[[:space:]\;\|\&\$\<\>]* ]]; then
   printf '%s\n' "$1" > "$OUT/cmd.sh"          # one argument with shell syntax: a snippet
@@ -193,6 +215,7 @@ fi
 {
   printf 'KVER=%q\nMODDIR=%q\nRXE=%q\nCWD=%q\nCMD_TIMEOUT=%q\nRXE_SETUP=%q\n' \
     "$KVER" "$KROOT/lib/modules/$KVER" "$RXE" "$PWD" "$CMD_TIMEOUT" "$WORK/bin/rxe-setup"
+  printf 'NIC_MAC=%q\nNIC_IP=%q\nNIC_PEER=%q\n' "$NIC_MAC" "$NIC_IP" "$NIC_PEER"
   for e in ${ENVS[@]+"${ENVS[@]}"}; do printf 'export %q\n' "$e"; done
 } > "$OUT/params.sh"
 sed -n '/^#### STAGE2$/,/^#### END STAGE2$/p' "$SELF" | sed '1d;$d' > "$OUT/stage2.sh"
@@ -210,7 +233,8 @@ APPEND="console=ttyS0 panic=-1 rdinit=/init rxevm.out=$OUT${RWARG:+ rxevm.rw=$RW
 APPEND+="${EXTRA_APPEND:+ $EXTRA_APPEND}"
 QEMU=(qemu-system-x86_64 -machine q35 -accel tcg,thread=multi -cpu max -smp "$SMP" -m "$MEM"
       -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$INITRD" -append "$APPEND" "${VIRTFS[@]}"
-      -display none -vga none -monitor none -serial "file:$OUT/console.log" -nic none -nodefaults -no-reboot)
+      -display none -vga none -monitor none -serial "file:$OUT/console.log" "${NICARGS[@]}" -nodefaults -no-reboot
+      -pidfile "$OUT/qemu.pid")
 printf '%q ' "${QEMU[@]}" > "$OUT/qemu-cmdline"
 
 log "run dir $OUT (timeout ${VM_TIMEOUT}s)"
@@ -218,7 +242,15 @@ log "run dir $OUT (timeout ${VM_TIMEOUT}s)"
 # booting: seen once in many runs, with nothing on the quiet console. Nothing of the command has
 # run then, so it is killed and booted once more instead of waiting out the whole timeout.
 BOOT_LIMIT=${GOXRC_VM_BOOT_LIMIT:-180}
-for attempt in 1 2; do
+ATTEMPTS=2
+[[ -z $NIC ]] || ATTEMPTS=1   # the other guest's wire would not survive a second boot
+if [[ $NIC == connect:* ]]; then
+  # qemu connects once, at start: wait for the other guest's qemu to listen.
+  for ((i = 0; i < 600; i++)); do [[ -S $NIC_SOCK ]] && break; sleep 0.1; done
+  [[ -S $NIC_SOCK ]] || die "no guest listens on $NIC_SOCK"
+  sleep 0.3   # bound, and listening by now
+fi
+for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   T0=$(date +%s.%N) T1= HUNG=0
   timeout -k 5 "$VM_TIMEOUT" "${QEMU[@]}" 2> "$OUT/qemu.stderr" &
   QPID=$! TAILPID=
@@ -235,14 +267,14 @@ for attempt in 1 2; do
     fi
     sleep 0.1
   done
-  [[ $HUNG == 1 && $attempt == 1 ]] || break
+  [[ $HUNG == 1 && $attempt < $ATTEMPTS ]] || break
   log "the guest did not reach the command in ${BOOT_LIMIT}s (a hung boot): booting again (console of that boot: $OUT/console-hung-boot.log)"
   mv "$OUT/console.log" "$OUT/console-hung-boot.log" 2>/dev/null || true
   rm -f "$OUT"/{guest-timings,setup.log}
 done
 QRC=0
 if [[ $HUNG == 1 ]]; then
-  QRC="killed: hung while booting, twice"
+  QRC="killed: hung while booting ($ATTEMPTS time(s))"
 else
   wait "$QPID" || QRC=$?
 fi
@@ -311,7 +343,27 @@ mkdir -p "/lib/modules/$KVER" && mount --bind "$MODDIR" "/lib/modules/$KVER"
 ulimit -l unlimited
 ulimit -n 65536
 export RXE_VM_OUT=$OUT RXE_DEV= RXE_NETDEV= RXE_IP= RXE_PEER_IP=
-if [[ $RXE == 1 ]]; then
+NICDEV=
+if [[ -n $NIC_MAC ]]; then # the wire to the other guest: find the NIC by its MAC
+  modprobe virtio_net >> "$OUT/setup.log" 2>&1 || log "modprobe virtio_net failed"
+  for ((i = 0; i < 50; i++)); do
+    for n in /sys/class/net/*; do
+      read -r a < "$n/address" && [[ $a == "$NIC_MAC" ]] && NICDEV=${n##*/}
+    done
+    [[ -z $NICDEV ]] || break
+    sleep 0.1
+  done
+  { [[ -n $NICDEV ]] && ip link set "$NICDEV" up && ip addr add "$NIC_IP" dev "$NICDEV"; } >> "$OUT/setup.log" 2>&1 ||
+    log "NIC $NIC_MAC not set up"
+fi
+if [[ $RXE == 1 && -n $NICDEV ]]; then
+  modprobe -a rdma_rxe ib_uverbs rdma_ucm ib_umad >> "$OUT/setup.log" 2>&1 || log "modprobe failed"
+  if rdma link add rxe0 type rxe netdev "$NICDEV" >> "$OUT/setup.log" 2>&1; then
+    RXE_DEV=rxe0 RXE_NETDEV=$NICDEV RXE_IP=${NIC_IP%/*} RXE_PEER_IP=$NIC_PEER
+  else
+    log "rdma link add rxe0 on $NICDEV failed"
+  fi
+elif [[ $RXE == 1 ]]; then
   modprobe -a rdma_rxe ib_uverbs rdma_ucm ib_umad veth >> "$OUT/setup.log" 2>&1 || log "modprobe failed"
   if env=$("$RXE_SETUP" 2>> "$OUT/setup.log"); then
     set -a; eval "$env"; set +a

@@ -342,7 +342,7 @@ func (c *CM) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange
 	p := rdmacm.ConnParam{QPNum: qpNum & 0xFFFFFF, PrivateData: pd}
 	if ex.Connected() {
 		p.ResponderResources, p.InitiatorDepth = 1, 1
-		p.RetryCount, p.RNRRetryCount = 7, 7
+		p.RetryCount, p.RNRRetryCount = rdmacm.RetryCountFinite, 7
 		p.SRQ = ex == kernel.ExchangeXRC
 	}
 	h, err := c.add(&entry{id: id, ex: ex, remote: dst})

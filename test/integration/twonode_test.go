@@ -1,0 +1,196 @@
+//go:build linux && cgo
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/test/softroce"
+)
+
+// pairPort is where guest A serves TestTwoNodes.
+const pairPort = 7500
+
+// TestTwoNodes runs across two guests, two kernels on one virtual wire
+// (test/vm/rxe-pair.sh; test/run-tests.sh runs it so): GOXRC_PAIR_ROLE=a in
+// guest A serves, =b in guest B checks. Between two kernels nothing is
+// looped back inside one rxe, each side has its own RDMA CM, and node A can
+// vanish: the host kills A's emulator outright, so nothing (no DREQ, no
+// flushed QP) tells B, as when a machine loses power. B checks that its
+// calls then fail on their own (keepalive, transport retries) with
+// ErrPeerGone, that a dial to the dead node ends at its deadline, and that
+// nothing of B's is leaked.
+func TestTwoNodes(t *testing.T) {
+	role, sync := os.Getenv("GOXRC_PAIR_ROLE"), os.Getenv("RXE_PAIR_SYNC")
+	if role == "" || sync == "" {
+		t.Skip("needs two soft-RoCE guests on one wire: runs through test/vm/rxe-pair.sh (test/run-tests.sh does)")
+	}
+	_, ip := softroce.Device(t)
+	peer, ok := softroce.PeerIP()
+	require.True(t, ok, "RXE_PEER_IP unset")
+	switch role {
+	case "a":
+		pairServe(t, ip, sync)
+	case "b":
+		pairCheck(t, ip, peer, sync)
+	default:
+		t.Fatalf("GOXRC_PAIR_ROLE=%q: want a or b", role)
+	}
+}
+
+// pairServe echoes every message of every connection until B is done (or
+// the host kills this node, which is how B's checks end).
+func pairServe(t *testing.T, ip netip.Addr, sync string) {
+	ctx := cmCtx(t, 4*time.Minute)
+	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, pairPort).String(), cm.WithMessageSize(4096), cm.WithQueueDepth(8))
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			t.Logf("accepted %v", c.RemoteAddr())
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				for {
+					n, err := c.Recv(ctx, buf)
+					if err == nil {
+						err = c.Send(ctx, buf[:n])
+					}
+					if err != nil {
+						t.Logf("%v: %v", c.RemoteAddr(), err)
+						return
+					}
+				}
+			}()
+		}
+	}()
+	mark(t, sync, "a-ready")
+	waitMark(t, ctx, sync, "b-done")
+}
+
+func pairCheck(t *testing.T, ip, peer netip.Addr, sync string) {
+	ctx := cmCtx(t, 4*time.Minute)
+	waitMark(t, ctx, sync, "a-ready")
+	base := baseline(t, ip)
+	addr := netip.AddrPortFrom(peer, pairPort).String()
+	opts := []cm.Option{cm.WithMessageSize(4096), cm.WithQueueDepth(8), cm.WithHandshakeTimeout(5 * time.Second)}
+
+	// One connection with a keepalive, one without: the first notices the
+	// dead node while idle, the second when it sends.
+	watched, err := cm.Dial(ctx, addr, append(opts, cm.WithKeepalive(200*time.Millisecond))...)
+	require.NoError(t, err)
+	plain, err := cm.Dial(ctx, addr, opts...)
+	require.NoError(t, err)
+	require.Equal(t, addr, watched.RemoteAddr().String())
+	require.Equal(t, ip, netip.MustParseAddrPort(watched.LocalAddr().String()).Addr())
+
+	// Across the wire, byte for byte, every size up to the maximum.
+	buf := make([]byte, 4096)
+	for i, c := range []*cm.Conn{watched, plain} {
+		for k := range 60 {
+			n := 1 + (k*397)%4096
+			if k == 59 {
+				n = 4096
+			}
+			msg := bytes.Repeat([]byte{byte(i*60 + k)}, n)
+			require.NoError(t, c.Send(ctx, msg))
+			got, err := c.Recv(ctx, buf)
+			require.NoError(t, err)
+			require.Equal(t, msg, buf[:got], "connection %d, message %d", i, k)
+		}
+	}
+
+	// A blocked Recv on each, then node A vanishes.
+	recvErr := map[*cm.Conn]chan error{watched: make(chan error, 1), plain: make(chan error, 1)}
+	for c, ch := range recvErr {
+		go func() {
+			_, err := c.Recv(ctx, make([]byte, 4096))
+			ch <- err
+		}()
+	}
+	mark(t, sync, "kill-a")
+	waitMark(t, ctx, sync, "a-killed")
+	killed := time.Now()
+
+	// The keepalive's probe finds no one: its retries run out.
+	select {
+	case err := <-recvErr[watched]:
+		t.Logf("Recv with keepalive failed %v after the kill: %v", time.Since(killed).Round(time.Millisecond), err)
+		requirePeerGone(t, "Recv with keepalive", err)
+	case <-time.After(60 * time.Second):
+		out, _ := exec.Command("rdma", "res", "show", "qp", "-dd").CombinedOutput()
+		stat, _ := exec.Command("rdma", "statistic", "show").CombinedOutput()
+		t.Fatalf("Recv with keepalive still blocked 60 s after node A vanished; stats %+v\n%s\n%s", watched.Stats(), out, stat)
+	}
+	// Without one, a Send does the same.
+	require.NoError(t, plain.Send(ctx, []byte("anyone there?")), "the send is posted; its failure comes later")
+	select {
+	case err := <-recvErr[plain]:
+		t.Logf("Recv after a Send failed %v after the kill: %v", time.Since(killed).Round(time.Millisecond), err)
+		requirePeerGone(t, "Recv after a Send", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("Recv still blocked 60 s after a Send to the vanished node")
+	}
+
+	// A dial to the dead node ends at its deadline, leaving nothing.
+	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	start := time.Now()
+	c, err := cm.Dial(dctx, addr, opts...)
+	cancel()
+	if c != nil {
+		c.Close()
+	}
+	t.Logf("Dial to the vanished node: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 10*time.Second, "the dial outlived its deadline")
+
+	// Nobody is left to say goodbye to: Close releases at once, rather
+	// than wait for the CM to give up on its disconnect request.
+	for _, c := range []*cm.Conn{watched, plain} {
+		start := time.Now()
+		require.NoError(t, c.Close())
+		t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
+		require.Less(t, time.Since(start), 4*time.Second, "Close waited for the vanished peer (handshake timeout 5 s)")
+	}
+	requireBaseline(t, base, 15*time.Second)
+	mark(t, sync, "b-done")
+}
+
+// mark creates the marker file name in the pair's shared directory.
+func mark(t *testing.T, dir, name string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), nil, 0o644))
+}
+
+// waitMark waits until the marker name exists.
+func waitMark(t *testing.T, ctx context.Context, dir, name string) {
+	t.Helper()
+	for {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return
+		} else if !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(fmt.Errorf("waiting for %s: %w", name, ctx.Err()))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# rxe-pair.sh - two soft-RoCE guests on one virtual wire: two kernels, two RDMA CMs, two rxe0s,
+# as two nodes. Guest A is 10.88.0.1, guest B 10.88.0.2, each with one vCPU (two TCG guests on
+# two host cores boot faster so), joined by virtio-net NICs whose qemu backends meet on a unix
+# stream socket: no IP traffic on the host. Each is a test/vm/rxe-vm.sh guest with rxe0 on the
+# NIC (RXE_DEV RXE_IP RXE_PEER_IP as there).
+#
+# Usage: test/vm/rxe-pair.sh [-o DIR] [-t SEC] [-q] --a 'SCRIPT for A' --b 'SCRIPT for B'
+#   -o DIR   pair dir (default /var/cache/goxrc-vm/pairs/<time>-XXXX): a/ and b/ (each guest's
+#            run dir), sync/ (shared read-write by both guests: RXE_PAIR_SYNC), wire.sock
+#   -t SEC   limit for each guest (default 300)
+#   -q       print each guest's output at the end (prefixed [A] / [B]) instead of live
+# The guests coordinate through marker files in $RXE_PAIR_SYNC. One marker is the host's:
+# when $RXE_PAIR_SYNC/kill-a appears, the host kills guest A's qemu with SIGKILL at once, so
+# node A vanishes from the wire as a machine that loses power does (no FIN, no DREQ, nothing).
+# Exit code: B's (125 if B did not complete). A's counts only when it fails on its own: then 1
+# (A killed through kill-a is expected). Must run as root.
+set -euo pipefail
+
+SELF=$(realpath "${BASH_SOURCE[0]}")
+VM=$(dirname "$SELF")/rxe-vm.sh
+OUT= TIMEOUT=300 QUIET=() A= B=
+log() { echo "rxe-pair: $*" >&2; }
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -o) OUT=$2; shift 2;;
+    -t) TIMEOUT=$2; shift 2;;
+    -q) QUIET=(-q); shift;;
+    --a) A=$2; shift 2;;
+    --b) B=$2; shift 2;;
+    -h|--help) sed -n '2,/^set -euo/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+    *) log "unknown argument $1 (try --help)"; exit 125;;
+  esac
+done
+[[ -n $A && -n $B ]] || { log "--a and --b are required"; exit 125; }
+if [[ -z $OUT ]]; then
+  mkdir -p /var/cache/goxrc-vm/pairs
+  OUT=$(mktemp -d "/var/cache/goxrc-vm/pairs/$(date +%Y%m%d-%H%M%S)-XXXX")
+fi
+mkdir -p "$OUT"/{a,b,sync} && OUT=$(realpath "$OUT")
+rm -f "$OUT"/sync/* "$OUT/wire.sock"
+SYNC=$OUT/sync
+"$VM" --prepare > "$OUT/prepare.log" 2>&1 || { cat "$OUT/prepare.log" >&2; exit 125; }   # not twice at once
+
+guest() { # NAME MODE IP PEER SCRIPT
+  "$VM" -s 1 -t "$TIMEOUT" -o "$OUT/$1" ${QUIET[@]+"${QUIET[@]}"} --nic "$2:$OUT/wire.sock" --ip "$3/24" --peer "$4" \
+    --rw "$SYNC" -e "RXE_PAIR_SYNC=$SYNC" "$5" 2>&1 | sed -u "s/^/[${1^^}] /"
+  return "${PIPESTATUS[0]}"
+}
+guest a listen 10.88.0.1 10.88.0.2 "$A" & APID=$!
+guest b connect 10.88.0.2 10.88.0.1 "$B" & BPID=$!
+
+# Kill A's qemu when B asks (see above); stop watching once B is done.
+KILLED=0
+while kill -0 "$BPID" 2>/dev/null; do
+  if [[ $KILLED == 0 && -e $SYNC/kill-a ]]; then
+    if [[ -s $OUT/a/qemu.pid ]] && kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null; then
+      log "node A killed (SIGKILL to its qemu), as B asked"
+    else
+      log "B asked to kill node A, which was not running"
+    fi
+    : > "$SYNC/a-killed"
+    KILLED=1
+  fi
+  sleep 0.1
+done
+BRC=0; wait "$BPID" || BRC=$?
+# A has nothing left to talk to: stop it if it still runs.
+if kill -0 "$APID" 2>/dev/null; then
+  : > "$SYNC/b-done"
+  for ((i = 0; i < 100; i++)); do kill -0 "$APID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$APID" 2>/dev/null && [[ -s $OUT/a/qemu.pid ]]; then
+    kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null || true
+    KILLED=1
+  fi
+fi
+ARC=0; wait "$APID" || ARC=$?
+log "A exit $ARC$([[ $KILLED == 1 ]] && echo ' (killed by the host, as intended)'), B exit $BRC; pair dir $OUT"
+[[ $BRC != 0 ]] && exit "$BRC"
+[[ $ARC == 0 || $KILLED == 1 ]] || exit 1
+exit 0
