@@ -960,7 +960,13 @@ func (c *Conn) failedCompletionLocked(err error) {
 	case c.peerLeft != "":
 		c.failLocked(fmt.Errorf("%w: %s", ErrPeerGone, c.peerLeft))
 	default:
-		c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, err))
+		var ce *verbs.CompletionError
+		if errors.As(err, &ce) {
+			err = &requestFailed{ce}
+		} else {
+			err = fmt.Errorf("%w: %w", ErrPeerGone, err)
+		}
+		c.failLocked(err)
 	}
 }
 

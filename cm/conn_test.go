@@ -744,6 +744,14 @@ func TestConnCloseDoesNotWaitForVanishedPeer(t *testing.T) {
 			a.mu.Unlock()
 			_, err := a.Recv(ctxT(t), make([]byte, 256))
 			require.ErrorIs(t, err, ErrPeerGone)
+			if tc.peerLeft == "" {
+				var ce *verbs.CompletionError
+				require.ErrorAs(t, err, &ce, "the completion's details stay reachable")
+			}
+			require.NotContains(t, err.Error(), "QP", "no QP numbers in what applications read")
+			if tc.vanished {
+				require.ErrorContains(t, err, "connection lost: transport retry counter exceeded (the peer stopped answering)")
+			}
 			require.NoError(t, a.Close())
 			w.mu.Lock()
 			defer w.mu.Unlock()

@@ -37,6 +37,25 @@ var (
 	ErrDeviceRemoved = xrc.ErrDeviceRemoved
 )
 
+// requestFailed is how a connection reports a failed work request: what
+// went wrong, in the words of its completion status, without the work
+// request id and QP number of the *verbs.CompletionError, which errors.As
+// still reaches (as errors.Is reaches ErrPeerGone).
+type requestFailed struct{ ce *verbs.CompletionError }
+
+func (e *requestFailed) Error() string {
+	msg := ErrPeerGone.Error() + ": " + e.ce.Status.String()
+	switch e.ce.Status {
+	case verbs.WCRetryExcErr:
+		msg += " (the peer stopped answering)"
+	case verbs.WCRNRRetryExcErr:
+		msg += " (the peer had no receive buffer posted)"
+	}
+	return msg
+}
+
+func (e *requestFailed) Unwrap() []error { return []error{ErrPeerGone, e.ce} }
+
 // OpError is the error type of every failed cm operation; it implements
 // net.Error.
 type OpError = verbs.OpError
