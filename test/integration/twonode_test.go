@@ -17,11 +17,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/internal/kernel/kcm"
 	"github.com/goxrc/goxrc/test/softroce"
 )
 
-// pairPort is where guest A serves TestTwoNodes.
-const pairPort = 7500
+// pairPort is where guest A serves TestTwoNodes' connections, pairCMPort
+// its bare CM exchanges (XRC-typed and SIDR listeners on one port).
+const (
+	pairPort   = 7500
+	pairCMPort = 7501
+)
 
 // TestTwoNodes runs across two guests, two kernels on one virtual wire
 // (test/vm/rxe-pair.sh; test/run-tests.sh runs it so): GOXRC_PAIR_ROLE=a in
@@ -31,7 +37,10 @@ const pairPort = 7500
 // flushed QP) tells B, as when a machine loses power. B checks that its
 // calls then fail on their own (keepalive, transport retries) with
 // ErrPeerGone, that a dial to the dead node ends at its deadline, and that
-// nothing of B's is leaked.
+// nothing of B's is leaked. Before that, B checks the kernel CM rules the
+// XRC engine stands on (../shared/design/facts.md, docs/xrc-protocol.md)
+// between two kernels, where on one node both ends share one CA GUID: see
+// pairCheckCM.
 func TestTwoNodes(t *testing.T) {
 	role, sync := os.Getenv("GOXRC_PAIR_ROLE"), os.Getenv("RXE_PAIR_SYNC")
 	if role == "" || sync == "" {
@@ -80,13 +89,112 @@ func pairServe(t *testing.T, ip netip.Addr, sync string) {
 			}()
 		}
 	}()
+	cmSrv, err := kcm.New(ip)
+	require.NoError(t, err)
+	defer cmSrv.Close()
+	go pairServeCM(t, ctx, cmSrv, netip.AddrPortFrom(ip, pairCMPort))
 	mark(t, sync, "a-ready")
 	waitMark(t, ctx, sync, "b-done")
+}
+
+// pairServeCM answers bare CM exchanges on one port, as an XRC endpoint's
+// listeners do but without QPs: an XRC-typed request with the requester's
+// own INI number as the TGT number (legal between two nodes), a SIDR
+// request with sidrQPN.
+func pairServeCM(t *testing.T, ctx context.Context, c *kcm.CM, addr netip.AddrPort) {
+	for _, ex := range []kernel.Exchange{kernel.ExchangeXRC, kernel.ExchangeSIDR} {
+		l, err := c.Listen(addr, ex)
+		if err != nil {
+			t.Errorf("listen %v: %v", ex, err)
+			return
+		}
+		go func() {
+			for {
+				ev, err := c.Event(ctx, l)
+				if err != nil {
+					return
+				}
+				if ev.Type != kernel.EventConnectRequest {
+					continue
+				}
+				qpn := ev.QPNum
+				if ex == kernel.ExchangeSIDR {
+					qpn = sidrQPN
+				}
+				if err := c.Accept(ev.ID, qpn, []byte("accepted")); err != nil {
+					t.Logf("%v accept: %v", ex, err)
+				}
+				if ex == kernel.ExchangeSIDR {
+					c.DestroyID(ev.ID)
+					continue
+				}
+				go func() { // the connection's events, until it goes
+					for {
+						if _, err := c.Event(ctx, ev.ID); err != nil {
+							return
+						}
+					}
+				}()
+			}
+		}()
+	}
+}
+
+const sidrQPN = 0x345678
+
+// pairCheckCM makes bare CM exchanges with node A through kcm, the XRC
+// engine's kernel CM layer:
+//   - an XRC-typed exchange whose INI and TGT numbers are equal, which one
+//     node could not carry (its CM would see a live connection to itself
+//     reuse the number);
+//   - many SIDR exchanges to the same port while that connection lives:
+//     none meets the stale-connection rule (SIDR stays out of its table),
+//     which is what lets an uplink carry any number of logical connections;
+//   - a second XRC-typed request naming the live INI number again: rejected
+//     as stale (reason 10), and the first connection gets a DREQ.
+func pairCheckCM(t *testing.T, ctx context.Context, ip, peer netip.Addr) {
+	c, err := kcm.New(ip)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	dst := netip.AddrPortFrom(peer, pairCMPort)
+	const ini = 0x123456
+
+	first, err := c.Connect(ctx, dst, kernel.ExchangeXRC, ini, []byte("physical"))
+	require.NoError(t, err)
+	ev, err := c.Event(ctx, first)
+	require.NoError(t, err)
+	require.Equal(t, kernel.EventConnectResponse, ev.Type, "%+v", ev)
+	require.Equal(t, uint32(ini), ev.QPNum, "node A answered with our own number as its TGT")
+	require.Equal(t, "accepted", string(bytes.TrimRight(ev.PrivateData, "\x00")))
+	require.NoError(t, c.Establish(first))
+
+	for i := range 30 {
+		v, err := c.Connect(ctx, dst, kernel.ExchangeSIDR, 0, []byte(fmt.Sprintf("virtual %d", i)))
+		require.NoError(t, err)
+		ev, err := c.Event(ctx, v)
+		require.NoError(t, err)
+		require.Equal(t, kernel.EventEstablished, ev.Type, "SIDR exchange %d: %+v", i, ev)
+		require.Equal(t, uint32(sidrQPN), ev.QPNum)
+		require.NoError(t, c.DestroyID(v))
+	}
+
+	again, err := c.Connect(ctx, dst, kernel.ExchangeXRC, ini, []byte("physical again"))
+	require.NoError(t, err)
+	ev, err = c.Event(ctx, again)
+	require.NoError(t, err)
+	require.Equal(t, kernel.EventRejected, ev.Type, "%+v", ev)
+	require.Equal(t, kernel.RejStaleConn, ev.Status, "rejected as a stale connection")
+	ev, err = c.Event(ctx, first)
+	require.NoError(t, err)
+	require.Equal(t, kernel.EventDisconnected, ev.Type, "the first connection gets a DREQ: %+v", ev)
+	require.NoError(t, c.DestroyID(again))
+	require.NoError(t, c.DestroyID(first))
 }
 
 func pairCheck(t *testing.T, ip, peer netip.Addr, sync string) {
 	ctx := cmCtx(t, 4*time.Minute)
 	waitMark(t, ctx, sync, "a-ready")
+	pairCheckCM(t, ctx, ip, peer)
 	base := baseline(t, ip)
 	addr := netip.AddrPortFrom(peer, pairPort).String()
 	opts := []cm.Option{cm.WithMessageSize(4096), cm.WithQueueDepth(8), cm.WithHandshakeTimeout(5 * time.Second)}
