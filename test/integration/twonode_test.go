@@ -27,6 +27,7 @@ import (
 const (
 	pairPort   = 7500
 	pairCMPort = 7501
+	pairBPort  = 7502 // B's listener, which A dials
 )
 
 // TestTwoNodes runs across two guests, two kernels on one virtual wire
@@ -35,7 +36,8 @@ const (
 // looped back inside one rxe, each side has its own RDMA CM, and node A can
 // vanish: the host kills A's emulator outright, so nothing (no DREQ, no
 // flushed QP) tells B, as when a machine loses power. B checks that its
-// calls then fail on their own (keepalive, transport retries) with
+// calls, on connections it dialed and one it accepted from A, then fail on
+// their own (keepalive, transport retries) with
 // ErrPeerGone, that a dial to the dead node ends at its deadline, and that
 // nothing of B's is leaked. Before that, B checks the kernel CM rules the
 // XRC engine stands on (../shared/design/facts.md, docs/xrc-protocol.md)
@@ -94,6 +96,14 @@ func pairServe(t *testing.T, ip netip.Addr, sync string) {
 	defer cmSrv.Close()
 	go pairServeCM(t, ctx, cmSrv, netip.AddrPortFrom(ip, pairCMPort))
 	mark(t, sync, "a-ready")
+
+	// A connection the other way, for B's accepting side to lose.
+	peer, _ := softroce.PeerIP()
+	waitMark(t, ctx, sync, "b-listening")
+	c, err := cm.Dial(ctx, netip.AddrPortFrom(peer, pairBPort).String(), cm.WithMessageSize(4096), cm.WithQueueDepth(8))
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.Send(ctx, []byte("from A")))
 	waitMark(t, ctx, sync, "b-done")
 }
 
@@ -224,8 +234,20 @@ func pairCheck(t *testing.T, ip, peer netip.Addr, sync string) {
 		}
 	}
 
+	// A's connection to B's listener, whose connections have a keepalive:
+	// the accepting side must notice the dialing node vanish too.
+	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, pairBPort).String(), append(opts, cm.WithKeepalive(200*time.Millisecond))...)
+	require.NoError(t, err)
+	mark(t, sync, "b-listening")
+	accepted, err := l.Accept(ctx)
+	require.NoError(t, err)
+	got, err := accepted.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "from A", string(buf[:got]))
+	require.Equal(t, peer, netip.MustParseAddrPort(accepted.RemoteAddr().String()).Addr())
+
 	// A blocked Recv on each, then node A vanishes.
-	recvErr := map[*cm.Conn]chan error{watched: make(chan error, 1), plain: make(chan error, 1)}
+	recvErr := map[*cm.Conn]chan error{watched: make(chan error, 1), plain: make(chan error, 1), accepted: make(chan error, 1)}
 	for c, ch := range recvErr {
 		go func() {
 			_, err := c.Recv(ctx, make([]byte, 4096))
@@ -245,6 +267,13 @@ func pairCheck(t *testing.T, ip, peer netip.Addr, sync string) {
 		out, _ := exec.Command("rdma", "res", "show", "qp", "-dd").CombinedOutput()
 		stat, _ := exec.Command("rdma", "statistic", "show").CombinedOutput()
 		t.Fatalf("Recv with keepalive still blocked 60 s after node A vanished; stats %+v\n%s\n%s", watched.Stats(), out, stat)
+	}
+	select {
+	case err := <-recvErr[accepted]:
+		t.Logf("Recv on the accepting side failed %v after the kill: %v", time.Since(killed).Round(time.Millisecond), err)
+		requirePeerGone(t, "Recv on the accepting side", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("Recv on the accepting side (with keepalive) still blocked 60 s after node A vanished")
 	}
 	// Without one, a Send does the same.
 	require.NoError(t, plain.Send(ctx, []byte("anyone there?")), "the send is posted; its failure comes later")
@@ -270,12 +299,13 @@ func pairCheck(t *testing.T, ip, peer netip.Addr, sync string) {
 
 	// Nobody is left to say goodbye to: Close releases at once, rather
 	// than wait for the CM to give up on its disconnect request.
-	for _, c := range []*cm.Conn{watched, plain} {
+	for _, c := range []*cm.Conn{watched, plain, accepted} {
 		start := time.Now()
 		require.NoError(t, c.Close())
 		t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
 		require.Less(t, time.Since(start), 4*time.Second, "Close waited for the vanished peer (handshake timeout 5 s)")
 	}
+	require.NoError(t, l.Close())
 	requireBaseline(t, base, 15*time.Second)
 	mark(t, sync, "b-done")
 }
