@@ -537,6 +537,9 @@ func (id *ID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask, e
 // through each state between, with the attributes the CM computes: what
 // InitQPAttr and verbs.QP.Modify do step by step, in one C call. minRNRTimer,
 // when not 0, replaces the CM's MinRNRTimer (0, a 655 ms back-off) at RTR.
+// At RTS a transport retry count over RetryCountFinite is lowered to it: the
+// passive side's comes from the peer's request, and librdmacm's peers ask
+// for 7, which soft-RoCE retries for ever.
 // A QP already in state is left alone; one past it, or in SQD, SQE or ERR,
 // gives EINVAL.
 // librdmacm makes the same calls itself, inside rdma_accept and its

@@ -139,7 +139,8 @@ type ConnParam struct {
 // retries to soft-RoCE (rxe's completer never counts it down; seen with a
 // peer node killed, test/integration's TestTwoNodes), although it is a finite
 // count to the InfiniBand specification and to hardware. (The RNR retry
-// count's 7 means infinite everywhere, as the specification says.)
+// count's 7 means infinite everywhere, as the specification says.) MoveQP
+// holds every QP it moves to RTS to it, whatever the peer asked for.
 const RetryCountFinite = 6
 
 // UDParam is what a datagram (SIDR, PortSpaceUDP) event carries: on the

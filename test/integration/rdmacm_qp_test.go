@@ -127,11 +127,14 @@ func TestRDMACMRCWithQPs(t *testing.T) {
 			t.Fatalf("after MoveQP(%v) the QP is in %v", to, got)
 		}
 	}
-	t.Run("stepwise", func(t *testing.T) { rdmacmRCWithQPs(t, 20108, stepwise) })
-	t.Run("MoveQP", func(t *testing.T) { rdmacmRCWithQPs(t, 20111, oneCall) })
+	t.Run("stepwise", func(t *testing.T) { rdmacmRCWithQPs(t, 20108, stepwise, 7) })
+	t.Run("MoveQP", func(t *testing.T) { rdmacmRCWithQPs(t, 20111, oneCall, rdmacm.RetryCountFinite) })
 }
 
-func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover) {
+// rdmacmRCWithQPs connects with a transport retry count of 7 on the active
+// side, which the passive side's request carries; wantRetry is what both
+// QPs then hold (MoveQP lowers 7 to RetryCountFinite).
+func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover, wantRetry uint8) {
 	_, ip := rdmacmEnv(t)
 	if !verbs.Counts().IsZero() {
 		t.Fatalf("verbs objects left over: %+v", verbs.Counts())
@@ -192,6 +195,15 @@ func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover) {
 		t.Fatal(err)
 	}
 	rdmacmWait(t, srv, rdmacm.EventEstablished)
+	for _, ep := range []*rdmacmEndpoint{cliEP, srvEP} {
+		attr, _, err := ep.qp.Query(verbs.QPAttrRetryCnt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if attr.RetryCnt != wantRetry {
+			t.Errorf("QP %#x: retry count %d, want %d", ep.qp.Num(), attr.RetryCnt, wantRetry)
+		}
+	}
 
 	send := func(from, to *rdmacmEndpoint, msg []byte) {
 		t.Helper()
