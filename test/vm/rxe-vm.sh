@@ -363,7 +363,7 @@ if [[ $RXE == 1 && -n $NICDEV ]]; then
   else
     log "rdma link add rxe0 on $NICDEV failed"
   fi
-elif [[ $RXE == 1 ]]; then
+elif [[ $RXE == 1 && -z $NIC_MAC ]]; then # (a guest whose NIC is missing gets no rxe0 at all)
   modprobe -a rdma_rxe ib_uverbs rdma_ucm ib_umad veth >> "$OUT/setup.log" 2>&1 || log "modprobe failed"
   if env=$("$RXE_SETUP" 2>> "$OUT/setup.log"); then
     set -a; eval "$env"; set +a
