@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/goxrc/goxrc/internal/cbridge"
+	"github.com/goxrc/goxrc/internal/objtrace"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -19,7 +20,10 @@ import (
 // ResolveRoute when their context has no deadline.
 const DefaultResolveTimeout = 2 * time.Second
 
-var liveChannels, liveIDs atomic.Int64
+var (
+	liveChannels = objtrace.Counter{Kind: "CM event channel"}
+	liveIDs      = objtrace.Counter{Kind: "CM id"}
+)
 
 // Counts returns how many event channels and CM ids are alive in this
 // process; both are zero when everything has been closed.
@@ -51,7 +55,7 @@ func NewEventChannel() (*EventChannel, error) {
 	if err := c.sysOpen(); err != nil {
 		return nil, err
 	}
-	liveChannels.Add(1)
+	liveChannels.Created(c)
 	return c, nil
 }
 
@@ -68,7 +72,7 @@ func (c *EventChannel) registerLocked(ps PortSpace, qpType verbs.QPType) *ID {
 	id.q.init()
 	c.ids[id.handle] = id
 	c.live++
-	liveIDs.Add(1)
+	liveIDs.Created(id)
 	return id
 }
 
@@ -77,7 +81,7 @@ func (c *EventChannel) unregister(id *ID) {
 	c.mu.Lock()
 	delete(c.ids, id.handle)
 	c.live--
-	liveIDs.Add(-1)
+	liveIDs.Destroyed(id)
 	destroy := c.destroyLocked()
 	c.mu.Unlock()
 	if destroy {
@@ -237,7 +241,7 @@ func (c *EventChannel) Close() error {
 	for _, id := range ids {
 		id.q.close(ErrClosed, false)
 	}
-	liveChannels.Add(-1)
+	liveChannels.Destroyed(c)
 	if destroy {
 		c.sysDestroy()
 	}
@@ -681,7 +685,7 @@ func (id *ID) Close() error {
 	}
 	c.mu.Lock()
 	c.live--
-	liveIDs.Add(-1)
+	liveIDs.Destroyed(id)
 	destroy := c.destroyLocked()
 	c.mu.Unlock()
 	if destroy {

@@ -3,7 +3,8 @@ package verbs
 import (
 	"fmt"
 	"strings"
-	"sync/atomic"
+
+	"github.com/goxrc/goxrc/internal/objtrace"
 )
 
 // Types shared by the cgo build and the stub build: request descriptions,
@@ -196,8 +197,20 @@ type ObjectCounts struct {
 // IsZero reports whether every count is zero.
 func (c ObjectCounts) IsZero() bool { return c == ObjectCounts{} }
 
-var live struct {
-	contexts, pds, mrs, cqs, channels, qps, srqs, xrcds, ahs atomic.Int64
+// live counts this package's objects; objtrace can say where the live ones
+// were created.
+var live = struct {
+	contexts, pds, mrs, cqs, channels, qps, srqs, xrcds, ahs objtrace.Counter
+}{
+	contexts: objtrace.Counter{Kind: "verbs context"},
+	pds:      objtrace.Counter{Kind: "PD"},
+	mrs:      objtrace.Counter{Kind: "MR"},
+	cqs:      objtrace.Counter{Kind: "CQ"},
+	channels: objtrace.Counter{Kind: "completion channel"},
+	qps:      objtrace.Counter{Kind: "QP"},
+	srqs:     objtrace.Counter{Kind: "SRQ"},
+	xrcds:    objtrace.Counter{Kind: "XRC domain"},
+	ahs:      objtrace.Counter{Kind: "AH"},
 }
 
 // Counts returns the number of live objects of each kind.

@@ -108,8 +108,9 @@ func (c *Context) NewCompChannel() (*CompChannel, error) {
 		c.l.unref()
 		return nil, &OpError{Op: "ibv_create_comp_channel", Addr: c.name, Err: errnoOr(err, syscall.ENOMEM)}
 	}
-	live.channels.Add(1)
-	return &CompChannel{c: c, ch: ch}, nil
+	cc := &CompChannel{c: c, ch: ch}
+	live.channels.Created(cc)
+	return cc, nil
 }
 
 // NewSharedCompChannel creates a completion channel for any number of CQs.
@@ -122,7 +123,7 @@ func (c *Context) NewSharedCompChannel() (*CompChannel, error) {
 	}
 	fail := func(err error) (*CompChannel, error) {
 		C.ibv_destroy_comp_channel(ch.ch)
-		live.channels.Add(-1)
+		live.channels.Destroyed(ch)
 		c.l.unref()
 		return nil, &OpError{Op: "ibv_create_comp_channel", Addr: c.name, Err: err}
 	}
@@ -247,7 +248,7 @@ func (ch *CompChannel) Close() error {
 	if ch.shared {
 		cFree(unsafe.Pointer(ch.cbuf))
 	}
-	live.channels.Add(-1)
+	live.channels.Destroyed(ch)
 	ch.c.l.unref()
 	return nil
 }
@@ -362,7 +363,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 	c.regMu.Lock()
 	c.cqs[cq] = q
 	c.regMu.Unlock()
-	live.cqs.Add(1)
+	live.cqs.Created(q)
 	return q, nil
 }
 
@@ -622,7 +623,7 @@ func (q *CQ) Close() error {
 	delete(q.c.cqs, q.cq)
 	q.c.regMu.Unlock()
 	q.l.endClose(true)
-	live.cqs.Add(-1)
+	live.cqs.Destroyed(q)
 	if q.ch != nil {
 		q.ch.unbind()
 	}

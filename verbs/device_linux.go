@@ -137,9 +137,10 @@ func OpenDevice(name string) (*Context, error) {
 }
 
 func newContext(c *C.struct_ibv_context, name string, owned bool) *Context {
-	live.contexts.Add(1)
-	return &Context{ctx: c, name: name, owned: owned,
+	ctx := &Context{ctx: c, name: name, owned: owned,
 		srqs: map[*C.struct_ibv_srq]*SRQ{}, cqs: map[*C.struct_ibv_cq]*CQ{}}
+	live.contexts.Created(ctx)
+	return ctx
 }
 
 // wrapContext wraps a context that librdmacm owns: Close stops the Go side
@@ -377,11 +378,11 @@ func (c *Context) Close() error {
 		if rc, cerr := C.ibv_close_device(c.ctx); rc != 0 {
 			// The Go side is gone already; report, but the context is closed.
 			c.l.endClose(true)
-			live.contexts.Add(-1)
+			live.contexts.Destroyed(c)
 			return &OpError{Op: "ibv_close_device", Addr: c.name, Err: rcErr(rc, cerr)}
 		}
 	}
 	c.l.endClose(true)
-	live.contexts.Add(-1)
+	live.contexts.Destroyed(c)
 	return nil
 }

@@ -28,7 +28,9 @@
 // to close with EBUSY and stays usable: close QPs before their CQs, SRQs, PD
 // and XRC domain, MRs and AHs before their PD, a CQ before its completion
 // channel, and everything before the Context. Counts reports the live
-// objects of each kind, for leak checks in tests. No finalizers are used.
+// objects of each kind, for leak checks in tests (goxrc's own also print
+// where each leaked object was created, recorded while GOXRC_TRACE_OBJECTS=1
+// is set). No finalizers are used.
 //
 // Errors are *OpError values that name the C call and the object, and wrap
 // an errno. A few wrap a more specific error: *MaskError (a Modify mask that

@@ -36,8 +36,9 @@ func (c *Context) AllocPD() (*PD, error) {
 		c.l.unref()
 		return nil, &OpError{Op: "ibv_alloc_pd", Addr: c.name, Err: errnoOr(err, syscall.ENOMEM)}
 	}
-	live.pds.Add(1)
-	return &PD{c: c, pd: p, tag: c.name + " pd"}, nil
+	pd := &PD{c: c, pd: p, tag: c.name + " pd"}
+	live.pds.Created(pd)
+	return pd, nil
 }
 
 func (p *PD) addr() string {
@@ -70,7 +71,7 @@ func (p *PD) Close() error {
 		return &OpError{Op: "ibv_dealloc_pd", Addr: p.tag, Err: rcErr(rc, cerr)}
 	}
 	p.l.endClose(true)
-	live.pds.Add(-1)
+	live.pds.Destroyed(p)
 	p.c.l.unref()
 	return nil
 }
@@ -111,8 +112,9 @@ func (p *PD) RegMR(size int, access Access) (*MR, error) {
 		p.l.unref()
 		return nil, &OpError{Op: "ibv_reg_mr", Addr: p.tag, Err: errnoOr(cerr, syscall.ENOMEM)}
 	}
-	live.mrs.Add(1)
-	return &MR{pd: p, mr: m, buf: buf, n: size}, nil
+	mr := &MR{pd: p, mr: m, buf: buf, n: size}
+	live.mrs.Created(mr)
+	return mr, nil
 }
 
 // Bytes returns the region's memory. The slice is valid until Close; do not
@@ -181,7 +183,7 @@ func (m *MR) Close() error {
 	unix.Munmap(m.buf)
 	m.buf = nil
 	m.l.endClose(true)
-	live.mrs.Add(-1)
+	live.mrs.Destroyed(m)
 	m.pd.l.unref()
 	return nil
 }
@@ -205,8 +207,9 @@ func (p *PD) CreateAH(attr AHAttr) (*AH, error) {
 		p.l.unref()
 		return nil, &OpError{Op: "ibv_create_ah", Addr: p.tag, Err: errnoOr(err, syscall.EINVAL)}
 	}
-	live.ahs.Add(1)
-	return &AH{pd: p, ah: a}, nil
+	ah := &AH{pd: p, ah: a}
+	live.ahs.Created(ah)
+	return ah, nil
 }
 
 // Close destroys the address handle. Close is idempotent.
@@ -223,7 +226,7 @@ func (a *AH) Close() error {
 		return &OpError{Op: "ibv_destroy_ah", Addr: a.pd.tag, Err: rcErr(rc, cerr)}
 	}
 	a.l.endClose(true)
-	live.ahs.Add(-1)
+	live.ahs.Destroyed(a)
 	a.pd.l.unref()
 	return nil
 }
@@ -283,8 +286,9 @@ func (c *Context) OpenXRCD(path string, flags XRCDFlags) (*XRCD, error) {
 		e := errnoOr(err, syscall.EOPNOTSUPP).(syscall.Errno)
 		return nil, &OpError{Op: "ibv_open_xrcd", Addr: tag, Err: explainXRCD(e, c.name)}
 	}
-	live.xrcds.Add(1)
-	return &XRCD{c: c, x: x, tag: tag, path: path}, nil
+	xd := &XRCD{c: c, x: x, tag: tag, path: path}
+	live.xrcds.Created(xd)
+	return xd, nil
 }
 
 func explainXRCD(e syscall.Errno, dev string) error {
@@ -333,7 +337,7 @@ func (x *XRCD) Close() error {
 		return &OpError{Op: "ibv_close_xrcd", Addr: x.tag, Err: e}
 	}
 	x.l.endClose(true)
-	live.xrcds.Add(-1)
+	live.xrcds.Destroyed(x)
 	x.c.l.unref()
 	return nil
 }

@@ -312,7 +312,7 @@ func (c *Context) createQP(pd *PD, init QPInit) (*QP, error) {
 		q.release()
 		return nil, err
 	}
-	live.qps.Add(1)
+	live.qps.Created(q)
 	return q, nil
 }
 
@@ -365,8 +365,9 @@ func (c *Context) OpenQP(xrcd *XRCD, qpn uint32) (*QP, error) {
 		xrcd.l.unref()
 		return nil, &OpError{Op: "ibv_open_qp", Addr: tag, Err: errnoOr(err, syscall.EINVAL)}
 	}
-	live.qps.Add(1)
-	return &QP{c: c, qp: cqp, typ: QPTypeXRCRecv, num: qpn, tag: tag, deps: []*lifecycle{&xrcd.l}}, nil
+	q := &QP{c: c, qp: cqp, typ: QPTypeXRCRecv, num: qpn, tag: tag, deps: []*lifecycle{&xrcd.l}}
+	live.qps.Created(q)
+	return q, nil
 }
 
 func (q *QP) addr() string {
@@ -643,7 +644,7 @@ func (q *QP) Close() error {
 	q.recv.free()
 	q.release()
 	q.l.endClose(true)
-	live.qps.Add(-1)
+	live.qps.Destroyed(q)
 	return nil
 }
 
@@ -754,7 +755,7 @@ func (s *SRQ) finish(op string, maxWR, maxSGE uint32) (*SRQ, error) {
 	s.c.regMu.Lock()
 	s.c.srqs[s.srq] = s
 	s.c.regMu.Unlock()
-	live.srqs.Add(1)
+	live.srqs.Created(s)
 	return s, nil
 }
 
@@ -840,7 +841,7 @@ func (s *SRQ) Close() error {
 	s.recv.free()
 	s.release()
 	s.l.endClose(true)
-	live.srqs.Add(-1)
+	live.srqs.Destroyed(s)
 	return nil
 }
 

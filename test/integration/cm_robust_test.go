@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/objtrace"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/test/softroce"
 	"github.com/goxrc/goxrc/verbs"
@@ -177,7 +178,7 @@ func requireBaseline(t *testing.T, base snapshot, d time.Duration) {
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<20)
 			t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
-			t.Fatalf("not back to baseline after %v:\n now  %+v\n base %+v", d, s, base)
+			t.Fatalf("not back to baseline after %v:\n now  %+v\n base %+v\n%s", d, s, base, objtrace.Report())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/objtrace"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 )
@@ -151,7 +152,7 @@ func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover, wantRetry uint8) {
 			t.Errorf("context wrapper: %v", err)
 		}
 		if c := verbs.Counts(); !c.IsZero() {
-			t.Errorf("verbs objects left: %+v", c)
+			t.Errorf("verbs objects left: %+v\n%s", c, objtrace.Report())
 		}
 	}()
 	srvEP := rdmacmNewEndpoint(t, vc)

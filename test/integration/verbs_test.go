@@ -11,12 +11,15 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goxrc/goxrc/internal/objtrace"
+	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -45,7 +48,7 @@ func requireNoVerbsLeaks(t testing.TB) {
 	t.Helper()
 	require.True(t, verbs.Counts().IsZero(), "objects left over from an earlier test: %+v", verbs.Counts())
 	t.Cleanup(func() {
-		require.True(t, verbs.Counts().IsZero(), "leaked verbs objects: %+v", verbs.Counts())
+		require.True(t, verbs.Counts().IsZero(), "leaked verbs objects: %+v\n%s", verbs.Counts(), objtrace.Report())
 	})
 }
 
@@ -928,5 +931,46 @@ func BenchmarkVerbsSendRecv(b *testing.B) {
 			}
 			got += n
 		}
+	}
+}
+
+// TestObjectTraceNamesCreators: with tracing on (TestMain), a leak report
+// names the function that made each live verbs object and CM id, every
+// kind the bindings count, and forgets each one once it is closed.
+func TestObjectTraceNamesCreators(t *testing.T) {
+	ctx := openRXE(t)
+	require.True(t, objtrace.Enabled(), "TestMain turns tracing on")
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	cc, err := ctx.NewCompChannel()
+	require.NoError(t, err)
+	cq, err := ctx.CreateCQ(4, cc, 0)
+	require.NoError(t, err)
+	mr, err := pd.RegMR(4096, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+		Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	require.NoError(t, err)
+
+	const here = "integration.TestObjectTraceNamesCreators "
+	made := []string{"verbs context", "PD", "completion channel", "CQ", "MR", "QP", "CM event channel", "CM id"}
+	r := objtrace.Report()
+	for _, kind := range made {
+		require.Regexp(t, "(?m)^1 "+kind+" created at\n(\t.*\n)*\t.*"+regexp.QuoteMeta(here), r, "report:\n%s", r)
+	}
+	require.NoError(t, id.Close())
+	require.NoError(t, ch.Close())
+	require.NoError(t, qp.Close())
+	require.NoError(t, mr.Close())
+	require.NoError(t, cq.Close())
+	require.NoError(t, cc.Close())
+	require.NoError(t, pd.Close())
+	r = objtrace.Report()
+	for _, kind := range made[1:] { // the context closes in the cleanup
+		require.NotRegexp(t, "(?m)^1 "+kind+" created at\n(\t.*\n)*\t.*"+regexp.QuoteMeta(here), r, "report:\n%s", r)
 	}
 }

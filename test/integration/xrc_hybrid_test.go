@@ -17,6 +17,7 @@ import (
 	"github.com/goxrc/goxrc/internal/kernel/hybrid"
 	"github.com/goxrc/goxrc/internal/kernel/model"
 	"github.com/goxrc/goxrc/internal/kernel/real"
+	"github.com/goxrc/goxrc/internal/objtrace"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 )
@@ -659,7 +660,7 @@ func TestXRCRealZZLeaks(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("leak: rdmacm %+v, verbs %+v, kernel cm_ids %d (at start %d)", c, v, n, rdmacmBaseIDs)
+			t.Fatalf("leak: rdmacm %+v, verbs %+v, kernel cm_ids %d (at start %d)\n%s", c, v, n, rdmacmBaseIDs, objtrace.Report())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

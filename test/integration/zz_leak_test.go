@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/objtrace"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/test/softroce"
 	"github.com/goxrc/goxrc/verbs"
@@ -18,6 +19,8 @@ import (
 var kernelBaseline map[string]uint64
 
 func TestMain(m *testing.M) {
+	// Leak reports say where each leaked verbs object and CM id was made.
+	objtrace.Enable()
 	if dev := os.Getenv(softroce.EnvDev); dev != "" {
 		res, err := softroce.Resources(dev)
 		if err != nil {
@@ -82,7 +85,7 @@ func waitObjects(t *testing.T, dev string, base objects, d time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("leaked:%s", left)
+			t.Fatalf("leaked:%s\n%s", left, objtrace.Report())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
