@@ -962,13 +962,9 @@ func TestObjectTraceNamesCreators(t *testing.T) {
 	for _, kind := range made {
 		require.Regexp(t, "(?m)^1 "+kind+" created at\n(\t.*\n)*\t.*"+regexp.QuoteMeta(here), r, "report:\n%s", r)
 	}
-	require.NoError(t, id.Close())
-	require.NoError(t, ch.Close())
-	require.NoError(t, qp.Close())
-	require.NoError(t, mr.Close())
-	require.NoError(t, cq.Close())
-	require.NoError(t, cc.Close())
-	require.NoError(t, pd.Close())
+	for _, o := range []interface{ Close() error }{id, ch, qp, mr, cq, cc, pd} { // dependents first
+		require.NoError(t, o.Close())
+	}
 	r = objtrace.Report()
 	for _, kind := range made[1:] { // the context closes in the cleanup
 		require.NotRegexp(t, "(?m)^1 "+kind+" created at\n(\t.*\n)*\t.*"+regexp.QuoteMeta(here), r, "report:\n%s", r)
