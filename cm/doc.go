@@ -13,6 +13,14 @@
 //	err = conn.Send(ctx, []byte("hello"))
 //	n, err := conn.Recv(ctx, buf)
 //
+// Addresses are IPv4 or IPv6, or host names. An IPv6 link-local address
+// (every RoCE port has one, its first GID) takes the zone naming its
+// interface, as in package net: "[fe80::1%eth0]:7471"; binding one without
+// it fails with a clear error. A connection's LocalAddr and RemoteAddr carry
+// the zone too, so either can be dialed back. An accepted connection's
+// LocalAddr is the address the dialer reached, also when the listener is on
+// the unspecified address.
+//
 // # Messages and flow control
 //
 // A Conn carries messages up to a maximum size (WithMessageSize) with a

@@ -213,7 +213,8 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 		return
 	}
 	t.ch = l.ch.acquire()
-	c, err := newConn(t, l.addr, raddr, cfg.params(sendSlots, recvSlots))
+	// The id's own address, not the listener's: that may be unspecified.
+	c, err := newConn(t, Addr{id.LocalAddr()}, raddr, cfg.params(sendSlots, recvSlots))
 	if err == nil && !cfg.raw {
 		c.agree(peer, cfg)
 	}

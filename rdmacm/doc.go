@@ -3,6 +3,11 @@
 // up with the InfiniBand CM's REQ/REP/RTU exchange (or a SIDR exchange for
 // datagrams) on every RDMA transport, soft-RoCE included.
 //
+// Addresses are netip.AddrPort values. An IPv6 zone ("fe80::1%eth0", or an
+// interface index) becomes the sockaddr's scope id, which the kernel needs
+// to bind a link-local address; the addresses an id reports carry it back
+// as the interface's name.
+//
 // # Channels, ids and events
 //
 // An EventChannel owns one goroutine, its pump, which waits for the

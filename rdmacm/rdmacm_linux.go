@@ -82,6 +82,7 @@ typedef struct {
 	int family; // 4, 6 or 0
 	uint16_t port;
 	uint8_t addr[16];
+	uint32_t scope; // IPv6: sin6_scope_id, the interface index of the zone
 } gx_addr;
 
 static socklen_t gx_to_sockaddr(const gx_addr *a, struct sockaddr_storage *ss) {
@@ -97,6 +98,7 @@ static socklen_t gx_to_sockaddr(const gx_addr *a, struct sockaddr_storage *ss) {
 	s->sin6_family = AF_INET6;
 	s->sin6_port = htons(a->port);
 	memcpy(&s->sin6_addr, a->addr, 16);
+	s->sin6_scope_id = a->scope;
 	return sizeof(*s);
 }
 
@@ -114,6 +116,7 @@ static void gx_from_sockaddr(const struct sockaddr *sa, gx_addr *a) {
 		a->family = 6;
 		a->port = ntohs(s->sin6_port);
 		memcpy(a->addr, &s->sin6_addr, 16);
+		a->scope = s->sin6_scope_id;
 	}
 }
 
@@ -262,6 +265,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -278,6 +282,9 @@ type chanSys struct {
 
 type idSys struct {
 	cid *C.struct_rdma_cm_id
+	// scope: the scope id of the id's bound link-local address, which
+	// an accepted id inherits from its listener (see fillScope).
+	scope atomic.Uint32
 }
 
 func errno(r C.int) error {
@@ -384,6 +391,7 @@ func (c *EventChannel) dispatch(r *C.gx_event) {
 	}
 	nid := c.registerLocked(PortSpace(r.new_ps), verbs.QPType(r.new_qpt))
 	nid.sys.cid = cid
+	nid.sys.scope.Store(l.sys.scope.Load())
 	c.mu.Unlock()
 	C.gx_set_context(cid, C.uintptr_t(nid.handle))
 	e.ID, e.Listener = nid, l
@@ -410,10 +418,11 @@ func (id *ID) sysCreate() error {
 	return nil
 }
 
-func toC(a netip.AddrPort) C.gx_addr {
+// toC converts a, resolving an IPv6 zone to its interface index.
+func toC(a netip.AddrPort) (C.gx_addr, error) {
 	var g C.gx_addr
 	if !a.IsValid() {
-		return g
+		return g, nil
 	}
 	ip := a.Addr()
 	g.port = C.uint16_t(a.Port())
@@ -423,14 +432,16 @@ func toC(a netip.AddrPort) C.gx_addr {
 		for i := range b {
 			g.addr[i] = C.uint8_t(b[i])
 		}
-	} else {
-		g.family = 6
-		b := ip.As16()
-		for i := range b {
-			g.addr[i] = C.uint8_t(b[i])
-		}
+		return g, nil
 	}
-	return g
+	g.family = 6
+	b := ip.As16()
+	for i := range b {
+		g.addr[i] = C.uint8_t(b[i])
+	}
+	scope, err := scopeID(ip)
+	g.scope = C.uint32_t(scope)
+	return g, err
 }
 
 func fromC(g *C.gx_addr) netip.AddrPort {
@@ -443,7 +454,7 @@ func fromC(g *C.gx_addr) netip.AddrPort {
 		for i := range b {
 			b[i] = byte(g.addr[i])
 		}
-		ip = netip.AddrFrom16(b)
+		ip = withZone(netip.AddrFrom16(b), uint32(g.scope))
 	default:
 		return netip.AddrPort{}
 	}
@@ -452,21 +463,45 @@ func fromC(g *C.gx_addr) netip.AddrPort {
 
 func (id *ID) sysCreateEP(bind netip.AddrPort) error {
 	var cid *C.struct_rdma_cm_id
-	a := toC(bind)
+	if err := checkBindZone(bind.Addr()); err != nil {
+		return err
+	}
+	a, err := toC(bind)
+	if err != nil {
+		return err
+	}
 	if r := C.gx_create_ep(id.ch.sys.ch, C.uintptr_t(id.handle), C.int(id.ps), C.int(id.qpType), &a, &cid); r != 0 {
 		return errno(r)
 	}
 	id.sys.cid = cid
+	id.sys.scope.Store(uint32(a.scope))
 	return nil
 }
 
 func (id *ID) sysBind(addr netip.AddrPort) error {
-	a := toC(addr)
-	return errno(C.gx_bind(id.sys.cid, &a))
+	if err := checkBindZone(addr.Addr()); err != nil {
+		return err
+	}
+	a, err := toC(addr)
+	if err != nil {
+		return err
+	}
+	if r := C.gx_bind(id.sys.cid, &a); r != 0 {
+		return errno(r)
+	}
+	id.sys.scope.Store(uint32(a.scope))
+	return nil
 }
 
 func (id *ID) sysResolveAddr(src, dst netip.AddrPort, ms int) error {
-	s, d := toC(src), toC(dst)
+	s, err := toC(src)
+	if err != nil {
+		return err
+	}
+	d, err := toC(dst)
+	if err != nil {
+		return err
+	}
 	return errno(C.gx_resolve_addr(id.sys.cid, &s, &d, C.int(ms)))
 }
 
@@ -555,13 +590,30 @@ func (id *ID) sysPort() uint8 { return uint8(C.gx_port(id.sys.cid)) }
 func (id *ID) sysLocalAddr() netip.AddrPort {
 	var a C.gx_addr
 	C.gx_local(id.sys.cid, &a)
+	id.fillScope(&a)
 	return fromC(&a)
 }
 
 func (id *ID) sysRemoteAddr() netip.AddrPort {
 	var a C.gx_addr
 	C.gx_peer(id.sys.cid, &a)
+	id.fillScope(&a)
 	return fromC(&a)
+}
+
+// fillScope gives an IPv6 link-local address without a scope id the scope
+// of the id's link. The kernel leaves it out of an accepted id's addresses
+// and of a peer's; a link-local peer is on the link of the local address,
+// the one bound (the listener's, for an accepted id) or resolved.
+func (id *ID) fillScope(a *C.gx_addr) {
+	if a.family != 6 || a.scope != 0 || a.addr[0] != 0xfe || a.addr[1]&0xc0 != 0x80 {
+		return
+	}
+	if a.scope = C.uint32_t(id.sys.scope.Load()); a.scope == 0 {
+		var l C.gx_addr
+		C.gx_local(id.sys.cid, &l)
+		a.scope = l.scope
+	}
 }
 
 // sysVerbs returns the id's struct ibv_context, or nil.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,4 +75,79 @@ func TestCMIPv6(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "over IPv6", string(buf[:n]))
 	require.Equal(t, ip, c.RemoteAddr().(cm.Addr).Addr())
+}
+
+// TestCMIPv6LinkLocal connects by the rxe netdev's link-local address, which
+// every RoCE port has (its first GID), named with its zone as in net.Dial:
+// [fe80::...%veth0]:port.
+func TestCMIPv6LinkLocal(t *testing.T) {
+	softroce.Device(t)
+	netdev := os.Getenv("RXE_NETDEV")
+	require.NotEmpty(t, netdev, "RXE_NETDEV names the rxe device's netdev")
+	ll := linkLocal(t, netdev)
+	zoned := ll.WithZone(netdev)
+
+	ctx := cmCtx(t, 20*time.Second)
+	l, err := cm.Listen(ctx, netip.AddrPortFrom(zoned, 0).String())
+	require.NoError(t, err)
+	defer l.Close()
+	la := l.Addr().(cm.Addr)
+	require.Equal(t, zoned, la.Addr(), "the listener reports the zone it was given")
+	accepted := make(chan *cm.Conn, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+
+	c, err := cm.Dial(ctx, la.String())
+	require.NoError(t, err)
+	defer c.Close()
+	s := <-accepted
+	require.NotNil(t, s)
+	defer s.Close()
+	require.Equal(t, la, c.RemoteAddr(), "the dialer's peer is the address it dialed, zone and all")
+	require.Equal(t, la, s.LocalAddr())
+	for _, a := range []net.Addr{c.LocalAddr(), s.RemoteAddr()} {
+		require.Equal(t, zoned, a.(cm.Addr).Addr(), "%v: the link-local address with its zone", a)
+	}
+	require.NoError(t, c.Send(ctx, []byte("over fe80::/10")))
+	buf := make([]byte, 32)
+	n, err := s.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "over fe80::/10", string(buf[:n]))
+
+	// Without its zone a link-local address names no interface to bind.
+	_, err = cm.Listen(ctx, netip.AddrPortFrom(ll, 0).String())
+	require.ErrorIs(t, err, syscall.EINVAL)
+	require.ErrorContains(t, err, "needs its interface as a zone")
+	_, err = cm.Dial(ctx, netip.AddrPortFrom(ll.WithZone("no-such-if0"), la.Port()).String())
+	require.ErrorContains(t, err, `zone "no-such-if0"`)
+}
+
+// linkLocal returns netdev's IPv6 link-local address once duplicate address
+// detection is done with it (a tentative address cannot be bound).
+func linkLocal(t *testing.T, netdev string) netip.Addr {
+	t.Helper()
+	link, err := netlink.LinkByName(netdev)
+	require.NoError(t, err)
+	var ll netip.Addr
+	require.Eventually(t, func() bool {
+		// Equivalent to: ip -6 addr show dev $netdev scope link
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_V6)
+		if err != nil {
+			return false
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if ok && ip.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				ll = ip
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 50*time.Millisecond, "%s has no IPv6 link-local address out of duplicate address detection", netdev)
+	return ll
 }

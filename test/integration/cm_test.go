@@ -598,3 +598,33 @@ func TestCMWithDevice(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "nosuchdev0")
 }
+
+// TestCMAcceptedConnAddrs: on a listener bound to the unspecified address,
+// an accepted connection's LocalAddr is the address the dialer reached, as
+// for TCP, and its RemoteAddr the dialer's.
+func TestCMAcceptedConnAddrs(t *testing.T) {
+	_, addr := softroce.Device(t)
+	ctx := cmCtx(t, 20*time.Second)
+	l, err := cm.Listen(ctx, "0.0.0.0:0")
+	require.NoError(t, err)
+	defer l.Close()
+	port := l.Addr().(cm.Addr).Port()
+	require.True(t, l.Addr().(cm.Addr).Addr().IsUnspecified(), "listening on %v", l.Addr())
+	accepted := make(chan *cm.Conn, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	c, err := cm.Dial(ctx, netip.AddrPortFrom(addr, port).String())
+	require.NoError(t, err)
+	defer c.Close()
+	s := <-accepted
+	require.NotNil(t, s)
+	defer s.Close()
+	require.Equal(t, cm.Addr{AddrPort: netip.AddrPortFrom(addr, port)}, s.LocalAddr())
+	require.Equal(t, c.LocalAddr(), s.RemoteAddr())
+	require.Equal(t, s.LocalAddr(), c.RemoteAddr())
+}
