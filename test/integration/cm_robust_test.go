@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,7 +22,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/cm"
-	"github.com/goxrc/goxrc/internal/objtrace"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/test/softroce"
 	"github.com/goxrc/goxrc/verbs"
@@ -113,77 +111,6 @@ func startVictim(t *testing.T, role, addr string) (*exec.Cmd, string) {
 	return nil, ""
 }
 
-// snapshot is what this process (and the kernel) holds: it must come back
-// to where it was after every connection is closed.
-type snapshot struct {
-	verbs      verbs.ObjectCounts
-	cm         rdmacm.Counters
-	open       int64
-	qps        int64
-	listeners  int64
-	goroutines int
-	kernel     string // `rdma res show` summary, "" without the tool (in a base: not compared)
-}
-
-func takeSnapshot() snapshot {
-	s := cm.GlobalStats()
-	return snapshot{
-		verbs: verbs.Counts(), cm: rdmacm.Counts(),
-		open: s.ConnectionsOpen, qps: s.QueuePairs, listeners: s.Listeners,
-		goroutines: runtime.NumGoroutine(), kernel: kernelResources(),
-	}
-}
-
-// kernelResources is the kernel's count of pd, cq, qp, cm_id, mr and ctx
-// objects on the RDMA devices (all processes).
-func kernelResources() string {
-	out, err := exec.Command("rdma", "res", "show").Output()
-	if err != nil {
-		return ""
-	}
-	return strings.Join(strings.Fields(string(out)), " ")
-}
-
-func (s snapshot) same(base snapshot) bool {
-	return s.verbs == base.verbs && s.cm == base.cm && s.open == base.open && s.qps == base.qps &&
-		s.listeners == base.listeners && s.goroutines <= base.goroutines && (base.kernel == "" || s.kernel == base.kernel)
-}
-
-// baseline is the snapshot a test compares with at its end. It binds a CM
-// id to the device first: librdmacm opens the device's verbs context for
-// the first id bound to it and keeps it for the life of the process
-// (ucma_put_device releases only the PD), which the kernel counts, so a
-// test that ran first would otherwise see one context more at its end.
-func baseline(t *testing.T, ip netip.Addr) snapshot {
-	t.Helper()
-	ch, err := rdmacm.NewEventChannel()
-	require.NoError(t, err)
-	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
-	require.NoError(t, err)
-	require.NoError(t, id.Bind(netip.AddrPortFrom(ip, 0)))
-	require.NoError(t, id.Close())
-	require.NoError(t, ch.Close())
-	return takeSnapshot()
-}
-
-// requireBaseline waits up to d for everything to be released.
-func requireBaseline(t *testing.T, base snapshot, d time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		s := takeSnapshot()
-		if s.same(base) {
-			return
-		}
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
-			t.Fatalf("not back to baseline after %v:\n now  %+v\n base %+v\n%s", d, s, base, objtrace.Report())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func requirePeerGone(t *testing.T, what string, err error) {
 	t.Helper()
 	require.Error(t, err, what)
@@ -191,8 +118,8 @@ func requirePeerGone(t *testing.T, what string, err error) {
 }
 
 func TestCMServerKilled(t *testing.T) {
-	_, ip := softroce.Device(t)
-	base := baseline(t, ip)
+	dev, ip := softroce.Device(t)
+	base := baseline(t, dev)
 	victim, addr := startVictim(t, "server", netip.AddrPortFrom(ip, 0).String())
 	ctx := cmCtx(t, 60*time.Second)
 	client, err := cm.Dial(ctx, addr, cm.WithMessageSize(4096), cm.WithQueueDepth(16), cm.WithHandshakeTimeout(5*time.Second))
@@ -247,18 +174,18 @@ func TestCMServerKilled(t *testing.T) {
 	require.NoError(t, client.Close())
 	t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
 	victim.Wait()
-	requireBaseline(t, base, 10*time.Second)
+	waitObjects(t, base, 10*time.Second)
 }
 
 func TestCMClientKilled(t *testing.T) {
-	_, ip := softroce.Device(t)
-	base := baseline(t, ip)
+	dev, _ := softroce.Device(t)
+	base := baseline(t, dev)
 	l, addr := cmListen(t, cm.WithMessageSize(4096), cm.WithQueueDepth(16))
 	victim, _ := startVictim(t, "client", addr)
 	ctx := cmCtx(t, 60*time.Second)
 	server, err := l.Accept(ctx)
 	require.NoError(t, err)
-	require.Equal(t, base.open+1, cm.GlobalStats().ConnectionsOpen)
+	require.Equal(t, base.cm.ConnectionsOpen+1, cm.GlobalStats().ConnectionsOpen)
 	buf := make([]byte, 4096)
 	for i := 0; i < 100; i++ {
 		_, err := server.Recv(ctx, buf)
@@ -286,7 +213,7 @@ func TestCMClientKilled(t *testing.T) {
 	require.NoError(t, server.Close())
 	require.NoError(t, l.Close())
 	victim.Wait()
-	requireBaseline(t, base, 10*time.Second)
+	waitObjects(t, base, 10*time.Second)
 }
 
 // goxrcHello is a valid goxrc dialer hello (see cm/hello.go), built by hand.
@@ -316,8 +243,8 @@ func rawConnect(t *testing.T, ch *rdmacm.EventChannel, addr string, pd []byte) (
 }
 
 func TestCMHandshakeNeverCompleted(t *testing.T) {
-	_, ip := softroce.Device(t)
-	base := baseline(t, ip)
+	dev, _ := softroce.Device(t)
+	base := baseline(t, dev)
 	l, addr := cmListen(t, cm.WithHandshakeTimeout(2*time.Second))
 	before := cm.GlobalStats().AcceptErrors
 	ch, err := rdmacm.NewEventChannel()
@@ -340,8 +267,8 @@ func TestCMHandshakeNeverCompleted(t *testing.T) {
 	}
 	require.NoError(t, id.Close())
 	require.NoError(t, ch.Close())
-	require.Equal(t, base.open, cm.GlobalStats().ConnectionsOpen)
-	require.Equal(t, base.qps, cm.GlobalStats().QueuePairs)
+	require.Equal(t, base.cm.ConnectionsOpen, cm.GlobalStats().ConnectionsOpen)
+	require.Equal(t, base.cm.QueuePairs, cm.GlobalStats().QueuePairs)
 
 	// The listener still serves proper dialers.
 	ctx := cmCtx(t, 20*time.Second)
@@ -354,12 +281,12 @@ func TestCMHandshakeNeverCompleted(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c2.Close())
 	require.NoError(t, l.Close())
-	requireBaseline(t, base, 10*time.Second)
+	waitObjects(t, base, 10*time.Second)
 }
 
 func TestCMGarbageHandshake(t *testing.T) {
-	_, ip := softroce.Device(t)
-	base := baseline(t, ip)
+	dev, _ := softroce.Device(t)
+	base := baseline(t, dev)
 	l, addr := cmListen(t)
 	hello := func(edit func(b []byte) []byte) []byte { return edit(goxrcHello(8, 4096)) }
 	for _, c := range []struct {
@@ -396,12 +323,12 @@ func TestCMGarbageHandshake(t *testing.T) {
 	require.Nil(t, c)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.NoError(t, l.Close())
-	requireBaseline(t, base, 10*time.Second)
+	waitObjects(t, base, 10*time.Second)
 }
 
 func TestCMNoLeaksAfterManyConnections(t *testing.T) {
-	_, ip := softroce.Device(t)
-	base := baseline(t, ip)
+	dev, _ := softroce.Device(t)
+	base := baseline(t, dev)
 	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256))
 	ctx := cmCtx(t, 120*time.Second)
 	one := func(i int) error {
@@ -451,10 +378,10 @@ func TestCMNoLeaksAfterManyConnections(t *testing.T) {
 	}
 	wg.Wait()
 	require.NoError(t, errors.Join(errs...))
-	require.Equal(t, base.open, cm.GlobalStats().ConnectionsOpen)
+	require.Equal(t, base.cm.ConnectionsOpen, cm.GlobalStats().ConnectionsOpen)
 	require.NoError(t, l.Close())
-	requireBaseline(t, base, 10*time.Second)
-	t.Logf("after 50 connections: %+v", takeSnapshot())
+	waitObjects(t, base, 10*time.Second)
+	t.Logf("after 50 connections: %+v", baseline(t, dev))
 }
 
 func TestCMRawServerWithRDMAClient(t *testing.T) {

@@ -369,8 +369,8 @@ func TestCMBuffersFromPool(t *testing.T) {
 // messages both ways. Closing the listener (the last holder of the device)
 // destroys them.
 func TestCMQueuePairsReused(t *testing.T) {
-	_, ip := softroce.Device(t)
-	base := baseline(t, ip)
+	dev, _ := softroce.Device(t)
+	base := baseline(t, dev)
 	opts := []cm.Option{cm.WithQueueDepth(3), cm.WithMessageSize(128)}
 	l, addr := cmListen(t, opts...)
 	ctx := cmCtx(t, 60*time.Second)
@@ -414,7 +414,7 @@ func TestCMQueuePairsReused(t *testing.T) {
 	require.Equal(t, start.QueuePairsReused+2, s.QueuePairsReused, "both ends take a kept pair")
 	require.Equal(t, start.CachedQueuePairs+4, s.CachedQueuePairs)
 	require.NoError(t, l.Close())
-	requireBaseline(t, base, 10*time.Second)
+	waitObjects(t, base, 10*time.Second)
 	require.Equal(t, start.CachedQueuePairs, cm.GlobalStats().CachedQueuePairs)
 }
 

@@ -48,14 +48,14 @@ func TestTwoNodes(t *testing.T) {
 	if role == "" || sync == "" {
 		t.Skip("needs two soft-RoCE guests on one wire: runs through test/vm/rxe-pair.sh (test/run-tests.sh does)")
 	}
-	_, ip := softroce.Device(t)
+	dev, ip := softroce.Device(t)
 	peer, ok := softroce.PeerIP()
 	require.True(t, ok, "RXE_PEER_IP unset")
 	switch role {
 	case "a":
 		pairServe(t, ip, sync)
 	case "b":
-		pairCheck(t, ip, peer, sync)
+		pairCheck(t, dev, ip, peer, sync)
 	default:
 		t.Fatalf("GOXRC_PAIR_ROLE=%q: want a or b", role)
 	}
@@ -201,11 +201,11 @@ func pairCheckCM(t *testing.T, ctx context.Context, ip, peer netip.Addr) {
 	require.NoError(t, c.DestroyID(first))
 }
 
-func pairCheck(t *testing.T, ip, peer netip.Addr, sync string) {
+func pairCheck(t *testing.T, dev string, ip, peer netip.Addr, sync string) {
 	ctx := cmCtx(t, 4*time.Minute)
 	waitMark(t, ctx, sync, "a-ready")
 	pairCheckCM(t, ctx, ip, peer)
-	base := baseline(t, ip)
+	base := baseline(t, dev)
 	addr := netip.AddrPortFrom(peer, pairPort).String()
 	opts := []cm.Option{cm.WithMessageSize(4096), cm.WithQueueDepth(8), cm.WithHandshakeTimeout(5 * time.Second)}
 
@@ -300,7 +300,7 @@ func pairCheck(t *testing.T, ip, peer netip.Addr, sync string) {
 		require.Less(t, time.Since(start), 4*time.Second, "Close waited for the vanished peer (handshake timeout 5 s)")
 	}
 	require.NoError(t, l.Close())
-	requireBaseline(t, base, 15*time.Second)
+	waitObjects(t, base, 15*time.Second)
 	mark(t, sync, "b-done")
 }
 

@@ -29,7 +29,7 @@ func TestXRCDeviceEndpoint(t *testing.T) {
 	dev, ip := softroce.Device(t)
 	noXRC := deviceNoXRC(t)
 	t.Logf("%s: XRC verdict: %v", dev, noXRC)
-	base := objectsNow(t, dev)
+	base := baseline(t, dev)
 	dir := t.TempDir() + "/goxrc"
 	ctx := cmCtx(t, 30*time.Second)
 	for _, cfg := range []xrc.Config{
@@ -54,7 +54,7 @@ func TestXRCDeviceEndpoint(t *testing.T) {
 	require.ErrorContains(t, err, "on device "+dev+", not nosuch0")
 	_, err = xrc.NewEndpoint(ctx, xrc.Config{Addr: "0.0.0.0:0", DomainDir: dir})
 	require.ErrorContains(t, err, "needs a concrete IP")
-	waitObjects(t, dev, base, 5*time.Second)
+	waitObjects(t, base, 5*time.Second)
 }
 
 // TestXRCDeviceCM: cm's XRC modes on a device with XRC run over the engine:
@@ -67,7 +67,7 @@ func TestXRCDeviceCM(t *testing.T) {
 	if noXRC := deviceNoXRC(t); noXRC != nil {
 		t.Skipf("the device has no XRC, so cm cannot run XRC on it: %v", noXRC)
 	}
-	base := objectsNow(t, dev)
+	base := baseline(t, dev)
 	dir := t.TempDir() + "/goxrc"
 	ctx := cmCtx(t, 60*time.Second)
 	for _, mode := range []cm.XRCMode{cm.XRCRequire, cm.XRCPrefer} {
@@ -118,5 +118,5 @@ func TestXRCDeviceCM(t *testing.T) {
 		_, err = cm.Dial(ctx, l.Addr().String(), append(opts, cm.WithRawMessages())...)
 		require.ErrorIs(t, err, cm.ErrNotSupported, "raw messages over XRC")
 	}
-	waitObjects(t, dev, base, 15*time.Second)
+	waitObjects(t, base, 15*time.Second)
 }
