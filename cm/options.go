@@ -198,4 +198,10 @@ func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
 // Between two one-CPU guests (test/vm/rxe-pair.sh) a 64-byte ping-pong
 // polling for 20 ms had a median of 1.2 ms one way at GOMAXPROCS=2 and
 // 2.5 ms at 1 (docs/benchmarks-log.md).
+//
+// A wait that sleeps is woken through Go's netpoller, which costs more than a
+// C thread woken in a blocking read: under emulation, a ping-pong that
+// sleeps on every message took 3-4 times as long one way as ib_send_lat -e,
+// with or without goxrc (test/bench.sh's sleeping rows, test/cmd/cgofloor
+// -events). Spin for as long as a reply usually takes.
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }

@@ -9,6 +9,8 @@
 # plus, beside the latency, test/cmd/cgofloor (the same ping-pong with no library: the loop
 # in C inside a Go process, and one cgo call per step), the floor under any Go binding here;
 # beside the bandwidth, cgofloor -bw (the same stream as ib_send_bw's with no library, both ways);
+# the ping-pong sleeping on completion events: ib_send_lat -e vs the client with -busypoll 0,
+# and cgofloor -events (the same with no library: blocking in C, and waiting in Go's netpoller);
 # beside the setup, against cmtime's server: goxrc's client (-raw) and test/cmd/setupfloor
 # (cmtime's client steps with no library, in one C call and from Go);
 # then the Go benchmarks (allocs/op) and the zero-allocation test. Prints a table of medians
@@ -70,6 +72,7 @@ log() { echo "[$(date +%T)] $*"; }
 $BIN/server -addr $IP:7472 -size 65536 -depth 64 -busypoll $BUSY > $O/server-data.log 2>&1 &
 $BIN/server -addr $IP:7473 -size 64 -depth 2 > $O/server-conn.log 2>&1 &
 $BIN/server -addr $IP:7474 -size 65536 -depth 64 > $O/server-default.log 2>&1 &   # the default window
+$BIN/server -addr $IP:7478 -size 65536 -depth 64 -busypoll 0 > $O/server-sleep.log 2>&1 &   # never spins
 $BIN/server -addr $IP:7476 -size 4096 -depth $BW_DEPTH -busypoll $BUSY > $O/server-bw4096.log 2>&1 &
 $BIN/server -addr $IP:7477 -size 65536 -depth $BW_DEPTH -busypoll $BUSY > $O/server-bw65536.log 2>&1 &
 sleep 2
@@ -106,6 +109,12 @@ for r in $(seq 1 $ROUNDS); do
   timeout 120 $BIN/client -addr $IP:7474 -mode latency -size 64 -count $LAT_N -json -progress 0 > $O/latdef.go.$r 2>&1
   cserver timeout 120 $BIN/cgofloor -server -addr $IP:7475 -count $LAT_N -rounds 1
   cclient $O/floor.$r "go_median_us" timeout 120 $BIN/cgofloor -addr $IP:7475 -count $LAT_N -rounds 1 -json; cstop
+  log "round $r: latency sleeping on completion events"
+  cserver timeout 120 ib_send_lat -d $DEV -R -s 64 -n $LAT_N -e
+  cclient $O/latev.c.$r "^ *64 +[0-9]" ib_send_lat -d $DEV -R -s 64 -n $LAT_N -e $IP; cstop
+  timeout 120 $BIN/client -addr $IP:7478 -mode latency -size 64 -count $LAT_N -busypoll 0 -json -progress 0 > $O/latev.go.$r 2>&1
+  cserver timeout 120 $BIN/cgofloor -server -addr $IP:7475 -events -count $LAT_N -rounds 1
+  cclient $O/evfloor.$r "go_median_us" timeout 120 $BIN/cgofloor -addr $IP:7475 -events -count $LAT_N -rounds 1 -json; cstop
   for s in 4096 65536; do
     n=$BW_N4; [[ $s == 65536 ]] && n=$BW_N64
     log "round $r: bandwidth $s"
@@ -153,6 +162,7 @@ values() { # BENCH IMPL: one value per round
   local f
   local base=$1.$2
   [[ $1 == floor* ]] && base=floor   # one cgofloor output holds both figures
+  [[ $1 == evfloor* ]] && base=evfloor
   [[ $1 == bwfloor* ]] && base=bwfloor${1##*[a-z]}   # bwfloorc4096, bwfloorgo4096: bwfloor4096
   for f in "$O/$base".*; do
     [[ -f $f ]] || continue
@@ -163,10 +173,10 @@ value() { # BENCH IMPL FILE
   case $1.$2 in
     setup*.c) cm_setup "$3";;
     setup*.go) jfield per_conn_us "$3";;
-    lat64.c) lat_c "$3";;
-    lat64.go|latdef.go) jfield median_us "$3";;
-    floorc.go) jfield c_median_us "$3";;
-    floorgo.go) jfield go_median_us "$3";;
+    lat64.c|latev.c) lat_c "$3";;
+    lat64.go|latdef.go|latev.go) jfield median_us "$3";;
+    floorc.go|evfloorc.go) jfield c_median_us "$3";;
+    floorgo.go|evfloorgo.go) jfield go_median_us "$3";;
     bwfloorc*.go) jfield c_mb_per_s "$3";;
     bwfloorgo*.go) jfield go_mb_per_s "$3";;
     bw*.c) bw_c "$3" "${1#bw}";;
@@ -223,6 +233,16 @@ TABLE=$RUN/table.md
     [[ $f == floorgo ]] && what="no library, one cgo call per step (post; poll in 10 us slices)"
     echo "| floor: 64 B ping-pong, $what (test/cmd/cgofloor; rounds: $(values $f go | tr '\n' ' ')) | $c | $g | $r | | lower | (none: for reference) | - |"
   done
+  if [[ -n $(values latev c) ]]; then # runs before 2026-12-01 have none
+    c=$(values latev c | median); g=$(values latev go | median); r=$(ratio "$g" "$c")
+    echo "| 64 B ping-pong sleeping on completion events: ib_send_lat -e against goxrc never spinning (-busypoll 0), one-way median us (rounds: C $(values latev c | tr '\n' ' ')/ Go $(values latev go | tr '\n' ' ')) | $c | $g | $r | $(paired latev go) | lower | (none: for reference) | - |"
+    for f in evfloorc evfloorgo; do
+      g=$(values $f go | median); r=$(ratio "$g" "$c")
+      what="no library, the loop in C blocking in the completion channel's read"
+      [[ $f == evfloorgo ]] && what="no library, one cgo call per step, the completion channel awaited in Go's netpoller"
+      echo "| floor: 64 B ping-pong sleeping on events, $what (test/cmd/cgofloor -events; rounds: $(values $f go | tr '\n' ' ')) | $c | $g | $r | | lower | (none: for reference) | - |"
+    done
+  fi
   for s in 4096 65536; do
     c=$(values bw$s c | median); g=$(values bw$s go | median); r=$(ratio "$g" "$c")
     echo "| $((s / 1024)) KiB send bandwidth, MB/s (2^20) (rounds: C $(values bw$s c | tr '\n' ' ')/ Go $(values bw$s go | tr '\n' ' ')) | $c | $g | $r | $(paired bw$s go) | higher | >= 0.9x ib_send_bw | $(verdict "$r" '>=' 0.9) |"
@@ -267,6 +287,9 @@ The C tools poll their completion queues without ever sleeping; goxrc polls for 
 it sleeps in the netpoller (\`cm.WithBusyPoll\`; the library default is 200us). The default-window
 row runs \`client -mode latency -size 64 -count $LAT_N\` against \`server -size 65536 -depth 64\`, both
 without -busypoll, right after the Go latency run of each round: what an application gets untuned.
+The sleeping rows run \`ib_send_lat -d rxe0 -R -s 64 -n $LAT_N -e\` (it sleeps on completion events)
+vs \`client -mode latency -size 64 -count $LAT_N -busypoll 0\` (against \`server -size 65536 -depth 64
+-busypoll 0\`: every wait sleeps in Go's netpoller); their floors are for reference, not targets.
 
 $(cat "$TABLE")
 
@@ -293,6 +316,12 @@ How the figures compare:
   library: first the whole loop in one C call, then each step its own cgo call from Go, polling in
   10 us slices with a yield every 4 ms as goxrc does. Their ratios to ib_send_lat are what a Go
   process, and calling C once per step, cost on this machine before any library logic.
+- Sleeping floor rows: \`cgofloor -server -addr \$RXE_IP:7475 -events -count $LAT_N -rounds 1\` +
+  \`cgofloor -addr \$RXE_IP:7475 -events ...\`: the same ping-pong, each wait arming the receive CQ
+  and sleeping until its completion event, as ib_send_lat -e does; first the whole loop in one C
+  call, blocking in the completion channel's read, then from Go, arming and looking in one cgo
+  call and waiting for the channel in the netpoller in the same goroutine (no library, no
+  hand-off): what a Go process's sleep and wake-up cost here, against a C thread's.
 - Bandwidth: ib_send_bw's "BW average" (MB = 2^20 bytes) vs the client's bytes/time, converted to
   2^20-byte MB. The Go figure includes the final acknowledgement round trip.
 - Bandwidth floor rows: \`cgofloor -server -addr \$RXE_IP:7475 -bw S -count K -warmup 50 -rounds 1\` +

@@ -26,9 +26,16 @@
 //
 //	cgofloor -server -addr 10.77.0.1:7475 &
 //	cgofloor -addr 10.77.0.1:7475 -json
+//
+// With -events the ping-pong sleeps on completion events instead of
+// polling, as ib_send_lat -e does: in C, arm the CQ, look, and block in the
+// completion channel's read; from Go, arm and look in one cgo call, then
+// wait for the channel in the netpoller (the waiting goroutine itself) and
+// take the event in one cgo call.
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -37,6 +44,8 @@ import (
 	"runtime"
 	"slices"
 	"time"
+
+	"github.com/goxrc/goxrc/internal/fdpoll"
 )
 
 func main() {
@@ -47,6 +56,7 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds of each way, alternating C, Go, C, Go ...")
 	asJSON := flag.Bool("json", false, "print the result as JSON")
 	bw := flag.Int("bw", 0, "stream messages of this many bytes instead of a 64 B ping-pong")
+	events := flag.Bool("events", false, "ping-pong sleeping on completion events instead of polling")
 	flag.Parse()
 	host, port, err := net.SplitHostPort(*addr)
 	if err == nil {
@@ -68,11 +78,24 @@ func main() {
 	// Non-nil: nil means untimed (the warm-ups).
 	inC := make([]time.Duration, 0, *rounds**count)
 	inGo := make([]time.Duration, 0, *rounds**count)
+	wayC, wayGo := loopC, loopGo
+	if *events {
+		fd, err := fdpoll.Open(eventFD(), "completion channel")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "cgofloor:", err)
+			os.Exit(1)
+		}
+		defer fd.Close()
+		wayC = loopEventsC
+		wayGo = func(server bool, n int, rtts []time.Duration) []time.Duration {
+			return loopEventsGo(server, n, rtts, fd)
+		}
+	}
 	for r := 0; r < *rounds; r++ {
-		loopC(*server, *warmup, nil)
-		inC = loopC(*server, *count, inC)
-		loopGo(*server, *warmup, nil)
-		inGo = loopGo(*server, *count, inGo)
+		wayC(*server, *warmup, nil)
+		inC = wayC(*server, *count, inC)
+		wayGo(*server, *warmup, nil)
+		inGo = wayGo(*server, *count, inGo)
 	}
 	if *server {
 		return
@@ -114,6 +137,35 @@ func loopGo(server bool, n int, rtts []time.Duration) []time.Duration {
 			if now := time.Now(); now.Sub(lastYield) > spinYield {
 				lastYield = now
 				runtime.Gosched()
+			}
+		}
+	}
+	for i := 0; i < n; i++ {
+		t := time.Now()
+		if server {
+			wait()
+			send()
+		} else {
+			send()
+			wait()
+		}
+		if rtts != nil {
+			rtts = append(rtts, time.Since(t))
+		}
+	}
+	return rtts
+}
+
+// loopEventsGo is loopGo sleeping on completion events (-events): a wait
+// arms the CQ and looks in one C call, and finding nothing, sleeps in the
+// netpoller on the completion channel (this goroutine, no hand-off), then
+// takes the event in one C call and looks again.
+func loopEventsGo(server bool, n int, rtts []time.Duration, fd *fdpoll.FD) []time.Duration {
+	wait := func() {
+		for !armPoll() {
+			if err := fd.Wait(context.Background(), takeEvent); err != nil {
+				fmt.Fprintln(os.Stderr, "cgofloor:", err)
+				os.Exit(1)
 			}
 		}
 	}

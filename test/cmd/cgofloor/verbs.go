@@ -5,6 +5,7 @@ package main
 /*
 #cgo LDFLAGS: -lrdmacm -libverbs
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +171,69 @@ static int floor_loop(int server, int n, int64_t *rtt_ns) {
 	return 0;
 }
 
+// floor_event_fd is the receive CQ's completion channel (librdmacm made
+// one for the CQ it made), for -events.
+static int floor_event_fd(void) { return id->recv_cq_channel->fd; }
+
+// floor_arm_poll is floor_poll without spinning that, finding nothing, arms
+// the receive CQ and looks once more (a completion may have come first): 1
+// if a receive came, 0 if armed with nothing there, <0 on an error.
+static int floor_arm_poll(void) {
+	int n = floor_poll(0, 1);
+	if (n != 0)
+		return n;
+	if (ibv_req_notify_cq(id->recv_cq, 0))
+		return fail();
+	return floor_poll(0, 1);
+}
+
+// floor_set_blocking makes the receive CQ's channel blocking (the loop in
+// C sleeps in its read, as ib_send_lat -e does) or not (the Go way waits
+// for it in the netpoller).
+static int floor_set_blocking(int blocking) {
+	int fd = id->recv_cq_channel->fd, fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, blocking ? fl & ~O_NONBLOCK : fl | O_NONBLOCK) < 0)
+		return fail();
+	return 0;
+}
+
+// floor_take_event reads and acknowledges one completion event of the
+// receive CQ's channel: 1 if there was one, 0 if none (a non-blocking
+// channel), <0 on an error.
+static int floor_take_event(void) {
+	struct ibv_cq *cq;
+	void *ctx;
+	if (ibv_get_cq_event(id->recv_cq_channel, &cq, &ctx))
+		return errno == EAGAIN ? 0 : fail();
+	ibv_ack_cq_events(cq, 1);
+	return 1;
+}
+
+// floor_wait_event sleeps until a receive completes (-events, in C): arm
+// and look, then block in the channel's read and look again.
+static int floor_wait_event(void) {
+	int rc;
+	while ((rc = floor_arm_poll()) == 0)
+		if ((rc = floor_take_event()) < 0)
+			return rc;
+	return rc;
+}
+
+// floor_loop_events is floor_loop sleeping on completion events.
+static int floor_loop_events(int server, int n, int64_t *rtt_ns) {
+	for (int i = 0; i < n; i++) {
+		int64_t t = now_ns();
+		int rc;
+		if (!server && (rc = floor_send()) < 0)
+			return rc;
+		if ((rc = floor_wait_event()) < 0 || (server && (rc = floor_send()) < 0))
+			return rc;
+		if (rtt_ns)
+			rtt_ns[i] = now_ns() - t;
+	}
+	return 0;
+}
+
 // floor_stream_send posts one message of the stream: the nth (from 1) of
 // total, signaled every BW_SIG and at the end. It first reaps completions,
 // waiting while BW_SENDS are in flight; *done tracks the last completed.
@@ -294,6 +358,39 @@ func loopC(server bool, n int, rtts []time.Duration) []time.Duration {
 		rtts = append(rtts, time.Duration(v))
 	}
 	return rtts
+}
+
+// loopEventsC is loopC sleeping on completion events in C (-events).
+func loopEventsC(server bool, n int, rtts []time.Duration) []time.Duration {
+	check(C.floor_set_blocking(1))
+	defer func() { check(C.floor_set_blocking(0)) }()
+	ns := make([]C.int64_t, n)
+	check(C.floor_loop_events(cbool(server), C.int(n), unsafe.SliceData(ns)))
+	if rtts == nil {
+		return nil
+	}
+	for _, v := range ns {
+		rtts = append(rtts, time.Duration(v))
+	}
+	return rtts
+}
+
+func eventFD() int { return int(C.floor_event_fd()) }
+
+// armPoll looks for a receive and, finding none, arms the CQ and looks
+// again, in one C call.
+func armPoll() bool {
+	rc := C.floor_arm_poll()
+	check(rc)
+	return rc > 0
+}
+
+// takeEvent reads and acknowledges one completion event without blocking:
+// whether there was one.
+func takeEvent() bool {
+	rc := C.floor_take_event()
+	check(rc)
+	return rc > 0
 }
 
 // streamC runs a stream of n messages inside one C call.
