@@ -200,6 +200,8 @@ type Conn struct {
 	peerFin      bool
 	peerLeft     string // why the peer went, once the CM said so
 	closing      bool
+	writeClosed  bool // CloseWrite: no more data frames
+	finSent      bool // our FIN is claimed (CloseWrite or Close), sent once
 	rdmaDone     bool
 	rdmaErr      error
 	cbuf         []completion
@@ -396,7 +398,7 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 // postFrameLocked is postFrameProbe's body; the caller holds postMu and io.
 func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm, probe bool) error {
 	c.mu.Lock()
-	if c.err != nil || (kind == frameData && c.closing) {
+	if c.err != nil || (kind == frameData && (c.closing || c.writeClosed)) {
 		err := c.err
 		if err == nil {
 			err = ErrClosed
@@ -1065,7 +1067,7 @@ func (c *Conn) Close() error {
 	broken := c.err != nil
 	vanished := c.peerVanishedLocked()
 	c.mu.Unlock()
-	if first && !broken && !c.raw {
+	if first && !broken && !c.raw && c.claimFin() {
 		c.sendFin(ctx)
 	}
 	if first && !broken {
@@ -1090,17 +1092,72 @@ func (c *Conn) Close() error {
 	return c.releaseErr
 }
 
-func (c *Conn) sendFin(ctx context.Context) {
-	for ctx.Err() == nil {
+// claimFin reports whether the caller is the one to send our FIN: Close
+// after CloseWrite sends none.
+func (c *Conn) claimFin() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first := !c.finSent
+	c.finSent = true
+	return first
+}
+
+// sendFin posts our FIN, waiting for a send slot and a credit (a FIN may
+// take the credit that data leaves for credit returns).
+func (c *Conn) sendFin(ctx context.Context) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		seen := c.rounds.Load()
 		err := c.postFrame(frameFin, nil, 0, false)
 		if err == nil || !errors.Is(err, errNoRoom) {
-			return
+			return err
 		}
-		if c.progress(ctx, seen) != nil {
-			return
+		if err := c.progress(ctx, seen); err != nil {
+			return err
 		}
 	}
+}
+
+// CloseWrite ends this side's stream, as TCP's half-close does: the peer's
+// Recv returns io.EOF once it has read every message sent before, while
+// the peer's messages keep coming until its own Close or CloseWrite. Send
+// fails with ErrClosed from then on; Close still ends the connection. It
+// waits (bounded by the handshake timeout) only for room to post the end
+// of the stream, never for the peer. Raw connections (WithRawMessages)
+// have no end-of-stream frame: ErrNotSupported. CloseWrite is idempotent.
+func (c *Conn) CloseWrite() error {
+	if c == nil {
+		return ErrClosed
+	}
+	if c.x != nil {
+		return c.closeWriteXRC()
+	}
+	if c.raw {
+		return c.opErr("close write", fmt.Errorf("%w: raw messages have no end-of-stream frame", ErrNotSupported))
+	}
+	c.mu.Lock()
+	if err := c.err; err != nil || c.closing {
+		c.mu.Unlock()
+		if err == nil {
+			err = ErrClosed
+		}
+		return c.opErr("close write", err)
+	}
+	// Data frames are refused from here on, so every one posted comes
+	// before the FIN.
+	c.writeClosed = true
+	c.mu.Unlock()
+	if !c.claimFin() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	if err := c.sendFin(ctx); err != nil {
+		return c.opErr("close write", err)
+	}
+	return nil
 }
 
 // drainSends waits until every posted send has completed, so the peer has

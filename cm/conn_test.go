@@ -188,6 +188,87 @@ func TestConnGracefulCloseDeliversThenEOF(t *testing.T) {
 	require.ErrorIs(t, a.Send(ctx, []byte("late")), ErrClosed)
 }
 
+// CloseWrite ends one direction: the peer reads what came before, then
+// io.EOF, and keeps sending (more than a window of messages, so credits
+// must still come back over the closed side) until its Close.
+func TestConnCloseWriteHalfCloses(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	ctx := ctxT(t)
+	for i := range 3 {
+		require.NoError(t, a.Send(ctx, []byte{byte(i)}))
+	}
+	require.NoError(t, a.CloseWrite())
+	require.NoError(t, a.CloseWrite(), "CloseWrite is idempotent")
+	require.ErrorIs(t, a.Send(ctx, []byte("late")), ErrClosed)
+	buf := make([]byte, 8)
+	for i := range 3 {
+		n, err := b.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, []byte{byte(i)}, buf[:n])
+	}
+	_, err := b.Recv(ctx, buf)
+	require.ErrorIs(t, err, io.EOF)
+
+	const back = 100 // the queue depth is 8
+	sent := make(chan error, 1)
+	go func() {
+		for i := range back {
+			if err := b.Send(ctx, []byte{byte(i)}); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- b.Close()
+	}()
+	for i := range back {
+		n, err := a.Recv(ctx, buf)
+		require.NoError(t, err, "message %d after CloseWrite", i)
+		require.Equal(t, []byte{byte(i)}, buf[:n])
+	}
+	_, err = a.Recv(ctx, buf)
+	require.ErrorIs(t, err, io.EOF, "the peer's Close ends the other direction")
+	require.NoError(t, <-sent)
+	require.NoError(t, a.Close())
+	require.Zero(t, a.Stats().Errors)
+	require.Zero(t, b.Stats().Errors)
+
+	r, _, _ := fakePair(t, fakeOpts{raw: true})
+	require.ErrorIs(t, r.CloseWrite(), ErrNotSupported, "raw messages have no end of stream")
+	c, _, _ := fakePair(t, fakeOpts{})
+	require.NoError(t, c.Close())
+	require.ErrorIs(t, c.CloseWrite(), ErrClosed)
+}
+
+// A proxy's pattern over the stream adapter: write a request, half-close,
+// read the whole response until EOF.
+func TestNetConnCloseWrite(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{msgSize: [2]int{256, 256}})
+	client, server := a.NetConn(), b.NetConn()
+	req := bytes.Repeat([]byte("request "), 300) // many messages
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := client.Write(req)
+		if err == nil {
+			err = client.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		wrote <- err
+	}()
+	got, err := io.ReadAll(server)
+	require.NoError(t, err)
+	require.Equal(t, req, got)
+	require.NoError(t, <-wrote)
+	resp := bytes.Repeat([]byte("response "), 300)
+	go func() {
+		_, err := server.Write(resp)
+		wrote <- errors.Join(err, server.Close())
+	}()
+	got, err = io.ReadAll(client)
+	require.NoError(t, err)
+	require.Equal(t, resp, got)
+	require.NoError(t, <-wrote)
+	require.NoError(t, client.Close())
+}
+
 func TestConnPeerDeathWakesBlockedCalls(t *testing.T) {
 	a, b, w := fakePair(t, fakeOpts{depth: [2]int{2, 2}})
 	ctx := ctxT(t)

@@ -57,7 +57,10 @@
 //
 // NetConn adapts a Conn to net.Conn with stream semantics and deadlines, and
 // Listener.NetListener to net.Listener, so net/http and other net.Conn users
-// run over RDMA unchanged.
+// run over RDMA unchanged. Conn.CloseWrite (also on the adapter, as on
+// *net.TCPConn) half-closes: the peer reads io.EOF after the data sent so far
+// while its own messages keep coming, which proxies that copy each direction
+// until EOF need. XRC connections end both directions together.
 //
 // # Interoperability
 //

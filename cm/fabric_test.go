@@ -78,6 +78,7 @@ func TestFabricXRCSharesOneUplink(t *testing.T) {
 	_, err := conns[0].RegisterMemory(4096, false)
 	require.ErrorIs(t, err, ErrNotSupported)
 	require.ErrorIs(t, conns[0].SendWithImm(ctx, []byte("x"), 1), ErrNotSupported)
+	require.ErrorIs(t, conns[0].CloseWrite(), ErrNotSupported, "no half-close over XRC")
 
 	for _, c := range conns {
 		require.NoError(t, c.Close())

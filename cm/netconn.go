@@ -12,8 +12,9 @@ import (
 
 // NetConn returns a net.Conn over c with stream semantics: Write splits its
 // data into messages, Read returns bytes in order across message boundaries.
-// Deadlines work as on TCP connections. net/http and any other net.Conn user
-// run over it unchanged. Close closes c.
+// Deadlines work as on TCP connections, and so does CloseWrite (the value
+// has the method, as *net.TCPConn does). net/http and any other net.Conn
+// user run over it unchanged. Close closes c.
 func (c *Conn) NetConn() net.Conn {
 	return &streamConn{c: c, buf: make([]byte, c.maxRecv)}
 }
@@ -152,6 +153,12 @@ func (s *streamConn) Close() error {
 	s.writeDL.set(time.Time{})
 	return err
 }
+
+// CloseWrite ends the stream's writing side, as TCP's half-close does
+// (Conn.CloseWrite): the peer reads io.EOF after the data written so far,
+// and reading goes on until the peer ends its own side. Proxies that copy
+// each direction until EOF rely on it.
+func (s *streamConn) CloseWrite() error { return s.c.CloseWrite() }
 
 func (s *streamConn) LocalAddr() net.Addr                { return s.c.LocalAddr() }
 func (s *streamConn) RemoteAddr() net.Addr               { return s.c.RemoteAddr() }

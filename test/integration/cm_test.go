@@ -541,6 +541,37 @@ func TestCMPeerCloseGivesEOF(t *testing.T) {
 	require.ErrorIs(t, err, io.EOF)
 }
 
+// TestCMNetConnHalfClose: a request written and half-closed (CloseWrite,
+// as a proxy does when its client's side ends), read to EOF by the server,
+// whose response then comes back whole, over real soft-RoCE.
+func TestCMNetConnHalfClose(t *testing.T) {
+	client, server := cmPair(t, cm.WithMessageSize(1024), cm.WithQueueDepth(4))
+	c, s := client.NetConn(), server.NetConn()
+	req := bytes.Repeat([]byte("request "), 2000) // 16 KB: many messages, more than a window
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(req)
+		if err == nil {
+			err = c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		wrote <- err
+	}()
+	got, err := io.ReadAll(s)
+	require.NoError(t, err)
+	require.Equal(t, req, got)
+	require.NoError(t, <-wrote)
+	resp := bytes.Repeat([]byte("response "), 2000)
+	go func() {
+		_, err := s.Write(resp)
+		wrote <- errors.Join(err, s.Close())
+	}()
+	got, err = io.ReadAll(c)
+	require.NoError(t, err)
+	require.Equal(t, resp, got, "the response arrives whole after the request's side closed")
+	require.NoError(t, <-wrote)
+	require.NoError(t, c.Close())
+}
+
 func TestCMHTTPOverNetConn(t *testing.T) {
 	l, addr := cmListen(t, cm.WithMessageSize(16384))
 	ctx := cmCtx(t, 60*time.Second)
