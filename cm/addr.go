@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 )
 
@@ -19,25 +20,43 @@ func (a Addr) Network() string { return "rdma" }
 
 var _ net.Addr = Addr{}
 
-// resolveAddr parses "host:port", looking the host up when it is a name.
+// resolveAddr parses "host:port", looking the host up when it is a name:
+// its first address.
 func resolveAddr(ctx context.Context, address string) (netip.AddrPort, error) {
-	host, port, err := net.SplitHostPort(address)
+	as, err := resolveAddrs(ctx, address)
 	if err != nil {
 		return netip.AddrPort{}, err
+	}
+	return as[0], nil
+}
+
+// resolveAddrs parses "host:port", looking the host up when it is a name:
+// every address, in the resolver's order. An IPv6 zone is kept.
+func resolveAddrs(ctx context.Context, address string) ([]netip.AddrPort, error) {
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return nil, err
 	}
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("invalid port %q", port)
+		return nil, fmt.Errorf("invalid port %q", port)
 	}
 	if host == "" {
-		return netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(p)), nil
+		return []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(p))}, nil
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
-		return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
+		return []netip.AddrPort{netip.AddrPortFrom(ip.Unmap(), uint16(p))}, nil
 	}
 	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 	if err != nil {
-		return netip.AddrPort{}, err
+		return nil, err
 	}
-	return netip.AddrPortFrom(ips[0].Unmap(), uint16(p)), nil
+	as := make([]netip.AddrPort, 0, len(ips))
+	for _, ip := range ips {
+		a := netip.AddrPortFrom(ip.Unmap(), uint16(p))
+		if !slices.Contains(as, a) {
+			as = append(as, a)
+		}
+	}
+	return as, nil
 }

@@ -3,7 +3,6 @@ package cm
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
 
@@ -14,7 +13,8 @@ import (
 
 // Dial connects to the listener at address ("ip:port"; IPv6 in brackets),
 // resolving the address and route and choosing the device the route leads
-// to. ctx bounds the whole handshake; without a deadline each step is
+// to. A host name's addresses are tried in turn until one connects, each
+// with a share of the time, as net.Dial does; the error is the first's. ctx bounds the whole handshake; without a deadline each step is
 // bounded by the handshake timeout. In an XRC mode (WithXRC) on a device
 // with XRC, the connection runs through the process's XRC dialer endpoint
 // for that device and local address (package xrc), shared by every such
@@ -42,19 +42,56 @@ func dialFabric(ctx context.Context, address string, cfg config) (*Conn, error) 
 	return dialXRC(ctx, address, cfg, cfg.fabricSite(cfg.fabric.Node().Addr()))
 }
 
-// dial resolves address and route on a device and connects over RC, or, in
-// an XRC mode on a device with XRC, hands the connection to the device's
-// XRC dialer endpoint.
-func dial(ctx context.Context, address string, cfg config) (_ *Conn, err error) {
-	var raddr net.Addr = Addr{}
-	fail := func(err error) error { return opError("dial", raddr, err) }
+// dial resolves address and dials its addresses in turn until one
+// connects, as net.Dial does with a name that has several.
+func dial(ctx context.Context, address string, cfg config) (*Conn, error) {
 	ctx, cancel := withDefaultTimeout(ctx, cfg.handshakeTimeout)
 	defer cancel()
-	dst, err := resolveAddr(ctx, address)
+	dsts, err := resolveAddrs(ctx, address)
 	if err != nil {
-		return nil, fail(err)
+		return nil, opError("dial", Addr{}, err)
 	}
-	raddr = Addr{dst}
+	return dialEach(ctx, dsts, func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {
+		return dialAddr(ctx, dst, cfg)
+	})
+}
+
+// minDialShare is the least time an address gets when a name has several,
+// if that much is left (net.Dialer's rule and figure).
+const minDialShare = 2 * time.Second
+
+// dialEach tries dsts in order until one connects, each with an equal
+// share of the time left (at least minDialShare), and returns the first
+// error when none does.
+func dialEach(ctx context.Context, dsts []netip.AddrPort, try func(context.Context, netip.AddrPort) (*Conn, error)) (*Conn, error) {
+	var first error
+	for i, dst := range dsts {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if dl, ok := ctx.Deadline(); ok && i < len(dsts)-1 {
+			left := time.Until(dl)
+			actx, cancel = context.WithTimeout(ctx, max(left/time.Duration(len(dsts)-i), min(minDialShare, left)))
+		}
+		c, err := try(actx, dst)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		if first == nil {
+			first = err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, first
+}
+
+// dialAddr resolves the route to dst on a device and connects over RC, or,
+// in an XRC mode on a device with XRC, hands the connection to the
+// device's XRC dialer endpoint.
+func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err error) {
+	raddr := Addr{dst}
+	fail := func(err error) error { return opError("dial", raddr, err) }
 
 	ch, err := acquireDialChan()
 	if err != nil {
