@@ -1126,7 +1126,8 @@ func (c *Conn) sendFin(ctx context.Context) error {
 // fails with ErrClosed from then on; Close still ends the connection. It
 // waits (bounded by the handshake timeout) only for room to post the end
 // of the stream, never for the peer. Raw connections (WithRawMessages)
-// have no end-of-stream frame: ErrNotSupported. CloseWrite is idempotent.
+// have no end-of-stream frame: ErrNotSupported. XRC connections half-close
+// too (xrc.Conn.CloseWrite). CloseWrite is idempotent.
 func (c *Conn) CloseWrite() error {
 	if c == nil {
 		return ErrClosed

@@ -243,8 +243,15 @@ func TestConnCloseWriteHalfCloses(t *testing.T) {
 // read the whole response until EOF.
 func TestNetConnCloseWrite(t *testing.T) {
 	a, b, _ := fakePair(t, fakeOpts{msgSize: [2]int{256, 256}})
-	client, server := a.NetConn(), b.NetConn()
-	req := bytes.Repeat([]byte("request "), 300) // many messages
+	checkHalfClose(t, a.NetConn(), b.NetConn())
+}
+
+// checkHalfClose writes a request of many messages from client and
+// half-closes, reads it to EOF on server, answers with a response of many
+// messages and closes, and reads that to EOF on client.
+func checkHalfClose(t *testing.T, client, server net.Conn) {
+	t.Helper()
+	req := bytes.Repeat([]byte("request "), 300)
 	wrote := make(chan error, 1)
 	go func() {
 		_, err := client.Write(req)

@@ -60,7 +60,7 @@
 // run over RDMA unchanged. Conn.CloseWrite (also on the adapter, as on
 // *net.TCPConn) half-closes: the peer reads io.EOF after the data sent so far
 // while its own messages keep coming, which proxies that copy each direction
-// until EOF need. XRC connections end both directions together.
+// until EOF need.
 //
 // # Interoperability
 //

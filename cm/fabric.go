@@ -211,10 +211,11 @@ func (c *Conn) recvXRC(ctx context.Context, buf []byte) (int, uint32, bool, erro
 	return n, 0, false, nil
 }
 
-// closeWriteXRC: the engine has no half-close. The credits for the peer's
-// messages ride on this side's leg, which a FIN ends.
 func (c *Conn) closeWriteXRC() error {
-	return c.opErr("close write", fmt.Errorf("%w: an XRC connection's two directions end together (the credits for the peer's messages travel on this side's leg, which a FIN ends)", ErrNotSupported))
+	if err := c.x.CloseWrite(); err != nil {
+		return c.opErr("close write", mapXRCErr(err))
+	}
+	return nil
 }
 
 func (c *Conn) closeXRC() error {

@@ -78,7 +78,6 @@ func TestFabricXRCSharesOneUplink(t *testing.T) {
 	_, err := conns[0].RegisterMemory(4096, false)
 	require.ErrorIs(t, err, ErrNotSupported)
 	require.ErrorIs(t, conns[0].SendWithImm(ctx, []byte("x"), 1), ErrNotSupported)
-	require.ErrorIs(t, conns[0].CloseWrite(), ErrNotSupported, "no half-close over XRC")
 
 	for _, c := range conns {
 		require.NoError(t, c.Close())
@@ -86,6 +85,31 @@ func TestFabricXRCSharesOneUplink(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return clientNode.Stats().INIs == 0 }, 10*time.Second, 20*time.Millisecond,
 		"the client's uplink goes with its last connection")
+}
+
+// Half-close over XRC, through the stream adapter.
+func TestFabricXRCCloseWrite(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "a")),
+		WithMessageSize(256), WithQueueDepth(4))
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan *Conn, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	c, err := Dial(ctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "b")),
+		WithMessageSize(256), WithQueueDepth(4))
+	require.NoError(t, err)
+	s := <-accepted
+	require.NotNil(t, s)
+	checkHalfClose(t, c.NetConn(), s.NetConn())
 }
 
 func TestFabricRejectsWhatXRCCannotDo(t *testing.T) {

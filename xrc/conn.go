@@ -63,9 +63,10 @@ type Conn struct {
 	recvUp       bool
 	recvReleased bool
 	lastSeen     time.Time
-	goneAt       time.Time // the sender's INI was torn down
-	goneDrains   uint64    // e.drains then
-	finRcvd      bool
+	goneAt       time.Time         // the sender's INI was torn down
+	goneDrains   uint64            // e.drains then
+	finRcvd      bool              // the peer's data ended (its FIN, half or not)
+	peerClosed   bool              // its FIN was not half: it closed
 	earlyTag     uint32            // the receive tag announced in a FlagOneExchange VIRT_REQ, until registered
 	early        []earlyMsg        // messages for earlyTag that came before the registration
 	rev          *wire.Accept      // the forward ACCEPT, when it carries the reverse leg
@@ -73,13 +74,14 @@ type Conn struct {
 	seen         replayWindow      // data sequence numbers taken (made with the first message)
 	wakeCh       chan struct{}
 
-	userClosed bool
-	closing    bool
-	isReady    bool
-	finished   bool
-	err        error
-	ready      chan struct{}
-	done       chan struct{}
+	userClosed  bool
+	writeClosed bool // CloseWrite: our data ended, the leg stays for credits
+	closing     bool
+	isReady     bool
+	finished    bool
+	err         error
+	ready       chan struct{}
+	done        chan struct{}
 }
 
 func (e *Endpoint) newConnLocked(raddr netip.AddrPort) *Conn {
@@ -163,11 +165,11 @@ const maxTries = 16
 // credit frames (internal) go out after the application closed.
 func (c *Conn) sendErrLocked(internal bool) error {
 	switch {
-	case c.userClosed && !internal:
+	case (c.userClosed || c.writeClosed) && !internal:
 		return ErrClosed
 	case c.err != nil:
 		return c.err
-	case c.finRcvd && !internal:
+	case c.peerClosed && !internal:
 		return ErrPeerClosed
 	case !c.sendUp || c.sendDone:
 		return ErrClosed
@@ -777,6 +779,40 @@ func (c *Conn) close(ctx context.Context) {
 	c.maybeFinishLocked()
 }
 
+// CloseWrite ends our data, as TCP's half-close does: a FIN flagged half
+// goes after every message sent before it, the peer's Recv returns io.EOF
+// after them, and our sending leg stays up, carrying the credit frames and
+// keepalives the peer's messages need, until Close (or the peer's FIN, which
+// ends the connection as ever). Send fails with ErrClosed from then on.
+// CloseWrite is idempotent.
+func (c *Conn) CloseWrite() error {
+	e := c.e
+	e.mu.Lock()
+	err := c.err
+	switch {
+	case err != nil:
+	case c.userClosed || c.closing:
+		err = ErrClosed
+	case c.writeClosed:
+		e.mu.Unlock()
+		return nil
+	}
+	if err != nil {
+		e.mu.Unlock()
+		return &opError{"close write", c.raddr.String(), err}
+	}
+	c.writeClosed = true
+	f := wire.FIN{Tag: c.peerTag, SenderTag: c.sendTag, Half: true}
+	e.mu.Unlock()
+	var b [wire.FinLen]byte
+	if _, err := f.Encode(b[:]); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+	defer cancel()
+	return c.sendFrame(ctx, kindFIN, b[:])
+}
+
 // fail ends the connection at once, without FIN.
 func (c *Conn) fail(err error) {
 	c.e.mu.Lock()
@@ -796,11 +832,17 @@ func (c *Conn) failLocked(err error) {
 }
 
 // finLocked consumes the peer's FIN: our receiving leg ends (the local count
-// drops), and we answer with our own FIN unless we sent it already.
-func (c *Conn) finLocked() {
+// drops), and we answer with our own FIN unless we sent it already. A half
+// FIN only ends the peer's data: the leg stays for its credit frames, and
+// our side goes on until our Close or the peer's full FIN.
+func (c *Conn) finLocked(half bool) {
 	c.finRcvd = true
-	c.releaseRecvLocked()
 	c.wake()
+	if half {
+		return
+	}
+	c.peerClosed = true
+	c.releaseRecvLocked()
 	if !c.closing {
 		e := c.e
 		e.spawn(func() {

@@ -36,7 +36,9 @@
 // (misdelivery after SRQ-number reuse). Close sends an in-band FIN as the
 // last message; the receiver then unregisters, the sender drops its uplink
 // reference, and an unused uplink is disconnected and its INI destroyed
-// after TIMEWAIT_EXIT. Dead peers are found by a DREQ on the physical link,
+// after TIMEWAIT_EXIT. CloseWrite half-closes: its FIN, flagged HALF, ends
+// our data while the leg stays for the peer's credits until Close. Dead
+// peers are found by a DREQ on the physical link,
 // by send errors, and by keepalives with an idle timeout (Config.Heartbeat,
 // Config.IdleTimeout); a sender whose INI failed rebuilds it and moves its
 // connections over (REPLACES_TGT, MOVE). When the device goes away, every

@@ -915,7 +915,8 @@ func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) bool {
 	c.lastSeen = time.Now()
 	switch p[0] {
 	case kindData:
-		if len(body) < dataSeqLen {
+		if len(body) < dataSeqLen || c.finRcvd {
+			// Short, or after the peer's FIN (a half-close keeps the leg).
 			e.dropped.Add(1)
 			return false
 		}
@@ -948,7 +949,7 @@ func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) bool {
 			e.dropped.Add(1)
 			return false
 		}
-		c.finLocked()
+		c.finLocked(f.Half)
 	default:
 		e.dropped.Add(1)
 	}
@@ -984,7 +985,9 @@ func (e *Endpoint) janitor() {
 			if late > e.cfg.Heartbeat {
 				c.lastSeen = c.lastSeen.Add(late)
 			}
-			if c.recvLeg != nil && c.recvUp && !c.finRcvd {
+			if c.recvLeg != nil && c.recvUp && !c.recvReleased {
+				// (After a half FIN the leg is still held: its sender
+				// must go on showing signs of life.)
 				// A sender whose INI's CM connection ended (DREQ) is gone
 				// once its FIN, if any, cannot still sit in our SRQ: the
 				// receive loop emptied the SRQ after the DREQ (or, if

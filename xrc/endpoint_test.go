@@ -14,6 +14,82 @@ import (
 // one side is a FIN the other reads as io.EOF; afterwards every kernel
 // object is gone on both nodes (uplinks disconnected, INIs destroyed after
 // TIMEWAIT_EXIT, TGT handles unregistered), while the endpoints live on.
+// CloseWrite half-closes: the peer reads what came before, then io.EOF,
+// and keeps sending, more than a window of messages, so the credits must
+// still come back over the half-closed leg; the peer's Close then ends both
+// legs, and nothing is left on either node.
+func TestEndpointConnCloseWrite(t *testing.T) {
+	w := newWorld(t)
+	small := func(c *Config) { c.RecvWindow = 4 }
+	a, b := w.endpoint("10.0.0.1", 7001, small), w.endpoint("10.0.0.2", 7001, small)
+	ca, cb := pair(t, a, b)
+	ctx := ctxT(t, 10*time.Second)
+	for i := range 3 {
+		if err := ca.Send(ctx, []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ca.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.CloseWrite(); err != nil {
+		t.Fatalf("CloseWrite is idempotent: %v", err)
+	}
+	if err := ca.Send(ctx, []byte("late")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("send after CloseWrite: %v", err)
+	}
+	buf := make([]byte, 16)
+	for i := range 3 {
+		if n, err := cb.Recv(ctx, buf); err != nil || n != 1 || buf[0] != byte(i) {
+			t.Fatalf("message %d before the half FIN: %q %v", i, buf[:n], err)
+		}
+	}
+	if _, err := cb.Recv(ctx, buf); err != io.EOF {
+		t.Fatalf("after the half FIN: %v, want io.EOF", err)
+	}
+	const back = 50 // the window is 4
+	sent := make(chan error, 1)
+	go func() {
+		for i := range back {
+			if err := cb.Send(ctx, []byte{byte(i)}); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- cb.Close()
+	}()
+	for i := range back {
+		if n, err := ca.Recv(ctx, buf); err != nil || n != 1 || buf[0] != byte(i) {
+			t.Fatalf("message %d back after CloseWrite: %q %v", i, buf[:n], err)
+		}
+	}
+	if _, err := ca.Recv(ctx, buf); err != io.EOF {
+		t.Fatalf("after the peer's Close: %v, want io.EOF", err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.CloseWrite(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("CloseWrite after Close: %v", err)
+	}
+	for _, ip := range []string{"10.0.0.1", "10.0.0.2"} {
+		n := w.f.Node(ip)
+		eventually(t, "node "+ip+" empty", func() (bool, string) {
+			s := n.Stats()
+			return s.QPs() == 0 && s.TGTHandles == 0, fmt.Sprintf("%+v", s)
+		})
+	}
+	for _, e := range []*proc{a, b} {
+		eventually(t, "endpoint "+e.Addr().String()+" empty", func() (bool, string) {
+			s := e.Stats()
+			return s.Conns == 0 && s.QPs == 0 && s.LocalCounts == 0 && s.KernelHandles == 4, fmt.Sprintf("%+v", s)
+		})
+	}
+}
+
 func TestEndpointConnGracefulClose(t *testing.T) {
 	w := newWorld(t)
 	a, b := w.endpoint("10.0.0.1", 7001), w.endpoint("10.0.0.2", 7001)

@@ -97,6 +97,9 @@ func FuzzDecodeFIN(f *testing.F) {
 	var b [FinLen]byte
 	(&FIN{Tag: 1, SenderTag: 2}).Encode(b[:])
 	f.Add(b[:])
+	var h [FinLen]byte
+	(&FIN{Tag: 1, SenderTag: 2, Half: true}).Encode(h[:])
+	f.Add(h[:])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var x FIN
 		if err := DecodeFIN(b, &x); err != nil {

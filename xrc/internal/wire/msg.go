@@ -419,6 +419,7 @@ func DecodeReject(b []byte, r *Reject) error {
 type FIN struct {
 	Tag       uint32 // the receiver's tag (what every message on the leg carries)
 	SenderTag uint32
+	Half      bool // FINHalf: the data ends, the leg does not
 }
 
 func (f *FIN) validate() check {
@@ -439,7 +440,11 @@ func (f *FIN) Encode(b []byte) (int, error) {
 	if len(b) < FinLen {
 		return 0, &EncodeError{ReasonShort, "buffer"}
 	}
-	putHeader(b, TypeFIN, 0, FinLen)
+	var fl Flags
+	if f.Half {
+		fl = FINHalf
+	}
+	putHeader(b, TypeFIN, fl, FinLen)
 	binary.BigEndian.PutUint32(b[8:], f.Tag)
 	binary.BigEndian.PutUint32(b[12:], f.SenderTag)
 	return FinLen, nil
@@ -451,10 +456,10 @@ func DecodeFIN(b []byte, f *FIN) error {
 	if err != nil {
 		return err
 	}
-	if h.Flags != 0 {
+	if h.Flags&^FINHalf != 0 {
 		return decErr(ReasonFlags, "flags")
 	}
-	*f = FIN{Tag: binary.BigEndian.Uint32(b[8:]), SenderTag: binary.BigEndian.Uint32(b[12:])}
+	*f = FIN{Tag: binary.BigEndian.Uint32(b[8:]), SenderTag: binary.BigEndian.Uint32(b[12:]), Half: h.Flags == FINHalf}
 	return f.validate().dec()
 }
 

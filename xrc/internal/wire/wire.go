@@ -113,6 +113,11 @@ const (
 	knownFlags = FlagReciprocal | FlagReplacesTGT | FlagMove | FlagOneExchange
 )
 
+// FINHalf is the only FIN flag: the sender's data ends (a half-close), and
+// its leg stays up for the credit frames and keepalives that the peer's own
+// messages need, until an unflagged FIN ends it.
+const FINHalf Flags = 1 << 0
+
 // AcceptReverse is the only ACCEPT flag: the ACCEPT carries a Reverse
 // section (the reverse leg, for the requester to register itself). Only an
 // answer to a REQ flagged FlagOneExchange may carry it.

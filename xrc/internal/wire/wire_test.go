@@ -245,6 +245,17 @@ func TestFINRoundTrip(t *testing.T) {
 	if err := DecodeFIN(append(buf[:], 0), &got); !isDec(err, ReasonTooLong) {
 		t.Fatalf("padded FIN: %v", err)
 	}
+	half := FIN{Tag: 1, SenderTag: 2, Half: true}
+	if _, err := half.Encode(buf[:]); err != nil || buf[4] != byte(FINHalf) {
+		t.Fatal(err, buf)
+	}
+	if err := DecodeFIN(buf[:], &got); err != nil || got != half {
+		t.Fatal(err, got)
+	}
+	buf[4] = byte(FINHalf << 1)
+	if err := DecodeFIN(buf[:], &got); !isDec(err, ReasonFlags) {
+		t.Fatalf("FIN with an unknown flag: %v", err)
+	}
 }
 
 // TestDecodeRejects walks the validation rules one by one, starting from a
