@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/nettest"
 
+	"github.com/goxrc/goxrc/internal/conntest"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -243,37 +244,7 @@ func TestConnCloseWriteHalfCloses(t *testing.T) {
 // read the whole response until EOF.
 func TestNetConnCloseWrite(t *testing.T) {
 	a, b, _ := fakePair(t, fakeOpts{msgSize: [2]int{256, 256}})
-	checkHalfClose(t, a.NetConn(), b.NetConn())
-}
-
-// checkHalfClose writes a request of many messages from client and
-// half-closes, reads it to EOF on server, answers with a response of many
-// messages and closes, and reads that to EOF on client.
-func checkHalfClose(t *testing.T, client, server net.Conn) {
-	t.Helper()
-	req := bytes.Repeat([]byte("request "), 300)
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := client.Write(req)
-		if err == nil {
-			err = client.(interface{ CloseWrite() error }).CloseWrite()
-		}
-		wrote <- err
-	}()
-	got, err := io.ReadAll(server)
-	require.NoError(t, err)
-	require.Equal(t, req, got)
-	require.NoError(t, <-wrote)
-	resp := bytes.Repeat([]byte("response "), 300)
-	go func() {
-		_, err := server.Write(resp)
-		wrote <- errors.Join(err, server.Close())
-	}()
-	got, err = io.ReadAll(client)
-	require.NoError(t, err)
-	require.Equal(t, resp, got)
-	require.NoError(t, <-wrote)
-	require.NoError(t, client.Close())
+	conntest.HalfClose(t, a.NetConn(), b.NetConn(), 300)
 }
 
 func TestConnPeerDeathWakesBlockedCalls(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goxrc/goxrc/internal/conntest"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -109,7 +110,7 @@ func TestFabricXRCCloseWrite(t *testing.T) {
 	require.NoError(t, err)
 	s := <-accepted
 	require.NotNil(t, s)
-	checkHalfClose(t, c.NetConn(), s.NetConn())
+	conntest.HalfClose(t, c.NetConn(), s.NetConn(), 300)
 }
 
 func TestFabricRejectsWhatXRCCannotDo(t *testing.T) {

@@ -114,6 +114,27 @@ func roundTrip(t *testing.T, c, d *Conn, msg []byte) {
 	}
 }
 
+// requireReleased waits until the nodes of procs hold no QP and no TGT
+// handle, and each endpoint no connection, QP or local count: only its
+// domain, its SRQ and its two listeners (4 kernel handles).
+func requireReleased(t *testing.T, w *world, procs ...*proc) {
+	t.Helper()
+	for _, p := range procs {
+		ip := p.Addr().Addr().String()
+		n := w.f.Node(ip)
+		eventually(t, "node "+ip+" empty", func() (bool, string) {
+			s := n.Stats()
+			return s.QPs() == 0 && s.TGTHandles == 0, fmt.Sprintf("%+v", s)
+		})
+	}
+	for _, p := range procs {
+		eventually(t, "endpoint "+p.Addr().String()+" empty", func() (bool, string) {
+			s := p.Stats()
+			return s.Conns == 0 && s.QPs == 0 && s.LocalCounts == 0 && s.KernelHandles == 4, fmt.Sprintf("%+v", s)
+		})
+	}
+}
+
 // eventually polls cond until it holds or 5 s pass.
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()

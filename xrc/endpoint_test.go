@@ -75,19 +75,7 @@ func TestEndpointConnCloseWrite(t *testing.T) {
 	if err := ca.CloseWrite(); !errors.Is(err, ErrClosed) {
 		t.Fatalf("CloseWrite after Close: %v", err)
 	}
-	for _, ip := range []string{"10.0.0.1", "10.0.0.2"} {
-		n := w.f.Node(ip)
-		eventually(t, "node "+ip+" empty", func() (bool, string) {
-			s := n.Stats()
-			return s.QPs() == 0 && s.TGTHandles == 0, fmt.Sprintf("%+v", s)
-		})
-	}
-	for _, e := range []*proc{a, b} {
-		eventually(t, "endpoint "+e.Addr().String()+" empty", func() (bool, string) {
-			s := e.Stats()
-			return s.Conns == 0 && s.QPs == 0 && s.LocalCounts == 0 && s.KernelHandles == 4, fmt.Sprintf("%+v", s)
-		})
-	}
+	requireReleased(t, w, a, b)
 }
 
 func TestEndpointConnGracefulClose(t *testing.T) {
@@ -126,20 +114,7 @@ func TestEndpointConnGracefulClose(t *testing.T) {
 	if _, err := ca.Recv(ctxT(t, time.Second), buf); !errors.Is(err, ErrClosed) {
 		t.Fatalf("recv after Close: %v", err)
 	}
-	for _, ip := range []string{"10.0.0.1", "10.0.0.2"} {
-		n := w.f.Node(ip)
-		eventually(t, "node "+ip+" empty", func() (bool, string) {
-			s := n.Stats()
-			return s.QPs() == 0 && s.TGTHandles == 0, fmt.Sprintf("%+v", s)
-		})
-	}
-	for _, e := range []*proc{a, b} {
-		eventually(t, "endpoint "+e.Addr().String()+" empty", func() (bool, string) {
-			s := e.Stats()
-			// The domain, the SRQ and the two listeners remain.
-			return s.Conns == 0 && s.QPs == 0 && s.LocalCounts == 0 && s.KernelHandles == 4, fmt.Sprintf("%+v", s)
-		})
-	}
+	requireReleased(t, w, a, b)
 	// A new connection works over fresh uplinks.
 	ca, cb = pair(t, a, b)
 	roundTrip(t, ca, cb, []byte("again"))

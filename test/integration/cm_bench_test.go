@@ -24,14 +24,7 @@ func benchPair(tb testing.TB, opts ...cm.Option) (client, server *cm.Conn) {
 		tb.Fatal(err)
 	}
 	defer l.Close()
-	accepted := make(chan *cm.Conn, 1)
-	go func() {
-		c, err := l.Accept(ctx)
-		if err != nil {
-			tb.Error(err)
-		}
-		accepted <- c
-	}()
+	accepted := acceptOne(tb, ctx, l)
 	client, err = cm.Dial(ctx, l.Addr().String(), opts...)
 	if err != nil {
 		tb.Fatal(err)

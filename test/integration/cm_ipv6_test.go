@@ -55,14 +55,7 @@ func TestCMIPv6(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	require.Contains(t, l.Addr().String(), "[fd77::1]:")
-	accepted := make(chan *cm.Conn, 1)
-	go func() {
-		c, err := l.Accept(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		accepted <- c
-	}()
+	accepted := acceptOne(t, ctx, l)
 	c, err := cm.Dial(ctx, l.Addr().String())
 	require.NoError(t, err)
 	defer c.Close()
@@ -93,14 +86,7 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	defer l.Close()
 	la := l.Addr().(cm.Addr)
 	require.Equal(t, zoned, la.Addr(), "the listener reports the zone it was given")
-	accepted := make(chan *cm.Conn, 1)
-	go func() {
-		c, err := l.Accept(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		accepted <- c
-	}()
+	accepted := acceptOne(t, ctx, l)
 
 	c, err := cm.Dial(ctx, la.String())
 	require.NoError(t, err)

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/conntest"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/test/softroce"
 	"github.com/goxrc/goxrc/verbs"
@@ -63,11 +64,9 @@ func cmListen(t *testing.T, opts ...cm.Option) (*cm.Listener, string) {
 	return l, l.Addr().String()
 }
 
-// cmPair returns a dialed and an accepted connection.
-func cmPair(t *testing.T, opts ...cm.Option) (client, server *cm.Conn) {
-	t.Helper()
-	l, addr := cmListen(t, opts...)
-	ctx := cmCtx(t, 20*time.Second)
+// acceptOne accepts one connection on l in the background: the channel
+// gets it, or nil after an error, which fails the test.
+func acceptOne(t testing.TB, ctx context.Context, l *cm.Listener) <-chan *cm.Conn {
 	accepted := make(chan *cm.Conn, 1)
 	go func() {
 		c, err := l.Accept(ctx)
@@ -76,6 +75,15 @@ func cmPair(t *testing.T, opts ...cm.Option) (client, server *cm.Conn) {
 		}
 		accepted <- c
 	}()
+	return accepted
+}
+
+// cmPair returns a dialed and an accepted connection.
+func cmPair(t *testing.T, opts ...cm.Option) (client, server *cm.Conn) {
+	t.Helper()
+	l, addr := cmListen(t, opts...)
+	ctx := cmCtx(t, 20*time.Second)
+	accepted := acceptOne(t, ctx, l)
 	client, err := cm.Dial(ctx, addr, opts...)
 	require.NoError(t, err)
 	server = <-accepted
@@ -543,33 +551,11 @@ func TestCMPeerCloseGivesEOF(t *testing.T) {
 
 // TestCMNetConnHalfClose: a request written and half-closed (CloseWrite,
 // as a proxy does when its client's side ends), read to EOF by the server,
-// whose response then comes back whole, over real soft-RoCE.
+// whose response then comes back whole, over real soft-RoCE (16 KB each
+// way through 1 KB messages at depth 4).
 func TestCMNetConnHalfClose(t *testing.T) {
 	client, server := cmPair(t, cm.WithMessageSize(1024), cm.WithQueueDepth(4))
-	c, s := client.NetConn(), server.NetConn()
-	req := bytes.Repeat([]byte("request "), 2000) // 16 KB: many messages, more than a window
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := c.Write(req)
-		if err == nil {
-			err = c.(interface{ CloseWrite() error }).CloseWrite()
-		}
-		wrote <- err
-	}()
-	got, err := io.ReadAll(s)
-	require.NoError(t, err)
-	require.Equal(t, req, got)
-	require.NoError(t, <-wrote)
-	resp := bytes.Repeat([]byte("response "), 2000)
-	go func() {
-		_, err := s.Write(resp)
-		wrote <- errors.Join(err, s.Close())
-	}()
-	got, err = io.ReadAll(c)
-	require.NoError(t, err)
-	require.Equal(t, resp, got, "the response arrives whole after the request's side closed")
-	require.NoError(t, <-wrote)
-	require.NoError(t, c.Close())
+	conntest.HalfClose(t, client.NetConn(), server.NetConn(), 2000) // 16 KB each way
 }
 
 func TestCMHTTPOverNetConn(t *testing.T) {
@@ -641,14 +627,7 @@ func TestCMAcceptedConnAddrs(t *testing.T) {
 	defer l.Close()
 	port := l.Addr().(cm.Addr).Port()
 	require.True(t, l.Addr().(cm.Addr).Addr().IsUnspecified(), "listening on %v", l.Addr())
-	accepted := make(chan *cm.Conn, 1)
-	go func() {
-		c, err := l.Accept(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		accepted <- c
-	}()
+	accepted := acceptOne(t, ctx, l)
 	c, err := cm.Dial(ctx, netip.AddrPortFrom(addr, port).String())
 	require.NoError(t, err)
 	defer c.Close()

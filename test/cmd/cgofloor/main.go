@@ -132,28 +132,14 @@ const (
 // times to rtts (nil: untimed).
 func loopGo(server bool, n int, rtts []time.Duration) []time.Duration {
 	lastYield := time.Now()
-	wait := func() {
+	return pingPong(server, n, rtts, func() {
 		for !pollRecv(spinSlice) {
 			if now := time.Now(); now.Sub(lastYield) > spinYield {
 				lastYield = now
 				runtime.Gosched()
 			}
 		}
-	}
-	for i := 0; i < n; i++ {
-		t := time.Now()
-		if server {
-			wait()
-			send()
-		} else {
-			send()
-			wait()
-		}
-		if rtts != nil {
-			rtts = append(rtts, time.Since(t))
-		}
-	}
-	return rtts
+	})
 }
 
 // loopEventsGo is loopGo sleeping on completion events (-events): a wait
@@ -161,14 +147,19 @@ func loopGo(server bool, n int, rtts []time.Duration) []time.Duration {
 // netpoller on the completion channel (this goroutine, no hand-off), then
 // takes the event in one C call and looks again.
 func loopEventsGo(server bool, n int, rtts []time.Duration, fd *fdpoll.FD) []time.Duration {
-	wait := func() {
+	return pingPong(server, n, rtts, func() {
 		for !armPoll() {
 			if err := fd.Wait(context.Background(), takeEvent); err != nil {
 				fmt.Fprintln(os.Stderr, "cgofloor:", err)
 				os.Exit(1)
 			}
 		}
-	}
+	})
+}
+
+// pingPong runs n round trips from Go, waiting for each message with wait,
+// and appends the client's round-trip times to rtts (nil: untimed).
+func pingPong(server bool, n int, rtts []time.Duration, wait func()) []time.Duration {
 	for i := 0; i < n; i++ {
 		t := time.Now()
 		if server {

@@ -153,16 +153,22 @@ static int floor_poll(int64_t spin_ns, int max) {
 	}
 }
 
-// floor_loop runs n round trips in C; rtt_ns (or NULL) gets the client's
+static int floor_wait_event(void);
+
+// floor_loop runs n round trips in C, each wait polling or, with events,
+// sleeping on completion events; rtt_ns (or NULL) gets the client's
 // round-trip times.
-static int floor_loop(int server, int n, int64_t *rtt_ns) {
+static int floor_loop(int server, int n, int64_t *rtt_ns, int events) {
 	for (int i = 0; i < n; i++) {
 		int64_t t = now_ns();
 		int rc;
 		if (!server && (rc = floor_send()) < 0)
 			return rc;
-		while ((rc = floor_poll(INT64_MAX / 2, 1)) == 0)
-			;
+		if (events)
+			rc = floor_wait_event();
+		else
+			while ((rc = floor_poll(INT64_MAX / 2, 1)) == 0)
+				;
 		if (rc < 0 || (server && (rc = floor_send()) < 0))
 			return rc;
 		if (rtt_ns)
@@ -217,21 +223,6 @@ static int floor_wait_event(void) {
 		if ((rc = floor_take_event()) < 0)
 			return rc;
 	return rc;
-}
-
-// floor_loop_events is floor_loop sleeping on completion events.
-static int floor_loop_events(int server, int n, int64_t *rtt_ns) {
-	for (int i = 0; i < n; i++) {
-		int64_t t = now_ns();
-		int rc;
-		if (!server && (rc = floor_send()) < 0)
-			return rc;
-		if ((rc = floor_wait_event()) < 0 || (server && (rc = floor_send()) < 0))
-			return rc;
-		if (rtt_ns)
-			rtt_ns[i] = now_ns() - t;
-	}
-	return 0;
 }
 
 // floor_stream_send posts one message of the stream: the nth (from 1) of
@@ -350,14 +341,8 @@ func pollRecv(spin time.Duration) bool {
 // round-trip times to rtts (nil: untimed).
 func loopC(server bool, n int, rtts []time.Duration) []time.Duration {
 	ns := make([]C.int64_t, n)
-	check(C.floor_loop(cbool(server), C.int(n), unsafe.SliceData(ns)))
-	if rtts == nil {
-		return nil
-	}
-	for _, v := range ns {
-		rtts = append(rtts, time.Duration(v))
-	}
-	return rtts
+	check(C.floor_loop(cbool(server), C.int(n), unsafe.SliceData(ns), 0))
+	return appendRTTs(rtts, ns)
 }
 
 // loopEventsC is loopC sleeping on completion events in C (-events).
@@ -365,7 +350,12 @@ func loopEventsC(server bool, n int, rtts []time.Duration) []time.Duration {
 	check(C.floor_set_blocking(1))
 	defer func() { check(C.floor_set_blocking(0)) }()
 	ns := make([]C.int64_t, n)
-	check(C.floor_loop_events(cbool(server), C.int(n), unsafe.SliceData(ns)))
+	check(C.floor_loop(cbool(server), C.int(n), unsafe.SliceData(ns), 1))
+	return appendRTTs(rtts, ns)
+}
+
+// appendRTTs appends the C loop's round-trip times to rtts (nil: untimed).
+func appendRTTs(rtts []time.Duration, ns []C.int64_t) []time.Duration {
 	if rtts == nil {
 		return nil
 	}

@@ -1,0 +1,48 @@
+// Package conntest holds checks of net.Conn behaviour that more than one
+// package's tests run: over cm's fake transport on the host and over real
+// soft-RoCE in the VM.
+package conntest
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// HalfClose checks a proxy's use of a half-close: client writes a request
+// of n copies of "request " and half-closes (CloseWrite); server reads it to
+// io.EOF, writes a response of n copies of "response " and closes; client
+// reads that to io.EOF and closes. Pick n for a request and a response of
+// many messages, more than a queue depth.
+func HalfClose(t testing.TB, client, server net.Conn, n int) {
+	t.Helper()
+	hc, ok := client.(interface{ CloseWrite() error })
+	require.True(t, ok, "%T has no CloseWrite", client)
+	req := bytes.Repeat([]byte("request "), n)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := client.Write(req)
+		if err == nil {
+			err = hc.CloseWrite()
+		}
+		wrote <- err
+	}()
+	got, err := io.ReadAll(server)
+	require.NoError(t, err)
+	require.Equal(t, req, got)
+	require.NoError(t, <-wrote)
+	resp := bytes.Repeat([]byte("response "), n)
+	go func() {
+		_, err := server.Write(resp)
+		wrote <- errors.Join(err, server.Close())
+	}()
+	got, err = io.ReadAll(client)
+	require.NoError(t, err)
+	require.Equal(t, resp, got, "the response arrives whole after the request's side closed")
+	require.NoError(t, <-wrote)
+	require.NoError(t, client.Close())
+}
