@@ -196,6 +196,13 @@ paired() {
     if [[ $2 == go ]]; then ratio "$g" "$c"; else ratio "$c" "$g"; fi
   done | grep -v n/a | median_range '%.2f, %.2f-%.2f'
 }
+# ref_row BENCH BETTER C TEXT: a row for reference (no target) of BENCH's Go figures against
+# the C median C; TEXT opens the parenthesis that the rounds close.
+ref_row() {
+  local g r
+  g=$(values "$1" go | median); r=$(ratio "$g" "$3")
+  echo "| $4rounds: $(values "$1" go | tr '\n' ' ')) | $3 | $g | $r | | $2 | (none: for reference) | - |"
+}
 verdict() { # RATIO OP TARGET
   awk -v r="$1" -v op="$2" -v t="$3" 'BEGIN {if (r == "n/a") print "no data"; else if ((op == ">=" && r >= t) || (op == "<=" && r <= t)) print "met"; else print "MISSED"}'
 }
@@ -224,35 +231,23 @@ TABLE=$RUN/table.md
   c=$(values lat64 c | median); g=$(values lat64 go | median); r=$(ratio "$g" "$c")
   echo "| 64 B ping-pong, one-way median us (rounds: C $(values lat64 c | tr '\n' ' ')/ Go $(values lat64 go | tr '\n' ' ')) | $c | $g | $r | $(paired lat64 go) | lower | <= 1.10x ib_send_lat | $(verdict "$r" '<=' 1.10) |"
   if [[ -n $(values latdef go) ]]; then # runs before 2026-11-30 have none
-    g=$(values latdef go | median); r=$(ratio "$g" "$c")
-    echo "| 64 B ping-pong at the library's default busy-poll window (200us), one-way median us (rounds: $(values latdef go | tr '\n' ' ')) | $c | $g | $r | | lower | (none: for reference) | - |"
+    ref_row latdef lower "$c" "64 B ping-pong at the library's default busy-poll window (200us), one-way median us ("
   fi
-  for f in floorc floorgo; do
-    g=$(values $f go | median); r=$(ratio "$g" "$c")
-    what="no library, the loop in C inside a Go process"
-    [[ $f == floorgo ]] && what="no library, one cgo call per step (post; poll in 10 us slices)"
-    echo "| floor: 64 B ping-pong, $what (test/cmd/cgofloor; rounds: $(values $f go | tr '\n' ' ')) | $c | $g | $r | | lower | (none: for reference) | - |"
-  done
+  ref_row floorc lower "$c" "floor: 64 B ping-pong, no library, the loop in C inside a Go process (test/cmd/cgofloor; "
+  ref_row floorgo lower "$c" "floor: 64 B ping-pong, no library, one cgo call per step (post; poll in 10 us slices) (test/cmd/cgofloor; "
   if [[ -n $(values latev c) ]]; then # runs before 2026-12-01 have none
     c=$(values latev c | median); g=$(values latev go | median); r=$(ratio "$g" "$c")
     echo "| 64 B ping-pong sleeping on completion events: ib_send_lat -e against goxrc never spinning (-busypoll 0), one-way median us (rounds: C $(values latev c | tr '\n' ' ')/ Go $(values latev go | tr '\n' ' ')) | $c | $g | $r | $(paired latev go) | lower | (none: for reference) | - |"
-    for f in evfloorc evfloorgo; do
-      g=$(values $f go | median); r=$(ratio "$g" "$c")
-      what="no library, the loop in C blocking in the completion channel's read"
-      [[ $f == evfloorgo ]] && what="no library, one cgo call per step, the completion channel awaited in Go's netpoller"
-      echo "| floor: 64 B ping-pong sleeping on events, $what (test/cmd/cgofloor -events; rounds: $(values $f go | tr '\n' ' ')) | $c | $g | $r | | lower | (none: for reference) | - |"
-    done
+    ref_row evfloorc lower "$c" "floor: 64 B ping-pong sleeping on events, no library, the loop in C blocking in the completion channel's read (test/cmd/cgofloor -events; "
+    ref_row evfloorgo lower "$c" "floor: 64 B ping-pong sleeping on events, no library, one cgo call per step, the completion channel awaited in Go's netpoller (test/cmd/cgofloor -events; "
   fi
   for s in 4096 65536; do
     c=$(values bw$s c | median); g=$(values bw$s go | median); r=$(ratio "$g" "$c")
     echo "| $((s / 1024)) KiB send bandwidth, MB/s (2^20) (rounds: C $(values bw$s c | tr '\n' ' ')/ Go $(values bw$s go | tr '\n' ' ')) | $c | $g | $r | $(paired bw$s go) | higher | >= 0.9x ib_send_bw | $(verdict "$r" '>=' 0.9) |"
-    for f in bwfloorc bwfloorgo; do
-      [[ -n $(values $f$s go) ]] || continue # runs before 2026-12 have none
-      g=$(values $f$s go | median); r=$(ratio "$g" "$c")
-      what="no library, the stream in C inside a Go process"
-      [[ $f == bwfloorgo ]] && what="no library, one cgo call per post or poll (poll in 10 us slices)"
-      echo "| floor: $((s / 1024)) KiB stream, $what (test/cmd/cgofloor -bw $s; rounds: $(values $f$s go | tr '\n' ' ')) | $c | $g | $r | | higher | (none: for reference) | - |"
-    done
+    if [[ -n $(values bwfloorc$s go) ]]; then # runs before 2026-12 have none
+      ref_row bwfloorc$s higher "$c" "floor: $((s / 1024)) KiB stream, no library, the stream in C inside a Go process (test/cmd/cgofloor -bw $s; "
+      ref_row bwfloorgo$s higher "$c" "floor: $((s / 1024)) KiB stream, no library, one cgo call per post or poll (poll in 10 us slices) (test/cmd/cgofloor -bw $s; "
+    fi
   done
 } > "$TABLE"
 GOBENCH=$(cat <(grep -E '^ *(--- |cm_bench)' "$O/goallocs.log" 2>/dev/null) <(grep -E '^Benchmark' "$O/gobench.log" 2>/dev/null))
