@@ -142,6 +142,10 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 		return dialXRC(ctx, dst.String(), cfg, site)
 	}
 	if err := id.ResolveRoute(ctx); err != nil {
+		if dst.Addr().IsLoopback() {
+			// The kernel's ENODEV does not say why.
+			err = fmt.Errorf("%w: a loopback address has no route over RDMA; dial an address of the RDMA device's netdev", err)
+		}
 		return nil, fail(err)
 	}
 	sendSlots, recvSlots, hdr := cfg.slots()

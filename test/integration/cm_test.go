@@ -15,6 +15,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -465,6 +466,18 @@ func TestCMDialNoListener(t *testing.T) {
 	require.Error(t, err)
 	var re *rdmacm.RejectError
 	require.ErrorAs(t, err, &re, "got %v", err)
+}
+
+// TestCMDialLoopback: a loopback address resolves but has no route over
+// RDMA (soft-RoCE answers ENODEV), and the error says so.
+func TestCMDialLoopback(t *testing.T) {
+	_, addr := cmListen(t)
+	port := netip.MustParseAddrPort(addr).Port()
+	for _, ip := range []string{"127.0.0.1", "::1"} {
+		_, err := cm.Dial(cmCtx(t, 10*time.Second), netip.AddrPortFrom(netip.MustParseAddr(ip), port).String())
+		require.ErrorIs(t, err, syscall.ENODEV, ip)
+		require.ErrorContains(t, err, "a loopback address has no route over RDMA", ip)
+	}
 }
 
 func TestCMPortInUse(t *testing.T) {
