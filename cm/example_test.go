@@ -3,6 +3,7 @@ package cm_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -96,4 +97,64 @@ func ExampleWithFabric() {
 	}
 	fmt.Println(string(buf[:n]))
 	// Output: echo: hello
+}
+
+// A half-close, as a proxy makes one when its client has sent everything:
+// the request side ends with CloseWrite, the server reads up to io.EOF and
+// answers, and the answer still comes back. It runs on the in-memory fabric
+// here; on a device the same code runs over RC.
+func ExampleConn_CloseWrite() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "goxrc-example")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	f := memfabric.New()
+	server, client := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+
+	l, err := cm.Listen(ctx, "10.1.0.1:7000", cm.WithFabric(server), cm.WithDomainPath(filepath.Join(dir, "server")))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer l.Close()
+	served := make(chan string, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			served <- err.Error()
+			return
+		}
+		s := c.NetConn()
+		defer s.Close()
+		req, err := io.ReadAll(s) // up to the client's CloseWrite
+		if err != nil {
+			served <- err.Error()
+			return
+		}
+		_, err = s.Write([]byte("response to " + string(req)))
+		served <- fmt.Sprint("server read: ", string(req), ", write error: ", err)
+	}()
+
+	c, err := cm.Dial(ctx, "10.1.0.1:7000", cm.WithFabric(client), cm.WithDomainPath(filepath.Join(dir, "client")))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	conn := c.NetConn()
+	defer conn.Close()
+	conn.Write([]byte("request"))
+	if err := c.CloseWrite(); err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp, err := io.ReadAll(conn) // up to the server's Close
+	fmt.Println(<-served)
+	fmt.Println("client read:", string(resp), err)
+	// Output:
+	// server read: request, write error: <nil>
+	// client read: response to request <nil>
 }
