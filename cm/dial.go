@@ -14,7 +14,8 @@ import (
 // Dial connects to the listener at address ("ip:port"; IPv6 in brackets),
 // resolving the address and route and choosing the device the route leads
 // to. A host name's addresses are tried in turn until one connects, each
-// with a share of the time, as net.Dial does; the error is the first's. ctx bounds the whole handshake; without a deadline each step is
+// with a share of the time, as net.Dial does; the error is the first's.
+// ctx bounds the whole handshake; without a deadline each step is
 // bounded by the handshake timeout. In an XRC mode (WithXRC) on a device
 // with XRC, the connection runs through the process's XRC dialer endpoint
 // for that device and local address (package xrc), shared by every such

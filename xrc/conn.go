@@ -761,13 +761,9 @@ func (c *Conn) close(ctx context.Context) {
 	}
 	c.closing = true
 	fin := c.sendUp && !c.sendDone && c.err == nil
-	f := wire.FIN{Tag: c.peerTag, SenderTag: c.sendTag}
 	e.mu.Unlock()
 	if fin {
-		b := make([]byte, wire.FinLen)
-		if _, err := f.Encode(b); err == nil {
-			c.sendFrame(ctx, kindFIN, b)
-		}
+		c.sendFIN(ctx, false)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -802,14 +798,22 @@ func (c *Conn) CloseWrite() error {
 		return &opError{"close write", c.raddr.String(), err}
 	}
 	c.writeClosed = true
-	f := wire.FIN{Tag: c.peerTag, SenderTag: c.sendTag, Half: true}
 	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+	defer cancel()
+	return c.sendFIN(ctx, true)
+}
+
+// sendFIN sends our FIN on the sending leg, after every data frame posted
+// before it; half keeps the leg (CloseWrite).
+func (c *Conn) sendFIN(ctx context.Context, half bool) error {
+	c.e.mu.Lock()
+	f := wire.FIN{Tag: c.peerTag, SenderTag: c.sendTag, Half: half}
+	c.e.mu.Unlock()
 	var b [wire.FinLen]byte
 	if _, err := f.Encode(b[:]); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
-	defer cancel()
 	return c.sendFrame(ctx, kindFIN, b[:])
 }
 

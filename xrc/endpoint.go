@@ -713,13 +713,9 @@ func (e *Endpoint) dropEarlyLocked(c *Conn) {
 func (e *Endpoint) abortDial(ctx context.Context, c *Conn, err error) {
 	e.mu.Lock()
 	fin := c.sendUp && !c.sendDone && c.err == nil
-	f := wire.FIN{Tag: c.peerTag, SenderTag: c.sendTag}
 	e.mu.Unlock()
 	if fin {
-		b := make([]byte, wire.FinLen)
-		if _, ferr := f.Encode(b); ferr == nil {
-			c.sendFrame(ctx, kindFIN, b)
-		}
+		c.sendFIN(ctx, false)
 	}
 	c.fail(err)
 }
