@@ -20,19 +20,20 @@ func (a Addr) Network() string { return "rdma" }
 
 var _ net.Addr = Addr{}
 
-// resolveAddr parses "host:port", looking the host up when it is a name:
-// its first address.
-func resolveAddr(ctx context.Context, address string) (netip.AddrPort, error) {
-	as, err := resolveAddrs(ctx, address)
+// resolveAddr parses "host:port", looking the host up with r (nil: the
+// default resolver) when it is a name: its first address.
+func resolveAddr(ctx context.Context, r *net.Resolver, address string) (netip.AddrPort, error) {
+	as, err := resolveAddrs(ctx, r, address)
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
 	return as[0], nil
 }
 
-// resolveAddrs parses "host:port", looking the host up when it is a name:
-// every address, in the resolver's order. An IPv6 zone is kept.
-func resolveAddrs(ctx context.Context, address string) ([]netip.AddrPort, error) {
+// resolveAddrs parses "host:port", looking the host up with r (nil: the
+// default resolver) when it is a name: every address, in the resolver's
+// order. An IPv6 zone is kept.
+func resolveAddrs(ctx context.Context, r *net.Resolver, address string) ([]netip.AddrPort, error) {
 	host, port, err := net.SplitHostPort(address)
 	if err != nil {
 		return nil, err
@@ -47,7 +48,10 @@ func resolveAddrs(ctx context.Context, address string) ([]netip.AddrPort, error)
 	if ip, err := netip.ParseAddr(host); err == nil {
 		return []netip.AddrPort{netip.AddrPortFrom(ip.Unmap(), uint16(p))}, nil
 	}
-	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if r == nil {
+		r = net.DefaultResolver
+	}
+	ips, err := r.LookupNetIP(ctx, "ip", host)
 	if err != nil {
 		return nil, err
 	}

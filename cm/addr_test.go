@@ -1,13 +1,20 @@
 package cm
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"net"
 	"net/netip"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/internal/fakedns"
+	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 func TestResolveAddrs(t *testing.T) {
@@ -18,18 +25,18 @@ func TestResolveAddrs(t *testing.T) {
 		"[fe80::1%lo]:7471":   "[fe80::1%lo]:7471",
 		":7471":               "0.0.0.0:7471",
 	} {
-		as, err := resolveAddrs(ctx, in)
+		as, err := resolveAddrs(ctx, nil, in)
 		require.NoError(t, err, in)
 		require.Equal(t, []netip.AddrPort{netip.MustParseAddrPort(want)}, as, in)
 	}
-	as, err := resolveAddrs(ctx, "localhost:7471")
+	as, err := resolveAddrs(ctx, nil, "localhost:7471")
 	require.NoError(t, err)
 	require.NotEmpty(t, as)
 	for _, a := range as {
 		require.True(t, a.Addr().IsLoopback() && a.Port() == 7471, "%v", a)
 	}
 	for _, bad := range []string{"10.0.0.1", "10.0.0.1:port", "10.0.0.1:70000"} {
-		_, err := resolveAddrs(ctx, bad)
+		_, err := resolveAddrs(ctx, nil, bad)
 		require.Error(t, err, bad)
 	}
 }
@@ -82,4 +89,55 @@ func TestDialEachTriesAddressesInTurn(t *testing.T) {
 	})
 	require.Error(t, err)
 	require.Len(t, tried, 1)
+}
+
+// WithResolver's names are what Listen and Dial look up; a name whose
+// first address has no listener connects to the next, and the failure is
+// logged. On the in-memory fabric here; TestCMDialTriesEachAddressOfAName
+// does it over soft-RoCE in the VM.
+func TestNamesResolvedByWithResolver(t *testing.T) {
+	ctx := ctxT(t)
+	f := memfabric.New()
+	server, client := f.Node("10.1.0.1"), f.Node("10.1.0.2")
+	r := fakedns.Resolver(map[string][]netip.Addr{
+		"server.test": {netip.MustParseAddr("10.1.0.1")},
+		"svc.test":    {netip.MustParseAddr("10.1.0.9"), netip.MustParseAddr("10.1.0.1")},
+		"none.test":   {netip.MustParseAddr("10.1.0.9"), netip.MustParseAddr("10.1.0.8")},
+	})
+	domain := func() Option { return WithDomainPath(filepath.Join(t.TempDir(), "xrc")) }
+
+	l, err := Listen(ctx, "server.test:7471", WithFabric(server.Process()), WithResolver(r), domain())
+	require.NoError(t, err)
+	defer l.Close()
+	require.Equal(t, "10.1.0.1:7471", l.Addr().String())
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			c.Send(ctx, []byte("hello"))
+			c.Close()
+		}
+	}()
+
+	var log bytes.Buffer
+	c, err := Dial(ctx, "svc.test:7471", WithFabric(client.Process()), WithResolver(r), domain(),
+		WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, "10.1.0.1:7471", c.RemoteAddr().String())
+	buf := make([]byte, 16)
+	n, err := c.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(buf[:n]))
+	require.Contains(t, log.String(), `msg="dial: an address of the name failed" name=svc.test:7471 addr=10.1.0.9:7471`)
+
+	_, err = Dial(ctx, "none.test:7471", WithFabric(client.Process()), WithResolver(r), domain())
+	require.ErrorContains(t, err, "10.1.0.9:7471", "the first address's error")
+
+	_, err = Dial(ctx, "unknown.test:7471", WithFabric(client.Process()), WithResolver(r), domain())
+	var dnsErr *net.DNSError
+	require.ErrorAs(t, err, &dnsErr)
+	require.True(t, dnsErr.IsNotFound)
 }

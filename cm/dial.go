@@ -13,8 +13,10 @@ import (
 
 // Dial connects to the listener at address ("ip:port"; IPv6 in brackets),
 // resolving the address and route and choosing the device the route leads
-// to. A host name's addresses are tried in turn until one connects, each
-// with a share of the time, as net.Dial does; the error is the first's.
+// to. A host name is looked up (WithResolver picks the resolver) and its
+// addresses are tried in turn until one connects, each with a share of the
+// time, as net.Dial does; the error is the first's, and each failure is
+// logged when there are several.
 // ctx bounds the whole handshake; without a deadline each step is
 // bounded by the handshake timeout. In an XRC mode (WithXRC) on a device
 // with XRC, the connection runs through the process's XRC dialer endpoint
@@ -25,12 +27,15 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 	if err != nil {
 		return nil, opError("dial", nil, err)
 	}
-	var c *Conn
+	try := func(ctx context.Context, dst netip.AddrPort) (*Conn, error) { return dialAddr(ctx, dst, cfg) }
 	if cfg.fabric != nil {
-		c, err = dialFabric(ctx, address, cfg)
-	} else {
-		c, err = dial(ctx, address, cfg)
+		// The in-memory fabric: always XRC.
+		site := cfg.fabricSite(cfg.fabric.Node().Addr())
+		try = func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {
+			return dialXRC(ctx, dst.String(), cfg, site)
+		}
 	}
+	c, err := dial(ctx, address, cfg, try)
 	if err != nil {
 		globalStats.dialErrors.Add(1)
 		return nil, err
@@ -38,22 +43,21 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 	return c, nil
 }
 
-// dialFabric dials over the in-memory fabric (WithFabric): always XRC.
-func dialFabric(ctx context.Context, address string, cfg config) (*Conn, error) {
-	return dialXRC(ctx, address, cfg, cfg.fabricSite(cfg.fabric.Node().Addr()))
-}
-
-// dial resolves address and dials its addresses in turn until one
+// dial resolves address and tries its addresses in turn until one
 // connects, as net.Dial does with a name that has several.
-func dial(ctx context.Context, address string, cfg config) (*Conn, error) {
+func dial(ctx context.Context, address string, cfg config, try func(context.Context, netip.AddrPort) (*Conn, error)) (*Conn, error) {
 	ctx, cancel := withDefaultTimeout(ctx, cfg.handshakeTimeout)
 	defer cancel()
-	dsts, err := resolveAddrs(ctx, address)
+	dsts, err := resolveAddrs(ctx, cfg.resolver, address)
 	if err != nil {
 		return nil, opError("dial", Addr{}, err)
 	}
 	return dialEach(ctx, dsts, func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {
-		return dialAddr(ctx, dst, cfg)
+		c, err := try(ctx, dst)
+		if err != nil && len(dsts) > 1 {
+			cfg.logger.Info("dial: an address of the name failed", "name", address, "addr", dst, "err", err)
+		}
+		return c, err
 	})
 }
 

@@ -33,7 +33,8 @@ type Listener struct {
 	removed   atomic.Bool    // the device went away: Accept says so
 }
 
-// Listen listens for connections on address ("ip:port"; port 0 picks one).
+// Listen listens for connections on address ("ip:port"; port 0 picks one;
+// a host name listens on its first address).
 // The listener serves the device the address belongs to (any device for an
 // unspecified address). In an XRC mode (WithXRC) on a device with XRC, it
 // listens with an XRC endpoint of its own (package xrc), and only XRC
@@ -43,7 +44,7 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	if err != nil {
 		return nil, opError("listen", nil, err)
 	}
-	local, err := resolveAddr(ctx, address)
+	local, err := resolveAddr(ctx, cfg.resolver, address)
 	if err != nil {
 		return nil, opError("listen", nil, err)
 	}

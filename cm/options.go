@@ -3,6 +3,7 @@ package cm
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/goxrc/goxrc/xrc/memfabric"
@@ -64,6 +65,7 @@ type config struct {
 	queueDepth       int
 	messageSize      int
 	inlineThreshold  int
+	resolver         *net.Resolver
 	device           string
 	handshakeTimeout time.Duration
 	logger           *slog.Logger
@@ -130,6 +132,11 @@ func WithInlineThreshold(n int) Option { return func(c *config) { c.inlineThresh
 // listener on an unspecified address listens on the device's address
 // only. An address that cannot be reached through the device fails.
 func WithDevice(name string) Option { return func(c *config) { c.device = name } }
+
+// WithResolver looks host names up with r instead of net.DefaultResolver,
+// as net.Dialer's Resolver field does: a resolver whose PreferGo and Dial
+// send the queries to a DNS server of the application's choosing.
+func WithResolver(r *net.Resolver) Option { return func(c *config) { c.resolver = r } }
 
 // WithHandshakeTimeout bounds connection steps that have no context deadline.
 func WithHandshakeTimeout(d time.Duration) Option {

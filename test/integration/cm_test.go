@@ -23,6 +23,7 @@ import (
 
 	"github.com/goxrc/goxrc/cm"
 	"github.com/goxrc/goxrc/internal/conntest"
+	"github.com/goxrc/goxrc/internal/fakedns"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/test/softroce"
 	"github.com/goxrc/goxrc/verbs"
@@ -478,6 +479,47 @@ func TestCMDialLoopback(t *testing.T) {
 		require.ErrorIs(t, err, syscall.ENODEV, ip)
 		require.ErrorContains(t, err, "a loopback address has no route over RDMA", ip)
 	}
+}
+
+// TestCMDialTriesEachAddressOfAName: a name whose first address is a
+// loopback one (no route over RDMA) connects through its second, the RXE
+// address, and logs the first's failure; a name with no working address
+// fails with the first's error. The names come from a DNS server inside the
+// test (internal/fakedns) through the Go resolver, and the dials are real.
+func TestCMDialTriesEachAddressOfAName(t *testing.T) {
+	_, ip := softroce.Device(t)
+	r := fakedns.Resolver(map[string][]netip.Addr{
+		"rxe.test":     {ip},
+		"svc.test":     {netip.MustParseAddr("127.0.0.1"), ip},
+		"nowhere.test": {netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")},
+	})
+	ctx := cmCtx(t, 30*time.Second)
+	l, err := cm.Listen(ctx, "rxe.test:0", cm.WithResolver(r))
+	require.NoError(t, err)
+	defer l.Close()
+	require.Equal(t, ip, l.Addr().(cm.Addr).Addr(), "the name's address")
+	port := l.Addr().(cm.Addr).Port()
+	accepted := acceptOne(t, ctx, l)
+
+	var log bytes.Buffer
+	c, err := cm.Dial(ctx, fmt.Sprintf("svc.test:%d", port), cm.WithResolver(r), cm.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	require.NoError(t, err)
+	defer c.Close()
+	s := <-accepted
+	require.NotNil(t, s)
+	defer s.Close()
+	require.Equal(t, netip.AddrPortFrom(ip, port), c.RemoteAddr().(cm.Addr).AddrPort)
+	require.Contains(t, log.String(), fmt.Sprintf("addr=127.0.0.1:%d", port), "the loopback address was tried first")
+	require.Contains(t, log.String(), "a loopback address has no route over RDMA")
+	require.NoError(t, c.Send(ctx, []byte("over the second address")))
+	buf := make([]byte, 64)
+	n, err := s.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "over the second address", string(buf[:n]))
+
+	_, err = cm.Dial(ctx, fmt.Sprintf("nowhere.test:%d", port), cm.WithResolver(r))
+	require.ErrorIs(t, err, syscall.ENODEV)
+	require.ErrorContains(t, err, fmt.Sprintf("127.0.0.1:%d", port), "the first address's error")
 }
 
 func TestCMPortInUse(t *testing.T) {
