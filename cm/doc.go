@@ -13,7 +13,10 @@
 //	err = conn.Send(ctx, []byte("hello"))
 //	n, err := conn.Recv(ctx, buf)
 //
-// Addresses are IPv4 or IPv6, or host names. An IPv6 link-local address
+// Addresses are IPv4 or IPv6, or host names, looked up with
+// net.DefaultResolver or the resolver of WithResolver: Dial tries each of a
+// name's addresses in turn, as net.Dial does, and Listen takes the first.
+// An IPv6 link-local address
 // (every RoCE port has one, its first GID) takes the zone naming its
 // interface, as in package net: "[fe80::1%eth0]:7471"; binding one without
 // it fails with a clear error. A connection's LocalAddr and RemoteAddr carry
