@@ -23,7 +23,7 @@ var _ net.Addr = Addr{}
 // resolveAddr parses "host:port", looking the host up with r (nil: the
 // default resolver) when it is a name: its first address.
 func resolveAddr(ctx context.Context, r *net.Resolver, address string) (netip.AddrPort, error) {
-	as, err := resolveAddrs(ctx, r, address)
+	as, err := resolveAddrs(ctx, r, "ip", address)
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
@@ -31,9 +31,9 @@ func resolveAddr(ctx context.Context, r *net.Resolver, address string) (netip.Ad
 }
 
 // resolveAddrs parses "host:port", looking the host up with r (nil: the
-// default resolver) when it is a name: every address, in the resolver's
-// order. An IPv6 zone is kept.
-func resolveAddrs(ctx context.Context, r *net.Resolver, address string) ([]netip.AddrPort, error) {
+// default resolver) when it is a name: every address of family ("ip":
+// either, "ip4" or "ip6"), in the resolver's order. An IPv6 zone is kept.
+func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) ([]netip.AddrPort, error) {
 	host, port, err := net.SplitHostPort(address)
 	if err != nil {
 		return nil, err
@@ -42,25 +42,35 @@ func resolveAddrs(ctx context.Context, r *net.Resolver, address string) ([]netip
 	if err != nil {
 		return nil, fmt.Errorf("invalid port %q", port)
 	}
-	if host == "" {
-		return []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(p))}, nil
-	}
-	if ip, err := netip.ParseAddr(host); err == nil {
-		return []netip.AddrPort{netip.AddrPortFrom(ip.Unmap(), uint16(p))}, nil
-	}
-	if r == nil {
-		r = net.DefaultResolver
-	}
-	ips, err := r.LookupNetIP(ctx, "ip", host)
-	if err != nil {
-		return nil, err
+	var ips []netip.Addr
+	switch ip, perr := netip.ParseAddr(host); {
+	case host == "" && family == "ip6":
+		ips = []netip.Addr{netip.IPv6Unspecified()}
+	case host == "":
+		ips = []netip.Addr{netip.IPv4Unspecified()}
+	case perr == nil:
+		ips = []netip.Addr{ip}
+	default:
+		if r == nil {
+			r = net.DefaultResolver
+		}
+		if ips, err = r.LookupNetIP(ctx, family, host); err != nil {
+			return nil, err
+		}
 	}
 	as := make([]netip.AddrPort, 0, len(ips))
 	for _, ip := range ips {
-		a := netip.AddrPortFrom(ip.Unmap(), uint16(p))
+		ip = ip.Unmap()
+		if family == "ip4" && !ip.Is4() || family == "ip6" && !ip.Is6() {
+			continue
+		}
+		a := netip.AddrPortFrom(ip, uint16(p))
 		if !slices.Contains(as, a) {
 			as = append(as, a)
 		}
+	}
+	if len(as) == 0 {
+		return nil, &net.AddrError{Err: "no suitable address found", Addr: host}
 	}
 	return as, nil
 }

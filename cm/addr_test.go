@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -25,18 +26,18 @@ func TestResolveAddrs(t *testing.T) {
 		"[fe80::1%lo]:7471":   "[fe80::1%lo]:7471",
 		":7471":               "0.0.0.0:7471",
 	} {
-		as, err := resolveAddrs(ctx, nil, in)
+		as, err := resolveAddrs(ctx, nil, "ip", in)
 		require.NoError(t, err, in)
 		require.Equal(t, []netip.AddrPort{netip.MustParseAddrPort(want)}, as, in)
 	}
-	as, err := resolveAddrs(ctx, nil, "localhost:7471")
+	as, err := resolveAddrs(ctx, nil, "ip", "localhost:7471")
 	require.NoError(t, err)
 	require.NotEmpty(t, as)
 	for _, a := range as {
 		require.True(t, a.Addr().IsLoopback() && a.Port() == 7471, "%v", a)
 	}
 	for _, bad := range []string{"10.0.0.1", "10.0.0.1:port", "10.0.0.1:70000"} {
-		_, err := resolveAddrs(ctx, nil, bad)
+		_, err := resolveAddrs(ctx, nil, "ip", bad)
 		require.Error(t, err, bad)
 	}
 }
@@ -140,4 +141,83 @@ func TestNamesResolvedByWithResolver(t *testing.T) {
 	var dnsErr *net.DNSError
 	require.ErrorAs(t, err, &dnsErr)
 	require.True(t, dnsErr.IsNotFound)
+}
+
+// resolveAddrs keeps to the family asked for, as net.Dial does for "tcp4"
+// and "tcp6".
+func TestResolveAddrsFamilies(t *testing.T) {
+	ctx := ctxT(t)
+	v4, v6 := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")
+	r := fakedns.Resolver(map[string][]netip.Addr{"both.test": {v4, v6}, "four.test": {v4}})
+	for _, c := range []struct {
+		family, address string
+		want            []string
+	}{
+		{"ip", "both.test:1", []string{"192.0.2.1:1", "[2001:db8::1]:1"}},
+		{"ip4", "both.test:1", []string{"192.0.2.1:1"}},
+		{"ip6", "both.test:1", []string{"[2001:db8::1]:1"}},
+		{"ip4", "[::ffff:192.0.2.1]:1", []string{"192.0.2.1:1"}},
+		{"ip6", ":1", []string{"[::]:1"}},
+		{"ip4", ":1", []string{"0.0.0.0:1"}},
+	} {
+		as, err := resolveAddrs(ctx, r, c.family, c.address)
+		require.NoError(t, err, "%s %s", c.family, c.address)
+		var got []string
+		for _, a := range as {
+			got = append(got, a.String())
+		}
+		require.ElementsMatch(t, c.want, got, "%s %s", c.family, c.address)
+	}
+	// A name without an address of the family is not found, as with
+	// net.Dial; a literal of the other family is no suitable address.
+	_, err := resolveAddrs(ctx, r, "ip6", "four.test:1")
+	var dnsErr *net.DNSError
+	require.ErrorAs(t, err, &dnsErr)
+	require.True(t, dnsErr.IsNotFound, "%v", err)
+	for _, c := range [][2]string{{"ip4", "[2001:db8::1]:1"}, {"ip6", "192.0.2.1:1"}} {
+		_, err := resolveAddrs(ctx, r, c[0], c[1])
+		var ae *net.AddrError
+		require.ErrorAs(t, err, &ae, "%s %s", c[0], c[1])
+		require.Equal(t, "no suitable address found", ae.Err)
+	}
+}
+
+// A Dialer's DialContext is what net/http's Transport takes: a net.Conn
+// for "tcp" addresses, an error for networks it does not serve.
+func TestDialerDialContext(t *testing.T) {
+	ctx := ctxT(t)
+	f := memfabric.New()
+	server, client := f.Node("10.1.0.1"), f.Node("10.1.0.2")
+	r := fakedns.Resolver(map[string][]netip.Addr{"server.test": {netip.MustParseAddr("10.1.0.1")}})
+	l, err := Listen(ctx, "10.1.0.1:7471", WithFabric(server.Process()), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			return
+		}
+		nc := c.NetConn()
+		io.Copy(nc, nc)
+		nc.Close()
+	}()
+
+	d := &Dialer{Options: []Option{WithFabric(client.Process()), WithResolver(r), WithDomainPath(filepath.Join(t.TempDir(), "xrc"))}}
+	nc, err := d.DialContext(ctx, "tcp", "server.test:7471")
+	require.NoError(t, err)
+	defer nc.Close()
+	require.Equal(t, "10.1.0.1:7471", nc.RemoteAddr().String())
+	_, err = nc.Write([]byte("echo me"))
+	require.NoError(t, err)
+	buf := make([]byte, 7)
+	_, err = io.ReadFull(nc, buf)
+	require.NoError(t, err)
+	require.Equal(t, "echo me", string(buf))
+
+	_, err = d.DialContext(ctx, "udp", "server.test:7471")
+	require.ErrorAs(t, err, new(net.UnknownNetworkError))
+	_, err = d.DialContext(ctx, "tcp6", "server.test:7471")
+	require.ErrorContains(t, err, "dial server.test:7471: lookup server.test", "an IPv4-only name")
+	_, err = d.DialContext(ctx, "tcp6", "10.1.0.1:7471")
+	require.EqualError(t, err, "dial 10.1.0.1:7471: address 10.1.0.1: no suitable address found")
 }

@@ -23,6 +23,11 @@ import (
 // for that device and local address (package xrc), shared by every such
 // Dial and closed with the last of their connections.
 func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
+	return dialFamily(ctx, "ip", address, opts)
+}
+
+// dialFamily is Dial of an address of family ("ip": either, "ip4" or "ip6").
+func dialFamily(ctx context.Context, family, address string, opts []Option) (*Conn, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, opError("dial", nil, err)
@@ -35,7 +40,7 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 			return dialXRC(ctx, dst.String(), cfg, site)
 		}
 	}
-	c, err := dial(ctx, address, cfg, try)
+	c, err := dial(ctx, family, address, cfg, try)
 	if err != nil {
 		globalStats.dialErrors.Add(1)
 		return nil, err
@@ -45,12 +50,13 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 
 // dial resolves address and tries its addresses in turn until one
 // connects, as net.Dial does with a name that has several.
-func dial(ctx context.Context, address string, cfg config, try func(context.Context, netip.AddrPort) (*Conn, error)) (*Conn, error) {
+func dial(ctx context.Context, family, address string, cfg config, try func(context.Context, netip.AddrPort) (*Conn, error)) (*Conn, error) {
 	ctx, cancel := withDefaultTimeout(ctx, cfg.handshakeTimeout)
 	defer cancel()
-	dsts, err := resolveAddrs(ctx, cfg.resolver, address)
+	dsts, err := resolveAddrs(ctx, cfg.resolver, family, address)
 	if err != nil {
-		return nil, opError("dial", Addr{}, err)
+		// Named as given: there is no address to name.
+		return nil, &OpError{Op: "dial", Addr: address, Err: err}
 	}
 	return dialEach(ctx, dsts, func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {
 		c, err := try(ctx, dst)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -157,4 +159,48 @@ func ExampleConn_CloseWrite() {
 	// Output:
 	// server read: request, write error: <nil>
 	// client read: response to request <nil>
+}
+
+// net/http over RDMA: the server serves the listener's NetListener, and the
+// client's Transport dials with a Dialer. Here on the in-memory fabric, so
+// that the example runs anywhere; over a device, drop WithFabric and
+// WithDomainPath and use the device's address.
+func ExampleDialer() {
+	dir, err := os.MkdirTemp("", "goxrc-example")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	f := memfabric.New()
+	server, client := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+
+	l, err := cm.Listen(context.Background(), "10.1.0.1:8080", cm.WithFabric(server), cm.WithDomainPath(filepath.Join(dir, "server")))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		fmt.Fprintf(w, "%s %s from %s", r.Method, r.URL.Path, host)
+	})}
+	go srv.Serve(l.NetListener())
+	defer srv.Close()
+
+	d := &cm.Dialer{Options: []cm.Option{cm.WithFabric(client), cm.WithDomainPath(filepath.Join(dir, "client"))}}
+	hc := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}, Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("http://10.1.0.1:8080/hello")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(resp.Status, string(body))
+	// Output: 200 OK GET /hello from 10.1.0.2
 }

@@ -46,7 +46,7 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	}
 	local, err := resolveAddr(ctx, cfg.resolver, address)
 	if err != nil {
-		return nil, opError("listen", nil, err)
+		return nil, &OpError{Op: "listen", Addr: address, Err: err}
 	}
 	if cfg.fabric != nil {
 		return listenXRC(ctx, local, cfg, cfg.fabricSite(local.Addr()))

@@ -622,23 +622,17 @@ func TestCMHTTPOverNetConn(t *testing.T) {
 	})}
 	go srv.Serve(l.NetListener())
 	defer srv.Close()
-	client := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			c, err := cm.Dial(ctx, addr, cm.WithMessageSize(16384))
-			if err != nil {
-				return nil, err
-			}
-			return c.NetConn(), nil
-		},
-	}}
+	// The URL's host:port is the listener's, dialed over RDMA by cm.Dialer.
+	d := &cm.Dialer{Options: []cm.Option{cm.WithMessageSize(16384)}}
+	client := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
 	defer client.CloseIdleConnections()
-	resp, err := client.Get("http://goxrc/hello")
+	resp, err := client.Get("http://" + addr + "/hello")
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Equal(t, "GET /hello 0 ", string(body))
 	big := strings.Repeat("x", 100000)
-	req, _ := http.NewRequestWithContext(ctx, "POST", "http://goxrc/upload", strings.NewReader(big))
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/upload", strings.NewReader(big))
 	resp, err = client.Do(req)
 	require.NoError(t, err)
 	body, _ = io.ReadAll(resp.Body)
