@@ -311,7 +311,7 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 }
 
 // SendWithImm sends p with 32 bits of immediate data, which the receiver
-// gets from RecvMsg.
+// gets from RecvWithImm.
 func (c *Conn) SendWithImm(ctx context.Context, p []byte, imm uint32) error {
 	return c.send(ctx, p, imm, true)
 }

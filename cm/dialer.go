@@ -7,12 +7,14 @@ import (
 
 // A Dialer dials RDMA connections with a fixed set of options and returns
 // them as net.Conns (Conn.NetConn). Its DialContext has net.Dialer's
-// signature, which net/http's Transport, gRPC's WithContextDialer and other
-// users of net.Conn take, so that they run over RDMA unchanged:
+// signature, which net/http's Transport takes as it is, so that HTTP runs
+// over RDMA unchanged (the server side serves Listener.NetListener):
 //
 //	d := &cm.Dialer{Options: []cm.Option{cm.WithMessageSize(16384)}}
 //	client := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
 //	resp, err := client.Get("http://10.77.0.1:7471/")
+//
+// gRPC's WithContextDialer takes it through a closure that passes "tcp".
 type Dialer struct {
 	// Options apply to every connection the Dialer makes.
 	Options []Option
