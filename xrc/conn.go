@@ -847,15 +847,27 @@ func (c *Conn) finLocked(half bool) {
 	}
 	c.peerClosed = true
 	c.releaseRecvLocked()
-	if !c.closing {
-		e := c.e
-		e.spawn(func() {
-			ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
-			defer cancel()
-			c.close(ctx)
-		})
+	if c.isReady || c.inbound {
+		c.answerFINLocked()
 	}
+	// Else a dial in progress: the acceptor sent and closed before our
+	// sending leg came up. The dial completes (checkReadyLocked answers
+	// then), and Recv gives what came before the FIN, then io.EOF.
 	c.maybeFinishLocked()
+}
+
+// answerFINLocked closes c in the background after the peer's full FIN,
+// sending ours.
+func (c *Conn) answerFINLocked() {
+	if c.closing {
+		return
+	}
+	e := c.e
+	e.spawn(func() {
+		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+		defer cancel()
+		c.close(ctx)
+	})
 }
 
 func (c *Conn) dropSendLocked() {
@@ -910,6 +922,9 @@ func (c *Conn) checkReadyLocked() {
 		delete(e.pending, c.sendTag)
 	}
 	close(c.ready)
+	if c.peerClosed {
+		c.answerFINLocked()
+	}
 	if c.inbound {
 		select {
 		case e.acceptq <- c:

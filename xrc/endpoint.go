@@ -513,6 +513,13 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	case <-c.ready:
 		return c, nil
 	case <-c.done:
+		select {
+		case <-c.ready:
+			// Up, and already ended by an acceptor that sent and closed
+			// at once: its messages, then io.EOF, are there to read.
+			return c, nil
+		default:
+		}
 		return nil, &opError{"dial", address, c.errOr(ErrClosed)}
 	case <-ctx.Done():
 		c.fail(ctx.Err())
@@ -624,7 +631,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 // reverse leg goes the old way, a reciprocal VIRT_REQ (or PHYS_REQ).
 func (e *Endpoint) bindReverseLocked(c *Conn, leg *Leg) ([]byte, bool) {
 	u := e.uplinkForLocked(c.raddr)
-	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 {
+	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 || !u.hasOpenLeg() {
 		return nil, false
 	}
 	tag := e.newTagLocked()

@@ -295,3 +295,38 @@ func TestEndpointAllToAllQPCount(t *testing.T) {
 	cancel()
 	wg.Wait()
 }
+
+// An acceptor that sends and closes the moment Accept returns can finish
+// before the dialer has seen its connection come up: the FIN (and the data
+// before it) may reach the dialer first. Dial must still return the
+// connection, whose Recv gives the data and then io.EOF.
+func TestEndpointDialAcceptorClosesAtOnce(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.endpoint("10.0.0.1", 7001), w.endpoint("10.0.0.2", 7001)
+	ctx := ctxT(t, 20*time.Second)
+	go func() {
+		for {
+			c, err := b.Accept(ctx)
+			if err != nil {
+				return
+			}
+			c.Send(ctx, []byte("hello"))
+			c.Close()
+		}
+	}()
+	buf := make([]byte, 16)
+	for i := range 300 {
+		c, err := a.Dial(ctx, b.Addr().String())
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		if n, err := c.Recv(ctx, buf); err != nil || string(buf[:n]) != "hello" {
+			t.Fatalf("dial %d: recv %q %v", i, buf[:n], err)
+		}
+		if _, err := c.Recv(ctx, buf); err != io.EOF {
+			t.Fatalf("dial %d: after the message: %v, want io.EOF", i, err)
+		}
+		c.Close()
+	}
+	requireReleased(t, w, a, b)
+}

@@ -40,6 +40,20 @@ type uplink struct {
 	legs    map[*Conn]struct{}
 }
 
+// hasOpenLeg reports whether a leg on u is not closing. Each open leg's
+// receiver holds the TGT; once every leg is closing, their FINs may already
+// have ended those registrations, and with the last the TGT, while u is
+// still up: a reverse leg bound to u then would name a dead TGT
+// (TestEndpointDialAcceptorClosesAtOnce).
+func (u *uplink) hasOpenLeg() bool {
+	for c := range u.legs {
+		if !c.closing {
+			return true
+		}
+	}
+	return false
+}
+
 // iniQP is one INI with its physical CM connection.
 type iniQP struct {
 	qp      kernel.QP
