@@ -143,6 +143,66 @@ func TestNamesResolvedByWithResolver(t *testing.T) {
 	require.True(t, dnsErr.IsNotFound)
 }
 
+// WithLocalAddr on the fabric: the node's own address works, and keeps a
+// name's addresses to its family (a name with only an IPv6 address is not
+// found, as with net.Dialer); any other address, one that does not parse,
+// or a family the dial cannot use fails with a clear error.
+func TestWithLocalAddr(t *testing.T) {
+	ctx := ctxT(t)
+	f := memfabric.New()
+	server, client := f.Node("10.1.0.1"), f.Node("10.1.0.2")
+	r := fakedns.Resolver(map[string][]netip.Addr{
+		"dual.test": {netip.MustParseAddr("fd00::1"), netip.MustParseAddr("10.1.0.1")},
+		"six.test":  {netip.MustParseAddr("fd00::1")},
+	})
+	domain := func() Option { return WithDomainPath(filepath.Join(t.TempDir(), "xrc")) }
+	l, err := Listen(ctx, "10.1.0.1:7471", WithFabric(server.Process()), domain(), WithLocalAddr("10.9.9.9"))
+	require.NoError(t, err, "Listen ignores WithLocalAddr")
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			c.Send(ctx, []byte(c.RemoteAddr().(Addr).Addr().String()))
+			c.Close()
+		}
+	}()
+	dial := func(address string, opts ...Option) (*Conn, error) {
+		return Dial(ctx, address, append(opts, WithFabric(client.Process()), WithResolver(r), domain())...)
+	}
+
+	for _, local := range []string{"10.1.0.2", "::ffff:10.1.0.2", "0.0.0.0"} {
+		c, err := dial("dual.test:7471", WithLocalAddr(local))
+		require.NoError(t, err, local)
+		buf := make([]byte, 64)
+		n, err := c.Recv(ctx, buf)
+		require.NoError(t, err, local)
+		require.Equal(t, "10.1.0.2", string(buf[:n]), "the address the listener saw, from %s", local)
+		require.Equal(t, "10.1.0.1:7471", c.RemoteAddr().String())
+		require.NoError(t, c.Close())
+	}
+	_, err = dial("six.test:7471", WithLocalAddr("10.1.0.2"))
+	var dnsErr *net.DNSError
+	require.ErrorAs(t, err, &dnsErr)
+	require.True(t, dnsErr.IsNotFound, "%v", err)
+
+	_, err = dial("10.1.0.1:7471", WithLocalAddr("10.1.0.3"))
+	require.ErrorContains(t, err, "local address 10.1.0.3 is not the fabric node's (10.1.0.2)")
+	_, err = dial("10.1.0.1:7471", WithLocalAddr("10.1.0"))
+	require.ErrorContains(t, err, `local address: ParseAddr("10.1.0")`)
+	var ae *net.AddrError
+	_, err = dial("[fd00::1]:7471", WithLocalAddr("10.1.0.2"))
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, "no suitable address found", ae.Err)
+	d := Dialer{Options: []Option{WithFabric(client.Process()), domain(), WithLocalAddr("10.1.0.2")}}
+	_, err = d.DialContext(ctx, "tcp6", "dual.test:7471")
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, "mismatched local address type", ae.Err)
+	require.Equal(t, "10.1.0.2", ae.Addr)
+}
+
 // resolveAddrs keeps to the family asked for, as net.Dial does for "tcp4"
 // and "tcp6".
 func TestResolveAddrsFamilies(t *testing.T) {

@@ -2,8 +2,11 @@ package cm
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/rdmaaddr"
@@ -32,10 +35,26 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (*Co
 	if err != nil {
 		return nil, opError("dial", nil, err)
 	}
+	if cfg.local.IsValid() {
+		// A name's addresses of the other family could not be reached
+		// from it (net.Dialer's rule).
+		lf := "ip4"
+		if cfg.local.Is6() {
+			lf = "ip6"
+		}
+		if family != "ip" && family != lf {
+			return nil, opError("dial", nil, &net.AddrError{Err: "mismatched local address type", Addr: cfg.local.String()})
+		}
+		family = lf
+	}
 	try := func(ctx context.Context, dst netip.AddrPort) (*Conn, error) { return dialAddr(ctx, dst, cfg) }
 	if cfg.fabric != nil {
-		// The in-memory fabric: always XRC.
-		site := cfg.fabricSite(cfg.fabric.Node().Addr())
+		// The in-memory fabric: always XRC, from the node's one address.
+		node := cfg.fabric.Node().Addr()
+		if cfg.local.IsValid() && !cfg.local.IsUnspecified() && cfg.local != node {
+			return nil, opError("dial", nil, fmt.Errorf("cm: local address %s is not the fabric node's (%s)", cfg.local, node))
+		}
+		site := cfg.fabricSite(node)
 		try = func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {
 			return dialXRC(ctx, dst.String(), cfg, site)
 		}
@@ -125,7 +144,10 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 		}
 	}()
 	src := netipZero
-	if cfg.device != "" {
+	switch {
+	case cfg.local.IsValid() && !cfg.local.IsUnspecified():
+		src = netip.AddrPortFrom(cfg.local, 0) // checkDevice checks it is on cfg.device
+	case cfg.device != "":
 		// Bind to the device's own address, so the route leaves through it.
 		ip, err := rdmaaddr.AddrOf(cfg.device, dst.Addr())
 		if err != nil {
@@ -134,6 +156,16 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 		src = netip.AddrPortFrom(ip, 0)
 	}
 	if err := id.ResolveAddr(ctx, src, dst); err != nil {
+		if cfg.local.IsValid() && src.Addr() == cfg.local {
+			// The kernel's errno does not say which end it is about.
+			why := ""
+			if _, derr := rdmaaddr.DeviceOf(cfg.local); errors.Is(derr, syscall.EADDRNOTAVAIL) {
+				why = " (not an address of this host)"
+			} else if derr != nil {
+				why = " (not on an RDMA device's netdev)"
+			}
+			err = fmt.Errorf("from local address %s%s: %w", cfg.local, why, err)
+		}
 		return nil, fail(err)
 	}
 	if err := cfg.checkDevice(id); err != nil {

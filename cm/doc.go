@@ -22,7 +22,8 @@
 // it fails with a clear error. A connection's LocalAddr and RemoteAddr carry
 // the zone too, so either can be dialed back. An accepted connection's
 // LocalAddr is the address the dialer reached, also when the listener is on
-// the unspecified address.
+// the unspecified address. A dial leaves from the address the route picks,
+// or from the one WithLocalAddr names, as with net.Dialer's LocalAddr.
 //
 // # Messages and flow control
 //

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/goxrc/goxrc/xrc/memfabric"
@@ -67,6 +68,8 @@ type config struct {
 	inlineThreshold  int
 	resolver         *net.Resolver
 	device           string
+	localAddr        string     // WithLocalAddr, as given
+	local            netip.Addr // localAddr parsed (unmapped); invalid when unset
 	handshakeTimeout time.Duration
 	logger           *slog.Logger
 	xrc              XRCMode
@@ -91,6 +94,13 @@ func newConfig(opts []Option) (config, error) {
 	}
 	for _, o := range opts {
 		o(&c)
+	}
+	if c.localAddr != "" {
+		ip, err := netip.ParseAddr(c.localAddr)
+		if err != nil {
+			return c, fmt.Errorf("cm: local address: %w", err)
+		}
+		c.local = ip.Unmap()
 	}
 	switch {
 	case c.queueDepth < minQueueDepth || c.queueDepth > maxQueueDepth:
@@ -132,6 +142,19 @@ func WithInlineThreshold(n int) Option { return func(c *config) { c.inlineThresh
 // listener on an unspecified address listens on the device's address
 // only. An address that cannot be reached through the device fails.
 func WithDevice(name string) Option { return func(c *config) { c.device = name } }
+
+// WithLocalAddr makes Dial connect from ip, an address of this host on an
+// RDMA device's netdev, as net.Dialer's LocalAddr does (rdma_resolve_addr's
+// source address; the CM picks the port): on a host with several
+// addresses, it picks the one the peer sees, and with it the device and
+// port the connection leaves through. Dial then keeps to ip's family: a
+// name's addresses of the other family are skipped, and a literal of the
+// other family fails with "no suitable address found". With WithDevice
+// too, ip must be on that device; with WithFabric, it must be the node's.
+// Listen ignores it: its address is the local one.
+//
+// CLI equivalent: rping -c -I ip -a host, ucmatose -s host -b ip.
+func WithLocalAddr(ip string) Option { return func(c *config) { c.localAddr = ip } }
 
 // WithResolver looks host names up with r instead of net.DefaultResolver,
 // as net.Dialer's Resolver field does: a resolver whose PreferGo and Dial

@@ -47,6 +47,7 @@ type options struct {
 	conns    int
 	depth    int
 	raw      bool
+	local    string
 	json     bool
 	fabric   bool
 	nodes    int
@@ -66,6 +67,7 @@ func main() {
 	flag.IntVar(&o.conns, "conns", 100, "connections (connect mode)")
 	flag.IntVar(&o.depth, "depth", 64, "queue depth")
 	flag.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message, read its echo; connect mode: dial a plain librdmacm server such as cmtime -b")
+	flag.StringVar(&o.local, "local", "", "dial from this IP, an address of an RDMA device's netdev (default: the route's)")
 	flag.BoolVar(&o.json, "json", false, "print the result as JSON")
 	flag.BoolVar(&o.fabric, "fabric", false, "xrc mode: run servers and clients on an in-memory XRC fabric in this program")
 	flag.IntVar(&o.nodes, "nodes", 2, "xrc mode with -fabric: server nodes")
@@ -143,10 +145,7 @@ func run(ctx context.Context, o options) (result, error) {
 	if o.mode == "xrc" {
 		return xrcDemo(ctx, o)
 	}
-	opts := []cm.Option{cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth), cm.WithBusyPoll(o.busyPoll)}
-	if o.raw {
-		opts = append(opts, cm.WithRawMessages())
-	}
+	opts := o.dialOptions(cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth), cm.WithBusyPoll(o.busyPoll))
 	c, err := cm.Dial(ctx, o.addr, opts...)
 	if err != nil {
 		return r, err
@@ -277,15 +276,23 @@ func bandwidth(ctx context.Context, c *cm.Conn, o options, p *progress) error {
 }
 
 // connect dials -conns connections at once, as cmtime does, and closes them.
+// dialOptions adds the flags every RC dial takes to opts.
+func (o options) dialOptions(opts ...cm.Option) []cm.Option {
+	if o.raw {
+		opts = append(opts, cm.WithRawMessages()) // a plain librdmacm server (cmtime -b) sends no hello
+	}
+	if o.local != "" {
+		opts = append(opts, cm.WithLocalAddr(o.local))
+	}
+	return opts
+}
+
 func connect(ctx context.Context, o options, r result) (result, error) {
 	r.Count, r.Size = o.conns, 0
 	// One connection first, held open: librdmacm's and the device's
 	// one-time set-up then stay out of the timing, as they do for cmtime,
 	// which opens its event channel before its timed steps.
-	opts := []cm.Option{cm.WithQueueDepth(2), cm.WithMessageSize(64)}
-	if o.raw {
-		opts = append(opts, cm.WithRawMessages()) // a plain librdmacm server (cmtime -b) sends no hello
-	}
+	opts := o.dialOptions(cm.WithQueueDepth(2), cm.WithMessageSize(64))
 	warm, err := cm.Dial(ctx, o.addr, opts...)
 	if err != nil {
 		return r, err

@@ -522,6 +522,55 @@ func TestCMDialTriesEachAddressOfAName(t *testing.T) {
 	require.ErrorContains(t, err, fmt.Sprintf("127.0.0.1:%d", port), "the first address's error")
 }
 
+// TestCMDialFromLocalAddr: on a device with two addresses, WithLocalAddr
+// picks the one a connection comes from (the listener sees it, the
+// connection's LocalAddr names it), with or without WithDevice; an address
+// that is not this host's, or not on an RDMA device, fails with an error
+// that names it.
+func TestCMDialFromLocalAddr(t *testing.T) {
+	dev, ip := softroce.Device(t)
+	ip2 := softroce.SecondAddress(t, dev, ip)
+	ctx := cmCtx(t, 30*time.Second)
+	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String())
+	require.NoError(t, err)
+	defer l.Close()
+	addr := l.Addr().String()
+	for _, c := range []struct {
+		local netip.Addr
+		opts  []cm.Option
+	}{
+		{ip2, nil}, {ip, nil}, {ip2, []cm.Option{cm.WithDevice(dev)}},
+	} {
+		accepted := acceptOne(t, ctx, l)
+		conn, err := cm.Dial(ctx, addr, append(c.opts, cm.WithLocalAddr(c.local.String()))...)
+		require.NoError(t, err, "from %v", c.local)
+		s := <-accepted
+		require.NotNil(t, s)
+		require.Equal(t, c.local, conn.LocalAddr().(cm.Addr).Addr(), "the dialer's local address")
+		require.Equal(t, c.local, s.RemoteAddr().(cm.Addr).Addr(), "the address the listener saw")
+		require.NoError(t, conn.Send(ctx, []byte("from "+c.local.String())))
+		buf := make([]byte, 64)
+		n, err := s.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, "from "+c.local.String(), string(buf[:n]))
+		require.NoError(t, conn.Close())
+		require.NoError(t, s.Close())
+	}
+	for bad, want := range map[string]struct {
+		errno syscall.Errno
+		why   string
+	}{
+		"192.0.2.1": {syscall.EADDRNOTAVAIL, "not an address of this host"},
+		"127.0.0.1": {syscall.ENODEV, "not on an RDMA device's netdev"},
+	} {
+		_, err := cm.Dial(ctx, addr, cm.WithLocalAddr(bad))
+		t.Logf("from %s: %v", bad, err)
+		require.ErrorIs(t, err, want.errno, bad)
+		require.ErrorContains(t, err, "from local address "+bad+" ("+want.why+")")
+	}
+
+}
+
 func TestCMPortInUse(t *testing.T) {
 	_, addr := cmListen(t)
 	_, err := cm.Listen(cmCtx(t, 5*time.Second), addr)
