@@ -653,6 +653,46 @@ func TestCMPeerCloseGivesEOF(t *testing.T) {
 	require.ErrorIs(t, err, io.EOF)
 }
 
+// TestCMAcceptorClosesAtOnce: a server that sends and closes the moment
+// Accept returns (as a one-shot responder does); every dial still returns
+// its connection, whose Recv gives the message, then io.EOF.
+func TestCMAcceptorClosesAtOnce(t *testing.T) {
+	l, addr := cmListen(t)
+	ctx := cmCtx(t, 60*time.Second)
+	var closes sync.WaitGroup
+	defer closes.Wait()
+	// Close waits for the CM's time-wait (seconds on rxe): each side
+	// closes in the background so that the rounds do not wait for it.
+	closeLater := func(c *cm.Conn) {
+		closes.Go(func() {
+			if err := c.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			c.Send(ctx, []byte("hello"))
+			closeLater(c)
+		}
+	}()
+	buf := make([]byte, 64)
+	for i := range 30 {
+		c, err := cm.Dial(ctx, addr)
+		require.NoError(t, err, "dial %d", i)
+		n, err := c.Recv(ctx, buf)
+		require.NoError(t, err, "dial %d", i)
+		require.Equal(t, "hello", string(buf[:n]), "dial %d", i)
+		_, err = c.Recv(ctx, buf)
+		require.ErrorIs(t, err, io.EOF, "dial %d", i)
+		closeLater(c)
+	}
+}
+
 // TestCMNetConnHalfClose: a request written and half-closed (CloseWrite,
 // as a proxy does when its client's side ends), read to EOF by the server,
 // whose response then comes back whole, over real soft-RoCE (16 KB each
