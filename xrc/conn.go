@@ -847,12 +847,15 @@ func (c *Conn) finLocked(half bool) {
 	}
 	c.peerClosed = true
 	c.releaseRecvLocked()
-	if c.isReady || c.inbound {
+	if c.isReady {
 		c.answerFINLocked()
 	}
-	// Else a dial in progress: the acceptor sent and closed before our
-	// sending leg came up. The dial completes (checkReadyLocked answers
-	// then), and Recv gives what came before the FIN, then io.EOF.
+	// Else the peer sent and closed before our sending leg came up (the
+	// leg's exchange and the data path are not ordered). The connection
+	// completes (checkReadyLocked answers then): Dial or Accept returns
+	// it, and Recv gives what came before the FIN, then io.EOF. One that
+	// never completes fails as ever (the dial's deadline, the reciprocal
+	// leg refused).
 	c.maybeFinishLocked()
 }
 

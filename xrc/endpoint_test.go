@@ -330,3 +330,56 @@ func TestEndpointDialAcceptorClosesAtOnce(t *testing.T) {
 	}
 	requireReleased(t, w, a, b)
 }
+
+// The mirror of TestEndpointDialAcceptorClosesAtOnce: a dialer that sends
+// and closes the moment Dial returns can finish before the acceptor has
+// seen its reverse leg come up. As with TCP, Accept still returns the
+// connection, whose Recv gives the message, then io.EOF.
+func TestEndpointDialerClosesAtOnce(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.endpoint("10.0.0.1", 7001), w.endpoint("10.0.0.2", 7001)
+	ctx := ctxT(t, 20*time.Second)
+	const rounds = 300
+	errs := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 16)
+		for i := range rounds {
+			c, err := a.Dial(ctx, b.Addr().String())
+			if err != nil {
+				errs <- fmt.Errorf("dial %d: %w", i, err)
+				return
+			}
+			c.Send(ctx, fmt.Appendf(buf[:0], "hello %d", i))
+			c.Close()
+		}
+		errs <- nil
+	}()
+	// Each connection is up on the dialer's side when Dial returns and on
+	// ours a moment later, so Accept's order may differ from Dial's.
+	got := map[string]bool{}
+	buf := make([]byte, 16)
+	for i := range rounds {
+		c, err := b.Accept(ctx)
+		if err != nil {
+			t.Fatalf("accept %d: %v", i, err)
+		}
+		n, err := c.Recv(ctx, buf)
+		if err != nil || got[string(buf[:n])] {
+			t.Fatalf("accept %d: recv %q %v (a repeat, or an error)", i, buf[:n], err)
+		}
+		got[string(buf[:n])] = true
+		if _, err := c.Recv(ctx, buf); err != io.EOF {
+			t.Fatalf("accept %d: after the message: %v, want io.EOF", i, err)
+		}
+		c.Close()
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	for i := range rounds {
+		if !got[fmt.Sprintf("hello %d", i)] {
+			t.Errorf("hello %d never came", i)
+		}
+	}
+	requireReleased(t, w, a, b)
+}
