@@ -43,6 +43,7 @@ type Leg struct {
 	RevTag          uint32 // FlagOneExchange: the sender's receive tag for our reverse leg, else 0
 	Physical        bool
 	cached          []byte   // VIRT: the ACCEPT, for SIDR retransmissions
+	cachedMove      bool     // cached answers a MOVE (a retransmission is flagged as its request was)
 	prev            []uint32 // TGTs the leg moved away from (newest last, at most 4)
 }
 
@@ -187,7 +188,8 @@ func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 	key := legKey{req.Incarnation, req.ConnTag}
 	moving := a.legs[key]
 	if l := moving; l != nil {
-		if l.cached != nil && l.Downlink.TGTQPN == req.TGTQPNHint && l.Downlink.INIQPN == req.INIQPN {
+		if l.cached != nil && l.cachedMove == (req.Flags&wire.FlagMove != 0) &&
+			l.Downlink.TGTQPN == req.TGTQPNHint && l.Downlink.INIQPN == req.INIQPN {
 			// A SIDR retransmission (or a replay): same answer, no count
 			// change.
 			return Decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Duplicate: true}
@@ -263,12 +265,12 @@ func (a *Acceptor) move(l *Leg, dl *Downlink, req *wire.Req, physical, fresh boo
 			l.prev = l.prev[1:]
 		}
 	}
-	dl.count++
-	l.Downlink, l.Physical, l.cached = dl, physical, nil
+	l.Downlink, l.Physical, l.cached, l.cachedMove = dl, physical, nil, !physical
 	if !physical {
 		l.cached = buf[:n]
 	}
-	if old != dl {
+	if old != dl { // else a MOVE onto the link the leg is on: nothing to count
+		dl.count++
 		old.count--
 		if old.count == 0 {
 			a.drop(old)
@@ -380,23 +382,27 @@ func (a *Acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 			return nil, errBadReverse
 		}
 	}
+	// A TGT that is not the peer's (none by that number, or another
+	// sender's, or ours for another INI) is what a hostile peer names,
+	// but also an honest one whose TGT here went, its number perhaps
+	// taken again, while its uplink was still up (see Endpoint.Dial).
 	dl := a.byTGT[rev.TGTQPN]
 	if dl != nil {
 		if dl.Incarnation != acc.Incarnation || dl.INIQPN != rev.INIQPN || dl.Remote != from {
-			return nil, errBadReverse
+			return nil, errReverseGone
 		}
 	} else {
 		k := a.cfg.Kernel
 		qp, err := k.OpenTGT(a.cfg.XRCD, rev.TGTQPN)
 		if err != nil {
-			return nil, errBadReverse
+			return nil, errReverseGone
 		}
 		info, err := k.QueryQP(qp)
 		if err != nil || info.Type != verbs.QPTypeXRCRecv ||
 			(info.State != verbs.QPStateRTR && info.State != verbs.QPStateRTS) ||
 			info.DestQPN != rev.INIQPN || info.Remote != from || info.Num != rev.TGTQPN {
 			k.DestroyQP(qp)
-			return nil, errBadReverse
+			return nil, errReverseGone
 		}
 		dl = &Downlink{TGTQPN: info.Num, Incarnation: acc.Incarnation, INIQPN: rev.INIQPN, Remote: from, qp: qp}
 		a.byTGT[dl.TGTQPN] = dl

@@ -67,6 +67,7 @@ type Conn struct {
 	goneDrains   uint64            // e.drains then
 	finRcvd      bool              // the peer's data ended (its FIN, half or not)
 	peerClosed   bool              // its FIN was not half: it closed
+	twoExchanges bool              // a dial that asks for the reverse leg by its own exchange (no FlagOneExchange; see Endpoint.Dial)
 	earlyTag     uint32            // the receive tag announced in a FlagOneExchange VIRT_REQ, until registered
 	early        []earlyMsg        // messages for earlyTag that came before the registration
 	rev          *wire.Accept      // the forward ACCEPT, when it carries the reverse leg

@@ -485,6 +485,17 @@ func (e *Endpoint) newTagLocked() uint32 {
 
 // Dial opens a logical connection to the endpoint at address (ip:port) and
 // returns once both legs are up.
+//
+// A receiver's registrations on a TGT can all go (and the TGT with them)
+// while the sender's uplink over it is still up: the sender learns it at
+// its next send or request there. The acceptor binds a reverse leg in its
+// ACCEPT to its uplink here without a request of its own, so that leg can
+// name a TGT that went after the acceptor looked (its other legs there
+// closing meanwhile), its number perhaps taken again. Dial then abandons
+// that attempt (a FIN ends the acceptor's half, which may have been
+// accepted: its Recv reads EOF, or fails with ErrPeerGone) and makes one
+// more that asks for the reverse leg by its own exchange, whose request
+// finds the TGT gone and makes the acceptor rebuild its uplink.
 func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	raddr, err := netip.ParseAddrPort(address)
 	if err != nil {
@@ -495,12 +506,22 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.HandshakeTimeout)
 		defer cancel()
 	}
+	c, err := e.dialOnce(ctx, raddr, false)
+	if errors.Is(err, errReverseGone) && ctx.Err() == nil {
+		c, err = e.dialOnce(ctx, raddr, true)
+	}
+	return c, err
+}
+
+func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchanges bool) (*Conn, error) {
+	address := raddr.String()
 	e.mu.Lock()
 	if e.closed || e.fatal != nil {
 		e.mu.Unlock()
 		return nil, e.closedErr("dial")
 	}
 	c := e.newConnLocked(raddr)
+	c.twoExchanges = twoExchanges
 	c.sendTag = e.newTagLocked()
 	e.pending[c.sendTag] = c
 	e.mu.Unlock()

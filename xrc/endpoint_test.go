@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -379,6 +382,130 @@ func TestEndpointDialerClosesAtOnce(t *testing.T) {
 	for i := range rounds {
 		if !got[fmt.Sprintf("hello %d", i)] {
 			t.Errorf("hello %d never came", i)
+		}
+	}
+	requireReleased(t, w, a, b)
+}
+
+// Many dials at once, each ending its connection its own way (Close at
+// once, CloseWrite and read to EOF, Close a moment later) while the
+// acceptor reads each to EOF and maybe answers: every dial succeeds, every
+// message arrives once, and nothing stays registered. Connections go and
+// come on both uplinks all the while, so TGTs die under live uplinks (the
+// races of Endpoint.Dial and openLeg). A dial's abandoned attempt may
+// reach Accept: it carries no message and ends in io.EOF or ErrPeerGone.
+//
+// It runs only with GOXRC_STRESS_DIALS, the number of dials: it does not
+// pass every time yet. At 100 dials under -race it failed 2 of 300 runs
+// at the commit that added it (a dial refused with BAD_REQUEST when its
+// leg moved after the receiver had let it go; a message that never came),
+// where before that commit's fixes 6 of 25 runs failed, each with dozens of
+// dials. docs/xrc-protocol.md ("Not done yet") says what is known.
+//
+// The endpoints run the library's default heartbeat, not the tests' 25 ms:
+// a leg whose sender's old link ended stays for a heartbeat, in which its
+// MOVE proves the sender alive.
+func TestEndpointManyDialsClosing(t *testing.T) {
+	rounds, err := strconv.Atoi(os.Getenv("GOXRC_STRESS_DIALS"))
+	if err != nil || rounds <= 0 {
+		t.Skip("a stress test that fails now and then (see its comment): GOXRC_STRESS_DIALS=100 go test -race -count=300 -run TestEndpointManyDialsClosing ./xrc")
+	}
+	w := newWorld(t)
+	defaults := func(c *Config) { c.Heartbeat, c.IdleTimeout = DefaultHeartbeat, DefaultIdleTimeout }
+	a, b := w.endpoint("10.0.0.1", 7001, defaults), w.endpoint("10.0.0.2", 7001, defaults)
+	ctx := ctxT(t, 30*time.Second)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	var (
+		mu       sync.Mutex
+		got      = map[string]int{}
+		accepted int
+		conns    sync.WaitGroup
+	)
+	actx, stop := context.WithCancel(ctx)
+	accepting := make(chan struct{})
+	go func() {
+		defer close(accepting)
+		for i := 0; ; i++ {
+			c, err := b.Accept(actx)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			accepted++
+			mu.Unlock()
+			answer := i%2 == 0
+			conns.Go(func() {
+				defer c.Close()
+				buf := make([]byte, 32)
+				n, err := c.Recv(ctx, buf)
+				if err != nil {
+					if err != io.EOF && !errors.Is(err, ErrPeerGone) {
+						t.Errorf("accepted connection without a message: %v", err)
+					}
+					return
+				}
+				mu.Lock()
+				got[string(buf[:n])]++
+				mu.Unlock()
+				if _, err := c.Recv(ctx, buf); err != io.EOF {
+					t.Errorf("after %q: %v, want io.EOF", buf[:n], err)
+				}
+				if answer {
+					// The dialer may have closed: the answer may fail
+					// (its reader, after CloseWrite, checks it gets EOF).
+					if err := c.Send(ctx, []byte("bye")); err != nil && !errors.Is(err, ErrPeerClosed) && !errors.Is(err, ErrPeerGone) {
+						t.Errorf("answer to %q: %v", buf[:n], err)
+					}
+				}
+			})
+		}
+	}()
+	rng := rand.New(rand.NewPCG(seed, seed))
+	for i := range rounds {
+		how, pause := rng.IntN(3), time.Duration(rng.IntN(1000))*time.Microsecond
+		conns.Go(func() {
+			c, err := a.Dial(ctx, b.Addr().String())
+			if err != nil {
+				t.Errorf("dial %d: %v", i, err)
+				return
+			}
+			if err := c.Send(ctx, fmt.Appendf(nil, "m%d", i)); err != nil {
+				t.Errorf("send %d: %v", i, err)
+			}
+			switch how {
+			case 1:
+				c.CloseWrite()
+				buf := make([]byte, 32)
+				for {
+					if _, err := c.Recv(ctx, buf); err != nil {
+						if err != io.EOF {
+							t.Errorf("dial %d: recv: %v, want io.EOF", i, err)
+						}
+						break
+					}
+				}
+			case 2:
+				time.Sleep(pause)
+			}
+			c.Close()
+		})
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n == rounds || time.Now().After(deadline) {
+			break
+		}
+	}
+	stop()
+	<-accepting
+	conns.Wait()
+	t.Logf("accepted %d connections for %d dials", accepted, rounds)
+	for i := range rounds {
+		if n := got[fmt.Sprintf("m%d", i)]; n != 1 {
+			t.Errorf("m%d arrived %d times", i, n)
 		}
 	}
 	requireReleased(t, w, a, b)

@@ -49,6 +49,7 @@ var (
 	errUplinkGone  = fmt.Errorf("%w: uplink gone during the request", ErrPeerGone)
 	errOverrun     = fmt.Errorf("%w: messages sent past the receive window", ErrProtocol)
 	errBadReverse  = errors.New("xrc: the peer's reverse leg (in its ACCEPT) failed verification")
+	errReverseGone = errors.New("xrc: the TGT the peer's reverse leg (in its ACCEPT) names is not its own")
 )
 
 // RejectReason is why a peer refused a connection request.

@@ -122,6 +122,10 @@ func TestOneExchangeFallback(t *testing.T) {
 
 // A hostile ACCEPT naming a reverse leg that fails verification fails the
 // dial and leaves nothing behind: no TGT handle, count, leg, tag or CM id.
+// One naming a TGT that is not the peer's looks like an honest peer whose
+// TGT here just went (see Endpoint.Dial): the dial tries once more, asking
+// for the reverse leg by its own exchange (no FlagOneExchange), which this
+// fake refuses.
 func TestOneExchangeHostileAccept(t *testing.T) {
 	w := newWorld(t)
 	a := w.endpoint("10.0.6.1", 7000)
@@ -148,12 +152,13 @@ func TestOneExchangeHostileAccept(t *testing.T) {
 		name string
 		inc  uint64
 		rev  wire.Reverse
+		want error
 	}{
-		{"held TGT, other incarnation", 0xBAD2, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: bTGT, DomainID: domA}},
-		{"held TGT, other INI", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI + 1, TGTQPN: bTGT, DomainID: domA}},
-		{"no such TGT", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: 0xFFFF00, DomainID: domA}},
-		{"another node's TGT", x.inc, wire.Reverse{Tag: 5, INIQPN: xINI, TGTQPN: xTGT, DomainID: domA}},
-		{"another domain", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: bTGT, DomainID: domA + 1}},
+		{"held TGT, other incarnation", 0xBAD2, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: bTGT, DomainID: domA}, errBusy},
+		{"held TGT, other INI", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI + 1, TGTQPN: bTGT, DomainID: domA}, errBusy},
+		{"no such TGT", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: 0xFFFF00, DomainID: domA}, errBusy},
+		{"another node's TGT", x.inc, wire.Reverse{Tag: 5, INIQPN: xINI, TGTQPN: xTGT, DomainID: domA}, errBusy},
+		{"another domain", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: bTGT, DomainID: domA + 1}, errBadReverse},
 	}
 	for _, tc := range cases {
 		before, nodeX := a.Stats(), w.f.Node("10.0.6.1").Stats()
@@ -162,37 +167,19 @@ func TestOneExchangeHostileAccept(t *testing.T) {
 		a.mu.Unlock()
 		done := make(chan error, 1)
 		go func() {
-			ev, err := k.Event(ctxT(t, 5*time.Second), l)
-			if err != nil {
-				done <- err
-				return
+			err := fakeAccept(t, k, l, tc.inc, tc.rev, b.srqn)
+			if err == nil && tc.want == errBusy {
+				err = fakeRejectRetry(t, k, l)
 			}
-			defer k.DestroyID(ev.ID)
-			var req wire.Req
-			if err := wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req); err != nil {
-				done <- err
-				return
-			}
-			if req.Flags&wire.FlagOneExchange == 0 {
-				done <- errors.New("no FlagOneExchange")
-				return
-			}
-			m := wire.Accept{Flags: wire.AcceptReverse, TagEcho: req.ConnTag, AcceptorTag: 99, Incarnation: tc.inc,
-				TGTQPN: req.TGTQPNHint, SRQN: b.srqn, DomainID: req.DomainHint, Credits: 8, MaxMessage: MaxMessageSize, Rev: tc.rev}
-			buf := make([]byte, wire.BudgetSIDRREP)
-			n, err := m.Encode(buf)
-			if err != nil {
-				done <- err
-				return
-			}
-			done <- k.Accept(ev.ID, req.TGTQPNHint, buf[:n])
+			done <- err
 		}()
 		_, err := a.Dial(ctxT(t, 5*time.Second), fake.String())
 		if ferr := <-done; ferr != nil {
 			t.Fatalf("%s: fake acceptor: %v", tc.name, ferr)
 		}
-		if !errors.Is(err, errBadReverse) {
-			t.Fatalf("%s: dial: %v, want the reverse leg refused", tc.name, err)
+		var rj *RejectError
+		if tc.want == errBusy && !(errors.As(err, &rj) && rj.Reason == RejectBusyRetry) || tc.want != errBusy && !errors.Is(err, tc.want) {
+			t.Fatalf("%s: dial: %v, want %v", tc.name, err, tc.want)
 		}
 		eventually(t, tc.name+": nothing left", func() (bool, string) {
 			s := a.Stats()
@@ -210,4 +197,56 @@ func TestOneExchangeHostileAccept(t *testing.T) {
 	}
 	// The real connections still work.
 	pair(t, a, b)
+}
+
+// errBusy matches a dial refused with BUSY_RETRY.
+var errBusy = &RejectError{Reason: RejectBusyRetry}
+
+// fakeRejectRetry refuses, with BUSY_RETRY, a VIRT_REQ that must come
+// without FlagOneExchange (a dial's fresh attempt after errReverseGone).
+func fakeRejectRetry(t *testing.T, k kernel.Kernel, l kernel.ID) error {
+	ev, err := k.Event(ctxT(t, 5*time.Second), l)
+	if err != nil {
+		return err
+	}
+	defer k.DestroyID(ev.ID)
+	var req wire.Req
+	if err := wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req); err != nil {
+		return err
+	}
+	if req.Flags&wire.FlagOneExchange != 0 {
+		return errors.New("the fresh attempt asks for one exchange again")
+	}
+	r := wire.Reject{Tag: req.ConnTag, Reason: wire.RejectBusyRetry, MinVersion: wire.MinVersion, MaxVersion: wire.MaxVersion}
+	buf := make([]byte, wire.BudgetSIDRREP)
+	n, err := r.Encode(buf)
+	if err != nil {
+		return err
+	}
+	return k.Reject(ev.ID, buf[:n])
+}
+
+// fakeAccept answers one ONE_EXCHANGE VIRT_REQ on l with an ACCEPT whose
+// reverse section is rev, from incarnation inc.
+func fakeAccept(t *testing.T, k kernel.Kernel, l kernel.ID, inc uint64, rev wire.Reverse, srqn uint32) error {
+	ev, err := k.Event(ctxT(t, 5*time.Second), l)
+	if err != nil {
+		return err
+	}
+	defer k.DestroyID(ev.ID)
+	var req wire.Req
+	if err := wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req); err != nil {
+		return err
+	}
+	if req.Flags&wire.FlagOneExchange == 0 {
+		return errors.New("no FlagOneExchange")
+	}
+	m := wire.Accept{Flags: wire.AcceptReverse, TagEcho: req.ConnTag, AcceptorTag: 99, Incarnation: inc,
+		TGTQPN: req.TGTQPNHint, SRQN: srqn, DomainID: req.DomainHint, Credits: 8, MaxMessage: MaxMessageSize, Rev: rev}
+	buf := make([]byte, wire.BudgetSIDRREP)
+	n, err := m.Encode(buf)
+	if err != nil {
+		return err
+	}
+	return k.Accept(ev.ID, req.TGTQPNHint, buf[:n])
 }

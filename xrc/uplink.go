@@ -116,6 +116,14 @@ func (e *Endpoint) req(c *Conn, t wire.Type, peerTag uint32) wire.Req {
 // for a reverse leg.
 func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	raddr := c.raddr
+	// moving: the peer accepted the leg over an uplink that then went
+	// (its recovery had no leg of its own to move), so it holds the leg on
+	// a TGT we no longer reach: what follows moves it (MOVE), as recover
+	// moves a bound leg. first is that ACCEPT, with the reverse section a
+	// MOVE's answer lacks.
+	var moving bool
+	var first wire.Accept
+	var last error // the last failure, for errRetries
 	for attempt := 0; attempt < 16; attempt++ {
 		e.mu.Lock()
 		if e.closed || c.failed() {
@@ -128,6 +136,9 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			e.uplinks = append(e.uplinks, u)
 			key := upKey{raddr.Addr(), e.addrDom[raddr]}
 			req := e.req(c, wire.TypePhysReq, peerTag)
+			if moving {
+				req.Flags |= wire.FlagMove
+			}
 			if old := e.replaced[key]; old != 0 {
 				req.Flags |= wire.FlagReplacesTGT
 				req.TGTQPNHint = old
@@ -149,6 +160,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				u.setState(upNone)
 				e.removeUplinkLocked(u)
 				e.mu.Unlock()
+				last = err
 				if staleReject(err) && attempt < 15 {
 					// The peer still holds a connection from this node on
 					// our INI's number (an earlier process's, whose number
@@ -167,6 +179,9 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			u.dom, e.addrDom[raddr] = acc.DomainID, acc.DomainID
 			u.cur, u.inis = q, append(u.inis, q)
 			u.setState(upUp)
+			if moving {
+				acc.Flags, acc.Rev = first.Flags, first.Rev
+			}
 			err = e.bindLocked(c, u, &acc)
 			e.mu.Unlock()
 			e.startINI(u, q)
@@ -182,13 +197,19 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			case <-c.done:
 				return c.errOr(ErrClosed)
 			}
+			// Waiting is not a failed attempt: with many dials on one
+			// uplink that comes and goes, each state change would spend
+			// one of every waiting dial's (ctx bounds the waits).
+			attempt--
 			continue
 		}
 		u.refs++
 		q := u.cur
 		req := e.req(c, wire.TypeVirtReq, peerTag)
 		req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, u.dom
-		if peerTag == 0 && !c.inbound {
+		if moving {
+			req.Flags |= wire.FlagMove
+		} else if peerTag == 0 && !c.inbound && !c.twoExchanges {
 			// A forward leg: announce the tag we will receive the reverse
 			// leg on, so that the acceptor may put it in its ACCEPT.
 			if c.earlyTag == 0 && c.recvLeg == nil {
@@ -203,7 +224,9 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		e.mu.Unlock()
 		acc, err := e.virtLink(ctx, raddr, &req)
 		e.mu.Lock()
-		first := acc
+		if err == nil && !moving {
+			first = acc
+		}
 		// The uplink may have been rebuilt while we asked: the leg then
 		// lives on the old TGT and must move to the new one.
 		for err == nil && (u.cur != q || u.state != upUp) {
@@ -241,6 +264,14 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		}
 		u.refs--
 		e.maybeTeardownLocked(u)
+		last = err
+		if errors.Is(err, errUplinkGone) {
+			// Gone with nothing to move: make the next uplink with
+			// this leg moving over to it.
+			moving = true
+			e.mu.Unlock()
+			continue
+		}
 		var rj *RejectError
 		if errors.As(err, &rj) {
 			switch rj.Reason {
@@ -253,15 +284,22 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				}
 			case RejectTGTGone:
 				// Our TGT there died (its last holder left): rebuild.
+				// Not a failed attempt either: where connections come
+				// and go fast, a new uplink's TGT can die too before a
+				// dial's turn (ctx bounds the dial).
 				e.failINILocked(u, q)
 				e.mu.Unlock()
+				attempt--
 				continue
 			}
 		}
 		e.mu.Unlock()
 		return err
 	}
-	return errRetries
+	if last == nil {
+		return errRetries
+	}
+	return fmt.Errorf("%w (the last: %v)", errRetries, last)
 }
 
 // bindLocked makes c's sending leg ride u, from the ACCEPT; the dial's
