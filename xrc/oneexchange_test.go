@@ -205,15 +205,11 @@ var errBusy = &RejectError{Reason: RejectBusyRetry}
 // fakeRejectRetry refuses, with BUSY_RETRY, a VIRT_REQ that must come
 // without FlagOneExchange (a dial's fresh attempt after errReverseGone).
 func fakeRejectRetry(t *testing.T, k kernel.Kernel, l kernel.ID) error {
-	ev, err := k.Event(ctxT(t, 5*time.Second), l)
+	id, req, err := nextVirtReq(t, k, l)
 	if err != nil {
 		return err
 	}
-	defer k.DestroyID(ev.ID)
-	var req wire.Req
-	if err := wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req); err != nil {
-		return err
-	}
+	defer k.DestroyID(id)
 	if req.Flags&wire.FlagOneExchange != 0 {
 		return errors.New("the fresh attempt asks for one exchange again")
 	}
@@ -223,21 +219,17 @@ func fakeRejectRetry(t *testing.T, k kernel.Kernel, l kernel.ID) error {
 	if err != nil {
 		return err
 	}
-	return k.Reject(ev.ID, buf[:n])
+	return k.Reject(id, buf[:n])
 }
 
 // fakeAccept answers one ONE_EXCHANGE VIRT_REQ on l with an ACCEPT whose
 // reverse section is rev, from incarnation inc.
 func fakeAccept(t *testing.T, k kernel.Kernel, l kernel.ID, inc uint64, rev wire.Reverse, srqn uint32) error {
-	ev, err := k.Event(ctxT(t, 5*time.Second), l)
+	id, req, err := nextVirtReq(t, k, l)
 	if err != nil {
 		return err
 	}
-	defer k.DestroyID(ev.ID)
-	var req wire.Req
-	if err := wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req); err != nil {
-		return err
-	}
+	defer k.DestroyID(id)
 	if req.Flags&wire.FlagOneExchange == 0 {
 		return errors.New("no FlagOneExchange")
 	}
@@ -248,5 +240,20 @@ func fakeAccept(t *testing.T, k kernel.Kernel, l kernel.ID, inc uint64, rev wire
 	if err != nil {
 		return err
 	}
-	return k.Accept(ev.ID, req.TGTQPNHint, buf[:n])
+	return k.Accept(id, req.TGTQPNHint, buf[:n])
+}
+
+// nextVirtReq waits for the next request on l, a VIRT_REQ, and returns its
+// CM id (the caller's to destroy) and the request.
+func nextVirtReq(t *testing.T, k kernel.Kernel, l kernel.ID) (kernel.ID, wire.Req, error) {
+	var req wire.Req
+	ev, err := k.Event(ctxT(t, 5*time.Second), l)
+	if err != nil {
+		return 0, req, err
+	}
+	if err := wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req); err != nil {
+		k.DestroyID(ev.ID)
+		return 0, req, err
+	}
+	return ev.ID, req, nil
 }
