@@ -397,10 +397,10 @@ func TestEndpointDialerClosesAtOnce(t *testing.T) {
 //
 // It runs only with GOXRC_STRESS_DIALS, the number of dials: it does not
 // pass every time yet. At 100 dials under -race it failed 2 of 300 runs
-// at the commit that added it (a dial refused with BAD_REQUEST when its
-// leg moved after the receiver had let it go; a message that never came),
-// where before that commit's fixes 6 of 25 runs failed, each with dozens of
-// dials. docs/xrc-protocol.md ("Not done yet") says what is known.
+// at the commit that added it (a MOVE refused because the receiver had let
+// the leg go: a dial failed, or a message never came), where before that
+// commit's fixes 6 of 25 runs failed, each with dozens of dials.
+// docs/xrc-protocol.md ("Not done yet") says what is known.
 //
 // The endpoints run the library's default heartbeat, not the tests' 25 ms:
 // a leg whose sender's old link ended stays for a heartbeat, in which its
