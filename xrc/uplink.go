@@ -166,10 +166,8 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 					// our INI's number (an earlier process's, whose number
 					// the kernel gave us again); the kernel has just sent
 					// it a DREQ. Ask again shortly.
-					select {
-					case <-time.After(time.Duration(attempt+1) * 10 * time.Millisecond):
-					case <-ctx.Done():
-						return ctx.Err()
+					if err := staleWait(ctx, attempt); err != nil {
+						return err
 					}
 					continue
 				}
@@ -427,6 +425,17 @@ func (e *Endpoint) destroyLater(id kernel.ID) {
 	}
 }
 
+// staleWait waits before a PHYS_REQ is sent again after the CM's
+// stale-connection reject (see openLeg), longer at each try.
+func staleWait(ctx context.Context, try int) error {
+	select {
+	case <-time.After(time.Duration(try+1) * 10 * time.Millisecond):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // staleReject reports whether err is the CM's stale-connection reject
 // (REJ reason 10) of a PHYS_REQ.
 func staleReject(err error) bool {
@@ -586,6 +595,11 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			req.Flags |= wire.FlagReplacesTGT
 			req.TGTQPNHint = old.tgt
 			q, acc, err = e.physLink(ctx, c.raddr, &req)
+			for try := 0; staleReject(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
+				// The CM's stale-connection verdict on a reused INI
+				// number, as in openLeg: ask again shortly.
+				q, acc, err = e.physLink(ctx, c.raddr, &req)
+			}
 			fresh = err == nil
 		} else {
 			req.Type = wire.TypeVirtReq
