@@ -106,6 +106,7 @@ type Decision struct {
 	Leg         *Leg // the leg an ACCEPT created (or, for a duplicate, found)
 	Duplicate   bool // a retransmitted VIRT_REQ answered from the cache
 	Moved       bool // a MOVE: an existing leg moved onto another downlink
+	UnknownMove bool // a rejected MOVE of a leg we do not hold (see Endpoint.onRequest)
 }
 
 // Decide answers a CONNECT_REQUEST event from the XRC listener (PHYS_REQ) or
@@ -152,7 +153,7 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) Decision {
 		// needs only the leg. The INI number may equal the old one: the
 		// sender's old INI may be destroyed, and its number reused, first.
 		if moving == nil {
-			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+			return a.unknownMove(req)
 		}
 	} else if moving != nil {
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
@@ -198,7 +199,7 @@ func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 		}
 	} else if req.Flags&wire.FlagMove != 0 {
-		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+		return a.unknownMove(req)
 	}
 	if req.DomainHint != a.cfg.DomainID {
 		return a.reject(req.ConnTag, wire.RejectDomainMismatch, 0, nil)
@@ -419,6 +420,13 @@ func (a *Acceptor) drop(dl *Downlink) {
 		delete(a.byTGT, dl.TGTQPN)
 	}
 	a.cfg.Kernel.DestroyQP(dl.qp)
+}
+
+// unknownMove refuses a MOVE of a leg we do not hold.
+func (a *Acceptor) unknownMove(req *wire.Req) Decision {
+	d := a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+	d.UnknownMove = true
+	return d
 }
 
 func (a *Acceptor) reject(tag uint32, reason wire.RejectReason, detail uint32, app []byte) Decision {

@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -190,7 +191,12 @@ func (c *Conn) takeTurn(ctx context.Context) error {
 	case c.turn <- struct{}{}:
 		return nil
 	case <-c.done:
-		return &opError{"send", c.raddr.String(), c.errOr(ErrClosed)}
+		// Ended while we waited (by the peer's FIN too: ErrPeerClosed,
+		// as when the turn is free).
+		c.e.mu.Lock()
+		err := c.sendErrLocked(false)
+		c.e.mu.Unlock()
+		return &opError{"send", c.raddr.String(), cmp.Or(err, ErrClosed)}
 	case <-c.e.ctx.Done():
 		return &opError{"send", c.raddr.String(), ErrClosed}
 	case <-ctx.Done():

@@ -577,6 +577,13 @@ func (e *Endpoint) reject(ev kernel.Event, reason wire.RejectReason, tag uint32)
 // binds an accepted leg to its connection.
 func (e *Endpoint) onRequest(ev kernel.Event) {
 	d := e.acc.Decide(ev)
+	if d.UnknownMove && e.readingAcceptFrom(ev.Remote.Addr()) {
+		// Maybe the reverse leg of a dial of ours whose ACCEPT we have
+		// not read yet, moved by its sender's recovery meanwhile: ask
+		// it to come again (recover does, shortly).
+		e.reject(ev, wire.RejectBusyRetry, d.Reject.Tag)
+		return
+	}
 	if !d.Accept {
 		e.rejected.Add(1)
 		e.k.Reject(ev.ID, d.PrivateData)
@@ -642,6 +649,19 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 	}
 	e.k.DestroyID(ev.ID)
 	e.recvLegUp(c)
+}
+
+// readingAcceptFrom reports whether a dial of ours to node announced a
+// reverse leg (FlagOneExchange) that is not registered yet.
+func (e *Endpoint) readingAcceptFrom(node netip.Addr) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range e.pending {
+		if !c.inbound && c.earlyTag != 0 && c.recvLeg == nil && c.raddr.Addr() == node {
+			return true
+		}
+	}
+	return false
 }
 
 // bindReverseLocked answers a VIRT_REQ flagged FlagOneExchange with the

@@ -436,6 +436,15 @@ func staleWait(ctx context.Context, try int) error {
 	}
 }
 
+// moveAgain reports whether a recovery's MOVE is worth asking again: the
+// CM's stale-connection verdict on a reused INI number (as in openLeg), or
+// BUSY_RETRY from a receiver that may register the leg in a moment (a
+// reverse leg whose ACCEPT it has not read yet; see Endpoint.onRequest).
+func moveAgain(err error) bool {
+	var rj *RejectError
+	return staleReject(err) || errors.As(err, &rj) && rj.Reason == RejectBusyRetry
+}
+
 // staleReject reports whether err is the CM's stale-connection reject
 // (REJ reason 10) of a PHYS_REQ.
 func staleReject(err error) bool {
@@ -595,9 +604,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			req.Flags |= wire.FlagReplacesTGT
 			req.TGTQPNHint = old.tgt
 			q, acc, err = e.physLink(ctx, c.raddr, &req)
-			for try := 0; staleReject(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
-				// The CM's stale-connection verdict on a reused INI
-				// number, as in openLeg: ask again shortly.
+			for try := 0; moveAgain(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
 				q, acc, err = e.physLink(ctx, c.raddr, &req)
 			}
 			fresh = err == nil
@@ -605,6 +612,9 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			req.Type = wire.TypeVirtReq
 			req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, dom
 			acc, err = e.virtLink(ctx, c.raddr, &req)
+			for try := 0; moveAgain(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
+				acc, err = e.virtLink(ctx, c.raddr, &req)
+			}
 		}
 		e.mu.Lock()
 		if fresh {
