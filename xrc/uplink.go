@@ -425,8 +425,9 @@ func (e *Endpoint) destroyLater(id kernel.ID) {
 	}
 }
 
-// staleWait waits before a PHYS_REQ is sent again after the CM's
-// stale-connection reject (see openLeg), longer at each try.
+// staleWait waits before a request is sent again after the CM's
+// stale-connection reject (see openLeg) or, for a recovery's MOVE, a
+// BUSY_RETRY (see moveAgain): longer at each try.
 func staleWait(ctx context.Context, try int) error {
 	select {
 	case <-time.After(time.Duration(try+1) * 10 * time.Millisecond):
