@@ -72,6 +72,7 @@ type Conn struct {
 	earlyTag     uint32            // the receive tag announced in a FlagOneExchange VIRT_REQ, until registered
 	early        []earlyMsg        // messages for earlyTag that came before the registration
 	rev          *wire.Accept      // the forward ACCEPT, when it carries the reverse leg
+	awaitFirst   bool              // inbound, its reverse leg in our ACCEPT: up at the dialer's first frame (see Endpoint.consumeLocked)
 	q            ring.Ring[[]byte] // data frames (kind and number included) for Recv (made with the first, maxQueued long)
 	seen         replayWindow      // data sequence numbers taken (made with the first message)
 	wakeCh       chan struct{}
@@ -919,7 +920,7 @@ func (c *Conn) maybeFinishLocked() {
 
 // checkReadyLocked completes a connection whose two legs are up.
 func (c *Conn) checkReadyLocked() {
-	if c.isReady || !c.sendUp || !c.recvUp || c.err != nil {
+	if c.isReady || !c.sendUp || !c.recvUp || c.awaitFirst || c.err != nil {
 		return
 	}
 	if c.recvLeg.PeerIncarnation != c.peerInc {

@@ -142,6 +142,7 @@ type Endpoint struct {
 	drains      atomic.Uint64 // times the receive loop emptied the SRQ
 	virtReqs    atomic.Uint64
 	oneExchange atomic.Uint64
+	abandoned   atomic.Uint64
 	creditSent  atomic.Uint64
 	overruns    atomic.Uint64
 	duplicates  atomic.Uint64
@@ -440,6 +441,7 @@ type Stats struct {
 	LegsMoved     uint64 // sending legs moved onto a rebuilt uplink
 	VirtReqs      uint64 // SIDR exchanges this endpoint started (VIRT_REQs sent)
 	OneExchange   uint64 // reverse legs set up inside the forward leg's exchange (either side)
+	Abandoned     uint64 // inbound connections whose dialer gave up on them before its first frame (Accept never saw them)
 	CreditFrames  uint64 // credit frames sent (flow control)
 	Overruns      uint64 // connections failed because the peer sent past its credits
 	Duplicates    uint64 // data messages received again (resent across a recovery) and dropped
@@ -466,6 +468,7 @@ func (e *Endpoint) Stats() Stats {
 	s.LegsMoved = e.moved.Load()
 	s.VirtReqs = e.virtReqs.Load()
 	s.OneExchange = e.oneExchange.Load()
+	s.Abandoned = e.abandoned.Load()
 	s.CreditFrames = e.creditSent.Load()
 	s.Overruns = e.overruns.Load()
 	s.Duplicates = e.duplicates.Load()
@@ -492,10 +495,11 @@ func (e *Endpoint) newTagLocked() uint32 {
 // ACCEPT to its uplink here without a request of its own, so that leg can
 // name a TGT that went after the acceptor looked (its other legs there
 // closing meanwhile), its number perhaps taken again. Dial then abandons
-// that attempt (a FIN ends the acceptor's half, which may have been
-// accepted: its Recv reads EOF, or fails with ErrPeerGone) and makes one
-// more that asks for the reverse leg by its own exchange, whose request
-// finds the TGT gone and makes the acceptor rebuild its uplink.
+// that attempt (a FIN ends the acceptor's half, which the acceptor's Accept
+// never returns: there a connection whose reverse leg rode the ACCEPT is up
+// at the dialer's first frame) and makes one more that asks for the
+// reverse leg by its own exchange, whose request finds the TGT gone and
+// makes the acceptor rebuild its uplink.
 func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	raddr, err := netip.ParseAddrPort(address)
 	if err != nil {
@@ -529,7 +533,9 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 		c.fail(err)
 		return nil, &opError{"dial", address, err}
 	}
-	e.finishReverse(ctx, c)
+	if err := e.finishReverse(c); err != nil {
+		return nil, &opError{"dial", address, err}
+	}
 	select {
 	case <-c.ready:
 		return c, nil
@@ -688,6 +694,7 @@ func (e *Endpoint) bindReverseLocked(c *Conn, leg *Leg) ([]byte, bool) {
 	c.peerTag, c.peerSRQN, c.peerInc = leg.RevTag, leg.PeerSRQN, leg.PeerIncarnation
 	c.sendWindow, c.sendMax = uint32(leg.PeerCredits), int(leg.PeerMaxMessage)
 	c.sendUp, c.lastSent = true, time.Now()
+	c.awaitFirst = true
 	e.oneExchange.Add(1)
 	return b, true
 }
@@ -697,8 +704,9 @@ func (e *Endpoint) bindReverseLocked(c *Conn, leg *Leg) ([]byte, bool) {
 // acceptor would for a VIRT_REQ); if it did not, the reverse leg comes as a
 // reciprocal VIRT_REQ and the tag we announced is forgotten. A reverse leg
 // that fails verification fails the dial cleanly: a FIN on the forward leg
-// ends the acceptor's half, and nothing of it stays registered here.
-func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) {
+// ends the acceptor's half, and nothing of it stays registered here; the
+// error says why, and the dial ends with it.
+func (e *Endpoint) finishReverse(c *Conn) error {
 	e.mu.Lock()
 	rev, tag := c.rev, c.earlyTag
 	c.rev = nil
@@ -707,9 +715,9 @@ func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) {
 		bad := rev != nil && !c.failed()
 		e.mu.Unlock()
 		if bad { // a reverse section and a reciprocal leg: not ours to choose
-			e.abortDial(ctx, c, errBadReverse)
+			return e.abortDial(c, errBadReverse)
 		}
-		return
+		return nil
 	}
 	e.mu.Unlock()
 	leg, err := e.acc.ReverseLeg(tag, c.sendTag, rev, c.raddr.Addr(), c.raddr.Port())
@@ -717,14 +725,13 @@ func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) {
 	if err != nil {
 		e.dropEarlyLocked(c)
 		e.mu.Unlock()
-		e.abortDial(ctx, c, err)
-		return
+		return e.abortDial(c, err)
 	}
 	if c.failed() || c.recvLeg != nil {
 		e.acc.Release(leg)
 		e.dropEarlyLocked(c)
 		e.mu.Unlock()
-		return
+		return nil
 	}
 	c.recvLeg, c.recvTag, c.recvUp, c.lastSeen = leg, tag, true, time.Now()
 	early := c.early
@@ -741,6 +748,11 @@ func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) {
 	e.oneExchange.Add(1)
 	c.checkReadyLocked()
 	e.mu.Unlock()
+	// Our first frame on the forward leg completes the acceptor's half
+	// (see consumeLocked); a lost one is made up for by the next frame,
+	// a keepalive at the latest.
+	c.post(kindHeartbeat, nil, nil)
+	return nil
 }
 
 // dropEarlyLocked forgets the receive tag c announced for a reverse leg
@@ -756,16 +768,24 @@ func (e *Endpoint) dropEarlyLocked(c *Conn) {
 	c.early, c.earlyTag = nil, 0
 }
 
-// abortDial ends a dial whose reverse leg cannot be made: a FIN on the
-// forward leg (so the acceptor's half ends), then the dial fails.
-func (e *Endpoint) abortDial(ctx context.Context, c *Conn, err error) {
+// abortDial ends a dial whose reverse leg cannot be made and returns err,
+// the dial's error. A FIN on the forward leg ends the acceptor's half; it
+// goes in the background, since the uplink under it may be recovering, and
+// while it does a refused MOVE may fail c with another error: the dial's
+// error is err all the same (Dial asks again after errReverseGone).
+func (e *Endpoint) abortDial(c *Conn, err error) error {
 	e.mu.Lock()
 	fin := c.sendUp && !c.sendDone && c.err == nil
 	e.mu.Unlock()
-	if fin {
+	if !fin || !e.spawn(func() {
+		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+		defer cancel()
 		c.sendFIN(ctx, false)
+		c.fail(err)
+	}) {
+		c.fail(err)
 	}
-	c.fail(err)
+	return err
 }
 
 // watchPassive follows a physical link we accepted (we created the TGT):
@@ -954,7 +974,28 @@ type earlyMsg struct {
 // consumeLocked takes one message of c's receiving leg leg (tag and TGT
 // already checked). It reports whether it kept p (a data message, queued
 // for Recv); the caller gives back any other.
+//
+// An inbound connection whose reverse leg rode our ACCEPT is up only once
+// its dialer's first frame comes (a keepalive it sends at once): the
+// dialer may yet abandon the attempt (see Dial), and then its first frame
+// is a FIN. Such a connection ends here, never seen by Accept.
 func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) bool {
+	if !c.awaitFirst {
+		return e.consumeFrameLocked(c, leg, p)
+	}
+	c.awaitFirst = false
+	var f wire.FIN
+	if p[0] == kindFIN && wire.DecodeFIN(p[1:], &f) == nil && !f.Half && f.Tag == c.recvTag && f.SenderTag == leg.PeerTag {
+		e.abandoned.Add(1)
+		c.failLocked(errAbandoned)
+		return false
+	}
+	kept := e.consumeFrameLocked(c, leg, p)
+	c.checkReadyLocked()
+	return kept
+}
+
+func (e *Endpoint) consumeFrameLocked(c *Conn, leg *Leg, p []byte) bool {
 	body := p[1:]
 	c.lastSeen = time.Now()
 	switch p[0] {

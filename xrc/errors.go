@@ -43,6 +43,7 @@ var (
 
 	errSRQGone     = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
 	errIdle        = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)
+	errAbandoned   = fmt.Errorf("%w: the dialer gave up on the connection", ErrPeerGone)
 	errStaleLink   = fmt.Errorf("%w: its INI's CM connection ended without FIN", ErrPeerGone)
 	errRetries     = fmt.Errorf("%w: sends keep failing", ErrPeerGone)
 	errIncarnation = fmt.Errorf("%w: answered by another incarnation", ErrPeerGone)

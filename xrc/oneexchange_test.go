@@ -1,9 +1,11 @@
 package xrc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -256,4 +258,93 @@ func nextVirtReq(t *testing.T, k kernel.Kernel, l kernel.ID) (kernel.ID, wire.Re
 		return 0, req, err
 	}
 	return ev.ID, req, nil
+}
+
+// spoilReverse passes a kernel through, but turns the reverse section of
+// the next spoil one-exchange ACCEPTs the engine reads into one naming a
+// TGT that does not exist: what a dialer reads when the acceptor's TGT in
+// its node died after the acceptor looked (see Endpoint.Dial).
+type spoilReverse struct {
+	kernel.Kernel
+	spoil atomic.Int32
+}
+
+func (s *spoilReverse) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
+	ev, err := s.Kernel.Event(ctx, id)
+	var acc wire.Accept
+	if err != nil || ev.Type != kernel.EventEstablished || ev.Exchange != kernel.ExchangeSIDR ||
+		wire.DecodeAccept(ev.PrivateData, &acc) != nil || acc.Flags&wire.AcceptReverse == 0 || s.spoil.Load() <= 0 {
+		return ev, err
+	}
+	s.spoil.Add(-1)
+	acc.Rev.TGTQPN = 0xFFFF00
+	buf := make([]byte, wire.BudgetSIDRREP)
+	n, err := acc.Encode(buf)
+	ev.PrivateData = buf[:n]
+	return ev, err
+}
+
+// A dial that abandons its one-exchange attempt (the reverse leg in the
+// ACCEPT names a TGT that is gone) sends a FIN on its forward leg and asks
+// again by two exchanges. The acceptor had bound its half: that half ends
+// at the FIN, its first frame, and Accept never returns it. Accept returns
+// the second attempt's connection only, which carries the message.
+func TestOneExchangeAbandonedAttemptNotAccepted(t *testing.T) {
+	w := newWorld(t)
+	spoil := &spoilReverse{}
+	a := w.wrappedEndpoint("10.0.8.1", 7000, func(k kernel.Kernel) kernel.Kernel { spoil.Kernel = k; return spoil })
+	b := w.endpoint("10.0.8.2", 7000)
+	keepA, keepB := pair(t, a, b) // live uplinks both ways, each with an open leg
+	before := b.Stats()
+	spoil.spoil.Store(1)
+	type res struct {
+		c   *Conn
+		err error
+	}
+	accepted := make(chan res, 2)
+	go func() {
+		for {
+			c, err := b.Accept(ctxT(t, 5*time.Second))
+			accepted <- res{c, err}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	c, err := a.Dial(ctxT(t, 5*time.Second), b.Addr().String())
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	if spoil.spoil.Load() != 0 {
+		t.Fatal("the dial read no one-exchange ACCEPT to spoil")
+	}
+	if err := c.Send(ctxT(t, 5*time.Second), []byte("second attempt")); err != nil {
+		t.Fatal(err)
+	}
+	r := <-accepted
+	if r.err != nil {
+		t.Fatalf("accept: %v", r.err)
+	}
+	buf := make([]byte, 64)
+	n, err := r.c.Recv(ctxT(t, 5*time.Second), buf)
+	if err != nil || string(buf[:n]) != "second attempt" {
+		t.Fatalf("the accepted connection gave %q, %v; want the dial's message", buf[:n], err)
+	}
+	// The first attempt's FIN goes in the background: it may come after.
+	eventually(t, "the first attempt abandoned at the acceptor", func() (bool, string) {
+		s := b.Stats()
+		return s.Abandoned == before.Abandoned+1, fmt.Sprintf("%d abandoned, want %d", s.Abandoned, before.Abandoned+1)
+	})
+	select {
+	case r := <-accepted:
+		t.Fatalf("a second connection accepted: %v, %v", r.c, r.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	for _, x := range []*Conn{c, r.c, keepA, keepB} {
+		x.Close()
+	}
+	eventually(t, "legs released", func() (bool, string) {
+		x, y := a.Stats(), b.Stats()
+		return x.LocalCounts == 0 && y.LocalCounts == 0 && x.Conns == 0 && y.Conns == 0, fmt.Sprintf("a %+v b %+v", x, y)
+	})
 }
