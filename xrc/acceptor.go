@@ -106,6 +106,7 @@ type Decision struct {
 	Leg         *Leg // the leg an ACCEPT created (or, for a duplicate, found)
 	Duplicate   bool // a retransmitted VIRT_REQ answered from the cache
 	Moved       bool // a MOVE: an existing leg moved onto another downlink
+	Replaced    *Leg // released: our answer to an earlier copy of this PHYS_REQ (see physical)
 	UnknownMove bool // a rejected MOVE of a leg we do not hold (see Endpoint.onRequest)
 }
 
@@ -141,12 +142,14 @@ func (a *Acceptor) Decide(e kernel.Event) Decision {
 	return a.virtual(e, &req)
 }
 
-func (a *Acceptor) physical(e kernel.Event, req *wire.Req) Decision {
+func (a *Acceptor) physical(e kernel.Event, req *wire.Req) (d Decision) {
 	if e.QPNum != req.INIQPN { // the CM's REQ carries the INI QPN too
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
 	key := legKey{req.Incarnation, req.ConnTag}
 	moving := a.legs[key]
+	var replaced *Leg
+	defer func() { d.Replaced = replaced }() // accepted or not
 	if req.Flags&wire.FlagMove != 0 {
 		// A PHYS_REQ is a fresh CM connection (the CM's stale table
 		// refuses a second live one from the same INI), so a MOVE by PHYS
@@ -156,7 +159,15 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) Decision {
 			return a.unknownMove(req)
 		}
 	} else if moving != nil {
-		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+		if !moving.Physical || moving.Downlink.INIQPN != req.INIQPN || !moving.Downlink.Creator {
+			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+		}
+		// The same REQ again: the sender's CM rejected our REP (its
+		// stale table held our new TGT's number; cm_rep_handler) and
+		// sends the REQ once more. Our first answer is void: its leg
+		// goes (and its TGT, at count 0), and this one is decided anew.
+		a.releaseLocked(moving)
+		replaced, moving = moving, nil
 	}
 	var app []byte
 	if moving == nil {
@@ -450,6 +461,10 @@ func (a *Acceptor) reject(tag uint32, reason wire.RejectReason, detail uint32, a
 func (a *Acceptor) Release(l *Leg) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.releaseLocked(l)
+}
+
+func (a *Acceptor) releaseLocked(l *Leg) error {
 	key := legKey{l.PeerIncarnation, l.PeerTag}
 	if a.legs[key] != l {
 		return nil // already released

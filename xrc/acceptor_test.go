@@ -322,6 +322,67 @@ func TestAcceptorDecisionTable(t *testing.T) {
 			wantReject(t, e.virt(e.r2, req), wire.RejectTGTGone)
 			e.expect(u.tgtQPN, 1, 1, 0)
 		}},
+		{"PHYS_REQ again after our REP hit a stale entry: the first answer goes, the REQ is decided anew", func(t *testing.T, e *env) {
+			d1, u1 := e.phys(e.r1, nil)
+			// The TGT dies with its CM connection still up: the sender's
+			// node keeps (node B, its number) in its stale table.
+			if err := e.r1.acc.Release(d1.Leg); err != nil {
+				t.Fatal(err)
+			}
+			_, iniQPN, err := e.sender.CreateINI()
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := e.nextReq(wire.TypePhysReq)
+			req.INIQPN = iniQPN
+			buf := make([]byte, wire.BudgetREQ)
+			n, err := req.Encode(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			aid, err := e.sender.Connect(ctx5(t), netip.AddrPortFrom(addrB, e.r1.port), kernel.ExchangeXRC, iniQPN, buf[:n])
+			if err != nil {
+				t.Fatal(err)
+			}
+			cr := e.ev(e.r1.p, e.r1.lx, kernel.EventConnectRequest)
+			d := e.r1.acc.Decide(cr)
+			wantAccept(t, d)
+			if d.QPNum != u1.tgtQPN {
+				t.Skip("number not reused")
+			}
+			if err := e.r1.p.Accept(cr.ID, d.QPNum, d.PrivateData); err != nil {
+				t.Fatal(err)
+			}
+			if ev := e.ev(e.r1.p, cr.ID, kernel.EventRejected); ev.Status != kernel.RejStaleConn {
+				t.Fatalf("REJECTED status %d, want %d", ev.Status, kernel.RejStaleConn)
+			}
+			cr2 := e.ev(e.r1.p, e.r1.lx, kernel.EventConnectRequest) // the CM sends the REQ again
+			d2 := e.r1.acc.Decide(cr2)
+			wantAccept(t, d2)
+			if d2.Replaced != d.Leg || d2.Leg == d.Leg {
+				t.Fatalf("Replaced %p, want the first answer's leg %p", d2.Replaced, d.Leg)
+			}
+			if err := e.r1.p.Accept(cr2.ID, d2.QPNum, d2.PrivateData); err != nil {
+				t.Fatal(err)
+			}
+			if resp := e.ev(e.sender, aid, kernel.EventConnectResponse); resp.QPNum != d2.QPNum {
+				t.Fatalf("CONNECT_RESPONSE names TGT %#x, want %#x", resp.QPNum, d2.QPNum)
+			}
+			e.expect(d2.QPNum, 1, 1, 0)
+			if e.r1.acc.Downlinks() != 1 || e.r1.acc.LocalCounts() != 1 {
+				t.Fatalf("r1: %d downlinks, %d counts; want the new answer's only", e.r1.acc.Downlinks(), e.r1.acc.LocalCounts())
+			}
+			// A PHYS_REQ for a held leg from another INI is no
+			// retransmission.
+			wantReject(t, e.r1.acc.Decide(kernel.Event{Type: kernel.EventConnectRequest, Exchange: kernel.ExchangeXRC,
+				Remote: cr2.Remote, QPNum: iniQPN + 1, PrivateData: func() []byte {
+					r := req
+					r.INIQPN = iniQPN + 1
+					b := make([]byte, wire.BudgetREQ)
+					n, _ := r.Encode(b)
+					return b[:n]
+				}()}), wire.RejectBadRequest)
+		}},
 		{"VIRT_REQ to a reused TGT number (another sender's TGT): TGT_GONE", func(t *testing.T, e *env) {
 			d1, u1 := e.phys(e.r1, nil)
 			// The pair goes: CM connection first (else the reused number

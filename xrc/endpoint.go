@@ -583,6 +583,13 @@ func (e *Endpoint) reject(ev kernel.Event, reason wire.RejectReason, tag uint32)
 // binds an accepted leg to its connection.
 func (e *Endpoint) onRequest(ev kernel.Event) {
 	d := e.acc.Decide(ev)
+	if d.Replaced != nil {
+		e.mu.Lock()
+		if c := e.recv[d.Replaced.Tag]; c != nil {
+			e.unbindRecvLocked(c, d.Replaced)
+		}
+		e.mu.Unlock()
+	}
 	if d.UnknownMove && e.readingAcceptFrom(ev.Remote.Addr()) {
 		// Maybe the reverse leg of a dial of ours whose ACCEPT we have
 		// not read yet, moved by its sender's recovery meanwhile: ask
@@ -606,7 +613,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 			e.k.DestroyID(ev.ID)
 		}
 		if err == nil && phys {
-			e.watchPassive(ev.ID, d.QPNum, ev.QPNum, nil)
+			e.watchPassive(ev.ID, d.QPNum, ev.QPNum, nil, nil)
 		}
 		return
 	}
@@ -650,7 +657,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		return
 	}
 	if phys {
-		e.watchPassive(ev.ID, d.QPNum, ev.QPNum, c)
+		e.watchPassive(ev.ID, d.QPNum, ev.QPNum, c, leg)
 		return
 	}
 	e.k.DestroyID(ev.ID)
@@ -790,7 +797,7 @@ func (e *Endpoint) abortDial(c *Conn, err error) error {
 
 // watchPassive follows a physical link we accepted (we created the TGT):
 // RTU, then the DREQ that says the sender's INI is gone.
-func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn) {
+func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn, leg *Leg) {
 	e.mu.Lock()
 	e.passive[id] = struct{}{}
 	e.mu.Unlock()
@@ -814,8 +821,19 @@ func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn) {
 				if c != nil {
 					e.recvLegUp(c)
 				}
-			case kernel.EventRejected: // REP-time stale, or the dialer gave up
-				if c != nil {
+			case kernel.EventRejected:
+				if c == nil {
+					return
+				}
+				if ev.Status == kernel.RejStaleConn {
+					// Our REP named a TGT number the sender's node still
+					// had in its stale table: its CM sends the REQ
+					// again, which is decided anew.
+					e.acc.Release(leg)
+					e.mu.Lock()
+					e.unbindRecvLocked(c, leg)
+					e.mu.Unlock()
+				} else { // the sender gave up
 					c.fail(errStaleLink)
 				}
 				return
@@ -830,6 +848,24 @@ func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn) {
 			}
 		}
 	})
+}
+
+// unbindRecvLocked takes leg, released, off c if c still receives on it
+// (it was not up yet): a dial of ours waits for the leg's next request, an
+// inbound connection, which Accept has not seen, ends.
+func (e *Endpoint) unbindRecvLocked(c *Conn, leg *Leg) {
+	if c.recvLeg != leg || c.recvReleased {
+		return
+	}
+	if e.recv[leg.Tag] == c {
+		delete(e.recv, leg.Tag)
+	}
+	if c.inbound {
+		c.recvReleased = true
+		c.failLocked(errStaleLink)
+		return
+	}
+	c.recvLeg, c.recvTag = nil, 0
 }
 
 func (e *Endpoint) senderGone(tgt, ini uint32) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -404,21 +405,35 @@ func TestEndpointDialerClosesAtOnce(t *testing.T) {
 // The endpoints run the library's default heartbeat, not the tests' 25 ms:
 // a leg whose sender's old link ended stays for a heartbeat, in which its
 // MOVE proves the sender alive.
-func TestEndpointManyDialsClosing(t *testing.T) { manyDialsClosing(t, false) }
+func TestEndpointManyDialsClosing(t *testing.T) { manyDialsClosing(t, 1, false) }
 
 // TestEndpointManyDialsBothWays is TestEndpointManyDialsClosing with both
 // endpoints dialing each other at once: each uplink carries legs both
 // ways, and each side's TGTs die under the other's dials.
-func TestEndpointManyDialsBothWays(t *testing.T) { manyDialsClosing(t, true) }
+func TestEndpointManyDialsBothWays(t *testing.T) { manyDialsClosing(t, 1, true) }
 
-func manyDialsClosing(t *testing.T, bothWays bool) {
-	rounds := 100
+// TestEndpointManyDialsShared is TestEndpointManyDialsBothWays with two
+// processes on each node, each dialing both of the other node's: a TGT is
+// shared by the processes of its node (open or share, counted), and dies
+// with the last of their registrations while dials of both ride it.
+func TestEndpointManyDialsShared(t *testing.T) { manyDialsClosing(t, 2, true) }
+
+// manyDialsClosing runs the stress test on two nodes of procs processes
+// each; every process of the first node dials every process of the second
+// (and back, with bothWays), with GOXRC_STRESS_DIALS dials (100) from node
+// to node each way, shared out among the pairs of processes.
+func manyDialsClosing(t *testing.T, procs int, bothWays bool) {
+	dials := 100
 	if n, err := strconv.Atoi(os.Getenv("GOXRC_STRESS_DIALS")); err == nil && n > 0 {
-		rounds = n
+		dials = n
 	}
 	w := newWorld(t)
 	defaults := func(c *Config) { c.Heartbeat, c.IdleTimeout = DefaultHeartbeat, DefaultIdleTimeout }
-	a, b := w.endpoint("10.0.0.1", 7001, defaults), w.endpoint("10.0.0.2", 7001, defaults)
+	var nodeA, nodeB []*proc
+	for i := range procs {
+		nodeA = append(nodeA, w.endpoint("10.0.0.1", 7001+i, defaults))
+		nodeB = append(nodeB, w.endpoint("10.0.0.2", 7001+i, defaults))
+	}
 	ctx := ctxT(t, 30*time.Second)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -468,13 +483,20 @@ func manyDialsClosing(t *testing.T, bothWays bool) {
 		from, to *proc
 		prefix   string
 	}
-	dirs := []dir{{a, b, "m"}}
-	if bothWays {
-		dirs = append(dirs, dir{b, a, "n"})
+	var dirs []dir
+	for _, a := range nodeA {
+		for _, b := range nodeB {
+			dirs = append(dirs, dir{a, b, fmt.Sprintf("%v>%v:", a.Addr(), b.Addr())})
+			if bothWays {
+				dirs = append(dirs, dir{b, a, fmt.Sprintf("%v>%v:", b.Addr(), a.Addr())})
+			}
+		}
 	}
-	for _, d := range dirs {
-		loops.Go(func() { accept(d.to) })
+	all := append(slices.Clone(nodeA), nodeB...)
+	for _, p := range all {
+		loops.Go(func() { accept(p) })
 	}
+	rounds := max(1, dials/(procs*procs))
 	rng := rand.New(rand.NewPCG(seed, seed))
 	for i := range rounds {
 		for _, d := range dirs {
@@ -519,7 +541,11 @@ func manyDialsClosing(t *testing.T, bothWays bool) {
 	stop()
 	loops.Wait()
 	conns.Wait()
-	t.Logf("accepted %d connections for %d dials; attempts abandoned: %d", accepted, want, a.Stats().Abandoned+b.Stats().Abandoned)
+	var abandoned uint64
+	for _, p := range all {
+		abandoned += p.Stats().Abandoned
+	}
+	t.Logf("accepted %d connections for %d dials; attempts abandoned: %d", accepted, want, abandoned)
 	if accepted != want {
 		t.Errorf("accepted %d connections for %d dials", accepted, want)
 	}
@@ -530,5 +556,5 @@ func manyDialsClosing(t *testing.T, bothWays bool) {
 			}
 		}
 	}
-	requireReleased(t, w, a, b)
+	requireReleased(t, w, all...)
 }
