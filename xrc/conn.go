@@ -39,6 +39,7 @@ type Conn struct {
 	peerInc  uint64
 	sendUp   bool
 	sendDone bool // FIN sent or leg dropped
+	finOut   bool // our FIN (not HALF) was posted: see recover
 	lastSent time.Time
 
 	// Flow control (xrc-protocol.md, "Flow control"). Counts wrap: only
@@ -817,6 +818,7 @@ func (c *Conn) CloseWrite() error {
 func (c *Conn) sendFIN(ctx context.Context, half bool) error {
 	c.e.mu.Lock()
 	f := wire.FIN{Tag: c.peerTag, SenderTag: c.sendTag, Half: half}
+	c.finOut = c.finOut || !half
 	c.e.mu.Unlock()
 	var b [wire.FinLen]byte
 	if _, err := f.Encode(b[:]); err != nil {

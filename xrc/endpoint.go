@@ -828,9 +828,11 @@ func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn, leg *Leg
 				if ev.Status == kernel.RejStaleConn {
 					// Our REP named a TGT number the sender's node still
 					// had in its stale table: its CM sends the REQ
-					// again, which is decided anew.
-					e.acc.Release(leg)
+					// again, which is decided anew. Released and unbound
+					// under mu: onRequest binds the REQ's leg under mu
+					// too, so it never finds this one still bound.
 					e.mu.Lock()
+					e.acc.Release(leg)
 					e.unbindRecvLocked(c, leg)
 					e.mu.Unlock()
 				} else { // the sender gave up

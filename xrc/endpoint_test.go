@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -405,34 +404,42 @@ func TestEndpointDialerClosesAtOnce(t *testing.T) {
 // The endpoints run the library's default heartbeat, not the tests' 25 ms:
 // a leg whose sender's old link ended stays for a heartbeat, in which its
 // MOVE proves the sender alive.
-func TestEndpointManyDialsClosing(t *testing.T) { manyDialsClosing(t, 1, false) }
+func TestEndpointManyDialsClosing(t *testing.T) { manyDialsClosing(t, 2, 1, false) }
 
 // TestEndpointManyDialsBothWays is TestEndpointManyDialsClosing with both
 // endpoints dialing each other at once: each uplink carries legs both
 // ways, and each side's TGTs die under the other's dials.
-func TestEndpointManyDialsBothWays(t *testing.T) { manyDialsClosing(t, 1, true) }
+func TestEndpointManyDialsBothWays(t *testing.T) { manyDialsClosing(t, 2, 1, true) }
 
 // TestEndpointManyDialsShared is TestEndpointManyDialsBothWays with two
 // processes on each node, each dialing both of the other node's: a TGT is
 // shared by the processes of its node (open or share, counted), and dies
 // with the last of their registrations while dials of both ride it.
-func TestEndpointManyDialsShared(t *testing.T) { manyDialsClosing(t, 2, true) }
+func TestEndpointManyDialsShared(t *testing.T) { manyDialsClosing(t, 2, 2, true) }
 
-// manyDialsClosing runs the stress test on two nodes of procs processes
-// each; every process of the first node dials every process of the second
-// (and back, with bothWays), with GOXRC_STRESS_DIALS dials (100) from node
-// to node each way, shared out among the pairs of processes.
-func manyDialsClosing(t *testing.T, procs int, bothWays bool) {
+// TestEndpointManyDialsThreeNodes is TestEndpointManyDialsShared on three
+// nodes: each process has an uplink to each other node.
+func TestEndpointManyDialsThreeNodes(t *testing.T) { manyDialsClosing(t, 3, 2, true) }
+
+// manyDialsClosing runs the stress test on nodes nodes of procs processes
+// each; every process dials every process of each later node (and back,
+// with bothWays), with GOXRC_STRESS_DIALS dials (100) from node to node
+// each way, shared out among the pairs of processes.
+func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool) {
 	dials := 100
 	if n, err := strconv.Atoi(os.Getenv("GOXRC_STRESS_DIALS")); err == nil && n > 0 {
 		dials = n
 	}
 	w := newWorld(t)
 	defaults := func(c *Config) { c.Heartbeat, c.IdleTimeout = DefaultHeartbeat, DefaultIdleTimeout }
-	var nodeA, nodeB []*proc
-	for i := range procs {
-		nodeA = append(nodeA, w.endpoint("10.0.0.1", 7001+i, defaults))
-		nodeB = append(nodeB, w.endpoint("10.0.0.2", 7001+i, defaults))
+	var all []*proc
+	node := make([][]*proc, nodes)
+	for n := range nodes {
+		for i := range procs {
+			p := w.endpoint(fmt.Sprintf("10.0.0.%d", n+1), 7001+i, defaults)
+			node[n] = append(node[n], p)
+			all = append(all, p)
+		}
 	}
 	ctx := ctxT(t, 30*time.Second)
 	seed := uint64(time.Now().UnixNano())
@@ -484,15 +491,18 @@ func manyDialsClosing(t *testing.T, procs int, bothWays bool) {
 		prefix   string
 	}
 	var dirs []dir
-	for _, a := range nodeA {
-		for _, b := range nodeB {
-			dirs = append(dirs, dir{a, b, fmt.Sprintf("%v>%v:", a.Addr(), b.Addr())})
-			if bothWays {
-				dirs = append(dirs, dir{b, a, fmt.Sprintf("%v>%v:", b.Addr(), a.Addr())})
+	for i := range nodes {
+		for j := i + 1; j < nodes; j++ {
+			for _, a := range node[i] {
+				for _, b := range node[j] {
+					dirs = append(dirs, dir{a, b, fmt.Sprintf("%v>%v:", a.Addr(), b.Addr())})
+					if bothWays {
+						dirs = append(dirs, dir{b, a, fmt.Sprintf("%v>%v:", b.Addr(), a.Addr())})
+					}
+				}
 			}
 		}
 	}
-	all := append(slices.Clone(nodeA), nodeB...)
 	for _, p := range all {
 		loops.Go(func() { accept(p) })
 	}

@@ -38,7 +38,12 @@ type uplink struct {
 	inis    []*iniQP      // every INI not yet destroyed (cur and retired ones)
 	refs    int           // legs sending over the uplink, and dials in progress
 	legs    map[*Conn]struct{}
+	// gone counts recoveries in a row whose new TGT died under them (see
+	// recover): past maxGoneRounds a leg refused TGT_GONE fails.
+	gone int
 }
+
+const maxGoneRounds = 8
 
 // hasOpenLeg reports whether a leg on u is not closing. Each open leg's
 // receiver holds the TGT; once every leg is closing, their FINs may already
@@ -116,11 +121,11 @@ func (e *Endpoint) req(c *Conn, t wire.Type, peerTag uint32) wire.Req {
 // for a reverse leg.
 func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	raddr := c.raddr
-	// moving: the peer accepted the leg over an uplink that then went
-	// (its recovery had no leg of its own to move), so it holds the leg on
-	// a TGT we no longer reach: what follows moves it (MOVE), as recover
-	// moves a bound leg. first is that ACCEPT, with the reverse section a
-	// MOVE's answer lacks.
+	// moving: the peer accepted the leg, but over an uplink that then went
+	// or was rebuilt (its recovery had no leg of its own to move), so it
+	// holds the leg on a TGT we may no longer reach: what follows moves it
+	// (MOVE), as recover moves a bound leg. first is that ACCEPT, with the
+	// reverse section a MOVE's answer lacks.
 	var moving bool
 	var first wire.Accept
 	var last error // the last failure, for errRetries
@@ -225,6 +230,9 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		if err == nil && !moving {
 			first = acc
 		}
+		// From here the peer holds the leg: any request that follows
+		// moves it (one that did not would be refused as a leg it knows).
+		moving = moving || err == nil
 		// The uplink may have been rebuilt while we asked: the leg then
 		// lives on the old TGT and must move to the new one.
 		for err == nil && (u.cur != q || u.state != upUp) {
@@ -265,8 +273,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		last = err
 		if errors.Is(err, errUplinkGone) {
 			// Gone with nothing to move: make the next uplink with
-			// this leg moving over to it.
-			moving = true
+			// this leg moving over to it (moving is set).
 			e.mu.Unlock()
 			continue
 		}
@@ -624,9 +631,31 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		if err == nil && (acc.AcceptorTag != c.peerTag || acc.Incarnation != c.peerInc || acc.DomainID != dom) {
 			err = errIncarnation
 		}
-		if err != nil {
+		var rj *RejectError
+		if !fresh && q != nil && errors.As(err, &rj) && rj.Reason == RejectTGTGone && u.gone < maxGoneRounds {
+			// The new TGT is gone already: the legs moved onto it all
+			// closed (the first one's FIN can come right after its
+			// MOVE). This leg waits for the next round, which makes
+			// another (q.broken starts it); a peer that answers so
+			// round after round fails it.
+			if !q.broken {
+				q.broken = true
+				u.gone++
+			}
+			e.mu.Unlock()
+			continue
+		}
+		switch {
+		case err != nil && c.finOut:
+			// Our FIN went out, and a receiver that took it let the leg
+			// go: the refusal answers the FIN. Only the sending leg ends;
+			// the receiving leg waits for the peer's FIN as at any close
+			// (the peer may still need it to complete: its reverse leg).
+			c.dropSendLocked()
+			c.maybeFinishLocked()
+		case err != nil:
 			c.failLocked(fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))
-		} else {
+		default:
 			e.moved.Add(1)
 		}
 		e.mu.Unlock()
@@ -663,8 +692,9 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	}
 	u.setState(upUp)
 	if q.broken {
-		e.failINILocked(u, q) // it failed during the resends: again
+		e.failINILocked(u, q) // it failed during the resends, or its TGT died: again
 		return
 	}
+	u.gone = 0
 	e.maybeTeardownLocked(u)
 }
