@@ -859,13 +859,12 @@ func (e *Endpoint) unbindRecvLocked(c *Conn, leg *Leg) {
 	if c.recvLeg != leg || c.recvReleased {
 		return
 	}
+	if c.inbound {
+		c.failLocked(errStaleLink) // its release of leg finds it released
+		return
+	}
 	if e.recv[leg.Tag] == c {
 		delete(e.recv, leg.Tag)
-	}
-	if c.inbound {
-		c.recvReleased = true
-		c.failLocked(errStaleLink)
-		return
 	}
 	c.recvLeg, c.recvTag = nil, 0
 }
