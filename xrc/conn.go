@@ -72,7 +72,8 @@ type Conn struct {
 	twoExchanges bool              // a dial that asks for the reverse leg by its own exchange (no FlagOneExchange; see Endpoint.Dial)
 	earlyTag     uint32            // the receive tag announced in a FlagOneExchange VIRT_REQ, until registered
 	early        []earlyMsg        // messages for earlyTag that came before the registration
-	rev          *wire.Accept      // the forward ACCEPT, when it carries the reverse leg
+	revErr       error             // why the reverse leg in the forward ACCEPT could not be registered
+	revTaken     bool              // the reverse leg in the forward ACCEPT is registered
 	awaitFirst   bool              // inbound, its reverse leg in our ACCEPT: up at the dialer's first frame (see Endpoint.consumeLocked)
 	q            ring.Ring[[]byte] // data frames (kind and number included) for Recv (made with the first, maxQueued long)
 	seen         replayWindow      // data sequence numbers taken (made with the first message)

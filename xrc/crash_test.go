@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -538,15 +539,7 @@ func TestEndpointKillReceiverMidStream(t *testing.T) {
 	s1, _ := pair(t, s, r1)
 	s2, c2 := pair(t, s, r2)
 	ctx := ctxT(t, 20*time.Second)
-	const total = 20000
-	streamed := make(chan error, 1)
-	go func() { streamed <- sendSeq(ctx, s2, 0, total) }()
-	received := make(chan error, 1)
-	go func() { received <- recvSeq(ctx, c2, 0, total, nil) }()
-	eventually(t, "the stream under way", func() (bool, string) {
-		st := r2.Stats()
-		return st.CreditFrames > 10, fmt.Sprintf("%+v", st)
-	})
+	streamDone := stream(t, ctx, s2, c2, r2)
 	r1.p.Kill()
 	if err := s1.Send(ctx, []byte("to the dead")); err != nil {
 		t.Fatalf("send to the killed receiver (posted, it fails later): %v", err)
@@ -554,12 +547,7 @@ func TestEndpointKillReceiverMidStream(t *testing.T) {
 	if err := sendErr(t, s1); !errors.Is(err, ErrPeerGone) {
 		t.Fatalf("the connection to the killed receiver: %v, want ErrPeerGone", err)
 	}
-	if err := <-streamed; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-received; err != nil {
-		t.Fatal(err)
-	}
+	streamDone()
 	if st := s.Stats(); st.Recoveries != 1 || st.LegsMoved != 1 {
 		t.Fatalf("sender: %+v, want one recovery moving the live leg", st)
 	}
@@ -569,4 +557,81 @@ func TestEndpointKillReceiverMidStream(t *testing.T) {
 	roundTrip(t, s2, c2, []byte("after the recovery"))
 	roundTrip(t, c2, s2, []byte("and back"))
 	t.Logf("live receiver dropped %d duplicates", r2.Stats().Duplicates)
+}
+
+// stream sends 20,000 numbered messages on c, which d (r's) receives,
+// and returns once r has sent credits back a few times; the function it
+// returns waits for the stream's end and fails t unless every message
+// arrived once and in order.
+func stream(t *testing.T, ctx context.Context, c, d *Conn, r *proc) func() {
+	t.Helper()
+	const total = 20000
+	streamed := make(chan error, 1)
+	go func() { streamed <- sendSeq(ctx, c, 0, total) }()
+	received := make(chan error, 1)
+	go func() { received <- recvSeq(ctx, d, 0, total, nil) }()
+	eventually(t, "the stream under way", func() (bool, string) {
+		st := r.Stats()
+		return st.CreditFrames > 10, fmt.Sprintf("%+v", st)
+	})
+	return func() {
+		t.Helper()
+		if err := <-streamed; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-received; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// openTGTFails fails OpenTGT once, after arm: the acceptor then answers
+// that VIRT_REQ TGT_GONE, as one whose TGT's number had just gone would.
+type openTGTFails struct {
+	kernel.Kernel
+	armed, fired atomic.Bool
+}
+
+func (k *openTGTFails) OpenTGT(d kernel.XRCD, qpn uint32) (kernel.QP, error) {
+	if k.armed.Load() && k.fired.CompareAndSwap(false, true) {
+		var none kernel.QP
+		return none, syscall.EINVAL
+	}
+	return k.Kernel.OpenTGT(d, qpn)
+}
+
+// A recovery round whose MOVE of a leg is refused (TGT_GONE) leaves that
+// leg for the next round, and must not send its messages in flight again
+// on the new INI meanwhile: the receiver takes nothing through the new TGT
+// for a leg still on the old one, and a message that completed there would
+// be lost. Here r1 dies under a stream to r3 (timers off: the sender learns
+// of the death from a send), r2 makes the new TGT, and r3 refuses the
+// first MOVE of its leg: r3 still gets the whole stream, once and in order.
+func TestEndpointRecoveryResendsMovedLegsOnly(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.7.1", 7000, longTimers)
+	r1 := w.endpoint("10.0.7.2", 7001, longTimers)
+	r2 := w.endpoint("10.0.7.2", 7002, longTimers)
+	var k3 *openTGTFails
+	r3 := w.wrappedEndpoint("10.0.7.2", 7003, func(k kernel.Kernel) kernel.Kernel {
+		k3 = &openTGTFails{Kernel: k}
+		return k3
+	}, longTimers)
+	s1, _ := pair(t, s, r1) // the legs are moved in this order (by tag)
+	pair(t, s, r2)
+	s3, c3 := pair(t, s, r3)
+	streamDone := stream(t, ctxT(t, 20*time.Second), s3, c3, r3)
+	k3.armed.Store(true)
+	r1.p.Kill()
+	if err := sendErr(t, s1); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("the connection to the killed receiver: %v, want ErrPeerGone", err)
+	}
+	streamDone()
+	if !k3.fired.Load() {
+		t.Fatal("r3 never refused a MOVE: the test did not test")
+	}
+	if st := s.Stats(); st.Recoveries < 2 {
+		t.Fatalf("sender: %+v, want a second recovery round for r3's leg", st)
+	}
+	roundTrip(t, s3, c3, []byte("after the recovery"))
 }

@@ -706,41 +706,33 @@ func (e *Endpoint) bindReverseLocked(c *Conn, leg *Leg) ([]byte, bool) {
 	return b, true
 }
 
-// finishReverse ends a dial whose forward leg is up: if the ACCEPT carried
-// the reverse leg, register it here (verify the acceptor's TGT as the
-// acceptor would for a VIRT_REQ); if it did not, the reverse leg comes as a
-// reciprocal VIRT_REQ and the tag we announced is forgotten. A reverse leg
-// that fails verification fails the dial cleanly: a FIN on the forward leg
-// ends the acceptor's half, and nothing of it stays registered here; the
-// error says why, and the dial ends with it.
-func (e *Endpoint) finishReverse(c *Conn) error {
+// takeReverse registers the reverse leg that the forward ACCEPT acc
+// carries (verifying the acceptor's TGT as the acceptor would for a
+// VIRT_REQ), or notes in c why it cannot: finishReverse fails the dial then.
+func (e *Endpoint) takeReverse(c *Conn, acc *wire.Accept) {
 	e.mu.Lock()
-	rev, tag := c.rev, c.earlyTag
-	c.rev = nil
-	if rev == nil || c.failed() || c.recvLeg != nil {
-		e.dropEarlyLocked(c)
-		bad := rev != nil && !c.failed()
-		e.mu.Unlock()
-		if bad { // a reverse section and a reciprocal leg: not ours to choose
-			return e.abortDial(c, errBadReverse)
+	tag := c.earlyTag
+	if c.failed() || c.recvLeg != nil || tag == 0 {
+		if !c.failed() { // a reverse section and a reciprocal leg: not ours to choose
+			c.revErr = errBadReverse
 		}
-		return nil
+		e.mu.Unlock()
+		return
 	}
 	e.mu.Unlock()
-	leg, err := e.acc.ReverseLeg(tag, c.sendTag, rev, c.raddr.Addr(), c.raddr.Port())
+	leg, err := e.acc.ReverseLeg(tag, c.sendTag, acc, c.raddr.Addr(), c.raddr.Port())
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	if err != nil {
-		e.dropEarlyLocked(c)
-		e.mu.Unlock()
-		return e.abortDial(c, err)
+		c.revErr = err
+		return
 	}
 	if c.failed() || c.recvLeg != nil {
 		e.acc.Release(leg)
-		e.dropEarlyLocked(c)
-		e.mu.Unlock()
-		return nil
+		return
 	}
 	c.recvLeg, c.recvTag, c.recvUp, c.lastSeen = leg, tag, true, time.Now()
+	c.revTaken = true
 	early := c.early
 	c.early, c.earlyTag = nil, 0
 	for _, m := range early {
@@ -753,12 +745,31 @@ func (e *Endpoint) finishReverse(c *Conn) error {
 		}
 	}
 	e.oneExchange.Add(1)
-	c.checkReadyLocked()
+}
+
+// finishReverse ends a dial whose forward leg is up. If the ACCEPT carried
+// the reverse leg, takeReverse registered it; if it did not, the reverse
+// leg comes as a reciprocal VIRT_REQ and the tag we announced is
+// forgotten. A reverse leg that failed verification fails the dial
+// cleanly: a FIN on the forward leg ends the acceptor's half, and nothing
+// of it stays registered here; the error says why, and the dial ends with
+// it.
+func (e *Endpoint) finishReverse(c *Conn) error {
+	e.mu.Lock()
+	took, err := c.revTaken, c.revErr
+	if !took {
+		e.dropEarlyLocked(c)
+	}
 	e.mu.Unlock()
-	// Our first frame on the forward leg completes the acceptor's half
-	// (see consumeLocked); a lost one is made up for by the next frame,
-	// a keepalive at the latest.
-	c.post(kindHeartbeat, nil, nil)
+	if err != nil {
+		return e.abortDial(c, err)
+	}
+	if took {
+		// Our first frame on the forward leg completes the acceptor's
+		// half (see consumeLocked); a lost one is made up for by the
+		// next frame, a keepalive at the latest.
+		c.post(kindHeartbeat, nil, nil)
+	}
 	return nil
 }
 

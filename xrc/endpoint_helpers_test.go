@@ -116,13 +116,19 @@ func roundTrip(t *testing.T, c, d *Conn, msg []byte) {
 
 // requireReleased waits until the nodes of procs hold no QP and no TGT
 // handle, and each endpoint no connection, QP or local count: only its
-// domain, its SRQ and its two listeners (4 kernel handles).
+// domain, its SRQ and its two listeners (4 kernel handles). It waits 5 s
+// more than the longest idle timeout among procs: a process that shares a
+// dead sender's TGT learns of the death only by that timeout.
 func requireReleased(t *testing.T, w *world, procs ...*proc) {
 	t.Helper()
+	var idle time.Duration
+	for _, p := range procs {
+		idle = max(idle, p.cfg.IdleTimeout+p.cfg.Heartbeat)
+	}
 	for _, p := range procs {
 		ip := p.Addr().Addr().String()
 		n := w.f.Node(ip)
-		eventually(t, "node "+ip+" empty", func() (bool, string) {
+		eventuallyWithin(t, idle+5*time.Second, "node "+ip+" empty", func() (bool, string) {
 			s := n.Stats()
 			return s.QPs() == 0 && s.TGTHandles == 0, fmt.Sprintf("%+v", s)
 		})
@@ -138,7 +144,13 @@ func requireReleased(t *testing.T, w *world, procs ...*proc) {
 // eventually polls cond until it holds or 5 s pass.
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	eventuallyWithin(t, 5*time.Second, what, cond)
+}
+
+// eventuallyWithin polls cond until it holds or d passes.
+func eventuallyWithin(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for {
 		ok, state := cond()
 		if ok {

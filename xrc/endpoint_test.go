@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
@@ -404,28 +405,40 @@ func TestEndpointDialerClosesAtOnce(t *testing.T) {
 // The endpoints run the library's default heartbeat, not the tests' 25 ms:
 // a leg whose sender's old link ended stays for a heartbeat, in which its
 // MOVE proves the sender alive.
-func TestEndpointManyDialsClosing(t *testing.T) { manyDialsClosing(t, 2, 1, false) }
+func TestEndpointManyDialsClosing(t *testing.T) { manyDialsClosing(t, 2, 1, false, 0) }
 
 // TestEndpointManyDialsBothWays is TestEndpointManyDialsClosing with both
 // endpoints dialing each other at once: each uplink carries legs both
 // ways, and each side's TGTs die under the other's dials.
-func TestEndpointManyDialsBothWays(t *testing.T) { manyDialsClosing(t, 2, 1, true) }
+func TestEndpointManyDialsBothWays(t *testing.T) { manyDialsClosing(t, 2, 1, true, 0) }
 
 // TestEndpointManyDialsShared is TestEndpointManyDialsBothWays with two
 // processes on each node, each dialing both of the other node's: a TGT is
 // shared by the processes of its node (open or share, counted), and dies
 // with the last of their registrations while dials of both ride it.
-func TestEndpointManyDialsShared(t *testing.T) { manyDialsClosing(t, 2, 2, true) }
+func TestEndpointManyDialsShared(t *testing.T) { manyDialsClosing(t, 2, 2, true, 0) }
 
 // TestEndpointManyDialsThreeNodes is TestEndpointManyDialsShared on three
 // nodes: each process has an uplink to each other node.
-func TestEndpointManyDialsThreeNodes(t *testing.T) { manyDialsClosing(t, 3, 2, true) }
+func TestEndpointManyDialsThreeNodes(t *testing.T) { manyDialsClosing(t, 3, 2, true, 0) }
+
+// TestEndpointManyDialsKilled is TestEndpointManyDialsShared with three
+// processes on each node, one of which on each node is killed (kill -9)
+// while the dials are under way, at a random moment: a TGT creator or a
+// sharer, a sender and a receiver, with legs of live processes on its
+// uplinks and TGTs. Every dial between live processes still succeeds
+// with its message; every call that involves a dead one ends with an
+// error other than its context's (no hang); the live processes and both
+// nodes end with nothing registered (the dead ones' handles went with
+// them, the survivors unregistered theirs).
+func TestEndpointManyDialsKilled(t *testing.T) { manyDialsClosing(t, 2, 3, true, 2) }
 
 // manyDialsClosing runs the stress test on nodes nodes of procs processes
 // each; every process dials every process of each later node (and back,
 // with bothWays), with GOXRC_STRESS_DIALS dials (100) from node to node
-// each way, shared out among the pairs of processes.
-func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool) {
+// each way, shared out among the pairs of processes. With kill > 0, one
+// process on each of the first kill nodes is killed mid-run.
+func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool, kill int) {
 	dials := 100
 	if n, err := strconv.Atoi(os.Getenv("GOXRC_STRESS_DIALS")); err == nil && n > 0 {
 		dials = n
@@ -444,10 +457,33 @@ func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool) {
 	ctx := ctxT(t, 30*time.Second)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, seed))
+	victim := map[netip.AddrPort]bool{}
+	var victims, survivors []*proc
+	for n := range kill {
+		p := node[n][rng.IntN(procs)]
+		victim[p.Addr()] = true
+		victims = append(victims, p)
+	}
+	for _, p := range all {
+		if !victim[p.Addr()] {
+			survivors = append(survivors, p)
+		}
+	}
+	// checkErr reports err unless the call involved a victim (a and b are
+	// its two ends) and did not wait out its context: that would be a hang.
+	checkErr := func(a, b netip.AddrPort, err error, format string, args ...any) {
+		t.Helper()
+		if err == nil || (victim[a] || victim[b]) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+			return
+		}
+		t.Errorf(format+": %v", append(args, err)...)
+	}
 	var (
 		mu       sync.Mutex
 		got      = map[string]int{}
-		accepted int
+		live     int // messages between survivors that arrived
+		accepted int // connections between survivors accepted
 		conns    sync.WaitGroup
 		loops    sync.WaitGroup
 	)
@@ -458,29 +494,36 @@ func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool) {
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			accepted++
-			mu.Unlock()
+			from := c.RemoteAddr()
+			both := !victim[p.Addr()] && !victim[from]
+			if both {
+				mu.Lock()
+				accepted++
+				mu.Unlock()
+			}
 			answer := i%2 == 0
 			conns.Go(func() {
 				defer c.Close()
 				buf := make([]byte, 32)
 				n, err := c.Recv(ctx, buf)
 				if err != nil {
-					t.Errorf("accepted connection without a message: %v", err)
+					checkErr(p.Addr(), from, err, "accepted connection from %v without a message", from)
 					return
 				}
 				mu.Lock()
 				got[string(buf[:n])]++
+				if both {
+					live++
+				}
 				mu.Unlock()
 				if _, err := c.Recv(ctx, buf); err != io.EOF {
-					t.Errorf("after %q: %v, want io.EOF", buf[:n], err)
+					checkErr(p.Addr(), from, err, "after %q: want io.EOF", buf[:n])
 				}
 				if answer {
 					// The dialer may have closed: the answer may fail
 					// (its reader, after CloseWrite, checks it gets EOF).
 					if err := c.Send(ctx, []byte("bye")); err != nil && !errors.Is(err, ErrPeerClosed) && !errors.Is(err, ErrPeerGone) {
-						t.Errorf("answer to %q: %v", buf[:n], err)
+						checkErr(p.Addr(), from, err, "answer to %q", buf[:n])
 					}
 				}
 			})
@@ -507,18 +550,24 @@ func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool) {
 		loops.Go(func() { accept(p) })
 	}
 	rounds := max(1, dials/(procs*procs))
-	rng := rand.New(rand.NewPCG(seed, seed))
+	want := 0 // dials between survivors
+	for _, d := range dirs {
+		if !victim[d.from.Addr()] && !victim[d.to.Addr()] {
+			want += rounds
+		}
+	}
 	for i := range rounds {
 		for _, d := range dirs {
 			how, pause := rng.IntN(3), time.Duration(rng.IntN(1000))*time.Microsecond
+			a, b := d.from.Addr(), d.to.Addr()
 			conns.Go(func() {
-				c, err := d.from.Dial(ctx, d.to.Addr().String())
+				c, err := d.from.Dial(ctx, b.String())
 				if err != nil {
-					t.Errorf("dial %s%d: %v", d.prefix, i, err)
+					checkErr(a, b, err, "dial %s%d", d.prefix, i)
 					return
 				}
 				if err := c.Send(ctx, fmt.Appendf(nil, "%s%d", d.prefix, i)); err != nil {
-					t.Errorf("send %s%d: %v", d.prefix, i, err)
+					checkErr(a, b, err, "send %s%d", d.prefix, i)
 				}
 				switch how {
 				case 1:
@@ -527,7 +576,7 @@ func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool) {
 					for {
 						if _, err := c.Recv(ctx, buf); err != nil {
 							if err != io.EOF {
-								t.Errorf("dial %s%d: recv: %v, want io.EOF", d.prefix, i, err)
+								checkErr(a, b, err, "dial %s%d: recv: want io.EOF", d.prefix, i)
 							}
 							break
 						}
@@ -539,10 +588,28 @@ func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool) {
 			})
 		}
 	}
-	want := rounds * len(dirs)
+	if kill > 0 {
+		// Kill each victim once a random share (10-50%) of the live
+		// connections has been accepted, one after another.
+		at := want/10 + rng.IntN(want*2/5+1)
+		for _, v := range victims {
+			for {
+				mu.Lock()
+				n := accepted
+				mu.Unlock()
+				if n >= at || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			t.Logf("killing %v after %d accepted connections", v.Addr(), at)
+			v.p.Kill()
+			at += rng.IntN(want/10 + 1)
+		}
+	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		mu.Lock()
-		n := len(got)
+		n := live
 		mu.Unlock()
 		if n == want || time.Now().After(deadline) {
 			break
@@ -552,19 +619,24 @@ func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool) {
 	loops.Wait()
 	conns.Wait()
 	var abandoned uint64
-	for _, p := range all {
+	for _, p := range survivors {
 		abandoned += p.Stats().Abandoned
 	}
-	t.Logf("accepted %d connections for %d dials; attempts abandoned: %d", accepted, want, abandoned)
+	t.Logf("accepted %d connections for %d dials between live processes; attempts abandoned: %d", accepted, want, abandoned)
 	if accepted != want {
-		t.Errorf("accepted %d connections for %d dials", accepted, want)
+		t.Errorf("accepted %d connections for %d dials between live processes", accepted, want)
 	}
 	for _, d := range dirs {
 		for i := range rounds {
-			if n := got[fmt.Sprintf("%s%d", d.prefix, i)]; n != 1 {
+			n := got[fmt.Sprintf("%s%d", d.prefix, i)]
+			if victim[d.from.Addr()] || victim[d.to.Addr()] {
+				if n > 1 {
+					t.Errorf("%s%d arrived %d times", d.prefix, i, n)
+				}
+			} else if n != 1 {
 				t.Errorf("%s%d arrived %d times", d.prefix, i, n)
 			}
 		}
 	}
-	requireReleased(t, w, all...)
+	requireReleased(t, w, survivors...)
 }

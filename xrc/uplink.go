@@ -124,10 +124,8 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	// moving: the peer accepted the leg, but over an uplink that then went
 	// or was rebuilt (its recovery had no leg of its own to move), so it
 	// holds the leg on a TGT we may no longer reach: what follows moves it
-	// (MOVE), as recover moves a bound leg. first is that ACCEPT, with the
-	// reverse section a MOVE's answer lacks.
+	// (MOVE), as recover moves a bound leg.
 	var moving bool
-	var first wire.Accept
 	var last error // the last failure, for errRetries
 	for attempt := 0; attempt < 16; attempt++ {
 		e.mu.Lock()
@@ -182,9 +180,6 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			u.dom, e.addrDom[raddr] = acc.DomainID, acc.DomainID
 			u.cur, u.inis = q, append(u.inis, q)
 			u.setState(upUp)
-			if moving {
-				acc.Flags, acc.Rev = first.Flags, first.Rev
-			}
 			err = e.bindLocked(c, u, &acc)
 			e.mu.Unlock()
 			e.startINI(u, q)
@@ -226,10 +221,16 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		}
 		e.mu.Unlock()
 		acc, err := e.virtLink(ctx, raddr, &req)
-		e.mu.Lock()
-		if err == nil && !moving {
-			first = acc
+		if err == nil && !moving && acc.Flags&wire.AcceptReverse != 0 {
+			// Register the reverse leg now, before our leg is bound:
+			// the acceptor's recovery may have to move it meanwhile, and
+			// a MOVE of a leg we do not know yet is refused BUSY_RETRY
+			// until we do. Were we to wait for our own uplink's
+			// recovery first, and that recovery for the acceptor's
+			// dial to us in the same state, neither would ever move.
+			e.takeReverse(c, &acc)
 		}
+		e.mu.Lock()
 		// From here the peer holds the leg: any request that follows
 		// moves it (one that did not would be refused as a leg it knows).
 		moving = moving || err == nil
@@ -262,8 +263,6 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			e.mu.Lock()
 		}
 		if err == nil {
-			// A MOVE's answer carries no reverse section; the first did.
-			acc.Flags, acc.Rev = first.Flags, first.Rev
 			err = e.bindLocked(c, u, &acc)
 			e.mu.Unlock()
 			return err
@@ -323,10 +322,6 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	c.sendWindow, c.sendMax = uint32(acc.Credits), int(acc.MaxMessage)
 	c.sendUp, c.lastSent = true, time.Now()
 	u.legs[c] = struct{}{}
-	if acc.Flags&wire.AcceptReverse != 0 {
-		a := *acc
-		c.rev = &a
-	}
 	c.checkReadyLocked()
 	return nil
 }
@@ -595,6 +590,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
 	defer cancel()
 	var q *iniQP
+	var moved []*Conn // the legs now on q: only theirs go again on it
 	for _, c := range legs {
 		e.mu.Lock()
 		skip := c.failed() || c.sendDone
@@ -657,6 +653,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			c.failLocked(fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))
 		default:
 			e.moved.Add(1)
+			moved = append(moved, c)
 		}
 		e.mu.Unlock()
 		if fresh {
@@ -667,10 +664,13 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	e.mu.Lock()
 	if q != nil && !e.closed {
 		// Still RECOVERING, so no Send posts: each moved leg first sends
-		// again, on the new INI and in order, what has not completed.
+		// again, on the new INI and in order, what has not completed. A
+		// leg left for the next round does not: its receiver does not
+		// take messages through q's TGT yet, and one that completed here
+		// would be lost.
 		u.cur = q
 		e.mu.Unlock()
-		for _, c := range legs {
+		for _, c := range moved {
 			c.resend(ctx, u, q)
 		}
 		e.mu.Lock()
