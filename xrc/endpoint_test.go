@@ -433,6 +433,11 @@ func TestEndpointManyDialsThreeNodes(t *testing.T) { manyDialsClosing(t, 3, 2, t
 // them, the survivors unregistered theirs).
 func TestEndpointManyDialsKilled(t *testing.T) { manyDialsClosing(t, 2, 3, true, 2) }
 
+// TestEndpointManyDialsKilledThreeNodes is TestEndpointManyDialsKilled on
+// three nodes, one process killed on each: every process has an uplink to
+// each other node, and each node's TGTs carry two other nodes' senders.
+func TestEndpointManyDialsKilledThreeNodes(t *testing.T) { manyDialsClosing(t, 3, 3, true, 3) }
+
 // manyDialsClosing runs the stress test on nodes nodes of procs processes
 // each; every process dials every process of each later node (and back,
 // with bothWays), with GOXRC_STRESS_DIALS dials (100) from node to node
