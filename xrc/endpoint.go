@@ -713,7 +713,7 @@ func (e *Endpoint) takeReverse(c *Conn, acc *wire.Accept) {
 	e.mu.Lock()
 	tag := c.earlyTag
 	if c.failed() || c.recvLeg != nil || tag == 0 {
-		if !c.failed() { // a reverse section and a reciprocal leg: not ours to choose
+		if !c.failed() { // a section we did not ask for, or beside a reciprocal leg: not ours to choose
 			c.revErr = errBadReverse
 		}
 		e.mu.Unlock()
