@@ -202,17 +202,17 @@ func (ch *CompChannel) readEvents() bool {
 			ch.readErr = errnoOr(err, syscall.EIO)
 			return true
 		}
-		ch.c.regMu.Lock()
+		ch.c.reg.mu.Lock()
 		for _, p := range unsafe.Slice(ch.cbuf, int(n)) {
 			// A CQ closed since its event was queued is gone from the
 			// registry; its event is simply dropped.
-			if q := ch.c.cqs[p]; q != nil {
+			if q := ch.c.reg.cqs[p]; q != nil {
 				q.armed.Store(false)
 				ch.want[ch.got] = q
 				ch.got++
 			}
 		}
-		ch.c.regMu.Unlock()
+		ch.c.reg.mu.Unlock()
 		if ch.got > 0 {
 			return true
 		}
@@ -360,9 +360,9 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 		q.fd = fd
 	}
 	q.drain = q.drainEvents
-	c.regMu.Lock()
-	c.cqs[cq] = q
-	c.regMu.Unlock()
+	c.reg.mu.Lock()
+	c.reg.cqs[cq] = q
+	c.reg.mu.Unlock()
 	live.cqs.Created(q)
 	return q, nil
 }
@@ -619,9 +619,11 @@ func (q *CQ) Close() error {
 		return &OpError{Op: "ibv_destroy_cq", Addr: q.tag, Err: rcErr(rc, cerr)}
 	}
 	cFree(q.scratch)
-	q.c.regMu.Lock()
-	delete(q.c.cqs, q.cq)
-	q.c.regMu.Unlock()
+	q.c.reg.mu.Lock()
+	if q.c.reg.cqs[q.cq] == q { // else a new CQ got the freed address
+		delete(q.c.reg.cqs, q.cq)
+	}
+	q.c.reg.mu.Unlock()
 	q.l.endClose(true)
 	live.cqs.Destroyed(q)
 	if q.ch != nil {

@@ -108,9 +108,52 @@ type Context struct {
 	asyncStop chan struct{}
 	asyncDone chan struct{}
 
-	regMu sync.Mutex
+	reg *registry
+}
+
+// registry maps one C device context's CQs and SRQs to their Go objects,
+// for the readers of completion channels and async events. Every wrapper of
+// the context shares it (librdmacm's context may be wrapped more than once:
+// cbridge.WrapContext), so a CQ made through one wrapper on a channel made
+// through another is found by that channel's reader.
+type registry struct {
+	mu    sync.Mutex
 	srqs  map[*C.struct_ibv_srq]*SRQ
 	cqs   map[*C.struct_ibv_cq]*CQ
+	users int // open wrappers; guarded by registries
+}
+
+// registries holds the registry of every C context with an open wrapper.
+var registries struct {
+	sync.Mutex
+	m map[*C.struct_ibv_context]*registry
+}
+
+func acquireRegistry(c *C.struct_ibv_context) *registry {
+	registries.Lock()
+	defer registries.Unlock()
+	r := registries.m[c]
+	if r == nil {
+		if registries.m == nil {
+			registries.m = map[*C.struct_ibv_context]*registry{}
+		}
+		r = &registry{srqs: map[*C.struct_ibv_srq]*SRQ{}, cqs: map[*C.struct_ibv_cq]*CQ{}}
+		registries.m[c] = r
+	}
+	r.users++
+	return r
+}
+
+// releaseRegistry drops a closed wrapper's use; the last one forgets the
+// registry, before the C context can be closed and its address reused.
+func releaseRegistry(c *C.struct_ibv_context) {
+	registries.Lock()
+	defer registries.Unlock()
+	if r := registries.m[c]; r != nil {
+		if r.users--; r.users == 0 {
+			delete(registries.m, c)
+		}
+	}
 }
 
 // OpenDevice opens the device called name. An unknown name gives an
@@ -137,8 +180,7 @@ func OpenDevice(name string) (*Context, error) {
 }
 
 func newContext(c *C.struct_ibv_context, name string, owned bool) *Context {
-	ctx := &Context{ctx: c, name: name, owned: owned,
-		srqs: map[*C.struct_ibv_srq]*SRQ{}, cqs: map[*C.struct_ibv_cq]*CQ{}}
+	ctx := &Context{ctx: c, name: name, owned: owned, reg: acquireRegistry(c)}
 	live.contexts.Created(ctx)
 	return ctx
 }
@@ -344,17 +386,17 @@ func (c *Context) pumpAsync() {
 
 func (c *Context) convertAsync(raw *C.struct_goxrc_async) AsyncEvent {
 	ev := AsyncEvent{Type: AsyncEventType(raw._type), QPNum: uint32(raw.qp_num), Port: uint8(raw.port)}
-	c.regMu.Lock()
+	c.reg.mu.Lock()
 	if raw.srq != nil {
-		ev.SRQ = c.srqs[raw.srq]
+		ev.SRQ = c.reg.srqs[raw.srq]
 		if ev.SRQ != nil {
 			ev.SRQNum = ev.SRQ.num
 		}
 	}
 	if raw.cq != nil {
-		ev.CQ = c.cqs[raw.cq]
+		ev.CQ = c.reg.cqs[raw.cq]
 	}
-	c.regMu.Unlock()
+	c.reg.mu.Unlock()
 	return ev
 }
 
@@ -374,6 +416,7 @@ func (c *Context) Close() error {
 		c.asyncFD.Close()
 		<-c.asyncDone
 	}
+	releaseRegistry(c.ctx)
 	if c.owned {
 		if rc, cerr := C.ibv_close_device(c.ctx); rc != 0 {
 			// The Go side is gone already; report, but the context is closed.

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -33,6 +34,9 @@ type sendScratch struct {
 	sges  []C.struct_ibv_sge
 	inl   []byte // inline arena
 	bad   *C.int
+	// ahs holds the AHs of the chain being posted (UD), each in use until
+	// the post returns: the driver reads them inside ibv_post_send.
+	ahs []*AH
 }
 
 func (s *sendScratch) alloc(chain, sge, inline int) bool {
@@ -326,6 +330,9 @@ func (q *QP) allocScratch() error {
 		if !q.send.alloc(chain, chain*max(1, int(q.cap.MaxSendSGE)), inl) {
 			return &OpError{Op: "ibv_create_qp_ex", Addr: q.tag, Err: syscall.ENOMEM}
 		}
+		if q.typ == QPTypeUD {
+			q.send.ahs = make([]*AH, 0, chain)
+		}
 	}
 	if !q.srq && q.typ != QPTypeXRCRecv && q.typ != QPTypeXRCSend && q.cap.MaxRecvWR > 0 {
 		chain := chainSize(q.cap.MaxRecvWR)
@@ -517,6 +524,7 @@ func (q *QP) PostSend(wrs []SendWR) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.releaseAHs()
 	if err := q.fillSend(wrs); err != nil {
 		return &OpError{Op: "ibv_post_send", Addr: q.tag, Err: err}
 	}
@@ -580,14 +588,36 @@ func (q *QP) fillSend(wrs []SendWR) error {
 		in.remote_qkey = C.uint32_t(w.RemoteQKey)
 		in.ah = nil
 		if q.typ == QPTypeUD {
-			if w.AH == nil || w.AH.ah == nil || !w.AH.l.use() {
+			if w.AH == nil || w.AH.ah == nil || !s.holdAH(w.AH) {
 				return &PostError{Index: i, Err: &explained{syscall.EINVAL, "UD send needs an open AH"}}
 			}
 			in.ah = w.AH.ah
-			w.AH.l.done()
 		}
 	}
 	return nil
+}
+
+// holdAH keeps a in use until releaseAHs, once however many requests of
+// the chain name it: a second read lock behind a waiting Close would
+// deadlock.
+func (s *sendScratch) holdAH(a *AH) bool {
+	if slices.Contains(s.ahs, a) {
+		return true
+	}
+	if !a.l.use() {
+		return false
+	}
+	s.ahs = append(s.ahs, a)
+	return true
+}
+
+// releaseAHs ends the uses holdAH took on the chain's AHs.
+func (s *sendScratch) releaseAHs() {
+	for i, a := range s.ahs {
+		a.l.done()
+		s.ahs[i] = nil
+	}
+	s.ahs = s.ahs[:0]
 }
 
 // PostRecv posts a chain of receive work requests with one C call and no
@@ -752,9 +782,9 @@ func (s *SRQ) finish(op string, maxWR, maxSGE uint32) (*SRQ, error) {
 		s.num = uint32(num)
 		s.tag = fmt.Sprintf("%s srq %#x", s.c.name, s.num)
 	}
-	s.c.regMu.Lock()
-	s.c.srqs[s.srq] = s
-	s.c.regMu.Unlock()
+	s.c.reg.mu.Lock()
+	s.c.reg.srqs[s.srq] = s
+	s.c.reg.mu.Unlock()
 	live.srqs.Created(s)
 	return s, nil
 }
@@ -835,9 +865,11 @@ func (s *SRQ) Close() error {
 		s.l.endClose(false)
 		return &OpError{Op: "ibv_destroy_srq", Addr: s.tag, Err: rcErr(rc, cerr)}
 	}
-	s.c.regMu.Lock()
-	delete(s.c.srqs, s.srq)
-	s.c.regMu.Unlock()
+	s.c.reg.mu.Lock()
+	if s.c.reg.srqs[s.srq] == s { // else a new SRQ got the freed address
+		delete(s.c.reg.srqs, s.srq)
+	}
+	s.c.reg.mu.Unlock()
 	s.recv.free()
 	s.release()
 	s.l.endClose(true)

@@ -12,6 +12,15 @@ func makeWidget(c *Counter, obj any) { c.Created(obj) }
 func TestCounterCountsAndReportsWhereObjectsCameFrom(t *testing.T) {
 	c := &Counter{Kind: "widget"}
 	early := new(int)
+	if !Enabled() {
+		// Back to off for the next run of -count: Enable is for good.
+		t.Cleanup(func() {
+			tracing.Store(false)
+			mu.Lock()
+			traced = nil
+			mu.Unlock()
+		})
+	}
 	if os.Getenv(EnvVar) == "" {
 		if Enabled() {
 			t.Fatal("tracing on without Enable or " + EnvVar)

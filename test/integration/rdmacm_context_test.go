@@ -3,9 +3,15 @@
 package integration
 
 import (
+	"context"
+	"net/netip"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/verbs"
 )
 
 // rdmacmCheckContext checks the verbs context of a bound id.
@@ -21,5 +27,58 @@ func rdmacmCheckContext(t *testing.T, id *rdmacm.ID, dev string) {
 	}
 	if err := c.Close(); err != nil {
 		t.Errorf("closing the wrapper: %v", err)
+	}
+}
+
+// TestVerbsSharedChannelAcrossWrappers: librdmacm's device context can be
+// wrapped more than once (each ID.Context call wraps it anew). A CQ made
+// through one wrapper on a shared channel made through another must still
+// have its events delivered by that channel: the wrappers share one
+// registry of CQs. Before they did, the channel's reader found no such CQ
+// and dropped its events, and GetEvents waited for ever.
+func TestVerbsSharedChannelAcrossWrappers(t *testing.T) {
+	_, ip := rdmacmEnv(t)
+	l := rdmacmListen(t, rdmacmChannel(t), rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(ip, 20112))
+	wa, wb := l.Context(), l.Context()
+	require.NotNil(t, wa)
+	require.NotNil(t, wb)
+	require.NotSame(t, wa, wb, "two wrappers of one C context")
+	cleanupClose(t, wa)
+	cleanupClose(t, wb)
+
+	ch, err := wa.NewSharedCompChannel()
+	require.NoError(t, err)
+	cleanupClose(t, ch)
+	pd, err := wb.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	cqB, err := wb.CreateCQ(16, ch, 0) // the other wrapper's channel
+	require.NoError(t, err)
+	cleanupClose(t, cqB)
+	cqA, err := wa.CreateCQ(16, ch, 0)
+	require.NoError(t, err)
+	cleanupClose(t, cqA)
+	mr, err := pd.RegMR(4096, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	cleanupClose(t, mr)
+	snd, rcv := smallRCQP(t, pd, cqA), smallRCQP(t, pd, cqB)
+	connectRC(t, wb, snd, rcv)
+
+	require.NoError(t, cqA.ReqNotify(false))
+	require.NoError(t, cqB.ReqNotify(false))
+	require.NoError(t, rcv.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
+	require.NoError(t, snd.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
+	seen := map[*verbs.CQ]bool{}
+	cqs := make([]*verbs.CQ, 4)
+	wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for len(seen) < 2 {
+		n, err := ch.GetEvents(wait, cqs)
+		require.NoError(t, err, "events seen: %v (cqA %p, cqB %p)", seen, cqA, cqB)
+		for _, q := range cqs[:n] {
+			require.True(t, q == cqA || q == cqB, "an event names one of the channel's CQs")
+			seen[q] = true
+		}
 	}
 }

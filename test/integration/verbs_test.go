@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -780,6 +781,49 @@ func TestVerbsUDLoopback(t *testing.T) {
 	require.Equal(t, a.Num(), recv.SrcQP)
 	require.NotZero(t, recv.Flags&verbs.WCWithGRH)
 	require.Equal(t, "datagram", string(mr.Bytes()[40:48]))
+
+	// A chain naming one AH twice: PostSend holds each AH until the post
+	// returns (the driver reads it there), once per AH, and both go out.
+	require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: 3, SGL: []verbs.SGE{mr.SGE(0, 40+256)}}, {ID: 4, SGL: []verbs.SGE{mr.SGE(512, 40+256)}}}))
+	ud := func(id uint64, ah *verbs.AH) verbs.SendWR {
+		return verbs.SendWR{ID: id, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, Inline: []byte("twice"), AH: ah, RemoteQPN: b.Num(), RemoteQKey: qkey}
+	}
+	require.NoError(t, a.PostSend([]verbs.SendWR{ud(5, ah), ud(6, ah)}))
+	wcs = p.collect(t, 4)
+	for _, id := range []uint64{3, 4, 5, 6} {
+		require.Equal(t, id, byID(wcs, id).WRID, "completion of request %d", id)
+	}
+
+	// An AH closed while another goroutine posts with it: Close waits for
+	// a post under way and succeeds, and later posts fail cleanly.
+	ah2, err := pd.CreateAH(verbs.AHAttr{IsGlobal: true, PortNum: verbsPort,
+		GRH: verbs.GlobalRoute{DGID: gid.GID, SGIDIndex: uint8(gid.Index), HopLimit: 64}})
+	require.NoError(t, err)
+	started, posted := make(chan struct{}), make(chan error, 1)
+	var once sync.Once
+	start := func() { once.Do(func() { close(started) }) }
+	go func() {
+		var err error
+		for i := uint64(0); err == nil; i++ {
+			if err = a.PostSend([]verbs.SendWR{ud(100+i, ah2)}); err == nil {
+				_, err = p.cq.Wait(context.Background(), p.wcs) // the send's completion (b posts no receive)
+			}
+			if i == 20 {
+				start()
+			}
+		}
+		start()
+		posted <- err
+	}()
+	<-started
+	require.NoError(t, ah2.Close())
+	select {
+	case err := <-posted:
+		require.ErrorAs(t, err, &pe, "a post after Close: %v", err)
+		require.ErrorIs(t, err, syscall.EINVAL)
+	case <-time.After(10 * time.Second):
+		t.Fatal("posting goroutine still running 10 s after the AH closed")
+	}
 }
 
 func TestVerbsCloseWakesWait(t *testing.T) {
