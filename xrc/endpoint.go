@@ -510,9 +510,17 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.HandshakeTimeout)
 		defer cancel()
 	}
+	// Close ends the dial too: its exchanges wait for the peer on ctx.
+	caller := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(e.ctx, cancel)()
 	c, err := e.dialOnce(ctx, raddr, false)
 	if errors.Is(err, errReverseGone) && ctx.Err() == nil {
 		c, err = e.dialOnce(ctx, raddr, true)
+	}
+	if err != nil && e.ctx.Err() != nil && caller.Err() == nil {
+		return nil, e.closedErr("dial")
 	}
 	return c, err
 }
@@ -681,11 +689,15 @@ func (e *Endpoint) readingAcceptFrom(node netip.Addr) bool {
 // reverse leg in the ACCEPT when we have a live uplink to the requester's
 // node: c's sending leg rides that uplink at once, to the receive tag the
 // requester announced, and the requester registers it itself. Without a
-// live uplink (or if the section does not fit) it returns false and the
-// reverse leg goes the old way, a reciprocal VIRT_REQ (or PHYS_REQ).
+// live uplink into the requester's own domain (or if the section does not
+// fit) it returns false and the reverse leg goes the old way, a reciprocal
+// VIRT_REQ (or PHYS_REQ). The domain must be known: a requester's node may
+// hold several domains, the request does not say which is the requester's,
+// and a reverse leg into another domain fails the dial (the requester
+// refuses it). The old way learns the domain for the next dial.
 func (e *Endpoint) bindReverseLocked(c *Conn, leg *Leg) ([]byte, bool) {
 	u := e.uplinkForLocked(c.raddr)
-	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 || !u.hasOpenLeg() {
+	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 || u.dom != e.addrDom[c.raddr] || !u.hasOpenLeg() {
 		return nil, false
 	}
 	tag := e.newTagLocked()
@@ -807,7 +819,11 @@ func (e *Endpoint) abortDial(c *Conn, err error) error {
 }
 
 // watchPassive follows a physical link we accepted (we created the TGT):
-// RTU, then the DREQ that says the sender's INI is gone.
+// RTU, then the DREQ that says the sender's INI is gone. A sender that
+// takes the CONNECT_RESPONSE and never sends the RTU would hold the TGT,
+// its count and the connection for ever (the kernel CM waited over 40 s on
+// rxe, facts.md): without the RTU within the handshake timeout, or with the
+// CM's word that the reply went unanswered, the link ends.
 func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn, leg *Leg) {
 	e.mu.Lock()
 	e.passive[id] = struct{}{}
@@ -822,16 +838,31 @@ func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn, leg *Leg
 				e.k.DestroyID(id)
 			}
 		}()
+		rtu, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+		defer cancel()
+		wait := rtu
 		for {
-			ev, err := e.k.Event(e.ctx, id)
+			ev, err := e.k.Event(wait, id)
 			if err != nil {
+				if e.ctx.Err() == nil && c != nil { // no RTU in time
+					c.fail(errNoRTU)
+				}
 				return
 			}
 			switch ev.Type {
 			case kernel.EventEstablished:
+				wait = e.ctx
 				if c != nil {
 					e.recvLegUp(c)
 				}
+			case kernel.EventUnreachable:
+				if wait != rtu {
+					continue
+				}
+				if c != nil { // the REP went unanswered
+					c.fail(errNoRTU)
+				}
+				return
 			case kernel.EventRejected:
 				if c == nil {
 					return

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -146,6 +148,36 @@ func TestEndpointDomainMismatchReroutes(t *testing.T) {
 	}
 }
 
+// TestEndpointReverseLegIntoDialersDomain: two domains on the dialer's
+// node. The acceptor a holds an uplink into the first (made for p1's
+// connection) when p2, of the second domain, dials it for the first time
+// over an uplink p2 already has (made by dialing a2, a's neighbour). a must
+// not put a reverse leg over its uplink into p1's domain in the ACCEPT:
+// p2 refuses such a leg and the dial failed, every time, since a never
+// learned p2's domain. a now answers the old way (a reciprocal request,
+// which learns the domain), and p2's next dials take one exchange.
+func TestEndpointReverseLegIntoDialersDomain(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.40.1", 7000)
+	a2 := w.endpoint("10.0.40.1", 7001)
+	p1 := w.endpoint("10.0.40.2", 7000)
+	p2 := w.endpoint("10.0.40.2", 7001, func(c *Config) { c.DomainDir = t.TempDir() + "/other" })
+	if p1.dom.ID == p2.dom.ID {
+		t.Fatal("one domain")
+	}
+	pair(t, p1, a)
+	pair(t, p2, a2)
+	for i := 0; i < 3; i++ {
+		before := p2.Stats().OneExchange
+		c, d := pair(t, p2, a)
+		roundTrip(t, c, d, []byte("p2 to a"))
+		roundTrip(t, d, c, []byte("a to p2"))
+		if one := p2.Stats().OneExchange - before; (i == 0) != (one == 0) {
+			t.Fatalf("dial %d took %d one-exchange reverse legs: want none the first time (domain unknown), one after", i, one)
+		}
+	}
+}
+
 // The exported fabric is all a user needs: no kernel types in sight.
 func ExampleNewEndpoint() {
 	f := memfabric.New()
@@ -234,5 +266,37 @@ func TestEndpointCloseDuringDials(t *testing.T) {
 		if n := a.sidrGoing.Load(); n != 0 {
 			t.Fatalf("%d SIDR ids left to destroy after Close", n)
 		}
+	}
+}
+
+// TestEndpointCloseEndsWaitingDial: Close ends a Dial whose exchange waits
+// for a peer that never answers (its listeners take requests and say
+// nothing), with ErrClosed, long before the dial's own deadline. The
+// exchanges used to wait on the dial's context only, so Close returned and
+// the Dial waited on until its deadline.
+func TestEndpointCloseEndsWaitingDial(t *testing.T) {
+	w := newWorld(t)
+	d := w.endpoint("10.0.42.1", 7000)
+	k := w.rawKernel("10.0.42.2")
+	peer := netip.MustParseAddrPort("10.0.42.2:7000")
+	for _, ex := range []kernel.Exchange{kernel.ExchangeXRC, kernel.ExchangeSIDR} {
+		if _, err := k.Listen(peer, ex); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := d.Dial(ctxT(t, 20*time.Second), peer.String())
+		errc <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the PHYS_REQ is out
+	d.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("Dial ended by Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(testHandshake):
+		t.Fatal("Dial still waiting for its peer after the endpoint closed")
 	}
 }

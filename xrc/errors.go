@@ -45,6 +45,7 @@ var (
 	errIdle        = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)
 	errAbandoned   = fmt.Errorf("%w: the dialer gave up on the connection", ErrPeerGone)
 	errStaleLink   = fmt.Errorf("%w: its INI's CM connection ended without FIN", ErrPeerGone)
+	errNoRTU       = fmt.Errorf("%w: the sender never completed its physical link (no RTU)", ErrPeerGone)
 	errRetries     = fmt.Errorf("%w: sends keep failing", ErrPeerGone)
 	errIncarnation = fmt.Errorf("%w: answered by another incarnation", ErrPeerGone)
 	errUplinkGone  = fmt.Errorf("%w: uplink gone during the request", ErrPeerGone)

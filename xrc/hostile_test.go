@@ -281,3 +281,37 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 		t.Fatalf("leg 2: %q %v", buf[:n], err)
 	}
 }
+
+// TestEndpointHostilePhysReqWithoutRTU: a sender that takes the
+// CONNECT_RESPONSE to its PHYS_REQ and never sends the RTU (nor destroys
+// its id) holds the TGT the acceptor made, its count and a half-made
+// connection until the handshake timeout, and then nothing. It used to hold
+// them until the endpoint closed: a way to exhaust an acceptor.
+func TestEndpointHostilePhysReqWithoutRTU(t *testing.T) {
+	w := newWorld(t)
+	r := w.endpoint("10.0.41.2", 7001)
+	k := w.rawKernel("10.0.41.1")
+	_, iniQPN, err := k.CreateINI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, ConnTag: 1, Incarnation: 0xE71, INIQPN: iniQPN, SRQN: 0x30, ReplyPort: 9, Credits: 8, MaxMessage: MaxMessageSize})
+	start := time.Now()
+	id, err := k.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeXRC, iniQPN, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := k.Event(ctxT(t, time.Second), id); err != nil || ev.Type != kernel.EventConnectResponse {
+		t.Fatalf("answer to the PHYS_REQ: %v %v", ev.Type, err)
+	}
+	if st := r.Stats(); st.Downlinks != 1 || st.LocalCounts != 1 || st.Conns != 1 {
+		t.Fatalf("while the RTU is awaited: %+v, want the leg held", st)
+	}
+	eventuallyWithin(t, testHandshake+2*time.Second, "the leg released without an RTU", func() (bool, string) {
+		st := r.Stats()
+		return st.Conns == 0 && st.LocalCounts == 0 && st.Downlinks == 0 && st.QPs == 0, fmt.Sprintf("%+v", st)
+	})
+	if d := time.Since(start); d < testHandshake-time.Second {
+		t.Fatalf("released after %v, before the handshake timeout (%v)", d, testHandshake)
+	}
+}
