@@ -75,6 +75,7 @@ type Acceptor struct {
 	byTGT   map[uint32]*Downlink
 	legs    map[legKey]*Leg
 	nextTag uint32
+	closed  bool // by Close: registers nothing more
 }
 
 type legKey struct {
@@ -116,6 +117,9 @@ type Decision struct {
 func (a *Acceptor) Decide(e kernel.Event) Decision {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed { // its endpoint is going: the dialer's retry finds no listener
+		return a.reject(0, wire.RejectBusyRetry, 0, nil)
+	}
 	if !a.cfg.Kernel.XRC() {
 		return a.reject(0, wire.RejectNoXRC, 0, nil)
 	}
@@ -381,6 +385,11 @@ func (a *Acceptor) AddReverse(l *Leg, rev wire.Reverse) ([]byte, bool) {
 func (a *Acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from netip.Addr, replyPort uint16) (*Leg, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed {
+		// A dial's reverse leg racing the endpoint's Close: a TGT opened
+		// now would outlive the domain's close.
+		return nil, ErrClosed
+	}
 	rev := acc.Rev
 	if acc.Flags&wire.AcceptReverse == 0 || rev.DomainID != a.cfg.DomainID {
 		return nil, errBadReverse
@@ -508,6 +517,7 @@ func (a *Acceptor) LegAccepts(l *Leg, qpn uint32) bool {
 func (a *Acceptor) Close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.closed = true
 	for _, dl := range a.byTGT {
 		a.cfg.Kernel.DestroyQP(dl.qp)
 	}

@@ -3,6 +3,7 @@ package xrc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/netip"
 	"path/filepath"
 	"sync"
@@ -605,4 +606,24 @@ func TestAcceptorMove(t *testing.T) {
 			t.Fatal("a refused MOVE left something behind")
 		}
 	})
+}
+
+// A closed acceptor registers nothing: a request is refused BUSY_RETRY, and
+// a reverse leg (a dial's ACCEPT racing its endpoint's Close) opens no TGT,
+// which would outlive the domain's close.
+func TestAcceptorClosedRegistersNothing(t *testing.T) {
+	e := newEnv(t)
+	_, u := e.phys(e.r2, nil) // a TGT r1 could open and verify
+	e.r1.acc.Close()
+	req := e.nextReq(wire.TypeVirtReq)
+	req.INIQPN, req.TGTQPNHint, req.DomainHint = u.iniQPN, u.tgtQPN, u.domain
+	wantReject(t, e.virt(e.r1, req), wire.RejectBusyRetry)
+	acc := &wire.Accept{Flags: wire.AcceptReverse, Incarnation: senderInc,
+		Rev: wire.Reverse{Tag: 9, INIQPN: u.iniQPN, TGTQPN: u.tgtQPN, DomainID: e.dom.ID}}
+	if leg, err := e.r1.acc.ReverseLeg(5, 6, acc, addrA, 30000); !errors.Is(err, ErrClosed) {
+		t.Fatalf("reverse leg on a closed acceptor: %+v %v", leg, err)
+	}
+	if n := e.b.TGTHandles(u.tgtQPN); n != 1 {
+		t.Fatalf("TGT has %d handles, want r2's only", n)
+	}
 }
