@@ -126,9 +126,10 @@ type Conn struct {
 	kaStop      chan struct{} // closed by Close: ends the keepalive loop
 	releaseOnce sync.Once
 	releaseErr  error
+	graceful    chan struct{} // closed when the first Close has sent its FIN and drained
 
-	sendMu   sync.Mutex // serialises senders
-	sendPace yieldPacer // sends' yield checks; guarded by sendMu
+	sendTurn turn       // serialises senders
+	sendPace yieldPacer // sends' yield checks; guarded by sendTurn
 	pollPace yieldPacer // progress rounds', likewise; the polling leader's
 	// spinNext says whether progress rounds busy-poll: not until the first
 	// completion (the polling leader's). A fresh connection's first wait
@@ -153,9 +154,9 @@ type Conn struct {
 	spinFor     time.Duration
 	lateCatches int
 	noStretch   bool
-	recvMu      sync.Mutex // serialises receivers
+	recvTurn    turn       // serialises receivers
 	postMu      sync.Mutex // orders sequence numbers with posts
-	rdmaMu      sync.Mutex // one one-sided operation at a time
+	rdmaTurn    turn       // one one-sided operation at a time
 	repostMu    sync.Mutex // one batch of receive reposts at a time; owns flushBuf
 	flushBuf    []int
 
@@ -252,6 +253,10 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		flushBuf:  make([]int, 0, p.recvSlots),
 		sigEvery:  sigInterval(p.sendSlots, p.raw),
 		recvBatch: repostBatch(p.recvSlots),
+		graceful:  make(chan struct{}),
+		sendTurn:  newTurn(),
+		recvTurn:  newTurn(),
+		rdmaTurn:  newTurn(),
 	}
 	c.lastYield.Store(int64(time.Since(epoch))) // a new connection has nothing to yield for yet
 	if c.log == nil {
@@ -329,8 +334,10 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 	if c.x != nil {
 		return c.sendXRC(ctx, p, hasImm)
 	}
-	c.sendMu.Lock()
-	defer c.sendMu.Unlock()
+	if err := c.sendTurn.take(ctx); err != nil {
+		return c.opErr("send", err)
+	}
+	defer c.sendTurn.give()
 	c.sendPace.tick(c)
 	for {
 		// postFrame checks everything under its locks; without a free
@@ -621,8 +628,10 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	if c.x != nil {
 		return c.recvXRC(ctx, buf)
 	}
-	c.recvMu.Lock()
-	defer c.recvMu.Unlock()
+	if err := c.recvTurn.take(ctx); err != nil {
+		return 0, 0, false, c.opErr("recv", err)
+	}
+	defer c.recvTurn.give()
 	c.mu.Lock()
 	for c.ready.Len() == 0 {
 		if c.peerFin {
@@ -1067,11 +1076,21 @@ func (c *Conn) Close() error {
 	broken := c.err != nil
 	vanished := c.peerVanishedLocked()
 	c.mu.Unlock()
-	if first && !broken && !c.raw && c.claimFin() {
-		c.sendFin(ctx)
-	}
-	if first && !broken {
-		c.drainSends(ctx)
+	if first {
+		if !broken && !c.raw && c.claimFin() {
+			c.sendFin(ctx)
+		}
+		if !broken {
+			c.drainSends(ctx)
+		}
+		close(c.graceful)
+	} else {
+		// The first Close may still be sending its FIN or draining:
+		// releasing now would shut the QP under them.
+		select {
+		case <-c.graceful:
+		case <-ctx.Done():
+		}
 	}
 	c.releaseOnce.Do(func() {
 		if c.kaStop != nil {

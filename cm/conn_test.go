@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -340,6 +341,11 @@ func TestConnOneSided(t *testing.T) {
 	require.NoError(t, a.ReadRemote(ctx, local, 1000, 9, desc, 200))
 	require.Equal(t, "read by a", string(local.Bytes()[1000:1009]))
 	require.Error(t, a.WriteRemote(ctx, local, 0, 10, desc, 4090), "beyond the remote region")
+	// Ranges whose ends wrap past the top of their types: refused, not
+	// passed on (the fake used to panic on its slice bounds).
+	require.Error(t, a.WriteRemote(ctx, local, math.MaxInt, 2, desc, 0), "local offset + length wraps")
+	require.Error(t, a.WriteRemote(ctx, local, 0, 16, desc, math.MaxUint64-7), "remote offset + length wraps")
+	require.Error(t, a.ReadRemote(ctx, local, 4090, 10, desc, 0), "beyond the local region")
 	require.NoError(t, remote.Close())
 	err = a.WriteRemote(ctx, local, 0, 10, desc, 0)
 	require.Error(t, err, "a revoked region is not writable")
@@ -817,4 +823,60 @@ func TestConnCloseDoesNotWaitForVanishedPeer(t *testing.T) {
 			require.Equal(t, tc.vanished, w.ends[0].releasedVanished)
 		})
 	}
+}
+
+// A second Close while the first is still sending its FIN waits for it:
+// it used to release the connection at once, the FIN never went, and the
+// peer read "connection lost" instead of io.EOF after the last message.
+func TestConnConcurrentCloseKeepsGraceful(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{depth: [2]int{2, 2}})
+	ctx := ctxT(t)
+	require.NoError(t, a.Send(ctx, []byte("last words")))
+	// a's FIN must wait for room, as after a credit frame took a's last
+	// credit; b gives it back below.
+	a.mu.Lock()
+	saved := a.credits
+	a.credits = 0
+	a.mu.Unlock()
+	first := make(chan error, 1)
+	go func() { first <- a.Close() }()
+	time.Sleep(20 * time.Millisecond) // the first Close waits to send its FIN
+	second := make(chan error, 1)
+	go func() { second <- a.Close() }()
+	time.Sleep(20 * time.Millisecond)
+	a.mu.Lock()
+	a.credits = saved // what a credit return does; b's message ends a's wait
+	a.mu.Unlock()
+	require.NoError(t, b.Send(ctx, []byte("credit")))
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	buf := make([]byte, 64)
+	n, err := b.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "last words", string(buf[:n]))
+	_, err = b.Recv(ctx, buf)
+	require.ErrorIs(t, err, io.EOF, "the FIN, sent by the first Close")
+}
+
+// Bad options are refused, each with an error that names it, before any
+// device or CM work (a negative backlog panicked Listen after its id was
+// listening).
+func TestOptionsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		opt  Option
+		want string
+	}{
+		{WithQueueDepth(0), "queue depth"},
+		{WithMessageSize(1<<30 + 1), "message size"},
+		{WithInlineThreshold(-1), "inline threshold"},
+		{WithHandshakeTimeout(0), "handshake timeout"},
+		{WithBusyPoll(-time.Second), "busy-poll"},
+		{WithKeepalive(-time.Second), "keepalive"},
+		{WithBacklog(-1), "backlog"},
+	} {
+		_, err := newConfig([]Option{tc.opt})
+		require.ErrorContains(t, err, tc.want)
+	}
+	_, err := newConfig(nil)
+	require.NoError(t, err, "the defaults")
 }

@@ -294,10 +294,12 @@ func (c *Conn) start(t *rdmaTransport) {
 	t.onPeerGone = c.peerGone
 	t.onDeviceRemoved = c.deviceRemoved
 	t.onAsync, t.port = c.asyncEvent, t.id.Port()
-	t.dev.addConn(t)
+	// Everything Close reads is set before the device's event reader can
+	// see the connection: a fatal device event closes it from there.
+	c.startKeepalive()
 	t.inAsync = true
 	globalStats.connsOpen.Add(1)
 	globalStats.connsTotal.Add(1)
+	t.dev.addConn(t)
 	go t.watch()
-	c.startKeepalive()
 }

@@ -68,7 +68,10 @@ func newXRCConn(x *xrc.Conn, cfg config, release func()) *Conn {
 	globalStats.connsTotal.Add(1)
 	return &Conn{
 		x: x, xrelease: release, laddr: Addr{x.LocalAddr()}, raddr: Addr{x.RemoteAddr()},
-		maxSend: min(cfg.messageSize, x.MaxMessageSize()), maxRecv: cfg.messageSize,
+		// What the endpoint receives, which may be more than this Dial
+		// asked for (an endpoint shared by this process's dials takes the
+		// first one's size; the engine's floor is xrc.MinMessageSize).
+		maxSend: min(cfg.messageSize, x.MaxMessageSize()), maxRecv: x.MaxRecvSize(),
 	}
 }
 

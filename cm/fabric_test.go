@@ -1,8 +1,10 @@
 package cm
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -292,4 +294,65 @@ func fabricPair(ctx context.Context, t *testing.T, srv, cli *memfabric.Process, 
 	require.NotNil(t, s)
 	t.Cleanup(func() { s.Close() })
 	return c, s
+}
+
+// Over XRC a Conn receives what its endpoint takes, which can be more than
+// its own Dial asked for: a second Dial on the process's shared endpoint
+// with a smaller message size still reads the 4 KiB message its peer may
+// send, through the net.Conn adapter too. Its adapter used to read into a
+// buffer of the Dial's size, and the engine truncated the message and the
+// adapter dropped it ("short buffer").
+func TestFabricSharedDialerReceivesEndpointSize(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
+	require.NoError(t, err)
+	defer l.Close()
+	acc := make(chan *Conn, 2)
+	go func() {
+		for {
+			a, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			acc <- a
+		}
+	}()
+	dom := filepath.Join(t.TempDir(), "xrc")
+	c1, err := Dial(ctx, l.Addr().String(), WithFabric(cli), WithDomainPath(dom)) // opens the shared endpoint
+	require.NoError(t, err)
+	defer c1.Close()
+	s1 := <-acc
+	defer s1.Close()
+	c2, err := Dial(ctx, l.Addr().String(), WithFabric(cli), WithDomainPath(dom), WithMessageSize(1024))
+	require.NoError(t, err)
+	defer c2.Close()
+	s2 := <-acc
+	defer s2.Close()
+	msg := bytes.Repeat([]byte("0123456789abcdef"), 256)
+	require.NoError(t, s2.Send(ctx, msg))
+	require.NoError(t, s2.Send(ctx, msg))
+	nc := c2.NetConn()
+	require.NoError(t, nc.SetReadDeadline(time.Now().Add(5*time.Second)))
+	got := make([]byte, 2*len(msg))
+	_, err = io.ReadFull(nc, got)
+	require.NoError(t, err)
+	require.Equal(t, append(bytes.Clone(msg), msg...), got)
+}
+
+// A Recv buffer shorter than an XRC message gives ErrMessageTooLong and
+// leaves the message queued, as on RC (the engine used to truncate it).
+func TestFabricShortBufferKeepsMessage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), []Option{WithMessageSize(16)}, nil)
+	require.NoError(t, c.Send(ctx, make([]byte, 40))) // the engine's floor is 64 bytes
+	_, err := s.Recv(ctx, make([]byte, 16))
+	require.ErrorIs(t, err, ErrMessageTooLong)
+	n, err := s.Recv(ctx, make([]byte, 64))
+	require.NoError(t, err, "the message stays queued")
+	require.Equal(t, 40, n)
 }

@@ -202,7 +202,9 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 	sendSlots, recvSlots, hdr := cfg.slots()
 	sendSize := cfg.messageSize + hdr
 	if !cfg.raw {
-		sendSlots = int(peer.queueDepth) + 1
+		// Never more than our own depth: the peer's hello must not choose
+		// how much memory we register (agree caps credits to these slots).
+		sendSlots = min(int(peer.queueDepth)+1, sendSlots)
 		sendSize = min(cfg.messageSize, int(peer.maxMessage)) + hdr
 	}
 	// The QP goes to RTS in one step: the request named the peer's QP, and

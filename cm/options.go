@@ -117,6 +117,8 @@ func newConfig(opts []Option) (config, error) {
 		return c, fmt.Errorf("cm: negative busy-poll time")
 	case c.keepalive < 0:
 		return c, fmt.Errorf("cm: negative keepalive interval")
+	case c.backlog < 0:
+		return c, fmt.Errorf("cm: negative backlog %d", c.backlog)
 	}
 	return c, nil
 }

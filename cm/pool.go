@@ -2,6 +2,7 @@ package cm
 
 import (
 	"errors"
+	"math/bits"
 	"os"
 	"sync"
 
@@ -63,7 +64,12 @@ func (p *regPool) get(size int) (regBlock, error) {
 	if size <= 0 {
 		return regBlock{}, errors.New("empty buffer")
 	}
-	bsize := (size + blockAlign - 1) &^ (blockAlign - 1)
+	// Classes are powers of two: a peer's hello chooses our sizes (its
+	// queue depth and message size bound ours), and chunks of a class
+	// stay for the device's lifetime, so any-size classes would let a
+	// stream of odd hellos pin a new chunk each. This way there are at most
+	// a dozen classes (blockAlign to poolMaxBlock).
+	bsize := max(blockAlign, 1<<bits.Len(uint(size-1)))
 	if bsize > poolMaxBlock {
 		mr, err := p.pd.RegMR(size, verbs.AccessLocalWrite)
 		if err != nil {

@@ -39,7 +39,7 @@ type rdmaTransport struct {
 
 	sendWR  [1]verbs.SendWR // posts are serialised by the Conn's postMu
 	sendSGE [1]verbs.SGE
-	rdmaWR  [1]verbs.SendWR // one-sided posts, serialised by the Conn's rdmaMu
+	rdmaWR  [1]verbs.SendWR // one-sided posts, serialised by the Conn's rdmaTurn
 	rdmaSGE [1]verbs.SGE
 	recvMu  sync.Mutex
 	recvWR  []verbs.RecvWR // one chain of up to recvSlots

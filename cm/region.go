@@ -104,14 +104,18 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	if c.x != nil {
 		return c.opErr(op, fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
 	}
-	if off < 0 || n < 0 || off+n > len(local.Bytes()) {
-		return c.opErr(op, fmt.Errorf("local range [%d, %d) outside the %d-byte region", off, off+n, len(local.Bytes())))
+	// Written so that no sum can wrap: off+n or roff+n past the top of
+	// their types would pass a plain comparison.
+	if size := len(local.Bytes()); off < 0 || n < 0 || off > size || n > size-off {
+		return c.opErr(op, fmt.Errorf("local range of %d bytes at %d outside the %d-byte region", n, off, size))
 	}
-	if roff+uint64(n) > uint64(remote.Len) {
-		return c.opErr(op, fmt.Errorf("remote range [%d, %d) outside the %d-byte region", roff, roff+uint64(n), remote.Len))
+	if rlen := uint64(remote.Len); roff > rlen || uint64(n) > rlen-roff {
+		return c.opErr(op, fmt.Errorf("remote range of %d bytes at %d outside the %d-byte region", n, roff, remote.Len))
 	}
-	c.rdmaMu.Lock()
-	defer c.rdmaMu.Unlock()
+	if err := c.rdmaTurn.take(ctx); err != nil {
+		return c.opErr(op, err)
+	}
+	defer c.rdmaTurn.give()
 	c.mu.Lock()
 	if c.err != nil || c.closing {
 		err := c.err

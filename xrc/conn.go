@@ -112,6 +112,10 @@ func (c *Conn) MaxMessageSize() int {
 	return c.sendMax
 }
 
+// MaxRecvSize is the largest message c may receive: what our endpoint
+// takes (its Config.MaxMessageSize). A Recv buffer of this size always fits.
+func (c *Conn) MaxRecvSize() int { return c.e.cfg.MaxMessageSize }
+
 func (c *Conn) failed() bool { return c.err != nil }
 
 func (c *Conn) errOr(def error) error {
@@ -611,8 +615,9 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 }
 
 // Recv waits for the next message and copies it into buf. A message longer
-// than buf is truncated, with io.ErrShortBuffer. After the peer's FIN and
-// the messages before it, Recv returns io.EOF.
+// than buf stays queued, and Recv returns ErrMessageTooLong (a buffer of
+// MaxRecvSize always fits). After the peer's FIN and the messages before
+// it, Recv returns io.EOF.
 func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 	e := c.e
 	for {
@@ -622,6 +627,10 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 			return 0, &opError{"recv", c.raddr.String(), ErrClosed}
 		}
 		if c.q.Len() > 0 {
+			if n := len(c.q.Peek()) - 1 - dataSeqLen; n > len(buf) {
+				e.mu.Unlock()
+				return 0, &opError{"recv", c.raddr.String(), fmt.Errorf("%w: %d-byte message, %d-byte buffer", ErrMessageTooLong, n, len(buf))}
+			}
 			frame := c.q.Pop()
 			if c.q.Len() > 0 {
 				c.wake()
@@ -631,13 +640,8 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 				c.returning = e.spawn(c.returnFn)
 			}
 			e.mu.Unlock()
-			m := frame[1+dataSeqLen:]
-			n := copy(buf, m)
-			short := n < len(m)
+			n := copy(buf, frame[1+dataSeqLen:])
 			kernel.FreePayload(frame)
-			if short {
-				return n, io.ErrShortBuffer
-			}
 			return n, nil
 		}
 		if c.finRcvd {

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -282,6 +283,49 @@ func TestCMHandshakeNeverCompleted(t *testing.T) {
 	require.NoError(t, c2.Close())
 	require.NoError(t, l.Close())
 	waitObjects(t, base, 10*time.Second)
+}
+
+// TestCMHelloCannotChooseOurMemory: a dialer's hello claiming the largest
+// queue depth (4000) and 1 MiB messages must not make the listener register
+// 4001 send buffers of its own message size (262 MB at the default 64 KiB),
+// pinned until the handshake timeout for a dialer that never completes: the
+// listener sends at most its own depth, so it registers about 4 MB.
+func TestCMHelloCannotChooseOurMemory(t *testing.T) {
+	dev, _ := softroce.Device(t)
+	base := baseline(t, dev)
+	l, addr := cmListen(t, cm.WithHandshakeTimeout(3*time.Second))
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	t.Cleanup(func() { ch.Close() })
+	before := registeredBytes(t)
+	id, ev, err := rawConnect(t, ch, addr, goxrcHello(4000, 1<<20))
+	t.Cleanup(func() { id.Close() })
+	require.NoError(t, err, "the listener should answer a valid hello")
+	require.Equal(t, "GXRC", string(ev.PrivateData[:4]))
+	grown := registeredBytes(t) - before // the pending connection's buffers
+	t.Logf("memory registered for the pending connection: %d bytes", grown)
+	require.Less(t, grown, int64(16<<20), "the peer's hello chose how much memory the listener pins")
+	require.NoError(t, id.Close())
+	require.NoError(t, ch.Close())
+	require.NoError(t, l.Close())
+	waitObjects(t, base, 10*time.Second)
+}
+
+// registeredBytes is this process's pinned memory (VmPin in
+// /proc/self/status): registering memory pins it.
+func registeredBytes(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmPin:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			require.NoError(t, err, "%q", line)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmPin in /proc/self/status")
+	return 0
 }
 
 func TestCMGarbageHandshake(t *testing.T) {

@@ -1,0 +1,58 @@
+package cm
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// turn serialises the callers of one operation (Send, Recv, one-sided
+// RDMA) like a mutex, except that a caller waiting for its turn gives up
+// when its context ends: a Send with a deadline must not wait for ever
+// behind a Send without one that is blocked on credits. Uncontended it
+// costs a TryLock and an atomic load, which keeps the per-message path as
+// cheap as with a plain mutex (a channel operation costs several mutex
+// round trips under emulation).
+type turn struct {
+	mu      sync.Mutex
+	waiters atomic.Int32
+	wake    chan struct{} // capacity 1: a turn may be free
+}
+
+func newTurn() turn { return turn{wake: make(chan struct{}, 1)} }
+
+// take waits for the turn, or returns ctx's error.
+func (t *turn) take(ctx context.Context) error {
+	if t.mu.TryLock() {
+		return nil
+	}
+	t.waiters.Add(1)
+	defer t.waiters.Add(-1)
+	for {
+		if t.mu.TryLock() {
+			return nil
+		}
+		select {
+		case <-t.wake:
+		case <-ctx.Done():
+			// The wake-up this waiter may have taken belongs to the others.
+			t.signal()
+			return ctx.Err()
+		}
+	}
+}
+
+// give ends the turn and wakes a waiter, if any.
+func (t *turn) give() {
+	t.mu.Unlock()
+	if t.waiters.Load() > 0 {
+		t.signal()
+	}
+}
+
+func (t *turn) signal() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
