@@ -3,10 +3,8 @@
 package integration
 
 import (
-	"context"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -64,21 +62,5 @@ func TestVerbsSharedChannelAcrossWrappers(t *testing.T) {
 	snd, rcv := smallRCQP(t, pd, cqA), smallRCQP(t, pd, cqB)
 	connectRC(t, wb, snd, rcv)
 
-	require.NoError(t, cqA.ReqNotify(false))
-	require.NoError(t, cqB.ReqNotify(false))
-	require.NoError(t, rcv.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
-	require.NoError(t, snd.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
-		SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
-	seen := map[*verbs.CQ]bool{}
-	cqs := make([]*verbs.CQ, 4)
-	wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for len(seen) < 2 {
-		n, err := ch.GetEvents(wait, cqs)
-		require.NoError(t, err, "events seen: %v (cqA %p, cqB %p)", seen, cqA, cqB)
-		for _, q := range cqs[:n] {
-			require.True(t, q == cqA || q == cqB, "an event names one of the channel's CQs")
-			seen[q] = true
-		}
-	}
+	sendSeeingEvents(t, ch, cqA, cqB, snd, rcv, mr)
 }

@@ -327,6 +327,30 @@ func smallRCQP(t *testing.T, pd *verbs.PD, cq *verbs.CQ) *verbs.QP {
 	return qp
 }
 
+// sendSeeingEvents arms the send CQ cqA and the receive CQ cqB of a shared
+// channel, sends one message from a to b, and waits until the channel has
+// reported an event for each CQ.
+func sendSeeingEvents(t *testing.T, ch *verbs.CompChannel, cqA, cqB *verbs.CQ, a, b *verbs.QP, mr *verbs.MR) {
+	t.Helper()
+	require.NoError(t, cqA.ReqNotify(false))
+	require.NoError(t, cqB.ReqNotify(false))
+	require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
+	require.NoError(t, a.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
+	seen := map[*verbs.CQ]bool{}
+	cqs := make([]*verbs.CQ, 4)
+	wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for len(seen) < 2 {
+		n, err := ch.GetEvents(wait, cqs)
+		require.NoError(t, err, "events seen: %v (send CQ %p, receive CQ %p)", seen, cqA, cqB)
+		for _, q := range cqs[:n] {
+			require.True(t, q == cqA || q == cqB, "an event names one of the channel's CQs")
+			seen[q] = true
+		}
+	}
+}
+
 // TestVerbsSharedCompChannel: many CQs on one channel, whose events one
 // reader takes with GetEvents.
 func TestVerbsSharedCompChannel(t *testing.T) {
@@ -363,22 +387,7 @@ func TestVerbsSharedCompChannel(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
-	require.NoError(t, cqA.ReqNotify(false))
-	require.NoError(t, cqB.ReqNotify(false))
-	require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
-	require.NoError(t, a.PostSend([]verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
-		SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
-	seen := map[*verbs.CQ]bool{}
-	wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for len(seen) < 2 {
-		n, err := ch.GetEvents(wait, cqs)
-		require.NoError(t, err)
-		for _, q := range cqs[:n] {
-			require.True(t, q == cqA || q == cqB, "an event names one of the channel's CQs")
-			seen[q] = true
-		}
-	}
+	sendSeeingEvents(t, ch, cqA, cqB, a, b, mr)
 	wcs := make([]verbs.WorkCompletion, 4)
 	for id, q := range map[uint64]*verbs.CQ{2: cqA, 1: cqB} {
 		n, err := q.Poll(wcs)
