@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -297,7 +298,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 		c.l.unref()
 		return nil, err
 	}
-	if cqe <= 0 {
+	if cqe <= 0 || cqe > math.MaxInt32 { // C.int would wrap
 		return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: &explained{syscall.EINVAL, fmt.Sprintf("cqe %d", cqe)}})
 	}
 	q := &CQ{c: c, ch: ch, waitSem: make(chan struct{}, 1)}
@@ -475,11 +476,9 @@ func (q *CQ) pollFor(wcs []WorkCompletion, spin time.Duration, armed *bool) (int
 	}
 	q.pollMu.Unlock()
 	if got < 0 {
-		e := syscall.EIO
-		if got < -1 {
-			e = syscall.Errno(-got)
-		}
-		return 0, &OpError{Op: "ibv_poll_cq", Addr: q.tag, Err: e}
+		// A negative count is the driver's own code, not an errno (mlx5's
+		// -2 is CQ_POLL_ERR, not ENOENT).
+		return 0, &OpError{Op: "ibv_poll_cq", Addr: q.tag, Err: &explained{syscall.EIO, fmt.Sprintf("the driver's poll failed (%d)", got)}}
 	}
 	return got, nil
 }

@@ -191,7 +191,9 @@ func (e *TypeError) Is(target error) bool { return target == syscall.EINVAL }
 // PostError says which work request of a chain failed (Index) and how
 // many were posted (Posted, those before Index, or none): the driver posts
 // in order up to the one it refuses, and this package's own checks refuse
-// a chain before any of it is posted.
+// a chain before any of it is posted. Both are -1 when the driver failed
+// the post without naming a request: how much of the chain went is then
+// unknown.
 type PostError struct {
 	Index  int
 	Posted int

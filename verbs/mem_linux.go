@@ -162,7 +162,8 @@ func (m *MR) Len() int {
 	return m.n
 }
 
-// SGE returns an SGE for the n bytes at offset off of the region.
+// SGE returns an SGE for the n bytes at offset off of the region. An SGE's
+// length is 32 bits: n must be under 4 GiB (split larger transfers).
 func (m *MR) SGE(off, n int) SGE {
 	return SGE{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.LKey()}
 }
