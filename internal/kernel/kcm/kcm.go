@@ -75,8 +75,8 @@ type CM struct {
 // after its REQ), but the address and route to a destination stay the same:
 // after each SIDR Connect, one id to the same destination is resolved in the
 // background, so the next exchange starts with its REQ. A spare older than
-// spareMaxAge is dropped unused (routes change); at most maxSpares
-// destinations keep one.
+// spareMaxAge is dropped unused (routes change): when a Connect takes it, or
+// when the table of at most maxSpares destinations is full.
 type spare struct {
 	done      chan struct{} // closed when resolving ended
 	id        *rdmacm.ID    // set on success, under CM.mu
@@ -169,18 +169,48 @@ func (c *CM) takeSpare(ctx context.Context, dst netip.AddrPort) (*rdmacm.ID, err
 	return id, nil
 }
 
+// reapSparesLocked forgets the spares too old to use (destinations not
+// dialled again since), so that they do not hold the table's slots, and
+// returns their ids to destroy.
+func (c *CM) reapSparesLocked() []*rdmacm.ID {
+	var ids []*rdmacm.ID
+	for dst, sp := range c.spares {
+		if sp.ready.IsZero() || time.Since(sp.ready) < spareMaxAge {
+			continue // still resolving, or fresh
+		}
+		if sp.id != nil {
+			ids = append(ids, sp.id)
+			sp.id = nil
+		}
+		delete(c.spares, dst)
+	}
+	return ids
+}
+
+func closeAll(ids []*rdmacm.ID) {
+	for _, id := range ids {
+		id.Close()
+	}
+}
+
 // prepareSpare resolves a SIDR id to dst in the background, unless one is
 // there or being made.
 func (c *CM) prepareSpare(dst netip.AddrPort) {
 	c.mu.Lock()
+	var stale []*rdmacm.ID
+	if len(c.spares) >= maxSpares {
+		stale = c.reapSparesLocked()
+	}
 	if c.closed || c.spares[dst] != nil || len(c.spares) >= maxSpares {
 		c.mu.Unlock()
+		closeAll(stale)
 		return
 	}
 	sp := &spare{done: make(chan struct{})}
 	c.spares[dst] = sp
 	c.prep.Add(1)
 	c.mu.Unlock()
+	closeAll(stale)
 	go func() {
 		defer c.prep.Done()
 		defer close(sp.done)

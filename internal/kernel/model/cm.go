@@ -221,8 +221,22 @@ func (f *Fabric) sidrReq(a *cmid) {
 // req delivers a connected-mode REQ from the active id a.
 func (f *Fabric) req(a *cmid) {
 	dst := f.nodes[a.remote.Addr()]
-	l := dst.listeners[listenKey{spaceOf(a.ex), a.remote.Port()}]
 	a.state = csIdle
+	// cm_match_req: a connection from the same (node, QPN) in the table
+	// makes this REQ stale: REJ(10) to the new one, whatever port it names
+	// (the check comes before the listener lookup), and a DREQ to the old
+	// one, which ib_send_cm_dreq sends only if it is established (a pending
+	// one stays as it was). Nothing to the listener.
+	k := staleKey{a.node(), a.localQPN}
+	if old := dst.stale[k]; old != nil {
+		a.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejStaleConn, PrivateData: pad(nil, budgetREJ)})
+		if old.state == csEstablished {
+			old.leaveStale()
+			old.sendDREQ()
+		}
+		return
+	}
+	l := dst.listeners[listenKey{spaceOf(a.ex), a.remote.Port()}]
 	if l == nil {
 		a.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejInvalidServiceID, PrivateData: pad(nil, budgetREJ)})
 		return
@@ -231,16 +245,6 @@ func (f *Fabric) req(a *cmid) {
 	// RC one only an RC listener; the listener never sees a mismatch.
 	if (a.ex == kernel.ExchangeXRC) != (l.ex == kernel.ExchangeXRC) {
 		a.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejConsumerDefined, PrivateData: pad(nil, budgetREJ)})
-		return
-	}
-	// cm_match_req: a live connection from the same (node, QPN) makes this
-	// REQ stale: REJ(10) to the new one, DREQ to the old one, nothing to the
-	// listener.
-	k := staleKey{a.node(), a.localQPN}
-	if old := dst.stale[k]; old != nil {
-		a.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejStaleConn, PrivateData: pad(nil, budgetREJ)})
-		old.leaveStale()
-		old.sendDREQ()
 		return
 	}
 	s := l.p.newID(a.ex)

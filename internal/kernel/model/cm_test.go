@@ -49,6 +49,46 @@ func TestModelStaleConnRejectsAndDREQsFirst(t *testing.T) {
 // the same remote QPN (here: an INI whose TGT-typed peer id was destroyed
 // silently, and a new TGT with the reused number) rejects the new passive id
 // with 10, tears the old connection down, and the REQ is retransmitted.
+// A stale REQ whose first connection is still pending: REJ(10) to the new
+// one, and the first is untouched (ib_send_cm_dreq refuses an id that is
+// not established), so it can still be accepted.
+func TestModelStaleConnWhileFirstPending(t *testing.T) {
+	_, a, b := twoNodes(t, ReuseNever)
+	pa, pb := a.NewProcess(), b.NewProcess()
+	l := listen(t, pb, kernel.ExchangeXRC)
+	c1 := must[kernel.ID](t)(pa.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, 0x123456, nil))
+	s1 := event(t, pb, l, kernel.EventConnectRequest).ID
+	c2 := must[kernel.ID](t)(pa.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, 0x123456, nil))
+	if e := event(t, pa, c2, kernel.EventRejected); e.Status != kernel.RejStaleConn {
+		t.Fatalf("second REQ: %+v, want REJ(stale)", e)
+	}
+	ok(t, pb.Accept(s1, 0x654321, nil))
+	event(t, pa, c1, kernel.EventConnectResponse)
+	ok(t, pa.Establish(c1))
+	event(t, pb, s1, kernel.EventEstablished)
+}
+
+// The stale check comes before the listener lookup (cm_match_req): a REQ
+// reusing a live (node, QPN) to a port nobody listens on is REJ(10), not
+// REJ(8), and the live connection gets its DREQ.
+func TestModelStaleCheckBeforeListener(t *testing.T) {
+	_, a, b := twoNodes(t, ReuseNever)
+	pa, pb := a.NewProcess(), b.NewProcess()
+	l := listen(t, pb, kernel.ExchangeXRC)
+	c1 := must[kernel.ID](t)(pa.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, 0x123456, nil))
+	s1 := event(t, pb, l, kernel.EventConnectRequest).ID
+	ok(t, pb.Accept(s1, 0x654321, nil))
+	event(t, pa, c1, kernel.EventConnectResponse)
+	ok(t, pa.Establish(c1))
+	event(t, pb, s1, kernel.EventEstablished)
+	nobody := netip.AddrPortFrom(addrB, port+1)
+	c2 := must[kernel.ID](t)(pa.Connect(ctxT(t), nobody, kernel.ExchangeXRC, 0x123456, nil))
+	if e := event(t, pa, c2, kernel.EventRejected); e.Status != kernel.RejStaleConn {
+		t.Fatalf("REQ reusing a live QPN to an unlistened port: %+v, want REJ(stale)", e)
+	}
+	event(t, pa, c1, kernel.EventDisconnected)
+}
+
 func TestModelStaleConnAtREP(t *testing.T) {
 	_, a, b := twoNodes(t, ReuseLIFO)
 	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))

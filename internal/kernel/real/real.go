@@ -55,6 +55,7 @@ type srqObj struct {
 	num  uint32
 	slot int
 	mu   sync.Mutex // one poller at a time: the repost follows the copy
+	dead bool       // under mu: close freed the receive memory
 	// The poller's scratch (under mu), reused so that polling does not
 	// allocate.
 	wcs    []verbs.WorkCompletion
@@ -73,6 +74,7 @@ type qpObj struct {
 	ch   *verbs.CompChannel
 	mr   *verbs.MR
 	mu   sync.Mutex
+	dead bool     // under mu: close freed the send memory
 	ring sendRing // the send memory (under mu)
 	rts  bool     // it reached RTS (under mu)
 	// PostSend's scratch (under mu), and PollSend's (under pollMu): reused
@@ -277,15 +279,20 @@ func (p *Process) CreateSRQ(d kernel.XRCD, slot int) (_ kernel.SRQ, _ uint32, er
 	return kernel.SRQ(h), s.num, nil
 }
 
+// close destroys the SRQ and its CQ first (which wakes a poller), then,
+// once no poller copies out of it, the receive memory.
 func (s *srqObj) close() {
 	if s.s != nil {
 		s.s.Close()
 	}
-	if s.mr != nil {
-		s.mr.Close()
-	}
 	if s.cq != nil {
 		s.cq.Close()
+	}
+	s.mu.Lock()
+	s.dead = true
+	s.mu.Unlock()
+	if s.mr != nil {
+		s.mr.Close()
 	}
 	if s.ch != nil {
 		s.ch.Close()
@@ -340,15 +347,20 @@ func (p *Process) CreateINI() (_ kernel.QP, _ uint32, err error) {
 	return kernel.QP(h), q.q.Num(), nil
 }
 
+// close destroys the QP and its CQ first (which wakes a poller), then,
+// once no post copies into it, the send memory.
 func (q *qpObj) close() {
 	if q.q != nil {
 		q.q.Close()
 	}
-	if q.mr != nil {
-		q.mr.Close()
-	}
 	if q.cq != nil {
 		q.cq.Close()
+	}
+	q.mu.Lock()
+	q.dead = true
+	q.mu.Unlock()
+	if q.mr != nil {
+		q.mr.Close()
 	}
 	if q.ch != nil {
 		q.ch.Close()
@@ -525,6 +537,9 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.dead {
+		return errno(op, syscall.EBADF)
+	}
 	if !q.rts {
 		// As the seam says (EINVAL before RTS); mlx5 would answer ENOMEM,
 		// which means "the queue is full" to the engine.
@@ -610,6 +625,9 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.dead {
+		return 0, errno("ibv_poll_cq", syscall.EBADF)
+	}
 	s.wcs = resize(s.wcs, min(len(out), 256))
 	wcs := s.wcs
 	n, err := s.cq.Wait(ctx, wcs)
