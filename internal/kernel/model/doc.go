@@ -19,7 +19,9 @@
 //     UNREACHABLE 2; private data budgets (56/196/148/180/136) with EINVAL
 //     one byte over and zero padding to the maximum on receipt; ib_cm's
 //     stale-connection table keyed by (remote node, remote QPN), checked at
-//     REQ and at REP time, REJECTED 10 plus a DREQ to the old connection;
+//     REQ time (before the listener lookup) and at REP time, REJECTED 10
+//     plus a DREQ to the old connection if it is established (a pending one
+//     stays as it was, as ib_send_cm_dreq refuses it);
 //     SIDR never in the table; an established XRC_RECV-typed id is destroyed
 //     without a DREQ, every other type sends one.
 //   - Sends go from an RTS INI through the TGT it is connected to (RTR or
