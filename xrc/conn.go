@@ -272,8 +272,9 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 		q.waiters[wrid] = waiter{c: c, seq: seq, data: true}
 		c.out.Push(outFrame{seq: seq, frame: frame, q: q, wrid: wrid, tries: 1})
 		c.lastSent = time.Now()
+		polls := q.polls
 		e.mu.Unlock()
-		taken, err := c.postData(ctx, u, q, wrid, frame)
+		taken, err := c.postData(ctx, u, q, wrid, frame, polls)
 		c.endTurn()
 		return taken, err
 	}
@@ -284,8 +285,9 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 // hold every slot) is no error of the INI: it waits until the INI's poller
 // has taken completions and posts again, or, if ctx ends first, takes the
 // frame back with its number and credit (taken false). Any other error
-// fails the INI, and the recovery posts the frame.
-func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, frame []byte) (taken bool, err error) {
+// fails the INI, and the recovery posts the frame. polls is q.polls as it
+// was before the first try (see iniQP.polls).
+func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, frame []byte, polls uint64) (taken bool, err error) {
 	e := c.e
 	wrs := sendWRs.get(newSendWRs)
 	defer func() {
@@ -309,7 +311,12 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 			e.mu.Unlock()
 			return true, nil
 		}
-		if len(q.waiters) == 1 { // only ours: the poller took the rest meanwhile
+		if q.polls != polls { // polled since this try began: a slot is free
+			polls = q.polls
+			e.mu.Unlock()
+			continue
+		}
+		if len(q.waiters) == 1 { // only ours: nothing posted holds the queue
 			if bare++; bare == maxTries {
 				e.failINILocked(u, q)
 				e.mu.Unlock()
@@ -324,6 +331,7 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 		case <-room:
 			e.mu.Lock()
 			again := c.ownsLastLocked(q, wrid) && u.cur == q && u.state == upUp
+			polls = q.polls
 			e.mu.Unlock()
 			if again {
 				continue
@@ -423,6 +431,7 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		q.waiters[f.wrid] = waiter{c: c, seq: f.seq, data: true}
 		wrs = append(wrs, kernel.SendWR{WRID: f.wrid, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: f.frame})
 	}
+	polls := q.polls
 	e.mu.Unlock()
 	for i := 0; i < len(wrs); {
 		err := e.k.PostSend(q.qp, wrs[i:i+1])
@@ -431,7 +440,15 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 			continue
 		}
 		e.mu.Lock()
-		if !errors.Is(err, syscall.ENOMEM) || len(q.waiters) <= len(wrs)-i {
+		full := errors.Is(err, syscall.ENOMEM)
+		if full && q.polls != polls { // polled since this try began: a slot is free
+			polls = q.polls
+			e.mu.Unlock()
+			continue
+		}
+		if !full || len(q.waiters) <= len(wrs)-i {
+			// Not a full queue, or one that nothing posted holds (only
+			// our unposted frames are registered).
 			q.broken = true // this INI fails once the recovery ends
 			e.mu.Unlock()
 			return
@@ -440,6 +457,9 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		e.mu.Unlock()
 		select {
 		case <-room:
+			e.mu.Lock()
+			polls = q.polls
+			e.mu.Unlock()
 		case <-ctx.Done():
 			e.mu.Lock()
 			q.broken = true
@@ -585,6 +605,7 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	wr := kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag}
 	q.waiters[wr.WRID] = waiter{c: c, ch: ch}
 	c.lastSent = time.Now()
+	polls := q.polls
 	e.mu.Unlock()
 	// PostSend copies the frame: it and the request array are reused.
 	frame := kernel.NewPayload(1 + len(p))
@@ -603,7 +624,7 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		_, mine := q.waiters[wr.WRID] // else a poller flushing the INI took the waiter
 		delete(q.waiters, wr.WRID)
 		if errors.Is(err, syscall.ENOMEM) && mine {
-			if len(q.waiters) == 0 {
+			if len(q.waiters) == 0 || q.polls != polls {
 				return postFailed, nil // polled meanwhile: post again at once (a try)
 			}
 			return postFull, e.awaitRoomLocked(q)
@@ -623,6 +644,7 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 	for {
 		e.mu.Lock()
 		if c.userClosed {
+			c.wake() // the next reader ends too (one wake-up per event)
 			e.mu.Unlock()
 			return 0, &opError{"recv", c.raddr.String(), ErrClosed}
 		}
@@ -645,11 +667,13 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 			return n, nil
 		}
 		if c.finRcvd {
+			c.wake()
 			e.mu.Unlock()
 			return 0, io.EOF
 		}
 		if c.err != nil {
 			err := c.err
+			c.wake()
 			e.mu.Unlock()
 			return 0, &opError{"recv", c.raddr.String(), err}
 		}
@@ -812,6 +836,7 @@ func (c *Conn) CloseWrite() error {
 		return &opError{"close write", c.raddr.String(), err}
 	}
 	c.writeClosed = true
+	c.wakeSendersLocked() // a Send waiting for credits fails now
 	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
 	defer cancel()

@@ -779,10 +779,32 @@ func (e *Endpoint) finishReverse(c *Conn) error {
 	if took {
 		// Our first frame on the forward leg completes the acceptor's
 		// half (see consumeLocked); a lost one is made up for by the
-		// next frame, a keepalive at the latest.
-		c.post(kindHeartbeat, nil, nil)
+		// next frame, a keepalive at the latest. So a full send queue is
+		// waited out rather than taken for a loss: the acceptor's Accept
+		// would wait a heartbeat for the next one.
+		e.postFirstFrame(c)
 	}
 	return nil
+}
+
+// postFirstFrame posts c's first frame on its forward leg, waiting for
+// room in a full send queue.
+func (e *Endpoint) postFirstFrame(c *Conn) {
+	for try := 0; try < maxTries; try++ {
+		res, room := c.post(kindHeartbeat, nil, nil)
+		switch res {
+		case posted:
+			return
+		case postFull:
+			select {
+			case <-room:
+			case <-c.done:
+				return
+			case <-e.ctx.Done():
+				return
+			}
+		}
+	}
 }
 
 // dropEarlyLocked forgets the receive tag c announced for a reverse leg

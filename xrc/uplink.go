@@ -72,7 +72,15 @@ type iniQP struct {
 	// full (ENOMEM) waits on it and posts again.
 	room     chan struct{}
 	roomWait bool
-	broken   bool // failed while its uplink was recovering onto it
+	// polls counts the completions the poller has taken. A post that
+	// found the queue full while polls stayed what it was when the post
+	// began has a completion coming (its slot frees the queue) and waits
+	// for room; if polls moved, a slot is free already and it posts again
+	// at once. Counting registered waiters instead misleads: other
+	// senders' frames that found the queue full are registered too, and
+	// all of them waited for a completion none of them would bring.
+	polls  uint64
+	broken bool // failed while its uplink was recovering onto it
 }
 
 // awaitRoomLocked returns what a sender that found q's send queue full
@@ -485,6 +493,7 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			e.mu.Lock()
 			ws := q.waiters
 			q.waiters = map[uint64]waiter{}
+			q.polls++
 			q.roomLocked()
 			e.mu.Unlock()
 			for _, w := range ws {
@@ -496,6 +505,7 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 		}
 		for _, wc := range wcs[:n] {
 			e.mu.Lock()
+			q.polls++
 			q.roomLocked() // polled: a slot is free
 			w, ok := q.waiters[wc.WRID]
 			delete(q.waiters, wc.WRID)

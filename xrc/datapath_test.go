@@ -1,0 +1,405 @@
+package xrc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// Two goroutines blocked in Recv on one connection (cm's XRC path calls
+// Recv from several goroutines without serialising): the peer's CloseWrite
+// must give both io.EOF.
+func TestDataPathTwoRecvsHalfClose(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.0.1", 7000)
+	b := w.endpoint("10.0.0.2", 7000)
+	ca, cb := pair(t, a, b)
+	ctx := ctxT(t, 3*time.Second)
+	errc := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := cb.Recv(ctx, make([]byte, 64))
+			errc <- err
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := ca.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := <-errc; !errors.Is(err, io.EOF) {
+			t.Fatalf("recv %d: %v, want io.EOF", i, err)
+		}
+	}
+}
+
+// Two goroutines blocked in Recv; our Close must wake both with ErrClosed
+// at once (the peer is stalled: it will not answer our FIN).
+func TestDataPathTwoRecvsClose(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.0.1", 7000)
+	b := w.endpoint("10.0.0.2", 7000)
+	_, cb := pair(t, a, b)
+	ctx := ctxT(t, 3*time.Second)
+	errc := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := cb.Recv(ctx, make([]byte, 64))
+			errc <- err
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	cb.Close()
+	for i := range 2 {
+		if err := <-errc; !errors.Is(err, ErrClosed) {
+			t.Fatalf("recv %d: %v after %v, want ErrClosed", i, err, time.Since(start))
+		}
+	}
+	t.Logf("both woke after %v", time.Since(start))
+}
+
+// A Send blocked on credits: our Close wakes it with ErrClosed.
+func TestDataPathCloseWakesCreditWait(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.0.1", 7000)
+	b := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 1 })
+	ca, _ := pair(t, a, b)
+	ctx := ctxT(t, 3*time.Second)
+	if err := ca.Send(ctx, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- ca.Send(ctx, []byte("y")) }()
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	ca.Close()
+	err := <-errc
+	t.Logf("send: %v after %v", err, time.Since(start))
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("send: %v, want ErrClosed", err)
+	}
+}
+
+// A recovery on an INI whose send queue is small: the resends meet ENOMEM,
+// which must be a wait as for any post, not a reason to rebuild again.
+func TestDataPathRecoveryResendQueueFull(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
+	s := w.endpoint("10.0.2.1", 7000, longTimers)
+	dead := w.endpoint("10.0.2.2", 7001, longTimers)
+	const conns = 6
+	var rs [conns]*proc
+	var snd, rcv [conns]*Conn
+	sd, _ := pair(t, s, dead)
+	for i := range conns {
+		rs[i] = w.endpoint("10.0.2.2", 7010+i, longTimers)
+		snd[i], rcv[i] = pair(t, s, rs[i])
+	}
+	ctx := ctxT(t, 60*time.Second)
+	const total = 5000
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*conns)
+	for i := range conns {
+		wg.Add(2)
+		go func() { defer wg.Done(); errs <- sendSeq(ctx, snd[i], 0, total) }()
+		go func() { defer wg.Done(); errs <- recvSeq(ctx, rcv[i], 0, total, nil) }()
+	}
+	time.Sleep(100 * time.Millisecond)
+	dead.p.Kill()
+	if err := sendErr(t, sd); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("to the dead: %v", err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := s.Stats()
+	t.Logf("sender: %+v", st)
+	if st.Recoveries != 1 {
+		t.Fatalf("%d recoveries, want 1", st.Recoveries)
+	}
+}
+
+// slowENOMEM returns a full send queue's ENOMEM a moment late: the poller
+// has taken the completions meanwhile, as when the poster is descheduled.
+type slowENOMEM struct{ kernel.Kernel }
+
+func (k *slowENOMEM) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	err := k.Kernel.PostSend(q, wrs)
+	if errors.Is(err, syscall.ENOMEM) {
+		time.Sleep(time.Millisecond)
+	}
+	return err
+}
+
+// A recovery's resends meeting late ENOMEMs: waits, not another rebuild.
+func TestDataPathRecoveryResendSlowENOMEM(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
+	s := w.wrappedEndpoint("10.0.2.1", 7000, func(k kernel.Kernel) kernel.Kernel { return &slowENOMEM{k} }, longTimers)
+	dead := w.endpoint("10.0.2.2", 7001, longTimers)
+	const conns = 6
+	var rs [conns]*proc
+	var snd, rcv [conns]*Conn
+	sd, _ := pair(t, s, dead)
+	for i := range conns {
+		rs[i] = w.endpoint("10.0.2.2", 7010+i, longTimers)
+		snd[i], rcv[i] = pair(t, s, rs[i])
+	}
+	ctx := ctxT(t, 60*time.Second)
+	const total = 3000
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*conns)
+	for i := range conns {
+		wg.Add(2)
+		go func() { defer wg.Done(); errs <- sendSeq(ctx, snd[i], 0, total) }()
+		go func() { defer wg.Done(); errs <- recvSeq(ctx, rcv[i], 0, total, nil) }()
+	}
+	time.Sleep(100 * time.Millisecond)
+	dead.p.Kill()
+	if err := sendErr(t, sd); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("to the dead: %v", err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := s.Stats()
+	t.Logf("sender: %+v", st)
+	if st.Recoveries != 1 {
+		t.Fatalf("%d recoveries, want 1", st.Recoveries)
+	}
+}
+
+// Two connections stream over one INI whose queue holds two sends, with
+// keepalives off, while the kernel answers a full queue a moment late (the
+// poller has taken every completion meanwhile): a sender that then saw
+// only other senders' unposted frames waited for good.
+func TestDataPathSlowENOMEMNoKill(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
+	s := w.wrappedEndpoint("10.0.2.1", 7000, func(k kernel.Kernel) kernel.Kernel { return &slowENOMEM{k} }, longTimers)
+	const conns = 2
+	var snd, rcv [conns]*Conn
+	for i := range conns {
+		r := w.endpoint("10.0.2.2", 7010+i, longTimers)
+		snd[i], rcv[i] = pair(t, s, r)
+	}
+	ctx := ctxT(t, 10*time.Second)
+	const total = 3000
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*conns)
+	for i := range conns {
+		wg.Add(2)
+		go func() { defer wg.Done(); errs <- sendSeq(ctx, snd[i], 0, total) }()
+		go func() { defer wg.Done(); errs <- recvSeq(ctx, rcv[i], 0, total, nil) }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	t.Logf("sender: %+v", s.Stats())
+}
+
+// TestSendQueueFull with keepalives off: nothing but the senders' own
+// posts and their completions wakes a sender that found the queue full.
+// Senders that found it full used to wait for one another (each counted
+// the others' unposted frames as completions to come) until a keepalive
+// posted something: with keepalives off, for ever.
+func TestDataPathSendQueueFullNoKeepalive(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 1})
+	a := w.endpoint("10.0.2.1", 7000, longTimers)
+	b := w.endpoint("10.0.2.2", 7000, longTimers)
+	const conns, msgs = 8, 300
+	var senders, receivers [conns]*Conn
+	for i := range conns {
+		senders[i], receivers[i] = pair(t, a, b)
+	}
+	for r := range 20 {
+		ctx := ctxT(t, 5*time.Second)
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*conns)
+		for i := range conns {
+			wg.Add(2)
+			go func() { defer wg.Done(); errs <- sendSeq(ctx, senders[i], r*msgs, (r+1)*msgs) }()
+			go func() { defer wg.Done(); errs <- recvSeq(ctx, receivers[i], r*msgs, (r+1)*msgs, nil) }()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: %v (%+v)", r, err, a.Stats())
+			}
+		}
+	}
+}
+
+// The same with a 500 ms heartbeat: each stall lasted until a keepalive.
+func TestDataPathSlowENOMEMHeartbeat(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
+	s := w.wrappedEndpoint("10.0.2.1", 7000, func(k kernel.Kernel) kernel.Kernel { return &slowENOMEM{k} }, func(c *Config) { c.Heartbeat = 500 * time.Millisecond })
+	const conns = 2
+	var snd, rcv [conns]*Conn
+	for i := range conns {
+		r := w.endpoint("10.0.2.2", 7010+i, func(c *Config) { c.Heartbeat = 500 * time.Millisecond })
+		snd[i], rcv[i] = pair(t, s, r)
+	}
+	ctx := ctxT(t, 10*time.Second)
+	const total = 300
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*conns)
+	for i := range conns {
+		wg.Add(2)
+		go func() { defer wg.Done(); errs <- sendSeq(ctx, snd[i], 0, total) }()
+		go func() { defer wg.Done(); errs <- recvSeq(ctx, rcv[i], 0, total, nil) }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	t.Logf("sender: %+v", s.Stats())
+}
+
+// An idle connection shares its INI with busy ones whose senders keep the
+// send queue full: its keepalives must still get out, or its receiver
+// takes the live sender for dead.
+func TestDataPathKeepaliveOnBusyINI(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
+	a := w.endpoint("10.0.2.1", 7000)
+	b := w.endpoint("10.0.2.2", 7000)
+	idleA, idleB := pair(t, a, b)
+	const conns = 8
+	var senders, receivers [conns]*Conn
+	for i := range conns {
+		senders[i], receivers[i] = pair(t, a, b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			msg := make([]byte, 32)
+			for senders[i].Send(ctx, msg) == nil {
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 64)
+			for {
+				if _, err := receivers[i].Recv(ctx, buf); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	// The idle connection: nothing sent either way; only keepalives.
+	short, c2 := context.WithTimeout(context.Background(), 3500*time.Millisecond)
+	defer c2()
+	_, err := idleB.Recv(short, make([]byte, 64))
+	cancel()
+	wg.Wait()
+	t.Logf("a: %+v", a.Stats())
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("idle connection's receiver: %v, want it alive (deadline)", err)
+	}
+	roundTrip(t, idleA, idleB, []byte("still alive"))
+}
+
+// Close (or CloseWrite) right after messages that an INI failure flushed:
+// the recovery resends them, then the FIN; the receiver reads every
+// message once, in order, then io.EOF.
+func TestDataPathCloseAfterFlushedMessages(t *testing.T) {
+	for _, half := range []bool{false, true} {
+		t.Run(fmt.Sprint("half=", half), func(t *testing.T) {
+			w := newWorld(t)
+			r1 := w.endpoint("10.0.7.2", 7001, longTimers)
+			r2 := w.endpoint("10.0.7.2", 7002, longTimers)
+			gate := &sendGate{}
+			s := w.wrappedEndpoint("10.0.7.1", 7000, gate.wrap, longTimers)
+			s1, _ := pair(t, s, r1)
+			s2, c2 := pair(t, s, r2)
+			ctx := ctxT(t, 10*time.Second)
+			if err := sendSeq(ctx, s2, 0, 10); err != nil {
+				t.Fatal(err)
+			}
+			release := make(chan struct{})
+			gate.set(release)
+			r1.p.Kill()
+			if err := s1.Send(ctx, []byte("to the dead")); err != nil {
+				t.Fatal(err)
+			}
+			if err := sendSeq(ctx, s2, 10, 40); err != nil {
+				t.Fatal(err)
+			}
+			closed := make(chan error, 1)
+			go func() {
+				if half {
+					closed <- s2.CloseWrite()
+				} else {
+					closed <- s2.Close()
+				}
+			}()
+			time.Sleep(20 * time.Millisecond)
+			gate.set(nil)
+			close(release)
+			if err := recvSeq(ctx, c2, 0, 40, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c2.Recv(ctx, make([]byte, 64)); !errors.Is(err, io.EOF) {
+				t.Fatalf("after the stream: %v, want io.EOF", err)
+			}
+			if err := <-closed; err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("s %+v r2 %+v", s.Stats(), r2.Stats())
+		})
+	}
+}
+
+// A Send blocked on credits when CloseWrite is called: "Send fails with
+// ErrClosed from then on".
+func TestDataPathCloseWriteWakesCreditWait(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.0.1", 7000)
+	b := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 1 })
+	ca, _ := pair(t, a, b)
+	ctx := ctxT(t, 3*time.Second)
+	if err := ca.Send(ctx, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- ca.Send(ctx, []byte("y")) }()
+	time.Sleep(50 * time.Millisecond)
+	if err := ca.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Fatalf("blocked send after CloseWrite: %v, want ErrClosed", err)
+	}
+}
