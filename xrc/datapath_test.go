@@ -16,55 +16,39 @@ import (
 
 // Two goroutines blocked in Recv on one connection (cm's XRC path calls
 // Recv from several goroutines without serialising): the peer's CloseWrite
-// must give both io.EOF.
-func TestDataPathTwoRecvsHalfClose(t *testing.T) {
-	w := newWorld(t)
-	a := w.endpoint("10.0.0.1", 7000)
-	b := w.endpoint("10.0.0.2", 7000)
-	ca, cb := pair(t, a, b)
-	ctx := ctxT(t, 3*time.Second)
-	errc := make(chan error, 2)
-	for range 2 {
-		go func() {
-			_, err := cb.Recv(ctx, make([]byte, 64))
-			errc <- err
-		}()
+// gives both io.EOF, and our Close both ErrClosed at once (the peer is
+// stalled: it will not answer our FIN). A FIN used to wake one of them.
+func TestDataPathTwoRecvsWake(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(ours, peers *Conn) error
+		want error
+	}{
+		{"peer's CloseWrite", func(_, peers *Conn) error { return peers.CloseWrite() }, io.EOF},
+		{"our Close", func(ours, _ *Conn) error { return ours.Close() }, ErrClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			peers, ours := pair(t, w.endpoint("10.0.0.1", 7000), w.endpoint("10.0.0.2", 7000))
+			ctx := ctxT(t, 3*time.Second)
+			errc := make(chan error, 2)
+			for range 2 {
+				go func() {
+					_, err := ours.Recv(ctx, make([]byte, 64))
+					errc <- err
+				}()
+			}
+			time.Sleep(50 * time.Millisecond)
+			if err := tc.end(ours, peers); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 {
+				if err := <-errc; !errors.Is(err, tc.want) {
+					t.Fatalf("recv %d: %v, want %v", i, err, tc.want)
+				}
+			}
+		})
 	}
-	time.Sleep(50 * time.Millisecond)
-	if err := ca.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 2 {
-		if err := <-errc; !errors.Is(err, io.EOF) {
-			t.Fatalf("recv %d: %v, want io.EOF", i, err)
-		}
-	}
-}
-
-// Two goroutines blocked in Recv; our Close must wake both with ErrClosed
-// at once (the peer is stalled: it will not answer our FIN).
-func TestDataPathTwoRecvsClose(t *testing.T) {
-	w := newWorld(t)
-	a := w.endpoint("10.0.0.1", 7000)
-	b := w.endpoint("10.0.0.2", 7000)
-	_, cb := pair(t, a, b)
-	ctx := ctxT(t, 3*time.Second)
-	errc := make(chan error, 2)
-	for range 2 {
-		go func() {
-			_, err := cb.Recv(ctx, make([]byte, 64))
-			errc <- err
-		}()
-	}
-	time.Sleep(50 * time.Millisecond)
-	start := time.Now()
-	cb.Close()
-	for i := range 2 {
-		if err := <-errc; !errors.Is(err, ErrClosed) {
-			t.Fatalf("recv %d: %v after %v, want ErrClosed", i, err, time.Since(start))
-		}
-	}
-	t.Logf("both woke after %v", time.Since(start))
 }
 
 // A Send blocked on credits: our Close wakes it with ErrClosed.
@@ -92,43 +76,42 @@ func TestDataPathCloseWakesCreditWait(t *testing.T) {
 // A recovery on an INI whose send queue is small: the resends meet ENOMEM,
 // which must be a wait as for any post, not a reason to rebuild again.
 func TestDataPathRecoveryResendQueueFull(t *testing.T) {
+	resendOnSmallQueue(t, func(k kernel.Kernel) kernel.Kernel { return k }, 5000)
+}
+
+// The same with the full queue's ENOMEM a moment late: waits, not another
+// rebuild.
+func TestDataPathRecoveryResendSlowENOMEM(t *testing.T) {
+	resendOnSmallQueue(t, func(k kernel.Kernel) kernel.Kernel { return &slowENOMEM{k} }, 3000)
+}
+
+// resendOnSmallQueue streams total messages on six connections over one
+// INI whose queue holds two sends, kills a seventh receiver meanwhile (a
+// recovery, whose resends meet the full queue), and requires every message
+// delivered and exactly one recovery.
+func resendOnSmallQueue(t *testing.T, wrap func(kernel.Kernel) kernel.Kernel, total int) {
 	w := newWorld(t)
 	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
-	s := w.endpoint("10.0.2.1", 7000, longTimers)
+	s := w.wrappedEndpoint("10.0.2.1", 7000, wrap, longTimers)
 	dead := w.endpoint("10.0.2.2", 7001, longTimers)
-	const conns = 6
-	var rs [conns]*proc
-	var snd, rcv [conns]*Conn
 	sd, _ := pair(t, s, dead)
-	for i := range conns {
-		rs[i] = w.endpoint("10.0.2.2", 7010+i, longTimers)
-		snd[i], rcv[i] = pair(t, s, rs[i])
+	snd, rcv := make([]*Conn, 6), make([]*Conn, 6)
+	for i := range snd {
+		snd[i], rcv[i] = pair(t, s, w.endpoint("10.0.2.2", 7010+i, longTimers))
 	}
 	ctx := ctxT(t, 60*time.Second)
-	const total = 5000
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*conns)
-	for i := range conns {
-		wg.Add(2)
-		go func() { defer wg.Done(); errs <- sendSeq(ctx, snd[i], 0, total) }()
-		go func() { defer wg.Done(); errs <- recvSeq(ctx, rcv[i], 0, total, nil) }()
-	}
+	streamed := make(chan error, 1)
+	go func() { streamed <- streamAll(ctx, snd, rcv, 0, total) }()
 	time.Sleep(100 * time.Millisecond)
 	dead.p.Kill()
 	if err := sendErr(t, sd); !errors.Is(err, ErrPeerGone) {
 		t.Fatalf("to the dead: %v", err)
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
+	if err := <-streamed; err != nil {
+		t.Fatal(err)
 	}
-	st := s.Stats()
-	t.Logf("sender: %+v", st)
-	if st.Recoveries != 1 {
-		t.Fatalf("%d recoveries, want 1", st.Recoveries)
+	if st := s.Stats(); st.Recoveries != 1 {
+		t.Fatalf("%d recoveries, want 1: %+v", st.Recoveries, st)
 	}
 }
 
@@ -144,143 +127,49 @@ func (k *slowENOMEM) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
 	return err
 }
 
-// A recovery's resends meeting late ENOMEMs: waits, not another rebuild.
-func TestDataPathRecoveryResendSlowENOMEM(t *testing.T) {
-	w := newWorld(t)
-	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
-	s := w.wrappedEndpoint("10.0.2.1", 7000, func(k kernel.Kernel) kernel.Kernel { return &slowENOMEM{k} }, longTimers)
-	dead := w.endpoint("10.0.2.2", 7001, longTimers)
-	const conns = 6
-	var rs [conns]*proc
-	var snd, rcv [conns]*Conn
-	sd, _ := pair(t, s, dead)
-	for i := range conns {
-		rs[i] = w.endpoint("10.0.2.2", 7010+i, longTimers)
-		snd[i], rcv[i] = pair(t, s, rs[i])
-	}
-	ctx := ctxT(t, 60*time.Second)
-	const total = 3000
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*conns)
-	for i := range conns {
-		wg.Add(2)
-		go func() { defer wg.Done(); errs <- sendSeq(ctx, snd[i], 0, total) }()
-		go func() { defer wg.Done(); errs <- recvSeq(ctx, rcv[i], 0, total, nil) }()
-	}
-	time.Sleep(100 * time.Millisecond)
-	dead.p.Kill()
-	if err := sendErr(t, sd); !errors.Is(err, ErrPeerGone) {
-		t.Fatalf("to the dead: %v", err)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	st := s.Stats()
-	t.Logf("sender: %+v", st)
-	if st.Recoveries != 1 {
-		t.Fatalf("%d recoveries, want 1", st.Recoveries)
-	}
-}
-
 // Two connections stream over one INI whose queue holds two sends, with
 // keepalives off, while the kernel answers a full queue a moment late (the
 // poller has taken every completion meanwhile): a sender that then saw
 // only other senders' unposted frames waited for good.
 func TestDataPathSlowENOMEMNoKill(t *testing.T) {
+	slowENOMEMStream(t, longTimers, 3000)
+}
+
+// The same with a 500 ms heartbeat: each stall lasted until a keepalive.
+func TestDataPathSlowENOMEMHeartbeat(t *testing.T) {
+	slowENOMEMStream(t, func(c *Config) { c.Heartbeat = 500 * time.Millisecond }, 300)
+}
+
+func slowENOMEMStream(t *testing.T, timers func(*Config), total int) {
 	w := newWorld(t)
 	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
-	s := w.wrappedEndpoint("10.0.2.1", 7000, func(k kernel.Kernel) kernel.Kernel { return &slowENOMEM{k} }, longTimers)
-	const conns = 2
-	var snd, rcv [conns]*Conn
-	for i := range conns {
-		r := w.endpoint("10.0.2.2", 7010+i, longTimers)
-		snd[i], rcv[i] = pair(t, s, r)
+	s := w.wrappedEndpoint("10.0.2.1", 7000, func(k kernel.Kernel) kernel.Kernel { return &slowENOMEM{k} }, timers)
+	snd, rcv := make([]*Conn, 2), make([]*Conn, 2)
+	for i := range snd {
+		snd[i], rcv[i] = pair(t, s, w.endpoint("10.0.2.2", 7010+i, timers))
 	}
-	ctx := ctxT(t, 10*time.Second)
-	const total = 3000
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*conns)
-	for i := range conns {
-		wg.Add(2)
-		go func() { defer wg.Done(); errs <- sendSeq(ctx, snd[i], 0, total) }()
-		go func() { defer wg.Done(); errs <- recvSeq(ctx, rcv[i], 0, total, nil) }()
+	if err := streamAll(ctxT(t, 10*time.Second), snd, rcv, 0, total); err != nil {
+		t.Fatalf("%v (sender %+v)", err, s.Stats())
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Error(err)
-		}
-	}
-	t.Logf("sender: %+v", s.Stats())
 }
 
 // TestSendQueueFull with keepalives off: nothing but the senders' own
 // posts and their completions wakes a sender that found the queue full.
-// Senders that found it full used to wait for one another (each counted
-// the others' unposted frames as completions to come) until a keepalive
-// posted something: with keepalives off, for ever.
 func TestDataPathSendQueueFullNoKeepalive(t *testing.T) {
 	w := newWorld(t)
 	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 1})
 	a := w.endpoint("10.0.2.1", 7000, longTimers)
 	b := w.endpoint("10.0.2.2", 7000, longTimers)
-	const conns, msgs = 8, 300
-	var senders, receivers [conns]*Conn
-	for i := range conns {
-		senders[i], receivers[i] = pair(t, a, b)
+	snd, rcv := make([]*Conn, 8), make([]*Conn, 8)
+	for i := range snd {
+		snd[i], rcv[i] = pair(t, a, b)
 	}
+	const msgs = 300
 	for r := range 20 {
-		ctx := ctxT(t, 5*time.Second)
-		var wg sync.WaitGroup
-		errs := make(chan error, 2*conns)
-		for i := range conns {
-			wg.Add(2)
-			go func() { defer wg.Done(); errs <- sendSeq(ctx, senders[i], r*msgs, (r+1)*msgs) }()
-			go func() { defer wg.Done(); errs <- recvSeq(ctx, receivers[i], r*msgs, (r+1)*msgs, nil) }()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			if err != nil {
-				t.Fatalf("round %d: %v (%+v)", r, err, a.Stats())
-			}
+		if err := streamAll(ctxT(t, 5*time.Second), snd, rcv, r*msgs, (r+1)*msgs); err != nil {
+			t.Fatalf("round %d: %v (%+v)", r, err, a.Stats())
 		}
 	}
-}
-
-// The same with a 500 ms heartbeat: each stall lasted until a keepalive.
-func TestDataPathSlowENOMEMHeartbeat(t *testing.T) {
-	w := newWorld(t)
-	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
-	s := w.wrappedEndpoint("10.0.2.1", 7000, func(k kernel.Kernel) kernel.Kernel { return &slowENOMEM{k} }, func(c *Config) { c.Heartbeat = 500 * time.Millisecond })
-	const conns = 2
-	var snd, rcv [conns]*Conn
-	for i := range conns {
-		r := w.endpoint("10.0.2.2", 7010+i, func(c *Config) { c.Heartbeat = 500 * time.Millisecond })
-		snd[i], rcv[i] = pair(t, s, r)
-	}
-	ctx := ctxT(t, 10*time.Second)
-	const total = 300
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*conns)
-	for i := range conns {
-		wg.Add(2)
-		go func() { defer wg.Done(); errs <- sendSeq(ctx, snd[i], 0, total) }()
-		go func() { defer wg.Done(); errs <- recvSeq(ctx, rcv[i], 0, total, nil) }()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Error(err)
-		}
-	}
-	t.Logf("sender: %+v", s.Stats())
 }
 
 // An idle connection shares its INI with busy ones whose senders keep the

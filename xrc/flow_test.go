@@ -59,6 +59,26 @@ func sendSeq(ctx context.Context, c *Conn, first, last int) error {
 	return nil
 }
 
+// streamAll streams messages first..last-1 on every pair, snd[i] to
+// rcv[i], all at once, and returns the first error.
+func streamAll(ctx context.Context, snd, rcv []*Conn, first, last int) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(snd))
+	for i := range snd {
+		wg.Add(2)
+		go func() { defer wg.Done(); errs <- sendSeq(ctx, snd[i], first, last) }()
+		go func() { defer wg.Done(); errs <- recvSeq(ctx, rcv[i], first, last, nil) }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func recvSeq(ctx context.Context, c *Conn, first, last int, rng *rand.Rand) error {
 	buf := make([]byte, 64)
 	for i := first; i < last; i++ {

@@ -1,7 +1,6 @@
 package xrc
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -29,19 +28,8 @@ func TestSendQueueFull(t *testing.T) {
 	// rounds until they have (one round in three misses on an idle host).
 	const rounds = 50
 	for r := range rounds {
-		var wg sync.WaitGroup
-		errs := make(chan error, 2*conns)
-		for i := range conns {
-			wg.Add(2)
-			go func() { defer wg.Done(); errs <- sendSeq(ctx, senders[i], r*msgs, (r+1)*msgs) }()
-			go func() { defer wg.Done(); errs <- recvSeq(ctx, receivers[i], r*msgs, (r+1)*msgs, nil) }()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			if err != nil {
-				t.Fatalf("round %d: %v", r, err)
-			}
+		if err := streamAll(ctx, senders[:], receivers[:], r*msgs, (r+1)*msgs); err != nil {
+			t.Fatalf("round %d: %v", r, err)
 		}
 		s := a.Stats()
 		if s.Recoveries != 0 || s.Uplinks != 1 {
