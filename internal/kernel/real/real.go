@@ -550,11 +550,13 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 	sges := resize(q.sges, len(wrs))
 	spans := q.spans[:0]
 	head, used := q.ring.head, q.ring.used
+	fit := len(wrs) // the requests before the first that does not fit go (the seam's ENOMEM)
 	for i, wr := range wrs {
 		n := len(wr.Payload)
 		s, ok := q.ring.place(head, used, wr.WRID, n)
 		if !ok {
-			return errno(op, syscall.ENOMEM)
+			fit = i
+			break
 		}
 		copy(buf[s.off:], wr.Payload)
 		head, used = q.ring.next(s, used)
@@ -567,7 +569,10 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 		}
 	}
 	q.vw, q.sges, q.spans = vw, sges, spans
-	if err := q.q.PostSend(vw); err != nil {
+	if fit == 0 {
+		return errno(op, syscall.ENOMEM)
+	}
+	if err := q.q.PostSend(vw[:fit]); err != nil {
 		// Work requests before the failed one were posted.
 		var pe *verbs.PostError
 		if errors.As(err, &pe) {
@@ -578,6 +583,9 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 		return err
 	}
 	q.ring.commit(spans)
+	if fit < len(wrs) {
+		return errno(op, syscall.ENOMEM)
+	}
 	return nil
 }
 
