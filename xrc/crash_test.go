@@ -474,27 +474,33 @@ func TestEndpointHeldPostKeepsOrder(t *testing.T) {
 	}
 }
 
-// Messages posted after the INI failed, but before its poller told the
-// engine, are flushed, never delivered, though their Sends returned: the
-// engine keeps them, and the recovery posts them again on the new INI, in
-// order, behind what the receiver has. It gets every message once.
-func TestEndpointRecoveryResendsFlushed(t *testing.T) {
-	w := newWorld(t)
+// flushed is the scene flushMessages sets.
+type flushed struct {
+	s, r2      *proc
+	s1, s2, c2 *Conn  // s1 to the dead receiver
+	release    func() // lets the engine hear of completions again
+}
+
+// flushMessages sets a sender s with receivers r1 and r2 on one node, sends
+// messages 0..9 to r2 (received), then, with s's completions held back,
+// kills r1 and sends it one message, on which the INI fails, and messages
+// 10..39 to r2, which it flushes: their Sends return all the same.
+func flushMessages(t *testing.T, w *world, ctx context.Context) flushed {
+	t.Helper()
 	r1 := w.endpoint("10.0.7.2", 7001, longTimers)
 	r2 := w.endpoint("10.0.7.2", 7002, longTimers)
 	gate := &sendGate{}
 	s := w.wrappedEndpoint("10.0.7.1", 7000, gate.wrap, longTimers)
 	s1, _ := pair(t, s, r1)
 	s2, c2 := pair(t, s, r2)
-	ctx := ctxT(t, 10*time.Second)
 	if err := sendSeq(ctx, s2, 0, 10); err != nil {
 		t.Fatal(err)
 	}
 	if err := recvSeq(ctx, c2, 0, 10, nil); err != nil {
 		t.Fatal(err)
 	}
-	release := make(chan struct{})
-	gate.set(release) // the engine hears of no completion for now
+	held := make(chan struct{})
+	gate.set(held) // the engine hears of no completion for now
 	r1.p.Kill()
 	// The INI fails on this one (r1's SRQ is gone), and flushes the rest.
 	if err := s1.Send(ctx, []byte("to the dead")); err != nil {
@@ -503,13 +509,24 @@ func TestEndpointRecoveryResendsFlushed(t *testing.T) {
 	if err := sendSeq(ctx, s2, 10, 40); err != nil {
 		t.Fatal(err)
 	}
+	return flushed{s: s, r2: r2, s1: s1, s2: s2, c2: c2, release: func() { gate.set(nil); close(held) }}
+}
+
+// Messages posted after the INI failed, but before its poller told the
+// engine, are flushed, never delivered, though their Sends returned: the
+// engine keeps them, and the recovery posts them again on the new INI, in
+// order, behind what the receiver has. It gets every message once.
+func TestEndpointRecoveryResendsFlushed(t *testing.T) {
+	w := newWorld(t)
+	ctx := ctxT(t, 10*time.Second)
+	f := flushMessages(t, w, ctx)
+	s, r2, s1, s2, c2 := f.s, f.r2, f.s1, f.s2, f.c2
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	if n, err := c2.Recv(short, make([]byte, 64)); err == nil {
 		t.Fatalf("a message posted on the failed INI arrived: %d bytes", n)
 	}
-	gate.set(nil)
-	close(release)
+	f.release()
 	if err := recvSeq(ctx, c2, 10, 40, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -51,25 +51,32 @@ func TestDataPathTwoRecvsWake(t *testing.T) {
 	}
 }
 
-// A Send blocked on credits: our Close wakes it with ErrClosed.
+// A Send blocked on credits fails with ErrClosed when its connection
+// closes, or closes for writing ("Send fails with ErrClosed from then
+// on"): CloseWrite used to leave it waiting.
 func TestDataPathCloseWakesCreditWait(t *testing.T) {
-	w := newWorld(t)
-	a := w.endpoint("10.0.0.1", 7000)
-	b := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 1 })
-	ca, _ := pair(t, a, b)
-	ctx := ctxT(t, 3*time.Second)
-	if err := ca.Send(ctx, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- ca.Send(ctx, []byte("y")) }()
-	time.Sleep(50 * time.Millisecond)
-	start := time.Now()
-	ca.Close()
-	err := <-errc
-	t.Logf("send: %v after %v", err, time.Since(start))
-	if !errors.Is(err, ErrClosed) {
-		t.Fatalf("send: %v, want ErrClosed", err)
+	for _, tc := range []struct {
+		name  string
+		close func(*Conn) error
+	}{{"Close", (*Conn).Close}, {"CloseWrite", (*Conn).CloseWrite}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			b := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 1 })
+			ca, _ := pair(t, w.endpoint("10.0.0.1", 7000), b)
+			ctx := ctxT(t, 3*time.Second)
+			if err := ca.Send(ctx, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			errc := make(chan error, 1)
+			go func() { errc <- ca.Send(ctx, []byte("y")) }() // no credit left
+			time.Sleep(50 * time.Millisecond)
+			if err := tc.close(ca); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-errc; !errors.Is(err, ErrClosed) {
+				t.Fatalf("blocked send after %s: %v, want ErrClosed", tc.name, err)
+			}
+		})
 	}
 }
 
@@ -227,25 +234,9 @@ func TestDataPathCloseAfterFlushedMessages(t *testing.T) {
 	for _, half := range []bool{false, true} {
 		t.Run(fmt.Sprint("half=", half), func(t *testing.T) {
 			w := newWorld(t)
-			r1 := w.endpoint("10.0.7.2", 7001, longTimers)
-			r2 := w.endpoint("10.0.7.2", 7002, longTimers)
-			gate := &sendGate{}
-			s := w.wrappedEndpoint("10.0.7.1", 7000, gate.wrap, longTimers)
-			s1, _ := pair(t, s, r1)
-			s2, c2 := pair(t, s, r2)
 			ctx := ctxT(t, 10*time.Second)
-			if err := sendSeq(ctx, s2, 0, 10); err != nil {
-				t.Fatal(err)
-			}
-			release := make(chan struct{})
-			gate.set(release)
-			r1.p.Kill()
-			if err := s1.Send(ctx, []byte("to the dead")); err != nil {
-				t.Fatal(err)
-			}
-			if err := sendSeq(ctx, s2, 10, 40); err != nil {
-				t.Fatal(err)
-			}
+			f := flushMessages(t, w, ctx)
+			s, r2, s2, c2 := f.s, f.r2, f.s2, f.c2
 			closed := make(chan error, 1)
 			go func() {
 				if half {
@@ -255,9 +246,8 @@ func TestDataPathCloseAfterFlushedMessages(t *testing.T) {
 				}
 			}()
 			time.Sleep(20 * time.Millisecond)
-			gate.set(nil)
-			close(release)
-			if err := recvSeq(ctx, c2, 0, 40, nil); err != nil {
+			f.release()
+			if err := recvSeq(ctx, c2, 10, 40, nil); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := c2.Recv(ctx, make([]byte, 64)); !errors.Is(err, io.EOF) {
@@ -268,27 +258,5 @@ func TestDataPathCloseAfterFlushedMessages(t *testing.T) {
 			}
 			t.Logf("s %+v r2 %+v", s.Stats(), r2.Stats())
 		})
-	}
-}
-
-// A Send blocked on credits when CloseWrite is called: "Send fails with
-// ErrClosed from then on".
-func TestDataPathCloseWriteWakesCreditWait(t *testing.T) {
-	w := newWorld(t)
-	a := w.endpoint("10.0.0.1", 7000)
-	b := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 1 })
-	ca, _ := pair(t, a, b)
-	ctx := ctxT(t, 3*time.Second)
-	if err := ca.Send(ctx, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- ca.Send(ctx, []byte("y")) }()
-	time.Sleep(50 * time.Millisecond)
-	if err := ca.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; !errors.Is(err, ErrClosed) {
-		t.Fatalf("blocked send after CloseWrite: %v, want ErrClosed", err)
 	}
 }
