@@ -624,8 +624,11 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		_, mine := q.waiters[wr.WRID] // else a poller flushing the INI took the waiter
 		delete(q.waiters, wr.WRID)
 		if errors.Is(err, syscall.ENOMEM) && mine {
-			if len(q.waiters) == 0 || q.polls != polls {
-				return postFailed, nil // polled meanwhile: post again at once (a try)
+			if q.polls != polls {
+				return postFull, roomNow // polled meanwhile: a slot is free, no failed try
+			}
+			if len(q.waiters) == 0 {
+				return postFailed, nil // nothing posted holds the queue: again (a try)
 			}
 			return postFull, e.awaitRoomLocked(q)
 		}
@@ -634,6 +637,9 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	}
 	return posted, nil
 }
+
+// roomNow is a wait for room that is over at once.
+var roomNow = func() <-chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
 // Recv waits for the next message and copies it into buf. A message longer
 // than buf stays queued, and Recv returns ErrMessageTooLong (a buffer of
