@@ -45,6 +45,7 @@ type Leg struct {
 	cached          []byte   // VIRT: the ACCEPT, for SIDR retransmissions
 	cachedMove      bool     // cached answers a MOVE (a retransmission is flagged as its request was)
 	prev            []uint32 // TGTs the leg moved away from (newest last, at most 4)
+	used            bool     // a message came through it: its sender has our ACCEPT
 }
 
 // AppReject is what an Admit function returns to refuse a request.
@@ -76,6 +77,41 @@ type Acceptor struct {
 	legs    map[legKey]*Leg
 	nextTag uint32
 	closed  bool // by Close: registers nothing more
+	retired retiredLegs
+}
+
+// retiredLegs remembers the last retiredMax legs that were used and then
+// released. Their senders had the ACCEPT, so a request naming one again is a
+// SIDR retransmission that arrived late (after the FIN): accepted, it would
+// make a leg no sender uses, holding a count until the idle timeout.
+type retiredLegs struct {
+	set  map[legKey]struct{}
+	ring []legKey
+	next int
+}
+
+const retiredMax = 4096
+
+func (r *retiredLegs) add(k legKey) {
+	if r.set == nil {
+		r.set = make(map[legKey]struct{})
+	}
+	if _, ok := r.set[k]; ok {
+		return
+	}
+	if len(r.ring) < retiredMax {
+		r.ring = append(r.ring, k)
+	} else {
+		delete(r.set, r.ring[r.next])
+		r.ring[r.next] = k
+		r.next = (r.next + 1) % retiredMax
+	}
+	r.set[k] = struct{}{}
+}
+
+func (r *retiredLegs) has(k legKey) bool {
+	_, ok := r.set[k]
+	return ok
 }
 
 type legKey struct {
@@ -152,6 +188,9 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) (d Decision) {
 	}
 	key := legKey{req.Incarnation, req.ConnTag}
 	moving := a.legs[key]
+	if moving == nil && a.retired.has(key) {
+		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+	}
 	var replaced *Leg
 	defer func() { d.Replaced = replaced }() // accepted or not
 	if req.Flags&wire.FlagMove != 0 {
@@ -215,6 +254,8 @@ func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 		}
 	} else if req.Flags&wire.FlagMove != 0 {
 		return a.unknownMove(req)
+	} else if a.retired.has(key) {
+		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
 	if req.DomainHint != a.cfg.DomainID {
 		return a.reject(req.ConnTag, wire.RejectDomainMismatch, 0, nil)
@@ -479,6 +520,9 @@ func (a *Acceptor) releaseLocked(l *Leg) error {
 		return nil // already released
 	}
 	delete(a.legs, key)
+	if l.used {
+		a.retired.add(key)
+	}
 	dl := l.Downlink
 	dl.count--
 	if dl.count > 0 {
@@ -503,14 +547,17 @@ func (a *Acceptor) LegTGT(l *Leg) (uint32, bool) {
 
 // LegAccepts reports whether a message that came through the TGT numbered
 // qpn may belong to the leg: the leg is registered and receives through that
-// TGT, or did before a MOVE (messages queued before the move).
+// TGT, or did before a MOVE (messages queued before the move). Such a
+// message marks the leg used: once released, its key is retired.
 func (a *Acceptor) LegAccepts(l *Leg, qpn uint32) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l {
 		return false
 	}
-	return l.Downlink.TGTQPN == qpn || slices.Contains(l.prev, qpn)
+	ok := l.Downlink.TGTQPN == qpn || slices.Contains(l.prev, qpn)
+	l.used = l.used || ok
+	return ok
 }
 
 // Close destroys every handle the acceptor holds and forgets every leg.
@@ -523,6 +570,7 @@ func (a *Acceptor) Close() {
 	}
 	clear(a.byTGT)
 	clear(a.legs)
+	a.retired = retiredLegs{}
 }
 
 // LegsOn returns the registered legs that receive through the TGT numbered

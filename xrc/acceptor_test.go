@@ -416,6 +416,58 @@ func TestAcceptorDecisionTable(t *testing.T) {
 			}
 			e.expect(u.tgtQPN, 2, 1, 1)
 		}},
+		{"VIRT_REQ of a leg used and released (a late retransmission): BAD_REQUEST, no count", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			req := e.virtReq(u)
+			d := e.virt(e.r2, req)
+			wantAccept(t, d)
+			if !e.r2.acc.LegAccepts(d.Leg, u.tgtQPN) {
+				t.Fatal("a message through the leg's TGT refused")
+			}
+			if err := e.r2.acc.Release(d.Leg); err != nil {
+				t.Fatal(err)
+			}
+			e.expect(u.tgtQPN, 1, 1, 0)
+			before := e.r2.p.Handles()
+			wantReject(t, e.virt(e.r2, req), wire.RejectBadRequest)
+			e.expect(u.tgtQPN, 1, 1, 0)
+			if e.r2.p.Handles() != before || e.r2.acc.Downlinks() != 0 {
+				t.Fatal("handle leaked")
+			}
+		}},
+		{"VIRT_REQ of a leg released unused (the sender never had our ACCEPT): decided anew", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			req := e.virtReq(u)
+			d := e.virt(e.r2, req)
+			wantAccept(t, d)
+			if e.r2.acc.LegAccepts(d.Leg, u.tgtQPN+1) {
+				t.Fatal("a message through another TGT accepted")
+			}
+			if err := e.r2.acc.Release(d.Leg); err != nil {
+				t.Fatal(err)
+			}
+			d2 := e.virt(e.r2, req)
+			wantAccept(t, d2)
+			if d2.Duplicate || d2.Leg == d.Leg {
+				t.Fatal("answered from a released leg")
+			}
+			e.expect(u.tgtQPN, 2, 1, 1)
+		}},
+		{"PHYS_REQ of a leg used and released: BAD_REQUEST, no TGT made", func(t *testing.T, e *env) {
+			d, u := e.phys(e.r1, nil)
+			if !e.r1.acc.LegAccepts(d.Leg, u.tgtQPN) {
+				t.Fatal("a message through the leg's TGT refused")
+			}
+			if err := e.r1.acc.Release(d.Leg); err != nil {
+				t.Fatal(err)
+			}
+			_, tgts := e.b.QPCount()
+			d2, _ := e.phys(e.r1, func(r *wire.Req) { r.ConnTag = d.Leg.PeerTag })
+			wantReject(t, d2, wire.RejectBadRequest)
+			if _, n := e.b.QPCount(); n != tgts || e.r1.acc.Downlinks() != 0 {
+				t.Fatalf("TGTs %d -> %d, downlinks %d", tgts, n, e.r1.acc.Downlinks())
+			}
+		}},
 		{"version mismatch: REJECT(VERSION) with our range", func(t *testing.T, e *env) {
 			cr := kernel.Event{Type: kernel.EventConnectRequest, Exchange: kernel.ExchangeSIDR,
 				Remote: netip.AddrPortFrom(addrA, 1), PrivateData: []byte{0x58, 0x52, 9, 2, 0, 0, 0, 8}}

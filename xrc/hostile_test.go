@@ -280,6 +280,37 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 	if n, err := c2.Recv(ctxT(t, time.Second), buf); err != nil || string(buf[:n]) != "hello leg 2" {
 		t.Fatalf("leg 2: %q %v", buf[:n], err)
 	}
+	// The sender ends leg 2 with its FIN; a copy of its VIRT_REQ that comes
+	// after that (a SIDR retransmission held up on the way) is refused: it
+	// made a connection no sender uses, holding a count until the idle
+	// timeout.
+	fin := wire.FIN{Tag: acc2.AcceptorTag, SenderTag: 2}
+	fb := make([]byte, 1+wire.FinLen)
+	fb[0] = kindFIN
+	if _, err := fin.Encode(fb[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.PostSend(ini, []kernel.SendWR{{WRID: 2, RemoteSRQN: acc2.SRQN, Imm: acc2.AcceptorTag, Payload: fb}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "leg 2 released", func() (bool, string) {
+		n := r.Stats().LocalCounts
+		return n == 1, fmt.Sprint(n)
+	})
+	rejected := r.Stats().Rejected
+	late := answer(t, k, r.Addr(), kernel.ExchangeSIDR, 0, vreq)
+	var rej wire.Reject
+	if late.Type != kernel.EventUnreachable || wire.DecodeReject(late.PrivateData, &rej) != nil || rej.Reason != wire.RejectBadRequest {
+		t.Fatalf("late VIRT_REQ answered %v %x, want REJECT(BAD_REQUEST)", late.Type, late.PrivateData)
+	}
+	if st := r.Stats(); st.LocalCounts != 1 || st.Rejected != rejected+1 {
+		t.Fatalf("after the late VIRT_REQ: %+v", st)
+	}
+	short2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	if c, err := r.Accept(short2); err == nil {
+		t.Fatalf("the late VIRT_REQ made a connection: %v", c.RemoteAddr())
+	}
 }
 
 // TestEndpointHostilePhysReqWithoutRTU: a sender that takes the
