@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/goxrc/goxrc/internal/ring"
+	"github.com/goxrc/goxrc/internal/turn"
 	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc"
 )
@@ -128,7 +129,7 @@ type Conn struct {
 	releaseErr  error
 	graceful    chan struct{} // closed when the first Close has sent its FIN and drained
 
-	sendTurn turn       // serialises senders
+	sendTurn turn.Turn  // serialises senders
 	sendPace yieldPacer // sends' yield checks; guarded by sendTurn
 	pollPace yieldPacer // progress rounds', likewise; the polling leader's
 	// spinNext says whether progress rounds busy-poll: not until the first
@@ -154,9 +155,9 @@ type Conn struct {
 	spinFor     time.Duration
 	lateCatches int
 	noStretch   bool
-	recvTurn    turn       // serialises receivers
+	recvTurn    turn.Turn  // serialises receivers
 	postMu      sync.Mutex // orders sequence numbers with posts
-	rdmaTurn    turn       // one one-sided operation at a time
+	rdmaTurn    turn.Turn  // one one-sided operation at a time
 	repostMu    sync.Mutex // one batch of receive reposts at a time; owns flushBuf
 	flushBuf    []int
 
@@ -254,9 +255,9 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		sigEvery:  sigInterval(p.sendSlots, p.raw),
 		recvBatch: repostBatch(p.recvSlots),
 		graceful:  make(chan struct{}),
-		sendTurn:  newTurn(),
-		recvTurn:  newTurn(),
-		rdmaTurn:  newTurn(),
+		sendTurn:  turn.New(),
+		recvTurn:  turn.New(),
+		rdmaTurn:  turn.New(),
 	}
 	c.lastYield.Store(int64(time.Since(epoch))) // a new connection has nothing to yield for yet
 	if c.log == nil {
@@ -334,10 +335,10 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 	if c.x != nil {
 		return c.sendXRC(ctx, p, hasImm)
 	}
-	if err := c.sendTurn.take(ctx); err != nil {
+	if err := c.sendTurn.Take(ctx); err != nil {
 		return c.opErr("send", err)
 	}
-	defer c.sendTurn.give()
+	defer c.sendTurn.Give()
 	c.sendPace.tick(c)
 	for {
 		// postFrame checks everything under its locks; without a free
@@ -628,10 +629,10 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	if c.x != nil {
 		return c.recvXRC(ctx, buf)
 	}
-	if err := c.recvTurn.take(ctx); err != nil {
+	if err := c.recvTurn.Take(ctx); err != nil {
 		return 0, 0, false, c.opErr("recv", err)
 	}
-	defer c.recvTurn.give()
+	defer c.recvTurn.Give()
 	c.mu.Lock()
 	for c.ready.Len() == 0 {
 		if c.peerFin {

@@ -880,3 +880,39 @@ func TestOptionsRefused(t *testing.T) {
 	_, err := newConfig(nil)
 	require.NoError(t, err, "the defaults")
 }
+
+// A second Send or Recv waiting behind one that is blocked without a
+// deadline (no credit; no message) gives up when its own context ends.
+func TestConnSecondCallerHonoursContext(t *testing.T) {
+	for _, op := range []string{"send", "recv"} {
+		t.Run(op, func(t *testing.T) {
+			a, _, _ := fakePair(t, fakeOpts{depth: [2]int{2, 2}})
+			bg, cancelBG := context.WithCancel(context.Background())
+			call := func(ctx context.Context) error {
+				if op == "send" {
+					return a.Send(ctx, make([]byte, 16))
+				}
+				_, err := a.Recv(ctx, make([]byte, 256))
+				return err
+			}
+			first := make(chan struct{})
+			go func() {
+				defer close(first)
+				for call(bg) == nil { // sends until out of credit; the peer never reads
+				}
+			}()
+			time.Sleep(50 * time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			second := make(chan error, 1)
+			go func() { second <- call(ctx) }()
+			defer func() { cancelBG(); <-first }()
+			select {
+			case err := <-second:
+				require.True(t, errors.Is(err, context.DeadlineExceeded), "second %s: %v", op, err)
+			case <-time.After(2 * time.Second):
+				t.Fatalf("second %s with a 100 ms deadline still waiting after 2 s", op)
+			}
+		})
+	}
+}

@@ -112,10 +112,10 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	if rlen := uint64(remote.Len); roff > rlen || uint64(n) > rlen-roff {
 		return c.opErr(op, fmt.Errorf("remote range of %d bytes at %d outside the %d-byte region", n, roff, remote.Len))
 	}
-	if err := c.rdmaTurn.take(ctx); err != nil {
+	if err := c.rdmaTurn.Take(ctx); err != nil {
 		return c.opErr(op, err)
 	}
-	defer c.rdmaTurn.give()
+	defer c.rdmaTurn.Give()
 	c.mu.Lock()
 	if c.err != nil || c.closing {
 		err := c.err

@@ -200,6 +200,8 @@ type Kernel interface {
 	// and the INI is as it was.
 	PostSend(q QP, wrs []SendWR) error
 	// PollSend waits for at least one send completion on q and fills out.
+	// Pollers of one queue may be concurrent; each waits until its own
+	// ctx ends, also while another is polling (PollRecv alike).
 	PollSend(ctx context.Context, q QP, out []SendCompletion) (int, error)
 	// PollRecv waits for at least one message on s and fills out.
 	PollRecv(ctx context.Context, s SRQ, out []RecvCompletion) (int, error)

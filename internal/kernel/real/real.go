@@ -12,6 +12,7 @@ import (
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/internal/kernel/kcm"
+	"github.com/goxrc/goxrc/internal/turn"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -54,9 +55,13 @@ type srqObj struct {
 	via  *xrcdObj
 	num  uint32
 	slot int
-	mu   sync.Mutex // one poller at a time: the repost follows the copy
+	// One poller at a time (its scratch and the repost that follows each
+	// copy are its own); a second waits for its turn until its context
+	// ends.
+	poll turn.Turn
+	mu   sync.Mutex // held from the copy to the repost, so close waits
 	dead bool       // under mu: close freed the receive memory
-	// The poller's scratch (under mu), reused so that polling does not
+	// The poller's scratch (its turn's), reused so that polling does not
 	// allocate.
 	wcs    []verbs.WorkCompletion
 	repost []verbs.RecvWR
@@ -77,13 +82,13 @@ type qpObj struct {
 	dead bool     // under mu: close freed the send memory
 	ring sendRing // the send memory (under mu)
 	rts  bool     // it reached RTS (under mu)
-	// PostSend's scratch (under mu), and PollSend's (under pollMu): reused
-	// so that the data path does not allocate.
-	vw     []verbs.SendWR
-	sges   []verbs.SGE
-	spans  []span
-	pollMu sync.Mutex
-	wcs    []verbs.WorkCompletion
+	// PostSend's scratch (under mu), and PollSend's (its poll turn's):
+	// reused so that the data path does not allocate.
+	vw    []verbs.SendWR
+	sges  []verbs.SGE
+	spans []span
+	poll  turn.Turn
+	wcs   []verbs.WorkCompletion
 }
 
 // Process is one process's kernel on one device.
@@ -243,7 +248,7 @@ func (p *Process) CreateSRQ(d kernel.XRCD, slot int) (_ kernel.SRQ, _ uint32, er
 	if err != nil {
 		return 0, 0, err
 	}
-	s := &srqObj{via: x, slot: slot}
+	s := &srqObj{via: x, slot: slot, poll: turn.New()}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -281,6 +286,12 @@ func (p *Process) CreateSRQ(d kernel.XRCD, slot int) (_ kernel.SRQ, _ uint32, er
 
 // close destroys the SRQ and its CQ first (which wakes a poller), then,
 // once no poller copies out of it, the receive memory.
+func (s *srqObj) isDead() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dead
+}
+
 func (s *srqObj) close() {
 	if s.s != nil {
 		s.s.Close()
@@ -317,7 +328,7 @@ func (p *Process) DestroySRQ(h kernel.SRQ) error {
 }
 
 func (p *Process) CreateINI() (_ kernel.QP, _ uint32, err error) {
-	q := &qpObj{typ: verbs.QPTypeXRCSend}
+	q := &qpObj{typ: verbs.QPTypeXRCSend, poll: turn.New()}
 	defer func() {
 		if err != nil {
 			q.close()
@@ -612,8 +623,10 @@ func (p *Process) PollSend(ctx context.Context, h kernel.QP, out []kernel.SendCo
 	if q.cq == nil || len(out) == 0 {
 		return 0, errno("ibv_poll_cq", syscall.EINVAL)
 	}
-	q.pollMu.Lock()
-	defer q.pollMu.Unlock()
+	if err := q.poll.Take(ctx); err != nil {
+		return 0, err
+	}
+	defer q.poll.Give()
 	q.wcs = resize(q.wcs, min(len(out), 256))
 	n, err := q.cq.Wait(ctx, q.wcs)
 	for i, wc := range q.wcs[:n] {
@@ -631,14 +644,21 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 	if len(out) == 0 {
 		return 0, errno("ibv_poll_cq", syscall.EINVAL)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.dead {
+	if err := s.poll.Take(ctx); err != nil {
+		return 0, err
+	}
+	defer s.poll.Give()
+	if s.isDead() {
 		return 0, errno("ibv_poll_cq", syscall.EBADF)
 	}
 	s.wcs = resize(s.wcs, min(len(out), 256))
 	wcs := s.wcs
 	n, err := s.cq.Wait(ctx, wcs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		return 0, errno("ibv_poll_cq", syscall.EBADF)
+	}
 	buf := s.mr.Bytes()
 	s.sges = resize(s.sges, n)
 	repost := s.repost[:0]

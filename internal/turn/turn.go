@@ -1,4 +1,6 @@
-package cm
+// Package turn has Turn, a mutex whose waiters give up when their
+// context ends.
+package turn
 
 import (
 	"context"
@@ -6,23 +8,24 @@ import (
 	"sync/atomic"
 )
 
-// turn serialises the callers of one operation (Send, Recv, one-sided
-// RDMA) like a mutex, except that a caller waiting for its turn gives up
+// Turn serialises the callers of one operation (a Conn's Send, Recv or
+// one-sided RDMA; a poll of one completion queue) like a mutex, except that a caller waiting for its turn gives up
 // when its context ends: a Send with a deadline must not wait for ever
 // behind a Send without one that is blocked on credits. Uncontended it
 // costs a TryLock and an atomic load, which keeps the per-message path as
 // cheap as with a plain mutex (a channel operation costs several mutex
 // round trips under emulation).
-type turn struct {
+type Turn struct {
 	mu      sync.Mutex
 	waiters atomic.Int32
 	wake    chan struct{} // capacity 1: a turn may be free
 }
 
-func newTurn() turn { return turn{wake: make(chan struct{}, 1)} }
+// New returns a free turn.
+func New() Turn { return Turn{wake: make(chan struct{}, 1)} }
 
-// take waits for the turn, or returns ctx's error.
-func (t *turn) take(ctx context.Context) error {
+// Take waits for the turn, or returns ctx's error.
+func (t *Turn) Take(ctx context.Context) error {
 	if t.mu.TryLock() {
 		return nil
 	}
@@ -42,15 +45,15 @@ func (t *turn) take(ctx context.Context) error {
 	}
 }
 
-// give ends the turn and wakes a waiter, if any.
-func (t *turn) give() {
+// Give ends the turn and wakes a waiter, if any.
+func (t *Turn) Give() {
 	t.mu.Unlock()
 	if t.waiters.Load() > 0 {
 		t.signal()
 	}
 }
 
-func (t *turn) signal() {
+func (t *Turn) signal() {
 	select {
 	case t.wake <- struct{}{}:
 	default:
