@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/internal/kernel/hybrid"
 	"github.com/goxrc/goxrc/internal/kernel/model"
 	"github.com/goxrc/goxrc/internal/kernel/real"
@@ -26,7 +27,7 @@ import (
 // included; its tests skip, saying why, where the device has no XRC
 // (soft-RoCE), and fail where it claims XRC but cannot open a domain. Runs
 // in the VM of test/vm/rxe-vm.sh (RXE_DEV, RXE_IP); skips elsewhere. Ports
-// 20311-20319 (hybrid), 20331-20339 (real).
+// 20310-20319 (hybrid), 20330-20339 (real).
 
 var hybridFabric = sync.OnceValue(func() *hybrid.Fabric { return hybrid.NewFabric(model.ReuseNever) })
 
@@ -93,6 +94,34 @@ func TestHybridKillTGTCreator(t *testing.T) { testKillTGTCreator(t, hybridSeam) 
 func TestRealKillTGTCreator(t *testing.T)   { testKillTGTCreator(t, realSeam) }
 func TestHybridKillSender(t *testing.T)     { testKillSender(t, hybridSeam) }
 func TestRealKillSender(t *testing.T)       { testKillSender(t, realSeam) }
+
+func TestHybridSecondPollerHonoursContext(t *testing.T) { testSecondPoller(t, hybridSeam) }
+func TestRealSecondPollerHonoursContext(t *testing.T)   { testSecondPoller(t, realSeam) }
+
+// testSecondPoller: while the endpoint's receive loop waits on its SRQ
+// without a deadline, a second poller of that SRQ returns when its own
+// context ends (on the real seam it once queued behind the first poller's
+// wait, however short its deadline).
+func testSecondPoller(t *testing.T, sm seam) {
+	e, _ := seamEndpoint(t, sm, 20310, t.TempDir()+"/goxrc")
+	time.Sleep(50 * time.Millisecond) // the receive loop is in its wait
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		var out [1]kernel.RecvCompletion
+		_, err := e.k.PollRecv(ctx, e.srq, out[:])
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("second poller: %v, want its deadline", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("second poller with a 100 ms deadline still waiting after 5 s")
+	}
+}
 
 // testDialEcho: logical connections between two endpoints on one node
 // over the real CM: one uplink each way however many connections, echo on
