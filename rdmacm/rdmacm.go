@@ -37,8 +37,9 @@ func Counts() Counters {
 // belongs to. Create ids on it with CreateID or CreateEndpoint.
 type EventChannel struct {
 	mu        sync.Mutex
-	closed    bool // Close began: no new ids, no more events
-	stopped   bool // the pump has exited: the C channel may go
+	closed    bool  // Close began: no new ids, no more events
+	broken    error // the pump failed: no new ids (they would get no events)
+	stopped   bool  // the pump has exited: the C channel may go
 	destroyed bool
 	ids       map[uintptr]*ID // by handle, the value librdmacm keeps as the id's context
 	next      uintptr
@@ -63,6 +64,14 @@ func (c *EventChannel) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.closed
+}
+
+// refusesLocked says why no id can be made on c now, if so.
+func (c *EventChannel) refusesLocked() error {
+	if c.closed {
+		return ErrClosed
+	}
+	return c.broken
 }
 
 // register creates the Go side of a CM id and gives it a handle.
@@ -121,9 +130,9 @@ func (c *EventChannel) CreateID(ps PortSpace, qpType verbs.QPType) (*ID, error) 
 			Err: errors.New("unsupported port space and QP type (XRC-typed ids come from CreateEndpoint)")}
 	}
 	c.mu.Lock()
-	if c.closed {
+	if err := c.refusesLocked(); err != nil {
 		c.mu.Unlock()
-		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
+		return nil, &verbs.OpError{Op: op, Err: err}
 	}
 	id := c.registerLocked(ps, qpType)
 	c.mu.Unlock()
@@ -189,9 +198,9 @@ func (c *EventChannel) createEndpoint(ctx context.Context, ps PortSpace, qpType 
 		return nil, &verbs.OpError{Op: op, Err: errors.New("invalid address")}
 	}
 	c.mu.Lock()
-	if c.closed {
+	if err := c.refusesLocked(); err != nil {
 		c.mu.Unlock()
-		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
+		return nil, &verbs.OpError{Op: op, Err: err}
 	}
 	id := c.registerLocked(ps, qpType)
 	c.mu.Unlock()

@@ -38,11 +38,21 @@ static int gx_get_event(struct rdma_event_channel *ch, gx_event *out) {
 	const void *pd = NULL;
 	int len = 0;
 
+	int cause;
+
+	errno = 0;
 	if (rdma_get_cm_event(ch, &e))
 		return -errno;
+	cause = errno;
 	memset(out, 0, sizeof(*out));
 	out->event = e->event;
 	out->status = e->status;
+	// librdmacm turns ADDR_RESOLVED and ROUTE_RESOLVED into ADDR_ERROR and
+	// ROUTE_ERROR itself when its follow-up queries fail (the device went,
+	// a PD could not be made), with status -1 and the cause in errno.
+	if (e->status == -1 && cause > 0 &&
+	    (e->event == RDMA_CM_EVENT_ADDR_ERROR || e->event == RDMA_CM_EVENT_ROUTE_ERROR))
+		out->status = -cause;
 	out->ctx = (uintptr_t)e->id->context;
 	out->ud = e->id->qp_type == IBV_QPT_UD;
 	if (e->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
@@ -337,8 +347,9 @@ func (c *EventChannel) pump() {
 		fatal = err
 	}
 	if fatal != nil && !c.isClosed() {
-		// The channel is broken: fail every waiter.
+		// The channel is broken: fail every waiter, and refuse new ids.
 		c.mu.Lock()
+		c.broken = fatal
 		ids := make([]*ID, 0, len(c.ids))
 		for _, id := range c.ids {
 			ids = append(ids, id)

@@ -157,7 +157,7 @@ func (c *CM) takeSpare(ctx context.Context, dst netip.AddrPort) (*rdmacm.ID, err
 	c.mu.Lock()
 	id := sp.id
 	sp.id = nil
-	fresh := id != nil && time.Since(sp.ready) < spareMaxAge
+	fresh := id != nil && time.Since(sp.ready) < spareMaxAge && !id.DeviceRemoved()
 	if fresh {
 		c.used++
 	}
@@ -171,11 +171,13 @@ func (c *CM) takeSpare(ctx context.Context, dst netip.AddrPort) (*rdmacm.ID, err
 
 // reapSparesLocked forgets the spares too old to use (destinations not
 // dialled again since), so that they do not hold the table's slots, and
-// returns their ids to destroy.
+// those on a device that went away (dropRemovedSpares may have run before
+// the pump marked them), and returns their ids to destroy.
 func (c *CM) reapSparesLocked() []*rdmacm.ID {
 	var ids []*rdmacm.ID
 	for dst, sp := range c.spares {
-		if sp.ready.IsZero() || time.Since(sp.ready) < spareMaxAge {
+		removed := sp.id != nil && sp.id.DeviceRemoved()
+		if !removed && (sp.ready.IsZero() || time.Since(sp.ready) < spareMaxAge) {
 			continue // still resolving, or fresh
 		}
 		if sp.id != nil {
