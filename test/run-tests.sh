@@ -2,7 +2,7 @@
 # test/run-tests.sh - all of goxrc's tests. Run as root on a Debian bookworm(-compatible) machine:
 #   sudo test/run-tests.sh
 # 1. installs missing Debian packages and Go (nothing when all is there),
-# 2. on the host: go vet, CGO_ENABLED=0 and GOOS=darwin builds, go test -race ./...,
+# 2. on the host: go vet, a CGO_ENABLED=0 build, GOOS=darwin go vet (tests included), go test -race ./...,
 # 3. builds the VM_PACKAGES' test binaries on the host and runs them all in ONE soft-RoCE
 #    VM (test/vm/rxe-vm.sh) with -test.v, and after them, in the same guest, -race builds
 #    (VM_RACE), then the integration binary's TestTwoNodes across
@@ -44,7 +44,7 @@ check() { # NAME COMMAND...: run a check, log its output, remember the result
 }
 check go-vet go vet ./...
 check build-nocgo env CGO_ENABLED=0 go build ./...
-check build-darwin env GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 go build ./...
+check vet-darwin env GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 go vet ./...  # the tests too
 
 # ---- host tests
 say "go test -race -count=1 ./... (host; RDMA tests skip here)"

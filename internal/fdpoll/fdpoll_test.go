@@ -17,7 +17,7 @@ import (
 func pipeFD(t *testing.T) (r, w int) {
 	t.Helper()
 	var p [2]int
-	require.NoError(t, unix.Pipe2(p[:], unix.O_CLOEXEC))
+	require.NoError(t, unix.Pipe(p[:]))
 	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
 	return p[0], p[1]
 }
