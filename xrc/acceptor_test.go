@@ -357,6 +357,13 @@ func TestAcceptorDecisionTable(t *testing.T) {
 			if ev := e.ev(e.r1.p, cr.ID, kernel.EventRejected); ev.Status != kernel.RejStaleConn {
 				t.Fatalf("REJECTED status %d, want %d", ev.Status, kernel.RejStaleConn)
 			}
+			// The sender's CM sent the old connection a DREQ; its entry
+			// leaves the stale table with our DREP (the engine's watcher
+			// answers DISCONNECTED so).
+			e.ev(e.r1.p, u1.pid, kernel.EventDisconnected)
+			if err := e.r1.p.Disconnect(u1.pid); err != nil {
+				t.Fatal(err)
+			}
 			cr2 := e.ev(e.r1.p, e.r1.lx, kernel.EventConnectRequest) // the CM sends the REQ again
 			d2 := e.r1.acc.Decide(cr2)
 			wantAccept(t, d2)

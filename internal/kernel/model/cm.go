@@ -231,7 +231,6 @@ func (f *Fabric) req(a *cmid) {
 	if old := dst.stale[k]; old != nil {
 		a.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejStaleConn, PrivateData: pad(nil, budgetREJ)})
 		if old.state == csEstablished {
-			old.leaveStale()
 			old.sendDREQ()
 		}
 		return
@@ -268,15 +267,18 @@ func (f *Fabric) rep(s *cmid, pd []byte) {
 	k := staleKey{s.node(), s.localQPN}
 	if old := an.stale[k]; old != nil {
 		// cm_rep_handler: the REP's QPN is live here. The new passive id is
-		// rejected, the old connection gets a DREQ from its id on this node,
-		// the active id sees nothing and its REQ is retransmitted (after ~6 s
-		// on rxe; at once here), by then without the stale entry.
+		// rejected, the old connection gets a DREQ from its id on this node
+		// if it is established, the active id sees nothing and its REQ is
+		// retransmitted (after ~6 s on rxe; at once here). The old entry
+		// stays until the DREP, so a REP naming the same number again is
+		// stale again until the old connection's peer has answered.
 		s.leaveStale()
 		s.peer, a.peer = nil, nil
 		s.state = csIdle
 		s.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejStaleConn, PrivateData: pad(nil, budgetREJ)})
-		old.leaveStale()
-		old.sendDREQ()
+		if old.state == csEstablished {
+			old.sendDREQ()
+		}
 		f.req(a)
 		return
 	}
@@ -316,6 +318,10 @@ func (p *Process) Accept(h kernel.ID, qpNum uint32, pd []byte) error {
 		id.state = csRepSent
 		p.n.f.rep(id, pd)
 		return nil
+	case csRepSent, csRepRcvd:
+		// rdma_accept passes its own state check, ib_send_cm_rep
+		// fails, and the failure path rejects the peer.
+		id.rejectPeer(nil)
 	}
 	return opErr(op, syscall.EINVAL)
 }
@@ -354,7 +360,7 @@ func (p *Process) Reject(h kernel.ID, pd []byte) error {
 		if len(pd) > budgetSIDRREP {
 			return opErr(op, syscall.EINVAL) // the request stays pending
 		}
-	case csReqRcvd, csRepRcvd:
+	case csReqRcvd, csRepSent, csRepRcvd:
 		if len(pd) > budgetREJ {
 			return opErr(op, syscall.EINVAL)
 		}
@@ -388,12 +394,12 @@ func (p *Process) Establish(h kernel.ID) error {
 // no peer left (an XRC TGT id destroyed silently), the remote CM answers the
 // DREQ at once, so the sender is done too.
 func (id *cmid) sendDREQ() {
-	id.leaveStale()
 	peer := id.peer
 	if peer == nil || peer.state != csEstablished {
 		if peer != nil {
 			peer.peer = nil
 		}
+		id.leaveStale()
 		id.peer = nil
 		id.state = csTimewait
 		id.post(kernel.Event{Type: kernel.EventDisconnected})
@@ -401,7 +407,6 @@ func (id *cmid) sendDREQ() {
 		return
 	}
 	id.state = csDreqSent
-	peer.leaveStale()
 	peer.state = csDreqRcvd
 	peer.post(kernel.Event{Type: kernel.EventDisconnected})
 }
@@ -409,7 +414,9 @@ func (id *cmid) sendDREQ() {
 // sendDREP answers a received DREQ.
 func (id *cmid) sendDREP() {
 	id.state = csTimewait
+	id.leaveStale()
 	if peer := id.peer; peer != nil && peer.state == csDreqSent {
+		peer.leaveStale()
 		peer.state, peer.peer = csTimewait, nil
 		peer.post(kernel.Event{Type: kernel.EventDisconnected})
 		peer.post(kernel.Event{Type: kernel.EventTimewaitExit})

@@ -21,7 +21,10 @@
 //     stale-connection table keyed by (remote node, remote QPN), checked at
 //     REQ time (before the listener lookup) and at REP time, REJECTED 10
 //     plus a DREQ to the old connection if it is established (a pending one
-//     stays as it was, as ib_send_cm_dreq refuses it);
+//     stays as it was, as ib_send_cm_dreq refuses it); an entry leaves when
+//     its id enters timewait (its DREP sent or received) or goes back to
+//     idle or is destroyed (cm_remove_remote), not at the DREQ: until the
+//     peer answers a DREQ, its number is stale;
 //     SIDR never in the table; an established XRC_RECV-typed id is destroyed
 //     without a DREQ, every other type sends one.
 //   - Sends go from an RTS INI through the TGT it is connected to (RTR or
@@ -40,8 +43,6 @@
 // Simplifications, all deterministic: one mutex per fabric; no timers (a
 // retransmitted REQ after a REP-time stale hit is redelivered at once;
 // TIMEWAIT_EXIT follows DISCONNECTED without the ~2 s delay; nothing times
-// out); SRQs have unlimited posted receives; a stale-table entry leaves when
-// its id leaves the established state, which is when rxe showed the number
-// reusable; a bad SRQN leaves the TGT as it was (the mlx5 responder's
-// behaviour is an open point).
+// out); SRQs have unlimited posted receives; a bad SRQN leaves the TGT as
+// it was (the mlx5 responder's behaviour is an open point).
 package model

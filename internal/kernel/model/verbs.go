@@ -272,7 +272,8 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 			if err != nil {
 				return err
 			}
-			if !id.ex.Connected() || id.remoteQPN == 0 || !id.remote.IsValid() {
+			live := id.state == csReqRcvd || id.state == csRepSent || id.state == csRepRcvd || id.state == csEstablished
+			if !live || !id.ex.Connected() || id.remoteQPN == 0 || !id.remote.IsValid() {
 				return opErr("rdma_init_qp_attr", syscall.EINVAL)
 			}
 			q.destQPN, q.remote = id.remoteQPN, id.remote.Addr()
