@@ -86,10 +86,11 @@ func (d *deadline) retry(err error, gen uint64) bool {
 	return d.gen != gen && (d.t.IsZero() || time.Now().Before(d.t))
 }
 
-// timeoutErr maps an ended deadline to os.ErrDeadlineExceeded, as net.Conn
-// users (net/http) expect.
-func timeoutErr(err error) error {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+// timeoutErr maps the end of ctx, the deadline's, to os.ErrDeadlineExceeded,
+// as net.Conn users (net/http) expect. Any other error stays as it is, even
+// one that wraps a context error of its own.
+func timeoutErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 		var oe *OpError
 		if errors.As(err, &oe) {
 			return &OpError{Op: oe.Op, Addr: oe.Addr, Err: os.ErrDeadlineExceeded}
@@ -118,7 +119,7 @@ func (s *streamConn) Read(p []byte) (int, error) {
 			if s.readDL.retry(err, gen) {
 				continue
 			}
-			return 0, timeoutErr(err)
+			return 0, timeoutErr(ctx, err)
 		}
 		s.off, s.n = 0, n
 	}
@@ -139,7 +140,7 @@ func (s *streamConn) Write(p []byte) (int, error) {
 			if s.writeDL.retry(err, gen) {
 				continue
 			}
-			return written, timeoutErr(err)
+			return written, timeoutErr(ctx, err)
 		}
 		written += chunk
 	}

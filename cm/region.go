@@ -149,7 +149,9 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 		if err := c.progress(ctx, seen); err != nil {
 			// The request stays posted; the connection cannot tell when
 			// the device will finish with local memory, so it breaks.
-			c.fail(fmt.Errorf("%w: %s abandoned: %w", ErrPeerGone, op, err))
+			// The context's error is not wrapped: the connection's later
+			// calls must not read as timeouts.
+			c.fail(fmt.Errorf("%w: %s abandoned: %v", ErrPeerGone, op, err))
 			return c.opErr(op, err)
 		}
 	}

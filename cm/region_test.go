@@ -2,8 +2,13 @@ package cm
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"math"
+	"net"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -45,4 +50,43 @@ func FuzzUnmarshalRemoteRegion(f *testing.F) {
 			t.Fatalf("%x decodes to %+v, which marshals to %x", b, r, r.Marshal())
 		}
 	})
+}
+
+// stallRDMA never completes one-sided operations, so the caller's context
+// ends first.
+type stallRDMA struct{ *fakeEnd }
+
+func (stallRDMA) postRDMA(bool, *Region, int, int, RemoteRegion, uint64) error { return nil }
+
+// A one-sided operation abandoned at its deadline breaks the connection
+// (the device may still use local memory), and every later call says the
+// connection is lost, not that it timed out: a caller that retries on
+// Timeout() would retry a dead connection for ever, and the net.Conn adapter
+// reported "i/o timeout" with no deadline set.
+func TestAbandonedRDMAIsNotATimeoutLater(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{})
+	a.t = stallRDMA{w.ends[0]}
+	remote, err := b.RegisterMemory(4096, true)
+	require.NoError(t, err)
+	defer remote.Close()
+	local, err := a.RegisterMemory(4096, false)
+	require.NoError(t, err)
+	defer local.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, a.WriteRemote(ctx, local, 0, 8, remote.Descriptor(), 0), context.DeadlineExceeded)
+
+	_, err = a.Recv(context.Background(), make([]byte, 256))
+	require.ErrorIs(t, err, ErrPeerGone)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	require.False(t, ne.Timeout(), "Recv after the abandoned write: %v", err)
+	require.False(t, errors.Is(err, context.DeadlineExceeded), "Recv after the abandoned write: %v", err)
+	nc := a.NetConn()
+	_, err = nc.Read(make([]byte, 16))
+	require.ErrorIs(t, err, ErrPeerGone)
+	require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "Read with no deadline: %v", err)
+	_, err = nc.Write([]byte("x"))
+	require.ErrorIs(t, err, ErrPeerGone)
+	require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "Write with no deadline: %v", err)
 }
