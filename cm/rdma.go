@@ -276,6 +276,13 @@ func (d *device) channelErr() error {
 	return d.ccErr
 }
 
+// hold takes one more reference on a device already held.
+func (d *device) hold() {
+	devices.Lock()
+	d.refs++
+	devices.Unlock()
+}
+
 func (d *device) release() {
 	devices.Lock()
 	defer devices.Unlock()
@@ -290,8 +297,9 @@ func (d *device) release() {
 		}
 		d.pool.close()
 		d.pd.Close()
-		d.ctx.Close() // ends the async events
-		if d.asyncDone != nil {
+		// A closed context ends the async events; one that cannot close
+		// (something still registered) keeps its reader, not waited for.
+		if d.ctx.Close() == nil && d.asyncDone != nil {
 			<-d.asyncDone
 		}
 	}
@@ -423,12 +431,22 @@ func (t *rdmaTransport) postRecvs(slots []int) error {
 	return nil
 }
 
-type rdmaMem struct{ mr *verbs.MR }
+// rdmaMem is a Region's registration. It holds its device, whose PD it is
+// registered on: a device released under it could close neither its PD nor
+// its context, and release would wait for ever.
+type rdmaMem struct {
+	mr  *verbs.MR
+	dev *device
+}
 
 func (m *rdmaMem) bytes() []byte { return m.mr.Bytes() }
 func (m *rdmaMem) addr() uint64  { return m.mr.Addr() }
 func (m *rdmaMem) rkey() uint32  { return m.mr.RKey() }
-func (m *rdmaMem) close() error  { return m.mr.Close() }
+func (m *rdmaMem) close() error {
+	err := m.mr.Close()
+	m.dev.release()
+	return err
+}
 
 func (t *rdmaTransport) regMem(size int, remoteWrite bool) (memory, error) {
 	access := verbs.AccessLocalWrite | verbs.AccessRemoteRead
@@ -439,13 +457,17 @@ func (t *rdmaTransport) regMem(size int, remoteWrite bool) (memory, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &rdmaMem{mr: mr}, nil
+	t.dev.hold()
+	return &rdmaMem{mr: mr, dev: t.dev}, nil
 }
 
 func (t *rdmaTransport) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	m, ok := local.mem.(*rdmaMem)
 	if !ok {
 		return errors.New("region belongs to another transport")
+	}
+	if m.dev != t.dev {
+		return fmt.Errorf("region registered on device %s, connection on %s", m.dev.name, t.dev.name)
 	}
 	op := verbs.WRRDMARead
 	if write {

@@ -3,6 +3,7 @@ package cm
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -12,9 +13,12 @@ import (
 // RDMA. Hand its Descriptor to the peer (in a message) to let the peer read
 // or write it; Close revokes that access.
 type Region struct {
-	mem       memory
-	closeOnce sync.Once
-	closeErr  error
+	mem memory
+	// mu is read-held from a one-sided operation's checks to its post, so
+	// that Close cannot deregister the memory in between.
+	mu       sync.RWMutex
+	closed   bool
+	closeErr error
 }
 
 // RemoteRegion describes a peer's Region: enough to read or write it, and
@@ -64,14 +68,29 @@ func (r *Region) Descriptor() RemoteRegion {
 	return RemoteRegion{Addr: r.mem.addr(), Len: uint32(len(r.mem.bytes())), RKey: r.mem.rkey()}
 }
 
-// Close deregisters the region: later remote accesses fail on the peer.
+// Close deregisters the region: later remote accesses fail on the peer. A
+// Region holds its connection's device (its protection domain) until Close,
+// also after the connection ends.
 func (r *Region) Close() error {
-	r.closeOnce.Do(func() { r.closeErr = r.mem.close() })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.closed = true
+		r.closeErr = r.mem.close()
+	}
 	return r.closeErr
 }
 
+var errRegionClosed = errors.New("local region closed")
+
 // RegisterMemory registers size bytes for one-sided operations on this
 // connection. With remoteWrite the peer may write it; it may always read it.
+//
+// The registration is on the device's protection domain, which every
+// connection of this process on that device shares: a peer of any of them
+// that has (or guesses) the Descriptor can reach the region. Give
+// descriptors only to peers trusted with the memory, and Close the region
+// to revoke access.
 func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
 	if c.x != nil {
 		return nil, c.opErr("register memory", fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
@@ -130,7 +149,12 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	if !c.io() {
 		return c.opErr(op, ErrClosed)
 	}
-	err := c.t.postRDMA(write, local, off, n, remote, roff)
+	local.mu.RLock()
+	err := errRegionClosed
+	if !local.closed {
+		err = c.t.postRDMA(write, local, off, n, remote, roff)
+	}
+	local.mu.RUnlock()
 	c.ioDone()
 	if err != nil {
 		return c.opErr(op, err)

@@ -235,6 +235,67 @@ func TestCMOneSidedWriteRead(t *testing.T) {
 	require.ErrorAs(t, err, &ce, "a revoked region fails with the device's completion status")
 }
 
+// A Region outlives its connection, its listener and every other user of
+// the device: it holds the device's protection domain. Before, the last
+// connection's Close released the device under it, could close neither the
+// PD nor the context, and waited for ever for the context's async reader,
+// holding the lock every later Dial and Listen takes.
+func TestCMRegionOutlivesItsConnection(t *testing.T) {
+	ctx := cmCtx(t, 60*time.Second)
+	l, addr := cmListen(t)
+	accepted := acceptOne(t, ctx, l)
+	client, err := cm.Dial(ctx, addr)
+	require.NoError(t, err)
+	server := <-accepted
+	require.NotNil(t, server)
+	region, err := client.RegisterMemory(4096, true)
+	require.NoError(t, err)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		client.Close()
+		server.Close()
+		l.Close()
+	}()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("closing the connections and the listener under a live Region did not return in 30 s")
+	}
+	copy(region.Bytes(), "still mine")
+	require.Equal(t, "still mine", string(region.Bytes()[:10]))
+	require.NoError(t, region.Close())
+	require.NoError(t, region.Close(), "Close is idempotent")
+	// The device is usable again: a new pair connects and talks.
+	c2, s2 := cmPair(t)
+	require.NoError(t, c2.Send(ctx, []byte("after")))
+	buf := make([]byte, 16)
+	n, err := s2.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "after", string(buf[:n]))
+}
+
+// A closed Region is refused with an error that leaves the connection
+// working: posted, the device would fail the request with a protection
+// error and break the connection. (A Region of another device is refused
+// the same way; the VM has one device.)
+func TestCMOneSidedRefusesClosedRegion(t *testing.T) {
+	client, server := cmPair(t)
+	ctx := cmCtx(t, 20*time.Second)
+	exposed, err := server.RegisterMemory(4096, true)
+	require.NoError(t, err)
+	defer exposed.Close()
+	local, err := client.RegisterMemory(4096, false)
+	require.NoError(t, err)
+	require.NoError(t, local.Close())
+	require.Error(t, client.WriteRemote(ctx, local, 0, 8, exposed.Descriptor(), 0))
+	require.NoError(t, client.Send(ctx, []byte("alive")), "the refused operation broke the connection")
+	buf := make([]byte, 16)
+	n, err := server.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "alive", string(buf[:n]))
+}
+
 func TestCMConcurrentDials(t *testing.T) {
 	const n = 200
 	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256), cm.WithLogger(cmTestLogger(t)))
