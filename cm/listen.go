@@ -24,13 +24,18 @@ type Listener struct {
 	xep  *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
 	addr Addr
 
-	ready     chan *Conn    // handshakes that completed, waiting for Accept
-	done      chan struct{} // closed by Close
-	ctx       context.Context
-	stop      context.CancelFunc // ends ctx, which bounds handshakes, at Close
-	closeOnce sync.Once
-	wg        sync.WaitGroup // the event loop and handshakes in flight
-	removed   atomic.Bool    // the device went away: Accept says so
+	ready chan *Conn // handshakes that completed, waiting for Accept
+	// inProgress holds a token for each handshake under way and each
+	// connection waiting in ready: at most the backlog, so that requests
+	// (each a QP and its registered buffers before the dialer has proved
+	// anything) cannot pile up without bound.
+	inProgress chan struct{}
+	done       chan struct{} // closed by Close
+	ctx        context.Context
+	stop       context.CancelFunc // ends ctx, which bounds handshakes, at Close
+	closeOnce  sync.Once
+	wg         sync.WaitGroup // the event loop and handshakes in flight
+	removed    atomic.Bool    // the device went away: Accept says so
 }
 
 // Listen listens for connections on address ("ip:port"; port 0 picks one;
@@ -100,6 +105,7 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	l := &Listener{
 		cfg: cfg, ch: ch, id: id, addr: Addr{id.LocalAddr()},
 		ready: make(chan *Conn, cfg.backlog), done: make(chan struct{}),
+		inProgress: make(chan struct{}, max(cfg.backlog, 1)),
 	}
 	if !local.Addr().IsUnspecified() {
 		// Hold the device's cache (context, PD, buffers, QPs of closed
@@ -136,6 +142,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	}
 	select {
 	case c := <-l.ready:
+		<-l.inProgress
 		return c, nil
 	case <-l.done:
 		if l.removed.Load() {
@@ -168,10 +175,21 @@ func (l *Listener) loop() {
 			l.cfg.logger.Debug("listener event ignored", "event", ev.Type)
 			continue
 		}
+		select {
+		case l.inProgress <- struct{}{}:
+		default:
+			globalStats.acceptErrors.Add(1)
+			l.cfg.logger.Warn("connection request rejected: backlog full", "remote", Addr{ev.ID.RemoteAddr()}, "backlog", cap(l.inProgress))
+			ev.ID.Reject(nil)
+			ev.ID.Close()
+			continue
+		}
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			l.handshake(ev)
+			if !l.handshake(ev) {
+				<-l.inProgress
+			}
 		}()
 	}
 }
@@ -179,8 +197,9 @@ func (l *Listener) loop() {
 // handshake accepts one connection request: checks the dialer's hello,
 // builds the QP and moves it to RTS before accepting (the CM does not own
 // it), then waits for the dialer's confirmation, which the kernel would wait
-// for indefinitely, under the handshake timeout.
-func (l *Listener) handshake(ev rdmacm.Event) {
+// for indefinitely, under the handshake timeout. It reports whether the
+// connection went to ready for Accept.
+func (l *Listener) handshake(ev rdmacm.Event) bool {
 	id := ev.ID
 	raddr := Addr{id.RemoteAddr()}
 	cfg := l.cfg
@@ -195,7 +214,7 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 		h, err := parseHello(ev.PrivateData)
 		if err != nil {
 			reject(err)
-			return
+			return false
 		}
 		peer = h
 	}
@@ -213,7 +232,7 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 	t, err := newRDMATransport(id, verbs.QPStateRTS, sendSlots, recvSlots, sendSize, cfg.messageSize+hdr, cfg.inlineThreshold)
 	if err != nil {
 		reject(err)
-		return
+		return false
 	}
 	t.ch = l.ch.acquire()
 	// The id's own address, not the listener's: that may be unspecified.
@@ -228,7 +247,7 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 		globalStats.acceptErrors.Add(1)
 		id.Reject(nil)
 		t.free()
-		return
+		return false
 	}
 	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}
 	if !cfg.raw {
@@ -237,7 +256,7 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 	if err := id.Accept(cp); err != nil {
 		globalStats.acceptErrors.Add(1)
 		t.free()
-		return
+		return false
 	}
 	// The wait ends at the handshake timeout or when the listener closes.
 	ctx, cancel := context.WithTimeout(l.ctx, cfg.handshakeTimeout)
@@ -250,13 +269,15 @@ func (l *Listener) handshake(ev rdmacm.Event) {
 		globalStats.acceptErrors.Add(1)
 		cfg.logger.Warn("handshake failed", "remote", raddr, "err", err)
 		t.free()
-		return
+		return false
 	}
 	c.start(t)
 	select {
 	case l.ready <- c:
+		return true
 	case <-l.done:
 		c.Close()
+		return false
 	}
 }
 

@@ -206,7 +206,11 @@ func WithRawMessages() Option { return func(c *config) { c.raw = true } }
 // two guests of test/vm/rxe-pair.sh).
 func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepalive = d } }
 
-// WithBacklog sets the listener's backlog of pending connection requests.
+// WithBacklog bounds a listener's connections in progress: handshakes under
+// way plus connections waiting for Accept (default 1024; 0 counts as 1).
+// A request beyond it is rejected at once, as a full TCP accept queue drops
+// SYNs: each one costs a QP and registered buffers before its dialer has
+// proved anything. It is also the backlog given to rdma_listen.
 func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
 
 // WithBusyPoll sets how long a waiting Send or Recv polls the completion

@@ -296,6 +296,28 @@ func TestCMOneSidedRefusesClosedRegion(t *testing.T) {
 	require.Equal(t, "alive", string(buf[:n]))
 }
 
+// A listener holds at most its backlog of connections in progress: with
+// two dials completed and not accepted, a third is rejected at once, and
+// after an Accept takes one, a dial gets through again.
+func TestCMBacklogBoundsConnectionsInProgress(t *testing.T) {
+	l, addr := cmListen(t, cm.WithBacklog(2))
+	ctx := cmCtx(t, 30*time.Second)
+	for i := range 2 {
+		c, err := cm.Dial(ctx, addr)
+		require.NoError(t, err, "dial %d within the backlog", i)
+		defer c.Close()
+	}
+	_, err := cm.Dial(ctx, addr)
+	var rej *rdmacm.RejectError
+	require.ErrorAs(t, err, &rej, "a dial beyond the backlog")
+	s, err := l.Accept(ctx)
+	require.NoError(t, err)
+	defer s.Close()
+	c, err := cm.Dial(ctx, addr)
+	require.NoError(t, err, "a dial after an Accept freed a place")
+	defer c.Close()
+}
+
 func TestCMConcurrentDials(t *testing.T) {
 	const n = 200
 	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256), cm.WithLogger(cmTestLogger(t)))
