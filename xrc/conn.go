@@ -63,6 +63,7 @@ type Conn struct {
 	recvLeg      *Leg
 	recvTag      uint32
 	recvUp       bool
+	unaccepted   bool // counted in Endpoint.unaccepted
 	recvReleased bool
 	lastSeen     time.Time
 	goneAt       time.Time         // the sender's INI was torn down
@@ -246,10 +247,12 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 			wait = u.changed
 		}
 		if wait != nil {
+			woken := c.credited // also Close's wake-up while the uplink is down
 			e.mu.Unlock()
 			c.endTurn()
 			select {
 			case <-wait:
+			case <-woken:
 			case <-c.done:
 			case <-e.ctx.Done():
 				return false, &opError{"send", c.raddr.String(), ErrClosed}
@@ -791,6 +794,7 @@ func (c *Conn) Close() error {
 	c.e.mu.Lock()
 	c.userClosed = true
 	c.wake()
+	c.wakeSendersLocked() // a Send waiting for credits or the uplink fails now
 	c.e.mu.Unlock()
 	c.close(ctx)
 	return nil
@@ -949,11 +953,22 @@ func (c *Conn) maybeFinishLocked() {
 		return
 	}
 	c.finished = true
+	c.acceptedLocked()
 	delete(e.conns, c)
 	if e.pending[c.sendTag] == c {
 		delete(e.pending, c.sendTag)
 	}
 	close(c.done)
+}
+
+// acceptedLocked takes an inbound connection out of the endpoint's count of
+// those Accept has not taken (see Endpoint.unaccepted): Accept took it, or
+// it finished.
+func (c *Conn) acceptedLocked() {
+	if c.unaccepted {
+		c.unaccepted = false
+		c.e.unaccepted--
+	}
 }
 
 // checkReadyLocked completes a connection whose two legs are up.

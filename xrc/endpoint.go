@@ -122,18 +122,25 @@ type Endpoint struct {
 	spawnMu      sync.Mutex
 	spawnStopped bool
 
-	mu       sync.Mutex
-	closed   bool
-	fatal    error
-	uplinks  []*uplink
-	addrDom  map[netip.AddrPort]uint64 // which domain an address is in
-	replaced map[upKey]uint32          // the TGT of a dead uplink, for REPLACES_TGT
-	nextTag  uint32
-	pending  map[uint32]*Conn // dials by our forward tag, until the reciprocal leg
-	recv     map[uint32]*Conn // by our receive tag (the acceptor's tag)
-	conns    map[*Conn]struct{}
-	passive  map[kernel.ID]struct{} // physical links we accepted
-	acceptq  chan *Conn
+	mu        sync.Mutex
+	closed    bool
+	fatal     error
+	uplinks   []*uplink
+	addrDom   map[netip.AddrPort]uint64 // which domain an address is in
+	replaced  map[upKey]uint32          // the TGT of a dead uplink, for REPLACES_TGT
+	nextTag   uint32
+	pending   map[uint32]*Conn // dials by our forward tag, until the reciprocal leg
+	recv      map[uint32]*Conn // by our receive tag (the acceptor's tag)
+	conns     map[*Conn]struct{}
+	passive   map[kernel.ID]struct{} // physical links we accepted
+	acceptq   chan *Conn
+	dead      chan struct{} // closed by die: Accept returns fatal
+	closeDone chan struct{} // closed when the first Close has released everything
+	// unaccepted counts inbound connections made and not yet taken by
+	// Accept nor finished (Conn.unaccepted): at acceptBacklog, requests
+	// for more are refused with BUSY_RETRY, which the dialer sees, rather
+	// than failed once up, which it would learn only at its idle timeout.
+	unaccepted int
 
 	dropped     atomic.Uint64
 	rejected    atomic.Uint64
@@ -225,7 +232,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	}
 	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{},
 		pending: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
-		passive: map[kernel.ID]struct{}{}, acceptq: make(chan *Conn, acceptBacklog)}
+		passive: map[kernel.ID]struct{}{}, acceptq: make(chan *Conn, acceptBacklog), dead: make(chan struct{}), closeDone: make(chan struct{})}
 	if e.dom, err = OpenDomainFile(cfg.DomainDir); err != nil {
 		return nil, err
 	}
@@ -314,11 +321,23 @@ func (e *Endpoint) Addr() netip.AddrPort { return e.addr }
 // legs are up.
 func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
 	select {
+	case <-e.ctx.Done(): // first: a closed endpoint's queue holds dead ones
+		return nil, e.closedErr("accept")
+	case <-e.dead:
+		return nil, e.closedErr("accept")
+	default:
+	}
+	select {
 	case c := <-e.acceptq:
+		e.mu.Lock()
+		c.acceptedLocked()
+		e.mu.Unlock()
 		return c, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-e.ctx.Done():
+		return nil, e.closedErr("accept")
+	case <-e.dead:
 		return nil, e.closedErr("accept")
 	}
 }
@@ -333,14 +352,17 @@ func (e *Endpoint) closedErr(op string) error {
 }
 
 // Close closes every connection (each sends its FIN), stops the endpoint's
-// goroutines and releases every kernel object it holds. It is idempotent.
+// goroutines and releases every kernel object it holds. It is idempotent:
+// a concurrent or later call returns once the first has released everything.
 func (e *Endpoint) Close() error {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
+		<-e.closeDone // a second Close returns when everything is released
 		return nil
 	}
 	e.closed = true
+	defer close(e.closeDone)
 	conns := make([]*Conn, 0, len(e.conns))
 	for c := range e.conns {
 		c.userClosed = true
@@ -409,14 +431,14 @@ func (e *Endpoint) release() {
 }
 
 // die is the end of an endpoint whose kernel failed (its process died) or
-// whose device went away: every connection fails. After a device removal
-// the endpoint also closes itself: the kernel may not finish removing the
-// device while anything of ours is left on it, and Accept waits until
-// Close.
+// whose device went away: every connection fails, and Accept with them.
+// After a device removal the endpoint also closes itself: the kernel may
+// not finish removing the device while anything of ours is left on it.
 func (e *Endpoint) die(err error) {
 	e.mu.Lock()
 	if e.fatal == nil {
 		e.fatal = err
+		close(e.dead)
 	}
 	for c := range e.conns {
 		c.failLocked(err)
@@ -640,7 +662,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 			return
 		}
 	} else {
-		if e.closed || len(e.conns) >= 1<<20 {
+		if e.closed || len(e.conns) >= 1<<20 || e.unaccepted >= acceptBacklog {
 			e.mu.Unlock()
 			e.acc.Release(leg)
 			e.reject(ev, wire.RejectBusyRetry, leg.PeerTag)
@@ -649,6 +671,8 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		c = e.newConnLocked(netip.AddrPortFrom(ev.Remote.Addr(), leg.ReplyPort))
 		c.inbound = true
 		c.peerInc = leg.PeerIncarnation
+		c.unaccepted = true
+		e.unaccepted++
 	}
 	c.recvLeg, c.recvTag, c.lastSeen = leg, leg.Tag, time.Now()
 	e.recv[leg.Tag] = c

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -587,7 +588,8 @@ func (e *Endpoint) maybeTeardownLocked(u *uplink) {
 // physical link is disconnected: its DREQ tells the TGT's creator that the
 // legs still on the old TGT are gone. Sent first, it could reach a receiver
 // before that receiver's MOVE and end a live leg. Legs whose receiver
-// refuses or is gone fail; sends and dials wait meanwhile.
+// refuses or is gone, or does not answer within its MOVE's deadline, fail;
+// sends and dials wait meanwhile.
 func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	e.mu.Lock()
 	legs := make([]*Conn, 0, len(u.legs))
@@ -597,96 +599,100 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	dom := u.dom
 	e.mu.Unlock()
 	slices.SortFunc(legs, func(a, b *Conn) int { return int(a.sendTag) - int(b.sendTag) })
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
-	defer cancel()
 	var q *iniQP
 	var moved []*Conn // the legs now on q: only theirs go again on it
-	for _, c := range legs {
+	// Each MOVE has its own deadline, under half the idle timeout: the
+	// receivers hear nothing from us while we recover, and one receiver
+	// that does not answer must not spend the others' time. Once the new
+	// INI is up, the other legs move at once (VIRT_REQs in parallel).
+	budget := min(e.cfg.HandshakeTimeout, e.cfg.IdleTimeout/2)
+	live := func(c *Conn) bool {
 		e.mu.Lock()
-		skip := c.failed() || c.sendDone
-		e.mu.Unlock()
-		if skip {
+		defer e.mu.Unlock()
+		return !c.failed() && !c.sendDone
+	}
+	rest := legs
+	for len(rest) > 0 && q == nil {
+		c := rest[0]
+		rest = rest[1:]
+		if !live(c) {
 			continue
 		}
 		req := e.req(c, wire.TypePhysReq, 0)
-		req.Flags = wire.FlagMove
-		var acc wire.Accept
-		var err error
-		fresh := false
-		if q == nil {
-			req.Type = wire.TypePhysReq
-			req.Flags |= wire.FlagReplacesTGT
-			req.TGTQPNHint = old.tgt
-			q, acc, err = e.physLink(ctx, c.raddr, &req)
-			for try := 0; moveAgain(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
-				q, acc, err = e.physLink(ctx, c.raddr, &req)
-			}
-			fresh = err == nil
-		} else {
-			req.Type = wire.TypeVirtReq
-			req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, dom
-			acc, err = e.virtLink(ctx, c.raddr, &req)
-			for try := 0; moveAgain(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
-				acc, err = e.virtLink(ctx, c.raddr, &req)
-			}
+		req.Flags = wire.FlagMove | wire.FlagReplacesTGT
+		req.TGTQPNHint = old.tgt
+		ctx, cancel := context.WithTimeout(e.ctx, budget)
+		nq, acc, err := e.physLink(ctx, c.raddr, &req)
+		for try := 0; moveAgain(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
+			nq, acc, err = e.physLink(ctx, c.raddr, &req)
 		}
-		e.mu.Lock()
-		if fresh {
+		cancel()
+		if err == nil {
+			q = nq
+			e.mu.Lock()
 			u.inis = append(u.inis, q)
-		}
-		if err == nil && (acc.AcceptorTag != c.peerTag || acc.Incarnation != c.peerInc || acc.DomainID != dom) {
-			err = errIncarnation
-		}
-		var rj *RejectError
-		if !fresh && q != nil && errors.As(err, &rj) && rj.Reason == RejectTGTGone && u.gone < maxGoneRounds {
-			// The new TGT is gone already: the legs moved onto it all
-			// closed (the first one's FIN can come right after its
-			// MOVE). This leg waits for the next round, which makes
-			// another (q.broken starts it); a peer that answers so
-			// round after round fails it.
-			if !q.broken {
-				q.broken = true
-				u.gone++
-			}
 			e.mu.Unlock()
-			continue
 		}
-		switch {
-		case err != nil && c.finOut:
-			// Our FIN went out, and a receiver that took it let the leg
-			// go: the refusal answers the FIN. Only the sending leg ends;
-			// the receiving leg waits for the peer's FIN as at any close
-			// (the peer may still need it to complete: its reverse leg).
-			c.dropSendLocked()
-			c.maybeFinishLocked()
-		case err != nil:
-			c.failLocked(fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))
-		default:
-			e.moved.Add(1)
-			moved = append(moved, c)
-		}
-		e.mu.Unlock()
-		if fresh {
+		if e.moveDone(u, q, c, dom, acc, err, true, &moved) {
 			e.startINI(u, q)
+		}
+	}
+	type result struct {
+		acc wire.Accept
+		err error
+	}
+	results := make([]result, len(rest))
+	if q != nil {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 16) // SIDR exchanges in flight
+		for i, c := range rest {
+			if !live(c) {
+				results[i].err = errSkipped
+				continue
+			}
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				req := e.req(c, wire.TypeVirtReq, 0)
+				req.Flags = wire.FlagMove
+				req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, dom
+				ctx, cancel := context.WithTimeout(e.ctx, budget)
+				defer cancel()
+				acc, err := e.virtLink(ctx, c.raddr, &req)
+				for try := 0; moveAgain(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
+					acc, err = e.virtLink(ctx, c.raddr, &req)
+				}
+				results[i] = result{acc, err}
+			}()
+		}
+		wg.Wait()
+		for i, c := range rest {
+			if !errors.Is(results[i].err, errSkipped) {
+				e.moveDone(u, q, c, dom, results[i].acc, results[i].err, false, &moved)
+			}
 		}
 	}
 	e.k.Disconnect(old.aid)
 	e.mu.Lock()
-	if q != nil && !e.closed {
+	if q != nil {
 		// Still RECOVERING, so no Send posts: each moved leg first sends
 		// again, on the new INI and in order, what has not completed. A
 		// leg left for the next round does not: its receiver does not
 		// take messages through q's TGT yet, and one that completed here
-		// would be lost.
+		// would be lost. Also while the endpoint closes: its FINs wait
+		// for the uplink to be up. The resends wait for their turns with
+		// the endpoint's context, not a deadline: a resend given up
+		// would lose the messages without a word.
 		u.cur = q
 		e.mu.Unlock()
 		for _, c := range moved {
-			c.resend(ctx, u, q)
+			c.resend(e.ctx, u, q)
 		}
 		e.mu.Lock()
 	}
 	defer e.mu.Unlock()
-	if q == nil || e.closed {
+	if q == nil {
 		// Nobody left to move to: the uplink is gone. The next dial there
 		// makes a new one, flagged REPLACES_TGT.
 		e.replaced[upKey{u.node, dom}] = old.tgt
@@ -707,4 +713,46 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	}
 	u.gone = 0
 	e.maybeTeardownLocked(u)
+}
+
+// errSkipped marks a leg the recovery found closed or failed already.
+var errSkipped = errors.New("leg skipped")
+
+// moveDone books the answer to leg c's MOVE onto q (physical: the PHYS_REQ
+// that made q, or failed to) and reports whether q was made by it.
+func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.Accept, err error, physical bool, moved *[]*Conn) (fresh bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fresh = physical && err == nil
+	if err == nil && (acc.AcceptorTag != c.peerTag || acc.Incarnation != c.peerInc || acc.DomainID != dom) {
+		err = errIncarnation
+	}
+	var rj *RejectError
+	if !physical && errors.As(err, &rj) && rj.Reason == RejectTGTGone && u.gone < maxGoneRounds {
+		// The new TGT is gone already: the legs moved onto it all
+		// closed (the first one's FIN can come right after its MOVE).
+		// This leg waits for the next round, which makes another
+		// (q.broken starts it); a peer that answers so round after round
+		// fails it.
+		if !q.broken {
+			q.broken = true
+			u.gone++
+		}
+		return fresh
+	}
+	switch {
+	case err != nil && c.finOut:
+		// Our FIN went out, and a receiver that took it let the leg go:
+		// the refusal answers the FIN. Only the sending leg ends; the
+		// receiving leg waits for the peer's FIN as at any close (the
+		// peer may still need it to complete: its reverse leg).
+		c.dropSendLocked()
+		c.maybeFinishLocked()
+	case err != nil:
+		c.failLocked(fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))
+	default:
+		e.moved.Add(1)
+		*moved = append(*moved, c)
+	}
+	return fresh
 }
