@@ -79,7 +79,9 @@
 // Every operation that waits takes a context.Context and waits in Go's
 // netpoller, never in a blocking C call. Errors are *OpError values
 // (net.Error); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
-// a rejected connection wraps *rdmacm.RejectError. Close is graceful: the
+// a rejected connection wraps *rdmacm.RejectError (over XRC, *xrc.RejectError,
+// whose Reason says why: NO_LISTENER where nothing listens). Close is
+// graceful: the
 // peer reads the data sent before it, then io.EOF.
 //
 // # Device removal

@@ -91,14 +91,14 @@ type xrcDialer struct {
 	refs int
 }
 
-var xrcEndpoints sync.Map // *xrc.Endpoint -> struct{}: for GlobalStats
+var xrcEndpoints sync.Map // *xrc.Endpoint -> its Config.Process (nil on a device): for GlobalStats
 
 func newEndpoint(ctx context.Context, xc xrc.Config) (*xrc.Endpoint, error) {
 	ep, err := xrc.NewEndpoint(ctx, xc)
 	if err != nil {
 		return nil, err
 	}
-	xrcEndpoints.Store(ep, struct{}{})
+	xrcEndpoints.Store(ep, xc.Process)
 	return ep, nil
 }
 
@@ -108,19 +108,27 @@ func closeEndpoint(ep *xrc.Endpoint) error {
 }
 
 // acquireDialer returns the dialer endpoint of site, opening it on first
-// use, and the function that drops the reference taken.
+// use, and the function that drops the reference taken. Every Dial checks
+// its options (xrcConfig), also one that joins an open endpoint. An
+// endpoint that died (its device went away) is left to the connections
+// that hold it, and a new one opens.
 func acquireDialer(ctx context.Context, cfg config, site xrcSite) (*xrc.Endpoint, func(), error) {
+	xc, err := cfg.xrcConfig(site, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	xc.DialOnly = true
 	xrcDialers.Lock()
 	defer xrcDialers.Unlock()
 	if xrcDialers.m == nil {
 		xrcDialers.m = map[xrcSite]*xrcDialer{}
 	}
 	d := xrcDialers.m[site]
+	if d != nil && d.ep.Err() != nil {
+		delete(xrcDialers.m, site)
+		d = nil
+	}
 	if d == nil {
-		xc, err := cfg.xrcConfig(site, 0)
-		if err != nil {
-			return nil, nil, err
-		}
 		ep, err := newEndpoint(ctx, xc)
 		if err != nil {
 			return nil, nil, err
@@ -133,10 +141,15 @@ func acquireDialer(ctx context.Context, cfg config, site xrcSite) (*xrc.Endpoint
 	release := func() {
 		once.Do(func() {
 			xrcDialers.Lock()
-			defer xrcDialers.Unlock()
 			d.refs--
-			if d.refs == 0 {
+			last := d.refs == 0
+			if last && xrcDialers.m[site] == d {
 				delete(xrcDialers.m, site)
+			}
+			xrcDialers.Unlock()
+			if last {
+				// Outside the lock: Close waits up to a second for FINs,
+				// and other Dials of the process must not wait with it.
 				closeEndpoint(d.ep)
 			}
 		})
@@ -154,7 +167,7 @@ func dialXRC(ctx context.Context, address string, cfg config, site xrcSite) (*Co
 	x, err := ep.Dial(ctx, address)
 	if err != nil {
 		release()
-		return fail(err)
+		return fail(mapXRCErr(err))
 	}
 	return newXRCConn(x, cfg, release), nil
 }
@@ -173,16 +186,27 @@ func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSi
 	return &Listener{cfg: cfg, xep: ep, addr: Addr{ep.Addr()}, done: make(chan struct{})}, nil
 }
 
-// xrcStats sums the XRC endpoints of the process.
+// xrcStats sums the XRC endpoints of the process. Kernel handles are a
+// kernel's, which endpoints on one fabric process share: each such kernel
+// counts once.
 func xrcStats() (s xrc.Stats) {
-	xrcEndpoints.Range(func(k, _ any) bool {
-		es := k.(*xrc.Endpoint).Stats()
+	counted := map[any]bool{}
+	xrcEndpoints.Range(func(k, p any) bool {
+		ep := k.(*xrc.Endpoint)
+		es := ep.Stats()
 		s.Uplinks += es.Uplinks
 		s.Downlinks += es.Downlinks
 		s.LocalCounts += es.LocalCounts
 		s.QPs += es.QPs
 		s.Conns += es.Conns
-		s.KernelHandles += es.KernelHandles
+		kern := p
+		if p.(*memfabric.Process) == nil {
+			kern = ep // on a device, each endpoint opens its own
+		}
+		if !counted[kern] && es.KernelHandles >= 0 {
+			counted[kern] = true
+			s.KernelHandles += es.KernelHandles
+		}
 		return true
 	})
 	return s

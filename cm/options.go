@@ -210,7 +210,9 @@ func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepaliv
 // way plus connections waiting for Accept (default 1024; 0 counts as 1).
 // A request beyond it is rejected at once, as a full TCP accept queue drops
 // SYNs: each one costs a QP and registered buffers before its dialer has
-// proved anything. It is also the backlog given to rdma_listen.
+// proved anything. It is also the backlog given to rdma_listen. Over XRC
+// the engine's own bound applies instead (256 inbound connections not yet
+// accepted; requests beyond are refused with BUSY_RETRY).
 func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
 
 // WithBusyPoll sets how long a waiting Send or Recv polls the completion

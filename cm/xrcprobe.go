@@ -16,6 +16,9 @@ func (cfg *config) checkXRC(id *rdmacm.ID) (bool, error) {
 	if cfg.xrc == XRCOff {
 		return false, nil
 	}
+	if cfg.raw {
+		return false, cfg.noXRC(id.DeviceName(), "raw messages are plain sends on RC")
+	}
 	reason := xrcUnavailable(id)
 	if reason == "" {
 		return true, nil

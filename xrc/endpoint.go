@@ -82,6 +82,11 @@ type Config struct {
 	// MaxMessageSize (1 MiB); from MinMessageSize (64 bytes) up. On a
 	// device the SRQ registers 32 slots of it (plus a frame header each).
 	MaxMessageSize int
+	// DialOnly makes an endpoint that only dials: it refuses requests for
+	// new inbound connections (APP_REJECT, before any kernel object is
+	// made) and takes only the reverse legs of its own dials. Its address
+	// is every connection's local address, which a peer may dial back.
+	DialOnly bool
 }
 
 // messageSize fills in MaxMessageSize's default and checks its range.
@@ -249,8 +254,17 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	}
 	e.inc = random64()
 	e.nextTag = uint32(random64() >> 33)
-	e.acc = NewAcceptor(AcceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
-		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize)})
+	ac := AcceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
+		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize)}
+	if cfg.DialOnly {
+		ac.Admit = func(req *wire.Req) ([]byte, *AppReject) {
+			if req.Flags&wire.FlagReciprocal == 0 {
+				return nil, &AppReject{} // not the reverse leg of a dial of ours
+			}
+			return nil, nil
+		}
+	}
+	e.acc = NewAcceptor(ac)
 	if err = e.listen(ap); err != nil {
 		return nil, err
 	}
@@ -340,6 +354,21 @@ func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
 	case <-e.dead:
 		return nil, e.closedErr("accept")
 	}
+}
+
+// Err reports why the endpoint no longer works: ErrClosed after Close, the
+// cause (wrapping ErrDeviceRemoved, for one) after its process died or its
+// device went away; nil while it works.
+func (e *Endpoint) Err() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.fatal != nil {
+		return e.fatal
+	}
+	if e.closed {
+		return ErrClosed
+	}
+	return nil
 }
 
 func (e *Endpoint) closedErr(op string) error {

@@ -689,6 +689,18 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 	return n, err
 }
 
+// Handles counts the kernel objects (domains, SRQs, QPs and TGT handles)
+// and CM ids the process holds, as the model's Handles does.
+func (p *Process) Handles() int {
+	p.mu.Lock()
+	n := len(p.objs)
+	p.mu.Unlock()
+	if p.CM != nil {
+		n += p.CM.Len()
+	}
+	return n
+}
+
 // Close releases everything, as process exit does: CM ids, QPs and TGT
 // handles, SRQs, domains, the PD and the device.
 func (p *Process) Close() error {

@@ -1,0 +1,389 @@
+package cm
+
+import (
+	"context"
+	"io"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/xrc"
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// A Dial that joins an open shared dialer endpoint checks its options as
+// the first did: WithRawMessages (and WithXRC(XRCOff) on the fabric) are
+// refused, not accepted and ignored (as they were).
+func TestFabricRawJoiningSharedEndpointRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+	c, _ := fabricPair(ctx, t, srv, cli, nil, nil) // opens cli's shared dialer endpoint
+	_ = c
+	dom := filepath.Join(t.TempDir(), "xrc")
+	addr := c.RemoteAddr().String()
+	// The very same call fails while no endpoint exists ...
+	_, err := Dial(ctx, addr, WithFabric(f.Node("10.1.0.3").Process()), WithDomainPath(dom), WithRawMessages())
+	require.ErrorIs(t, err, ErrNotSupported, "no shared endpoint yet: refused")
+	// ... and succeeds once one does.
+	raw, err := Dial(ctx, addr, WithFabric(cli), WithDomainPath(dom), WithRawMessages())
+	if err == nil {
+		defer raw.Close()
+	}
+	require.ErrorIs(t, err, ErrNotSupported, "raw over XRC must be refused whether or not the endpoint exists")
+}
+
+func TestFabricXRCOffJoiningSharedEndpointRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+	c, _ := fabricPair(ctx, t, srv, cli, nil, nil)
+	off, err := Dial(ctx, c.RemoteAddr().String(), WithFabric(cli), WithXRC(XRCOff))
+	if err == nil {
+		defer off.Close()
+	}
+	require.ErrorContains(t, err, "XRC connections only")
+}
+
+// GlobalStats().XRCKernelHandles counts a kernel's handles once, however
+// many endpoints run on it (two endpoints on one process counted twice).
+func TestFabricKernelHandlesCountedOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	p := f.Node("10.1.0.1").Process()
+	dom := filepath.Join(t.TempDir(), "xrc")
+	before := GlobalStats().XRCKernelHandles
+	l1, err := Listen(ctx, "10.1.0.1:0", WithFabric(p), WithDomainPath(dom))
+	require.NoError(t, err)
+	defer l1.Close()
+	l2, err := Listen(ctx, "10.1.0.1:0", WithFabric(p), WithDomainPath(dom))
+	require.NoError(t, err)
+	defer l2.Close()
+	got := GlobalStats().XRCKernelHandles - before
+	t.Logf("process holds %d handles; GlobalStats says %d", p.Handles(), got)
+	require.Equal(t, p.Handles(), got)
+}
+
+// noHandles is a kernel that cannot count its handles, as the real device
+// kernel (internal/kernel/real) cannot: xrc.Endpoint.Stats reports -1.
+type noHandles struct{ kernel.Kernel }
+
+func TestFabricKernelHandlesUnknownNotNegative(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	k, ok := kernel.Unwrap(f.Node("10.1.0.1").Process())
+	require.True(t, ok)
+	fake := &memfabric.Process{} // memfabric's unwrapper declines it (no model process)
+	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
+		if v == any(fake) {
+			return noHandles{k}, true
+		}
+		return nil, false
+	})
+	dom := filepath.Join(t.TempDir(), "xrc")
+	before := GlobalStats().XRCKernelHandles
+	var ls []*Listener
+	for range 3 {
+		l, err := Listen(ctx, "10.1.0.1:0", WithFabric(fake), WithDomainPath(dom))
+		require.NoError(t, err)
+		defer l.Close()
+		ls = append(ls, l)
+	}
+	got := GlobalStats().XRCKernelHandles - before
+	require.GreaterOrEqual(t, got, 0, "three endpoints on kernels that cannot count handles")
+}
+
+// The LocalAddr of a dialed XRC Conn (and the RemoteAddr of the accepted
+// one) is the dialer endpoint's address. Nobody Accepts there: a Dial to
+// it is refused (it succeeded, and what was sent on it went nowhere).
+func TestFabricDialBackToDialerRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+	_, s := fabricPair(ctx, t, srv, cli, nil, nil)
+	back, err := Dial(ctx, s.RemoteAddr().String(), WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "x")),
+		WithHandshakeTimeout(2*time.Second))
+	if err == nil {
+		defer back.Close()
+		sent := 0
+		for i := 0; i < 200; i++ {
+			sctx, c := context.WithTimeout(ctx, 200*time.Millisecond)
+			err := back.Send(sctx, []byte("hello?"))
+			c()
+			if err != nil {
+				t.Logf("send %d: %v", i, err)
+				break
+			}
+			sent++
+		}
+		t.Fatalf("Dial to %s (no Listener there) succeeded; %d messages accepted into a void", s.RemoteAddr(), sent)
+	}
+}
+
+// Data sent before Close arrives before EOF when the Close is the
+// last on the shared dialer endpoint (which then closes).
+func TestFabricCloseLastConnKeepsData(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+	opts := []Option{WithQueueDepth(8)}
+	c, s := fabricPair(ctx, t, srv, cli, opts, opts)
+	const n = 8
+	for i := range n {
+		require.NoError(t, c.Send(ctx, []byte{byte(i)}))
+	}
+	require.NoError(t, c.Close())
+	time.Sleep(100 * time.Millisecond)
+	buf := make([]byte, 64)
+	for i := range n {
+		k, err := s.Recv(ctx, buf)
+		require.NoError(t, err, "message %d", i)
+		require.Equal(t, []byte{byte(i)}, buf[:k])
+	}
+	_, err := s.Recv(ctx, buf)
+	require.ErrorIs(t, err, io.EOF)
+}
+
+// slowKernel takes its time destroying an SRQ, as teardown on a device can.
+type slowKernel struct {
+	kernel.Kernel
+	d time.Duration
+}
+
+func (s slowKernel) DestroySRQ(h kernel.SRQ) error {
+	time.Sleep(s.d)
+	return s.Kernel.DestroySRQ(h)
+}
+
+// The last release of one site's dialer endpoint closes it outside the
+// process-wide xrcDialers lock: a Dial on an unrelated site (another fabric
+// process here; another device in production) does not wait for it (it
+// did, regardless of its own context).
+func TestFabricDialerCloseBlocksNoOtherSite(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	k, _ := kernel.Unwrap(f.Node("10.1.0.3").Process())
+	slow := &memfabric.Process{}
+	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
+		if v == any(slow) {
+			return slowKernel{k, 2 * time.Second}, true
+		}
+		return nil, false
+	})
+	cfg, err := newConfig([]Option{WithDomainPath(filepath.Join(t.TempDir(), "s"))})
+	require.NoError(t, err)
+	cfg.fabric = slow
+	_, release, err := acquireDialer(ctx, cfg, cfg.fabricSite(k.LocalAddr()))
+	require.NoError(t, err)
+
+	srv := f.Node("10.1.0.1").Process()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "l")))
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	go release() // the last connection of site "slow" closes
+	time.Sleep(50 * time.Millisecond)
+	dctx, dcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer dcancel()
+	start := time.Now()
+	c, err := Dial(dctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "d")))
+	took := time.Since(start)
+	if err == nil {
+		c.Close()
+	}
+	t.Logf("Dial with a 300ms deadline on another site: %v after %v", err, took)
+	require.Less(t, took, time.Second, "an unrelated site's Dial waited for another site's endpoint Close")
+}
+
+// Churn on one site: Dials and Closes race, GlobalStats reads alongside.
+func TestFabricSharedEndpointChurn(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "l")))
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			go func() {
+				buf := make([]byte, 64)
+				for {
+					n, err := c.Recv(ctx, buf)
+					if err != nil {
+						c.Close()
+						return
+					}
+					c.Send(ctx, buf[:n])
+				}
+			}()
+		}
+	}()
+	dom := filepath.Join(t.TempDir(), "d")
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				GlobalStats()
+			}
+		}
+	}()
+	errs := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		go func() {
+			for i := 0; i < 25; i++ {
+				c, err := Dial(ctx, l.Addr().String(), WithFabric(cli), WithDomainPath(dom))
+				if err != nil {
+					errs <- err
+					return
+				}
+				buf := make([]byte, 64)
+				if err := c.Send(ctx, []byte("x")); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := c.Recv(ctx, buf); err != nil {
+					errs <- err
+					return
+				}
+				c.Close()
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+	close(stop)
+	xrcDialers.Lock()
+	n := len(xrcDialers.m)
+	xrcDialers.Unlock()
+	require.Zero(t, n)
+}
+
+// removable reports a device removal once (the endpoint's receive loop
+// sees ErrDeviceRemoved, as on a real device's DEVICE_REMOVAL), then works
+// again: the device is back.
+type removable struct {
+	kernel.Kernel
+	gone     chan struct{}
+	reported atomic.Bool
+}
+
+func (r *removable) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvCompletion) (int, error) {
+	pending := func() bool {
+		select {
+		case <-r.gone:
+			return r.reported.CompareAndSwap(false, true)
+		default:
+			return false
+		}
+	}
+	if pending() {
+		return 0, kernel.ErrDeviceRemoved
+	}
+	if r.reported.Load() { // the device is back
+		return r.Kernel.PollRecv(ctx, h, out)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.gone:
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	n, err := r.Kernel.PollRecv(cctx, h, out)
+	if err != nil && ctx.Err() == nil && pending() {
+		return 0, kernel.ErrDeviceRemoved
+	}
+	return n, err
+}
+
+// After the endpoint of a site dies (device removed), a new Dial opens a
+// fresh one, while Conns of the dead one are still open. The dead one used
+// to stay the site's endpoint until every such Conn was Closed, failing
+// every Dial although the device was back.
+func TestFabricDeadSharedEndpointReplaced(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv := f.Node("10.1.0.1").Process()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "l")))
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	k, _ := kernel.Unwrap(f.Node("10.1.0.2").Process())
+	rk := &removable{Kernel: k, gone: make(chan struct{})}
+	fake := &memfabric.Process{}
+	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
+		if v == any(fake) {
+			return rk, true
+		}
+		return nil, false
+	})
+	cfg, err := newConfig([]Option{WithDomainPath(filepath.Join(t.TempDir(), "d"))})
+	require.NoError(t, err)
+	cfg.fabric = fake
+	site := cfg.fabricSite(k.LocalAddr())
+	c1, err := dialXRC(ctx, l.Addr().String(), cfg, site)
+	require.NoError(t, err)
+	close(rk.gone) // the device goes, and comes back
+	_, err = c1.Recv(ctx, make([]byte, 64))
+	require.ErrorIs(t, err, ErrDeviceRemoved)
+	// c1 is broken but not yet Closed by the application.
+	c2, err := dialXRC(ctx, l.Addr().String(), cfg, site)
+	if err == nil {
+		c2.Close()
+	}
+	t.Logf("Dial after the removal, with the broken Conn still open: %v", err)
+	require.NoError(t, err, "a new Dial should get a fresh endpoint")
+}
+
+// A refused XRC Dial wraps *xrc.RejectError with the reason.
+func TestFabricDialRefusedError(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	f.Node("10.1.0.1").Process()
+	start := time.Now()
+	_, err := Dial(ctx, "10.1.0.1:7471", WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "d")))
+	var re *xrc.RejectError
+	require.ErrorAs(t, err, &re, "after %v", time.Since(start))
+	require.Equal(t, xrc.RejectNoListener, re.Reason)
+}
