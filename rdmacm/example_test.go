@@ -48,9 +48,16 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	c.Connect(rdmacm.ConnParam{QPNum: 0x123456, PrivateData: []byte("hello"), RetryCount: 7, RNRRetryCount: 7})
+	if err := c.Connect(rdmacm.ConnParam{QPNum: 0x123456, PrivateData: []byte("hello"), RetryCount: 7, RNRRetryCount: 7}); err != nil {
+		fmt.Println(err)
+		return
+	}
 
-	req, _ := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
+	req, err := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	srv := req.ID // ours now
 	defer srv.Close()
 	srv.Accept(rdmacm.ConnParam{QPNum: 0x654321, PrivateData: []byte("welcome")})

@@ -5,7 +5,7 @@
 //   - latency: ping-pong of -size bytes; prints min, median and p99 of the
 //     one-way latency (half the round trip, as ib_send_lat reports it);
 //   - bandwidth: streams -count messages of -size bytes to the server's
-//     sink and prints MB/s (as ib_send_bw does, in 10^6 bytes);
+//     sink and prints MB/s, in 10^6 bytes (ib_send_bw's MB is 2^20 bytes);
 //   - connect: opens -conns connections at once and prints the time per
 //     connection (as cmtime's connect step does);
 //   - xrc: with -fabric, server and client processes on an in-memory XRC
@@ -27,6 +27,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -89,19 +90,51 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 
+	if err := o.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "client:", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	res, err := run(ctx, o)
+	if err == nil && o.json {
+		err = json.NewEncoder(os.Stdout).Encode(res)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
-	if o.json {
-		json.NewEncoder(os.Stdout).Encode(res)
-		return
+	if !o.json {
+		fmt.Println(res.summary())
 	}
-	fmt.Println(res.summary())
+}
+
+// check refuses flags that cannot make a run, before anything is dialed.
+func (o options) check() error {
+	switch o.mode {
+	case "echo", "latency", "bandwidth", "connect", "xrc":
+	default:
+		return fmt.Errorf("unknown mode %q: echo, latency, bandwidth, connect or xrc", o.mode)
+	}
+	switch {
+	case o.raw && o.mode != "echo" && o.mode != "connect":
+		return fmt.Errorf("-raw runs one exchange (-mode echo) or dials a plain librdmacm server (-mode connect), not -mode %s", o.mode)
+	case o.size < 0 || o.count < 1 || o.warmup < 0 || o.conns < 1 || o.depth < 1:
+		return errors.New("-size and -warmup must be 0 or more, -count, -conns and -depth 1 or more")
+	case o.mode == "xrc" && o.fabric && (o.nodes < 1 || o.nodes > 254 || o.procs < 1 || o.clients < 1):
+		return errors.New("xrc mode: -nodes must be 1 to 254, -procs and -clients 1 or more")
+	}
+	return nil
+}
+
+// text is where human-readable lines go: stdout, or stderr when stdout
+// carries JSON.
+func (o options) text() io.Writer {
+	if o.json {
+		return os.Stderr
+	}
+	return os.Stdout
 }
 
 // result is what a run measured; fields not relevant to a mode stay zero.
@@ -157,7 +190,7 @@ func run(ctx context.Context, o options) (result, error) {
 	switch {
 	case o.raw:
 		r.Mode, r.Count = "raw", 1
-		err = rawExchange(ctx, c, o.size)
+		err = rawExchange(ctx, c, o.size, o.text())
 	case o.mode == "echo":
 		err = greet(ctx, c, "echo")
 		if err == nil {
@@ -211,7 +244,7 @@ func echo(ctx context.Context, c *cm.Conn, size, count int, p *progress) error {
 
 // rawExchange sends one message and waits for one reply, as rdma_client
 // does: rdma_server answers with a buffer of its own, not an echo.
-func rawExchange(ctx context.Context, c *cm.Conn, size int) error {
+func rawExchange(ctx context.Context, c *cm.Conn, size int, text io.Writer) error {
 	if err := c.Send(ctx, make([]byte, size)); err != nil {
 		return err
 	}
@@ -220,7 +253,7 @@ func rawExchange(ctx context.Context, c *cm.Conn, size int) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("raw reply: %d bytes\n", n)
+	fmt.Fprintf(text, "raw reply: %d bytes\n", n)
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/goxrc/goxrc/cm"
 	"github.com/goxrc/goxrc/xrc/memfabric"
@@ -23,10 +24,13 @@ import (
 // Without it, it dials the servers in -addr (comma-separated) on the real
 // device with XRC preferred: on a device without XRC (soft-RoCE) the log
 // says why it fell back to RC.
-func xrcDemo(ctx context.Context, o options) (result, error) {
-	r := result{Mode: "xrc", Addr: o.addr}
+func xrcDemo(ctx context.Context, o options) (r result, err error) {
+	r = result{Mode: "xrc", Addr: o.addr}
+	start := time.Now()
+	defer func() { r.Seconds = time.Since(start).Seconds() }()
+	out := o.text()
 	if !o.fabric {
-		logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		addrs := strings.Split(o.addr, ",")
 		for _, a := range addrs {
 			c, err := cm.Dial(ctx, a, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger))
@@ -46,6 +50,7 @@ func xrcDemo(ctx context.Context, o options) (result, error) {
 		return r, nil
 	}
 
+	r.Addr = "" // the fabric's servers are on their own addresses
 	f := memfabric.New()
 	tmp, err := os.MkdirTemp("", "goxrc-demo-")
 	if err != nil {
@@ -93,11 +98,11 @@ func xrcDemo(ctx context.Context, o options) (result, error) {
 			r.Count++
 		}
 	}
-	fmt.Printf("%d client processes on one node, %d server nodes with %d processes each: %d connections, all echoed\n",
+	fmt.Fprintf(out, "%d client processes on one node, %d server nodes with %d processes each: %d connections, all echoed\n",
 		o.clients, o.nodes, o.procs, len(conns))
-	fmt.Printf("%-10s %5s %5s %12s %9s %21s\n", "node", "INIs", "TGTs", "TGT handles", "XRC QPs", "RC would need (QPs)")
+	fmt.Fprintf(out, "%-10s %5s %5s %12s %9s %21s\n", "node", "INIs", "TGTs", "TGT handles", "XRC QPs", "RC would need (QPs)")
 	show := func(name string, s memfabric.NodeStats, rc int) {
-		fmt.Printf("%-10s %5d %5d %12d %9d %21d\n", name, s.INIs, s.TGTs, s.TGTHandles, s.QPs(), rc)
+		fmt.Fprintf(out, "%-10s %5d %5d %12d %9d %21d\n", name, s.INIs, s.TGTs, s.TGTHandles, s.QPs(), rc)
 	}
 	show("client", clientNode.Stats(), o.clients*o.nodes*o.procs)
 	for i, n := range servers {

@@ -6,7 +6,9 @@
 //     back after the last one (bandwidth runs on this).
 //
 // With -raw it speaks plain librdmacm messages and echoes them, which is
-// what rdma-core's rdma_client example expects.
+// what rdma-core's rdma_client example expects. Each connection's report
+// counts what came after the mode request. The exit status is 1 if an
+// Accept or a connection failed (other than at an interrupt).
 //
 //	server -addr 10.77.0.1:7471
 //	server -addr 10.77.0.1:7471 -raw -count 1
@@ -26,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,11 +86,13 @@ func main() {
 		fmt.Printf("listening on %s (message size %d, queue depth %d, raw %v)\n", l.Addr(), *size, *depth, *raw)
 	}
 	var wg sync.WaitGroup
+	var failed atomic.Bool // exit status 1: an Accept or a connection failed (not at shutdown)
 	for served := 0; *count == 0 || served < *count; served++ {
 		c, err := l.Accept(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				fmt.Fprintln(os.Stderr, "server:", err)
+				failed.Store(true)
 			}
 			break
 		}
@@ -95,12 +100,19 @@ func main() {
 		go func() {
 			defer wg.Done()
 			r := serve(ctx, c, *raw)
+			if r.Error != "" && ctx.Err() == nil {
+				failed.Store(true)
+			}
 			if r.Mode != "?" || r.Error != "" {
 				report(r, *asJSON)
 			}
 		}()
 	}
 	wg.Wait()
+	if failed.Load() {
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
 }
 
 type result struct {
@@ -118,13 +130,18 @@ func serve(ctx context.Context, c *cm.Conn, raw bool) result {
 	start := time.Now()
 	buf := make([]byte, c.MaxMessageSize())
 	var err error
+	var request int // the mode request's bytes: not counted
 	if raw {
 		err = echo(ctx, c, buf)
 	} else {
-		r.Mode, err = handle(ctx, c, buf)
+		r.Mode, request, err = handle(ctx, c, buf)
 	}
 	st := c.Stats()
 	r.Messages, r.Bytes, r.Seconds = st.MessagesReceived, st.BytesReceived, time.Since(start).Seconds()
+	if request > 0 {
+		r.Messages--
+		r.Bytes -= uint64(request)
+	}
 	// A raw peer has no graceful close: its disconnect is the end.
 	if err != nil && !errors.Is(err, io.EOF) && !(raw && errors.Is(err, cm.ErrPeerGone)) {
 		r.Error = err.Error()
@@ -135,24 +152,25 @@ func serve(ctx context.Context, c *cm.Conn, raw bool) result {
 	return r
 }
 
-// handle reads the client's first message, "echo" or "sink N", and serves it.
-func handle(ctx context.Context, c *cm.Conn, buf []byte) (string, error) {
+// handle reads the client's first message, "echo" or "sink N", and serves
+// it. It returns the mode and the request's length (0 if none came).
+func handle(ctx context.Context, c *cm.Conn, buf []byte) (string, int, error) {
 	n, err := c.Recv(ctx, buf)
 	if err != nil {
-		return "?", err
+		return "?", 0, err
 	}
 	f := strings.Fields(string(buf[:n]))
 	switch {
 	case len(f) == 1 && f[0] == "echo":
-		return "echo", echo(ctx, c, buf)
+		return "echo", n, echo(ctx, c, buf)
 	case len(f) == 2 && f[0] == "sink":
 		total, err := strconv.Atoi(f[1])
 		if err != nil || total < 0 {
-			return "sink", fmt.Errorf("bad sink count %q", f[1])
+			return "sink", n, fmt.Errorf("bad sink count %q", f[1])
 		}
-		return "sink", sink(ctx, c, buf, total)
+		return "sink", n, sink(ctx, c, buf, total)
 	}
-	return "?", fmt.Errorf("unknown mode %q", buf[:min(n, 32)])
+	return "?", n, fmt.Errorf("unknown mode %q", buf[:min(n, 32)])
 }
 
 func echo(ctx context.Context, c *cm.Conn, buf []byte) error {
