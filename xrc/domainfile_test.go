@@ -91,3 +91,63 @@ func TestOpenDomainFileRefusesUnsafe(t *testing.T) {
 		t.Fatalf("empty file: %+v %v", d, err)
 	}
 }
+
+// A domain directory or file of another user, or a symbolic link in either
+// place, is refused: the default directory has a predictable name in /tmp,
+// and the file's permissions are the domain's only access control. (Both
+// were followed and used; through a symlink to an empty 0600 file, the
+// domain line was written into it.)
+func TestOpenDomainFileRefusesForeignOrLinked(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "goxrc")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(base, "victim")
+	if err := os.WriteFile(victim, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(dir, DomainFileName)); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+		t.Errorf("symlinked file: %+v %v", d, err)
+	}
+	if b, _ := os.ReadFile(victim); len(b) != 0 {
+		t.Errorf("written through the link: %q", b)
+	}
+	linked := filepath.Join(base, "linked")
+	if err := os.Symlink(dir, linked); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := OpenDomainFile(linked); !errors.Is(err, ErrDomainFile) {
+		t.Errorf("symlinked directory: %+v %v", d, err)
+	}
+	if os.Geteuid() != 0 {
+		t.Log("not root: the foreign-owner cases need chown")
+		return
+	}
+	other := filepath.Join(base, "other")
+	if err := os.Mkdir(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(other, DomainFileName)
+	if err := os.WriteFile(path, []byte("goxrc-domain 1 00000000deadbeef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(path, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := OpenDomainFile(other); !errors.Is(err, ErrDomainFile) {
+		t.Errorf("file of uid 65534: %+v %v", d, err)
+	}
+	if err := os.Chown(path, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(other, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := OpenDomainFile(other); !errors.Is(err, ErrDomainFile) {
+		t.Errorf("directory of uid 65534: %+v %v", d, err)
+	}
+}

@@ -3,28 +3,29 @@
 package xrc
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 func openDomainFile(dir string) (DomainFile, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return DomainFile{}, err
 	}
-	d, err := os.Open(dir)
+	// The directory and the file are the domain's only access control, and
+	// the default directory has a predictable name in /tmp: neither may be
+	// a symbolic link, another user's, or open to others.
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return DomainFile{}, err
+		return DomainFile{}, fmt.Errorf("%w: %s: %w (it must be a directory, not a symbolic link)", ErrDomainFile, dir, err)
 	}
+	d := os.NewFile(uintptr(dfd), dir)
 	defer d.Close()
-	fi, err := d.Stat()
-	if err != nil {
+	if err := checkOwned(d, dir, true); err != nil {
 		return DomainFile{}, err
-	}
-	if !fi.IsDir() || fi.Mode().Perm()&0o077 != 0 {
-		return DomainFile{}, fmt.Errorf("%w: %s: mode %v, want a directory of mode 0700", ErrDomainFile, dir, fi.Mode())
 	}
 	// One lock for create-or-read: a reader never sees a half-written file.
 	if err := flock(d, syscall.LOCK_EX); err != nil {
@@ -33,25 +34,24 @@ func openDomainFile(dir string) (DomainFile, error) {
 	defer flock(d, syscall.LOCK_UN)
 
 	path := domainPath(dir)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	const flags = unix.O_RDWR | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
+	ffd, err := unix.Openat(dfd, DomainFileName, flags|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if err == nil {
+		f := os.NewFile(uintptr(ffd), path)
 		defer f.Close()
 		return writeDomainID(f, path)
 	}
-	if !errors.Is(err, os.ErrExist) {
-		return DomainFile{}, err
+	if err != unix.EEXIST {
+		return DomainFile{}, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	f, err = os.OpenFile(path, os.O_RDWR, 0)
+	ffd, err = unix.Openat(dfd, DomainFileName, flags, 0)
 	if err != nil {
-		return DomainFile{}, err
+		return DomainFile{}, fmt.Errorf("%w: %s: %w (it must be a regular file, not a symbolic link)", ErrDomainFile, path, err)
 	}
+	f := os.NewFile(uintptr(ffd), path)
 	defer f.Close()
-	fi, err = f.Stat()
-	if err != nil {
+	if err := checkOwned(f, path, false); err != nil {
 		return DomainFile{}, err
-	}
-	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o077 != 0 {
-		return DomainFile{}, fmt.Errorf("%w: %s: mode %v, want a regular file of mode 0600", ErrDomainFile, path, fi.Mode())
 	}
 	b, err := io.ReadAll(io.LimitReader(f, 64))
 	if err != nil {
@@ -65,9 +65,31 @@ func openDomainFile(dir string) (DomainFile, error) {
 	}
 	id, ok := parseDomainID(b)
 	if !ok {
-		return DomainFile{}, fmt.Errorf("%w: %s: unreadable content", ErrDomainFile, path)
+		return DomainFile{}, fmt.Errorf("%w: %s: unreadable content (remove the file once no process uses the domain)", ErrDomainFile, path)
 	}
 	return DomainFile{Path: path, ID: id}, nil
+}
+
+// checkOwned refuses a domain directory (dir) or file that is not ours, is
+// open to group or others, or is not what it should be (a directory; a
+// regular file with one link).
+func checkOwned(f *os.File, name string, dir bool) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: name, Err: err}
+	}
+	kind, want := st.Mode&unix.S_IFMT, uint32(unix.S_IFREG)
+	what := "a regular file of mode 0600 with one link"
+	if dir {
+		want, what = unix.S_IFDIR, "a directory of mode 0700"
+	}
+	switch {
+	case uint32(kind) != want || st.Mode&0o077 != 0 || (!dir && uint64(st.Nlink) != 1):
+		return fmt.Errorf("%w: %s: mode %#o, %d links: want %s", ErrDomainFile, name, st.Mode, st.Nlink, what)
+	case int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("%w: %s: owned by uid %d, not by this process's (%d)", ErrDomainFile, name, st.Uid, os.Geteuid())
+	}
+	return nil
 }
 
 func writeDomainID(f *os.File, path string) (DomainFile, error) {
