@@ -579,7 +579,7 @@ func TestAcceptorConcurrentShare(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				req := wire.Req{Type: wire.TypeVirtReq, ConnTag: uint32(1000 + w*each + i), Incarnation: senderInc,
-					INIQPN: u.iniQPN, TGTQPNHint: u.tgtQPN, DomainHint: e.dom.ID, Credits: 8, MaxMessage: MaxMessageSize}
+					INIQPN: u.iniQPN, TGTQPNHint: u.tgtQPN, DomainHint: e.dom.ID, ReplyPort: 30000, Credits: 8, MaxMessage: MaxMessageSize}
 				b := make([]byte, wire.BudgetSIDRREQ)
 				req.Encode(b)
 				d := e.r2.acc.Decide(kernel.Event{Type: kernel.EventConnectRequest, Exchange: kernel.ExchangeSIDR,

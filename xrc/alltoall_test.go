@@ -41,7 +41,7 @@ func (s *peerProc) event(t *testing.T, id kernel.ID, want kernel.EventType) kern
 func dial(t *testing.T, s, r *peerProc) {
 	t.Helper()
 	s.tag++
-	req := wire.Req{ConnTag: s.tag, Incarnation: s.inc, SRQN: s.srqn, Credits: 8, MaxMessage: MaxMessageSize}
+	req := wire.Req{ConnTag: s.tag, Incarnation: s.inc, SRQN: s.srqn, ReplyPort: 30000, Credits: 8, MaxMessage: MaxMessageSize}
 	dst := netip.AddrPortFrom(r.n.Addr(), r.port)
 	u := s.up[r.n.Addr()]
 	if u == nil {

@@ -4,19 +4,23 @@
 // Every message starts with an 8-byte header, network byte order:
 //
 //	0  magic    uint16  0x5852 ("XR")
-//	2  version  uint8   1
+//	2  version  uint8   2 (a REJECT always carries 1: its layout is frozen)
 //	3  type     uint8   PHYS_REQ=1 VIRT_REQ=2 ACCEPT=3 REJECT=4 FIN=5
-//	4  flags    uint8   RECIPROCAL=1 REPLACES_TGT=2 MOVE=4 (REQ only)
+//	4  flags    uint8   REQ: RECIPROCAL=1 REPLACES_TGT=2 MOVE=4 ONE_EXCHANGE=8;
+//	                    ACCEPT: REVERSE=8; FIN: HALF=1
 //	5  reserved uint8   must be 0
 //	6  length   uint16  whole message length, header included
 //
 // Bodies (QPNs and SRQNs are 24-bit fields, 3 bytes, as the CM carries them):
 //
 //	REQ    conn tag u32, peer tag u32, incarnation u64, INI QPN u24,
-//	       TGT QPN hint u24, domain hint u64, sender SRQN u24, reply port u16,
-//	       credits u16, app length u8, app data  (fixed part 46 bytes)
+//	       TGT QPN hint u24, domain hint u64, sender SRQN u24, reply port u16
+//	       (never 0), credits u16, max message u32, app length u8, app data
+//	       (fixed part 50 bytes)
 //	ACCEPT tag echo u32, acceptor tag u32, incarnation u64, TGT QPN u24,
-//	       SRQN u24, domain id u64, credits u16, app length u8, app data (41)
+//	       SRQN u24, domain id u64, credits u16, max message u32, app length
+//	       u8 (fixed part 45), with REVERSE the reverse leg (tag u32, INI QPN
+//	       u24, TGT QPN u24, domain id u64: 18 bytes), then app data
 //	REJECT tag u32, reason u8, min version u8, max version u8, reserved u8,
 //	       detail u32, domain id u64, app length u8, app data (29)
 //	FIN    tag u32 (receiver's), sender tag u32              (16 bytes)

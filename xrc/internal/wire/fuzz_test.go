@@ -83,6 +83,9 @@ func FuzzDecodeReject(f *testing.F) {
 		if err := DecodeReject(b, &r); err != nil {
 			return
 		}
+		// Any version's REJECT decodes; ours carries rejectVersion.
+		b = bytes.Clone(b)
+		b[2] = rejectVersion
 		checkReencode(t, b, r.Encode)
 		var again Reject
 		out := make([]byte, r.Len())
@@ -146,4 +149,58 @@ func checkReencode(t *testing.T, in []byte, enc func([]byte) (int, error)) {
 	if !bytes.Equal(out, in) {
 		t.Fatalf("re-encoding differs:\n in %x\nout %x (n=%d)", in, out, n)
 	}
+}
+
+// FuzzEncodeAccept: any ACCEPT either fails to encode or fits the SIDR REP
+// budget and survives the round trip in both the REP and the SIDR REP.
+func FuzzEncodeAccept(f *testing.F) {
+	f.Add(uint8(0), uint32(1), uint32(2), uint64(3), uint32(4), uint32(5), uint64(6), uint16(7), uint32(1<<20), uint32(0), uint32(0), uint32(0), uint64(0), []byte("app"))
+	f.Add(uint8(AcceptReverse), uint32(1), uint32(2), uint64(3), uint32(4), uint32(5), uint64(6), uint16(7), uint32(64), uint32(9), uint32(10), uint32(11), uint64(12), make([]byte, MaxAcceptApp))
+	f.Fuzz(func(t *testing.T, flags uint8, echo, atag uint32, inc uint64, tgt, srqn uint32, dom uint64, credits uint16, maxMsg, rtag, rini, rtgt uint32, rdom uint64, app []byte) {
+		a := Accept{Flags: Flags(flags), TagEcho: echo, AcceptorTag: atag, Incarnation: inc, TGTQPN: tgt, SRQN: srqn, DomainID: dom,
+			Credits: credits, MaxMessage: maxMsg, Rev: Reverse{Tag: rtag, INIQPN: rini, TGTQPN: rtgt, DomainID: rdom}}
+		if a.SetApp(app) != nil {
+			return
+		}
+		b := make([]byte, 256)
+		n, err := a.Encode(b)
+		if err != nil {
+			return
+		}
+		if n > BudgetSIDRREP {
+			t.Fatalf("ACCEPT of %d bytes over the SIDR REP budget", n)
+		}
+		for _, size := range []int{BudgetSIDRREP, BudgetREP} {
+			var got Accept
+			if err := DecodeAccept(b[:size], &got); err != nil || got != a {
+				t.Fatalf("round trip in %d bytes: %v\n%+v\n%+v", size, err, got, a)
+			}
+		}
+	})
+}
+
+// FuzzEncodeReject: the same for REJECT, in the REJ and the SIDR REP.
+func FuzzEncodeReject(f *testing.F) {
+	f.Add(uint32(0), uint8(RejectDomainMismatch), uint8(2), uint8(2), uint32(0), uint64(1), []byte("x"))
+	f.Add(uint32(7), uint8(RejectVersion), uint8(1), uint8(3), uint32(9), uint64(0), []byte{})
+	f.Fuzz(func(t *testing.T, tag uint32, reason, lo, hi uint8, detail uint32, dom uint64, app []byte) {
+		r := Reject{Tag: tag, Reason: RejectReason(reason), MinVersion: lo, MaxVersion: hi, Detail: detail, DomainID: dom}
+		if r.SetApp(app) != nil {
+			return
+		}
+		b := make([]byte, 256)
+		n, err := r.Encode(b)
+		if err != nil {
+			return
+		}
+		if n > BudgetSIDRREP {
+			t.Fatalf("REJECT of %d bytes over the SIDR REP budget", n)
+		}
+		for _, size := range []int{BudgetSIDRREP, BudgetREJ} {
+			var got Reject
+			if err := DecodeReject(b[:size], &got); err != nil || got != r {
+				t.Fatalf("round trip in %d bytes: %v\n%+v\n%+v", size, err, got, r)
+			}
+		}
+	})
 }

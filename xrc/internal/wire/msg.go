@@ -71,6 +71,9 @@ func (r *Req) validate() check {
 	if r.SRQN > maxQPN {
 		return bad("SRQN")
 	}
+	if r.ReplyPort == 0 { // where the sender listens: reverse legs dial it
+		return bad("reply port")
+	}
 	if r.Credits == 0 {
 		return bad("credits")
 	}

@@ -18,6 +18,12 @@ const (
 	MaxVersion uint8 = 2
 )
 
+// rejectVersion is the version a REJECT's header carries, whatever the
+// version spoken: REJECT's layout is frozen as version 1 had it, so that a
+// peer of any version reads REJECT(VERSION) and the range in it, and a
+// REJECT of any version decodes here.
+const rejectVersion uint8 = 1
+
 // The range of a REQ's or ACCEPT's MaxMessage: the largest message a
 // receiver takes (its SRQ's slot, less the frame header).
 const (
@@ -208,7 +214,7 @@ func DecodeHeader(b []byte, want Type) (Header, error) {
 		return h, decErr(ReasonMagic, "magic")
 	}
 	h.Version = b[2]
-	if h.Version != Version {
+	if h.Version != Version && !(want == TypeReject && h.Version >= rejectVersion) {
 		// Checked before anything else after the magic: a peer of another
 		// version may lay out the rest differently, and it must get REJECT(VERSION).
 		return h, decErr(ReasonVersion, "version")
@@ -245,6 +251,9 @@ func DecodeHeader(b []byte, want Type) (Header, error) {
 func putHeader(b []byte, t Type, f Flags, n int) {
 	binary.BigEndian.PutUint16(b[0:2], Magic)
 	b[2] = Version
+	if t == TypeReject {
+		b[2] = rejectVersion
+	}
 	b[3] = byte(t)
 	b[4] = byte(f)
 	b[5] = 0

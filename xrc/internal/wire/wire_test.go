@@ -388,3 +388,60 @@ func isEnc(err error, r Reason) bool {
 	var e *EncodeError
 	return errors.As(err, &e) && e.Reason == r
 }
+
+// REJECT's layout is frozen as version 1 had it: it goes out with version 1
+// in its header and any version's decodes, so that REJECT(VERSION) and its
+// range reach a peer of another version (a strict header check made it
+// unreadable to the very peer it was for).
+func TestRejectReadableAcrossVersions(t *testing.T) {
+	r := Reject{Reason: RejectVersion, MinVersion: MinVersion, MaxVersion: MaxVersion}
+	buf := make([]byte, BudgetREJ)
+	if _, err := r.Encode(buf); err != nil {
+		t.Fatal(err)
+	}
+	if buf[2] != 1 {
+		t.Fatalf("REJECT header version %d, want 1", buf[2])
+	}
+	for _, v := range []byte{1, 2, 3} {
+		buf[2] = v
+		var got Reject
+		if err := DecodeReject(buf, &got); err != nil || got != r {
+			t.Fatalf("REJECT with header version %d: %v %+v", v, err, got)
+		}
+	}
+	buf[2] = 0
+	var got Reject
+	if err := DecodeReject(buf, &got); err == nil {
+		t.Fatal("REJECT with header version 0 decoded")
+	}
+	// The other messages stay strict.
+	req := sampleReq(TypePhysReq)
+	b := make([]byte, BudgetREQ)
+	if _, err := req.Encode(b); err != nil {
+		t.Fatal(err)
+	}
+	b[2] = 1
+	var r2 Req
+	if err := DecodeReq(b, TypePhysReq, &r2); !isDec(err, ReasonVersion) {
+		t.Fatalf("a version-1 REQ: %v, want a version error", err)
+	}
+}
+
+// A REQ names the port the sender listens on: reverse legs dial it, so 0
+// is refused both ways.
+func TestReqReplyPortRequired(t *testing.T) {
+	r := sampleReq(TypeVirtReq)
+	b := make([]byte, BudgetSIDRREQ)
+	if _, err := r.Encode(b); err != nil {
+		t.Fatal(err)
+	}
+	r.ReplyPort = 0
+	if _, err := r.Encode(make([]byte, BudgetSIDRREQ)); !isEnc(err, ReasonField) {
+		t.Fatalf("encode with reply port 0: %v", err)
+	}
+	b[41], b[42] = 0, 0 // the encoded reply port
+	var got Req
+	if err := DecodeReq(b, TypeVirtReq, &got); !isDec(err, ReasonField) {
+		t.Fatalf("decode with reply port 0: %v", err)
+	}
+}
