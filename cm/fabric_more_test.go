@@ -187,19 +187,7 @@ func TestFabricDialerCloseBlocksNoOtherSite(t *testing.T) {
 	_, release, err := acquireDialer(ctx, cfg, cfg.fabricSite(k.LocalAddr()))
 	require.NoError(t, err)
 
-	srv := f.Node("10.1.0.1").Process()
-	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "l")))
-	require.NoError(t, err)
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept(ctx)
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	l := holdingListener(ctx, t, f.Node("10.1.0.1").Process())
 	go release() // the last connection of site "slow" closes
 	time.Sleep(50 * time.Millisecond)
 	dctx, dcancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -335,19 +323,7 @@ func TestFabricDeadSharedEndpointReplaced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	f := memfabric.New()
-	srv := f.Node("10.1.0.1").Process()
-	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "l")))
-	require.NoError(t, err)
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept(ctx)
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	l := holdingListener(ctx, t, f.Node("10.1.0.1").Process())
 	k, _ := kernel.Unwrap(f.Node("10.1.0.2").Process())
 	rk := &removable{Kernel: k, gone: make(chan struct{})}
 	fake := &memfabric.Process{}
@@ -386,4 +362,23 @@ func TestFabricDialRefusedError(t *testing.T) {
 	var re *xrc.RejectError
 	require.ErrorAs(t, err, &re, "after %v", time.Since(start))
 	require.Equal(t, xrc.RejectNoListener, re.Reason)
+}
+
+// holdingListener listens on p's node and holds every connection it
+// accepts until ctx ends.
+func holdingListener(ctx context.Context, t *testing.T, p *memfabric.Process) *Listener {
+	t.Helper()
+	l, err := Listen(ctx, p.Node().Addr().String()+":0", WithFabric(p), WithDomainPath(filepath.Join(t.TempDir(), "l")))
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	return l
 }
