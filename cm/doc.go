@@ -131,10 +131,18 @@
 // that device, and every Dial of the process to that device and local
 // address shares one dialer endpoint (one INI QP per remote node), closed
 // with the last of its connections. Only XRC dialers reach an XRC
-// listener, so both sides need an XRC mode. On a device without XRC
-// (soft-RoCE has none), XRCPrefer logs why and uses RC, and XRCRequire fails
-// with ErrNotSupported and the reason; a listener on an unspecified address
-// without WithDevice serves every device and so is never XRC. No device
+// listener, and an XRC dialer reaches only XRC listeners, so both sides
+// need an XRC mode and a device with XRC: in a mixed cluster, a node whose
+// device has XRC and dials with XRCPrefer is refused by an RC listener (it
+// does not retry over RC). On a device without XRC (soft-RoCE has none),
+// XRCPrefer logs why and uses RC, and XRCRequire fails with ErrNotSupported
+// and the reason, as do raw messages (RC only). The probe does not try
+// ibv_open_qp: it would destroy an opened TGT handle, which mlx5 mishandles
+// (docs/xrc-protocol.md). A listener on an unspecified address without
+// WithDevice serves every device and so is never XRC. The options of the
+// Dial that opens a shared dialer endpoint (message size, queue depth,
+// domain path, handshake timeout) are the endpoint's; later Dials' are
+// checked but do not change it. No device
 // here has XRC: the XRC path is tested on the in-memory fabric and, on a
 // device, only where one with XRC is present.
 //
