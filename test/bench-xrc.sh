@@ -147,8 +147,9 @@ paired() {
   done | median_range 'x%.1f (x%.1f-x%.1f)'
 }
 PAIRED=$(paired logical rc); IPAIRED=$(paired logical-idle rc-idle)
-verdict() { awk -v r="$1" -v t="$TARGET" 'BEGIN {if (r == "n/a") print "no data"; else if (r >= t) print "met"; else print "MISSED"}'; }
-VERDICT=$(verdict "$RATIO"); IVERDICT=$(verdict "$IRATIO")
+# verdict NUM DEN: on the unrounded ratio (a printed x5.0 may be 4.96).
+verdict() { awk -v a="$1" -v b="$2" -v t="$TARGET" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) print "no data"; else if (a / b >= t) print "met"; else print "MISSED"}'; }
+VERDICT=$(verdict "$RM" "$XM"); IVERDICT=$(verdict "$RIM" "$XIM")
 BENCHLINES=$(grep -hE '^Benchmark|^--- (FAIL|SKIP)|^ +bench_hybrid|^rc=|^\{|^sidrfloor' "$O"/logical.* "$O"/rc.* $(ls "$O"/logical-idle.* "$O"/rc-idle.* 2>/dev/null) "$O"/sidr.* $(ls "$O"/floor.* "$O"/floor-idle.* 2>/dev/null) 2>/dev/null || echo "(no benchmark output: see $O)")
 
 TABLE=$RUN/table.md

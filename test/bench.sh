@@ -203,8 +203,9 @@ ref_row() {
   g=$(values "$1" go | median); r=$(ratio "$g" "$3")
   echo "| $4rounds: $(values "$1" go | tr '\n' ' ')) | $3 | $g | $r | | $2 | (none: for reference) | - |"
 }
-verdict() { # RATIO OP TARGET
-  awk -v r="$1" -v op="$2" -v t="$3" 'BEGIN {if (r == "n/a") print "no data"; else if ((op == ">=" && r >= t) || (op == "<=" && r <= t)) print "met"; else print "MISSED"}'
+verdict() { # NUM DEN OP TARGET: on the unrounded NUM/DEN (a printed 1.10 may be 1.104)
+  awk -v a="$1" -v b="$2" -v op="$3" -v t="$4" 'BEGIN {if (a == "nan" || b == "nan" || b == 0) {print "no data"; exit}
+    r = a / b; if ((op == ">=" && r >= t) || (op == "<=" && r <= t)) print "met"; else print "MISSED"}'
 }
 
 TABLE=$RUN/table.md
@@ -216,7 +217,7 @@ TABLE=$RUN/table.md
     cr=$(values setup$n c | tr '\n' ' '); gr=$(values setup$n go | tr '\n' ' ')
     # setup rate ratio = Go rate / C rate = C time per connection / Go time per connection
     r=$(ratio "$c" "$g")
-    echo "| setup N=$n, us per connection (rounds: C $cr/ Go $gr) | $c | $g | rate x$r | rate x$(paired setup$n c) | higher rate | rate >= 1.0x cmtime | $(verdict "$r" '>=' 1.0) |"
+    echo "| setup N=$n, us per connection (rounds: C $cr/ Go $gr) | $c | $g | rate x$r | rate x$(paired setup$n c) | higher rate | rate >= 1.0x cmtime | $(verdict "$c" "$g" '>=' 1.0) |"
     for f in setupraw setupfloorc setupfloorgo; do
       [[ -n $(values $f$n go) ]] || continue # runs before 2026-11-30 have none
       case $f in
@@ -229,7 +230,7 @@ TABLE=$RUN/table.md
     done
   done
   c=$(values lat64 c | median); g=$(values lat64 go | median); r=$(ratio "$g" "$c")
-  echo "| 64 B ping-pong, one-way median us (rounds: C $(values lat64 c | tr '\n' ' ')/ Go $(values lat64 go | tr '\n' ' ')) | $c | $g | $r | $(paired lat64 go) | lower | <= 1.10x ib_send_lat | $(verdict "$r" '<=' 1.10) |"
+  echo "| 64 B ping-pong, one-way median us (rounds: C $(values lat64 c | tr '\n' ' ')/ Go $(values lat64 go | tr '\n' ' ')) | $c | $g | $r | $(paired lat64 go) | lower | <= 1.10x ib_send_lat | $(verdict "$g" "$c" '<=' 1.10) |"
   if [[ -n $(values latdef go) ]]; then # runs before 2026-11-30 have none
     ref_row latdef lower "$c" "64 B ping-pong at the library's default busy-poll window (200us), one-way median us ("
   fi
@@ -243,7 +244,7 @@ TABLE=$RUN/table.md
   fi
   for s in 4096 65536; do
     c=$(values bw$s c | median); g=$(values bw$s go | median); r=$(ratio "$g" "$c")
-    echo "| $((s / 1024)) KiB send bandwidth, MB/s (2^20) (rounds: C $(values bw$s c | tr '\n' ' ')/ Go $(values bw$s go | tr '\n' ' ')) | $c | $g | $r | $(paired bw$s go) | higher | >= 0.9x ib_send_bw | $(verdict "$r" '>=' 0.9) |"
+    echo "| $((s / 1024)) KiB send bandwidth, MB/s (2^20) (rounds: C $(values bw$s c | tr '\n' ' ')/ Go $(values bw$s go | tr '\n' ' ')) | $c | $g | $r | $(paired bw$s go) | higher | >= 0.9x ib_send_bw | $(verdict "$g" "$c" '>=' 0.9) |"
     if [[ -n $(values bwfloorc$s go) ]]; then # runs before 2026-12 have none
       ref_row bwfloorc$s higher "$c" "floor: $((s / 1024)) KiB stream, no library, the stream in C inside a Go process (test/cmd/cgofloor -bw $s; "
       ref_row bwfloorgo$s higher "$c" "floor: $((s / 1024)) KiB stream, no library, one cgo call per post or poll (poll in 10 us slices) (test/cmd/cgofloor -bw $s; "

@@ -7,7 +7,7 @@ GO_TOOLCHAIN=go1.26.8      # fetched from the Go module proxy when no go >= GO_M
 GO_MIN=1.26                # go.mod says go 1.26
 PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
           libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc
-          gcc libc6-dev pkg-config ca-certificates curl unzip)
+          gcc libc6-dev pkg-config ca-certificates curl unzip xz-utils)
 export DEBIAN_FRONTEND=noninteractive
 export GOFLAGS=${GOFLAGS:--buildvcs=false}
 
@@ -83,9 +83,14 @@ ensure_go() {
         "fetching $GO_TOOLCHAIN from the Go module proxy ($mod)"
     zip=$(mktemp /tmp/goxrc-go.XXXXXX.zip)
     curl -fsSL --retry 3 -o "$zip" "${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-$arch.zip" ||
-      die "cannot download $mod; install go >= $GO_MIN yourself (https://go.dev/dl) and put it in PATH"
-    rm -rf "$dir/$mod" && mkdir -p "$dir" && unzip -q -o "$zip" -d "$dir" && rm -f "$zip"
-    chmod -R a+rX "$dir"; chmod a+x "$dir/$mod"/bin/* "$dir/$mod"/pkg/tool/*/*
+      { rm -f "$zip"; die "cannot download $mod; install go >= $GO_MIN yourself (https://go.dev/dl) and put it in PATH"; }
+    # Unpacked beside, made executable, then moved into place: an interrupted install
+    # never leaves a bin/go that runs with tools that do not.
+    local tmp; tmp=$(mktemp -d "$dir.tmp.XXXXXX" 2>/dev/null || { mkdir -p "$(dirname "$dir")" && mktemp -d "$dir.tmp.XXXXXX"; })
+    unzip -q -o "$zip" -d "$tmp" && rm -f "$zip" || die "cannot unpack $zip"
+    chmod -R a+rX "$tmp"; chmod a+x "$tmp/$mod"/bin/* "$tmp/$mod"/pkg/tool/*/*
+    mkdir -p "$dir/$(dirname "$mod")" && rm -rf "$dir/$mod" && mv "$tmp/$mod" "$dir/$mod" && rm -rf "$tmp" ||
+      die "cannot install $mod into $dir"
   fi
   export PATH=$(dirname "$g"):$PATH GOTOOLCHAIN=local
   say "Go: $g ($("$g" env GOVERSION))"
@@ -94,13 +99,19 @@ ensure_go() {
 # prepare_vm: Debian kernel, initramfs and rxe-setup for test/vm/rxe-vm.sh (cached).
 prepare_vm() { "$REPO/test/vm/rxe-vm.sh" --prepare || die "test/vm/rxe-vm.sh --prepare failed"; }
 
-# Counting `-test.v` / `go test -v` output: every --- PASS/FAIL/SKIP line (subtests too).
-# A package or binary that failed without any failing test (build error, crash, timeout)
-# counts as one failure. Prints "PASSED FAILED SKIPPED".
+# Counting `-test.v` / `go test -v` output: every --- PASS/FAIL/SKIP line (subtests too; a
+# test that logs a child test binary's output prefixes its lines, see softroce.ChildOutput,
+# so that they are not counted). A package or binary that failed without any failing test (build
+# error, crash, timeout) counts as one failure; so does a single binary (RC given) whose exit
+# status is missing or not a number, or that ran no test at all. Prints "PASSED FAILED SKIPPED".
 count_verbose() { # LOG [RC-of-a-single-binary]
-  awk -v rc="${2:-}" '
+  awk -v rc="${2-unset}" '
     /^ *--- PASS: / {p++} /^ *--- SKIP: / {s++}
     /^ *--- FAIL: / {f++; pf++}
     /^(ok|FAIL|\?) *\t/ || /^FAIL\t/ { if ($1 == "FAIL" && pf == 0) {f++; extra++} pf = 0 }
-    END { if (rc != "" && rc != 0 && f == 0) f++; print p+0, f+0, s+0 }' "$1"
+    END {
+      if (rc != "unset") {
+        if (rc !~ /^[0-9]+$/ || (rc != 0 && f == 0) || p + f + s == 0) f++
+      }
+      print p+0, f+0, s+0 }' "$1"
 }

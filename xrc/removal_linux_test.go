@@ -49,7 +49,7 @@ func TestHybridDeviceRemoval(t *testing.T) {
 	child := exec.Command(os.Args[0], "-test.run=^TestHybridDeviceRemoval$", "-test.v", "-test.timeout=120s")
 	child.Env = append(os.Environ(), removalChildEnv+"=1")
 	out, err := child.CombinedOutput()
-	t.Logf("child:\n%s", out)
+	t.Logf("child:\n%s", softroce.ChildOutput(out))
 	if err != nil || !strings.Contains(string(out), "--- PASS: TestHybridDeviceRemoval") {
 		t.Fatalf("the child's checks failed: %v", err)
 	}

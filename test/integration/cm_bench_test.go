@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
@@ -138,10 +139,10 @@ func TestCMSendRecvZeroAllocs(t *testing.T) {
 			for range 50 {
 				roundTrip()
 			}
-			allocs := testing.AllocsPerRun(500, roundTrip)
+			allocs := allocsPer(500, roundTrip)
 			t.Logf("%.3f allocations per round trip (2 Sends, 2 Recvs)", allocs)
-			if allocs != 0 {
-				t.Errorf("%.3f allocations per round trip, want 0", allocs)
+			if allocs >= noAllocs {
+				t.Errorf("%.3f allocations per round trip, want none (under %g)", allocs, noAllocs)
 			}
 		})
 		// Sleeping with a context that cannot end must not allocate; one
@@ -181,12 +182,33 @@ func TestCMSendRecvZeroAllocs(t *testing.T) {
 				for range 50 {
 					roundTrip()
 				}
-				allocs := testing.AllocsPerRun(500, roundTrip)
+				allocs := allocsPer(500, roundTrip)
 				t.Logf("%.3f allocations per round trip (2 Sends, 2 Recvs, on two goroutines)", allocs)
-				if allocs != 0 && !deadline {
-					t.Errorf("%.3f allocations per round trip, want 0: a Recv that sleeps in the netpoller allocates", allocs)
+				if allocs >= noAllocs && !deadline {
+					t.Errorf("%.3f allocations per round trip, want none (under %g): a Recv that sleeps in the netpoller allocates", allocs, noAllocs)
 				}
 			})
 		}
 	}
+}
+
+// noAllocs is the most allocations per round trip that still means "none":
+// allocsPer counts the whole process, whose other goroutines (the device's
+// completion pump, timers) allocate now and then; a message that allocated
+// would count 1 or more.
+const noAllocs = 0.05
+
+// allocsPer is the mean number of heap allocations per call of f over runs
+// calls, unrounded (testing.AllocsPerRun truncates to an integer, so up to
+// runs-1 allocations read as 0), with GOMAXPROCS 1 as AllocsPerRun has it.
+func allocsPer(runs int, f func()) float64 {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	f()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		f()
+	}
+	runtime.ReadMemStats(&after)
+	return float64(after.Mallocs-before.Mallocs) / float64(runs)
 }

@@ -51,7 +51,7 @@ func TestCMDeviceRemoval(t *testing.T) {
 	child := exec.Command(os.Args[0], "-test.run=^TestCMDeviceRemoval$", "-test.v", "-test.timeout=120s")
 	child.Env = append(os.Environ(), removalChildEnv+"=1")
 	out, err := child.CombinedOutput()
-	t.Logf("child:\n%s", out)
+	t.Logf("child:\n%s", softroce.ChildOutput(out))
 	require.NoError(t, err, "the child's checks failed")
 	require.Contains(t, string(out), "--- PASS: TestCMDeviceRemoval")
 	requireLinkGone(t, removalDev, 30*time.Second)

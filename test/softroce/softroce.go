@@ -285,3 +285,11 @@ func SecondAddress(tb testing.TB, dev string, beside netip.Addr) netip.Addr {
 	}
 	return ip
 }
+
+// ChildOutput is a child test binary's output made fit for the parent's
+// log: each line prefixed with "| ", so that the child's "--- PASS" lines are
+// not taken for the parent's by whatever counts results (test/lib.sh).
+func ChildOutput(out []byte) string {
+	s := strings.TrimRight(string(out), "\n")
+	return "| " + strings.ReplaceAll(s, "\n", "\n| ")
+}

@@ -56,11 +56,12 @@ while kill -0 "$BPID" 2>/dev/null; do
   if [[ $KILLED == 0 && -e $SYNC/kill-a ]]; then
     if [[ -s $OUT/a/qemu.pid ]] && kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null; then
       log "node A killed (SIGKILL to its qemu), as B asked"
+      KILLED=1
     else
-      log "B asked to kill node A, which was not running"
+      log "B asked to kill node A, which was not running"   # A's own exit status stands
+      KILLED=2
     fi
     : > "$SYNC/a-killed"
-    KILLED=1
   fi
   sleep 0.1
 done
@@ -69,8 +70,7 @@ BRC=0; wait "$BPID" || BRC=$?
 if kill -0 "$APID" 2>/dev/null; then
   : > "$SYNC/b-done"
   for ((i = 0; i < 100; i++)); do kill -0 "$APID" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$APID" 2>/dev/null && [[ -s $OUT/a/qemu.pid ]]; then
-    kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null || true
+  if kill -0 "$APID" 2>/dev/null && [[ -s $OUT/a/qemu.pid ]] && kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null; then
     KILLED=1
   fi
 fi
