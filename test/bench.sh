@@ -301,7 +301,7 @@ How the figures compare:
   For reference, the "connect" step alone: ${CONNECT_ONLY}
 - Setup reference rows, each against \`cmtime -b\` (the C column is cmtime's own client, against
   its own server): goxrc's client dialing raw (no hello; cmtime's server is started for one
-  connection more, the client's held warm-up connection), then \`setupfloor -addr \$RXE_IP:7471
+  connection more, the client's held warm-up connection, which cmtime's server ignores), then \`setupfloor -addr \$RXE_IP:7471
   -conns N -way c|go -json\` (test/cmd/setupfloor): cmtime's five timed client steps with no
   library, first in one C call, then from one goroutine with one cgo call per call and
   connection. The first isolates goxrc's client; the other two show what the same calls cost

@@ -14,9 +14,11 @@
 // library logic; test/bench.sh prints it beside goxrc's ratio to
 // ib_send_lat.
 //
-// With -bw SIZE it streams -count messages of SIZE bytes instead, as
+// With -bw SIZE it streams -count messages of SIZE bytes instead, much as
 // ib_send_bw does by default (512 receives reposted as they are taken, 128
-// sends in flight, one in 64 signaled), ending with a 1-byte
+// sends in flight; but one send in 64 signaled, where ib_send_bw signals one
+// in 100 up to 8 KiB and every one above, and after -warmup untimed
+// messages, where ib_send_bw has none), ending with a 1-byte
 // acknowledgement, the same two ways: the whole stream in one C call, then
 // one cgo call per post or poll (the poll also reposts), polling in 10 us
 // slices with a yield every 4 ms. That is the floor under goxrc's bandwidth
