@@ -323,8 +323,10 @@ func (o options) dialOptions(opts ...cm.Option) []cm.Option {
 func connect(ctx context.Context, o options, r result) (result, error) {
 	r.Count, r.Size = o.conns, 0
 	// One connection first, held open: librdmacm's and the device's
-	// one-time set-up then stay out of the timing, as they do for cmtime,
-	// which opens its event channel before its timed steps.
+	// one-time set-up then stay out of the timing. (cmtime opens only its
+	// event channel before its timed steps; librdmacm opens the device and
+	// its PD in the first resolve, inside cmtime's timing: this favours
+	// goxrc, see docs/benchmarks.md.)
 	opts := o.dialOptions(cm.WithQueueDepth(2), cm.WithMessageSize(64))
 	warm, err := cm.Dial(ctx, o.addr, opts...)
 	if err != nil {
