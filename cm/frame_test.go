@@ -91,15 +91,34 @@ func FuzzParseHello(f *testing.F) {
 }
 
 func FuzzParseFrame(f *testing.F) {
-	f.Add(frameHeader{kind: frameData, credits: 3, seq: 5}.imm(), true, 16, uint16(5))
-	f.Fuzz(func(t *testing.T, imm uint32, hasImm bool, n int, seq uint16) {
-		h, err := parseFrame(imm, hasImm, n, seq, 64, 32)
+	f.Add(frameHeader{kind: frameData, credits: 3, seq: 5}.imm(), true, 16, uint16(5), 64, 32)
+	f.Add(frameHeader{kind: frameData, flags: flagImm, seq: 9}.imm(), true, 68, uint16(9), 64, 32)
+	f.Add(frameHeader{kind: frameCredit, credits: 2, seq: 1}.imm(), true, 0, uint16(1), 4096, 2)
+	f.Fuzz(func(t *testing.T, imm uint32, hasImm bool, n int, seq uint16, maxPayload, maxCredits int) {
+		h, err := parseFrame(imm, hasImm, n, seq, maxPayload, maxCredits)
 		if err != nil {
 			return
 		}
-		// Whatever is accepted is well-formed and re-encodes to itself.
+		// Whatever is accepted is well-formed, within the connection's
+		// limits, in sequence, and re-encodes to itself.
+		require.True(t, hasImm)
 		require.Equal(t, imm, h.imm())
-		require.LessOrEqual(t, int(h.credits), 32)
+		require.Equal(t, seq, h.seq)
+		require.LessOrEqual(t, int(h.credits), maxCredits)
 		require.GreaterOrEqual(t, n, 0)
+		payload := n
+		switch h.kind {
+		case frameData:
+			if h.flags&flagImm != 0 {
+				require.GreaterOrEqual(t, n, userImmLen)
+				payload -= userImmLen
+			}
+		case frameCredit, frameFin:
+			require.Zero(t, n, "a control frame with a payload")
+			require.Zero(t, h.flags&flagImm)
+		default:
+			t.Fatalf("kind %d accepted", h.kind)
+		}
+		require.LessOrEqual(t, payload, maxPayload)
 	})
 }

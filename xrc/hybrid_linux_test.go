@@ -100,8 +100,10 @@ func TestRealSecondPollerHonoursContext(t *testing.T)   { testSecondPoller(t, re
 
 // testSecondPoller: while the endpoint's receive loop waits on its SRQ
 // without a deadline, a second poller of that SRQ returns when its own
-// context ends (on the real seam it once queued behind the first poller's
-// wait, however short its deadline).
+// context ends. The seam's contract (kernel.Kernel's PollRecv): on the
+// hybrid it checks the model's polling; the real seam's fix (a poller
+// queued behind the first one's wait, however short its deadline) is
+// checked only where a device has XRC.
 func testSecondPoller(t *testing.T, sm seam) {
 	e, _ := seamEndpoint(t, sm, 20310, t.TempDir()+"/goxrc")
 	time.Sleep(50 * time.Millisecond) // the receive loop is in its wait

@@ -33,7 +33,7 @@ func rdmacmNextQPN() uint32 { return rdmacmQPN.Add(1) }
 
 var (
 	rdmacmBaseOnce sync.Once
-	rdmacmBaseIDs  = -1 // cm_ids in `rdma res show cm_id` before the first test
+	rdmacmBaseIDs  int // cm_ids in `rdma res show cm_id` before the first test
 )
 
 // rdmacmEnv skips without the VM and returns the device and its address.
@@ -54,9 +54,8 @@ func rdmacmEnv(t *testing.T) (string, netip.Addr) {
 // rdmacmKernelIDs counts the kernel's rdma_cm ids, or -1 without `rdma`.
 func rdmacmKernelIDs(t *testing.T) int {
 	out, err := exec.Command("rdma", "res", "show", "cm_id").CombinedOutput()
-	if err != nil {
-		t.Logf("rdma res show cm_id: %v (%s)", err, bytes.TrimSpace(out))
-		return -1
+	if err != nil { // iproute2 is a required package: the leak checks must not turn off
+		t.Fatalf("rdma res show cm_id: %v (%s)", err, bytes.TrimSpace(out))
 	}
 	n := 0
 	for _, l := range strings.Split(string(out), "\n") {
@@ -776,7 +775,7 @@ func TestRDMACMZZLeaks(t *testing.T) {
 	for {
 		c := rdmacm.Counts()
 		n := rdmacmKernelIDs(t)
-		if c == (rdmacm.Counters{}) && (n < 0 || rdmacmBaseIDs < 0 || n == rdmacmBaseIDs) {
+		if c == (rdmacm.Counters{}) && n == rdmacmBaseIDs {
 			t.Logf("counts %+v, kernel cm_ids %d (at start %d)", c, n, rdmacmBaseIDs)
 			return
 		}

@@ -166,6 +166,11 @@ func TestVerbsObjectsLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	num, err := srq.Num()
 	t.Logf("basic SRQ number on rxe: %d, %v", num, err)
+	if err != nil {
+		require.ErrorIs(t, err, verbs.ErrNotSupported, "a basic SRQ's number: a number or not supported")
+	} else {
+		require.NotZero(t, num)
+	}
 
 	require.NoError(t, srq.Close())
 	require.NoError(t, srq.Close(), "idempotent")

@@ -655,7 +655,7 @@ func TestXRCRealZZLeaks(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		c, v, n := rdmacm.Counts(), verbs.Counts(), rdmacmKernelIDs(t)
-		if c == (rdmacm.Counters{}) && v == (verbs.ObjectCounts{}) && (n < 0 || rdmacmBaseIDs < 0 || n == rdmacmBaseIDs) {
+		if c == (rdmacm.Counters{}) && v == (verbs.ObjectCounts{}) && n == rdmacmBaseIDs {
 			t.Logf("rdmacm %+v, verbs %+v, kernel cm_ids %d (at start %d)", c, v, n, rdmacmBaseIDs)
 			return
 		}

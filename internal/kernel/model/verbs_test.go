@@ -5,6 +5,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/verbs"
@@ -369,6 +370,13 @@ func TestModelDeathWakesWaiters(t *testing.T) {
 		_, err := s.p.PollRecv(ctxT(t), s.srq, r[:])
 		done <- err
 	}()
+	// The poller must be waiting, not arrive after the death (a dead
+	// process's lookup fails on its own): nothing comes for 50 ms.
+	select {
+	case err := <-done:
+		t.Fatalf("the poller returned before the death: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
 	s.p.Kill()
 	if err := <-done; !errors.Is(err, verbs.ErrClosed) {
 		t.Fatalf("waiter got %v", err)
