@@ -38,41 +38,62 @@ func (g *stallMoves) Event(ctx context.Context, id kernel.ID) (kernel.Event, err
 	return ev, err
 }
 
+// slowMove is a sender s on node NET.1 with a leg to each of three
+// receivers on node NET.2, paired in tag order: r1, whose MOVE requests
+// wait until g.release is closed (alive, but slow to answer its CM events),
+// so its leg moves first; r2, healthy; r3, which recover kills.
+type slowMove struct {
+	s, r1, r2, r3 *proc
+	g             *stallMoves
+	s2, c2, s3    *Conn
+}
+
+func newSlowMove(t *testing.T, w *world, net string, sender, receivers []func(*Config)) *slowMove {
+	t.Helper()
+	m := &slowMove{g: &stallMoves{release: make(chan struct{})}}
+	m.s = w.endpoint(net+".1", 7000, sender...)
+	m.r1 = w.wrappedEndpoint(net+".2", 7001, func(k kernel.Kernel) kernel.Kernel { m.g.Kernel = k; return m.g }, receivers...)
+	m.r2 = w.endpoint(net+".2", 7002, receivers...)
+	m.r3 = w.endpoint(net+".2", 7003, receivers...)
+	pair(t, m.s, m.r1)
+	m.s2, m.c2 = pair(t, m.s, m.r2)
+	m.s3, _ = pair(t, m.s, m.r3)
+	return m
+}
+
+// recover kills r3: a send to its dead SRQ fails the INI, and the sender
+// recovers its uplink to the node.
+func (m *slowMove) recover(t *testing.T) {
+	t.Helper()
+	m.r3.p.Kill()
+	if err := sendErr(t, m.s3); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("to the dead: %v", err)
+	}
+}
+
 // One slow receiver on a node must not make a sender's recovery fail every
 // other connection to that node. It did: the recovery's single deadline was
 // spent on the first leg's PHYS_REQ, and every later leg then "failed to
 // move" at once. Each MOVE has its own deadline now.
 func TestRecoveryOneSlowReceiverFailsNoOther(t *testing.T) {
-	w := newWorld(t)
 	hs := func(c *Config) { longTimers(c); c.HandshakeTimeout = time.Second }
-	s := w.endpoint("10.0.70.1", 7000, hs)
-	g := &stallMoves{release: make(chan struct{})}
-	defer close(g.release)
-	r1 := w.wrappedEndpoint("10.0.70.2", 7001, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
-	r2 := w.endpoint("10.0.70.2", 7002, longTimers)
-	r3 := w.endpoint("10.0.70.2", 7003, longTimers)
-	pair(t, s, r1) // first leg in tag order: its MOVE goes first
-	s2, c2 := pair(t, s, r2)
-	s3, _ := pair(t, s, r3)
-	r3.p.Kill() // a send to its dead SRQ fails the INI: recovery
-	if err := sendErr(t, s3); !errors.Is(err, ErrPeerGone) {
-		t.Fatalf("to the dead: %v", err)
-	}
+	m := newSlowMove(t, newWorld(t), "10.0.70", []func(*Config){hs}, []func(*Config){longTimers})
+	defer close(m.g.release)
+	m.recover(t)
 	// r1 is slow, not dead; r2 is healthy and must keep its connection.
 	ctx := ctxT(t, 5*time.Second)
-	if err := s2.Send(ctx, []byte("to r2")); err != nil {
-		t.Fatalf("send to healthy r2 after the recovery: %v (sender %+v)", err, s.Stats())
+	if err := m.s2.Send(ctx, []byte("to r2")); err != nil {
+		t.Fatalf("send to healthy r2 after the recovery: %v (sender %+v)", err, m.s.Stats())
 	}
 	buf := make([]byte, 16)
-	if _, err := c2.Recv(ctx, buf); err != nil {
+	if _, err := m.c2.Recv(ctx, buf); err != nil {
 		t.Fatalf("r2 recv: %v", err)
 	}
 	// The first send may have been taken before the failure surfaced.
 	time.Sleep(100 * time.Millisecond)
-	if err := s2.Send(ctx, []byte("again")); err != nil {
-		t.Fatalf("second send to healthy r2: %v (sender %+v)", err, s.Stats())
+	if err := m.s2.Send(ctx, []byte("again")); err != nil {
+		t.Fatalf("second send to healthy r2: %v (sender %+v)", err, m.s.Stats())
 	}
-
 }
 
 // The same with a receiver that answers after 2 s, well within the
@@ -82,26 +103,15 @@ func TestRecoveryOneSlowReceiverFailsNoOther(t *testing.T) {
 // the idle timeout, and the other legs move in parallel once the new INI is
 // up.
 func TestRecoverySlowReceiverIdlesNoOther(t *testing.T) {
-	w := newWorld(t)
-	s := w.endpoint("10.0.71.1", 7000)
-	g := &stallMoves{release: make(chan struct{})}
-	r1 := w.wrappedEndpoint("10.0.71.2", 7001, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g })
-	r2 := w.endpoint("10.0.71.2", 7002)
-	r3 := w.endpoint("10.0.71.2", 7003)
-	pair(t, s, r1)
-	s2, c2 := pair(t, s, r2)
-	s3, _ := pair(t, s, r3)
-	time.AfterFunc(2*time.Second, func() { close(g.release) })
-	r3.p.Kill()
-	if err := sendErr(t, s3); !errors.Is(err, ErrPeerGone) {
-		t.Fatalf("to the dead: %v", err)
-	}
+	m := newSlowMove(t, newWorld(t), "10.0.71", nil, nil)
+	time.AfterFunc(2*time.Second, func() { close(m.g.release) })
+	m.recover(t)
 	ctx := ctxT(t, 8*time.Second)
 	for i := range 3 {
-		if err := s2.Send(ctx, []byte("to r2")); err != nil {
-			t.Fatalf("send %d to healthy r2: %v (sender %+v, r2 %+v)", i, err, s.Stats(), r2.Stats())
+		if err := m.s2.Send(ctx, []byte("to r2")); err != nil {
+			t.Fatalf("send %d to healthy r2: %v (sender %+v, r2 %+v)", i, err, m.s.Stats(), m.r2.Stats())
 		}
-		if _, err := c2.Recv(ctx, make([]byte, 16)); err != nil {
+		if _, err := m.c2.Recv(ctx, make([]byte, 16)); err != nil {
 			t.Fatalf("r2 recv %d: %v", i, err)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -151,33 +161,22 @@ func TestEndpointConcurrentCloseWaits(t *testing.T) {
 // recovery used to end the uplink (NONE) on seeing closed: no FIN went, and
 // r2's Recv failed with ErrPeerGone at its idle timeout.
 func TestEndpointCloseDuringRecoverySendsFIN(t *testing.T) {
-	w := newWorld(t)
-	s := w.endpoint("10.0.74.1", 7000)
-	g := &stallMoves{release: make(chan struct{})}
-	r1 := w.wrappedEndpoint("10.0.74.2", 7001, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g })
-	r2 := w.endpoint("10.0.74.2", 7002)
-	r3 := w.endpoint("10.0.74.2", 7003)
-	pair(t, s, r1)
-	s2, c2 := pair(t, s, r2)
-	s3, _ := pair(t, s, r3)
-	if err := s2.Send(ctxT(t, 5*time.Second), []byte("last words")); err != nil {
+	m := newSlowMove(t, newWorld(t), "10.0.74", nil, nil)
+	if err := m.s2.Send(ctxT(t, 5*time.Second), []byte("last words")); err != nil {
 		t.Fatal(err)
 	}
-	r3.p.Kill()
-	if err := sendErr(t, s3); !errors.Is(err, ErrPeerGone) {
-		t.Fatalf("to the dead: %v", err)
-	}
+	m.recover(t)
 	// The recovery is under way; r1 answers its MOVE 300 ms from now.
-	time.AfterFunc(300*time.Millisecond, func() { close(g.release) })
+	time.AfterFunc(300*time.Millisecond, func() { close(m.g.release) })
 	start := time.Now()
-	s.Close()
+	m.s.Close()
 	t.Logf("s.Close took %v", time.Since(start))
 	buf := make([]byte, 32)
-	n, err := c2.Recv(ctxT(t, 5*time.Second), buf)
+	n, err := m.c2.Recv(ctxT(t, 5*time.Second), buf)
 	if err != nil {
 		t.Fatalf("r2: the message sent before Close: %v after %v", err, time.Since(start))
 	}
-	if _, err := c2.Recv(ctxT(t, 5*time.Second), buf); err != io.EOF {
+	if _, err := m.c2.Recv(ctxT(t, 5*time.Second), buf); err != io.EOF {
 		t.Fatalf("r2 after %q: %v after %v, want io.EOF", buf[:n], err, time.Since(start))
 	}
 }
