@@ -3,6 +3,7 @@ package cm
 import (
 	"context"
 	"io"
+	"net/netip"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -379,4 +380,43 @@ func holdingListener(ctx context.Context, t *testing.T, p *memfabric.Process) *L
 		}
 	}()
 	return l
+}
+
+// A peer whose ACCEPT does not answer the request broke the handshake: the
+// Dial fails with ErrProtocol (it failed with an untyped error) and keeps
+// nothing of the attempt.
+func TestFabricDialBadAcceptIsProtocolError(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	k, ok := kernel.Unwrap(f.Node("10.1.0.1").Process())
+	require.True(t, ok)
+	defer k.Close()
+	addr := netip.AddrPortFrom(k.LocalAddr(), 7471)
+	var answered atomic.Int32
+	for _, ex := range []kernel.Exchange{kernel.ExchangeXRC, kernel.ExchangeSIDR} {
+		l, err := k.Listen(addr, ex)
+		require.NoError(t, err)
+		go func() {
+			for {
+				ev, err := k.Event(context.Background(), l)
+				if err != nil {
+					return
+				}
+				if ev.Type == kernel.EventConnectRequest {
+					answered.Add(1)
+					k.Accept(ev.ID, 77, []byte("not an ACCEPT"))
+				}
+			}
+		}()
+	}
+	cli := f.Node("10.1.0.2").Process()
+	_, err := Dial(ctx, addr.String(), WithFabric(cli), WithDomainPath(filepath.Join(t.TempDir(), "d")))
+	require.ErrorIs(t, err, ErrProtocol)
+	require.NotZero(t, answered.Load())
+	var oe *OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "dial", oe.Op)
+	require.Eventually(t, func() bool { return cli.Handles() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the dialing process holds %d kernel handles", cli.Handles())
 }

@@ -37,8 +37,9 @@ var (
 	// XRC (soft-RoCE, siw, ...: the error names the device and the reason),
 	// or RDMA altogether (no Linux or no cgo). It is verbs.ErrNotSupported.
 	ErrNotSupported = verbs.ErrNotSupported
-	// ErrProtocol reports a peer that broke the protocol on an established
-	// connection, such as sending past the credits it was given.
+	// ErrProtocol reports a peer that broke the protocol: an ACCEPT that
+	// does not answer the request, or, on an established connection,
+	// sending past the credits it was given.
 	ErrProtocol = errors.New("xrc: protocol violation by peer")
 
 	errSRQGone     = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
@@ -50,6 +51,7 @@ var (
 	errIncarnation = fmt.Errorf("%w: answered by another incarnation", ErrPeerGone)
 	errUplinkGone  = fmt.Errorf("%w: uplink gone during the request", ErrPeerGone)
 	errOverrun     = fmt.Errorf("%w: messages sent past the receive window", ErrProtocol)
+	errBadAccept   = fmt.Errorf("%w: its ACCEPT does not answer the request", ErrProtocol)
 	errBadReverse  = errors.New("xrc: the peer's reverse leg (in its ACCEPT) failed verification")
 	errReverseGone = errors.New("xrc: the TGT the peer's reverse leg (in its ACCEPT) names is not its own")
 )

@@ -376,7 +376,7 @@ func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	if err := wire.DecodeAccept(ev.PrivateData, &acc); err != nil || acc.TagEcho != req.ConnTag || acc.TGTQPN != ev.QPNum ||
 		acc.Flags != 0 {
 		k.Reject(id, nil)
-		return fail(&opError{"connect", raddr.String(), errors.New("bad ACCEPT")})
+		return fail(&opError{"connect", raddr.String(), errBadAccept})
 	}
 	if err := k.TransitionQP(qp, verbs.QPStateRTS, id); err != nil {
 		k.Reject(id, nil)
@@ -416,7 +416,7 @@ func (e *Endpoint) virtLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	if err := wire.DecodeAccept(ev.PrivateData, &acc); err != nil || acc.TagEcho != req.ConnTag ||
 		acc.TGTQPN != req.TGTQPNHint || ev.QPNum != acc.TGTQPN || acc.DomainID != req.DomainHint ||
 		(acc.Flags&wire.AcceptReverse != 0 && req.Flags&wire.FlagOneExchange == 0) {
-		return acc, &opError{"connect", raddr.String(), errors.New("bad ACCEPT")}
+		return acc, &opError{"connect", raddr.String(), errBadAccept}
 	}
 	return acc, nil
 }
