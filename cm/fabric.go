@@ -87,8 +87,10 @@ var xrcDialers struct {
 }
 
 type xrcDialer struct {
-	ep   *xrc.Endpoint
-	refs int
+	refs   int           // under xrcDialers
+	opened chan struct{} // closed once ep or err is set
+	ep     *xrc.Endpoint
+	err    error
 }
 
 var xrcEndpoints sync.Map // *xrc.Endpoint -> its Config.Process (nil on a device): for GlobalStats
@@ -111,34 +113,77 @@ func closeEndpoint(ep *xrc.Endpoint) error {
 // use, and the function that drops the reference taken. Every Dial checks
 // its options (xrcConfig), also one that joins an open endpoint. An
 // endpoint that died (its device went away) is left to the connections
-// that hold it, and a new one opens.
+// that hold it, and a new one opens. The endpoint opens outside the
+// process-wide lock: Dials on other sites go on meanwhile, and Dials on
+// this one wait for it with their own contexts.
 func acquireDialer(ctx context.Context, cfg config, site xrcSite) (*xrc.Endpoint, func(), error) {
 	xc, err := cfg.xrcConfig(site, 0)
 	if err != nil {
 		return nil, nil, err
 	}
 	xc.DialOnly = true
-	xrcDialers.Lock()
-	defer xrcDialers.Unlock()
-	if xrcDialers.m == nil {
-		xrcDialers.m = map[xrcSite]*xrcDialer{}
-	}
-	d := xrcDialers.m[site]
-	if d != nil && d.ep.Err() != nil {
-		delete(xrcDialers.m, site)
-		d = nil
-	}
-	if d == nil {
-		ep, err := newEndpoint(ctx, xc)
-		if err != nil {
-			return nil, nil, err
+	for {
+		xrcDialers.Lock()
+		if xrcDialers.m == nil {
+			xrcDialers.m = map[xrcSite]*xrcDialer{}
 		}
-		d = &xrcDialer{ep: ep}
-		xrcDialers.m[site] = d
+		d := xrcDialers.m[site]
+		if d != nil && d.isOpen() && d.ep.Err() != nil {
+			delete(xrcDialers.m, site)
+			d = nil
+		}
+		opener := d == nil
+		if opener {
+			d = &xrcDialer{opened: make(chan struct{})}
+			xrcDialers.m[site] = d
+		}
+		d.refs++
+		xrcDialers.Unlock()
+		release := d.releaser(site)
+		if opener {
+			ep, err := newEndpoint(ctx, xc)
+			xrcDialers.Lock()
+			d.ep, d.err = ep, err
+			if err != nil && xrcDialers.m[site] == d {
+				delete(xrcDialers.m, site)
+			}
+			close(d.opened)
+			xrcDialers.Unlock()
+			if err != nil {
+				release()
+				return nil, nil, err
+			}
+			return ep, release, nil
+		}
+		select {
+		case <-d.opened:
+		case <-ctx.Done():
+			release()
+			return nil, nil, ctx.Err()
+		}
+		if d.err == nil {
+			return d.ep, release, nil
+		}
+		// The opener failed, perhaps on its own context: try again, this
+		// Dial opening with its own.
+		release()
 	}
-	d.refs++
+}
+
+func (d *xrcDialer) isOpen() bool {
+	select {
+	case <-d.opened:
+		return d.err == nil
+	default:
+		return false
+	}
+}
+
+// releaser returns the function that drops one reference to d, closing its
+// endpoint with the last.
+func (d *xrcDialer) releaser(site xrcSite) func() {
 	var once sync.Once
-	release := func() {
+	return func() {
 		once.Do(func() {
 			xrcDialers.Lock()
 			d.refs--
@@ -147,14 +192,13 @@ func acquireDialer(ctx context.Context, cfg config, site xrcSite) (*xrc.Endpoint
 				delete(xrcDialers.m, site)
 			}
 			xrcDialers.Unlock()
-			if last {
+			if last && d.isOpen() {
 				// Outside the lock: Close waits up to a second for FINs,
 				// and other Dials of the process must not wait with it.
 				closeEndpoint(d.ep)
 			}
 		})
 	}
-	return d.ep, release, nil
 }
 
 // dialXRC dials address through the dialer endpoint of site.

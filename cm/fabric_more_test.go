@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/netip"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -419,4 +420,98 @@ func TestFabricDialBadAcceptIsProtocolError(t *testing.T) {
 	require.Equal(t, "dial", oe.Op)
 	require.Eventually(t, func() bool { return cli.Handles() == 0 }, 5*time.Second, 10*time.Millisecond,
 		"the dialing process holds %d kernel handles", cli.Handles())
+}
+
+// stuckOpen blocks opening an XRC domain until open is closed, as a slow
+// device open sits in the kernel, deaf to contexts.
+type stuckOpen struct {
+	kernel.Kernel
+	entered, open chan struct{}
+	once          *sync.Once
+}
+
+func (s stuckOpen) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, error) {
+	s.once.Do(func() { close(s.entered) })
+	<-s.open
+	return s.Kernel.OpenXRCD(path, flags)
+}
+
+// A shared dialer endpoint opens outside the process-wide lock: while one
+// site's endpoint is slow to open, a Dial on another site goes on, and a
+// second Dial on the slow site gives up with its own context (both waited
+// for the open, regardless of their contexts).
+func TestFabricDialerOpenBlocksNoOne(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	k, _ := kernel.Unwrap(f.Node("10.1.0.3").Process())
+	stuck := stuckOpen{k, make(chan struct{}), make(chan struct{}), new(sync.Once)}
+	var opened sync.Once
+	unstick := func() { opened.Do(func() { close(stuck.open) }) }
+	t.Cleanup(unstick) // on failure, lets the first acquire (and the old code's lock) go
+	slow := &memfabric.Process{}
+	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
+		if v == any(slow) {
+			return stuck, true
+		}
+		return nil, false
+	})
+	cfg, err := newConfig([]Option{WithDomainPath(filepath.Join(t.TempDir(), "s"))})
+	require.NoError(t, err)
+	cfg.fabric = slow
+	site := cfg.fabricSite(k.LocalAddr())
+	type acquired struct {
+		ep      *xrc.Endpoint
+		release func()
+		err     error
+	}
+	first := make(chan acquired, 1)
+	go func() {
+		ep, release, err := acquireDialer(ctx, cfg, site)
+		first <- acquired{ep, release, err}
+	}()
+	<-stuck.entered
+
+	// Each call runs on its own goroutine: on the old code they waited on
+	// the lock for ever.
+	within := func(what string, f func() error) error {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- f() }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: still waiting for the other open after 3s", what)
+			return nil
+		}
+	}
+	l := holdingListener(ctx, t, f.Node("10.1.0.1").Process())
+	err = within("a Dial on another site", func() error {
+		c, err := Dial(ctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "d")))
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	require.NoError(t, err)
+	err = within("a second acquire on the opening site, with a 100ms deadline", func() error {
+		wctx, wcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer wcancel()
+		_, _, err := acquireDialer(wctx, cfg, site)
+		return err
+	})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	unstick()
+	a := <-first
+	require.NoError(t, a.err)
+	ep, release, err := acquireDialer(ctx, cfg, site)
+	require.NoError(t, err)
+	require.Same(t, a.ep, ep, "one endpoint per site")
+	release()
+	a.release()
+	xrcDialers.Lock()
+	defer xrcDialers.Unlock()
+	require.Nil(t, xrcDialers.m[site], "the last release closes the endpoint")
 }
