@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -289,6 +290,7 @@ func TestConnContextEndsWait(t *testing.T) {
 	start := time.Now()
 	_, err := b.Recv(ctx, make([]byte, 256))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "as OpError's doc says")
 	var ne net.Error
 	require.ErrorAs(t, err, &ne)
 	require.True(t, ne.Timeout())

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -230,6 +231,7 @@ func TestFabricXRCFlowControl(t *testing.T) {
 	err := c.Send(short, []byte("one too many"))
 	cancelShort()
 	require.ErrorIs(t, err, context.DeadlineExceeded, "the receiver's window is full: the sender waits")
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "as OpError's doc says")
 
 	const n = 200
 	errc := make(chan error, 1)

@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -18,8 +19,10 @@ var ErrClosed = net.ErrClosed
 
 // OpError describes a failed operation: which call, on which object (device,
 // address or QP), and why. Err is usually a syscall.Errno; errors.Is(err,
-// ErrNotSupported) holds for EOPNOTSUPP and ENOSYS, and errors.Is(err,
-// os.ErrDeadlineExceeded) for timeouts. It implements net.Error.
+// ErrNotSupported) holds for EOPNOTSUPP, ENOSYS and EPROTONOSUPPORT, and
+// errors.Is(err, os.ErrDeadlineExceeded) for timeouts, a context's deadline
+// included (as net.Conn reports them; errors.Is(err,
+// context.DeadlineExceeded) holds for those too). It implements net.Error.
 type OpError struct {
 	Op   string // the C call or library operation, e.g. "ibv_open_xrcd"
 	Addr string // device, address or object the operation worked on; may be empty
@@ -35,8 +38,12 @@ func (e *OpError) Error() string {
 
 func (e *OpError) Unwrap() error { return e.Err }
 
-// Is makes errno values that mean "not supported" match ErrNotSupported.
+// Is makes errno values that mean "not supported" match ErrNotSupported,
+// and a context's deadline os.ErrDeadlineExceeded.
 func (e *OpError) Is(target error) bool {
+	if target == os.ErrDeadlineExceeded {
+		return errors.Is(e.Err, context.DeadlineExceeded)
+	}
 	if target != ErrNotSupported {
 		return false
 	}

@@ -3,6 +3,7 @@ package verbs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -253,6 +254,13 @@ func TestErrors(t *testing.T) {
 	var ne net.Error
 	require.ErrorAs(t, verbs.NewOpError("wait", "", os.ErrDeadlineExceeded), &ne)
 	require.True(t, ne.Timeout())
+	// A context's deadline is a timeout as net.Conn reports one.
+	ctxErr := verbs.NewOpError("wait", "", fmt.Errorf("waiting: %w", context.DeadlineExceeded))
+	require.ErrorIs(t, ctxErr, os.ErrDeadlineExceeded)
+	require.ErrorIs(t, ctxErr, context.DeadlineExceeded)
+	require.ErrorAs(t, ctxErr, &ne)
+	require.True(t, ne.Timeout())
+	require.NotErrorIs(t, verbs.NewOpError("wait", "", context.Canceled), os.ErrDeadlineExceeded)
 
 	pe := &verbs.PostError{Index: 3, Err: syscall.ENOMEM}
 	wrapped := verbs.NewOpError("ibv_post_send", "qp", pe)
