@@ -14,11 +14,11 @@ import (
 	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
 
-// Downlink is a TGT QP this process receives through: at most one kernel
+// downlink is a TGT QP this process receives through: at most one kernel
 // handle per process, shared by every leg from that sender through a
 // process-local count. The kernel's count of handles across processes is the
 // node-wide registration count.
-type Downlink struct {
+type downlink struct {
 	TGTQPN      uint32
 	Incarnation uint64     // the sending process's
 	INIQPN      uint32     // the sender's INI
@@ -28,10 +28,10 @@ type Downlink struct {
 	count       int
 }
 
-// Leg is one accepted one-way leg of a logical connection: a sender's tag
+// acceptedLeg is one accepted one-way leg of a logical connection: a sender's tag
 // bound to our tag and a downlink.
-type Leg struct {
-	Downlink        *Downlink
+type acceptedLeg struct {
+	Downlink        *downlink
 	PeerIncarnation uint64
 	PeerTag         uint32 // the REQ's ConnTag
 	Tag             uint32 // ours, in the ACCEPT
@@ -48,14 +48,14 @@ type Leg struct {
 	used            bool     // a message came through it: its sender has our ACCEPT
 }
 
-// AppReject is what an Admit function returns to refuse a request.
-type AppReject struct {
+// appReject is what an Admit function returns to refuse a request.
+type appReject struct {
 	Detail uint32
 	App    []byte
 }
 
-// AcceptorConfig is what an acceptor needs from its process.
-type AcceptorConfig struct {
+// acceptorConfig is what an acceptor needs from its process.
+type acceptorConfig struct {
 	Kernel      kernel.Kernel
 	XRCD        kernel.XRCD // the process's handle on the node's domain
 	DomainID    uint64      // from the domain file
@@ -65,16 +65,16 @@ type AcceptorConfig struct {
 	MaxMessage  uint32      // the largest message our SRQ takes, in each ACCEPT; 0: MaxMessageSize
 	// Admit, if set, sees each new request before any kernel object is made
 	// or opened; it returns app data for the ACCEPT, or a rejection.
-	Admit func(req *wire.Req) ([]byte, *AppReject)
+	Admit func(req *wire.Req) ([]byte, *appReject)
 }
 
-// Acceptor makes the "open new or share existing" decision of
+// acceptor makes the "open new or share existing" decision of
 // xrc-protocol.md for one process. It is safe for concurrent use.
-type Acceptor struct {
-	cfg     AcceptorConfig
+type acceptor struct {
+	cfg     acceptorConfig
 	mu      sync.Mutex
-	byTGT   map[uint32]*Downlink
-	legs    map[legKey]*Leg
+	byTGT   map[uint32]*downlink
+	legs    map[legKey]*acceptedLeg
 	nextTag uint32
 	closed  bool // by Close: registers nothing more
 	retired retiredLegs
@@ -119,8 +119,8 @@ type legKey struct {
 	tag         uint32
 }
 
-// NewAcceptor returns an acceptor for cfg.
-func NewAcceptor(cfg AcceptorConfig) *Acceptor {
+// newAcceptor returns an acceptor for cfg.
+func newAcceptor(cfg acceptorConfig) *acceptor {
 	if cfg.Credits == 0 {
 		cfg.Credits = DefaultRecvWindow
 	}
@@ -129,28 +129,28 @@ func NewAcceptor(cfg AcceptorConfig) *Acceptor {
 	}
 	var b [4]byte
 	rand.Read(b[:])
-	return &Acceptor{cfg: cfg, byTGT: map[uint32]*Downlink{}, legs: map[legKey]*Leg{},
+	return &acceptor{cfg: cfg, byTGT: map[uint32]*downlink{}, legs: map[legKey]*acceptedLeg{},
 		nextTag: binary.BigEndian.Uint32(b[:]) >> 1}
 }
 
-// Decision is the answer to one CONNECT_REQUEST: Accept with QPNum and
+// decision is the answer to one CONNECT_REQUEST: Accept with QPNum and
 // PrivateData (kernel.Accept), or reject with PrivateData (kernel.Reject).
-type Decision struct {
+type decision struct {
 	Accept      bool
 	QPNum       uint32 // the TGT QPN to accept with
 	PrivateData []byte // the encoded ACCEPT or REJECT
 	Reject      wire.Reject
-	Leg         *Leg // the leg an ACCEPT created (or, for a duplicate, found)
-	Duplicate   bool // a retransmitted VIRT_REQ answered from the cache
-	Moved       bool // a MOVE: an existing leg moved onto another downlink
-	Replaced    *Leg // released: our answer to an earlier copy of this PHYS_REQ (see physical)
-	UnknownMove bool // a rejected MOVE of a leg we do not hold (see Endpoint.onRequest)
+	Leg         *acceptedLeg // the leg an ACCEPT created (or, for a duplicate, found)
+	Duplicate   bool         // a retransmitted VIRT_REQ answered from the cache
+	Moved       bool         // a MOVE: an existing leg moved onto another downlink
+	Replaced    *acceptedLeg // released: our answer to an earlier copy of this PHYS_REQ (see physical)
+	UnknownMove bool         // a rejected MOVE of a leg we do not hold (see Endpoint.onRequest)
 }
 
 // Decide answers a CONNECT_REQUEST event from the XRC listener (PHYS_REQ) or
 // the SIDR listener (VIRT_REQ). No reference is left behind by a reject. If
 // the caller's Accept then fails, it must Release the leg.
-func (a *Acceptor) Decide(e kernel.Event) Decision {
+func (a *acceptor) Decide(e kernel.Event) decision {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed { // its endpoint is going: the dialer's retry finds no listener
@@ -182,7 +182,7 @@ func (a *Acceptor) Decide(e kernel.Event) Decision {
 	return a.virtual(e, &req)
 }
 
-func (a *Acceptor) physical(e kernel.Event, req *wire.Req) (d Decision) {
+func (a *acceptor) physical(e kernel.Event, req *wire.Req) (d decision) {
 	if e.QPNum != req.INIQPN { // the CM's REQ carries the INI QPN too
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
@@ -191,7 +191,7 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) (d Decision) {
 	if moving == nil && a.retired.has(key) {
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
-	var replaced *Leg
+	var replaced *acceptedLeg
 	defer func() { d.Replaced = replaced }() // accepted or not
 	if req.Flags&wire.FlagMove != 0 {
 		// A PHYS_REQ is a fresh CM connection (the CM's stale table
@@ -214,7 +214,7 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) (d Decision) {
 	}
 	var app []byte
 	if moving == nil {
-		var rej *AppReject
+		var rej *appReject
 		if app, rej = a.admit(req); rej != nil {
 			return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
 		}
@@ -231,7 +231,7 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) (d Decision) {
 		k.DestroyQP(qp)
 		return a.reject(req.ConnTag, wire.RejectBusyRetry, errnoOf(err), nil)
 	}
-	dl := &Downlink{TGTQPN: qpn, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: e.Remote.Addr(), Creator: true, qp: qp}
+	dl := &downlink{TGTQPN: qpn, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: e.Remote.Addr(), Creator: true, qp: qp}
 	a.byTGT[qpn] = dl
 	if moving != nil {
 		return a.move(moving, dl, req, true, true)
@@ -239,7 +239,7 @@ func (a *Acceptor) physical(e kernel.Event, req *wire.Req) (d Decision) {
 	return a.accept(dl, req, app, true, true)
 }
 
-func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
+func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 	key := legKey{req.Incarnation, req.ConnTag}
 	moving := a.legs[key]
 	if l := moving; l != nil {
@@ -247,7 +247,7 @@ func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 			l.Downlink.TGTQPN == req.TGTQPNHint && l.Downlink.INIQPN == req.INIQPN {
 			// A SIDR retransmission (or a replay): same answer, no count
 			// change.
-			return Decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Duplicate: true}
+			return decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Duplicate: true}
 		}
 		if req.Flags&wire.FlagMove == 0 {
 			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
@@ -263,7 +263,7 @@ func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 	from := e.Remote.Addr()
 	var app []byte
 	if moving == nil {
-		var rej *AppReject
+		var rej *appReject
 		if app, rej = a.admit(req); rej != nil {
 			return a.reject(req.ConnTag, wire.RejectApp, rej.Detail, rej.App)
 		}
@@ -293,7 +293,7 @@ func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 		k.DestroyQP(qp)
 		return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 	}
-	dl := &Downlink{TGTQPN: info.Num, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: from, qp: qp}
+	dl := &downlink{TGTQPN: info.Num, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: from, qp: qp}
 	a.byTGT[dl.TGTQPN] = dl
 	if moving != nil {
 		return a.move(moving, dl, req, false, true)
@@ -304,7 +304,7 @@ func (a *Acceptor) virtual(e kernel.Event, req *wire.Req) Decision {
 // move answers a MOVE: the existing leg l leaves its downlink (unregistering
 // it at zero) for dl, keeping its tag, so the receiver's connection is
 // unchanged.
-func (a *Acceptor) move(l *Leg, dl *Downlink, req *wire.Req, physical, fresh bool) Decision {
+func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, fresh bool) decision {
 	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: l.Tag, Incarnation: a.cfg.Incarnation,
 		TGTQPN: dl.TGTQPN, SRQN: a.cfg.SRQN, DomainID: a.cfg.DomainID, Credits: a.cfg.Credits, MaxMessage: a.cfg.MaxMessage}
 	buf := make([]byte, wire.BudgetSIDRREP)
@@ -333,10 +333,10 @@ func (a *Acceptor) move(l *Leg, dl *Downlink, req *wire.Req, physical, fresh boo
 			a.drop(old)
 		}
 	}
-	return Decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Moved: true}
+	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Moved: true}
 }
 
-func (a *Acceptor) admit(req *wire.Req) ([]byte, *AppReject) {
+func (a *acceptor) admit(req *wire.Req) ([]byte, *appReject) {
 	if a.cfg.Admit == nil {
 		return nil, nil
 	}
@@ -345,7 +345,7 @@ func (a *Acceptor) admit(req *wire.Req) ([]byte, *AppReject) {
 
 // accept encodes the ACCEPT and counts the leg on dl (fresh: dl was just
 // created or opened, and is dropped again if the ACCEPT cannot be made).
-func (a *Acceptor) accept(dl *Downlink, req *wire.Req, app []byte, physical, fresh bool) Decision {
+func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fresh bool) decision {
 	a.nextTag++
 	if a.nextTag == 0 {
 		a.nextTag = 1
@@ -365,7 +365,7 @@ func (a *Acceptor) accept(dl *Downlink, req *wire.Req, app []byte, physical, fre
 		return a.reject(req.ConnTag, wire.RejectApp, 0, nil)
 	}
 	dl.count++
-	l := &Leg{Downlink: dl, PeerIncarnation: req.Incarnation, PeerTag: req.ConnTag, Tag: m.AcceptorTag,
+	l := &acceptedLeg{Downlink: dl, PeerIncarnation: req.Incarnation, PeerTag: req.ConnTag, Tag: m.AcceptorTag,
 		PeerSRQN: req.SRQN, PeerCredits: req.Credits, PeerMaxMessage: req.MaxMessage, ReplyPort: req.ReplyPort, Physical: physical}
 	if req.Flags&wire.FlagReciprocal != 0 {
 		l.Reciprocal = req.PeerTag
@@ -376,12 +376,12 @@ func (a *Acceptor) accept(dl *Downlink, req *wire.Req, app []byte, physical, fre
 		l.cached = buf[:n]
 	}
 	a.legs[legKey{req.Incarnation, req.ConnTag}] = l
-	return Decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l}
+	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l}
 }
 
 // ReserveTag returns a fresh tag of ours for a leg not registered yet (the
 // reverse leg a FlagOneExchange VIRT_REQ announces).
-func (a *Acceptor) ReserveTag() uint32 {
+func (a *acceptor) ReserveTag() uint32 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.nextTag++
@@ -395,7 +395,7 @@ func (a *Acceptor) ReserveTag() uint32 {
 // accepted, FlagOneExchange) and returns the new encoding, which also
 // answers the request's retransmissions. It fails (and l's ACCEPT stays as
 // it was) if the leg is gone or the section does not fit with the app data.
-func (a *Acceptor) AddReverse(l *Leg, rev wire.Reverse) ([]byte, bool) {
+func (a *acceptor) AddReverse(l *acceptedLeg, rev wire.Reverse) ([]byte, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l || l.cached == nil || l.RevTag == 0 {
@@ -423,7 +423,7 @@ func (a *Acceptor) AddReverse(l *Leg, rev wire.Reverse) ([]byte, bool) {
 // (count + 1), or open it by number and verify it (XRC_RECV, RTR/RTS, dest
 // QPN = the acceptor's INI, remote address = its node); anything else
 // leaves no handle, count or leg and returns an error.
-func (a *Acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from netip.Addr, replyPort uint16) (*Leg, error) {
+func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from netip.Addr, replyPort uint16) (*acceptedLeg, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -466,17 +466,17 @@ func (a *Acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 			k.DestroyQP(qp)
 			return nil, errReverseGone
 		}
-		dl = &Downlink{TGTQPN: info.Num, Incarnation: acc.Incarnation, INIQPN: rev.INIQPN, Remote: from, qp: qp}
+		dl = &downlink{TGTQPN: info.Num, Incarnation: acc.Incarnation, INIQPN: rev.INIQPN, Remote: from, qp: qp}
 		a.byTGT[dl.TGTQPN] = dl
 	}
 	dl.count++
-	l := &Leg{Downlink: dl, PeerIncarnation: acc.Incarnation, PeerTag: rev.Tag, Tag: tag, PeerSRQN: acc.SRQN,
+	l := &acceptedLeg{Downlink: dl, PeerIncarnation: acc.Incarnation, PeerTag: rev.Tag, Tag: tag, PeerSRQN: acc.SRQN,
 		ReplyPort: replyPort, Reciprocal: fwdTag}
 	a.legs[key] = l
 	return l, nil
 }
 
-func (a *Acceptor) drop(dl *Downlink) {
+func (a *acceptor) drop(dl *downlink) {
 	if a.byTGT[dl.TGTQPN] == dl {
 		delete(a.byTGT, dl.TGTQPN)
 	}
@@ -484,13 +484,13 @@ func (a *Acceptor) drop(dl *Downlink) {
 }
 
 // unknownMove refuses a MOVE of a leg we do not hold.
-func (a *Acceptor) unknownMove(req *wire.Req) Decision {
+func (a *acceptor) unknownMove(req *wire.Req) decision {
 	d := a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	d.UnknownMove = true
 	return d
 }
 
-func (a *Acceptor) reject(tag uint32, reason wire.RejectReason, detail uint32, app []byte) Decision {
+func (a *acceptor) reject(tag uint32, reason wire.RejectReason, detail uint32, app []byte) decision {
 	r := wire.Reject{Tag: tag, Reason: reason, MinVersion: wire.MinVersion, MaxVersion: wire.MaxVersion,
 		Detail: detail, DomainID: a.cfg.DomainID}
 	if r.SetApp(app) != nil {
@@ -502,19 +502,19 @@ func (a *Acceptor) reject(tag uint32, reason wire.RejectReason, detail uint32, a
 		r.Reason = wire.RejectNoXRC
 		n, _ = r.Encode(buf)
 	}
-	return Decision{PrivateData: buf[:n], Reject: r}
+	return decision{PrivateData: buf[:n], Reject: r}
 }
 
 // Release ends a leg (after its FIN, or when the sender is gone): the local
 // count drops, and at zero the process's kernel handle is destroyed (the
 // unregister); the TGT dies with the node's last handle.
-func (a *Acceptor) Release(l *Leg) error {
+func (a *acceptor) Release(l *acceptedLeg) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.releaseLocked(l)
 }
 
-func (a *Acceptor) releaseLocked(l *Leg) error {
+func (a *acceptor) releaseLocked(l *acceptedLeg) error {
 	key := legKey{l.PeerIncarnation, l.PeerTag}
 	if a.legs[key] != l {
 		return nil // already released
@@ -536,7 +536,7 @@ func (a *Acceptor) releaseLocked(l *Leg) error {
 
 // LegTGT is the TGT number the leg currently receives through (a MOVE
 // changes it), and whether the leg is still registered.
-func (a *Acceptor) LegTGT(l *Leg) (uint32, bool) {
+func (a *acceptor) LegTGT(l *acceptedLeg) (uint32, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l {
@@ -549,7 +549,7 @@ func (a *Acceptor) LegTGT(l *Leg) (uint32, bool) {
 // qpn may belong to the leg: the leg is registered and receives through that
 // TGT, or did before a MOVE (messages queued before the move). Such a
 // message marks the leg used: once released, its key is retired.
-func (a *Acceptor) LegAccepts(l *Leg, qpn uint32) bool {
+func (a *acceptor) LegAccepts(l *acceptedLeg, qpn uint32) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l {
@@ -561,7 +561,7 @@ func (a *Acceptor) LegAccepts(l *Leg, qpn uint32) bool {
 }
 
 // Close destroys every handle the acceptor holds and forgets every leg.
-func (a *Acceptor) Close() {
+func (a *acceptor) Close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.closed = true
@@ -575,10 +575,10 @@ func (a *Acceptor) Close() {
 
 // LegsOn returns the registered legs that receive through the TGT numbered
 // qpn from the sender INI iniQPN (what a DREQ on the physical link ends).
-func (a *Acceptor) LegsOn(qpn, iniQPN uint32) []*Leg {
+func (a *acceptor) LegsOn(qpn, iniQPN uint32) []*acceptedLeg {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var out []*Leg
+	var out []*acceptedLeg
 	for _, l := range a.legs {
 		if l.Downlink.TGTQPN == qpn && l.Downlink.INIQPN == iniQPN {
 			out = append(out, l)
@@ -589,7 +589,7 @@ func (a *Acceptor) LegsOn(qpn, iniQPN uint32) []*Leg {
 
 // LocalCounts is the sum of this process's use counts over its TGT handles
 // (the number of registered legs).
-func (a *Acceptor) LocalCounts() int {
+func (a *acceptor) LocalCounts() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.legs)
@@ -597,7 +597,7 @@ func (a *Acceptor) LocalCounts() int {
 
 // LocalCount is this process's use count of the TGT numbered qpn (0 if it
 // holds no handle on it).
-func (a *Acceptor) LocalCount(qpn uint32) int {
+func (a *acceptor) LocalCount(qpn uint32) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if dl := a.byTGT[qpn]; dl != nil {
@@ -607,7 +607,7 @@ func (a *Acceptor) LocalCount(qpn uint32) int {
 }
 
 // Downlinks is the number of TGT handles this process holds.
-func (a *Acceptor) Downlinks() int {
+func (a *acceptor) Downlinks() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.byTGT)

@@ -28,7 +28,7 @@ type receiver struct {
 	p      *model.Process
 	d      kernel.XRCD
 	srqn   uint32
-	acc    *Acceptor
+	acc    *acceptor
 	port   uint16
 	lx, lu kernel.ID
 }
@@ -65,7 +65,7 @@ func (e *env) newReceiver(port uint16) *receiver {
 	if _, r.srqn, err = r.p.CreateSRQ(r.d, frameSize(MaxMessageSize)); err != nil {
 		t.Fatal(err)
 	}
-	r.acc = NewAcceptor(AcceptorConfig{Kernel: r.p, XRCD: r.d, DomainID: e.dom.ID, Incarnation: uint64(port), SRQN: r.srqn, Credits: 8})
+	r.acc = newAcceptor(acceptorConfig{Kernel: r.p, XRCD: r.d, DomainID: e.dom.ID, Incarnation: uint64(port), SRQN: r.srqn, Credits: 8})
 	ap := netip.AddrPortFrom(addrB, port)
 	if r.lx, err = r.p.Listen(ap, kernel.ExchangeXRC); err != nil {
 		t.Fatal(err)
@@ -107,7 +107,7 @@ type rawUplink struct {
 
 // phys runs a PHYS_REQ from the sender to r through the real (model) CM and
 // the acceptor, and returns the decision (and the rawUplink on accept).
-func (e *env) phys(r *receiver, mut func(*wire.Req)) (Decision, rawUplink) {
+func (e *env) phys(r *receiver, mut func(*wire.Req)) (decision, rawUplink) {
 	t := e.t
 	t.Helper()
 	var u rawUplink
@@ -167,7 +167,7 @@ func (e *env) phys(r *receiver, mut func(*wire.Req)) (Decision, rawUplink) {
 }
 
 // virt runs a VIRT_REQ over SIDR to r and returns the decision.
-func (e *env) virt(r *receiver, req wire.Req) Decision {
+func (e *env) virt(r *receiver, req wire.Req) decision {
 	t := e.t
 	t.Helper()
 	buf := make([]byte, wire.BudgetSIDRREQ)
@@ -225,14 +225,14 @@ func (e *env) expect(qpn uint32, kernelHandles, local1, local2 int) {
 	}
 }
 
-func wantReject(t *testing.T, d Decision, reason wire.RejectReason) {
+func wantReject(t *testing.T, d decision, reason wire.RejectReason) {
 	t.Helper()
 	if d.Accept || d.Reject.Reason != reason {
 		t.Fatalf("decision accept=%v reason %v, want REJECT(%v)", d.Accept, d.Reject.Reason, reason)
 	}
 }
 
-func wantAccept(t *testing.T, d Decision) {
+func wantAccept(t *testing.T, d decision) {
 	t.Helper()
 	if !d.Accept {
 		t.Fatalf("rejected: %v", d.Reject.Reason)
@@ -507,7 +507,7 @@ func TestAcceptorDecisionTable(t *testing.T) {
 		}},
 		{"application reject: APP_REJECT, nothing made or opened", func(t *testing.T, e *env) {
 			_, u := e.phys(e.r1, nil)
-			e.r2.acc.cfg.Admit = func(*wire.Req) ([]byte, *AppReject) { return nil, &AppReject{Detail: 403, App: []byte("no")} }
+			e.r2.acc.cfg.Admit = func(*wire.Req) ([]byte, *appReject) { return nil, &appReject{Detail: 403, App: []byte("no")} }
 			before := e.r2.p.Handles()
 			d := e.virt(e.r2, e.virtReq(u))
 			wantReject(t, d, wire.RejectApp)
@@ -550,7 +550,7 @@ func TestAcceptorDecisionTable(t *testing.T) {
 func TestAcceptorNoXRC(t *testing.T) {
 	f := model.NewFabric(model.ReuseLIFO)
 	p := f.AddNode(addrB, model.NodeConfig{NoXRC: true}).NewProcess()
-	acc := NewAcceptor(AcceptorConfig{Kernel: p, DomainID: 1})
+	acc := newAcceptor(acceptorConfig{Kernel: p, DomainID: 1})
 	d := acc.Decide(kernel.Event{Type: kernel.EventConnectRequest, Exchange: kernel.ExchangeXRC})
 	wantReject(t, d, wire.RejectNoXRC)
 }
@@ -573,7 +573,7 @@ func TestAcceptorConcurrentShare(t *testing.T) {
 	e := newEnv(t)
 	_, u := e.phys(e.r1, nil)
 	const workers, each = 4, 50
-	legs := make(chan *Leg, workers*each)
+	legs := make(chan *acceptedLeg, workers*each)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {

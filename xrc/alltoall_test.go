@@ -19,7 +19,7 @@ type peerProc struct {
 	d      kernel.XRCD
 	srq    kernel.SRQ
 	srqn   uint32
-	acc    *Acceptor
+	acc    *acceptor
 	port   uint16
 	lx, lu kernel.ID
 	inc    uint64
@@ -122,7 +122,7 @@ func TestQPCountAllToAll(t *testing.T) {
 			if s.srq, s.srqn, err = s.p.CreateSRQ(s.d, frameSize(MaxMessageSize)); err != nil {
 				t.Fatal(err)
 			}
-			s.acc = NewAcceptor(AcceptorConfig{Kernel: s.p, XRCD: s.d, DomainID: dom.ID, Incarnation: s.inc, SRQN: s.srqn})
+			s.acc = newAcceptor(acceptorConfig{Kernel: s.p, XRCD: s.d, DomainID: dom.ID, Incarnation: s.inc, SRQN: s.srqn})
 			ap := netip.AddrPortFrom(node.Addr(), s.port)
 			if s.lx, err = s.p.Listen(ap, kernel.ExchangeXRC); err != nil {
 				t.Fatal(err)

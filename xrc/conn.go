@@ -60,7 +60,7 @@ type Conn struct {
 	returnFn   func()              // c.returnCredits, made once: a method value allocates
 
 	// receiving leg
-	recvLeg      *Leg
+	recvLeg      *acceptedLeg
 	recvTag      uint32
 	recvUp       bool
 	unaccepted   bool // counted in Endpoint.unaccepted

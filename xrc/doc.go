@@ -22,7 +22,7 @@
 // virtual link (a SIDR exchange that adds a connection to an existing pair).
 // Uplinks (INIs) are kept per remote node and domain, in states NONE,
 // CONNECTING (dials queue), UP and RECOVERING; downlinks (TGT handles) are
-// kept by the Acceptor, at most one kernel handle per TGT per process with a
+// kept by the acceptor, at most one kernel handle per TGT per process with a
 // local use count over it.
 //
 // A Conn is bidirectional: the dialer's leg and the acceptor's reverse
@@ -90,7 +90,7 @@
 //   - OpenDomainFile: the node's domain file (private 0700 directory, 0600
 //     file, created once under flock with O_CREAT|O_EXCL) holding the random
 //     64-bit domain id that names the kernel XRCD on the wire.
-//   - Acceptor: the receiving process's "open new or share existing"
+//   - The acceptor (acceptor.go): the receiving process's "open new or share existing"
 //     decision for PHYS_REQ (create a TGT) and VIRT_REQ (join an existing
 //     TGT), and MOVEs of existing legs onto a rebuilt uplink. Opening a TGT
 //     by number is always verified (state, dest QPN, address) because

@@ -18,7 +18,7 @@ const DomainFileName = "xrcd"
 // identifies the domain on the wire (and catches a recreated file, which is a
 // new inode and so a new domain).
 type DomainFile struct {
-	Path string // pass to kernel.OpenXRCD
+	Path string // the file whose inode keys the XRCD (ibv_open_xrcd opens it)
 	ID   uint64 // never 0 (0 on the wire means "unknown")
 }
 

@@ -116,7 +116,7 @@ type Endpoint struct {
 	srq    kernel.SRQ
 	srqn   uint32
 	inc    uint64
-	acc    *Acceptor
+	acc    *acceptor
 	lx, lu kernel.ID
 
 	ctx    context.Context
@@ -254,17 +254,17 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	}
 	e.inc = random64()
 	e.nextTag = uint32(random64() >> 33)
-	ac := AcceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
+	ac := acceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
 		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize)}
 	if cfg.DialOnly {
-		ac.Admit = func(req *wire.Req) ([]byte, *AppReject) {
+		ac.Admit = func(req *wire.Req) ([]byte, *appReject) {
 			if req.Flags&wire.FlagReciprocal == 0 {
-				return nil, &AppReject{} // not the reverse leg of a dial of ours
+				return nil, &appReject{} // not the reverse leg of a dial of ours
 			}
 			return nil, nil
 		}
 	}
-	e.acc = NewAcceptor(ac)
+	e.acc = newAcceptor(ac)
 	if err = e.listen(ap); err != nil {
 		return nil, err
 	}
@@ -748,7 +748,7 @@ func (e *Endpoint) readingAcceptFrom(node netip.Addr) bool {
 // hold several domains, the request does not say which is the requester's,
 // and a reverse leg into another domain fails the dial (the requester
 // refuses it). The old way learns the domain for the next dial.
-func (e *Endpoint) bindReverseLocked(c *Conn, leg *Leg) ([]byte, bool) {
+func (e *Endpoint) bindReverseLocked(c *Conn, leg *acceptedLeg) ([]byte, bool) {
 	u := e.uplinkForLocked(c.raddr)
 	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 || u.dom != e.addrDom[c.raddr] || !u.hasOpenLeg() {
 		return nil, false
@@ -899,7 +899,7 @@ func (e *Endpoint) abortDial(c *Conn, err error) error {
 // its count and the connection for ever (the kernel CM waited over 40 s on
 // rxe, facts.md): without the RTU within the handshake timeout, or with the
 // CM's word that the reply went unanswered, the link ends.
-func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn, leg *Leg) {
+func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn, leg *acceptedLeg) {
 	e.mu.Lock()
 	e.passive[id] = struct{}{}
 	e.mu.Unlock()
@@ -972,7 +972,7 @@ func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn, leg *Leg
 // unbindRecvLocked takes leg, released, off c if c still receives on it
 // (it was not up yet): a dial of ours waits for the leg's next request, an
 // inbound connection, which Accept has not seen, ends.
-func (e *Endpoint) unbindRecvLocked(c *Conn, leg *Leg) {
+func (e *Endpoint) unbindRecvLocked(c *Conn, leg *acceptedLeg) {
 	if c.recvLeg != leg || c.recvReleased {
 		return
 	}
@@ -1003,7 +1003,7 @@ func (e *Endpoint) senderGone(tgt, ini uint32) {
 // sender lives, so an end of the old physical link read before the MOVE (a
 // DREQ the CM sent, or one from a sender that disconnects before it moves)
 // no longer ends the leg.
-func (e *Endpoint) legMoved(l *Leg) {
+func (e *Endpoint) legMoved(l *acceptedLeg) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if c := e.recv[l.Tag]; c != nil && c.recvLeg == l {
@@ -1089,7 +1089,7 @@ func (e *Endpoint) deliver(wc *kernel.RecvCompletion) bool {
 	}
 	e.mu.Lock()
 	c := e.recv[wc.Imm]
-	var leg *Leg
+	var leg *acceptedLeg
 	if c != nil && c.recvTag != wc.Imm {
 		// A reverse leg we announced, not registered yet: its ACCEPT may
 		// still be on its way while the acceptor already sends. Kept
@@ -1133,7 +1133,7 @@ type earlyMsg struct {
 // its dialer's first frame comes (a keepalive it sends at once): the
 // dialer may yet abandon the attempt (see Dial), and then its first frame
 // is a FIN. Such a connection ends here, never seen by Accept.
-func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) bool {
+func (e *Endpoint) consumeLocked(c *Conn, leg *acceptedLeg, p []byte) bool {
 	if !c.awaitFirst {
 		return e.consumeFrameLocked(c, leg, p)
 	}
@@ -1149,7 +1149,7 @@ func (e *Endpoint) consumeLocked(c *Conn, leg *Leg, p []byte) bool {
 	return kept
 }
 
-func (e *Endpoint) consumeFrameLocked(c *Conn, leg *Leg, p []byte) bool {
+func (e *Endpoint) consumeFrameLocked(c *Conn, leg *acceptedLeg, p []byte) bool {
 	body := p[1:]
 	c.lastSeen = time.Now()
 	switch p[0] {

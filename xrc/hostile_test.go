@@ -171,7 +171,7 @@ func (w *world) rawPeer(ip string, port uint16) *rawPeer {
 		t.Fatal(err)
 	}
 	p := &rawPeer{k: k, srqn: srqn, inc: 0xBAD1, addr: netip.AddrPortFrom(k.LocalAddr(), port)}
-	acc := NewAcceptor(AcceptorConfig{Kernel: k, XRCD: d, DomainID: dom.ID, Incarnation: p.inc, SRQN: srqn})
+	acc := newAcceptor(acceptorConfig{Kernel: k, XRCD: d, DomainID: dom.ID, Incarnation: p.inc, SRQN: srqn})
 	for _, ex := range []kernel.Exchange{kernel.ExchangeXRC, kernel.ExchangeSIDR} {
 		l, err := k.Listen(p.addr, ex)
 		if err != nil {
