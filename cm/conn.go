@@ -307,8 +307,16 @@ func (c *Conn) LocalAddr() net.Addr { return c.laddr }
 func (c *Conn) RemoteAddr() net.Addr { return c.raddr }
 
 // MaxMessageSize is the largest payload Send accepts on this connection: the
-// smaller of this side's and the peer's limits.
+// smaller of this side's and the peer's limits. Size Recv buffers with
+// MaxRecvSize: over XRC the two sides' limits need not agree.
 func (c *Conn) MaxMessageSize() int { return c.maxSend }
+
+// MaxRecvSize is the largest message the peer may send on this connection,
+// so a Recv buffer of this size always fits. On RC it is this side's
+// WithMessageSize. Over XRC it is what the endpoint receives, which for
+// Dials sharing the process's dialer endpoint is the first Dial's size (see
+// Transports in the package doc), and may exceed this Dial's.
+func (c *Conn) MaxRecvSize() int { return c.maxRecv }
 
 // Send sends p as one message. It blocks while the peer has no free receive
 // buffer (flow control), honouring ctx.

@@ -31,7 +31,7 @@ func Example() {
 			return
 		}
 		defer c.Close()
-		buf := make([]byte, c.MaxMessageSize())
+		buf := make([]byte, c.MaxRecvSize())
 		n, _ := c.Recv(ctx, buf)
 		c.Send(ctx, buf[:n])
 	}()

@@ -515,3 +515,44 @@ func TestFabricDialerOpenBlocksNoOne(t *testing.T) {
 	defer xrcDialers.Unlock()
 	require.Nil(t, xrcDialers.m[site], "the last release closes the endpoint")
 }
+
+// Over XRC the two sides' limits need not agree: a Dial sharing a dialer
+// endpoint opened with a smaller message size sends more than its peer's
+// MaxMessageSize. A Recv buffer of MaxRecvSize takes it (there was no way to
+// learn that size: a buffer of MaxMessageSize failed with
+// ErrMessageTooLong).
+func TestFabricRecvBufferOfMaxRecvSizeFits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	f := memfabric.New()
+	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(dir, "s")))
+	require.NoError(t, err)
+	defer l.Close()
+	copts := []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(dir, "c"))}
+	first, err := Dial(ctx, "10.1.0.1:7000", append(copts, WithMessageSize(4096))...)
+	require.NoError(t, err)
+	defer first.Close()
+	s1, err := l.Accept(ctx)
+	require.NoError(t, err)
+	defer s1.Close()
+	c, err := Dial(ctx, "10.1.0.1:7000", copts...) // the default size
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := l.Accept(ctx)
+	require.NoError(t, err)
+	defer s.Close()
+	require.Equal(t, DefaultMessageSize, c.MaxMessageSize())
+	require.Equal(t, 4096, s.MaxMessageSize(), "what the client's shared endpoint receives")
+	require.Equal(t, 4096, c.MaxRecvSize())
+	require.Equal(t, DefaultMessageSize, s.MaxRecvSize())
+
+	require.NoError(t, c.Send(ctx, make([]byte, c.MaxMessageSize())))
+	n, err := s.Recv(ctx, make([]byte, s.MaxRecvSize()))
+	require.NoError(t, err)
+	require.Equal(t, c.MaxMessageSize(), n)
+	require.NoError(t, s.Send(ctx, make([]byte, s.MaxMessageSize())))
+	n, err = c.Recv(ctx, make([]byte, c.MaxRecvSize()))
+	require.NoError(t, err)
+	require.Equal(t, s.MaxMessageSize(), n)
+}

@@ -248,7 +248,7 @@ func rawExchange(ctx context.Context, c *cm.Conn, size int, text io.Writer) erro
 	if err := c.Send(ctx, make([]byte, size)); err != nil {
 		return err
 	}
-	buf := make([]byte, c.MaxMessageSize())
+	buf := make([]byte, c.MaxRecvSize())
 	n, err := c.Recv(ctx, buf)
 	if err != nil {
 		return err

@@ -128,7 +128,7 @@ func serve(ctx context.Context, c *cm.Conn, raw bool) result {
 	defer c.Close()
 	r := result{Remote: c.RemoteAddr().String(), Mode: "echo"}
 	start := time.Now()
-	buf := make([]byte, c.MaxMessageSize())
+	buf := make([]byte, c.MaxRecvSize())
 	var err error
 	var request int // the mode request's bytes: not counted
 	if raw {

@@ -786,6 +786,34 @@ func TestCMNetConnHalfClose(t *testing.T) {
 	conntest.HalfClose(t, client.NetConn(), server.NetConn(), 2000) // 16 KB each way
 }
 
+// TestCMMessageSizesDiffer: each side sends at most the smaller of the two
+// sizes and receives up to its own (MaxRecvSize), and a full message each
+// way arrives whole in a buffer of the receiver's MaxRecvSize.
+func TestCMMessageSizesDiffer(t *testing.T) {
+	l, addr := cmListen(t, cm.WithMessageSize(512))
+	ctx := cmCtx(t, 20*time.Second)
+	accepted := acceptOne(t, ctx, l)
+	client, err := cm.Dial(ctx, addr, cm.WithMessageSize(2048))
+	require.NoError(t, err)
+	defer client.Close()
+	server := <-accepted
+	require.NotNil(t, server)
+	defer server.Close()
+	require.Equal(t, 512, client.MaxMessageSize())
+	require.Equal(t, 512, server.MaxMessageSize())
+	require.Equal(t, 2048, client.MaxRecvSize())
+	require.Equal(t, 512, server.MaxRecvSize())
+	require.ErrorIs(t, client.Send(ctx, make([]byte, 513)), cm.ErrMessageTooLong)
+	for _, p := range [][2]*cm.Conn{{client, server}, {server, client}} {
+		msg := bytes.Repeat([]byte{'m'}, p[0].MaxMessageSize())
+		require.NoError(t, p[0].Send(ctx, msg))
+		buf := make([]byte, p[1].MaxRecvSize())
+		n, err := p[1].Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, msg, buf[:n])
+	}
+}
+
 func TestCMHTTPOverNetConn(t *testing.T) {
 	l, addr := cmListen(t, cm.WithMessageSize(16384))
 	ctx := cmCtx(t, 60*time.Second)
