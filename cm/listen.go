@@ -302,15 +302,19 @@ func (l *Listener) Close() error {
 		gone := l.id.DeviceRemoved()
 		err = l.id.Close()
 		l.wg.Wait()
+		// Each Close waits for its connection's time-wait (2 s on
+		// soft-RoCE): they wait together.
+		var closing sync.WaitGroup
 		for {
 			select {
 			case c := <-l.ready:
-				c.Close()
+				closing.Go(func() { c.Close() })
 				continue
 			default:
 			}
 			break
 		}
+		closing.Wait()
 		err = errors.Join(err, l.ch.release())
 		if l.dev != nil {
 			if gone {

@@ -20,9 +20,11 @@ var ErrClosed = net.ErrClosed
 // OpError describes a failed operation: which call, on which object (device,
 // address or QP), and why. Err is usually a syscall.Errno; errors.Is(err,
 // ErrNotSupported) holds for EOPNOTSUPP, ENOSYS and EPROTONOSUPPORT, and
-// errors.Is(err, os.ErrDeadlineExceeded) for timeouts, a context's deadline
-// included (as net.Conn reports them; errors.Is(err,
-// context.DeadlineExceeded) holds for those too). It implements net.Error.
+// errors.Is(err, os.ErrDeadlineExceeded) for a deadline that passed, a
+// context's included (as net.Conn reports them; errors.Is(err,
+// context.DeadlineExceeded) holds for those too). Timeout reports those and
+// the errors that say timed out themselves, such as ETIMEDOUT. It
+// implements net.Error.
 type OpError struct {
 	Op   string // the C call or library operation, e.g. "ibv_open_xrcd"
 	Addr string // device, address or object the operation worked on; may be empty
