@@ -642,7 +642,17 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	}
 	defer c.recvTurn.Give()
 	c.mu.Lock()
-	for c.ready.Len() == 0 {
+	for c.ready.Len() == 0 || c.closing {
+		if c.closing {
+			// Closed (by the application, or after a device loss): what
+			// is left is not read.
+			err := c.err
+			if err == nil {
+				err = ErrClosed
+			}
+			c.mu.Unlock()
+			return 0, 0, false, c.opErr("recv", err)
+		}
 		if c.peerFin {
 			c.mu.Unlock()
 			return 0, 0, false, io.EOF
@@ -1064,12 +1074,16 @@ func (c *Conn) peerVanishedLocked() bool {
 	return c.peerLeft == "" && errors.As(c.err, &ce) && ce.Status == verbs.WCRetryExcErr
 }
 
-// Close closes the connection gracefully: it tells the peer no more data
-// follows, waits (bounded by the handshake timeout) for posted messages to
-// complete, disconnects, waits for the CM's time-wait to end, and releases
-// every resource. A connection whose peer vanished (its retries ran out with
-// no disconnect from the CM) is released at once, with no one to wait for.
-// Close is idempotent and wakes every blocked call.
+// Close closes the connection gracefully: it wakes every blocked call (each
+// returns ErrClosed), tells the peer no more data follows (waiting, bounded
+// by the handshake timeout, for a receive buffer at the peer to take that),
+// waits (bounded as well) for posted messages to complete, disconnects,
+// waits for the CM's time-wait to end, and releases every resource. A
+// connection whose peer vanished (its retries ran out with no disconnect
+// from the CM) is released at once, with no one to wait for. Close is
+// idempotent. Recv after Close returns ErrClosed (or the error that broke
+// the connection before), also where messages or the peer's end of stream
+// were still to be read.
 func (c *Conn) Close() error {
 	if c == nil {
 		return nil
@@ -1086,6 +1100,9 @@ func (c *Conn) Close() error {
 	vanished := c.peerVanishedLocked()
 	c.mu.Unlock()
 	if first {
+		// Blocked calls see closing and return; the FIN and the drain
+		// below then have the connection to themselves.
+		c.t.interrupt()
 		if !broken && !c.raw && c.claimFin() {
 			c.sendFin(ctx)
 		}

@@ -918,3 +918,103 @@ func TestConnSecondCallerHonoursContext(t *testing.T) {
 		})
 	}
 }
+
+// Close wakes a blocked Recv at once, even where its FIN must wait for a
+// credit the peer (alive, not reading) does not return: the Recv slept on
+// until the FIN's wait ran out (the handshake timeout, 30 s by default).
+func TestConnCloseWakesRecvWhileFinWaits(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{depth: [2]int{2, 2}, msgSize: [2]int{64, 64}})
+	ctx := ctxT(t)
+	msg := make([]byte, 8)
+	credits := func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.credits
+	}
+	for credits() >= 2 { // a sends until data may not take the last credit
+		require.NoError(t, a.Send(ctx, msg))
+	}
+	for range 2 { // a reads b's messages: its credit return takes the last one
+		require.NoError(t, b.Send(ctx, msg))
+		_, err := a.Recv(ctx, make([]byte, 64))
+		require.NoError(t, err)
+	}
+	require.Zero(t, credits(), "setup: a holds no credit, so its FIN must wait")
+	recvErr := make(chan error, 1)
+	go func() {
+		_, err := a.Recv(context.Background(), make([]byte, 64))
+		recvErr <- err
+	}()
+	require.Eventually(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.polling
+	}, 5*time.Second, time.Millisecond, "the Recv never started waiting")
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	select {
+	case err := <-recvErr:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(a.timeout / 2):
+		t.Fatalf("Close did not wake the blocked Recv within %v", a.timeout/2)
+	}
+	// The peer reads: the FIN goes out, and Close finishes.
+	for {
+		_, err := b.Recv(ctx, make([]byte, 64))
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+	}
+	require.NoError(t, <-closed)
+}
+
+// Recv after Close returns ErrClosed, also where the peer's FIN was read:
+// it returned io.EOF again, and the net.Conn adapter the same.
+func TestConnRecvAfterClose(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	ctx := ctxT(t)
+	require.NoError(t, a.CloseWrite())
+	_, err := b.Recv(ctx, make([]byte, 64))
+	require.ErrorIs(t, err, io.EOF)
+	require.NoError(t, b.Close())
+	_, err = b.Recv(ctx, make([]byte, 64))
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = b.NetConn().Read(make([]byte, 64))
+	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// The net.Conn adapter's Read and Write fail with net.ErrClosed after its
+// Close, as a TCPConn's do, also with bytes of a message still buffered (a
+// Read returned them) and for empty buffers (both returned nil).
+func TestNetConnAfterClose(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	ctx := ctxT(t)
+	require.NoError(t, a.Send(ctx, []byte("0123456789")))
+	nb := b.NetConn()
+	buf := make([]byte, 4)
+	n, err := nb.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+	require.NoError(t, nb.Close())
+	n, err = nb.Read(buf)
+	require.ErrorIs(t, err, net.ErrClosed, "Read after Close returned %d bytes", n)
+	_, err = nb.Read(nil)
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = nb.Write(nil)
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = nb.Write([]byte("x"))
+	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// RegisterMemory on a closed connection registers nothing (it did, and the
+// Region held the device for a connection that was gone).
+func TestConnRegisterMemoryAfterClose(t *testing.T) {
+	a, _, _ := fakePair(t, fakeOpts{})
+	require.NoError(t, a.Close())
+	r, err := a.RegisterMemory(4096, true)
+	if r != nil {
+		r.Close()
+	}
+	require.ErrorIs(t, err, ErrClosed)
+}

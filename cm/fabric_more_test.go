@@ -2,7 +2,9 @@ package cm
 
 import (
 	"context"
+	"errors"
 	"io"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"sync"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/xrc"
@@ -555,4 +558,35 @@ func TestFabricRecvBufferOfMaxRecvSizeFits(t *testing.T) {
 	n, err = c.Recv(ctx, make([]byte, c.MaxRecvSize()))
 	require.NoError(t, err)
 	require.Equal(t, s.MaxMessageSize(), n)
+}
+
+// The net.Conn conformance suite over XRC connections on the in-memory
+// fabric (TestNetConnConformance runs it on RC's fake transport).
+func TestFabricNetConnConformance(t *testing.T) {
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		f := memfabric.New()
+		l, err := Listen(ctx, "10.9.0.1:0", WithFabric(f.Node("10.9.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		accepted := make(chan *Conn, 1)
+		go func() {
+			s, _ := l.Accept(ctx)
+			accepted <- s
+		}()
+		c, err := Dial(ctx, l.Addr().String(), WithFabric(f.Node("10.9.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")))
+		if err != nil {
+			l.Close()
+			return nil, nil, nil, err
+		}
+		s := <-accepted
+		if s == nil {
+			c.Close()
+			l.Close()
+			return nil, nil, nil, errors.New("accept failed")
+		}
+		return c.NetConn(), s.NetConn(), func() { c.Close(); s.Close(); l.Close() }, nil
+	})
 }

@@ -22,23 +22,24 @@ type fakeWire struct {
 }
 
 type fakeEnd struct {
-	w         *fakeWire
-	side      int
-	sendBufs  [][]byte
-	recvBufs  [][]byte
-	posted    []int // receive slots, in post order
-	cq        []completion
-	notify    chan struct{}
-	shut      bool
-	released  bool
-	corrupt   func(imm uint32) uint32 // tampers with the next frame header this end sends
-	pollErr   error                   // the next blocking poll fails with it, once
-	postFails bool
-	sends     int // sends posted
-	signaled  int // of them signaled (or failed), so completing
-	recvPosts int // postRecvs calls
-	spins     int // polls asked to busy-poll
-	blocks    int // polls asked to sleep until a completion
+	w           *fakeWire
+	side        int
+	sendBufs    [][]byte
+	recvBufs    [][]byte
+	posted      []int // receive slots, in post order
+	cq          []completion
+	notify      chan struct{}
+	shut        bool
+	released    bool
+	interrupted bool                    // interrupt's wake-up not yet taken by a poll
+	corrupt     func(imm uint32) uint32 // tampers with the next frame header this end sends
+	pollErr     error                   // the next blocking poll fails with it, once
+	postFails   bool
+	sends       int // sends posted
+	signaled    int // of them signaled (or failed), so completing
+	recvPosts   int // postRecvs calls
+	spins       int // polls asked to busy-poll
+	blocks      int // polls asked to sleep until a completion
 	// Send slots posted and not yet covered by a completion the Conn has
 	// polled, in post order: reusing one of them would overwrite a buffer
 	// the device may still read.
@@ -225,7 +226,8 @@ func (e *fakeEnd) poll(ctx context.Context, cs []completion, spin time.Duration,
 			// Like rdmaTransport.wait: a wake-up after shutdown with
 			// nothing to complete returns, so the caller rechecks.
 			e.w.mu.Lock()
-			idle := e.shut && len(e.cq) == 0
+			idle := (e.shut || e.interrupted) && len(e.cq) == 0
+			e.interrupted = false
 			e.w.mu.Unlock()
 			if idle {
 				return 0, nil
@@ -233,6 +235,15 @@ func (e *fakeEnd) poll(ctx context.Context, cs []completion, spin time.Duration,
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
+	}
+}
+
+func (e *fakeEnd) interrupt() {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	if !e.released {
+		e.interrupted = true
+		e.signal()
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,7 +21,8 @@ func (c *Conn) NetConn() net.Conn {
 }
 
 type streamConn struct {
-	c *Conn
+	c      *Conn
+	closed atomic.Bool // Read and Write fail from Close on, as a TCPConn's
 
 	rmu     sync.Mutex
 	buf     []byte
@@ -103,6 +105,9 @@ func timeoutErr(ctx context.Context, err error) error {
 func (s *streamConn) Read(p []byte) (int, error) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
+	if s.closed.Load() {
+		return 0, s.closedErr("read")
+	}
 	if s.readDL.expired() {
 		return 0, &OpError{Op: "read", Addr: s.c.raddr.String(), Err: os.ErrDeadlineExceeded}
 	}
@@ -131,6 +136,9 @@ func (s *streamConn) Read(p []byte) (int, error) {
 func (s *streamConn) Write(p []byte) (int, error) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
+	if s.closed.Load() {
+		return 0, s.closedErr("write")
+	}
 	written := 0
 	for written < len(p) {
 		chunk := min(len(p)-written, s.c.maxSend)
@@ -147,8 +155,14 @@ func (s *streamConn) Write(p []byte) (int, error) {
 	return written, nil
 }
 
-// Close closes the connection and stops the deadlines' timers.
+func (s *streamConn) closedErr(op string) error {
+	return &OpError{Op: op, Addr: s.c.raddr.String(), Err: net.ErrClosed}
+}
+
+// Close closes the connection and stops the deadlines' timers. What was
+// received and not yet read is dropped.
 func (s *streamConn) Close() error {
+	s.closed.Store(true)
 	err := s.c.Close()
 	s.readDL.set(time.Time{})
 	s.writeDL.set(time.Time{})

@@ -52,6 +52,7 @@ type rdmaTransport struct {
 	mu           sync.Mutex // guards the QP's life against shutdown
 	released     bool
 	shut         bool
+	interrupted  bool          // interrupt's wake-up not yet taken by a wait
 	events       chan struct{} // closed when the CM id's watcher ends
 	disconnected chan struct{}
 	onPeerGone   func(reason string)
@@ -534,10 +535,10 @@ func (t *rdmaTransport) wait(ctx context.Context, wcs []verbs.WorkCompletion) (i
 				return 0, ErrClosed
 			}
 			t.armed = false
-			if t.isShut() {
-				// The Conn failed or is closing (shutdown pokes us): the
-				// caller rechecks instead of waiting for a flush that
-				// may have nothing to complete.
+			if t.woken() {
+				// The Conn failed (shutdown pokes us) or is closing
+				// (interrupt): the caller rechecks instead of waiting
+				// for a flush or a completion that may never come.
 				return 0, nil
 			}
 		case <-ctx.Done():
@@ -561,10 +562,27 @@ func (t *rdmaTransport) shutdown() {
 	}
 }
 
-func (t *rdmaTransport) isShut() bool {
+func (t *rdmaTransport) interrupt() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.shut
+	if t.released || t.wake == nil {
+		return
+	}
+	t.interrupted = true
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// woken reports whether a wake-up came from shutdown or interrupt, taking
+// interrupt's.
+func (t *rdmaTransport) woken() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	woken := t.shut || t.interrupted
+	t.interrupted = false
+	return woken
 }
 
 // watch reads the CM id's events for the life of the connection: a

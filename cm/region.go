@@ -1,6 +1,7 @@
 package cm
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -98,7 +99,19 @@ func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
 	if size <= 0 || size > 1<<31 {
 		return nil, c.opErr("register memory", fmt.Errorf("size %d out of range", size))
 	}
+	c.mu.Lock()
+	err := c.err
+	if err == nil && c.closing {
+		err = ErrClosed
+	}
+	c.mu.Unlock()
+	if err != nil || !c.io() {
+		// A closed connection registers nothing: the Region would hold
+		// the device for a connection that is gone.
+		return nil, c.opErr("register memory", cmp.Or(err, ErrClosed))
+	}
 	m, err := c.t.regMem(size, remoteWrite)
+	c.ioDone()
 	if err != nil {
 		return nil, c.opErr("register memory", err)
 	}

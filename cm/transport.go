@@ -31,6 +31,10 @@ type transport interface {
 	// shutdown moves the QP to the error state: every posted request
 	// completes as flushed, which wakes a blocked poll.
 	shutdown()
+	// interrupt makes the poll blocked now (or else the next one) return
+	// with none, once, so that its caller looks at the connection again:
+	// Close wakes blocked calls with it and still sends its FIN.
+	interrupt()
 	// release disconnects, waits (bounded by ctx) for the CM to finish,
 	// unless the peer is known to have vanished (then nothing will), and
 	// frees every resource.
