@@ -135,6 +135,11 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	var t *rdmaTransport
 	defer func() {
 		if err != nil {
+			if id != nil && id.DeviceRemoved() && !errors.Is(err, ErrDeviceRemoved) {
+				// The device went while we waited: say so, as a
+				// connection's and a listener's errors do.
+				err = fail(fmt.Errorf("%w: %w", ErrDeviceRemoved, errors.Unwrap(err)))
+			}
 			if t != nil {
 				t.free()
 			} else if id != nil {
@@ -230,10 +235,10 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	}
 	if err := t.connect(); err != nil {
 		id.Reject(nil)
-		return nil, fail(err)
+		return nil, fail(rejectedMeanwhile(ctx, id, err))
 	}
 	if err := id.Establish(); err != nil {
-		return nil, fail(err)
+		return nil, fail(rejectedMeanwhile(ctx, id, err))
 	}
 	c.start(t)
 	cfg.logger.Debug("connected", "remote", raddr, "local", c.laddr, "device", t.dev.name)
@@ -241,6 +246,22 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 }
 
 var netipZero = Addr{}.AddrPort
+
+// rejectedMeanwhile explains a failure to finish the connection (the QP's
+// move to RTS, whose attributes come from the CM, or the RTU): the acceptor
+// may have destroyed its id after its REP (its listener closed, or its
+// handshake timed out), and its CM's reject ends ours. The reject's event
+// follows the failure closely; wait for it briefly.
+func rejectedMeanwhile(ctx context.Context, id *rdmacm.ID, err error) error {
+	ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	ev, werr := id.WaitEvent(ctx, rdmacm.EventEstablished)
+	var re *rdmacm.RejectError
+	if errors.As(werr, &re) || ev.Type == rdmacm.EventConnectError {
+		return werr
+	}
+	return err
+}
 
 // withDefaultTimeout bounds ctx by d unless it already has a deadline.
 func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {

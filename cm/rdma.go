@@ -54,6 +54,8 @@ type rdmaTransport struct {
 	shut         bool
 	interrupted  bool          // interrupt's wake-up not yet taken by a wait
 	events       chan struct{} // closed when the CM id's watcher ends
+	sawTimewait  bool          // the watcher ended on TIMEWAIT_EXIT (read after events closes)
+	noTimewait   bool          // the watcher ended where no TIMEWAIT_EXIT will come (likewise)
 	disconnected chan struct{}
 	onPeerGone   func(reason string)
 	// onDeviceRemoved: the device went away (the watcher ends after it).
@@ -590,23 +592,36 @@ func (t *rdmaTransport) woken() bool {
 func (t *rdmaTransport) watch() {
 	defer close(t.events)
 	disconnected := false
+	ended := func(reason string) {
+		if !disconnected {
+			disconnected = true
+			close(t.disconnected)
+			if t.onPeerGone != nil {
+				t.onPeerGone(reason)
+			}
+		}
+	}
 	for {
 		ev, err := t.id.Event(context.Background())
 		if err != nil {
-			return // the id was closed
+			return // the id was closed, or its channel failed
 		}
 		switch ev.Type {
 		case rdmacm.EventDisconnected:
 			if !disconnected {
-				disconnected = true
-				close(t.disconnected)
 				// Answer the peer's DREQ at once, or it waits for the
 				// DREP to time out before its time-wait can start.
 				t.id.Disconnect()
-				if t.onPeerGone != nil {
-					t.onPeerGone("peer disconnected")
-				}
 			}
+			ended("peer disconnected")
+		case rdmacm.EventRejected, rdmacm.EventUnreachable, rdmacm.EventConnectError:
+			// The peer destroyed its id before our RTU reached it (its
+			// listener closed, or its handshake timed out): its CM
+			// rejects, ours enters time-wait, and rdma_cm reports no
+			// TIMEWAIT_EXIT for an id it never saw disconnect.
+			t.noTimewait = true
+			ended("peer abandoned the connection during its handshake (" + ev.Type.String() + ")")
+			return
 		case rdmacm.EventDeviceRemoval:
 			// The kernel has destroyed its side of the id: no
 			// time-wait follows.
@@ -615,6 +630,7 @@ func (t *rdmaTransport) watch() {
 			}
 			return
 		case rdmacm.EventTimewaitExit:
+			t.sawTimewait = true
 			return
 		}
 	}
@@ -635,7 +651,11 @@ func (t *rdmaTransport) release(ctx context.Context, vanished bool) error {
 	if !vanished {
 		select {
 		case <-t.events:
-			t.timewaitDone = true
+			// Only after TIMEWAIT_EXIT may the QP number be used again.
+			t.timewaitDone = t.sawTimewait
+			if t.noTimewait {
+				err = nil // the peer's reject ended it: nothing to disconnect
+			}
 		case <-ctx.Done():
 			err = errors.Join(err, fmt.Errorf("waiting for the CM to leave time-wait: %w", ctx.Err()))
 		}

@@ -285,6 +285,71 @@ func TestCMHandshakeNeverCompleted(t *testing.T) {
 	waitObjects(t, base, 10*time.Second)
 }
 
+// TestCMAcceptorGoneBeforeRTU: an acceptor that destroys its id right after
+// its REP (a listener closed, or one whose handshake timed out, before our
+// RTU arrived) makes its CM reject us. Whichever side of our RTU the reject
+// lands on, the Dial fails with the reject, or the Conn it returned fails
+// at once and closes without waiting out the handshake timeout. (The
+// reject that crossed our RTU was ignored: the Conn looked healthy, a Recv
+// on it waited for ever, and its Close for the handshake timeout.)
+func TestCMAcceptorGoneBeforeRTU(t *testing.T) {
+	dev, addr := softroce.Device(t)
+	ch := rdmacmChannel(t)
+	l := rdmacmListen(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(addr, 0))
+	base := baseline(t, dev) // the listener's id and channel close at the end
+	ctx := cmCtx(t, 60*time.Second)
+	// The acceptor waits a little longer each round, so that its reject
+	// lands before our QP reaches RTS, between that and our RTU, or (its
+	// CM saw the RTU) becomes a plain disconnect.
+	const rounds = 12
+	delay := func(i int) time.Duration { return time.Duration(i) * 200 * time.Microsecond }
+	served := make(chan error, 1)
+	go func() {
+		for i := range rounds {
+			ev, err := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
+			if err != nil {
+				served <- err
+				return
+			}
+			err = ev.ID.Accept(rdmacm.ConnParam{QPNum: rdmacmNextQPN(), PrivateData: goxrcHello(8, 4096),
+				ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7})
+			time.Sleep(delay(i))
+			if cerr := ev.ID.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				served <- err
+				return
+			}
+		}
+		served <- nil
+	}()
+	var closing sync.WaitGroup // each Close waits out a time-wait (2 s) where there is one
+	for i := range rounds {
+		c, err := cm.Dial(ctx, l.LocalAddr().String(), cm.WithHandshakeTimeout(20*time.Second))
+		if err != nil {
+			var re *rdmacm.RejectError
+			require.ErrorAs(t, err, &re, "round %d: the Dial's error should be the reject", i)
+			t.Logf("round %d (acceptor gone after %v): Dial failed: %v", i, delay(i), err)
+			continue
+		}
+		_, err = c.Recv(cmCtx(t, 5*time.Second), make([]byte, 64))
+		require.ErrorIs(t, err, cm.ErrPeerGone, "round %d: Recv on a connection the acceptor abandoned", i)
+		closing.Go(func() {
+			start := time.Now()
+			cerr := c.Close()
+			took := time.Since(start)
+			t.Logf("round %d (acceptor gone after %v): connected, then %v; Close took %v", i, delay(i), err, took.Round(time.Millisecond))
+			if cerr != nil || took > 10*time.Second {
+				t.Errorf("round %d: Close took %v (the handshake timeout is 20s): %v", i, took, cerr)
+			}
+		})
+	}
+	closing.Wait()
+	require.NoError(t, <-served)
+	waitObjects(t, base, 10*time.Second)
+}
+
 // TestCMHelloCannotChooseOurMemory: a dialer's hello claiming the largest
 // queue depth (4000) and 1 MiB messages must not make the listener register
 // 4001 send buffers of its own message size (262 MB at the default 64 KiB),
