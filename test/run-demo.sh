@@ -30,7 +30,16 @@ cat > "$OUT/demo.sh" <<GUEST
 set -u
 S=$OUT/server C=$OUT/client P=$DEMO_PORT
 fail=0
-step() { echo; echo "--- \$*"; "\$@" || { echo "(exit status \$?)"; fail=1; }; }
+step() { echo; echo "--- \$*"; "\$@" && return 0; echo "(exit status \$?)"; fail=1; return 1; }
+# once SPID STEP...: the client STEP against a server that serves one connection (SPID, started
+# under timeout, so it ends even if no client ever reaches it); a failed STEP stops the server at
+# once, so that the demo goes on to its next section instead of waiting out the timeout
+once() {
+  local spid=\$1; shift
+  listening \$spid || { echo "server did not start"; fail=1; }
+  step "\$@" || kill \$spid 2>/dev/null
+  wait \$spid || fail=1
+}
 listening() { # wait until an RDMA CM id listens (or the server died), at most ~30 s
   for ((i = 0; i < 150; i++)); do
     rdma res show cm_id 2>/dev/null | grep -q LISTEN && return 0
@@ -67,27 +76,18 @@ kill -INT \$spid; wait \$spid
 echo; echo "--- XRC: several server processes sharing one domain, clients reaching them over one uplink per node (in-memory fabric)"
 step \$C -mode xrc -fabric -nodes 2 -procs 4 -clients 4
 echo; echo "--- XRC preferred on soft-RoCE: it has no XRC, so both sides say why they use RC"
-\$S -addr \$RXE_IP:\$((P + 3)) -xrc -count 1 > "\$RXE_VM_OUT/xrc-server.log" 2>&1 &
-spid=\$!
-listening \$spid
-step \$C -mode xrc -addr \$RXE_IP:\$((P + 3))
-wait \$spid || fail=1
+timeout 60 \$S -addr \$RXE_IP:\$((P + 3)) -xrc -count 1 > "\$RXE_VM_OUT/xrc-server.log" 2>&1 &
+once \$! \$C -mode xrc -addr \$RXE_IP:\$((P + 3))
 cat "\$RXE_VM_OUT/xrc-server.log"
 
 echo; echo "--- interop: rdma-core's rdma_client against the goxrc server in raw mode"
-\$S -addr \$RXE_IP:\$((P + 1)) -raw -count 1 > "\$RXE_VM_OUT/raw-server.log" 2>&1 &
-spid=\$!
-listening \$spid
-step timeout 30 rdma_client -s \$RXE_IP -p \$((P + 1))
-wait \$spid || fail=1
+timeout 60 \$S -addr \$RXE_IP:\$((P + 1)) -raw -count 1 > "\$RXE_VM_OUT/raw-server.log" 2>&1 &
+once \$! timeout 30 rdma_client -s \$RXE_IP -p \$((P + 1))
 cat "\$RXE_VM_OUT/raw-server.log"
 
 echo; echo "--- interop: the goxrc client in raw mode against rdma-core's rdma_server"
 timeout 30 rdma_server -p \$((P + 2)) > "\$RXE_VM_OUT/rdma_server.log" 2>&1 &
-spid=\$!
-listening \$spid
-step \$C -addr \$RXE_IP:\$((P + 2)) -raw -size 16
-wait \$spid || fail=1
+once \$! \$C -addr \$RXE_IP:\$((P + 2)) -raw -size 16
 cat "\$RXE_VM_OUT/rdma_server.log"
 exit \$fail
 GUEST
