@@ -13,8 +13,9 @@
 //     without it, connections to the -addr servers (comma-separated) with
 //     XRC preferred, which on a device without XRC logs why RC is used.
 //
-// With -raw it sends one plain librdmacm message and waits for one reply,
-// which is what rdma-core's rdma_server example answers.
+// With -raw it sends one plain librdmacm message, of 16 bytes unless -size
+// is given, and waits for one reply: what rdma-core's rdma_server example
+// takes (one 16-byte receive) and answers (a buffer of its own, not an echo).
 //
 //	client -addr 10.77.0.1:7471 -mode latency -size 64 -count 10000
 //	client -addr 10.77.0.1:7471 -mode bandwidth -size 65536 -count 2000 -json
@@ -59,27 +60,9 @@ type options struct {
 }
 
 func main() {
-	var o options
-	flag.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port")
-	flag.StringVar(&o.mode, "mode", "echo", "echo, latency, bandwidth, connect or xrc")
-	flag.IntVar(&o.size, "size", 64, "message size, bytes")
-	flag.IntVar(&o.count, "count", 1000, "messages (echo, latency, bandwidth)")
-	flag.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run")
-	flag.IntVar(&o.conns, "conns", 100, "connections (connect mode)")
-	flag.IntVar(&o.depth, "depth", 64, "queue depth")
-	flag.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message, read its echo; connect mode: dial a plain librdmacm server such as cmtime -b")
-	flag.StringVar(&o.local, "local", "", "dial from this IP, an address of an RDMA device's netdev (default: the route's)")
-	flag.BoolVar(&o.json, "json", false, "print the result as JSON")
-	flag.BoolVar(&o.fabric, "fabric", false, "xrc mode: run servers and clients on an in-memory XRC fabric in this program")
-	flag.IntVar(&o.nodes, "nodes", 2, "xrc mode with -fabric: server nodes")
-	flag.IntVar(&o.procs, "procs", 4, "xrc mode with -fabric: server processes per node")
-	flag.IntVar(&o.clients, "clients", 4, "xrc mode with -fabric: client processes")
-	flag.DurationVar(&o.progress, "progress", 2*time.Second, "interval of the progress line on stderr (0: none)")
-	flag.DurationVar(&o.busyPoll, "busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
-	flag.Parse()
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	o, cpuProfile, _ := parseFlags(flag.CommandLine, os.Args[1:]) // CommandLine exits on an error
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
 		if err == nil {
 			err = pprof.StartCPUProfile(f)
 		}
@@ -108,6 +91,45 @@ func main() {
 	if !o.json {
 		fmt.Println(res.summary())
 	}
+}
+
+// rawSize is the message size of a -raw exchange when -size is not given:
+// rdma-core's rdma_server (and rdma_client) post one 16-byte receive, so a
+// longer message fails at the server.
+const rawSize = 16
+
+// parseFlags parses the command line args (without the program name) into
+// options and the -cpuprofile path.
+func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
+	var o options
+	fs.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port")
+	fs.StringVar(&o.mode, "mode", "echo", "echo, latency, bandwidth, connect or xrc")
+	fs.IntVar(&o.size, "size", 64, "message size, bytes (with -raw the default is 16, the one receive rdma-core's rdma_server posts)")
+	fs.IntVar(&o.count, "count", 1000, "messages (echo, latency, bandwidth)")
+	fs.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run")
+	fs.IntVar(&o.conns, "conns", 100, "connections (connect mode)")
+	fs.IntVar(&o.depth, "depth", 64, "queue depth")
+	fs.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message of -size bytes and wait for one reply (rdma-core's rdma_server answers with a buffer of its own, not an echo); connect mode: dial a plain librdmacm server such as cmtime -b")
+	fs.StringVar(&o.local, "local", "", "dial from this IP, an address of an RDMA device's netdev (default: the route's)")
+	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
+	fs.BoolVar(&o.fabric, "fabric", false, "xrc mode: run servers and clients on an in-memory XRC fabric in this program")
+	fs.IntVar(&o.nodes, "nodes", 2, "xrc mode with -fabric: server nodes")
+	fs.IntVar(&o.procs, "procs", 4, "xrc mode with -fabric: server processes per node")
+	fs.IntVar(&o.clients, "clients", 4, "xrc mode with -fabric: client processes")
+	fs.DurationVar(&o.progress, "progress", 2*time.Second, "interval of the progress line on stderr (0: none)")
+	fs.DurationVar(&o.busyPoll, "busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	if err := fs.Parse(args); err != nil {
+		return o, "", err
+	}
+	if o.raw {
+		sizeSet := false
+		fs.Visit(func(f *flag.Flag) { sizeSet = sizeSet || f.Name == "size" })
+		if !sizeSet {
+			o.size = rawSize
+		}
+	}
+	return o, *cpuProfile, nil
 }
 
 // check refuses flags that cannot make a run, before anything is dialed.

@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"flag"
+	"io"
 	"testing"
 	"time"
+
+	"github.com/goxrc/goxrc/cm"
 )
 
 func TestOptionsCheck(t *testing.T) {
@@ -42,5 +46,54 @@ func TestXRCDemoOnFabric(t *testing.T) {
 	}
 	if r.Count != 2*3*2 || r.Seconds <= 0 || r.Addr != "" {
 		t.Fatalf("result %+v, want 12 connections, a time, no address", r)
+	}
+}
+
+// -raw without -size sends 16 bytes, the one receive rdma-core's rdma_server
+// posts (the general default, 64, fails there); a -size given wins, and
+// without -raw the default stays 64.
+func TestRawDefaultSize(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		size int
+	}{
+		{[]string{"-raw"}, 16},
+		{[]string{"-raw", "-addr", "10.0.0.1:1"}, 16},
+		{[]string{"-raw", "-size", "64"}, 64},
+		{[]string{"-size", "64", "-raw"}, 64},
+		{[]string{"-raw", "-size", "16"}, 16},
+		{[]string{"-raw", "-mode", "connect"}, 16},
+		{nil, 64},
+		{[]string{"-size", "100"}, 100},
+	} {
+		o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), tc.args)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		if o.size != tc.size {
+			t.Errorf("%q: size %d, want %d", tc.args, o.size, tc.size)
+		}
+	}
+}
+
+// parseFlags fills every default that main used to set on the global flag
+// set, so that the options it returns pass check.
+func TestParseFlagsDefaults(t *testing.T) {
+	o, prof, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := options{addr: "10.77.0.1:7471", mode: "echo", size: 64, count: 1000, warmup: 100, conns: 100,
+		depth: 64, nodes: 2, procs: 4, clients: 4, progress: 2 * time.Second, busyPoll: cm.DefaultBusyPoll}
+	if o != want || prof != "" {
+		t.Fatalf("defaults %+v, %q; want %+v, no profile", o, prof, want)
+	}
+	if err := o.check(); err != nil {
+		t.Fatal(err)
+	}
+	fs := flag.NewFlagSet("client", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if _, _, err := parseFlags(fs, []string{"-bogus"}); err == nil {
+		t.Fatal("unknown flag accepted")
 	}
 }
