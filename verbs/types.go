@@ -332,7 +332,10 @@ const (
 	LinkLayerEthernet    LinkLayer = 2
 )
 
-// DeviceCap are device capability flags (ibv_device_attr.device_cap_flags).
+// DeviceCap are device capability flags (ibv_device_attr.device_cap_flags):
+// each constant is the ibv_device_cap_flags bit of the same name in
+// <infiniband/verbs.h> (DeviceXRC is IBV_DEVICE_XRC, DeviceNNotifyCQ
+// IBV_DEVICE_N_NOTIFY_CQ).
 type DeviceCap uint64
 
 const (
@@ -350,7 +353,7 @@ const (
 	DeviceSysImageGUID        DeviceCap = 1 << 11
 	DeviceRCRNRNAKGen         DeviceCap = 1 << 12
 	DeviceSRQResize           DeviceCap = 1 << 13
-	DeviceNMaxRdAtomic        DeviceCap = 1 << 14 // placeholder bit names follow ibv_device_cap_flags
+	DeviceNNotifyCQ           DeviceCap = 1 << 14
 	DeviceMemWindow           DeviceCap = 1 << 17
 	DeviceUDIPCsum            DeviceCap = 1 << 18
 	DeviceXRC                 DeviceCap = 1 << 20 // IBV_DEVICE_XRC: XRC domains, SRQs and QPs
