@@ -13,9 +13,13 @@
 // loops packets to its own address back internally, and RDMA CM cannot
 // resolve routes on an rxe device bound to lo.
 //
-// Tests get the device with [Device]. It skips the test when the machine has
-// no RDMA at all (the plain host `go test ./...` case) and fails it when the
-// environment promises a device (RXE_DEV is set) that is not there:
+// Tests get the device with [Device]. Without RXE_DEV it skips the test when
+// the machine has no RDMA device (/sys/class/infiniband missing or empty: the
+// plain host `go test ./...` case) and when it has RDMA devices but none with
+// an IPv4 address, which the tests need; it fails the test when
+// /sys/class/infiniband lists devices that the kernel's RDMA links (netlink)
+// do not show. With RXE_DEV set, the environment promises a device: it fails
+// the test when that device, or its address, is not there:
 //
 //	func TestConnect(t *testing.T) {
 //		dev, addr := softroce.Device(t)

@@ -137,16 +137,20 @@ func pickIPv4(addrs []netip.Addr) (netip.Addr, bool) {
 // probe is what Device needs from the system; tests replace it.
 type probe struct {
 	getenv     func(string) string
-	sysfs      func() bool // does /sys/class/infiniband exist?
+	sysfs      func() ([]string, error) // the entries of /sys/class/infiniband: the RDMA devices
 	links      func() ([]Link, error)
 	addressFor func(string) (netip.Addr, error)
 }
 
 var systemProbe = probe{
 	getenv: os.Getenv,
-	sysfs: func() bool {
-		_, err := os.Stat(SysfsRoot)
-		return err == nil
+	sysfs: func() ([]string, error) {
+		ents, err := os.ReadDir(SysfsRoot)
+		names := make([]string, len(ents))
+		for i, e := range ents {
+			names[i] = e.Name()
+		}
+		return names, err
 	},
 	links:      Links,
 	addressFor: AddressFor,
@@ -157,12 +161,23 @@ var systemProbe = probe{
 func (p probe) resolve() (dev string, addr netip.Addr, skip string, err error) {
 	dev = p.getenv(EnvDev)
 	if dev == "" {
-		if !p.sysfs() {
+		// No device promised: skip where there is none, or none the tests can
+		// use (they speak IPv4); fail where devices are there but cannot be seen.
+		devs, serr := p.sysfs()
+		switch {
+		case errors.Is(serr, fs.ErrNotExist):
 			return "", netip.Addr{}, "no RDMA device: " + SysfsRoot + " missing; run through test/vm/rxe-vm.sh", nil
+		case serr != nil:
+			return "", netip.Addr{}, "", fmt.Errorf("cannot read %s: %w", SysfsRoot, serr)
+		case len(devs) == 0:
+			return "", netip.Addr{}, "no RDMA device: " + SysfsRoot + " is empty; run through test/vm/rxe-vm.sh", nil
 		}
 		links, lerr := p.links()
 		if lerr != nil {
-			return "", netip.Addr{}, fmt.Sprintf("no RDMA device: cannot list RDMA links (%v); run through test/vm/rxe-vm.sh", lerr), nil
+			return "", netip.Addr{}, "", fmt.Errorf("RDMA devices %q in %s, but RDMA links cannot be listed: %w", devs, SysfsRoot, lerr)
+		}
+		if len(links) == 0 {
+			return "", netip.Addr{}, "", fmt.Errorf("RDMA devices %q in %s, but the kernel lists no RDMA link", devs, SysfsRoot)
 		}
 		var why []string
 		for _, l := range links {
@@ -172,10 +187,7 @@ func (p probe) resolve() (dev string, addr netip.Addr, skip string, err error) {
 			}
 			why = append(why, aerr.Error())
 		}
-		if len(links) == 0 {
-			return "", netip.Addr{}, "no RDMA device: " + SysfsRoot + " is empty; run through test/vm/rxe-vm.sh", nil
-		}
-		return "", netip.Addr{}, "no RDMA device with an IPv4 address (" + strings.Join(why, "; ") + "); run through test/vm/rxe-vm.sh", nil
+		return "", netip.Addr{}, "RDMA devices, but none with an IPv4 address (" + strings.Join(why, "; ") + "); set " + EnvDev + " and " + EnvIP + ", or run through test/vm/rxe-vm.sh", nil
 	}
 
 	// RXE_DEV is set: the environment promises a device, so anything missing is a failure.
@@ -208,8 +220,14 @@ func (p probe) resolve() (dev string, addr netip.Addr, skip string, err error) {
 // RXE_DEV and RXE_IP from the environment, or else the first RDMA device
 // whose netdev has an IPv4 address.
 //
-// It skips the test when the machine has no RDMA device at all, and fails it
-// when RXE_DEV is set but that device (or its address) is missing.
+// Without RXE_DEV it skips the test when the machine has no RDMA device
+// (/sys/class/infiniband missing or empty), and when it has RDMA devices but
+// none with an IPv4 address (the tests speak IPv4); it fails the test when
+// /sys/class/infiniband lists devices but the kernel's RDMA links cannot be
+// listed (or it lists none), and when /sys/class/infiniband cannot be read.
+// With RXE_DEV set, the environment promises a device and anything missing
+// fails the test: RDMA links that cannot be listed, no device of that name,
+// an RXE_IP that is not an address, no address for the device.
 func Device(tb testing.TB) (dev string, addr netip.Addr) {
 	tb.Helper()
 	dev, addr, skip, err := systemProbe.resolve()

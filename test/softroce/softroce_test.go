@@ -2,6 +2,7 @@ package softroce
 
 import (
 	"errors"
+	"io/fs"
 	"net/netip"
 	"os"
 	"strings"
@@ -74,10 +75,12 @@ func TestResolve(t *testing.T) {
 		}
 		return netip.Addr{}, errors.New(dev + ": netdev eth0 has no IPv4 address")
 	}
+	devs := []string{"rxe0"}
 	cases := []struct {
 		name     string
 		env      map[string]string
-		sysfs    bool
+		sysfs    []string // entries of /sys/class/infiniband
+		sysfsErr error
 		links    []Link
 		linksErr error
 		wantDev  string
@@ -85,15 +88,20 @@ func TestResolve(t *testing.T) {
 		wantSkip string // substring
 		wantErr  string // substring
 	}{
-		{name: "no sysfs", sysfs: false, wantSkip: "/sys/class/infiniband missing"},
-		{name: "empty sysfs", sysfs: true, wantSkip: "is empty"},
-		{name: "netlink unavailable", sysfs: true, linksErr: errors.New("protocol not supported"), wantSkip: "cannot list"},
-		{name: "discover", sysfs: true, links: rxe0, wantDev: "rxe0", wantIP: "10.77.0.1"},
-		{name: "discover no addr", sysfs: true, links: []Link{{Name: "mlx5_0"}}, wantSkip: "no IPv4 address"},
+		{name: "no sysfs", sysfsErr: fs.ErrNotExist, wantSkip: "no RDMA device: /sys/class/infiniband missing"},
+		{name: "no sysfs, netlink unavailable", sysfsErr: fs.ErrNotExist, linksErr: errors.New("protocol not supported"), wantSkip: "missing"},
+		{name: "sysfs unreadable", sysfsErr: fs.ErrPermission, wantErr: "cannot read /sys/class/infiniband"},
+		{name: "empty sysfs", sysfs: []string{}, wantSkip: "no RDMA device: /sys/class/infiniband is empty"},
+		{name: "empty sysfs, netlink unavailable", linksErr: errors.New("protocol not supported"), wantSkip: "is empty"},
+		{name: "devices, netlink unavailable", sysfs: devs, linksErr: errors.New("protocol not supported"), wantErr: "RDMA links cannot be listed: protocol not supported"},
+		{name: "devices, no links", sysfs: devs, wantErr: "lists no RDMA link"},
+		{name: "discover", sysfs: devs, links: rxe0, wantDev: "rxe0", wantIP: "10.77.0.1"},
+		{name: "discover second", sysfs: []string{"mlx5_0", "rxe0"}, links: []Link{{Name: "mlx5_0"}, rxe0[0]}, wantDev: "rxe0", wantIP: "10.77.0.1"},
+		{name: "discover no addr", sysfs: []string{"mlx5_0"}, links: []Link{{Name: "mlx5_0"}}, wantSkip: "RDMA devices, but none with an IPv4 address (mlx5_0: netdev eth0 has no IPv4 address)"},
 		{name: "env", env: map[string]string{EnvDev: "rxe0", EnvIP: "10.77.0.9"}, links: rxe0, wantDev: "rxe0", wantIP: "10.77.0.9"},
 		{name: "env without ip", env: map[string]string{EnvDev: "rxe0"}, links: rxe0, wantDev: "rxe0", wantIP: "10.77.0.1"},
-		{name: "env device missing", env: map[string]string{EnvDev: "rxe7"}, sysfs: true, links: rxe0, wantErr: "no such RDMA device"},
-		{name: "env no rdma at all", env: map[string]string{EnvDev: "rxe0"}, linksErr: errors.New("protocol not supported"), wantErr: "cannot be listed"},
+		{name: "env device missing", env: map[string]string{EnvDev: "rxe7"}, sysfs: devs, links: rxe0, wantErr: "no such RDMA device"},
+		{name: "env no rdma at all", env: map[string]string{EnvDev: "rxe0"}, sysfsErr: fs.ErrNotExist, linksErr: errors.New("protocol not supported"), wantErr: "cannot be listed"},
 		{name: "env bad ip", env: map[string]string{EnvDev: "rxe0", EnvIP: "10.77.0"}, links: rxe0, wantErr: "RXE_IP"},
 		{name: "env no addr", env: map[string]string{EnvDev: "mlx5_0"}, links: []Link{{Name: "mlx5_0"}}, wantErr: "no address found"},
 	}
@@ -101,7 +109,7 @@ func TestResolve(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			p := probe{
 				getenv:     func(k string) string { return c.env[k] },
-				sysfs:      func() bool { return c.sysfs },
+				sysfs:      func() ([]string, error) { return c.sysfs, c.sysfsErr },
 				links:      func() ([]Link, error) { return c.links, c.linksErr },
 				addressFor: addr,
 			}
