@@ -9,6 +9,10 @@ PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils
           libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc
           gcc libc6-dev pkg-config ca-certificates curl unzip xz-utils)
 export DEBIAN_FRONTEND=noninteractive
+# The VM scripts' cache and run dirs (test/vm/rxe-vm.sh's -w); the scripts here keep their logs
+# and run dirs under it too. Absolute, and exported so that test/vm/*.sh resolve it the same.
+VM_WORK=$(realpath -m "${GOXRC_VM_WORK:-/var/cache/goxrc-vm}")
+export GOXRC_VM_WORK=$VM_WORK
 export GOFLAGS=${GOFLAGS:--buildvcs=false}
 
 say() { printf '==> %s\n' "$*"; }
@@ -51,6 +55,26 @@ version_ge() { [[ $(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1) == "$2" ]];
 
 go_version() { "$1" env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9.]*\).*/\1/p'; }
 
+# goproxy_url: where to fetch the Go toolchain module: the first proxy URL in GOPROXY (the
+# environment's, or else `go env GOPROXY` of an installed go), skipping direct and off;
+# https://proxy.golang.org when there is none.
+goproxy_url() {
+  local list=${GOPROXY:-} g p ps
+  if [[ -z $list ]]; then
+    for g in "$(command -v go || true)" /usr/local/go/bin/go /usr/lib/go/bin/go; do
+      [[ -x $g ]] || continue
+      list=$(GOTOOLCHAIN=local "$g" env GOPROXY 2>/dev/null || true)
+      [[ -z $list ]] || break
+    done
+  fi
+  IFS=',|' read -ra ps <<< "$list"
+  for p in ${ps[@]+"${ps[@]}"}; do
+    case $p in ''|direct|off) continue;; esac
+    echo "${p%/}"; return
+  done
+  echo https://proxy.golang.org
+}
+
 # ensure_go: put a go >= GO_MIN first in PATH (exported, so test/vm/rxe-vm.sh finds it too).
 ensure_go() {
   local g v cand
@@ -76,13 +100,14 @@ ensure_go() {
   # Fetch the official toolchain module (what GOTOOLCHAIN=go1.26.8 would fetch) from the proxy.
   local arch dir=/usr/local/lib/goxrc-go zip
   case $(uname -m) in x86_64) arch=amd64;; aarch64) arch=arm64;; *) die "unsupported CPU $(uname -m)";; esac
-  local mod=golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-$arch
+  local mod=golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-$arch proxy
   g=$dir/$mod/bin/go
   if [[ ! -x $g ]]; then
+    proxy=$(goproxy_url)
     say "Debian's golang-go is ${cand:-missing}, older than go$GO_MIN which this module needs:" \
-        "fetching $GO_TOOLCHAIN from the Go module proxy ($mod)"
+        "fetching $GO_TOOLCHAIN from the Go module proxy $proxy ($mod)"
     zip=$(mktemp /tmp/goxrc-go.XXXXXX.zip)
-    curl -fsSL --retry 3 -o "$zip" "${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-$arch.zip" ||
+    curl -fsSL --retry 3 -o "$zip" "$proxy/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-$arch.zip" ||
       { rm -f "$zip"; die "cannot download $mod; install go >= $GO_MIN yourself (https://go.dev/dl) and put it in PATH"; }
     # Unpacked beside, made executable, then moved into place: an interrupted install
     # never leaves a bin/go that runs with tools that do not.

@@ -19,7 +19,7 @@ install_packages
 ensure_go
 prepare_vm
 
-OUT=$(mkdir -p /var/cache/goxrc-vm/demo && mktemp -d "/var/cache/goxrc-vm/demo/$(date +%Y%m%d-%H%M%S)-XXXX")
+OUT=$(mkdir -p "$VM_WORK/demo" && mktemp -d "$VM_WORK/demo/$(date +%Y%m%d-%H%M%S)-XXXX")
 say "building examples/server and examples/client"
 go build -o "$OUT/server" ./examples/server
 go build -o "$OUT/client" ./examples/client

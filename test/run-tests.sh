@@ -25,9 +25,9 @@ source "$(dirname "$0")/lib.sh"
 need_root "$@"
 cd "$REPO"
 START=$SECONDS
-LOGS=$(mkdir -p /var/cache/goxrc-vm/test-logs && mktemp -d "/var/cache/goxrc-vm/test-logs/$(date +%Y%m%d-%H%M%S)-XXXX")
+LOGS=$(mkdir -p "$VM_WORK/test-logs" && mktemp -d "$VM_WORK/test-logs/$(date +%Y%m%d-%H%M%S)-XXXX")
 # Keep the last 10 runs' logs; each holds its test binaries (about 64 MB).
-ls -d /var/cache/goxrc-vm/test-logs/*/ 2>/dev/null | sort | head -n -10 | xargs -r rm -rf
+ls -d "$VM_WORK"/test-logs/*/ 2>/dev/null | sort | head -n -10 | xargs -r rm -rf
 # Stopped early (CI's limit, ^C), leave no guest running: qemu runs in its own process group.
 kill_guests() { # a qemu whose pid file is left (only qemu's own: pids are reused)
   local q pid

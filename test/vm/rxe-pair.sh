@@ -6,8 +6,9 @@
 # NIC (RXE_DEV RXE_IP RXE_PEER_IP as there).
 #
 # Usage: test/vm/rxe-pair.sh [-o DIR] [-t SEC] [-q] --a 'SCRIPT for A' --b 'SCRIPT for B'
-#   -o DIR   pair dir (default /var/cache/goxrc-vm/pairs/<time>-XXXX): a/ and b/ (each guest's
-#            run dir), sync/ (shared read-write by both guests: RXE_PAIR_SYNC), wire.sock
+#   -o DIR   pair dir (default WORK/pairs/<time>-XXXX, WORK as in rxe-vm.sh: GOXRC_VM_WORK,
+#            default /var/cache/goxrc-vm): a/ and b/ (each guest's run dir), sync/ (shared
+#            read-write by both guests: RXE_PAIR_SYNC), wire.sock
 #   -t SEC   limit for each guest (default 300)
 #   -q       print each guest's output at the end (prefixed [A] / [B]) instead of live
 # The guests coordinate through marker files in $RXE_PAIR_SYNC. One marker is the host's:
@@ -34,8 +35,9 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n $A && -n $B ]] || { log "--a and --b are required"; exit 125; }
 if [[ -z $OUT ]]; then
-  mkdir -p /var/cache/goxrc-vm/pairs
-  OUT=$(mktemp -d "/var/cache/goxrc-vm/pairs/$(date +%Y%m%d-%H%M%S)-XXXX")
+  WORK=$(realpath -m "${GOXRC_VM_WORK:-/var/cache/goxrc-vm}")   # as test/vm/rxe-vm.sh
+  mkdir -p "$WORK/pairs"
+  OUT=$(mktemp -d "$WORK/pairs/$(date +%Y%m%d-%H%M%S)-XXXX")
 fi
 mkdir -p "$OUT"/{a,b,sync} && OUT=$(realpath "$OUT")
 rm -f "$OUT"/sync/* "$OUT/wire.sock"
