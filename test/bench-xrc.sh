@@ -22,7 +22,7 @@
 # GOXRC_XRC_BENCH_RC_N (15 dials per run), GOXRC_XRC_BENCH_IDLE_N (8 dials per run with 2 s
 # idle, A and B alike), GOXRC_XRC_BENCH_SIDR_N (50), GOXRC_XRC_BENCH_VM_TIMEOUT (1800 s);
 # GOXRC_XRC_BENCH_REPARSE=RUNDIR
-# (a run dir under /var/cache/goxrc-vm/bench-xrc) rewrites the doc from that run's VM outputs
+# (a run dir under $GOXRC_VM_WORK/bench-xrc, default /var/cache/goxrc-vm) rewrites the doc from that run's VM outputs
 # without building or booting (the QP-count test runs again).
 set -euo pipefail
 
@@ -49,7 +49,7 @@ if [[ -n $REPARSE ]]; then
   RUN=$REPARSE; [[ -d $RUN/vm ]] || die "$RUN/vm: no such run"
   say "reparsing $RUN (no build, no VM)"
 else
-  RUN=$(mkdir -p /var/cache/goxrc-vm/bench-xrc && mktemp -d "/var/cache/goxrc-vm/bench-xrc/$(date +%Y%m%d-%H%M%S)-XXXX")
+  RUN=$(mkdir -p "$VM_WORK/bench-xrc" && mktemp -d "$VM_WORK/bench-xrc/$(date +%Y%m%d-%H%M%S)-XXXX")
 fi
 BIN=$RUN/bin; mkdir -p "$BIN"
 if [[ -z $REPARSE ]]; then

@@ -17,7 +17,7 @@
 # and Go/C ratios and writes it to docs/benchmarks.md (GOXRC_BENCH_DOC to write elsewhere).
 # Environment: GOXRC_BENCH_ROUNDS (5), GOXRC_BENCH_LAT_ITERS (1000), GOXRC_BENCH_BW_ITERS_4K
 # (2000), GOXRC_BENCH_BW_ITERS_64K (300), GOXRC_BENCH_CONNS ("100 500"), GOXRC_BENCH_BW_DEPTH (128);
-# GOXRC_BENCH_REPARSE=RUNDIR (a run dir under /var/cache/goxrc-vm/bench) writes the doc from
+# GOXRC_BENCH_REPARSE=RUNDIR (a run dir under $GOXRC_VM_WORK/bench, default /var/cache/goxrc-vm) writes the doc from
 # that run's VM outputs without building or booting.
 set -euo pipefail
 
@@ -48,7 +48,7 @@ if [[ -n $REPARSE ]]; then
   RUN=$REPARSE; [[ -d $RUN/vm ]] || die "$RUN/vm: no such run"
   say "reparsing $RUN (no build, no VM)"
 else # ---- build and measure (up to the matching fi; not indented for the heredocs' sake)
-RUN=$(mkdir -p /var/cache/goxrc-vm/bench && mktemp -d "/var/cache/goxrc-vm/bench/$(date +%Y%m%d-%H%M%S)-XXXX")
+RUN=$(mkdir -p "$VM_WORK/bench" && mktemp -d "$VM_WORK/bench/$(date +%Y%m%d-%H%M%S)-XXXX")
 BIN=$RUN/bin; mkdir -p "$BIN"
 say "building examples/server, examples/client and the integration tests into $BIN"
 go build -o "$BIN/server" ./examples/server
