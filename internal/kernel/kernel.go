@@ -186,10 +186,11 @@ type Kernel interface {
 	// a TGT dies with its last handle.
 	DestroyQP(q QP) error
 	QueryQP(q QP) (QPInfo, error)
-	// TransitionQP moves q through the needed states up to `to`, taking the
-	// path (peer QPN, address) from the CM id where RTR needs it
-	// (rdma_init_qp_attr, with per-type masks and min_rnr_timer fixed). to =
-	// QPStateErr or QPStateReset needs no id.
+	// TransitionQP moves q through the needed states up to `to`, taking
+	// every step's attributes from the connected-mode CM id via
+	// (rdma_init_qp_attr, with per-type masks and min_rnr_timer fixed): the
+	// path (peer QPN, address) for RTR, so RTR and RTS need an id whose
+	// exchange is live. to = QPStateErr or QPStateReset needs no id.
 	TransitionQP(q QP, to verbs.QPState, via ID) error
 
 	// PostSend posts a chain on an INI (RTS, or ERR where everything is

@@ -190,16 +190,17 @@ func (p *Process) QueryQP(q kernel.QP) (kernel.QPInfo, error) {
 	return info, err
 }
 
-// TransitionQP moves q up to `to`. Through RTR the path comes from the real
-// CM id via: its peer's QP number and address are set on the model QP by a
+// TransitionQP moves q up to `to`, its attributes from the real CM id via: its peer's QP number and address are set on the model QP by a
 // private model exchange that mirrors the real one.
 func (p *Process) TransitionQP(q kernel.QP, to verbs.QPState, via kernel.ID) error {
 	info, err := p.m.QueryQP(q)
 	if err != nil {
 		return err
 	}
-	needPath := to >= verbs.QPStateRTR && to <= verbs.QPStateRTS && info.State < verbs.QPStateRTR
-	if !needPath {
+	// Moves up take their attributes from a CM id, in the model as on the
+	// device: the model's comes from a shadow exchange.
+	needID := to >= verbs.QPStateInit && to <= verbs.QPStateRTS && info.State < to
+	if !needID {
 		return p.m.TransitionQP(q, to, 0)
 	}
 	path, err := p.CM.PathOf(via)
@@ -227,7 +228,7 @@ func (f *Fabric) withPath(pm *model.Process, info kernel.QPInfo, path kcm.Path, 
 			return err
 		}
 		defer hp.DestroyID(l)
-		a, err := pm.Connect(ctx, netip.AddrPortFrom(remote, ShadowPort), kernel.ExchangeXRC, toModel(info.Num, f.offset(local)), nil)
+		a, err := pm.Connect(ctx, netip.AddrPortFrom(remote, ShadowPort), kernel.ExchangeXRC, info.Num, nil)
 		if err != nil {
 			return err
 		}

@@ -264,16 +264,32 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	if q.state == verbs.QPStateErr || q.state > to {
 		return opErr(op, syscall.EINVAL)
 	}
+	// Every step's attributes come from the CM id (rdma_init_qp_attr): the
+	// port, P_Key index and access flags of INIT from a connected-mode id,
+	// the path of RTR and the timeouts of RTS from one whose exchange is
+	// live. A SIDR id's attributes (a Q_Key, no access flags) fit no XRC
+	// QP.
+	if q.state == to {
+		return nil
+	}
+	if via == 0 {
+		return opErr("rdma_init_qp_attr", syscall.EINVAL)
+	}
+	id, err := lookup[*cmid](p, "rdma_init_qp_attr", uint64(via))
+	if err != nil {
+		return err
+	}
+	if !id.ex.Connected() {
+		return opErr("rdma_init_qp_attr", syscall.EINVAL)
+	}
+	live := id.state == csReqRcvd || id.state == csRepSent || id.state == csRepRcvd || id.state == csEstablished
 	for q.state < to {
 		next := q.state + 1
+		if next >= verbs.QPStateRTR && !live {
+			return opErr("rdma_init_qp_attr", syscall.EINVAL)
+		}
 		if next == verbs.QPStateRTR {
-			// rdma_init_qp_attr: the path comes from the CM id.
-			id, err := lookup[*cmid](p, "rdma_init_qp_attr", uint64(via))
-			if err != nil {
-				return err
-			}
-			live := id.state == csReqRcvd || id.state == csRepSent || id.state == csRepRcvd || id.state == csEstablished
-			if !live || !id.ex.Connected() || id.remoteQPN == 0 || !id.remote.IsValid() {
+			if id.remoteQPN == 0 || !id.remote.IsValid() {
 				return opErr("rdma_init_qp_attr", syscall.EINVAL)
 			}
 			q.destQPN, q.remote = id.remoteQPN, id.remote.Addr()

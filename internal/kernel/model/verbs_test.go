@@ -277,7 +277,7 @@ func TestModelStatesGateTraffic(t *testing.T) {
 	aid := must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, iniQPN, nil))
 	pid := event(t, sb.p, l, kernel.EventConnectRequest).ID
 	tgt, tgtQPN, _ := sb.p.CreateTGT(sb.d)
-	ok(t, sb.p.TransitionQP(tgt, verbs.QPStateInit, 0)) // INIT: not ready to receive
+	ok(t, sb.p.TransitionQP(tgt, verbs.QPStateInit, pid)) // INIT: not ready to receive
 	ok(t, sb.p.Accept(pid, tgtQPN, nil))
 	event(t, sa.p, aid, kernel.EventConnectResponse)
 	ok(t, sa.p.TransitionQP(ini, verbs.QPStateRTR, aid))
@@ -290,7 +290,7 @@ func TestModelStatesGateTraffic(t *testing.T) {
 	}
 	// RTR without a CM id that knows the path is refused.
 	t2, _, _ := sb.p.CreateTGT(sb.d)
-	if err := sb.p.TransitionQP(t2, verbs.QPStateRTR, 0); !isErrno(err, syscall.EBADF) {
+	if err := sb.p.TransitionQP(t2, verbs.QPStateRTR, 0); !isErrno(err, syscall.EINVAL) {
 		t.Fatalf("RTR without an id: %v", err)
 	}
 	// Backwards is refused.
@@ -452,4 +452,37 @@ func TestModelMessageLongerThanSlot(t *testing.T) {
 	if info := must[kernel.QPInfo](t)(sa.p.QueryQP(k.ini)); info.State != verbs.QPStateErr {
 		t.Fatalf("INI in %v, want ERR", info.State)
 	}
+}
+
+// Rule: every move up takes its attributes from a connected-mode CM id, as
+// the real seam's rdma_init_qp_attr does (INIT's port, P_Key index and
+// access flags too), and RTS needs the exchange still live. The model let
+// INIT, and RTS from RTR, go without an id (or through a SIDR one), which
+// the device refuses.
+func TestModelMovesUpNeedACMID(t *testing.T) {
+	_, a, b := twoNodes(t, ReuseNever)
+	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
+	ini, iniQPN, err := sa.p.CreateINI()
+	ok(t, err)
+	if err := sa.p.TransitionQP(ini, verbs.QPStateInit, 0); !isErrno(err, syscall.EINVAL) {
+		t.Fatalf("INIT without an id: %v, want EINVAL", err)
+	}
+	listen(t, sb.p, kernel.ExchangeSIDR)
+	sidr := must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeSIDR, 0, nil))
+	if err := sa.p.TransitionQP(ini, verbs.QPStateInit, sidr); !isErrno(err, syscall.EINVAL) {
+		t.Fatalf("INIT through a SIDR id: %v, want EINVAL", err)
+	}
+	ok(t, sa.p.TransitionQP(ini, verbs.QPStateReset, 0)) // to RESET needs none
+	l := listen(t, sb.p, kernel.ExchangeXRC)
+	aid := must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, iniQPN, nil))
+	pid := event(t, sb.p, l, kernel.EventConnectRequest).ID
+	_, tgtQPN, _ := sb.p.CreateTGT(sb.d)
+	ok(t, sb.p.Accept(pid, tgtQPN, nil))
+	event(t, sa.p, aid, kernel.EventConnectResponse)
+	ok(t, sa.p.TransitionQP(ini, verbs.QPStateRTR, aid))
+	if err := sa.p.TransitionQP(ini, verbs.QPStateRTS, 0); !isErrno(err, syscall.EINVAL) {
+		t.Fatalf("RTR->RTS without an id: %v, want EINVAL", err)
+	}
+	ok(t, sa.p.TransitionQP(ini, verbs.QPStateRTR, 0)) // where it is already: nothing to do
+	ok(t, sa.p.TransitionQP(ini, verbs.QPStateRTS, aid))
 }
