@@ -15,8 +15,8 @@ import (
 // or write it; Close revokes that access.
 type Region struct {
 	mem memory
-	// mu is read-held from a one-sided operation's checks to its post, so
-	// that Close cannot deregister the memory in between.
+	// mu is read-held from a one-sided operation's checks to its
+	// completion, so that Close cannot deregister the memory in between.
 	mu       sync.RWMutex
 	closed   bool
 	closeErr error
@@ -69,7 +69,8 @@ func (r *Region) Descriptor() RemoteRegion {
 	return RemoteRegion{Addr: r.mem.addr(), Len: uint32(len(r.mem.bytes())), RKey: r.mem.rkey()}
 }
 
-// Close deregisters the region: later remote accesses fail on the peer. A
+// Close deregisters the region: later remote accesses fail on the peer. It
+// waits for this side's one-sided operations on the region to complete. A
 // Region holds its connection's device (its protection domain) until Close,
 // also after the connection ends.
 func (r *Region) Close() error {
@@ -162,12 +163,14 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	if !c.io() {
 		return c.opErr(op, ErrClosed)
 	}
+	// Held until the request completes: deregistering memory the device
+	// is still using would fail the request, and with it the connection.
 	local.mu.RLock()
+	defer local.mu.RUnlock()
 	err := errRegionClosed
 	if !local.closed {
 		err = c.t.postRDMA(write, local, off, n, remote, roff)
 	}
-	local.mu.RUnlock()
 	c.ioDone()
 	if err != nil {
 		return c.opErr(op, err)

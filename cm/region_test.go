@@ -90,3 +90,50 @@ func TestAbandonedRDMAIsNotATimeoutLater(t *testing.T) {
 	require.ErrorIs(t, err, ErrPeerGone)
 	require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "Write with no deadline: %v", err)
 }
+
+// heldRDMA completes its one-sided request late,
+// as a device finishes a transfer some time after its post: once finish is closed.
+type heldRDMA struct {
+	*fakeEnd
+	posted, finish chan struct{}
+}
+
+func (h heldRDMA) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
+	close(h.posted)
+	go func() {
+		<-h.finish
+		h.fakeEnd.postRDMA(write, local, off, n, remote, roff)
+	}()
+	return nil
+}
+
+// Closing a Region waits for an operation on it that is in flight: it
+// deregistered the memory under the request, whose completion then failed
+// with a protection error and broke the connection.
+func TestRegionCloseWaitsForItsOperation(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{})
+	h := heldRDMA{w.ends[0], make(chan struct{}), make(chan struct{})}
+	a.t = h
+	ctx := ctxT(t)
+	remote, err := b.RegisterMemory(4096, true)
+	require.NoError(t, err)
+	defer remote.Close()
+	local, err := a.RegisterMemory(4096, false)
+	require.NoError(t, err)
+	copy(local.Bytes(), "in flight")
+	wrote := make(chan error, 1)
+	go func() { wrote <- a.WriteRemote(ctx, local, 0, 9, remote.Descriptor(), 0) }()
+	<-h.posted
+	closed := make(chan error, 1)
+	go func() { closed <- local.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Region.Close returned while a write from it was in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(h.finish)
+	require.NoError(t, <-wrote)
+	require.NoError(t, <-closed)
+	require.Equal(t, "in flight", string(remote.Bytes()[:9]))
+	require.NoError(t, a.Send(ctx, []byte("still up")))
+}
