@@ -1127,6 +1127,18 @@ func (c *Conn) Close() error {
 		if c.persistTimer != nil {
 			c.persistTimer.Stop()
 		}
+		// A polling leader may still be in its last poll, whose completion
+		// array the release reuses to drain the CQ: wait for its round to
+		// end (the failure woke it; no round starts after it).
+		for c.polling && ctx.Err() == nil {
+			c.waiters++
+			c.mu.Unlock()
+			select {
+			case <-c.wake:
+			case <-ctx.Done():
+			}
+			c.mu.Lock()
+		}
 		c.mu.Unlock()
 		c.ioMu.Lock()
 		c.released = true

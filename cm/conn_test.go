@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1017,4 +1019,48 @@ func TestConnRegisterMemoryAfterClose(t *testing.T) {
 		r.Close()
 	}
 	require.ErrorIs(t, err, ErrClosed)
+}
+
+// overlapCheck records whether release ran while a poll was still under
+// way; its polls linger a moment after they end, as a poll slice in C does.
+type overlapCheck struct {
+	*fakeEnd
+	polls   *atomic.Int32
+	overlap *atomic.Bool
+}
+
+func (o overlapCheck) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
+	o.polls.Add(1)
+	defer o.polls.Add(-1)
+	n, err := o.fakeEnd.poll(ctx, cs, spin, block)
+	time.Sleep(20 * time.Millisecond)
+	return n, err
+}
+
+func (o overlapCheck) release(ctx context.Context, vanished bool) error {
+	if o.polls.Load() != 0 {
+		o.overlap.Store(true)
+	}
+	return o.fakeEnd.release(ctx, vanished)
+}
+
+// Close releases the transport only after the polling leader's round has
+// ended: the RDMA transport's release drains the CQ into the array the
+// leader polls into (a data race, which the old Close left open).
+func TestConnCloseWaitsForThePollingLeader(t *testing.T) {
+	a, _, w := fakePair(t, fakeOpts{})
+	o := overlapCheck{w.ends[0], new(atomic.Int32), new(atomic.Bool)}
+	a.t = o
+	recvErr := make(chan error, 1)
+	go func() {
+		_, err := a.Recv(context.Background(), make([]byte, 64))
+		recvErr <- err
+	}()
+	require.Eventually(t, func() bool { return o.polls.Load() == 1 }, 5*time.Second, time.Millisecond)
+	// The peer goes: the connection breaks, so Close sends no FIN and
+	// drains nothing, and goes straight to the release.
+	a.fail(fmt.Errorf("%w: test", ErrPeerGone))
+	a.Close()
+	require.False(t, o.overlap.Load(), "release ran while the leader was still polling")
+	require.ErrorIs(t, <-recvErr, ErrPeerGone)
 }
