@@ -422,7 +422,9 @@ func (a *acceptor) AddReverse(l *acceptedLeg, rev wire.Reverse) ([]byte, bool) {
 // on the TGT if we hold one for the same sender incarnation, INI and node
 // (count + 1), or open it by number and verify it (XRC_RECV, RTR/RTS, dest
 // QPN = the acceptor's INI, remote address = its node); anything else
-// leaves no handle, count or leg and returns an error.
+// leaves no handle, count or leg and returns an error: errReverseGone or
+// errReverseDomain where an honest acceptor may have named it (Dial asks
+// again by two exchanges), else errBadReverse.
 func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from netip.Addr, replyPort uint16) (*acceptedLeg, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -432,7 +434,7 @@ func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 		return nil, ErrClosed
 	}
 	rev := acc.Rev
-	if acc.Flags&wire.AcceptReverse == 0 || rev.DomainID != a.cfg.DomainID {
+	if acc.Flags&wire.AcceptReverse == 0 {
 		return nil, errBadReverse
 	}
 	key := legKey{acc.Incarnation, rev.Tag}
@@ -443,6 +445,12 @@ func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 		if l.Tag == tag {
 			return nil, errBadReverse
 		}
+	}
+	if rev.DomainID != a.cfg.DomainID {
+		// A reverse leg into another domain is what a hostile peer names,
+		// but also an honest one that learned our address's domain from
+		// a process here before us, in another domain (see Endpoint.Dial).
+		return nil, errReverseDomain
 	}
 	// A TGT that is not the peer's (none by that number, or another
 	// sender's, or ours for another INI) is what a hostile peer names,

@@ -551,6 +551,13 @@ func (e *Endpoint) newTagLocked() uint32 {
 // at the dialer's first frame) and makes one more that asks for the
 // reverse leg by its own exchange, whose request finds the TGT gone and
 // makes the acceptor rebuild its uplink.
+//
+// Likewise for a reverse leg into another domain than ours: the acceptor
+// learned our address's domain from a process that was here before us, in
+// another domain (another DomainDir). Its reciprocal request in the second
+// attempt names that domain, is refused DOMAIN_MISMATCH with ours, and so
+// re-keys the address; asked once, the dial would fail for as long as the
+// acceptor's uplink into the old domain lived.
 func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	raddr, err := netip.ParseAddrPort(address)
 	if err != nil {
@@ -567,7 +574,7 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	defer cancel()
 	defer context.AfterFunc(e.ctx, cancel)()
 	c, err := e.dialOnce(ctx, raddr, false)
-	if errors.Is(err, errReverseGone) && ctx.Err() == nil {
+	if (errors.Is(err, errReverseGone) || errors.Is(err, errReverseDomain)) && ctx.Err() == nil {
 		c, err = e.dialOnce(ctx, raddr, true)
 	}
 	if err != nil && e.ctx.Err() != nil && caller.Err() == nil {
@@ -746,8 +753,10 @@ func (e *Endpoint) readingAcceptFrom(node netip.Addr) bool {
 // fit) it returns false and the reverse leg goes the old way, a reciprocal
 // VIRT_REQ (or PHYS_REQ). The domain must be known: a requester's node may
 // hold several domains, the request does not say which is the requester's,
-// and a reverse leg into another domain fails the dial (the requester
-// refuses it). The old way learns the domain for the next dial.
+// and a reverse leg into another domain costs the dial an attempt (the
+// requester refuses it and asks again by two exchanges). The old way
+// learns the domain for the next dial, and corrects one learned from an
+// earlier process at that address (DOMAIN_MISMATCH).
 func (e *Endpoint) bindReverseLocked(c *Conn, leg *acceptedLeg) ([]byte, bool) {
 	u := e.uplinkForLocked(c.raddr)
 	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 || u.dom != e.addrDom[c.raddr] || !u.hasOpenLeg() {
@@ -877,7 +886,8 @@ func (e *Endpoint) dropEarlyLocked(c *Conn) {
 // the dial's error. A FIN on the forward leg ends the acceptor's half; it
 // goes in the background, since the uplink under it may be recovering, and
 // while it does a refused MOVE may fail c with another error: the dial's
-// error is err all the same (Dial asks again after errReverseGone).
+// error is err all the same (Dial asks again after errReverseGone and
+// errReverseDomain).
 func (e *Endpoint) abortDial(c *Conn, err error) error {
 	e.mu.Lock()
 	fin := c.sendUp && !c.sendDone && c.err == nil

@@ -54,6 +54,8 @@ var (
 	errBadAccept   = fmt.Errorf("%w: its ACCEPT does not answer the request", ErrProtocol)
 	errBadReverse  = errors.New("xrc: the peer's reverse leg (in its ACCEPT) failed verification")
 	errReverseGone = errors.New("xrc: the TGT the peer's reverse leg (in its ACCEPT) names is not its own")
+	// errReverseDomain: the reverse leg is into another domain than ours.
+	errReverseDomain = errors.New("xrc: the peer's reverse leg (in its ACCEPT) is into another domain than ours")
 )
 
 // RejectReason is why a peer refused a connection request.

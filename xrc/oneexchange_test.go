@@ -125,9 +125,12 @@ func TestOneExchangeFallback(t *testing.T) {
 // A hostile ACCEPT naming a reverse leg that fails verification fails the
 // dial and leaves nothing behind: no TGT handle, count, leg, tag or CM id.
 // One naming a TGT that is not the peer's looks like an honest peer whose
-// TGT here just went (see Endpoint.Dial): the dial tries once more, asking
-// for the reverse leg by its own exchange (no FlagOneExchange), which this
-// fake refuses.
+// TGT here just went, and one into another domain like an honest peer that
+// learned our address's domain from an earlier process (see Endpoint.Dial):
+// the dial tries once more, asking for the reverse leg by its own exchange
+// (no FlagOneExchange), which this fake refuses. (The domain case failed the
+// dial at once until the domain mismatch was taken for a stale domain:
+// TestDomainRelearnedAfterAddressReused.)
 func TestOneExchangeHostileAccept(t *testing.T) {
 	w := newWorld(t)
 	a := w.endpoint("10.0.6.1", 7000)
@@ -150,6 +153,17 @@ func TestOneExchangeHostileAccept(t *testing.T) {
 	bINI, bTGT := upOf(b)
 	xINI, xTGT := upOf(x)
 	domA := a.dom.ID
+	var bLeg uint32 // b's tag for the leg a holds from it (pair's reciprocal leg)
+	a.mu.Lock()
+	for c := range a.conns {
+		if c.recvLeg != nil && c.recvLeg.PeerIncarnation == b.inc {
+			bLeg = c.recvLeg.PeerTag
+		}
+	}
+	a.mu.Unlock()
+	if bLeg == 0 {
+		t.Fatal("a holds no leg from b")
+	}
 	cases := []struct {
 		name string
 		inc  uint64
@@ -160,7 +174,8 @@ func TestOneExchangeHostileAccept(t *testing.T) {
 		{"held TGT, other INI", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI + 1, TGTQPN: bTGT, DomainID: domA}, errBusy},
 		{"no such TGT", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: 0xFFFF00, DomainID: domA}, errBusy},
 		{"another node's TGT", x.inc, wire.Reverse{Tag: 5, INIQPN: xINI, TGTQPN: xTGT, DomainID: domA}, errBusy},
-		{"another domain", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: bTGT, DomainID: domA + 1}, errBadReverse},
+		{"another domain", b.inc, wire.Reverse{Tag: 5, INIQPN: bINI, TGTQPN: bTGT, DomainID: domA + 1}, errBusy},
+		{"a leg already held", b.inc, wire.Reverse{Tag: bLeg, INIQPN: bINI, TGTQPN: bTGT, DomainID: domA}, errBadReverse},
 	}
 	for _, tc := range cases {
 		before, nodeX := a.Stats(), w.f.Node("10.0.6.1").Stats()

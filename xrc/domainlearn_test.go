@@ -1,0 +1,78 @@
+package xrc
+
+import (
+	"fmt"
+	"testing"
+)
+
+// addrDomain is what p has learned of the domain of the process at addr's
+// address (0: nothing).
+func addrDomain(p *proc, addr *proc) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.addrDom[addr.Addr()]
+}
+
+// The process at an address is replaced by one in another domain (another
+// DomainDir) while the acceptor keeps its uplink into the old domain for
+// another process of that node. The acceptor's learned domain for the
+// address still names the old one, so its one-exchange ACCEPT puts the
+// reverse leg into that domain, and the new process refuses it. That was
+// errBadReverse, which Dial does not retry, and nothing else ever corrected
+// the acceptor: every dial from the new process failed, for as long as the
+// old uplink lived. Now Dial asks again by two exchanges; the acceptor's
+// reciprocal request, refused DOMAIN_MISMATCH, re-keys the address, and the
+// dials after it take one exchange into the right domain.
+func TestDomainRelearnedAfterAddressReused(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.61.1", 7000)
+	a2 := w.endpoint("10.0.61.1", 7001)
+	k1 := w.endpoint("10.0.61.2", 7002)
+	p1 := w.endpoint("10.0.61.2", 7000)
+	pair(t, p1, a) // a's reciprocal leg to p1 makes a's uplink into p1's domain (PHYS), and learns it
+	kc, ka := pair(t, k1, a)
+	// k1's connection keeps a's uplink into the old domain up after p1 goes.
+	if got := addrDomain(a, p1); got != p1.dom.ID {
+		t.Fatalf("setup: a learned %#x for p1's address, want %#x", got, p1.dom.ID)
+	}
+	if err := p1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2 := w.endpoint("10.0.61.2", 7000, func(c *Config) { c.DomainDir = t.TempDir() + "/other" })
+	if p2.dom.ID == p1.dom.ID {
+		t.Fatal("setup: p2 shares p1's domain")
+	}
+	pair(t, p2, a2) // p2's uplink into a's node and domain: its dials to a are VIRT_REQs with ONE_EXCHANGE
+	if got := addrDomain(a, p2); got != p1.dom.ID {
+		t.Fatalf("setup: a knows %#x for p2's address, want p1's stale %#x", got, p1.dom.ID)
+	}
+	var conns []*Conn
+	for i := range 3 {
+		before, pb := a.Stats(), p2.Stats()
+		c, d := pair(t, p2, a)
+		roundTrip(t, c, d, []byte(fmt.Sprint("to a ", i)))
+		roundTrip(t, d, c, []byte(fmt.Sprint("to p2 ", i)))
+		conns = append(conns, c, d)
+		if got := addrDomain(a, p2); got != p2.dom.ID {
+			t.Fatalf("dial %d: a knows %#x for p2's address, want p2's %#x", i, got, p2.dom.ID)
+		}
+		if i == 0 {
+			continue // the stale domain cost this dial its first attempt
+		}
+		after, pa := a.Stats(), p2.Stats()
+		if after.OneExchange-before.OneExchange != 1 || pa.VirtReqs-pb.VirtReqs != 1 {
+			t.Fatalf("dial %d took %d one-exchange reverse legs and %d VIRT_REQs, want 1 and 1", i,
+				after.OneExchange-before.OneExchange, pa.VirtReqs-pb.VirtReqs)
+		}
+	}
+	// The old domain's uplink still serves k1.
+	roundTrip(t, kc, ka, []byte("k1 unaffected"))
+	roundTrip(t, ka, kc, []byte("k1 unaffected"))
+	for _, c := range conns {
+		c.Close()
+	}
+	eventually(t, "p2's connections released", func() (bool, string) {
+		s := p2.Stats()
+		return s.Conns == 1 && s.LocalCounts == 1, fmt.Sprintf("%+v", s)
+	})
+}
