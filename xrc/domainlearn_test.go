@@ -76,3 +76,36 @@ func TestDomainRelearnedAfterAddressReused(t *testing.T) {
 		return s.Conns == 1 && s.LocalCounts == 1, fmt.Sprintf("%+v", s)
 	})
 }
+
+// A second process on a node whose domain the acceptor already reaches: the
+// acceptor's reciprocal leg to it rides the existing uplink (a VIRT_REQ,
+// accepted). That ACCEPT proves the address's domain (the acceptor refuses a
+// foreign hint; the dialer checks the echo) and is learned. Only a PHYS
+// exchange or a DOMAIN_MISMATCH taught it before, so every later dial from
+// that process fell back to two exchanges, for as long as the uplink lived.
+func TestDomainLearnedFromVirtAccept(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.60.1", 7000)
+	p1 := w.endpoint("10.0.60.2", 7000)
+	p2 := w.endpoint("10.0.60.2", 7001) // p1's node and domain
+	pair(t, p1, a)                      // a's uplink into the node's domain (PHYS both ways)
+	before := a.Stats()
+	pair(t, p2, a) // p2's uplink (PHYS); a's reciprocal leg to p2: VIRT over a's uplink
+	if s := a.Stats(); s.VirtReqs-before.VirtReqs != 1 || s.Uplinks != 1 {
+		t.Fatalf("setup: a's reverse leg to p2 should be one VIRT_REQ over its one uplink: %+v (was %+v)", s, before)
+	}
+	if got := addrDomain(a, p2); got != p2.dom.ID {
+		t.Fatalf("a knows %#x for p2's address after its VIRT_REQ there was accepted, want %#x", got, p2.dom.ID)
+	}
+	for i := range 3 {
+		sa, sp := a.Stats(), p2.Stats()
+		c, d := pair(t, p2, a)
+		roundTrip(t, c, d, []byte("to a"))
+		roundTrip(t, d, c, []byte("to p2"))
+		ea, ep := a.Stats(), p2.Stats()
+		if ea.OneExchange-sa.OneExchange != 1 || ep.OneExchange-sp.OneExchange != 1 || ea.VirtReqs != sa.VirtReqs {
+			t.Fatalf("dial %d: a %d and p2 %d one-exchange reverse legs, a sent %d VIRT_REQs; want 1, 1, 0", i,
+				ea.OneExchange-sa.OneExchange, ep.OneExchange-sp.OneExchange, ea.VirtReqs-sa.VirtReqs)
+		}
+	}
+}

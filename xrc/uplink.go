@@ -272,6 +272,11 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			e.mu.Lock()
 		}
 		if err == nil {
+			// The ACCEPT proves raddr's domain as a PHYS one does: the
+			// acceptor refuses a hint that is not its domain, and
+			// virtLink checked the echo. Learned, an acceptor's reverse
+			// leg to raddr can ride its next ACCEPT (bindReverseLocked).
+			e.addrDom[raddr] = acc.DomainID
 			err = e.bindLocked(c, u, &acc)
 			e.mu.Unlock()
 			return err
