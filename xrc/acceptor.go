@@ -141,6 +141,7 @@ type decision struct {
 	PrivateData []byte // the encoded ACCEPT or REJECT
 	Reject      wire.Reject
 	Leg         *acceptedLeg // the leg an ACCEPT created (or, for a duplicate, found)
+	Downlink    *downlink    // the downlink Leg is on with this answer (Leg.Downlink changes under the acceptor's lock)
 	Duplicate   bool         // a retransmitted VIRT_REQ answered from the cache
 	Moved       bool         // a MOVE: an existing leg moved onto another downlink
 	Replaced    *acceptedLeg // released: our answer to an earlier copy of this PHYS_REQ (see physical)
@@ -247,7 +248,7 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 			l.Downlink.TGTQPN == req.TGTQPNHint && l.Downlink.INIQPN == req.INIQPN {
 			// A SIDR retransmission (or a replay): same answer, no count
 			// change.
-			return decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Duplicate: true}
+			return decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Downlink: l.Downlink, Duplicate: true}
 		}
 		if req.Flags&wire.FlagMove == 0 {
 			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
@@ -333,7 +334,7 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 			a.drop(old)
 		}
 	}
-	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Moved: true}
+	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Downlink: dl, Moved: true}
 }
 
 func (a *acceptor) admit(req *wire.Req) ([]byte, *appReject) {
@@ -376,7 +377,7 @@ func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fre
 		l.cached = buf[:n]
 	}
 	a.legs[legKey{req.Incarnation, req.ConnTag}] = l
-	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l}
+	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Downlink: dl}
 }
 
 // ReserveTag returns a fresh tag of ours for a leg not registered yet (the
@@ -581,14 +582,17 @@ func (a *acceptor) Close() {
 	a.retired = retiredLegs{}
 }
 
-// LegsOn returns the registered legs that receive through the TGT numbered
-// qpn from the sender INI iniQPN (what a DREQ on the physical link ends).
-func (a *acceptor) LegsOn(qpn, iniQPN uint32) []*acceptedLeg {
+// LegsOn returns the registered legs that receive through dl (what a DREQ
+// on the physical link that made dl ends). It matches the downlink, not its
+// numbers: once dl is gone, a TGT with its number may be another sender's,
+// from an INI with the same number on another node (QP numbers are per
+// device), and a DREQ on dl's old link must not end that sender's legs.
+func (a *acceptor) LegsOn(dl *downlink) []*acceptedLeg {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []*acceptedLeg
 	for _, l := range a.legs {
-		if l.Downlink.TGTQPN == qpn && l.Downlink.INIQPN == iniQPN {
+		if l.Downlink == dl {
 			out = append(out, l)
 		}
 	}

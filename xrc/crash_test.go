@@ -220,6 +220,70 @@ func TestEndpointKillSender(t *testing.T) {
 	}
 }
 
+// A DREQ on an old physical link ends no other sender's legs when QP
+// numbers were reused. Receiver r idles out sender sa's connection (sa sends
+// no keepalives), so the TGT r made for sa dies while sa, unaware, keeps its
+// physical link; the TGT's number goes to r's next TGT, made for sc on
+// another node, whose INI has the number sa's has (QP numbers are per
+// device). Then sa dies, and its INI's CM id sends the old link a DREQ. The
+// DREQ ended the legs "through this TGT from this INI", matched by numbers
+// only: it marked sc's live connection gone, and the janitor ended it a
+// heartbeat later (ErrPeerGone at sc). Now it ends the legs on the downlink
+// that link made, none.
+func TestEndpointDREQSparesReusedNumbers(t *testing.T) {
+	w := newWorld(t)
+	shortIdle := func(c *Config) { c.IdleTimeout = 300 * time.Millisecond }
+	sa := w.endpoint("10.0.63.1", 7000, longTimers)
+	r := w.endpoint("10.0.63.2", 7000, shortIdle)
+	sc := w.endpoint("10.0.63.3", 7000, shortIdle)
+	upOf := func(p *proc) (ini, tgt uint32) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.uplinks[0].cur.num, p.uplinks[0].cur.tgt
+	}
+	links := func() int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.passive)
+	}
+	pair(t, sa, r)
+	iniA, tgtA := upOf(sa)
+	eventually(t, "r idles sa's connection out, and the TGT it made for sa dies", func() (bool, string) {
+		st := r.Stats()
+		return st.Downlinks == 0 && st.Conns == 0 && st.Uplinks == 0, fmt.Sprintf("%+v", st)
+	})
+	if n := links(); n != 1 {
+		t.Fatalf("setup: r holds %d physical links, want sa's (sa never ended it)", n)
+	}
+	// The model reuses numbers last in, first out, and r's INI to sa's node
+	// went after the TGT: a process on r's node takes the INI's number, so
+	// that r's next TGT gets the dead TGT's.
+	if _, _, err := w.rawKernel("10.0.63.2").CreateINI(); err != nil {
+		t.Fatal(err)
+	}
+	cs, cr := pair(t, sc, r)
+	iniC, tgtC := upOf(sc)
+	if iniA != iniC || tgtA != tgtC {
+		t.Fatalf("setup: sa's link INI %#x -> TGT %#x, sc's INI %#x -> TGT %#x; want the same numbers", iniA, tgtA, iniC, tgtC)
+	}
+	if n := links(); n != 2 {
+		t.Fatalf("setup: r holds %d physical links, want sa's and sc's", n)
+	}
+	sa.p.Kill() // its INI's CM id sends the DREQ to r's old link
+	eventually(t, "r's watcher of sa's link took its DREQ and ended", func() (bool, string) {
+		n := links()
+		return n == 1, fmt.Sprint(n, " physical links")
+	})
+	r.mu.Lock()
+	gone := !cr.goneAt.IsZero()
+	r.mu.Unlock()
+	if gone {
+		t.Fatal("the DREQ on sa's old link marked sc's connection's sender gone")
+	}
+	roundTrip(t, cs, cr, []byte("sc's connection is alive"))
+	roundTrip(t, cr, cs, []byte("both ways"))
+}
+
 // A receiver dies and a new process on its node gets its SRQ number (the
 // kernel reuses it at once). A sender that has not noticed yet still sends
 // to that number, through a TGT that lives on: the message lands in the

@@ -679,7 +679,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 			e.k.DestroyID(ev.ID)
 		}
 		if err == nil && phys {
-			e.watchPassive(ev.ID, d.QPNum, ev.QPNum, nil, nil)
+			e.watchPassive(ev.ID, d.Downlink, nil, nil)
 		}
 		return
 	}
@@ -725,7 +725,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		return
 	}
 	if phys {
-		e.watchPassive(ev.ID, d.QPNum, ev.QPNum, c, leg)
+		e.watchPassive(ev.ID, d.Downlink, c, leg)
 		return
 	}
 	e.k.DestroyID(ev.ID)
@@ -908,8 +908,9 @@ func (e *Endpoint) abortDial(c *Conn, err error) error {
 // takes the CONNECT_RESPONSE and never sends the RTU would hold the TGT,
 // its count and the connection for ever (the kernel CM waited over 40 s on
 // rxe, facts.md): without the RTU within the handshake timeout, or with the
-// CM's word that the reply went unanswered, the link ends.
-func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn, leg *acceptedLeg) {
+// CM's word that the reply went unanswered, the link ends. dl is the
+// downlink the link made: its DREQ ends the legs still on it.
+func (e *Endpoint) watchPassive(id kernel.ID, dl *downlink, c *Conn, leg *acceptedLeg) {
 	e.mu.Lock()
 	e.passive[id] = struct{}{}
 	e.mu.Unlock()
@@ -971,7 +972,7 @@ func (e *Endpoint) watchPassive(id kernel.ID, tgt, ini uint32, c *Conn, leg *acc
 				// Its legs through this TGT end, after a grace period in
 				// which a FIN still in our SRQ can end them gracefully.
 				e.k.Disconnect(id)
-				e.senderGone(tgt, ini)
+				e.senderGone(dl)
 			case kernel.EventTimewaitExit:
 				return
 			}
@@ -996,13 +997,15 @@ func (e *Endpoint) unbindRecvLocked(c *Conn, leg *acceptedLeg) {
 	c.recvLeg, c.recvTag = nil, 0
 }
 
-func (e *Endpoint) senderGone(tgt, ini uint32) {
+// senderGone marks the connections receiving through dl as their sender's
+// INI gone (the janitor ends them once their FIN cannot still be queued).
+func (e *Endpoint) senderGone(dl *downlink) {
 	now := time.Now()
 	// The legs are read under mu: a MOVE that took a leg off this TGT
 	// either came first (the leg is not listed) or clears goneAt after us.
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, l := range e.acc.LegsOn(tgt, ini) {
+	for _, l := range e.acc.LegsOn(dl) {
 		if c := e.recv[l.Tag]; c != nil && c.goneAt.IsZero() {
 			c.goneAt, c.goneDrains = now, e.drains.Load()
 		}
