@@ -599,7 +599,7 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 		c.fail(err)
 		return nil, &opError{"dial", address, err}
 	}
-	if err := e.finishReverse(c); err != nil {
+	if err := e.finishReverse(ctx, c); err != nil {
 		return nil, &opError{"dial", address, err}
 	}
 	select {
@@ -827,8 +827,8 @@ func (e *Endpoint) takeReverse(c *Conn, acc *wire.Accept) {
 // forgotten. A reverse leg that failed verification fails the dial
 // cleanly: a FIN on the forward leg ends the acceptor's half, and nothing
 // of it stays registered here; the error says why, and the dial ends with
-// it.
-func (e *Endpoint) finishReverse(c *Conn) error {
+// it. So does a dial whose context ends before its first frame is posted.
+func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) error {
 	e.mu.Lock()
 	took, err := c.revTaken, c.revErr
 	if !took {
@@ -843,30 +843,39 @@ func (e *Endpoint) finishReverse(c *Conn) error {
 		// half (see consumeLocked); a lost one is made up for by the
 		// next frame, a keepalive at the latest. So a full send queue is
 		// waited out rather than taken for a loss: the acceptor's Accept
-		// would wait a heartbeat for the next one.
-		e.postFirstFrame(c)
+		// would wait a heartbeat for the next one. The wait honours the
+		// dial's context (an INI stalled behind a receiver that stopped
+		// draining its SRQ frees no room: rnr_retry 7 retries for ever);
+		// given up, the dial ends as above, with a FIN that goes once
+		// there is room, as the acceptor's half's first frame.
+		if !e.postFirstFrame(ctx, c) && ctx.Err() != nil {
+			return e.abortDial(c, ctx.Err())
+		}
 	}
 	return nil
 }
 
 // postFirstFrame posts c's first frame on its forward leg, waiting for
-// room in a full send queue.
-func (e *Endpoint) postFirstFrame(c *Conn) {
+// room in a full send queue, and reports whether it did.
+func (e *Endpoint) postFirstFrame(ctx context.Context, c *Conn) bool {
 	for try := 0; try < maxTries; try++ {
 		res, room := c.post(kindHeartbeat, nil, nil)
 		switch res {
 		case posted:
-			return
+			return true
 		case postFull:
 			select {
 			case <-room:
 			case <-c.done:
-				return
+				return false
 			case <-e.ctx.Done():
-				return
+				return false
+			case <-ctx.Done():
+				return false
 			}
 		}
 	}
+	return false
 }
 
 // dropEarlyLocked forgets the receive tag c announced for a reverse leg

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/xrc/internal/wire"
+	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // pairAcceptorFirst is pair, but the acceptor sends first, as soon as its
@@ -362,4 +364,128 @@ func TestOneExchangeAbandonedAttemptNotAccepted(t *testing.T) {
 		x, y := a.Stats(), b.Stats()
 		return x.LocalCounts == 0 && y.LocalCounts == 0 && x.Conns == 0 && y.Conns == 0, fmt.Sprintf("a %+v b %+v", x, y)
 	})
+}
+
+// pollGate holds back PollSend itself while hold is set: completions stay
+// unpolled, so the sends they are for keep their send-queue slots. parked
+// (if set) is closed when a PollSend call first waits at the gate.
+type pollGate struct {
+	kernel.Kernel
+	mu     sync.Mutex
+	hold   chan struct{}
+	parked chan struct{}
+}
+
+func (g *pollGate) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
+	g.mu.Lock()
+	h := g.hold
+	if h != nil && g.parked != nil {
+		close(g.parked)
+		g.parked = nil
+	}
+	g.mu.Unlock()
+	if h != nil {
+		select {
+		case <-h:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return g.Kernel.PollSend(ctx, q, out)
+}
+
+func (g *pollGate) set(hold, parked chan struct{}) {
+	g.mu.Lock()
+	g.hold, g.parked = hold, parked
+	g.mu.Unlock()
+}
+
+// A one-exchange dial posts its first frame on the forward leg (the
+// acceptor's half is up at it) and waits for room if the INI's send queue is
+// full. That wait honours the dial's context: with the queue held full (an
+// INI stalled behind a receiver that stopped draining, which rnr_retry 7
+// retries for ever) Dial returns at its deadline, and the attempt ends as an
+// abandoned one (a FIN, posted once there is room, ends the acceptor's half,
+// which Accept never returns). Before, the wait watched only the connection
+// and the endpoint, and Dial waited past its deadline for as long as the
+// queue stayed full.
+func TestOneExchangeDialHonoursContext(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.62.1", memfabric.NodeConfig{SendQueueDepth: 1})
+	g := &pollGate{}
+	a := w.wrappedEndpoint("10.0.62.1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
+	b := w.endpoint("10.0.62.2", 7000, longTimers)
+	c1, d1 := pair(t, a, b) // live uplinks both ways: a's next dial to b takes one exchange
+	hold, parked := make(chan struct{}), make(chan struct{})
+	g.set(hold, parked)
+	var once sync.Once
+	release := func() { once.Do(func() { g.set(nil, nil); close(hold) }) }
+	t.Cleanup(release) // before the endpoints close
+	unpolled := func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.uplinks[0].cur.waiters)
+	}
+	// The poller may be inside PollSend when the gate closes: a send's
+	// completion wakes it, and it parks at the gate when it comes back. If
+	// it took that completion, a second send takes the queue's one slot.
+	sent := []string{"one"}
+	if err := c1.Send(ctxT(t, time.Second), []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-parked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("setup: the send poller never came back to the gate")
+	}
+	if unpolled() == 0 {
+		sent = append(sent, "two")
+		if err := c1.Send(ctxT(t, time.Second), []byte("two")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := unpolled(); n != 1 {
+		t.Fatalf("setup: %d sends wait for their completions, want 1 (the queue's one slot)", n)
+	}
+	sa, sb := a.Stats(), b.Stats()
+	accepted := make(chan *Conn, 1)
+	go func() {
+		if c, err := b.Accept(ctxT(t, 10*time.Second)); err == nil {
+			accepted <- c
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Dial(ctxT(t, 200*time.Millisecond), b.Addr().String())
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("dial: %v, want its deadline", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Dial with a 200 ms deadline still waits after 5 s for room for its first frame")
+	}
+	if s := a.Stats(); s.OneExchange != sa.OneExchange+1 || s.SendQueueFull == sa.SendQueueFull {
+		t.Fatalf("the dial should have registered its reverse leg and found the send queue full: %+v (was %+v)", s, sa)
+	}
+	release()
+	eventually(t, "the attempt abandoned at the acceptor, and both sides' halves released", func() (bool, string) {
+		x, y := a.Stats(), b.Stats()
+		return y.Abandoned == sb.Abandoned+1 && x.Conns == sa.Conns && y.Conns == sb.Conns && x.LocalCounts == sa.LocalCounts &&
+			y.LocalCounts == sb.LocalCounts, fmt.Sprintf("a %+v (was %+v), b %+v (was %+v)", x, sa, y, sb)
+	})
+	select {
+	case c := <-accepted:
+		t.Fatalf("Accept returned the abandoned attempt's connection from %v", c.RemoteAddr())
+	default:
+	}
+	buf := make([]byte, 64)
+	for _, m := range sent {
+		if n, err := d1.Recv(ctxT(t, 5*time.Second), buf); err != nil || string(buf[:n]) != m {
+			t.Fatalf("the first connection gave %q, %v; want %q", buf[:n], err, m)
+		}
+	}
+	roundTrip(t, c1, d1, []byte("the first connection is unaffected"))
 }
