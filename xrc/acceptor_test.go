@@ -19,6 +19,7 @@ import (
 var (
 	addrA = netip.MustParseAddr("10.0.0.1")
 	addrB = netip.MustParseAddr("10.0.0.2")
+	addrC = netip.MustParseAddr("10.0.0.3") // a third node, for requests from the wrong one
 )
 
 const senderInc = 0xAAAA0001
@@ -35,6 +36,7 @@ type receiver struct {
 
 type env struct {
 	t      *testing.T
+	f      *model.Fabric
 	a, b   *model.Node
 	dom    DomainFile
 	sender *model.Process
@@ -44,7 +46,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	f := model.NewFabric(model.ReuseLIFO)
-	e := &env{t: t, a: f.AddNode(addrA, model.NodeConfig{}), b: f.AddNode(addrB, model.NodeConfig{})}
+	e := &env{t: t, f: f, a: f.AddNode(addrA, model.NodeConfig{}), b: f.AddNode(addrB, model.NodeConfig{})}
 	var err error
 	e.dom, err = OpenDomainFile(filepath.Join(t.TempDir(), "goxrc"))
 	if err != nil {
@@ -166,8 +168,15 @@ func (e *env) phys(r *receiver, mut func(*wire.Req)) (decision, rawUplink) {
 	return d, u
 }
 
-// virt runs a VIRT_REQ over SIDR to r and returns the decision.
+// virt runs a VIRT_REQ over SIDR from the sender to r and returns the
+// decision.
 func (e *env) virt(r *receiver, req wire.Req) decision {
+	e.t.Helper()
+	return e.virtFrom(e.sender, r, req)
+}
+
+// virtFrom is virt from process from (the request comes from its node).
+func (e *env) virtFrom(from *model.Process, r *receiver, req wire.Req) decision {
 	t := e.t
 	t.Helper()
 	buf := make([]byte, wire.BudgetSIDRREQ)
@@ -175,7 +184,7 @@ func (e *env) virt(r *receiver, req wire.Req) decision {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sid, err := e.sender.Connect(ctx5(t), netip.AddrPortFrom(addrB, r.port), kernel.ExchangeSIDR, 0, buf[:n])
+	sid, err := from.Connect(ctx5(t), netip.AddrPortFrom(addrB, r.port), kernel.ExchangeSIDR, 0, buf[:n])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +194,7 @@ func (e *env) virt(r *receiver, req wire.Req) decision {
 		if err := r.p.Accept(cr.ID, d.QPNum, d.PrivateData); err != nil {
 			t.Fatal(err)
 		}
-		rep := e.ev(e.sender, sid, kernel.EventEstablished)
+		rep := e.ev(from, sid, kernel.EventEstablished)
 		var acc wire.Accept
 		if err := wire.DecodeAccept(rep.PrivateData, &acc); err != nil || acc.TGTQPN != rep.QPNum {
 			t.Fatalf("ACCEPT over SIDR: %v %+v", err, acc)
@@ -194,13 +203,13 @@ func (e *env) virt(r *receiver, req wire.Req) decision {
 		if err := r.p.Reject(cr.ID, d.PrivateData); err != nil {
 			t.Fatal(err)
 		}
-		un := e.ev(e.sender, sid, kernel.EventUnreachable)
+		un := e.ev(from, sid, kernel.EventUnreachable)
 		var got wire.Reject
 		if err := wire.DecodeReject(un.PrivateData, &got); err != nil || got != d.Reject {
 			t.Fatalf("REJECT over SIDR: %v %+v", err, got)
 		}
 	}
-	e.sender.DestroyID(sid)
+	from.DestroyID(sid)
 	r.p.DestroyID(cr.ID)
 	return d
 }
@@ -410,6 +419,65 @@ func TestAcceptorDecisionTable(t *testing.T) {
 			e.expect(u2.tgtQPN, 1, 1, 0)
 			if e.r2.p.Handles() != before {
 				t.Fatal("handle leaked")
+			}
+		}},
+		{"VIRT_REQ held handle, request from another node: TGT_GONE, no change", func(t *testing.T, e *env) {
+			// The hint, INI and incarnation are those of the sender's TGT,
+			// which r1 holds; only the requester's node differs.
+			_, u := e.phys(e.r1, nil)
+			other := e.f.AddNode(addrC, model.NodeConfig{}).NewProcess()
+			wantReject(t, e.virtFrom(other, e.r1, e.virtReq(u)), wire.RejectTGTGone)
+			e.expect(u.tgtQPN, 1, 1, 0)
+			if e.r1.acc.LocalCounts() != 1 {
+				t.Fatalf("r1 counts %d legs, want 1", e.r1.acc.LocalCounts())
+			}
+		}},
+		{"VIRT_REQ no local handle, verify fails (the TGT's peer is another node): destroy handle, TGT_GONE", func(t *testing.T, e *env) {
+			_, u := e.phys(e.r1, nil)
+			other := e.f.AddNode(addrC, model.NodeConfig{}).NewProcess()
+			before := e.r2.p.Handles()
+			wantReject(t, e.virtFrom(other, e.r2, e.virtReq(u)), wire.RejectTGTGone)
+			e.expect(u.tgtQPN, 1, 1, 0)
+			if e.r2.p.Handles() != before || e.r2.acc.Downlinks() != 0 || e.r2.acc.LocalCounts() != 0 {
+				t.Fatal("handle or count leaked")
+			}
+		}},
+		{"VIRT_REQ no local handle, verify fails (TGT not in RTR/RTS): destroy handle, TGT_GONE", func(t *testing.T, e *env) {
+			// A TGT in ERR keeps its destination and address (the
+			// model, as ibv_query_qp): only its state tells it is no
+			// live link. (A TGT in INIT or RESET has neither: those fail
+			// the destination check too.)
+			d, u := e.phys(e.r1, nil)
+			if err := e.r1.p.TransitionQP(d.Leg.Downlink.qp, verbs.QPStateErr, 0); err != nil {
+				t.Fatal(err)
+			}
+			before := e.r2.p.Handles()
+			wantReject(t, e.virt(e.r2, e.virtReq(u)), wire.RejectTGTGone)
+			e.expect(u.tgtQPN, 1, 1, 0)
+			if e.r2.p.Handles() != before || e.r2.acc.Downlinks() != 0 || e.r2.acc.LocalCounts() != 0 {
+				t.Fatal("handle or count leaked")
+			}
+		}},
+		{"VIRT_REQ for a known leg without MOVE: BAD_REQUEST, leg and counts unchanged", func(t *testing.T, e *env) {
+			// The sender rebuilt its uplink and asks again for a leg r2
+			// holds, naming the new TGT but not flagged MOVE: moving the
+			// leg (or making a second one) is not what it asked for.
+			_, u1 := e.phys(e.r1, nil)
+			req := e.virtReq(u1)
+			d1 := e.virt(e.r2, req)
+			wantAccept(t, d1)
+			_, u2 := e.phys(e.r1, func(r *wire.Req) { r.Flags |= wire.FlagReplacesTGT; r.TGTQPNHint = u1.tgtQPN })
+			again := req
+			again.INIQPN, again.TGTQPNHint = u2.iniQPN, u2.tgtQPN
+			before := e.r2.p.Handles()
+			wantReject(t, e.virt(e.r2, again), wire.RejectBadRequest)
+			if tgt, ok := e.r2.acc.LegTGT(d1.Leg); !ok || tgt != u1.tgtQPN {
+				t.Fatalf("the leg is on %#x (registered %v), want it left on %#x", tgt, ok, u1.tgtQPN)
+			}
+			e.expect(u1.tgtQPN, 2, 1, 1)
+			e.expect(u2.tgtQPN, 1, 1, 0)
+			if e.r2.p.Handles() != before || e.r2.acc.LocalCounts() != 1 {
+				t.Fatalf("r2: %d handles (was %d), %d legs", e.r2.p.Handles(), before, e.r2.acc.LocalCounts())
 			}
 		}},
 		{"duplicate VIRT_REQ: cached ACCEPT, no count change", func(t *testing.T, e *env) {
@@ -684,5 +752,63 @@ func TestAcceptorClosedRegistersNothing(t *testing.T) {
 	}
 	if n := e.b.TGTHandles(u.tgtQPN); n != 1 {
 		t.Fatalf("TGT has %d handles, want r2's only", n)
+	}
+}
+
+// ReverseLeg (the dialer registering the reverse leg an ACCEPT carries)
+// verifies an opened TGT as the acceptor verifies a VIRT_REQ's hint, and
+// leaves nothing behind when it refuses: a TGT not in RTR/RTS, one whose
+// peer is another node, and a reverse leg into another domain are what an
+// honest acceptor may name too (errReverseGone, errReverseDomain: Dial asks
+// again by two exchanges); a leg already held is not (errBadReverse).
+func TestAcceptorReverseLegVerifies(t *testing.T) {
+	cases := []struct {
+		name string
+		mut  func(e *env, d decision, acc *wire.Accept, from *netip.Addr)
+		want error
+	}{
+		{"the sender's TGT, from its node: registered", nil, nil},
+		{"TGT in ERR", func(e *env, d decision, _ *wire.Accept, _ *netip.Addr) {
+			if err := e.r1.p.TransitionQP(d.Leg.Downlink.qp, verbs.QPStateErr, 0); err != nil {
+				e.t.Fatal(err)
+			}
+		}, errReverseGone},
+		{"ACCEPT from another node", func(_ *env, _ decision, _ *wire.Accept, from *netip.Addr) { *from = addrC }, errReverseGone},
+		{"another domain", func(_ *env, _ decision, acc *wire.Accept, _ *netip.Addr) { acc.Rev.DomainID++ }, errReverseDomain},
+		{"a leg already held", func(e *env, _ decision, acc *wire.Accept, _ *netip.Addr) {
+			wantAccept(e.t, e.virt(e.r2, e.virtReq(rawUplink{iniQPN: acc.Rev.INIQPN, tgtQPN: acc.Rev.TGTQPN, domain: e.dom.ID})))
+			acc.Rev.Tag = e.tag // that VIRT_REQ's conn tag
+		}, errBadReverse},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			d, u := e.phys(e.r1, nil) // the sender's TGT in r2's node, made by r1
+			acc := &wire.Accept{Flags: wire.AcceptReverse, Incarnation: senderInc, SRQN: 0x99,
+				Rev: wire.Reverse{Tag: 0x5EED, INIQPN: u.iniQPN, TGTQPN: u.tgtQPN, DomainID: e.dom.ID}}
+			from := addrA
+			if tc.mut != nil {
+				tc.mut(e, d, acc, &from)
+			}
+			handles, legs, dls := e.r2.p.Handles(), e.r2.acc.LocalCounts(), e.r2.acc.Downlinks()
+			leg, err := e.r2.acc.ReverseLeg(e.r2.acc.ReserveTag(), 1, acc, from, 30000)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				if tgt, ok := e.r2.acc.LegTGT(leg); !ok || tgt != u.tgtQPN {
+					t.Fatalf("leg on %#x (registered %v), want %#x", tgt, ok, u.tgtQPN)
+				}
+				e.expect(u.tgtQPN, 2, 1, 1)
+				return
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("ReverseLeg: %v, want %v", err, tc.want)
+			}
+			if e.r2.p.Handles() != handles || e.r2.acc.LocalCounts() != legs || e.r2.acc.Downlinks() != dls {
+				t.Fatalf("r2 after the refusal: %d handles, %d legs, %d downlinks; was %d, %d, %d",
+					e.r2.p.Handles(), e.r2.acc.LocalCounts(), e.r2.acc.Downlinks(), handles, legs, dls)
+			}
+		})
 	}
 }

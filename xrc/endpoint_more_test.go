@@ -178,6 +178,51 @@ func TestEndpointReverseLegIntoDialersDomain(t *testing.T) {
 	}
 }
 
+// Config.DialOnly (cm's shared dialer endpoints): the endpoint's own dials
+// work both ways, their reverse legs by the peer's reciprocal request (which
+// the endpoint takes) and inside the ACCEPT (which it registers itself),
+// while a dial into it is refused APP_REJECT before anything is made, by
+// VIRT_REQ (a peer with an uplink there) and by PHYS_REQ (one without):
+// its downlinks, counts, connections and its node's QPs stay as they were.
+func TestEndpointDialOnly(t *testing.T) {
+	w := newWorld(t)
+	d := w.endpoint("10.0.64.1", 7000, func(c *Config) { c.DialOnly = true })
+	b := w.endpoint("10.0.64.2", 7000)
+	x := w.endpoint("10.0.64.3", 7000) // no uplink to d's node: its dial there is a PHYS_REQ
+	var keep [][2]*Conn
+	for i := range 2 { // a PHYS forward leg and a reciprocal reverse leg, then one exchange
+		c, s := pair(t, d, b)
+		roundTrip(t, c, s, []byte(fmt.Sprint("to b ", i)))
+		roundTrip(t, s, c, []byte(fmt.Sprint("to d ", i)))
+		keep = append(keep, [2]*Conn{c, s})
+	}
+	if st := d.Stats(); st.OneExchange != 1 {
+		t.Fatalf("d's second dial should take one exchange: %+v", st)
+	}
+	before, node := d.Stats(), w.f.Node("10.0.64.1").Stats()
+	vb := b.Stats().VirtReqs
+	for _, p := range []*proc{b, x} {
+		_, err := p.Dial(ctxT(t, 2*time.Second), d.Addr().String())
+		var rj *RejectError
+		if !errors.As(err, &rj) || rj.Reason != RejectApp {
+			t.Fatalf("dial %v -> DialOnly %v: %v, want APP_REJECT", p.Addr(), d.Addr(), err)
+		}
+	}
+	if n := b.Stats().VirtReqs - vb; n != 1 {
+		t.Fatalf("b sent %d VIRT_REQs for its dial, want 1", n)
+	}
+	eventually(t, "d and its node as they were", func() (bool, string) {
+		st, n := d.Stats(), w.f.Node("10.0.64.1").Stats()
+		ok := st.Downlinks == before.Downlinks && st.LocalCounts == before.LocalCounts && st.Conns == before.Conns &&
+			st.KernelHandles == before.KernelHandles && st.Rejected == before.Rejected+2 && n == node
+		return ok, fmt.Sprintf("%+v (was %+v), node %+v (was %+v)", st, before, n, node)
+	})
+	for i, k := range keep {
+		roundTrip(t, k[0], k[1], []byte(fmt.Sprint("still to b ", i)))
+		roundTrip(t, k[1], k[0], []byte(fmt.Sprint("still to d ", i)))
+	}
+}
+
 // The exported fabric is all a user needs: no kernel types in sight.
 func ExampleNewEndpoint() {
 	f := memfabric.New()

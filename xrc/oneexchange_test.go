@@ -489,3 +489,97 @@ func TestOneExchangeDialHonoursContext(t *testing.T) {
 	}
 	roundTrip(t, c1, d1, []byte("the first connection is unaffected"))
 }
+
+// A MOVE of a leg the receiver does not hold is refused BUSY_RETRY, not
+// BAD_REQUEST, while the receiver has a dial to the sender's node whose
+// ACCEPT it has not read: the leg may be that ACCEPT's reverse leg, which
+// its sender bound at once and its recovery moved before the receiver
+// registered it (see Endpoint.onRequest); refused for good, the sender
+// would fail the connection. A fake acceptor holds the dial's VIRT_REQ
+// unanswered, so the ACCEPT stays unread for as long as the test needs.
+// From another node, or once the ACCEPT is read (a plain one: the dial
+// then waits for the reciprocal leg), the same MOVE is BAD_REQUEST;
+// nothing is made either way.
+func TestOneExchangeUnknownMoveWhileAcceptUnread(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.65.1", 7000)
+	b := w.endpoint("10.0.65.2", 7000)
+	pair(t, a, b) // a's uplink to node B: a's dials there are VIRT_REQs with ONE_EXCHANGE
+	k, kc := w.rawKernel("10.0.65.2"), w.rawKernel("10.0.65.3")
+	fake := netip.MustParseAddrPort("10.0.65.2:7100")
+	l, err := k.Listen(fake, kernel.ExchangeSIDR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	move := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, Flags: wire.FlagMove, ConnTag: 77, Incarnation: 0xE71,
+		INIQPN: 0x100, TGTQPNHint: 0x100, DomainHint: a.dom.ID, SRQN: 0x30, ReplyPort: 9, Credits: 8, MaxMessage: MaxMessageSize})
+	moveAnswer := func(from kernel.Kernel) wire.RejectReason {
+		t.Helper()
+		ev := answer(t, from, a.Addr(), kernel.ExchangeSIDR, 0, move)
+		var rej wire.Reject
+		if ev.Type != kernel.EventUnreachable || wire.DecodeReject(ev.PrivateData, &rej) != nil {
+			t.Fatalf("MOVE of an unknown leg answered %v %x, want a REJECT", ev.Type, ev.PrivateData)
+		}
+		return rej.Reason
+	}
+	before := a.Stats()
+	if r := moveAnswer(k); r != wire.RejectBadRequest {
+		t.Fatalf("no dial pending: %v, want BAD_REQUEST", r)
+	}
+	dialed := make(chan error, 1)
+	dialCtx, cancelDial := context.WithCancel(ctxT(t, 5*time.Second))
+	defer cancelDial()
+	go func() {
+		_, err := a.Dial(dialCtx, fake.String())
+		dialed <- err
+	}()
+	id, req, err := nextVirtReq(t, k, l) // held: a has not read its ACCEPT
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Flags&wire.FlagOneExchange == 0 {
+		t.Fatal("setup: the dial asks for no reverse leg in its ACCEPT")
+	}
+	if r := moveAnswer(k); r != wire.RejectBusyRetry {
+		t.Fatalf("from the dial's node, its ACCEPT unread: %v, want BUSY_RETRY", r)
+	}
+	if r := moveAnswer(kc); r != wire.RejectBadRequest {
+		t.Fatalf("from another node: %v, want BAD_REQUEST", r)
+	}
+	// A plain ACCEPT: a reads it, and its dial waits for the reciprocal
+	// leg, still pending, with no reverse leg in an ACCEPT to come.
+	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: 99, Incarnation: 0xFA6E, TGTQPN: req.TGTQPNHint, SRQN: b.srqn,
+		DomainID: req.DomainHint, Credits: 8, MaxMessage: MaxMessageSize}
+	buf := make([]byte, wire.BudgetSIDRREP)
+	n, err := m.Encode(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Accept(id, req.TGTQPNHint, buf[:n]); err != nil {
+		t.Fatal(err)
+	}
+	k.DestroyID(id)
+	eventually(t, "a read the ACCEPT; its dial waits for the reciprocal leg", func() (bool, string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for _, c := range a.pending {
+			if c.raddr == fake {
+				return c.sendUp && c.earlyTag == 0, fmt.Sprintf("sendUp %v, earlyTag %#x", c.sendUp, c.earlyTag)
+			}
+		}
+		return false, "no dial pending"
+	})
+	if r := moveAnswer(k); r != wire.RejectBadRequest {
+		t.Fatalf("the dial's ACCEPT read: %v, want BAD_REQUEST", r)
+	}
+	cancelDial()
+	if err := <-dialed; !errors.Is(err, context.Canceled) {
+		t.Fatalf("dial: %v, want it cancelled", err)
+	}
+	eventually(t, "a as it was", func() (bool, string) {
+		s := a.Stats()
+		ok := s.Downlinks == before.Downlinks && s.LocalCounts == before.LocalCounts && s.Conns == before.Conns &&
+			s.KernelHandles == before.KernelHandles && s.Rejected == before.Rejected+4
+		return ok, fmt.Sprintf("%+v (was %+v)", s, before)
+	})
+}
