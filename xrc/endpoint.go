@@ -295,7 +295,11 @@ func (e *Endpoint) listen(ap netip.AddrPort) error {
 			e.k.DestroyID(lx)
 			err = err2
 		}
-		if ap.Port() != 0 || !errors.Is(err, syscall.EADDRINUSE) || try > 50 {
+		// The kernel says EADDRNOTAVAIL, not EADDRINUSE, where either
+		// holder of the port is bound to the wildcard address
+		// (cma_check_port); the address itself was checked above.
+		taken := errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL)
+		if ap.Port() != 0 || !taken || try > 50 {
 			return &opError{"listen", a.String(), err}
 		}
 	}

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -344,4 +347,36 @@ func TestEndpointCloseEndsWaitingDial(t *testing.T) {
 	case <-time.After(testHandshake):
 		t.Fatal("Dial still waiting for its peer after the endpoint closed")
 	}
+}
+
+// wildcardHeld answers the first Listen as the kernel's CM does when the
+// random port is held by another process's id bound to the wildcard
+// address (cma_check_port: EADDRNOTAVAIL, not EADDRINUSE).
+type wildcardHeld struct {
+	kernel.Kernel
+	n atomic.Int32
+}
+
+func (k *wildcardHeld) Listen(a netip.AddrPort, ex kernel.Exchange) (kernel.ID, error) {
+	if k.n.Add(1) == 1 {
+		return 0, &verbs.OpError{Op: "rdma_create_ep", Addr: a.String(), Err: syscall.EADDRNOTAVAIL}
+	}
+	return k.Kernel.Listen(a, ex)
+}
+
+// An endpoint on a random port tries another when the kernel says the
+// port's address is unavailable, as it does for a port another process
+// holds on the wildcard address: it failed with that error (the model only
+// ever answers EADDRINUSE).
+func TestEndpointListenRetriesWildcardPortConflict(t *testing.T) {
+	w := newWorld(t)
+	p := w.f.Node("10.0.9.1").Process()
+	k, _ := kernel.Unwrap(p)
+	cfg := Config{Process: p, Addr: "10.0.9.1:0", DomainDir: t.TempDir() + "/goxrc",
+		Heartbeat: testHeartbeat, IdleTimeout: testIdle, HandshakeTimeout: testHandshake}
+	e, err := newEndpoint(context.Background(), &wildcardHeld{Kernel: k}, cfg)
+	if err != nil {
+		t.Fatalf("a random port held on the wildcard address failed the endpoint: %v", err)
+	}
+	e.Close()
 }
