@@ -80,9 +80,13 @@
 // netpoller, never in a blocking C call. Errors are *OpError values
 // (net.Error); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
 // a rejected connection wraps *rdmacm.RejectError (over XRC, *xrc.RejectError,
-// whose Reason says why: NO_LISTENER where nothing listens). Close is
-// graceful: the
-// peer reads the data sent before it, then io.EOF.
+// whose Reason says why: NO_LISTENER where nothing listens), a deadline
+// that passed matches both context.DeadlineExceeded and
+// os.ErrDeadlineExceeded. Close is graceful: it wakes the connection's
+// blocked calls (they return ErrClosed), and the peer reads the data sent
+// before it, then io.EOF. MaxMessageSize is what Send takes; size Recv
+// buffers with MaxRecvSize, which always fits (over XRC the two sides'
+// limits need not agree).
 //
 // # Device removal
 //
