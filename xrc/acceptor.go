@@ -272,7 +272,7 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 	if dl := a.byTGT[req.TGTQPNHint]; dl != nil {
 		// Our handle is on that number: it is the sender's TGT only if it
 		// was made for the same sender incarnation, INI and node.
-		if dl.Incarnation != req.Incarnation || dl.INIQPN != req.INIQPN || dl.Remote != from {
+		if dl.Incarnation != req.Incarnation || dl.INIQPN != req.INIQPN || !sameNode(dl.Remote, from) {
 			return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 		}
 		if moving != nil {
@@ -290,7 +290,7 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 	info, err := k.QueryQP(qp)
 	if err != nil || info.Type != verbs.QPTypeXRCRecv ||
 		(info.State != verbs.QPStateRTR && info.State != verbs.QPStateRTS) ||
-		info.DestQPN != req.INIQPN || info.Remote != from {
+		info.DestQPN != req.INIQPN || !sameNode(info.Remote, from) {
 		k.DestroyQP(qp)
 		return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 	}
@@ -459,7 +459,7 @@ func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 	// taken again, while its uplink was still up (see Endpoint.Dial).
 	dl := a.byTGT[rev.TGTQPN]
 	if dl != nil {
-		if dl.Incarnation != acc.Incarnation || dl.INIQPN != rev.INIQPN || dl.Remote != from {
+		if dl.Incarnation != acc.Incarnation || dl.INIQPN != rev.INIQPN || !sameNode(dl.Remote, from) {
 			return nil, errReverseGone
 		}
 	} else {
@@ -471,7 +471,7 @@ func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 		info, err := k.QueryQP(qp)
 		if err != nil || info.Type != verbs.QPTypeXRCRecv ||
 			(info.State != verbs.QPStateRTR && info.State != verbs.QPStateRTS) ||
-			info.DestQPN != rev.INIQPN || info.Remote != from || info.Num != rev.TGTQPN {
+			info.DestQPN != rev.INIQPN || !sameNode(info.Remote, from) || info.Num != rev.TGTQPN {
 			k.DestroyQP(qp)
 			return nil, errReverseGone
 		}

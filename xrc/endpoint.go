@@ -228,7 +228,8 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	if err != nil {
 		return nil, &opError{"listen", cfg.Addr, err}
 	}
-	if !ap.Addr().IsUnspecified() && ap.Addr() != k.LocalAddr() {
+	ap = canonicalAddr(ap)
+	if !ap.Addr().IsUnspecified() && !sameNode(ap.Addr(), k.LocalAddr()) {
 		return nil, &opError{"listen", cfg.Addr, syscall.EADDRNOTAVAIL}
 	}
 	ap = netip.AddrPortFrom(k.LocalAddr(), ap.Port())
@@ -567,6 +568,7 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	if err != nil {
 		return nil, &opError{"dial", address, err}
 	}
+	raddr = canonicalAddr(raddr) // the form the CM reports the peer in
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.HandshakeTimeout)
@@ -694,7 +696,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		// The reverse leg of one of our dials: it must name a dial of
 		// ours still waiting, to the node it comes from.
 		c = e.pending[leg.Reciprocal]
-		if c == nil || c.recvLeg != nil || c.raddr.Addr() != ev.Remote.Addr() ||
+		if c == nil || c.recvLeg != nil || !sameNode(c.raddr.Addr(), ev.Remote.Addr()) ||
 			(c.peerInc != 0 && c.peerInc != leg.PeerIncarnation) {
 			e.mu.Unlock()
 			e.acc.Release(leg)
@@ -742,7 +744,7 @@ func (e *Endpoint) readingAcceptFrom(node netip.Addr) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, c := range e.pending {
-		if !c.inbound && c.earlyTag != 0 && c.recvLeg == nil && c.raddr.Addr() == node {
+		if !c.inbound && c.earlyTag != 0 && c.recvLeg == nil && sameNode(c.raddr.Addr(), node) {
 			return true
 		}
 	}
