@@ -110,6 +110,7 @@ type Conn struct {
 	t            transport
 	x            *xrc.Conn // an XRC connection (WithFabric) instead of t
 	xrelease     func()
+	xFailed      atomic.Bool // the XRC connection's failure is counted
 	laddr, raddr net.Addr
 	raw          bool
 	log          logFunc // warnings
@@ -956,7 +957,6 @@ func (c *Conn) handle(wc *completion) {
 		}
 		h, err := parseFrame(wc.imm, wc.hasImm, wc.n, c.recvSeq, c.maxRecv, c.peerSlots)
 		if err != nil {
-			c.stats.errors.Add(1)
 			c.failLocked(err)
 			return
 		}
@@ -1027,8 +1027,10 @@ func (c *Conn) failLocked(err error) {
 	}
 	c.err = err
 	// After the peer's FIN, the flush that follows its disconnect is the
-	// expected end, not a failure.
-	if !errors.Is(err, ErrClosed) && !c.peerFin && c.peerLeft == "" {
+	// expected end, not a failure; so is a raw peer's disconnect (raw
+	// messages have no FIN). A framed peer that disconnects without one
+	// broke the connection (its process died, say).
+	if !errors.Is(err, ErrClosed) && !c.peerFin && !(c.raw && c.peerLeft != "") {
 		c.log("connection failed", "remote", c.raddr, "err", err)
 		c.stats.errors.Add(1)
 	}

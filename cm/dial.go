@@ -20,8 +20,8 @@ import (
 // addresses are tried in turn until one connects, each with a share of the
 // time, as net.Dial does; the error is the first's, and each failure is
 // logged when there are several.
-// ctx bounds the whole handshake; without a deadline each step is
-// bounded by the handshake timeout. In an XRC mode (WithXRC) on a device
+// ctx bounds the whole Dial (look-up, every address tried, the handshake);
+// without a deadline the handshake timeout bounds it. In an XRC mode (WithXRC) on a device
 // with XRC, the connection runs through the process's XRC dialer endpoint
 // for that device and local address (package xrc), shared by every such
 // Dial and closed with the last of their connections.

@@ -245,6 +245,7 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 	}
 	if err != nil {
 		globalStats.acceptErrors.Add(1)
+		cfg.logger.Warn("connection request rejected", "remote", raddr, "reason", err)
 		id.Reject(nil)
 		t.free()
 		return false
@@ -255,6 +256,7 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 	}
 	if err := id.Accept(cp); err != nil {
 		globalStats.acceptErrors.Add(1)
+		cfg.logger.Warn("handshake failed", "remote", raddr, "err", err)
 		t.free()
 		return false
 	}

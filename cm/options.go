@@ -26,9 +26,10 @@ const (
 	// DefaultInlineThreshold is the largest message sent inline (copied
 	// into the work request); the device may lower it.
 	DefaultInlineThreshold = 64
-	// DefaultHandshakeTimeout bounds each connection step that has no
-	// context deadline: resolution, connect, and the acceptor's wait for
-	// the dialer's final confirmation, which the kernel does not time out.
+	// DefaultHandshakeTimeout bounds what has no context deadline: a
+	// whole Dial (look-up, resolution, connect), Close's waits, and the
+	// acceptor's wait for the dialer's final confirmation, which the kernel
+	// does not time out.
 	DefaultHandshakeTimeout = 30 * time.Second
 )
 
@@ -163,12 +164,18 @@ func WithLocalAddr(ip string) Option { return func(c *config) { c.localAddr = ip
 // send the queries to a DNS server of the application's choosing.
 func WithResolver(r *net.Resolver) Option { return func(c *config) { c.resolver = r } }
 
-// WithHandshakeTimeout bounds connection steps that have no context deadline.
+// WithHandshakeTimeout sets what bounds a Dial, Close's waits and the
+// acceptor's handshake where no context deadline does
+// (DefaultHandshakeTimeout).
 func WithHandshakeTimeout(d time.Duration) Option {
 	return func(c *config) { c.handshakeTimeout = d }
 }
 
-// WithLogger sets a logger for connection events (default: discard).
+// WithLogger sets a logger for connection events (default: discard): set-up
+// and its failures, refused requests, a connection's failure (once, at
+// Warn), device events. Nothing is logged per message. Over XRC it sees the
+// set-up only: the engine's own events (uplink recoveries, say) are in
+// xrc.Stats.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l != nil {

@@ -12,7 +12,11 @@ type Stats struct {
 	CreditFrames uint64
 	// Keepalives counts idle probes (WithKeepalive).
 	Keepalives uint64
-	Errors     uint64
+	// Errors is 1 once the connection broke for a reason other than Close
+	// or the peer's end of stream (a raw peer's disconnect): the peer
+	// vanished or disconnected without its FIN, a request failed, the peer
+	// broke the protocol. Such a failure is logged once, at Warn.
+	Errors uint64
 }
 
 // Stats returns the connection's counters.
@@ -28,13 +32,18 @@ func (c *Conn) Stats() Stats {
 	}
 }
 
-// ProcessStats are counters of every connection in this process.
+// ProcessStats are counters of every connection in this process. GlobalStats
+// reads each on its own, not as one snapshot: a queue pair going into the
+// cache, say, may be in neither count for a moment.
 type ProcessStats struct {
-	// ConnectionsOpen is the number of connections not yet closed;
-	// ConnectionsTotal counts every connection ever established.
+	// ConnectionsOpen is the number of Conns not yet closed (an XRC Conn
+	// closed with its Listener counts until its own Close; an RC one on a
+	// removed device closes itself); ConnectionsTotal counts every
+	// connection ever established.
 	ConnectionsOpen  int64
 	ConnectionsTotal uint64
-	// QueuePairs is the number of live queue pairs the package created.
+	// QueuePairs is the number of RC queue pairs of open connections and
+	// handshakes under way; cached ones are CachedQueuePairs.
 	QueuePairs int64
 	// CachedQueuePairs is the number of closed connections' queue pairs
 	// (with their CQs) kept, reset, for new connections of the same
@@ -43,13 +52,16 @@ type ProcessStats struct {
 	QueuePairsReused uint64
 	// Listeners is the number of open listeners.
 	Listeners int64
-	// DialErrors and AcceptErrors count failed connection attempts.
+	// DialErrors and AcceptErrors count failed connection attempts (an XRC
+	// listener's refusals are its engine's: xrc.Stats.Rejected).
 	DialErrors   uint64
 	AcceptErrors uint64
 	// PortErrors counts the times a port of a device in use went down
 	// (PORT_ERR; see "Device events" in the package doc).
 	PortErrors uint64
-	// XRC connections (WithFabric, or an XRC mode on a device with XRC): INI QPs (one per remote node), TGT
+	// XRC connections (WithFabric, or an XRC mode on a device with XRC):
+	// INI QPs (one per remote node and domain, and retired ones not yet
+	// destroyed), TGT
 	// handles (one per remote sender), receiving legs counted over them,
 	// XRC QPs held, and every kernel handle and CM id the engine holds.
 	XRCUplinks       int
