@@ -76,8 +76,8 @@ func TestFabricKernelHandlesCountedOnce(t *testing.T) {
 	require.Equal(t, p.Handles(), got)
 }
 
-// noHandles is a kernel that cannot count its handles, as the real device
-// kernel (internal/kernel/real) cannot: xrc.Endpoint.Stats reports -1.
+// noHandles is a kernel that cannot count its handles (the seam allows it;
+// the real one counts since the thirty-second session): Stats reports -1.
 type noHandles struct{ kernel.Kernel }
 
 func TestFabricKernelHandlesUnknownNotNegative(t *testing.T) {
