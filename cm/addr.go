@@ -32,15 +32,25 @@ func resolveAddr(ctx context.Context, r *net.Resolver, address string) (netip.Ad
 
 // resolveAddrs parses "host:port", looking the host up with r (nil: the
 // default resolver) when it is a name: every address of family ("ip":
-// either, "ip4" or "ip6"), in the resolver's order. An IPv6 zone is kept.
+// either, "ip4" or "ip6"), in the resolver's order. An empty host is the
+// unspecified address of family, IPv4's for "ip". A port may be a service
+// name ("http"), as for net.Dial. An IPv6 zone is kept, an interface index
+// as the interface's name, the form the RDMA CM reports addresses in.
 func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) ([]netip.AddrPort, error) {
 	host, port, err := net.SplitHostPort(address)
 	if err != nil {
 		return nil, err
 	}
+	if r == nil {
+		r = net.DefaultResolver
+	}
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
-		return nil, fmt.Errorf("invalid port %q", port)
+		n, lerr := r.LookupPort(ctx, "tcp", port)
+		if lerr != nil || port == "" {
+			return nil, fmt.Errorf("invalid port %q", port)
+		}
+		p = uint64(n)
 	}
 	var ips []netip.Addr
 	switch ip, perr := netip.ParseAddr(host); {
@@ -51,9 +61,6 @@ func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) 
 	case perr == nil:
 		ips = []netip.Addr{ip}
 	default:
-		if r == nil {
-			r = net.DefaultResolver
-		}
 		if ips, err = r.LookupNetIP(ctx, family, host); err != nil {
 			return nil, err
 		}
@@ -61,6 +68,13 @@ func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) 
 	as := make([]netip.AddrPort, 0, len(ips))
 	for _, ip := range ips {
 		ip = ip.Unmap()
+		if z := ip.Zone(); z != "" {
+			if i, err := strconv.Atoi(z); err == nil {
+				if ifi, err := net.InterfaceByIndex(i); err == nil {
+					ip = ip.WithZone(ifi.Name)
+				}
+			}
+		}
 		if family == "ip4" && !ip.Is4() || family == "ip6" && !ip.Is6() {
 			continue
 		}

@@ -24,7 +24,12 @@ func TestResolveAddrs(t *testing.T) {
 		"10.0.0.1:7471":       "10.0.0.1:7471",
 		"[::ffff:10.0.0.1]:1": "10.0.0.1:1",
 		"[fe80::1%lo]:7471":   "[fe80::1%lo]:7471",
-		":7471":               "0.0.0.0:7471",
+		// An interface index as the name, the CM's form (it was kept,
+		// and RemoteAddr and LocalAddr then differed in form).
+		"[fe80::1%1]:7471": "[fe80::1%lo]:7471",
+		":7471":            "0.0.0.0:7471",
+		// A service name, as net.Dial takes (it was refused).
+		"10.0.0.1:http": "10.0.0.1:80",
 	} {
 		as, err := resolveAddrs(ctx, nil, "ip", in)
 		require.NoError(t, err, in)

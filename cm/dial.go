@@ -152,6 +152,8 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	switch {
 	case cfg.local.IsValid() && !cfg.local.IsUnspecified():
 		src = netip.AddrPortFrom(cfg.local, 0) // checkDevice checks it is on cfg.device
+	case cfg.device != "" && dst.Addr().IsLinkLocalUnicast() && dst.Addr().Zone() != "":
+		// The zone picks the interface; checkDevice checks its device.
 	case cfg.device != "":
 		// Bind to the device's own address, so the route leaves through it.
 		ip, err := rdmaaddr.AddrOf(cfg.device, dst.Addr())

@@ -39,7 +39,8 @@ type Listener struct {
 }
 
 // Listen listens for connections on address ("ip:port"; port 0 picks one;
-// a host name listens on its first address).
+// a host name listens on its first address; ":port" on IPv4's unspecified
+// address, "[::]:port" on IPv6's).
 // The listener serves the device the address belongs to (any device for an
 // unspecified address). In an XRC mode (WithXRC) on a device with XRC, it
 // listens with an XRC endpoint of its own (package xrc), and only XRC

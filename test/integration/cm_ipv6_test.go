@@ -105,6 +105,33 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "over fe80::/10", string(buf[:n]))
 
+	// WithDevice and a zoned link-local peer: the zone picks the
+	// interface (the dial bound the device's IPv6 address, and failed
+	// where it has only its link-local one).
+	dev, _ := softroce.Device(t)
+	accepted = acceptOne(t, ctx, l)
+	c2, err := cm.Dial(ctx, la.String(), cm.WithDevice(dev))
+	require.NoError(t, err)
+	c2.Close()
+	if s2 := <-accepted; s2 != nil {
+		s2.Close()
+	}
+
+	// A listener on the unspecified address: the kernel does not say
+	// which interface a connection came in on.
+	lu, err := cm.Listen(ctx, "[::]:0")
+	require.NoError(t, err)
+	defer lu.Close()
+	accepted = acceptOne(t, ctx, lu)
+	c3, err := cm.Dial(ctx, netip.AddrPortFrom(zoned, lu.Addr().(cm.Addr).Port()).String())
+	require.NoError(t, err)
+	defer c3.Close()
+	s3 := <-accepted
+	require.NotNil(t, s3)
+	defer s3.Close()
+	t.Logf("on [::]: local %v, remote %v", s3.LocalAddr(), s3.RemoteAddr())
+	require.Equal(t, ll, s3.LocalAddr().(cm.Addr).Addr().WithZone(""), "the address the dialer reached")
+
 	// Without its zone a link-local address names no interface to bind.
 	_, err = cm.Listen(ctx, netip.AddrPortFrom(ll, 0).String())
 	require.ErrorIs(t, err, syscall.EINVAL)
