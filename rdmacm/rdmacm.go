@@ -68,7 +68,7 @@ func (c *EventChannel) isClosed() bool {
 
 // refusesLocked says why no id can be made on c now, if so.
 func (c *EventChannel) refusesLocked() error {
-	if c.closed {
+	if c.closed || c.ids == nil { // closed, or a zero value never opened
 		return ErrClosed
 	}
 	return c.broken
@@ -232,7 +232,8 @@ func (c *EventChannel) Close() error {
 		return nil
 	}
 	c.mu.Lock()
-	if c.closed {
+	if c.closed || c.ids == nil { // a zero value has nothing to stop
+		c.closed = true
 		c.mu.Unlock()
 		return nil
 	}
@@ -556,7 +557,9 @@ func (id *ID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask, e
 // A QP already in state is left alone; one past it, or in SQD, SQE or ERR,
 // gives EINVAL.
 // librdmacm makes the same calls itself, inside rdma_accept and its
-// CONNECT_RESPONSE handling, for QPs made by rdma_create_qp.
+// CONNECT_RESPONSE handling, for QPs made by rdma_create_qp. Connected ids
+// only (RC, XRC): a datagram id's attributes (UD) fit INIT alone, and
+// MoveQP refuses it with EINVAL; take its INIT from InitQPAttr.
 func (id *ID) MoveQP(qp *verbs.QP, state verbs.QPState, minRNRTimer uint8) error {
 	const op = "rdma_init_qp_attr"
 	unlock, err := id.use(op)
@@ -564,6 +567,9 @@ func (id *ID) MoveQP(qp *verbs.QP, state verbs.QPState, minRNRTimer uint8) error
 		return err
 	}
 	defer unlock()
+	if id.ud() {
+		return &verbs.OpError{Op: op, Addr: "a UD id", Err: syscall.EINVAL}
+	}
 	if state < verbs.QPStateInit || state > verbs.QPStateRTS {
 		return &verbs.OpError{Op: op, Addr: state.String(), Err: syscall.EINVAL}
 	}

@@ -177,6 +177,22 @@ func TestNilAndZeroObjects(t *testing.T) {
 	if err := ch.Close(); err != nil {
 		t.Errorf("nil channel Close: %v", err)
 	}
+	// A zero channel was never opened: its Close hung (waiting for a pump
+	// that never ran) and CreateID panicked (a nil map).
+	zero := &EventChannel{}
+	if _, err := zero.CreateID(PortSpaceTCP, verbs.QPTypeRC); !errors.Is(err, ErrClosed) {
+		t.Errorf("zero channel CreateID: %v", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- zero.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("zero channel Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("zero channel Close hangs")
+	}
 	for name, id := range map[string]*ID{"nil": nil, "zero": {}} {
 		a := netip.MustParseAddrPort("10.0.0.1:1")
 		errs := map[string]error{

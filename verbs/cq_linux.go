@@ -156,6 +156,10 @@ func (ch *CompChannel) GetEvents(ctx context.Context, cqs []*CQ) (int, error) {
 	if ch == nil || ch.ch == nil {
 		return 0, closedErr("get CQ events", "")
 	}
+	if !ch.l.use() {
+		return 0, closedErr("get CQ events", ch.c.name)
+	}
+	ch.l.done()
 	if !ch.shared {
 		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: &explained{syscall.EINVAL, "the channel serves one CQ: use CQ.Wait (or make it with NewSharedCompChannel)"}}
 	}
@@ -300,6 +304,9 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 	}
 	if cqe <= 0 || cqe > math.MaxInt32 { // C.int would wrap
 		return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: &explained{syscall.EINVAL, fmt.Sprintf("cqe %d", cqe)}})
+	}
+	if vector < 0 || vector > math.MaxInt32 {
+		return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: &explained{syscall.EINVAL, fmt.Sprintf("completion vector %d", vector)}})
 	}
 	q := &CQ{c: c, ch: ch, waitSem: make(chan struct{}, 1)}
 	var cch *C.struct_ibv_comp_channel
@@ -546,6 +553,10 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 	if q == nil || q.cq == nil {
 		return 0, closedErr("wait CQ", q.addr())
 	}
+	if !q.l.use() { // closed: say so before what else is wrong
+		return 0, closedErr("wait CQ", q.tag)
+	}
+	q.l.done()
 	if q.fd == nil {
 		why := "CQ was created without a completion channel"
 		if q.ch != nil {

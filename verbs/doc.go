@@ -56,5 +56,6 @@
 //
 // All methods are safe for concurrent use. Posts to one queue are serialised
 // (the scratch arrays are per queue). Concurrent Waits on one CQ take turns.
-// One completion channel serves one CQ.
+// A channel from NewCompChannel serves one CQ (CQ.Wait); one from
+// NewSharedCompChannel serves any number (CompChannel.GetEvents).
 package verbs

@@ -187,6 +187,30 @@ func TestVerbsObjectsLifecycle(t *testing.T) {
 	require.ErrorIs(t, err, verbs.ErrClosed)
 }
 
+// TestVerbsCQArgumentsAndClosed: a completion vector past C's int is
+// refused (it wrapped to another vector), and waiting on a closed CQ or
+// channel says closed (it said EINVAL, for the CQ's missing channel or the
+// channel's kind).
+func TestVerbsCQArgumentsAndClosed(t *testing.T) {
+	vctx := openRXE(t)
+	_, err := vctx.CreateCQ(4, nil, 1<<32)
+	require.ErrorIs(t, err, syscall.EINVAL)
+	_, err = vctx.CreateCQ(4, nil, -1)
+	require.ErrorIs(t, err, syscall.EINVAL)
+	ctx := context.Background()
+	wcs := make([]verbs.WorkCompletion, 4)
+	cq, err := vctx.CreateCQ(4, nil, 0)
+	require.NoError(t, err)
+	require.NoError(t, cq.Close())
+	_, err = cq.Wait(ctx, wcs)
+	require.ErrorIs(t, err, verbs.ErrClosed)
+	ch, err := vctx.NewCompChannel()
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	_, err = ch.GetEvents(ctx, []*verbs.CQ{cq})
+	require.ErrorIs(t, err, verbs.ErrClosed)
+}
+
 func TestVerbsXRCNotSupportedOnRXE(t *testing.T) {
 	ctx := openRXE(t)
 	_, err := ctx.OpenXRCD("", 0)
