@@ -21,11 +21,11 @@
 // interface, as in package net: "[fe80::1%eth0]:7471"; binding one without
 // it fails with a clear error; a zone given as an interface index is kept
 // as the interface's name, the form the CM reports. A connection's LocalAddr
-// and RemoteAddr carry the zone too, so either can be dialed back, except
-// on a listener on the unspecified address, which the kernel does not tell
-// the interface a connection came in on: there they have none. An accepted
-// connection's LocalAddr is the address the dialer reached, also when the
-// listener is on the unspecified address. A port may be a service name
+// and RemoteAddr carry the zone too, so either can be dialed back; on a
+// listener on the unspecified address it comes from the device's GID table
+// (the kernel does not say which interface a connection came in on). An
+// accepted connection's LocalAddr is the address the dialer reached, also
+// when the listener is on the unspecified address. A port may be a service name
 // ("http"). An empty host (":7471") is IPv4's unspecified address, not a
 // dual-stack one as in net.Listen: use "[::]:7471" for IPv6. A dial leaves
 // from the address the route picks, or from the one WithLocalAddr names, as

@@ -261,6 +261,20 @@ static int gx_move_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int from, int to
 }
 
 static void gx_local(struct rdma_cm_id *id, gx_addr *a) { gx_from_sockaddr(rdma_get_local_addr(id), a); }
+
+// gx_gid_ifindex returns the interface index of the netdev behind the GID
+// of id's port equal to addr (a RoCE GID is the netdev's IP address), or 0.
+static uint32_t gx_gid_ifindex(struct rdma_cm_id *id, const uint8_t *addr) {
+	struct ibv_port_attr pa;
+	if (!id->verbs || !id->port_num || ibv_query_port(id->verbs, id->port_num, &pa))
+		return 0;
+	for (int i = 0; i < pa.gid_tbl_len; i++) {
+		struct ibv_gid_entry e;
+		if (ibv_query_gid_ex(id->verbs, id->port_num, i, &e, 0) == 0 && memcmp(e.gid.raw, addr, 16) == 0)
+			return e.ndev_ifindex;
+	}
+	return 0;
+}
 static void gx_peer(struct rdma_cm_id *id, gx_addr *a) { gx_from_sockaddr(rdma_get_peer_addr(id), a); }
 static const char *gx_devname(struct rdma_cm_id *id) {
 	return id->verbs && id->verbs->device ? ibv_get_device_name(id->verbs->device) : NULL;
@@ -615,15 +629,23 @@ func (id *ID) sysRemoteAddr() netip.AddrPort {
 // fillScope gives an IPv6 link-local address without a scope id the scope
 // of the id's link. The kernel leaves it out of an accepted id's addresses
 // and of a peer's; a link-local peer is on the link of the local address,
-// the one bound (the listener's, for an accepted id) or resolved.
+// the one bound (the listener's, for an accepted id) or resolved. An id
+// accepted on the unspecified address has none of those: its link is the
+// netdev whose GID on the id's port is its local address.
 func (id *ID) fillScope(a *C.gx_addr) {
 	if a.family != 6 || a.scope != 0 || a.addr[0] != 0xfe || a.addr[1]&0xc0 != 0x80 {
 		return
 	}
-	if a.scope = C.uint32_t(id.sys.scope.Load()); a.scope == 0 {
-		var l C.gx_addr
-		C.gx_local(id.sys.cid, &l)
-		a.scope = l.scope
+	if a.scope = C.uint32_t(id.sys.scope.Load()); a.scope != 0 {
+		return
+	}
+	var l C.gx_addr
+	C.gx_local(id.sys.cid, &l)
+	if a.scope = l.scope; a.scope == 0 && l.family == 6 {
+		a.scope = C.gx_gid_ifindex(id.sys.cid, &l.addr[0])
+	}
+	if a.scope != 0 {
+		id.sys.scope.Store(uint32(a.scope))
 	}
 }
 

@@ -118,7 +118,8 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	}
 
 	// A listener on the unspecified address: the kernel does not say
-	// which interface a connection came in on.
+	// which interface a connection came in on; the GID table does (the
+	// connection's addresses had no zone).
 	lu, err := cm.Listen(ctx, "[::]:0")
 	require.NoError(t, err)
 	defer lu.Close()
@@ -130,7 +131,16 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	require.NotNil(t, s3)
 	defer s3.Close()
 	t.Logf("on [::]: local %v, remote %v", s3.LocalAddr(), s3.RemoteAddr())
-	require.Equal(t, ll, s3.LocalAddr().(cm.Addr).Addr().WithZone(""), "the address the dialer reached")
+	require.Equal(t, zoned, s3.LocalAddr().(cm.Addr).Addr(), "the address the dialer reached, with its zone")
+	require.Equal(t, zoned, s3.RemoteAddr().(cm.Addr).Addr(), "the dialer's address, with its zone")
+	// So the peer can be dialed back by what RemoteAddr says.
+	accepted = acceptOne(t, ctx, l)
+	c4, err := cm.Dial(ctx, netip.AddrPortFrom(s3.RemoteAddr().(cm.Addr).Addr(), la.Port()).String())
+	require.NoError(t, err)
+	c4.Close()
+	if s4 := <-accepted; s4 != nil {
+		s4.Close()
+	}
 
 	// Without its zone a link-local address names no interface to bind.
 	_, err = cm.Listen(ctx, netip.AddrPortFrom(ll, 0).String())
