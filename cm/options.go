@@ -207,6 +207,15 @@ func WithRawMessages() Option { return func(c *config) { c.raw = true } }
 
 // WithKeepalive makes an idle connection send a probe every d, so a dead peer
 // is noticed even when no data flows (0, the default, disables it). A probe
+// is a credit frame: it takes one of the peer's receive buffers, which come
+// back only while the peer's application calls Send or Recv, and it keeps
+// the last credit back (two sides that both spent it could never return
+// credits again). So probes stop while the peer's application reads
+// nothing: a Send waiting for credit, or a Recv on a connection whose
+// peer's application is idle for its queue depth of intervals, then
+// notices a peer that vanished only by its context's deadline. (Probes that
+// take no credit, zero-length RDMA writes or reads, broke the connection on
+// soft-RoCE under Debian's 6.1 kernel.) A probe
 // to a peer that vanished without a word (power lost, cable cut) fails once
 // the transport's retries run out: seven tries, each after the ACK timeout
 // the RDMA CM derives from the path (about 15 s in all on soft-RoCE, between
