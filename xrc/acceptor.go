@@ -592,7 +592,12 @@ func (a *acceptor) LegsOn(dl *downlink) []*acceptedLeg {
 	defer a.mu.Unlock()
 	var out []*acceptedLeg
 	for _, l := range a.legs {
-		if l.Downlink == dl {
+		// Or the same TGT opened again by number after our handle on it
+		// went (another process of the node kept it): same sender
+		// incarnation, INI and node, and not a TGT a link of ours made.
+		o := l.Downlink
+		if o == dl || !o.Creator && o.TGTQPN == dl.TGTQPN && o.INIQPN == dl.INIQPN &&
+			o.Incarnation == dl.Incarnation && sameNode(o.Remote, dl.Remote) {
 			out = append(out, l)
 		}
 	}

@@ -38,3 +38,31 @@ func zoneName(z string) string {
 	}
 	return z
 }
+
+// nodeKey is ap as a key of the endpoint's maps by address: without a
+// zone, which names the one link an endpoint's device is on (see sameNode).
+func nodeKey(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap().WithZone(""), ap.Port())
+}
+
+// maxAddrDoms bounds what an endpoint remembers of addresses' domains: one
+// entry per peer process (a server's clients come and go on new ports). An
+// address forgotten costs its next connection one more exchange, which
+// learns it again.
+var maxAddrDoms = 4096 // a variable for tests
+
+func (e *Endpoint) domainOfLocked(ap netip.AddrPort) uint64 { return e.addrDom[nodeKey(ap)] }
+
+// learnDomainLocked records that ap is in domain dom, forgetting the oldest
+// address learned when maxAddrDoms are known.
+func (e *Endpoint) learnDomainLocked(ap netip.AddrPort, dom uint64) {
+	k := nodeKey(ap)
+	if _, ok := e.addrDom[k]; !ok {
+		if len(e.addrOrder) >= maxAddrDoms {
+			delete(e.addrDom, e.addrOrder[0])
+			e.addrOrder = append(e.addrOrder[:0], e.addrOrder[1:]...)
+		}
+		e.addrOrder = append(e.addrOrder, k)
+	}
+	e.addrDom[k] = dom
+}

@@ -10,7 +10,7 @@ import (
 func addrDomain(p *proc, addr *proc) uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.addrDom[addr.Addr()]
+	return p.domainOfLocked(addr.Addr())
 }
 
 // The process at an address is replaced by one in another domain (another

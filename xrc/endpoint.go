@@ -131,7 +131,8 @@ type Endpoint struct {
 	closed    bool
 	fatal     error
 	uplinks   []*uplink
-	addrDom   map[netip.AddrPort]uint64 // which domain an address is in
+	addrDom   map[netip.AddrPort]uint64 // which domain an address is in (nodeKey), the last maxAddrDoms learned
+	addrOrder []netip.AddrPort          // addrDom's keys, oldest first
 	replaced  map[upKey]uint32          // the TGT of a dead uplink, for REPLACES_TGT
 	nextTag   uint32
 	pending   map[uint32]*Conn // dials by our forward tag, until the reciprocal leg
@@ -765,7 +766,7 @@ func (e *Endpoint) readingAcceptFrom(node netip.Addr) bool {
 // earlier process at that address (DOMAIN_MISMATCH).
 func (e *Endpoint) bindReverseLocked(c *Conn, leg *acceptedLeg) ([]byte, bool) {
 	u := e.uplinkForLocked(c.raddr)
-	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 || u.dom != e.addrDom[c.raddr] || !u.hasOpenLeg() {
+	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 || u.dom != e.domainOfLocked(c.raddr) || !u.hasOpenLeg() {
 		return nil, false
 	}
 	tag := e.newTagLocked()
@@ -1283,10 +1284,10 @@ func (e *Endpoint) janitor() {
 // uplinkFor returns the uplink to use for raddr: an existing one to that
 // node and domain (or, the domain unknown, to that node), else nil.
 func (e *Endpoint) uplinkForLocked(raddr netip.AddrPort) *uplink {
-	dom := e.addrDom[raddr]
+	dom := e.domainOfLocked(raddr)
 	var best *uplink
 	for _, u := range e.uplinks {
-		if u.node != raddr.Addr() || u.state == upNone {
+		if !sameNode(u.node, raddr.Addr()) || u.state == upNone {
 			continue
 		}
 		if dom != 0 && u.dom != 0 && u.dom != dom {

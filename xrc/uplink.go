@@ -146,7 +146,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		if u == nil {
 			u = &uplink{node: raddr.Addr(), state: upConnecting, changed: make(chan struct{}), legs: map[*Conn]struct{}{}, refs: 1}
 			e.uplinks = append(e.uplinks, u)
-			key := upKey{raddr.Addr(), e.addrDom[raddr]}
+			key := upKey{nodeKey(raddr).Addr(), e.domainOfLocked(raddr)}
 			req := e.req(c, wire.TypePhysReq, peerTag)
 			if moving {
 				req.Flags |= wire.FlagMove
@@ -186,7 +186,8 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				return err
 			}
 			delete(e.replaced, key)
-			u.dom, e.addrDom[raddr] = acc.DomainID, acc.DomainID
+			u.dom = acc.DomainID
+			e.learnDomainLocked(raddr, acc.DomainID)
 			u.cur, u.inis = q, append(u.inis, q)
 			u.setState(upUp)
 			err = e.bindLocked(c, u, &acc)
@@ -276,7 +277,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			// acceptor refuses a hint that is not its domain, and
 			// virtLink checked the echo. Learned, an acceptor's reverse
 			// leg to raddr can ride its next ACCEPT (bindReverseLocked).
-			e.addrDom[raddr] = acc.DomainID
+			e.learnDomainLocked(raddr, acc.DomainID)
 			err = e.bindLocked(c, u, &acc)
 			e.mu.Unlock()
 			return err
@@ -296,7 +297,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			case RejectDomainMismatch:
 				// Another domain on that node: use (or make) its uplink.
 				if rj.domain != 0 && rj.domain != u.dom {
-					e.addrDom[raddr] = rj.domain
+					e.learnDomainLocked(raddr, rj.domain)
 					e.mu.Unlock()
 					continue
 				}
@@ -700,7 +701,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	if q == nil {
 		// Nobody left to move to: the uplink is gone. The next dial there
 		// makes a new one, flagged REPLACES_TGT.
-		e.replaced[upKey{u.node, dom}] = old.tgt
+		e.replaced[upKey{u.node.WithZone(""), dom}] = old.tgt
 		u.cur = nil
 		u.setState(upNone)
 		if len(u.inis) == 0 {
