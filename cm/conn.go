@@ -200,6 +200,7 @@ type Conn struct {
 	rounds       atomic.Uint64 // progress rounds ended (see progress); changed under mu
 	wake         chan struct{} // one token per waiter at the end of a round
 	err          error         // sticky: the connection is broken
+	broke        bool          // err is a failure (counted in Stats.Errors), not an orderly end
 	peerFin      bool
 	peerLeft     string // why the peer went, once the CM said so
 	closing      bool
@@ -646,10 +647,11 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	for c.ready.Len() == 0 || c.closing {
 		if c.closing {
 			// Closed (by the application, or after a device loss): what
-			// is left is not read.
-			err := c.err
-			if err == nil {
-				err = ErrClosed
+			// is left is not read. A failure that came before is the
+			// answer; an orderly end (the peer's FIN) is not one.
+			err := error(ErrClosed)
+			if c.broke {
+				err = c.err
 			}
 			c.mu.Unlock()
 			return 0, 0, false, c.opErr("recv", err)
@@ -962,6 +964,7 @@ func (c *Conn) handle(wc *completion) {
 			// have, io.EOF: counted and logged here, where failLocked
 			// takes the end of stream for the orderly end.
 			err = fmt.Errorf("%w: frame of kind %d after the peer's FIN", ErrProtocol, h.kind)
+			c.broke = true
 			c.stats.errors.Add(1)
 			c.log("connection failed", "remote", c.raddr, "err", err)
 		}
@@ -1040,6 +1043,7 @@ func (c *Conn) failLocked(err error) {
 	// messages have no FIN). A framed peer that disconnects without one
 	// broke the connection (its process died, say).
 	if !errors.Is(err, ErrClosed) && !c.peerFin && !(c.raw && c.peerLeft != "") {
+		c.broke = true
 		c.log("connection failed", "remote", c.raddr, "err", err)
 		c.stats.errors.Add(1)
 	}
@@ -1085,16 +1089,17 @@ func (c *Conn) peerVanishedLocked() bool {
 	return c.peerLeft == "" && errors.As(c.err, &ce) && ce.Status == verbs.WCRetryExcErr
 }
 
-// Close closes the connection gracefully: it wakes every blocked call (each
-// returns ErrClosed), tells the peer no more data follows (waiting, bounded
-// by the handshake timeout, for a receive buffer at the peer to take that),
-// waits (bounded as well) for posted messages to complete, disconnects,
-// waits for the CM's time-wait to end, and releases every resource. A
-// connection whose peer vanished (its retries ran out with no disconnect
-// from the CM) is released at once, with no one to wait for. Close is
-// idempotent. Recv after Close returns ErrClosed (or the error that broke
-// the connection before), also where messages or the peer's end of stream
-// were still to be read.
+// Close closes the connection gracefully: it wakes blocked Sends and Recvs
+// (each returns ErrClosed; a one-sided operation in flight completes first,
+// its memory in the device's hands), tells the peer no more data follows
+// (waiting, bounded by the handshake timeout, for a receive buffer at the
+// peer to take that), waits (bounded as well) for posted messages to
+// complete, disconnects, waits for the CM's time-wait to end, and releases
+// every resource. A connection whose peer vanished (its retries ran out with
+// no disconnect from the CM) is released at once, with no one to wait for.
+// Close is idempotent. Recv after Close returns ErrClosed (or the failure
+// that broke the connection before), also where messages or the peer's end
+// of stream were still to be read.
 func (c *Conn) Close() error {
 	if c == nil {
 		return nil

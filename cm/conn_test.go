@@ -1064,3 +1064,20 @@ func TestConnCloseWaitsForThePollingLeader(t *testing.T) {
 	require.False(t, o.overlap.Load(), "release ran while the leader was still polling")
 	require.ErrorIs(t, <-recvErr, ErrPeerGone)
 }
+
+// Recv after our Close of a connection the peer ended in order (its FIN,
+// then its disconnect) is ErrClosed: it said the connection was lost, the
+// disconnect's flush taken for a failure.
+func TestConnRecvAfterCloseFollowingOrderlyPeerClose(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{})
+	ctx := ctxT(t)
+	require.NoError(t, b.CloseWrite())
+	w.ends[1].shutdown() // the peer's Close disconnects after its FIN
+	a.peerGone("peer disconnected")
+	_, err := a.Recv(ctx, make([]byte, 64))
+	require.ErrorIs(t, err, io.EOF)
+	require.Zero(t, a.Stats().Errors)
+	require.NoError(t, a.Close())
+	_, err = a.Recv(ctx, make([]byte, 64))
+	require.ErrorIs(t, err, ErrClosed)
+}

@@ -89,8 +89,8 @@
 // whose Reason says why: NO_LISTENER where nothing listens), a deadline
 // that passed matches both context.DeadlineExceeded and
 // os.ErrDeadlineExceeded. Close is graceful: it wakes the connection's
-// blocked calls (they return ErrClosed), and the peer reads the data sent
-// before it, then io.EOF. MaxMessageSize is what Send takes; size Recv
+// blocked Sends and Recvs (they return ErrClosed), and the peer reads the
+// data sent before it, then io.EOF. MaxMessageSize is what Send takes; size Recv
 // buffers with MaxRecvSize, which always fits (over XRC the two sides'
 // limits need not agree).
 //
