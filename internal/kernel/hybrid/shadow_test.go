@@ -66,7 +66,7 @@ func TestShadowPath(t *testing.T) {
 			}
 			info, _ := q.p.QueryQP(q.h)
 			path := kcm.Path{RemoteQPN: toWire(q.peer, QPNOffset), Remote: netip.AddrPortFrom(ip, 7), Exchange: kernel.ExchangeXRC}
-			if err := f.withPath(q.p, kernel.QPInfo{Num: toWire(info.Num, QPNOffset), Type: info.Type}, path, func(id kernel.ID) error {
+			if err := f.withPath(q.p, kernel.QPInfo{Num: info.Num, Type: info.Type}, path, func(id kernel.ID) error { // the model's number, as TransitionQP passes it
 				return q.p.TransitionQP(q.h, verbs.QPStateRTS, id)
 			}); err != nil {
 				t.Fatal(err)
