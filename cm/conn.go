@@ -1100,7 +1100,15 @@ func (c *Conn) peerVanishedLocked() bool {
 // Close is idempotent. Recv after Close returns ErrClosed (or the failure
 // that broke the connection before), also where messages or the peer's end
 // of stream were still to be read.
-func (c *Conn) Close() error {
+func (c *Conn) Close() error { return c.close(false) }
+
+// close is Close. With background it returns once the graceful part is
+// done, and the release, with its wait for the CM's time-wait (2 s on
+// soft-RoCE), goes on in a goroutine of its own, as a TCP socket leaves its
+// TIME_WAIT to the kernel: the net.Conn adapter's Close, which net/http
+// calls in turn for every connection while holding its lock. A release
+// error is then logged.
+func (c *Conn) close(background bool) error {
 	if c == nil {
 		return nil
 	}
@@ -1134,6 +1142,22 @@ func (c *Conn) Close() error {
 		case <-ctx.Done():
 		}
 	}
+	if background {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+			defer cancel()
+			if err := c.release(ctx, vanished); err != nil {
+				c.log("release after close failed", "remote", c.raddr, "err", err)
+			}
+		}()
+		return nil
+	}
+	return c.release(ctx, vanished)
+}
+
+// release fails the connection (ErrClosed) and frees everything, once;
+// every call returns the first's result.
+func (c *Conn) release(ctx context.Context, vanished bool) error {
 	c.releaseOnce.Do(func() {
 		if c.kaStop != nil {
 			close(c.kaStop)

@@ -156,6 +156,11 @@
 // here has XRC: the XRC path is tested on the in-memory fabric and, on a
 // device, only where one with XRC is present.
 //
+// The addresses of an XRC connection are its endpoints' listening
+// addresses: every connection between two processes (a process's Dials
+// share one dialer endpoint) has the same LocalAddr and RemoteAddr, which
+// do not tell its connections apart as a TCP 4-tuple does.
+//
 // WithFabric runs connections over XRC on an in-memory fabric (package
 // xrc/memfabric) with the same engine: the same API, for tests without RDMA
 // hardware. XRC connections carry framed messages; raw messages, immediate

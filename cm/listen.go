@@ -337,7 +337,10 @@ func (l *Listener) Close() error {
 }
 
 // NetListener returns l as a net.Listener whose connections are NetConn
-// stream adapters, for servers such as net/http.
+// stream adapters, for servers such as net/http. Over XRC, closing the
+// listener closes its connections too (see Close): http.Server.Shutdown,
+// which closes its listeners first, then cuts off requests in flight
+// instead of waiting for them.
 func (l *Listener) NetListener() net.Listener { return netListener{l} }
 
 type netListener struct{ l *Listener }

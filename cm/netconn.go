@@ -160,10 +160,14 @@ func (s *streamConn) closedErr(op string) error {
 }
 
 // Close closes the connection and stops the deadlines' timers. What was
-// received and not yet read is dropped.
+// received and not yet read is dropped. It returns once the end of the
+// stream is sent and the data before it delivered; the release of the
+// connection, which waits for the CM's time-wait, goes on in the background
+// (a TCP socket's TIME_WAIT is the kernel's too), so that net/http, which
+// closes its connections one by one, does not wait a time-wait for each.
 func (s *streamConn) Close() error {
 	s.closed.Store(true)
-	err := s.c.Close()
+	err := s.c.close(true)
 	s.readDL.set(time.Time{})
 	s.writeDL.set(time.Time{})
 	return err
