@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
-	"slices"
 	"sync"
 	"syscall"
 
@@ -28,6 +27,14 @@ type downlink struct {
 	count       int
 }
 
+// prevTGT is a TGT a leg moved away from, and the SRQ drain count at the
+// move: what came through it before the move was in the SRQ then, and is
+// taken by the next drain.
+type prevTGT struct {
+	num  uint32
+	mark uint64
+}
+
 // acceptedLeg is one accepted one-way leg of a logical connection: a sender's tag
 // bound to our tag and a downlink.
 type acceptedLeg struct {
@@ -42,10 +49,10 @@ type acceptedLeg struct {
 	Reciprocal      uint32 // the forward leg's tag when this is a reverse leg, else 0
 	RevTag          uint32 // FlagOneExchange: the sender's receive tag for our reverse leg, else 0
 	Physical        bool
-	cached          []byte   // VIRT: the ACCEPT, for SIDR retransmissions
-	cachedMove      bool     // cached answers a MOVE (a retransmission is flagged as its request was)
-	prev            []uint32 // TGTs the leg moved away from (newest last, at most 4)
-	used            bool     // a message came through it: its sender has our ACCEPT
+	cached          []byte    // VIRT: the ACCEPT, for SIDR retransmissions
+	cachedMove      bool      // cached answers a MOVE (a retransmission is flagged as its request was)
+	prev            []prevTGT // TGTs the leg moved away from (newest last, at most 4)
+	used            bool      // a message came through it: its sender has our ACCEPT
 }
 
 // appReject is what an Admit function returns to refuse a request.
@@ -66,6 +73,10 @@ type acceptorConfig struct {
 	// Admit, if set, sees each new request before any kernel object is made
 	// or opened; it returns app data for the ACCEPT, or a rejection.
 	Admit func(req *wire.Req) ([]byte, *appReject)
+	// Drains, if set, counts the times the receive loop emptied the SRQ:
+	// a leg takes messages through a TGT it moved away from only until the
+	// next one (nil: for as long as it remembers the TGT).
+	Drains func() uint64
 }
 
 // acceptor makes the "open new or share existing" decision of
@@ -318,7 +329,7 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 	}
 	old := l.Downlink
 	if old != dl {
-		l.prev = append(l.prev, old.TGTQPN)
+		l.prev = append(l.prev, prevTGT{old.TGTQPN, a.drains()})
 		if len(l.prev) > 4 {
 			l.prev = l.prev[1:]
 		}
@@ -564,9 +575,35 @@ func (a *acceptor) LegAccepts(l *acceptedLeg, qpn uint32) bool {
 	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l {
 		return false
 	}
-	ok := l.Downlink.TGTQPN == qpn || slices.Contains(l.prev, qpn)
+	ok := l.Downlink.TGTQPN == qpn || a.prevAcceptsLocked(l, qpn)
 	l.used = l.used || ok
 	return ok
+}
+
+// prevAcceptsLocked reports whether qpn is a TGT l moved away from whose
+// messages may still be in the SRQ. Not once the SRQ was drained after the
+// move (acked messages were in the SRQ before the sender's recovery began,
+// and the rest it sends again), nor where we hold a TGT of that number for
+// another sender: a freed number is reused at once, and another sender's
+// message naming this leg's tag through it must not be taken.
+func (a *acceptor) prevAcceptsLocked(l *acceptedLeg, qpn uint32) bool {
+	for _, p := range l.prev {
+		if p.num != qpn || p.mark != a.drains() {
+			continue
+		}
+		if dl := a.byTGT[qpn]; dl != nil && (dl.Incarnation != l.PeerIncarnation || !sameNode(dl.Remote, l.Downlink.Remote)) {
+			return false
+		}
+		return true
+	}
+	return false
+}
+
+func (a *acceptor) drains() uint64 {
+	if a.cfg.Drains == nil {
+		return 0
+	}
+	return a.cfg.Drains()
 }
 
 // Close destroys every handle the acceptor holds and forgets every leg.

@@ -257,7 +257,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	e.inc = random64()
 	e.nextTag = uint32(random64() >> 33)
 	ac := acceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
-		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize)}
+		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize), Drains: e.drains.Load}
 	if cfg.DialOnly {
 		ac.Admit = func(req *wire.Req) ([]byte, *appReject) {
 			if req.Flags&wire.FlagReciprocal == 0 {
@@ -873,6 +873,29 @@ func (e *Endpoint) postFirstFrame(ctx context.Context, c *Conn) bool {
 		case postFull:
 			select {
 			case <-room:
+			case <-c.done:
+				return false
+			case <-e.ctx.Done():
+				return false
+			case <-ctx.Done():
+				return false
+			}
+		case postFailed:
+			// The uplink is recovering (or the leg is gone): wait for
+			// it, as sendFrame does, rather than spend every try at once.
+			e.mu.Lock()
+			u := c.up
+			var ch <-chan struct{}
+			if u != nil && u.state != upUp && u.state != upNone && c.err == nil {
+				ch = u.changed
+			}
+			e.mu.Unlock()
+			if ch == nil {
+				return false
+			}
+			select {
+			case <-ch:
+				try--
 			case <-c.done:
 				return false
 			case <-e.ctx.Done():

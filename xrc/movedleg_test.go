@@ -1,0 +1,187 @@
+package xrc
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+// physLeg makes a PHYS leg from raw peer p to r by hand (INI, REQ, RTS,
+// RTU) and returns the INI and the ACCEPT.
+func physLeg(t *testing.T, p *rawPeer, to netip.AddrPort, tag uint32, flags wire.Flags) (kernel.QP, wire.Accept) {
+	t.Helper()
+	k := p.k
+	ini, iniQPN, err := k.CreateINI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, Flags: flags, ConnTag: tag, Incarnation: p.inc, INIQPN: iniQPN,
+		SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8, MaxMessage: MaxMessageSize})
+	id, err := k.Connect(ctxT(t, time.Second), to, kernel.ExchangeXRC, iniQPN, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := k.Event(ctxT(t, time.Second), id)
+	var acc wire.Accept
+	if err != nil || ev.Type != kernel.EventConnectResponse || wire.DecodeAccept(ev.PrivateData, &acc) != nil {
+		t.Fatalf("PHYS_REQ tag %d: %v %v", tag, ev.Type, err)
+	}
+	if err := k.TransitionQP(ini, verbs.QPStateRTS, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Establish(id); err != nil {
+		t.Fatal(err)
+	}
+	return ini, acc
+}
+
+// TestMovedLegRefusesReusedTGT: a leg that MOVEd kept the numbers of the
+// TGTs it left (acceptedLeg.prev) for ever, and LegAccepts took any message
+// that came through a TGT of that number. Once the old TGT is gone (its last
+// handle was the leg's) the number is free at once (facts.md), and a TGT
+// made next for another sender gets it: that sender, naming the moved leg's
+// tag, injected data into a connection not its own. Now a leg takes
+// messages through a TGT it left only until the SRQ's next drain, and never
+// through one we hold for another sender.
+func TestMovedLegRefusesReusedTGT(t *testing.T) {
+	w := newWorld(t)
+	r := w.endpoint("10.0.50.2", 7001)
+	a := w.rawPeer("10.0.50.1", 7100)
+	b := w.rawPeer("10.0.50.3", 7100)
+	// (b shares rawPeer's incarnation; its legs use other tags)
+
+	_, acc1 := physLeg(t, a, r.Addr(), 1, 0)
+	ca, err := r.Accept(ctxT(t, 2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A recovers: a new INI, the leg MOVEd by PHYS onto a new TGT. The old
+	// TGT's only handle was r's: it dies and frees its number.
+	iniA2, accM := physLeg(t, a, r.Addr(), 1, wire.FlagMove)
+	if accM.TGTQPN == acc1.TGTQPN || accM.AcceptorTag != acc1.AcceptorTag {
+		t.Fatalf("move: %+v after %+v", accM, acc1)
+	}
+	eventually(t, "old TGT gone", func() (bool, string) {
+		n := r.acc.LocalCount(acc1.TGTQPN)
+		st := w.f.Node("10.0.50.2").Stats()
+		return n == 0 && st.TGTs == 1, fmt.Sprint(n, st)
+	})
+	// A's own data on the moved leg arrives.
+	if err := a.k.PostSend(iniA2, []kernel.SendWR{{WRID: 1, RemoteSRQN: accM.SRQN, Imm: accM.AcceptorTag, Payload: []byte("D\x00\x00\x00\x00from A")}}); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := ca.Recv(ctxT(t, time.Second), buf); err != nil || string(buf[:n]) != "from A" {
+		t.Fatalf("A's message: %q %v", buf[:n], err)
+	}
+	// B, another sender, gets a TGT of its own at r: the freed number.
+	iniB, accB := physLeg(t, b, r.Addr(), 2, 0)
+	if accB.TGTQPN != acc1.TGTQPN {
+		t.Fatalf("setup: B's TGT %#x did not reuse A's old %#x", accB.TGTQPN, acc1.TGTQPN)
+	}
+	cb, err := r.Accept(ctxT(t, 2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = cb
+	dropped := r.Stats().Dropped
+	// B names A's tag.
+	if err := b.k.PostSend(iniB, []kernel.SendWR{{WRID: 1, RemoteSRQN: accB.SRQN, Imm: acc1.AcceptorTag, Payload: []byte("D\x00\x00\x00\x01injected by B")}}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if n, err := ca.Recv(short, buf); err == nil {
+		t.Fatalf("A's connection received %q from sender B (through a TGT that only shares the number of one A left)", buf[:n])
+	}
+	if got := r.Stats().Dropped; got != dropped+1 {
+		t.Fatalf("dropped %d, want %d", got, dropped+1)
+	}
+}
+
+// failH fails the next single-frame keepalive post once armed, as a post
+// on an INI that just failed does: the uplink goes RECOVERING.
+type failH struct {
+	kernel.Kernel
+	armed atomic.Bool
+}
+
+func (k *failH) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	if len(wrs) == 1 && len(wrs[0].Payload) == 1 && wrs[0].Payload[0] == kindHeartbeat && k.armed.CompareAndSwap(true, false) {
+		return syscall.EIO
+	}
+	return k.Kernel.PostSend(q, wrs)
+}
+
+// TestOneExchangeFirstFrameDuringRecovery: a one-exchange dial whose first frame
+// (the keepalive that completes the acceptor's half) finds the uplink
+// RECOVERING gives up on it at once (postFirstFrame spins its 16 tries on
+// postFailed without waiting) and Dial returns success. An application that
+// then closes without sending makes its FIN the first frame: the acceptor
+// takes the dial for abandoned, and Accept never returns a connection that
+// Dial returned.
+func TestOneExchangeFirstFrameDuringRecovery(t *testing.T) {
+	w := newWorld(t)
+	slow := func(c *Config) { c.Heartbeat, c.IdleTimeout = 5*time.Second, 30*time.Second } // no janitor keepalive in the test
+	var fk *failH
+	a := w.wrappedEndpoint("10.0.51.1", 7000, func(k kernel.Kernel) kernel.Kernel { fk = &failH{Kernel: k}; return fk }, slow)
+	b := w.endpoint("10.0.51.2", 7000, slow)
+	pair(t, a, b) // uplinks both ways: the next dial takes one exchange
+	fk.armed.Store(true)
+	acc := make(chan error, 1)
+	go func() {
+		_, err := b.Accept(ctxT(t, 3*time.Second))
+		acc <- err
+	}()
+	c, err := a.Dial(ctxT(t, 5*time.Second), b.Addr().String())
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	if fk.armed.Load() {
+		t.Fatal("the first frame's post was never tried")
+	}
+	c.Close()
+	if err := <-acc; err != nil {
+		t.Fatalf("Dial returned a connection, Accept never did: %v (b: abandoned %d)", err, b.Stats().Abandoned)
+	}
+}
+
+// Variant: the injected frame carried a number far ahead; A's own later
+// messages were then taken for duplicates and silently dropped.
+func TestMovedLegReusedTGTCannotSilenceOwner(t *testing.T) {
+	w := newWorld(t)
+	r := w.endpoint("10.0.52.2", 7001)
+	a := w.rawPeer("10.0.52.1", 7100)
+	b := w.rawPeer("10.0.52.3", 7100)
+	_, acc1 := physLeg(t, a, r.Addr(), 1, 0)
+	ca, err := r.Accept(ctxT(t, 2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	iniA2, accM := physLeg(t, a, r.Addr(), 1, wire.FlagMove)
+	iniB, accB := physLeg(t, b, r.Addr(), 2, 0)
+	if accB.TGTQPN != acc1.TGTQPN {
+		t.Fatalf("setup: the model did not reuse the old TGT number (%#x, got %#x)", acc1.TGTQPN, accB.TGTQPN)
+	}
+	if _, err := r.Accept(ctxT(t, 2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	b.k.PostSend(iniB, []kernel.SendWR{{WRID: 1, RemoteSRQN: accB.SRQN, Imm: acc1.AcceptorTag, Payload: []byte("D\x7f\xff\x00\x00")}})
+	time.Sleep(50 * time.Millisecond)
+	dups := r.Stats().Duplicates
+	a.k.PostSend(iniA2, []kernel.SendWR{{WRID: 1, RemoteSRQN: accM.SRQN, Imm: accM.AcceptorTag, Payload: []byte("D\x00\x00\x00\x00from A")}})
+	buf := make([]byte, 64)
+	n, err := ca.Recv(ctxT(t, 2*time.Second), buf)
+	if err != nil || string(buf[:n]) != "from A" {
+		t.Fatalf("A's own message 0 after B's injected number 0x7fff0000: %q, %v (duplicates %d before, %d now)",
+			buf[:n], err, dups, r.Stats().Duplicates)
+	}
+}
