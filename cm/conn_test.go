@@ -150,11 +150,16 @@ func TestConnMessageTooLong(t *testing.T) {
 	require.Equal(t, 64, n)
 }
 
+// A frame that breaks the protocol fails the connection with ErrProtocol,
+// and counts one error whichever check catches it (a bad kind, sequence or
+// credits field counted two: one in handle, one in the failure).
 func TestConnGarbageFromPeer(t *testing.T) {
 	for name, corrupt := range map[string]func(uint32) uint32{
 		"kind":     func(imm uint32) uint32 { return imm &^ (3 << 30) },
 		"sequence": func(imm uint32) uint32 { return imm ^ 1 },
 		"credits":  func(imm uint32) uint32 { return imm | 0xfff<<16 },
+		// Within what one frame may return, past what b is owed.
+		"credit sum": func(imm uint32) uint32 { return imm&^(0xfff<<16) | 9<<16 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			a, b, w := fakePair(t, fakeOpts{})
@@ -168,6 +173,7 @@ func TestConnGarbageFromPeer(t *testing.T) {
 			var oe *OpError
 			require.ErrorAs(t, err, &oe)
 			require.Equal(t, "recv", oe.Op)
+			require.Equal(t, uint64(1), b.Stats().Errors, "one broken frame, one error")
 			// The broken connection stays broken.
 			require.ErrorIs(t, b.Send(ctx, []byte("x")), ErrProtocol)
 		})

@@ -11,31 +11,6 @@ import (
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
-// A frame that breaks the protocol counts one error, whichever check
-// catches it: a bad kind, sequence or credits field counted two (one in
-// handle, one in the failure).
-func TestStatsOneErrorPerProtocolFailure(t *testing.T) {
-	for name, corrupt := range map[string]func(uint32) uint32{
-		"kind":     func(imm uint32) uint32 { return imm &^ (3 << 30) },
-		"sequence": func(imm uint32) uint32 { return imm ^ 1 },
-		"credits":  func(imm uint32) uint32 { return imm | 0xfff<<16 },
-		// Within what one frame may return, past what b is owed.
-		"credit sum": func(imm uint32) uint32 { return imm&^(0xfff<<16) | 9<<16 },
-	} {
-		t.Run(name, func(t *testing.T) {
-			a, b, w := fakePair(t, fakeOpts{})
-			ctx := ctxT(t)
-			w.mu.Lock()
-			w.ends[0].corrupt = corrupt
-			w.mu.Unlock()
-			require.NoError(t, a.Send(ctx, []byte("hello")))
-			_, err := b.Recv(ctx, make([]byte, 256))
-			require.ErrorIs(t, err, ErrProtocol)
-			require.Equal(t, uint64(1), b.Stats().Errors, "one broken frame, one error")
-		})
-	}
-}
-
 // A framed peer that disconnects without its FIN (its process died) broke
 // the connection: one error, logged (neither happened), where a FIN before
 // the disconnect is the orderly end (neither).

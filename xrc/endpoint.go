@@ -865,19 +865,25 @@ func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) error {
 // postFirstFrame posts c's first frame on its forward leg, waiting for
 // room in a full send queue, and reports whether it did.
 func (e *Endpoint) postFirstFrame(ctx context.Context, c *Conn) bool {
+	// wait waits for ch, and reports false where the connection, the
+	// endpoint or the dial ended first.
+	wait := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		case <-c.done:
+		case <-e.ctx.Done():
+		case <-ctx.Done():
+		}
+		return false
+	}
 	for try := 0; try < maxTries; try++ {
 		res, room := c.post(kindHeartbeat, nil, nil)
 		switch res {
 		case posted:
 			return true
 		case postFull:
-			select {
-			case <-room:
-			case <-c.done:
-				return false
-			case <-e.ctx.Done():
-				return false
-			case <-ctx.Done():
+			if !wait(room) {
 				return false
 			}
 		case postFailed:
@@ -890,19 +896,10 @@ func (e *Endpoint) postFirstFrame(ctx context.Context, c *Conn) bool {
 				ch = u.changed
 			}
 			e.mu.Unlock()
-			if ch == nil {
+			if ch == nil || !wait(ch) {
 				return false
 			}
-			select {
-			case <-ch:
-				try--
-			case <-c.done:
-				return false
-			case <-e.ctx.Done():
-				return false
-			case <-ctx.Done():
-				return false
-			}
+			try--
 		}
 	}
 	return false
