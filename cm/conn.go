@@ -1042,7 +1042,7 @@ func (c *Conn) failLocked(err error) {
 	// expected end, not a failure; so is a raw peer's disconnect (raw
 	// messages have no FIN). A framed peer that disconnects without one
 	// broke the connection (its process died, say).
-	if !errors.Is(err, ErrClosed) && !c.peerFin && !(c.raw && c.peerLeft != "") {
+	if !c.broke && !errors.Is(err, ErrClosed) && !(c.peerFin && c.peerLeft != "") && !(c.raw && c.peerLeft != "") {
 		c.broke = true
 		c.log("connection failed", "remote", c.raddr, "err", err)
 		c.stats.errors.Add(1)
@@ -1142,6 +1142,10 @@ func (c *Conn) close(background bool) error {
 		case <-ctx.Done():
 		}
 	}
+	// The FIN or the drain may have found the peer vanished.
+	c.mu.Lock()
+	vanished = vanished || c.peerVanishedLocked()
+	c.mu.Unlock()
 	if background {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), c.timeout)

@@ -77,6 +77,11 @@ type acceptorConfig struct {
 	// a leg takes messages through a TGT it moved away from only until the
 	// next one (nil: for as long as it remembers the TGT).
 	Drains func() uint64
+	// Polls, if set, counts the receive loop's polls begun: a MOVE marks
+	// the leg's old TGT with it, and the leg takes messages through that
+	// TGT until Drains (the number of the last poll that found the SRQ
+	// empty, counted once its batch is delivered) passes the mark.
+	Polls func() uint64
 }
 
 // acceptor makes the "open new or share existing" decision of
@@ -329,7 +334,7 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 	}
 	old := l.Downlink
 	if old != dl {
-		l.prev = append(l.prev, prevTGT{old.TGTQPN, a.drains()})
+		l.prev = append(l.prev, prevTGT{old.TGTQPN, a.polls()})
 		if len(l.prev) > 4 {
 			l.prev = l.prev[1:]
 		}
@@ -588,7 +593,7 @@ func (a *acceptor) LegAccepts(l *acceptedLeg, qpn uint32) bool {
 // message naming this leg's tag through it must not be taken.
 func (a *acceptor) prevAcceptsLocked(l *acceptedLeg, qpn uint32) bool {
 	for _, p := range l.prev {
-		if p.num != qpn || p.mark != a.drains() {
+		if p.num != qpn || a.drains() > p.mark {
 			continue
 		}
 		if dl := a.byTGT[qpn]; dl != nil && (dl.Incarnation != l.PeerIncarnation || !sameNode(dl.Remote, l.Downlink.Remote)) {
@@ -597,6 +602,13 @@ func (a *acceptor) prevAcceptsLocked(l *acceptedLeg, qpn uint32) bool {
 		return true
 	}
 	return false
+}
+
+func (a *acceptor) polls() uint64 {
+	if a.cfg.Polls == nil {
+		return 0
+	}
+	return a.cfg.Polls()
 }
 
 func (a *acceptor) drains() uint64 {

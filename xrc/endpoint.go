@@ -152,7 +152,8 @@ type Endpoint struct {
 	rejected    atomic.Uint64
 	recoveries  atomic.Uint64
 	moved       atomic.Uint64
-	drains      atomic.Uint64 // times the receive loop emptied the SRQ
+	drains      atomic.Uint64 // the number of the last poll that found the SRQ empty (its batch delivered)
+	polls       atomic.Uint64 // the receive loop's polls begun
 	virtReqs    atomic.Uint64
 	oneExchange atomic.Uint64
 	abandoned   atomic.Uint64
@@ -257,7 +258,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	e.inc = random64()
 	e.nextTag = uint32(random64() >> 33)
 	ac := acceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
-		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize), Drains: e.drains.Load}
+		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize), Drains: e.drains.Load, Polls: e.polls.Load}
 	if cfg.DialOnly {
 		ac.Admit = func(req *wire.Req) ([]byte, *appReject) {
 			if req.Flags&wire.FlagReciprocal == 0 {
@@ -892,10 +893,20 @@ func (e *Endpoint) postFirstFrame(ctx context.Context, c *Conn) bool {
 			e.mu.Lock()
 			u := c.up
 			var ch <-chan struct{}
-			if u != nil && u.state != upUp && u.state != upNone && c.err == nil {
-				ch = u.changed
+			again := false
+			if u != nil && u.state != upNone && c.err == nil {
+				if u.state == upUp {
+					// Recovered since the post failed (or the INI it
+					// went to was replaced meanwhile): try again.
+					again = true
+				} else {
+					ch = u.changed
+				}
 			}
 			e.mu.Unlock()
+			if again {
+				continue
+			}
 			if ch == nil || !wait(ch) {
 				return false
 			}
@@ -1043,7 +1054,7 @@ func (e *Endpoint) senderGone(dl *downlink) {
 	defer e.mu.Unlock()
 	for _, l := range e.acc.LegsOn(dl) {
 		if c := e.recv[l.Tag]; c != nil && c.goneAt.IsZero() {
-			c.goneAt, c.goneDrains = now, e.drains.Load()
+			c.goneAt, c.goneDrains = now, e.polls.Load()
 		}
 	}
 }
@@ -1093,6 +1104,7 @@ func (e *Endpoint) recvLegUp(c *Conn) {
 func (e *Endpoint) recvLoop() {
 	var wcs [32]kernel.RecvCompletion
 	for {
+		seq := e.polls.Add(1)
 		n, err := e.k.PollRecv(e.ctx, e.srq, wcs[:])
 		if err != nil {
 			if e.ctx.Err() == nil {
@@ -1107,7 +1119,7 @@ func (e *Endpoint) recvLoop() {
 			wcs[i] = kernel.RecvCompletion{}
 		}
 		if n < len(wcs) {
-			e.drains.Add(1)
+			e.drains.Store(seq)
 		}
 	}
 }
