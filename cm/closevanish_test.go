@@ -10,13 +10,16 @@ import (
 	"github.com/goxrc/goxrc/verbs"
 )
 
-// vanishOnFin is a fake end whose peer stops answering just as our FIN
-// goes out: the FIN's completion is RETRY_EXC_ERR and the CM reports no
-// disconnect (a node that lost power during our Close).
-type vanishOnFin struct{ *fakeEnd }
+// vanishOn is a fake end whose peer stops answering just as our next frame
+// of kind goes out: its completion is RETRY_EXC_ERR and the CM reports no
+// disconnect (a node that lost power).
+type vanishOn struct {
+	*fakeEnd
+	kind frameKind
+}
 
-func (e vanishOnFin) postSend(slot, n int, imm uint32, hasImm, signaled bool) error {
-	if hasImm && frameKind(imm>>30) == frameFin {
+func (e vanishOn) postSend(slot, n int, imm uint32, hasImm, signaled bool) error {
+	if hasImm && frameKind(imm>>30) == e.kind {
 		e.w.mu.Lock()
 		e.cq = append(e.cq, completion{op: compSend, slot: slot, err: &verbs.CompletionError{Status: verbs.WCRetryExcErr}})
 		e.signal()
@@ -26,39 +29,24 @@ func (e vanishOnFin) postSend(slot, n int, imm uint32, hasImm, signaled bool) er
 	return e.fakeEnd.postSend(slot, n, imm, hasImm, signaled)
 }
 
-// Close computes vanished before its FIN and drain; a peer found vanished
-// by the FIN itself is released as if it would answer the DREQ, so the
-// release waits out the time-wait wait (bounded by the handshake timeout)
-// for a peer that is not there, and Close (sync) returns that timeout.
+// Close decided whether the peer vanished before its FIN and drain only: a
+// peer found vanished by the FIN itself was released as if it would answer
+// the DREQ, and the release waited for a time-wait (bounded by the
+// handshake timeout) from a peer that was not there.
 func TestConnCloseVanishedDuringFin(t *testing.T) {
 	a, _, w := fakePair(t, fakeOpts{})
-	a.t = vanishOnFin{w.ends[0]}
+	a.t = vanishOn{w.ends[0], frameFin}
 	require.NoError(t, a.Close())
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	require.True(t, w.ends[0].releasedVanished, "the FIN's RETRY_EXC_ERR showed the peer vanished, release was told otherwise")
 }
 
-// vanishOnData: the peer's node is gone by the time our next data frame
-// goes out (RETRY_EXC_ERR, no disconnect from the CM).
-type vanishOnData struct{ *fakeEnd }
-
-func (e vanishOnData) postSend(slot, n int, imm uint32, hasImm, signaled bool) error {
-	if hasImm && frameKind(imm>>30) == frameData {
-		e.w.mu.Lock()
-		e.cq = append(e.cq, completion{op: compSend, slot: slot, err: &verbs.CompletionError{Status: verbs.WCRetryExcErr}})
-		e.signal()
-		e.w.mu.Unlock()
-		return nil
-	}
-	return e.fakeEnd.postSend(slot, n, imm, hasImm, signaled)
-}
-
 // A peer that half-closed (CloseWrite: its request is complete) and then
 // vanished while we sent the response: our data frame failed with
-// RETRY_EXC_ERR. failLocked takes every failure after the peer's FIN for
-// the orderly end, so the lost response is neither counted nor logged,
-// though Stats.Errors counts "a request failed" / "the peer vanished".
+// RETRY_EXC_ERR. failLocked took every failure after the peer's FIN for the
+// orderly end, so the lost response was neither counted nor logged, though
+// Stats.Errors counts "a request failed" / "the peer vanished".
 func TestStatsFailureAfterPeerHalfCloseCounted(t *testing.T) {
 	a, b, w := fakePair(t, fakeOpts{})
 	var logged []string
@@ -67,7 +55,7 @@ func TestStatsFailureAfterPeerHalfCloseCounted(t *testing.T) {
 	require.NoError(t, b.CloseWrite())
 	_, err := a.Recv(ctx, make([]byte, 64))
 	require.ErrorIs(t, err, io.EOF)
-	a.t = vanishOnData{w.ends[0]}
+	a.t = vanishOn{w.ends[0], frameData}
 	require.NoError(t, a.Send(ctx, []byte("response"))) // posted
 	err = a.Send(ctx, []byte("more"))
 	for err == nil {

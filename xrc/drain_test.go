@@ -43,9 +43,10 @@ func dataFrame(seq uint32, s string) []byte {
 
 // A message that reached the SRQ through the leg's old TGT before the MOVE,
 // and whose sender had its successful completion (so recover does not send
-// it again), is dropped if the receive loop's drain count moves between the
-// MOVE and that message's poll for a poll that found the SRQ empty BEFORE
-// the message arrived: the count is taken after the batch, not at the poll.
+// it again), was dropped when the receive loop's drain count moved between
+// the MOVE and that message's poll for a poll that had found the SRQ empty
+// before the message arrived (the count was taken after the batch). Polls
+// are numbered now, and a drain counts as the poll's that found it empty.
 func TestMovedLegKeepsMessageQueuedBeforeMove(t *testing.T) {
 	w := newWorld(t)
 	sk := &stallPoll{polled: make(chan struct{}), release: make(chan struct{})}
@@ -134,11 +135,11 @@ func (k *recoverFirst) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
 }
 
 // Deterministic form of the race behind TestOneExchangeFirstFrameDuringRecovery's
-// flakes (7 in 300 runs under -race with load): postFirstFrame waits for the
-// uplink only while it is not UP when it looks after the failed post; an
+// flakes (7 in 300 runs under -race with load): postFirstFrame waited for the
+// uplink only while it was not UP when it looked after the failed post; an
 // uplink that recovered in between (or whose INI the post went to was
-// replaced) makes it give up without a first frame, Dial returns, and the
-// application's Close makes the FIN the first frame: Accept never returns.
+// replaced) made it give up without a first frame, Dial returned, and the
+// application's Close made the FIN the first frame: Accept never returned.
 func TestOneExchangeFirstFrameAfterQuickRecovery(t *testing.T) {
 	w := newWorld(t)
 	slow := func(c *Config) { c.Heartbeat, c.IdleTimeout = 5*time.Second, 30*time.Second }
@@ -147,21 +148,5 @@ func TestOneExchangeFirstFrameAfterQuickRecovery(t *testing.T) {
 	rk.e = a.Endpoint
 	b := w.endpoint("10.0.54.2", 7000, slow)
 	pair(t, a, b)
-	rk.armed.Store(true)
-	acc := make(chan error, 1)
-	go func() {
-		_, err := b.Accept(ctxT(t, 3*time.Second))
-		acc <- err
-	}()
-	c, err := a.Dial(ctxT(t, 5*time.Second), b.Addr().String())
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	if rk.armed.Load() {
-		t.Fatal("the first frame's post was never tried")
-	}
-	c.Close()
-	if err := <-acc; err != nil {
-		t.Fatalf("Dial returned a connection, Accept never did: %v (b: abandoned %d)", err, b.Stats().Abandoned)
-	}
+	dialClosingAtOnce(t, a, b, &rk.armed)
 }

@@ -122,11 +122,11 @@ func (k *failH) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
 }
 
 // TestOneExchangeFirstFrameDuringRecovery: a one-exchange dial whose first frame
-// (the keepalive that completes the acceptor's half) finds the uplink
-// RECOVERING gives up on it at once (postFirstFrame spins its 16 tries on
-// postFailed without waiting) and Dial returns success. An application that
-// then closes without sending makes its FIN the first frame: the acceptor
-// takes the dial for abandoned, and Accept never returns a connection that
+// (the keepalive that completes the acceptor's half) found the uplink
+// RECOVERING gave up on it at once (postFirstFrame spun its 16 tries on
+// postFailed without waiting) and Dial returned success. An application that
+// then closed without sending made its FIN the first frame: the acceptor
+// took the dial for abandoned, and Accept never returned a connection that
 // Dial returned.
 func TestOneExchangeFirstFrameDuringRecovery(t *testing.T) {
 	w := newWorld(t)
@@ -135,7 +135,15 @@ func TestOneExchangeFirstFrameDuringRecovery(t *testing.T) {
 	a := w.wrappedEndpoint("10.0.51.1", 7000, func(k kernel.Kernel) kernel.Kernel { fk = &failH{Kernel: k}; return fk }, slow)
 	b := w.endpoint("10.0.51.2", 7000, slow)
 	pair(t, a, b) // uplinks both ways: the next dial takes one exchange
-	fk.armed.Store(true)
+	dialClosingAtOnce(t, a, b, &fk.armed)
+}
+
+// dialClosingAtOnce arms the first frame's failure, dials b from a and
+// closes at once without sending: Accept must still return the connection
+// Dial returned.
+func dialClosingAtOnce(t *testing.T, a, b *proc, armed *atomic.Bool) {
+	t.Helper()
+	armed.Store(true)
 	acc := make(chan error, 1)
 	go func() {
 		_, err := b.Accept(ctxT(t, 3*time.Second))
@@ -145,7 +153,7 @@ func TestOneExchangeFirstFrameDuringRecovery(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
-	if fk.armed.Load() {
+	if armed.Load() {
 		t.Fatal("the first frame's post was never tried")
 	}
 	c.Close()
