@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+
+	"github.com/goxrc/goxrc/rdmacm"
 )
 
 // Addr is the address of an RDMA connection endpoint: an IP address and a
@@ -67,14 +69,7 @@ func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) 
 	}
 	as := make([]netip.AddrPort, 0, len(ips))
 	for _, ip := range ips {
-		ip = ip.Unmap()
-		if z := ip.Zone(); z != "" {
-			if i, err := strconv.Atoi(z); err == nil {
-				if ifi, err := net.InterfaceByIndex(i); err == nil {
-					ip = ip.WithZone(ifi.Name)
-				}
-			}
-		}
+		ip = rdmacm.CanonicalZone(ip.Unmap())
 		if family == "ip4" && !ip.Is4() || family == "ip6" && !ip.Is6() {
 			continue
 		}

@@ -41,6 +41,17 @@ func withZone(ip netip.Addr, scope uint32) netip.Addr {
 	return ip.WithZone(strconv.FormatUint(uint64(scope), 10))
 }
 
+// CanonicalZone returns ip with a zone given as an interface index ("%3")
+// as the interface's name ("%eth0"), the form the CM reports addresses in;
+// any other address as it is.
+func CanonicalZone(ip netip.Addr) netip.Addr {
+	n, err := strconv.ParseUint(ip.Zone(), 10, 32)
+	if err != nil || n == 0 {
+		return ip
+	}
+	return withZone(ip, uint32(n))
+}
+
 // checkBindZone explains what the kernel's EINVAL does not: binding an
 // IPv6 link-local address needs the zone naming its interface.
 func checkBindZone(ip netip.Addr) error {

@@ -56,3 +56,17 @@ func TestBindingLinkLocalWithoutZoneIsExplained(t *testing.T) {
 		require.NoError(t, checkBindZone(netip.MustParseAddr(ok)), ok)
 	}
 }
+
+func TestCanonicalZone(t *testing.T) {
+	for in, want := range map[string]string{
+		"fe80::1%1":    "fe80::1%lo", // lo is index 1 on Linux
+		"fe80::1%lo":   "fe80::1%lo",
+		"fe80::1":      "fe80::1",
+		"10.0.0.1":     "10.0.0.1",
+		"fe80::1%9999": "fe80::1%9999", // no such interface: kept
+	} {
+		if got := CanonicalZone(netip.MustParseAddr(in)).String(); got != want {
+			t.Errorf("CanonicalZone(%s) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -1,9 +1,9 @@
 package xrc
 
 import (
-	"net"
 	"net/netip"
-	"strconv"
+
+	"github.com/goxrc/goxrc/rdmacm"
 )
 
 // sameNode reports whether a and b name one node. The CM reports a
@@ -12,31 +12,17 @@ import (
 // name or index, or none; an IPv4 address perhaps in its IPv6-mapped form).
 // Zones differ only where both are given.
 func sameNode(a, b netip.Addr) bool {
-	a, b = a.Unmap(), b.Unmap()
+	a, b = rdmacm.CanonicalZone(a.Unmap()), rdmacm.CanonicalZone(b.Unmap())
 	if a.WithZone("") != b.WithZone("") {
 		return false
 	}
-	za, zb := zoneName(a.Zone()), zoneName(b.Zone())
-	return za == "" || zb == "" || za == zb
+	return a.Zone() == "" || b.Zone() == "" || a.Zone() == b.Zone()
 }
 
 // canonicalAddr is ap in the form the CM reports peers in: IPv4 unmapped,
 // a zone given as an interface index as the interface's name.
 func canonicalAddr(ap netip.AddrPort) netip.AddrPort {
-	a := ap.Addr().Unmap()
-	if z := a.Zone(); z != "" {
-		a = a.WithZone(zoneName(z))
-	}
-	return netip.AddrPortFrom(a, ap.Port())
-}
-
-func zoneName(z string) string {
-	if i, err := strconv.Atoi(z); err == nil {
-		if ifi, err := net.InterfaceByIndex(i); err == nil {
-			return ifi.Name
-		}
-	}
-	return z
+	return netip.AddrPortFrom(rdmacm.CanonicalZone(ap.Addr().Unmap()), ap.Port())
 }
 
 // nodeKey is ap as a key of the endpoint's maps by address: without a
