@@ -555,7 +555,10 @@ func (id *ID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask, e
 // passive side's comes from the peer's request, and librdmacm's peers ask
 // for 7, which soft-RoCE retries for ever.
 // A QP already in state is left alone; one past it, or in SQD, SQE or ERR,
-// gives EINVAL.
+// gives EINVAL. A QP in INIT moving on takes INIT's attributes again first,
+// as librdmacm does when a REP comes: the access flags of a dialer's QP
+// moved to INIT before rdma_connect let the peer neither read nor write its
+// memory, since the CM learns the peer's responder resources from the REP.
 // librdmacm makes the same calls itself, inside rdma_accept and its
 // CONNECT_RESPONSE handling, for QPs made by rdma_create_qp. Connected ids
 // only (RC, XRC): a datagram id's attributes (UD) fit INIT alone, and

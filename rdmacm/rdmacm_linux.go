@@ -237,7 +237,12 @@ static int gx_move_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int from, int to
 		      int retry_cap, int *reached, int *in_modify) {
 	*reached = from;
 	*in_modify = 0;
-	for (int st = from + 1; st <= to; st++) {
+	// A QP in INIT takes INIT's attributes again before it goes on, as
+	// librdmacm does after a REP: the dialer's INIT came before its CM
+	// knew the peer's responder resources, so its access flags let the
+	// peer neither read nor write.
+	int first = from == IBV_QPS_INIT && to > IBV_QPS_INIT ? IBV_QPS_INIT : from + 1;
+	for (int st = first; st <= to; st++) {
 		struct ibv_qp_attr attr;
 		int mask, r;
 		memset(&attr, 0, sizeof(attr));

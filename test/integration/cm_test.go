@@ -236,6 +236,34 @@ func TestCMOneSidedWriteRead(t *testing.T) {
 	require.ErrorAs(t, err, &ce, "a revoked region fails with the device's completion status")
 }
 
+// The acceptor reaches the dialer's memory too. It could not: the dialer's
+// QP kept the access flags of its move to INIT, made before its CM knew the
+// peer's responder resources, so the acceptor's first write failed with a
+// remote access error and broke the connection.
+func TestCMOneSidedFromTheAcceptor(t *testing.T) {
+	client, server := cmPair(t)
+	ctx := cmCtx(t, 20*time.Second)
+	exposed, err := client.RegisterMemory(4096, true)
+	require.NoError(t, err)
+	defer exposed.Close()
+	copy(exposed.Bytes()[2048:], "client data")
+	local, err := server.RegisterMemory(4096, false)
+	require.NoError(t, err)
+	defer local.Close()
+	copy(local.Bytes(), "from the acceptor")
+	desc := exposed.Descriptor()
+	require.NoError(t, server.WriteRemote(ctx, local, 0, 17, desc, 64))
+	require.Equal(t, "from the acceptor", string(exposed.Bytes()[64:81]))
+	require.NoError(t, server.ReadRemote(ctx, local, 100, 11, desc, 2048))
+	require.Equal(t, "client data", string(local.Bytes()[100:111]))
+	// Both connections are still whole.
+	require.NoError(t, server.Send(ctx, []byte("done")))
+	buf := make([]byte, 16)
+	n, err := client.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "done", string(buf[:n]))
+}
+
 // A Region outlives its connection, its listener and every other user of
 // the device: it holds the device's protection domain. Before, the last
 // connection's Close released the device under it, could close neither the
