@@ -123,6 +123,8 @@ type Conn struct {
 	timeout     time.Duration
 	busyPoll    time.Duration
 	keepalive   time.Duration
+	peerProbe   probeTarget   // what keepalive probes read (the peer's hello)
+	probing     bool          // a probe is out, its completion not handled; under mu
 	posts       atomic.Uint64 // frames posted, for the keepalive's idle check
 	lastYield   atomic.Int64  // monotonic nanoseconds of the last yield (spinYield)
 	kaStop      chan struct{} // closed by Close: ends the keepalive loop
@@ -388,12 +390,6 @@ func (c *Conn) yieldIfDue(now time.Time) {
 // is free and the credit is there; postMu keeps sequence order equal to post
 // order.
 func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) error {
-	return c.postFrameProbe(kind, p, imm, hasImm, false)
-}
-
-// postFrameProbe is postFrame; probe sends a credit frame even with no
-// credits to return (a keepalive).
-func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, probe bool) error {
 	c.postMu.Lock()
 	if !c.io() {
 		// Released: by Close (c.err is ErrClosed), or on its own after
@@ -407,14 +403,14 @@ func (c *Conn) postFrameProbe(kind frameKind, p []byte, imm uint32, hasImm, prob
 	// No defers: with this many returns the compiler cannot open-code
 	// them, and the runtime's deferred calls cost a tenth of a message's
 	// path (BenchmarkConnRoundTripFake).
-	err := c.postFrameLocked(kind, p, imm, hasImm, probe)
+	err := c.postFrameLocked(kind, p, imm, hasImm)
 	c.ioDone()
 	c.postMu.Unlock()
 	return err
 }
 
-// postFrameLocked is postFrameProbe's body; the caller holds postMu and io.
-func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm, probe bool) error {
+// postFrameLocked is postFrame's body; the caller holds postMu and io.
+func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm bool) error {
 	c.mu.Lock()
 	if c.err != nil || (kind == frameData && (c.closing || c.writeClosed)) {
 		err := c.err
@@ -428,7 +424,7 @@ func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm, pro
 	if kind == frameData && !c.raw {
 		need = 2
 	}
-	if len(c.freeSend) == 0 || (!c.raw && c.credits < need) || (kind == frameCredit && c.pending == 0 && !probe) {
+	if len(c.freeSend) == 0 || (!c.raw && c.credits < need) || (kind == frameCredit && c.pending == 0) {
 		// Another poster took what the caller saw (or, for a credit
 		// return, already carried the credits).
 		c.mu.Unlock()
@@ -496,11 +492,13 @@ var errNoRoom = errors.New("no send slot or credit")
 // epoch makes lastYield monotonic.
 var epoch = time.Now()
 
-// startKeepalive sends an empty credit frame whenever nothing was sent for
-// a keepalive interval. A dead peer (a node gone without a disconnect)
-// then fails the probe's send after the QP's retries, which breaks the
-// connection and wakes every blocked call; without probes an idle
-// connection would not notice. Probes keep one credit in reserve like data.
+// startKeepalive probes the peer whenever nothing was posted for a
+// keepalive interval. A probe is an RDMA read of the peer's probe target,
+// which its device answers whatever its application does: a dead peer (a
+// node gone without a disconnect) fails the read after the QP's retries,
+// which breaks the connection and wakes every blocked call. Without probes
+// an idle connection would not notice. One probe is out at a time: the next
+// goes once the last one's completion has been handled.
 func (c *Conn) startKeepalive() {
 	if c.keepalive <= 0 || c.raw {
 		return
@@ -521,15 +519,38 @@ func (c *Conn) startKeepalive() {
 				seen = n
 				continue
 			}
-			c.mu.Lock()
-			ok := c.err == nil && !c.closing && c.credits >= 2 && len(c.freeSend) > 0
-			c.mu.Unlock()
-			if ok && c.postFrameProbe(frameCredit, nil, 0, false, true) == nil {
+			if c.probe() {
 				c.stats.keepalives.Add(1)
-				seen = c.posts.Load()
 			}
 		}
 	}()
+}
+
+// probe posts a keepalive probe unless the last one is still out or the
+// connection is ending.
+func (c *Conn) probe() bool {
+	c.mu.Lock()
+	ok := c.err == nil && !c.closing && !c.probing
+	if ok {
+		c.probing = true
+	}
+	c.mu.Unlock()
+	if !ok || !c.io() {
+		return false
+	}
+	err := c.t.postProbe(c.peerProbe)
+	c.ioDone()
+	if err != nil {
+		c.mu.Lock()
+		c.probing = false
+		closing := c.closing
+		c.mu.Unlock()
+		if !closing { // else our own Close shut the QP down under it
+			c.fail(fmt.Errorf("%w: post keepalive probe: %w", ErrPeerGone, err))
+		}
+		return false
+	}
+	return true
 }
 
 // returnCredits sends a credit frame when one is due (see
@@ -942,6 +963,11 @@ func (c *Conn) handle(wc *completion) {
 		}
 	case compRDMA:
 		c.rdmaDone, c.rdmaErr = true, wc.err
+		if wc.err != nil {
+			c.failedCompletionLocked(wc.err)
+		}
+	case compProbe:
+		c.probing = false
 		if wc.err != nil {
 			c.failedCompletionLocked(wc.err)
 		}

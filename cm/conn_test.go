@@ -402,17 +402,15 @@ func TestNetConnConformance(t *testing.T) {
 func TestConnKeepaliveDetectsDeadPeer(t *testing.T) {
 	a, b, w := fakePair(t, fakeOpts{keepalive: 10 * time.Millisecond})
 	ctx := ctxT(t)
-	require.Eventually(t, func() bool { return a.Stats().Keepalives >= 3 && b.Stats().Keepalives >= 3 },
-		5*time.Second, 5*time.Millisecond, "idle sides send probes")
-	// Probes are frames like any other: the peer accepted them in sequence.
-	require.NoError(t, a.Send(ctx, []byte("still here")))
-	n, err := b.Recv(ctx, make([]byte, 64))
-	require.NoError(t, err)
-	require.Equal(t, 10, n)
-
 	errc := make(chan error, 1)
 	go func() { _, err := a.Recv(ctx, make([]byte, 64)); errc <- err }()
-	time.Sleep(20 * time.Millisecond)
+	require.Eventually(t, func() bool { return a.Stats().Keepalives >= 3 },
+		5*time.Second, 5*time.Millisecond, "an idle side whose Recv waits sends probes")
+	// Probes are not frames: they take no credit and no buffer.
+	require.NoError(t, b.Send(ctx, []byte("still here")))
+	require.NoError(t, <-errc)
+	go func() { _, err := a.Recv(ctx, make([]byte, 64)); errc <- err }()
+
 	// b's node vanishes without a disconnect: only a's probe can tell.
 	w.mu.Lock()
 	w.ends[1].shut = true
@@ -422,6 +420,37 @@ func TestConnKeepaliveDetectsDeadPeer(t *testing.T) {
 		require.ErrorIs(t, err, ErrPeerGone)
 	case <-time.After(5 * time.Second):
 		t.Fatal("a blocked Recv on an idle connection never learned the peer was gone")
+	}
+}
+
+// Probes go on while the peer's application reads nothing and every credit
+// is spent: a sender blocked for credit learns that the peer's node is gone.
+// (Probes were credit frames: they kept the last credit back, so they
+// stopped after the queue depth and the Send waited for its context.)
+func TestConnKeepaliveWithoutCredit(t *testing.T) {
+	const depth = 4
+	a, _, w := fakePair(t, fakeOpts{depth: [2]int{depth, depth}, keepalive: 5 * time.Millisecond})
+	ctx := ctxT(t)
+	for range depth {
+		require.NoError(t, a.Send(ctx, []byte("unread")))
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- a.Send(ctx, []byte("no credit for this")) }()
+	require.Eventually(t, func() bool { return a.Stats().Keepalives >= 3*depth },
+		5*time.Second, 5*time.Millisecond, "probes stopped while the peer read nothing")
+	select {
+	case err := <-errc:
+		t.Fatalf("the Send without credit returned: %v", err)
+	default:
+	}
+	w.mu.Lock()
+	w.ends[1].shut = true
+	w.mu.Unlock()
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, ErrPeerGone)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a Send waiting for credit never learned the peer was gone")
 	}
 }
 

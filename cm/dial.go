@@ -218,7 +218,7 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	}
 	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RetryCount: rdmacm.RetryCountFinite, RNRRetryCount: 7}
 	if !cfg.raw {
-		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize)}.marshal()
+		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize), probe: t.probeTarget()}.marshal()
 	}
 	if err := id.Connect(cp); err != nil {
 		return nil, fail(err)
@@ -310,6 +310,7 @@ func (c *Conn) agree(h hello, cfg config) {
 	c.maxSend = min(cfg.messageSize, int(h.maxMessage))
 	c.peerSlots = min(int(h.queueDepth)+1, cap(c.freeSend))
 	c.credits = c.peerSlots
+	c.peerProbe = h.probe
 }
 
 // start hands the established connection to its CM watcher.

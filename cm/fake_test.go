@@ -50,12 +50,17 @@ type fakeEnd struct {
 	onPeerGone func(reason string)
 	// releasedVanished: release was told the peer vanished.
 	releasedVanished bool
+	probeKey         uint32 // the key of this end's probe target (a fake region)
+	probes           int    // keepalive probes posted
 }
 
 func newFakeWire(sendSlots, recvSlots [2]int, size [2]int) *fakeWire {
 	w := &fakeWire{regions: map[uint32][]byte{}, nextKey: 100}
 	for i := range w.ends {
 		e := &fakeEnd{w: w, side: i, notify: make(chan struct{}, 1)}
+		w.nextKey++
+		e.probeKey = w.nextKey
+		w.regions[e.probeKey] = make([]byte, probeLen)
 		for s := 0; s < sendSlots[i]; s++ {
 			e.sendBufs = append(e.sendBufs, make([]byte, size[i]))
 		}
@@ -181,6 +186,28 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 		}
 	}
 	e.cq = append(e.cq, completion{op: compRDMA, err: err})
+	e.signal()
+	return nil
+}
+
+func (e *fakeEnd) probeTarget() probeTarget { return probeTarget{addr: 0x1000, rkey: e.probeKey} }
+
+// postProbe reads the peer's probe target, as the device does without the
+// peer's application; a peer whose node is gone (shut) answers nothing.
+func (e *fakeEnd) postProbe(peer probeTarget) error {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	var err error
+	switch p := e.peer(); {
+	case e.shut:
+		err = errFakeFlushed
+	case p.shut:
+		err = errors.New("fake: transport retries exceeded")
+	case peer.rkey != p.probeKey || peer.addr != 0x1000:
+		err = errors.New("fake: remote access error")
+	}
+	e.probes++
+	e.cq = append(e.cq, completion{op: compProbe, err: err})
 	e.signal()
 	return nil
 }
@@ -327,6 +354,9 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 		}
 		if err := c.postAllRecvs(); err != nil {
 			t.Fatal(err)
+		}
+		if !o.raw {
+			c.peerProbe = w.ends[1-i].probeTarget() // from the peer's hello
 		}
 		globalStats.connsOpen.Add(1)
 		c.startKeepalive()

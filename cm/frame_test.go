@@ -49,7 +49,7 @@ func TestFrameRejectsGarbage(t *testing.T) {
 }
 
 func TestHelloRoundTripAndPadding(t *testing.T) {
-	h := hello{queueDepth: 64, maxMessage: 4096}
+	h := hello{queueDepth: 64, maxMessage: 4096, probe: probeTarget{addr: 0x7f00_1234_5000, rkey: 0xabcdef}}
 	b := h.marshal()
 	padded := append(bytes.Clone(b), make([]byte, 56-len(b))...) // as the kernel delivers it
 	got, err := parseHello(padded)
@@ -63,7 +63,9 @@ func TestHelloRejectsHostileFields(t *testing.T) {
 	for name, b := range map[string][]byte{
 		"short":       good[:10],
 		"magic":       mutate(func(b []byte) { b[0] = 'X' }),
-		"version":     mutate(func(b []byte) { b[4] = 2 }),
+		"version 1":   mutate(func(b []byte) { b[4] = 1 }),
+		"version 3":   mutate(func(b []byte) { b[4] = 3 }),
+		"probe wraps": mutate(func(b []byte) { copy(b[16:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xf9}) }),
 		"length":      mutate(func(b []byte) { b[5] = 99 }),
 		"reserved":    mutate(func(b []byte) { b[7] = 1 }),
 		"depth 0":     mutate(func(b []byte) { b[8], b[9] = 0, 0 }),
@@ -79,6 +81,7 @@ func TestHelloRejectsHostileFields(t *testing.T) {
 
 func FuzzParseHello(f *testing.F) {
 	f.Add(hello{queueDepth: 64, maxMessage: 4096}.marshal())
+	f.Add(hello{queueDepth: 8, maxMessage: 1 << 20, probe: probeTarget{addr: 1 << 47, rkey: 7}}.marshal())
 	f.Add(make([]byte, 56))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHello(b)

@@ -3,6 +3,7 @@ package cm
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 )
 
 // The connection handshake of a framed connection travels as CM private
@@ -11,21 +12,35 @@ import (
 // message carries its own length.
 //
 //	0..3   magic "GXRC"
-//	4      version (1)
+//	4      version (2)
 //	5      length of this message (helloLen)
 //	6..7   flags (reserved, zero)
 //	8..9   receive queue depth: the credits the peer starts with
 //	10..11 reserved, zero
 //	12..15 maximum message payload the sender accepts
+//	16..23 address of the sender's keepalive target (probeLen bytes)
+//	24..27 its rkey
+//
+// The keepalive target is memory the peer may read and nothing else: a
+// keepalive probe is an RDMA read of it, which the peer's device answers
+// without its application (see WithKeepalive). Version 1 had no target;
+// its probes were credit frames.
 const (
 	helloMagic   = 0x47585243 // "GXRC"
-	helloVersion = 1
-	helloLen     = 16
+	helloVersion = 2
+	helloLen     = 28
 )
 
 type hello struct {
 	queueDepth uint16
 	maxMessage uint32
+	probe      probeTarget
+}
+
+// probeTarget is where a peer's keepalive probes read (probeLen bytes).
+type probeTarget struct {
+	addr uint64
+	rkey uint32
 }
 
 func (h hello) marshal() []byte {
@@ -35,6 +50,8 @@ func (h hello) marshal() []byte {
 	b[5] = helloLen
 	binary.BigEndian.PutUint16(b[8:], h.queueDepth)
 	binary.BigEndian.PutUint32(b[12:], h.maxMessage)
+	binary.BigEndian.PutUint64(b[16:], h.probe.addr)
+	binary.BigEndian.PutUint32(b[24:], h.probe.rkey)
 	return b
 }
 
@@ -60,12 +77,18 @@ func parseHello(b []byte) (hello, error) {
 			return hello{}, fmt.Errorf("%w: garbage after the handshake", ErrProtocol)
 		}
 	}
-	h := hello{queueDepth: binary.BigEndian.Uint16(b[8:]), maxMessage: binary.BigEndian.Uint32(b[12:])}
+	h := hello{
+		queueDepth: binary.BigEndian.Uint16(b[8:]), maxMessage: binary.BigEndian.Uint32(b[12:]),
+		probe: probeTarget{addr: binary.BigEndian.Uint64(b[16:]), rkey: binary.BigEndian.Uint32(b[24:])},
+	}
 	if h.queueDepth < minQueueDepth || h.queueDepth > maxQueueDepth {
 		return hello{}, fmt.Errorf("%w: peer queue depth %d outside [%d, %d]", ErrProtocol, h.queueDepth, minQueueDepth, maxQueueDepth)
 	}
 	if h.maxMessage < minMessageSize || h.maxMessage > maxMessageSize {
 		return hello{}, fmt.Errorf("%w: peer message size %d outside [%d, %d]", ErrProtocol, h.maxMessage, minMessageSize, maxMessageSize)
+	}
+	if h.probe.addr > math.MaxUint64-probeLen {
+		return hello{}, fmt.Errorf("%w: keepalive target %#x wraps the address space", ErrProtocol, h.probe.addr)
 	}
 	return h, nil
 }

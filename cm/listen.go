@@ -253,7 +253,7 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 	}
 	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}
 	if !cfg.raw {
-		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize)}.marshal()
+		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize), probe: t.probeTarget()}.marshal()
 	}
 	if err := id.Accept(cp); err != nil {
 		globalStats.acceptErrors.Add(1)

@@ -205,21 +205,19 @@ func WithDomainPath(path string) Option { return func(c *config) { c.domainPath 
 // the peer has receive buffers posted.
 func WithRawMessages() Option { return func(c *config) { c.raw = true } }
 
-// WithKeepalive makes an idle connection send a probe every d, so a dead peer
-// is noticed even when no data flows (0, the default, disables it). A probe
-// is a credit frame: it takes one of the peer's receive buffers, which come
-// back only while the peer's application calls Send or Recv, and it keeps
-// the last credit back (two sides that both spent it could never return
-// credits again). So probes stop while the peer's application reads
-// nothing: a Send waiting for credit, or a Recv on a connection whose
-// peer's application is idle for its queue depth of intervals, then
-// notices a peer that vanished only by its context's deadline. (Probes that
-// take no credit, zero-length RDMA writes or reads, broke the connection on
-// soft-RoCE under Debian's 6.1 kernel.) A probe
+// WithKeepalive makes an idle connection probe its peer every d, so a dead
+// peer is noticed even when no data flows (0, the default, disables it). A
+// probe is an RDMA read of a few bytes the peer registered for it (its
+// handshake says where): the peer's device answers it whatever the peer's
+// application does, and it takes no credit and no receive buffer. A probe
 // to a peer that vanished without a word (power lost, cable cut) fails once
 // the transport's retries run out: seven tries, each after the ACK timeout
 // the RDMA CM derives from the path (about 15 s in all on soft-RoCE, between
-// two guests of test/vm/rxe-pair.sh).
+// two guests of test/vm/rxe-pair.sh). The failure reaches the calls blocked
+// on the connection; with none blocked, the next call gets it. One probe is
+// out at a time, and the next goes only once a call has taken the last
+// one's completion: an application that never calls Send or Recv is told
+// nothing, and needs no probes.
 func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepalive = d } }
 
 // WithBacklog bounds a listener's connections in progress: handshakes under

@@ -37,14 +37,16 @@ type rdmaTransport struct {
 	sendSize, recvSize   int
 	inline               int
 
-	sendWR  [1]verbs.SendWR // posts are serialised by the Conn's postMu
-	sendSGE [1]verbs.SGE
-	rdmaWR  [1]verbs.SendWR // one-sided posts, serialised by the Conn's rdmaTurn
-	rdmaSGE [1]verbs.SGE
-	recvMu  sync.Mutex
-	recvWR  []verbs.RecvWR // one chain of up to recvSlots
-	recvSGE []verbs.SGE
-	wcs     []verbs.WorkCompletion // the polling leader's
+	sendWR   [1]verbs.SendWR // posts are serialised by the Conn's postMu
+	sendSGE  [1]verbs.SGE
+	rdmaWR   [1]verbs.SendWR // one-sided posts, serialised by the Conn's rdmaTurn
+	rdmaSGE  [1]verbs.SGE
+	probeWR  [1]verbs.SendWR // keepalive probes, posted by the keepalive loop alone
+	probeSGE [1]verbs.SGE
+	recvMu   sync.Mutex
+	recvWR   []verbs.RecvWR // one chain of up to recvSlots
+	recvSGE  []verbs.SGE
+	wcs      []verbs.WorkCompletion // the polling leader's
 
 	shape        qpShape    // the sizes the QP and CQ were made for (qpcache.go)
 	timewaitDone bool       // release saw the CM leave time-wait: the pair may be reused
@@ -160,6 +162,11 @@ type device struct {
 	wakes    map[*verbs.CQ]chan struct{}
 	ccErr    error // the channel failed: no wake-ups come any more
 
+	// Keepalive probes (WithKeepalive) read a peer's target into
+	// probeSink; peers read probeTarget, which they may read and nothing
+	// else: its probeLen bytes are zeros.
+	probeTarget, probeSink *verbs.MR
+
 	qps       map[qpShape][]cachedQP // closed connections' QPs and CQs (qpcache.go)
 	cachedQPs int
 
@@ -207,8 +214,22 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		vctx.Close()
 		return nil, err
 	}
+	target, err := pd.RegMR(probeLen, verbs.AccessRemoteRead)
+	var sink *verbs.MR
+	if err == nil {
+		if sink, err = pd.RegMR(probeLen, verbs.AccessLocalWrite); err != nil {
+			target.Close()
+		}
+	}
+	if err != nil {
+		cc.Close()
+		pd.Close()
+		vctx.Close()
+		return nil, err
+	}
 	d := &device{
 		name: name, ctx: vctx, pd: pd, pool: newRegPool(pd), refs: 1,
+		probeTarget: target, probeSink: sink,
 		cc: cc, pumpDone: make(chan struct{}), wakes: map[*verbs.CQ]chan struct{}{},
 		qps: map[qpShape][]cachedQP{}, conns: map[*rdmaTransport]struct{}{},
 		portDown: map[uint8]bool{},
@@ -299,6 +320,8 @@ func (d *device) release() {
 			<-d.pumpDone
 		}
 		d.pool.close()
+		d.probeTarget.Close()
+		d.probeSink.Close()
 		d.pd.Close()
 		// A closed context ends the async events; one that cannot close
 		// (something still registered) keeps its reader, not waited for.
@@ -341,7 +364,7 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, sendSlots, recvSlots, 
 		return nil, err
 	}
 	vctx := t.dev.ctx
-	cqe := sendSlots + recvSlots + 1
+	cqe := sendSlots + recvSlots + 2 // and a one-sided operation, a probe
 	t.shape = qpShape{sendSlots, recvSlots, inline}
 	cached, ok := t.dev.takeQP(t.shape)
 	if ok {
@@ -357,7 +380,7 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, sendSlots, recvSlots, 
 		t.qp = cached.qp
 	} else {
 		qpCap := verbs.QPCap{
-			MaxSendWR: uint32(sendSlots + 1), MaxRecvWR: uint32(recvSlots),
+			MaxSendWR: uint32(sendSlots + 2), MaxRecvWR: uint32(recvSlots),
 			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: uint32(inline),
 		}
 		t.qp, err = t.dev.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: t.cq, RecvCQ: t.cq, Cap: qpCap})
@@ -484,6 +507,19 @@ func (t *rdmaTransport) postRDMA(write bool, local *Region, off, n int, remote R
 	return t.qp.PostSend(t.rdmaWR[:])
 }
 
+func (t *rdmaTransport) probeTarget() probeTarget {
+	return probeTarget{addr: t.dev.probeTarget.Addr(), rkey: t.dev.probeTarget.RKey()}
+}
+
+func (t *rdmaTransport) postProbe(peer probeTarget) error {
+	t.probeSGE[0] = t.dev.probeSink.SGE(0, probeLen)
+	t.probeWR[0] = verbs.SendWR{
+		ID: probeWRID, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled, SGL: t.probeSGE[:],
+		RemoteAddr: peer.addr, RKey: peer.rkey,
+	}
+	return t.qp.PostSend(t.probeWR[:])
+}
+
 func (t *rdmaTransport) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
 	wcs := t.wcs[:min(len(cs), len(t.wcs))]
 	var n int
@@ -500,6 +536,8 @@ func (t *rdmaTransport) poll(ctx context.Context, cs []completion, spin time.Dur
 		switch {
 		case wc.WRID == rdmaWRID:
 			c.op = compRDMA
+		case wc.WRID == probeWRID:
+			c.op = compProbe
 		case wc.WRID&sendWRTag != 0:
 			c.op, c.slot = compSend, int(wc.WRID&^sendWRTag)
 		default:

@@ -10,7 +10,8 @@ import (
 // under the race detector on machines without RDMA.
 //
 // Work request ids: send slots are 0..sendSlots-1, receive slots likewise on
-// the receive side, and one-sided operations use rdmaWRID.
+// the receive side, one-sided operations use rdmaWRID and keepalive probes
+// probeWRID.
 type transport interface {
 	sendBuf(slot int) []byte
 	recvBuf(slot int) []byte
@@ -24,6 +25,11 @@ type transport interface {
 	// local memory and the peer's region.
 	postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error
 	regMem(size int, remoteWrite bool) (memory, error)
+	// probeTarget is the memory the peer's keepalive probes read; the
+	// hello carries it. postProbe posts a signaled RDMA read of the
+	// peer's (probeLen bytes), which completes as compProbe.
+	probeTarget() probeTarget
+	postProbe(peer probeTarget) error
 	// poll fills cs with completions. With block it sleeps (never in a C
 	// call) until at least one arrives or ctx ends; otherwise it may keep
 	// polling for up to spin before it reports none.
@@ -47,9 +53,18 @@ const (
 	compSend compOp = iota
 	compRecv
 	compRDMA
+	compProbe
 )
 
-const rdmaWRID = 1 << 32
+const (
+	rdmaWRID  = 1 << 32
+	probeWRID = rdmaWRID + 1
+)
+
+// probeLen is the length of a keepalive probe's read. A read of 0 bytes
+// would need no target, but it is a corner of the spec (the R_Key goes
+// unchecked); a read of memory registered for it is the plain case.
+const probeLen = 8
 
 type completion struct {
 	op     compOp

@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -217,11 +218,13 @@ func TestCMClientKilled(t *testing.T) {
 	waitObjects(t, base, 10*time.Second)
 }
 
-// goxrcHello is a valid goxrc dialer hello (see cm/hello.go), built by hand.
+// goxrcHello is a valid goxrc dialer hello (see cm/hello.go), built by hand:
+// version 2, with a keepalive target of address 0 and rkey 0 (a listener
+// without WithKeepalive never reads it).
 func goxrcHello(depth uint16, maxMsg uint32) []byte {
-	b := make([]byte, 16)
+	b := make([]byte, 28)
 	copy(b, "GXRC")
-	b[4], b[5] = 1, 16
+	b[4], b[5] = 2, 28
 	binary.BigEndian.PutUint16(b[8:], depth)
 	binary.BigEndian.PutUint32(b[12:], maxMsg)
 	return b
@@ -406,6 +409,8 @@ func TestCMGarbageHandshake(t *testing.T) {
 		{"none (a raw-mode peer)", nil},
 		{"bad magic", hello(func(b []byte) []byte { b[0] = 'X'; return b })},
 		{"version 7", hello(func(b []byte) []byte { b[4] = 7; return b })},
+		{"version 1", hello(func(b []byte) []byte { b[4], b[5] = 1, 16; return b[:16] })},
+		{"keepalive target wraps", hello(func(b []byte) []byte { copy(b[16:24], bytes.Repeat([]byte{0xff}, 8)); return b })},
 		{"wrong length", hello(func(b []byte) []byte { b[5] = 200; return b })},
 		{"reserved flags", hello(func(b []byte) []byte { b[6] = 1; return b })},
 		{"reserved field", hello(func(b []byte) []byte { b[10] = 0xff; return b })},

@@ -203,6 +203,50 @@ func TestCMFlowControlBothWays(t *testing.T) {
 	require.LessOrEqual(t, frames, uint64(3*count))
 }
 
+// Keepalive probes on real rxe: RDMA reads of the peer's probe target,
+// which its device answers while its application reads nothing and every
+// credit is spent, without disturbing the connection. (Probes were credit
+// frames: they stopped with the credits. Reads and writes of 0 bytes, tried
+// as probes that take no credit, broke the connection on this kernel.)
+func TestCMKeepaliveWhilePeerReadsNothing(t *testing.T) {
+	const depth = 4
+	client, server := cmPair(t, cm.WithQueueDepth(depth), cm.WithMessageSize(256), cm.WithKeepalive(20*time.Millisecond))
+	ctx := cmCtx(t, 60*time.Second)
+	for i := range depth {
+		require.NoError(t, client.Send(ctx, []byte(fmt.Sprintf("message %d", i))))
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- client.Send(ctx, []byte(fmt.Sprintf("message %d", depth))) }()
+	if !assert.Eventually(t, func() bool { return client.Stats().Keepalives >= 5*depth },
+		30*time.Second, 10*time.Millisecond, "probes stopped while the peer read nothing") {
+		select {
+		case err := <-sent:
+			t.Logf("send returned %v", err)
+		default:
+		}
+		t.Fatalf("client %+v server %+v", client.Stats(), server.Stats())
+	}
+	select {
+	case err := <-sent:
+		t.Fatalf("a Send without credit returned before the peer read: %v", err)
+	default:
+	}
+	buf := make([]byte, 256)
+	for i := range depth + 1 {
+		n, err := server.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("message %d", i), string(buf[:n]))
+	}
+	require.NoError(t, <-sent)
+	require.NoError(t, server.Send(ctx, []byte("reply")))
+	n, err := client.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "reply", string(buf[:n]))
+	t.Logf("client %+v", client.Stats())
+	require.Zero(t, client.Stats().Errors)
+	require.Zero(t, server.Stats().Errors)
+}
+
 func TestCMOneSidedWriteRead(t *testing.T) {
 	client, server := cmPair(t)
 	ctx := cmCtx(t, 20*time.Second)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/cm"
@@ -253,6 +254,12 @@ func pairCheck(t *testing.T, dev string, ip, peer netip.Addr, sync string) {
 			_, err := c.Recv(ctx, make([]byte, 4096))
 			ch <- err
 		}()
+	}
+	// A's application makes no call on the connection B accepted: B's
+	// probes go on all the same (as credit frames they stopped within the
+	// queue depth: A returns credits only while its application calls).
+	if !assert.Eventually(t, func() bool { return accepted.Stats().Keepalives >= 12 }, 30*time.Second, 50*time.Millisecond) {
+		t.Fatalf("probes to a peer whose application is idle stopped: %+v", accepted.Stats())
 	}
 	mark(t, sync, "kill-a")
 	waitMark(t, ctx, sync, "a-killed")
