@@ -15,7 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/test/softroce"
+	"github.com/goxrc/goxrc/verbs"
 )
 
 // removalVeth carries the soft-RoCE device that TestCMDeviceRemoval removes:
@@ -60,6 +62,10 @@ func TestCMDeviceRemoval(t *testing.T) {
 
 func removalChild(t *testing.T) {
 	ip := removalVeth.Addr.Addr()
+	// A listener that takes connection requests and never answers, for a
+	// Dial that is under way when the device goes.
+	silentCh := rdmacmChannel(t)
+	silent := rdmacmListen(t, silentCh, rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(ip, 0))
 	// Only this process's objects: the kernel's counts of the device go with it.
 	base := baseline(t, "")
 	ctx := cmCtx(t, 90*time.Second)
@@ -92,6 +98,16 @@ func removalChild(t *testing.T) {
 		_, err := l.Accept(ctx)
 		results <- result{-1, "Accept", err}
 	}()
+	dialed := make(chan error, 1)
+	go func() {
+		c, err := cm.Dial(ctx, netip.AddrPortFrom(ip, silent.LocalAddr().Port()).String(), cm.WithHandshakeTimeout(80*time.Second))
+		if c != nil {
+			c.Close()
+		}
+		dialed <- err
+	}()
+	req, err := silent.WaitEvent(ctx, rdmacm.EventConnectRequest)
+	require.NoError(t, err, "the Dial's request")
 
 	// The removal runs in a process of its own, which finishes after this
 	// one exits (a thread waiting for that in the kernel could not be
@@ -121,6 +137,15 @@ func removalChild(t *testing.T) {
 	for i, k := range removedEnds {
 		require.NotZero(t, k, "connection %d: neither end reported ErrDeviceRemoved", i)
 	}
+	// The Dial waiting for its answer learns of the removal too, and has
+	// let go of its CM id and QP.
+	select {
+	case err := <-dialed:
+		require.ErrorIs(t, err, cm.ErrDeviceRemoved, "the Dial under way")
+	case <-time.After(60 * time.Second):
+		t.Fatal("a Dial under way did not return after the device was removed")
+	}
+	require.NoError(t, req.ID.Close())
 	// Released before anything was closed: no verbs object, CM id,
 	// connection or goroutine is left.
 	waitObjects(t, base, 10*time.Second)
