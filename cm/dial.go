@@ -229,6 +229,9 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	}
 	if !cfg.raw {
 		h, err := parseHello(ev.PrivateData)
+		if err == nil {
+			err = grantsReads(ev.Conn)
+		}
 		if err != nil {
 			id.Reject(nil) // abort: the acceptor must not wait for an RTU
 			return nil, fail(err)

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/goxrc/goxrc/rdmacm"
 )
 
 // The connection handshake of a framed connection travels as CM private
@@ -53,6 +55,18 @@ func (h hello) marshal() []byte {
 	binary.BigEndian.PutUint64(b[16:], h.probe.addr)
 	binary.BigEndian.PutUint32(b[24:], h.probe.rkey)
 	return b
+}
+
+// grantsReads checks that a framed peer lets us read its memory: keepalive
+// probes and ReadRemote are RDMA reads, and with no read credit (the peer
+// offered no responder resources, which the CM reports to us as our
+// initiator depth) the first read would wait for ever and every send
+// behind it too, instead of failing. goxrc peers offer one.
+func grantsReads(p rdmacm.ConnParam) error {
+	if p.InitiatorDepth == 0 {
+		return fmt.Errorf("%w: the peer accepts no RDMA reads (responder resources 0)", ErrProtocol)
+	}
+	return nil
 }
 
 // parseHello decodes a peer's hello; every field is untrusted.

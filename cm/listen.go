@@ -213,6 +213,9 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 	var peer hello
 	if !cfg.raw {
 		h, err := parseHello(ev.PrivateData)
+		if err == nil {
+			err = grantsReads(ev.Conn)
+		}
 		if err != nil {
 			reject(err)
 			return false

@@ -234,16 +234,72 @@ func goxrcHello(depth uint16, maxMsg uint32) []byte {
 // rdmacm id and returns the id with the first answer: the CONNECT_RESPONSE,
 // or the error of a rejection.
 func rawConnect(t *testing.T, ch *rdmacm.EventChannel, addr string, pd []byte) (*rdmacm.ID, rdmacm.Event, error) {
+	return rawConnectWith(t, ch, addr, rdmacm.ConnParam{PrivateData: pd, ResponderResources: 1, InitiatorDepth: 1})
+}
+
+// rawConnectWith is rawConnect with the request's parameters (its QP number
+// and retry counts are filled in).
+func rawConnectWith(t *testing.T, ch *rdmacm.EventChannel, addr string, cp rdmacm.ConnParam) (*rdmacm.ID, rdmacm.Event, error) {
 	t.Helper()
 	ctx := cmCtx(t, 10*time.Second)
 	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
 	require.NoError(t, err)
 	require.NoError(t, id.ResolveAddr(ctx, netip.AddrPort{}, netip.MustParseAddrPort(addr)))
 	require.NoError(t, id.ResolveRoute(ctx))
-	require.NoError(t, id.Connect(rdmacm.ConnParam{QPNum: rdmacmNextQPN(), PrivateData: pd,
-		ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}))
+	cp.QPNum, cp.RetryCount, cp.RNRRetryCount = rdmacmNextQPN(), 7, 7
+	require.NoError(t, id.Connect(cp))
 	ev, err := id.WaitEvent(ctx, rdmacm.EventConnectResponse)
 	return id, ev, err
+}
+
+// A framed peer must let us read its memory: with no responder resources
+// (read credit) for us, a keepalive probe or a ReadRemote would wait for
+// ever, and every send behind it. The listener refuses such a request; one
+// whose peer will not read ours (initiator depth 0) is fine.
+func TestCMHandshakeGrantsReads(t *testing.T) {
+	dev, _ := softroce.Device(t)
+	base := baseline(t, dev)
+	l, addr := cmListen(t)
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	before := cm.GlobalStats().AcceptErrors
+	id, _, err := rawConnectWith(t, ch, addr, rdmacm.ConnParam{PrivateData: goxrcHello(8, 4096), InitiatorDepth: 1})
+	var re *rdmacm.RejectError
+	require.ErrorAs(t, err, &re, "a request that grants no reads")
+	require.Equal(t, before+1, cm.GlobalStats().AcceptErrors)
+	require.NoError(t, id.Close())
+	id, ev, err := rawConnectWith(t, ch, addr, rdmacm.ConnParam{PrivateData: goxrcHello(8, 4096), ResponderResources: 1})
+	require.NoError(t, err, "a request whose sender will not read")
+	require.Equal(t, "GXRC", string(ev.PrivateData[:4]))
+	require.NoError(t, id.Reject(nil))
+	require.NoError(t, id.Close())
+	require.NoError(t, ch.Close())
+	require.NoError(t, l.Close())
+	waitObjects(t, base, 10*time.Second)
+}
+
+// The same rule on the dialing side: an acceptor that grants no reads is
+// refused, and the Dial leaves nothing behind.
+func TestCMDialRefusesAcceptorWithoutReads(t *testing.T) {
+	dev, ip := softroce.Device(t)
+	ch := rdmacmChannel(t)
+	l := rdmacmListen(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(ip, 0))
+	base := baseline(t, dev)
+	ctx := cmCtx(t, 20*time.Second)
+	go func() {
+		ev, err := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
+		if err != nil {
+			return
+		}
+		ev.ID.Accept(rdmacm.ConnParam{QPNum: rdmacmNextQPN(), PrivateData: goxrcHello(8, 4096), InitiatorDepth: 1, RNRRetryCount: 7})
+		ev.ID.WaitEvent(ctx, rdmacm.EventEstablished) // the dialer's reject ends it
+		ev.ID.Close()
+	}()
+	c, err := cm.Dial(ctx, netip.AddrPortFrom(ip, l.LocalAddr().Port()).String())
+	require.Nil(t, c)
+	require.ErrorIs(t, err, cm.ErrProtocol)
+	require.ErrorContains(t, err, "no RDMA reads")
+	waitObjects(t, base, 10*time.Second)
 }
 
 func TestCMHandshakeNeverCompleted(t *testing.T) {
