@@ -201,7 +201,7 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	sendSlots, recvSlots, hdr := cfg.slots()
 	// The dialer does not know the peer's limits yet: size send slots for
 	// its own, and send at most what the peer agrees to.
-	t, err = newRDMATransport(id, verbs.QPStateInit, sendSlots, recvSlots, cfg.messageSize+hdr, cfg.messageSize+hdr, cfg.inlineThreshold)
+	t, err = newRDMATransport(id, verbs.QPStateInit, dialerMoves, sendSlots, recvSlots, cfg.messageSize+hdr, cfg.messageSize+hdr, cfg.inlineThreshold)
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -216,7 +216,7 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	if err := c.postAllRecvs(); err != nil {
 		return nil, fail(err)
 	}
-	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RetryCount: rdmacm.RetryCountFinite, RNRRetryCount: 7}
+	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: readDepth, InitiatorDepth: readDepth, RetryCount: rdmacm.RetryCountFinite, RNRRetryCount: 7}
 	if !cfg.raw {
 		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize), probe: t.probeTarget()}.marshal()
 	}

@@ -232,8 +232,16 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 	}
 	// The QP goes to RTS in one step: the request named the peer's QP, and
 	// the peer sends nothing before our accept, by which time the
-	// receives below are posted.
-	t, err := newRDMATransport(id, verbs.QPStateRTS, sendSlots, recvSlots, sendSize, cfg.messageSize+hdr, cfg.inlineThreshold)
+	// receives below are posted. It holds the read resources we accept,
+	// the request's up to readDepth, not the request's own, which the
+	// CM would give it before the accept (librdmacm's defaults offer the
+	// peer device's maximum) and which the REP would contradict.
+	moves := rdmacm.MoveParams{
+		MinRNRTimer:        minRNRTimer,
+		ResponderResources: min(ev.Conn.ResponderResources, readDepth),
+		InitiatorDepth:     min(ev.Conn.InitiatorDepth, readDepth),
+	}
+	t, err := newRDMATransport(id, verbs.QPStateRTS, moves, sendSlots, recvSlots, sendSize, cfg.messageSize+hdr, cfg.inlineThreshold)
 	if err != nil {
 		reject(err)
 		return false
@@ -254,7 +262,7 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 		t.free()
 		return false
 	}
-	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}
+	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: moves.ResponderResources, InitiatorDepth: moves.InitiatorDepth, RNRRetryCount: 7}
 	if !cfg.raw {
 		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize), probe: t.probeTarget()}.marshal()
 	}

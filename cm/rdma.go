@@ -19,6 +19,15 @@ const sendWRTag = 1 << 33
 // (facts.md); 12 is 0.64 ms. Credits mean RNR should never happen at all.
 const minRNRTimer = 12
 
+// readDepth is how many RDMA reads a connection lets its peer have in
+// flight to it, and asks for its own: a one-sided read and a keepalive
+// probe take turns.
+const readDepth = 1
+
+// dialerMoves are the active side's QP moves: the CM's attributes, which
+// come from the peer's reply, but for the RNR timer.
+var dialerMoves = rdmacm.MoveParams{MinRNRTimer: minRNRTimer}
+
 // rdmaTransport is a Conn's RC queue pair with its buffers, on a CM id the
 // transport owns.
 type rdmaTransport struct {
@@ -348,7 +357,7 @@ func (d *device) removed() {
 // not know its peer yet; RTS at once on the passive side, whose request
 // named the peer's QP. Buffers: sendSlots of sendSize bytes, then recvSlots
 // of recvSize, in one registration.
-func newRDMATransport(id *rdmacm.ID, state verbs.QPState, sendSlots, recvSlots, sendSize, recvSize, inline int) (_ *rdmaTransport, err error) {
+func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParams, sendSlots, recvSlots, sendSize, recvSize, inline int) (_ *rdmaTransport, err error) {
 	t := &rdmaTransport{
 		id: id, sendSlots: sendSlots, recvSlots: recvSlots,
 		sendSize: sendSize, recvSize: recvSize,
@@ -400,7 +409,7 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, sendSlots, recvSlots, 
 		return nil, err
 	}
 	t.hasMem = true
-	if err = t.id.MoveQP(t.qp, state, minRNRTimer); err != nil {
+	if err = t.id.MoveQP(t.qp, state, moves); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -409,7 +418,7 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, sendSlots, recvSlots, 
 // connect moves the active side's QP through RTR to RTS once the peer's
 // reply named its QP.
 func (t *rdmaTransport) connect() error {
-	return t.id.MoveQP(t.qp, verbs.QPStateRTS, minRNRTimer)
+	return t.id.MoveQP(t.qp, verbs.QPStateRTS, dialerMoves)
 }
 
 func (t *rdmaTransport) sendBuf(slot int) []byte {

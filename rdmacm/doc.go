@@ -23,9 +23,11 @@
 //
 // This package creates no QPs. Connect and Accept name the caller's QP by
 // number (ConnParam.QPNum): the active side gets CONNECT_RESPONSE, moves its
-// QP to RTR and RTS with the attributes from InitQPAttr and calls
-// Establish; the passive side moves its QP before Accept and gets
-// ESTABLISHED. Any number works for the CM, so a CM exchange can run with
+// QP to INIT again (its first INIT, before Connect, gave the peer no
+// access), to RTR and to RTS with the attributes from InitQPAttr and calls
+// Establish; the passive side moves its QP before Accept, with the read
+// resources it accepts in place of the request's, and gets ESTABLISHED.
+// MoveQP does either in one call. Any number works for the CM, so a CM exchange can run with
 // made-up numbers, which the tests on soft-RoCE use. Mind the kernel's
 // stale-connection table: a QP number in a live connection to a node cannot
 // be used for a second one (REJECTED, status 10, and the first connection is

@@ -532,7 +532,10 @@ func (id *ID) Disconnect() error {
 // connection to state (rdma_init_qp_attr): INIT after the route (or the
 // request) is known, RTR and RTS once the peer's QP number is known. Note
 // that MinRNRTimer comes back as 0 (a 655 ms RNR back-off): override it, and
-// trim the mask to what the QP type accepts.
+// trim the mask to what the QP type accepts. INIT before Connect has access
+// flags 0: the active side applies INIT again (INIT to INIT) once
+// CONNECT_RESPONSE came. Before Accept, MaxDestRdAtomic and MaxQPRdAtomic
+// are the request's, not what Accept will grant (see MoveParams).
 func (id *ID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask, error) {
 	const op = "rdma_init_qp_attr"
 	unlock, err := id.use(op)
@@ -549,21 +552,21 @@ func (id *ID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask, e
 
 // MoveQP moves qp, the QP of this connection, to state (INIT, RTR or RTS)
 // through each state between, with the attributes the CM computes: what
-// InitQPAttr and verbs.QP.Modify do step by step, in one C call. minRNRTimer,
-// when not 0, replaces the CM's MinRNRTimer (0, a 655 ms back-off) at RTR.
-// At RTS a transport retry count over RetryCountFinite is lowered to it: the
-// passive side's comes from the peer's request, and librdmacm's peers ask
-// for 7, which soft-RoCE retries for ever.
+// InitQPAttr and verbs.QP.Modify do step by step, in one C call, with p's
+// values in place of the CM's (see MoveParams). At RTS a transport retry
+// count over RetryCountFinite is lowered to it: the passive side's comes
+// from the peer's request, and librdmacm's peers ask for 7, which soft-RoCE
+// retries for ever.
 // A QP already in state is left alone; one past it, or in SQD, SQE or ERR,
 // gives EINVAL. A QP in INIT moving on takes INIT's attributes again first,
-// as librdmacm does when a REP comes: the access flags of a dialer's QP
-// moved to INIT before rdma_connect let the peer neither read nor write its
-// memory, since the CM learns the peer's responder resources from the REP.
+// as librdmacm does when a REP comes: a dialer's QP moved to INIT before
+// rdma_connect got access flags 0 (no IB CM connection existed yet), which
+// let the peer neither read nor write its memory.
 // librdmacm makes the same calls itself, inside rdma_accept and its
 // CONNECT_RESPONSE handling, for QPs made by rdma_create_qp. Connected ids
 // only (RC, XRC): a datagram id's attributes (UD) fit INIT alone, and
 // MoveQP refuses it with EINVAL; take its INIT from InitQPAttr.
-func (id *ID) MoveQP(qp *verbs.QP, state verbs.QPState, minRNRTimer uint8) error {
+func (id *ID) MoveQP(qp *verbs.QP, state verbs.QPState, p MoveParams) error {
 	const op = "rdma_init_qp_attr"
 	unlock, err := id.use(op)
 	if err != nil {
@@ -585,7 +588,7 @@ func (id *ID) MoveQP(qp *verbs.QP, state verbs.QPState, minRNRTimer uint8) error
 		if from > state {
 			return cur, id.opErr("ibv_modify_qp", syscall.EINVAL, func() string { return from.String() + " to " + state.String() })
 		}
-		reached, failed, err := id.sysMoveQP(h, from, state, minRNRTimer)
+		reached, failed, err := id.sysMoveQP(h, from, state, p)
 		return reached, id.opErr(failed, err, state.String)
 	})
 }

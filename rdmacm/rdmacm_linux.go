@@ -228,13 +228,14 @@ static int gx_init_qp_attr(struct rdma_cm_id *id, int state, struct ibv_qp_attr 
 // gx_move_qp moves qp from state `from` through each next state up to `to`
 // with the attributes the CM computes, in one call from Go (each cgo call that
 // sits in the kernel costs a Go process far more than the call itself).
-// rnr > 0 replaces the CM's min_rnr_timer at RTR; at RTS a retry_cnt over
-// retry_cap is lowered to it. *reached is the state the QP
+// rnr > 0 replaces the CM's min_rnr_timer at RTR, resp > 0 its
+// max_dest_rd_atomic and init > 0 its max_rd_atomic at RTS, where the CM's
+// mask has them; at RTS a retry_cnt over retry_cap is lowered to it. *reached is the state the QP
 // is known to be in afterwards (-1 after a failed modify: the driver may have
 // moved it); *in_modify tells a failed ibv_modify_qp from a failed
 // rdma_init_qp_attr.
 static int gx_move_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int from, int to, int rnr,
-		      int retry_cap, int *reached, int *in_modify) {
+		      int resp, int init, int retry_cap, int *reached, int *in_modify) {
 	*reached = from;
 	*in_modify = 0;
 	// A QP in INIT takes INIT's attributes again before it goes on, as
@@ -249,10 +250,14 @@ static int gx_move_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int from, int to
 		attr.qp_state = (enum ibv_qp_state)st;
 		if (rdma_init_qp_attr(id, &attr, &mask))
 			return -errno;
-		if (st == IBV_QPS_RTR && rnr > 0) {
+		// Only where the CM's mask has them: an XRC INI QP has no
+		// responder side, and the kernel refuses those bits for it.
+		if (st == IBV_QPS_RTR && rnr > 0 && (mask & IBV_QP_MIN_RNR_TIMER))
 			attr.min_rnr_timer = rnr;
-			mask |= IBV_QP_MIN_RNR_TIMER;
-		}
+		if (st == IBV_QPS_RTR && resp > 0 && (mask & IBV_QP_MAX_DEST_RD_ATOMIC))
+			attr.max_dest_rd_atomic = resp;
+		if (st == IBV_QPS_RTS && init > 0 && (mask & IBV_QP_MAX_QP_RD_ATOMIC))
+			attr.max_rd_atomic = init;
 		if (st == IBV_QPS_RTS && (mask & IBV_QP_RETRY_CNT) && attr.retry_cnt > retry_cap)
 			attr.retry_cnt = retry_cap;
 		if ((r = ibv_modify_qp(qp, &attr, mask))) {
@@ -595,9 +600,10 @@ func (id *ID) sysInitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask
 	return qpAttrFromC(attr), verbs.QPAttrMask(mask), nil
 }
 
-func (id *ID) sysMoveQP(qp unsafe.Pointer, from, to verbs.QPState, minRNRTimer uint8) (reached int, op string, err error) {
+func (id *ID) sysMoveQP(qp unsafe.Pointer, from, to verbs.QPState, p MoveParams) (reached int, op string, err error) {
 	var r, inModify C.int
-	err = errno(C.gx_move_qp(id.sys.cid, (*C.struct_ibv_qp)(qp), C.int(from), C.int(to), C.int(minRNRTimer), C.int(RetryCountFinite), &r, &inModify))
+	err = errno(C.gx_move_qp(id.sys.cid, (*C.struct_ibv_qp)(qp), C.int(from), C.int(to), C.int(p.MinRNRTimer),
+		C.int(p.ResponderResources), C.int(p.InitiatorDepth), C.int(RetryCountFinite), &r, &inModify))
 	op = "rdma_init_qp_attr"
 	if inModify != 0 {
 		op = "ibv_modify_qp"

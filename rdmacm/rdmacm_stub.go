@@ -42,7 +42,7 @@ func (id *ID) sysLocalAddr() netip.AddrPort                    { return netip.Ad
 func (id *ID) sysRemoteAddr() netip.AddrPort                   { return netip.AddrPort{} }
 func (id *ID) sysVerbs() unsafe.Pointer                        { return nil }
 
-func (id *ID) sysMoveQP(unsafe.Pointer, verbs.QPState, verbs.QPState, uint8) (int, string, error) {
+func (id *ID) sysMoveQP(unsafe.Pointer, verbs.QPState, verbs.QPState, MoveParams) (int, string, error) {
 	return -1, "rdma_init_qp_attr", ErrNotSupported
 }
 

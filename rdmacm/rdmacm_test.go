@@ -207,7 +207,7 @@ func TestNilAndZeroObjects(t *testing.T) {
 			"Disconnect":   id.Disconnect(),
 		}
 		_, _, errs["InitQPAttr"] = id.InitQPAttr(verbs.QPStateRTR)
-		errs["MoveQP"] = id.MoveQP(nil, verbs.QPStateRTR, 12)
+		errs["MoveQP"] = id.MoveQP(nil, verbs.QPStateRTR, MoveParams{MinRNRTimer: 12})
 		_, errs["Event"] = id.Event(ctx)
 		_, errs["WaitEvent"] = id.WaitEvent(ctx, EventEstablished)
 		for op, err := range errs {

@@ -132,6 +132,23 @@ type ConnParam struct {
 	QPNum              uint32
 }
 
+// MoveParams replaces attributes the CM computes for MoveQP; a zero field
+// keeps the CM's value, and a field whose state's attribute mask lacks it
+// (an XRC INI QP has no responder side) is ignored.
+type MoveParams struct {
+	// MinRNRTimer replaces the CM's at RTR, which is 0: a 655 ms
+	// back-off after a receiver-not-ready NAK.
+	MinRNRTimer uint8
+	// ResponderResources and InitiatorDepth are the values given to
+	// Accept, for the passive side, whose QP moves before it accepts:
+	// until then the CM holds the request's, which the peer may have set
+	// past this device's limits (librdmacm's defaults offer the peer
+	// device's maximum). ResponderResources becomes the QP's
+	// max_dest_rd_atomic at RTR, InitiatorDepth its max_rd_atomic at RTS.
+	ResponderResources uint8
+	InitiatorDepth     uint8
+}
+
 // RetryCountFinite is the largest RetryCount that gives up everywhere: after
 // it, a send that no ACK answers fails with a retry-exceeded completion and
 // the QP goes to the error state, so a peer that vanished without a word

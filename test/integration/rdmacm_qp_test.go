@@ -48,7 +48,7 @@ func rdmacmNewEndpoint(t *testing.T, vc *verbs.Context) *rdmacmEndpoint {
 	e.qp, err = e.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: e.cq, RecvCQ: e.cq,
 		Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	check(e.qp, err)
-	e.mr, err = e.pd.RegMR(4096, verbs.AccessLocalWrite)
+	e.mr, err = e.pd.RegMR(4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
 	check(e.mr, err)
 	return e
 }
@@ -65,7 +65,7 @@ func (e *rdmacmEndpoint) close(t *testing.T) {
 }
 
 // rdmacmMove moves qp to state with the CM's attributes.
-func rdmacmMove(t *testing.T, id *rdmacm.ID, qp *verbs.QP, state verbs.QPState) {
+func rdmacmMove(t *testing.T, id *rdmacm.ID, qp *verbs.QP, state verbs.QPState, p rdmacm.MoveParams) {
 	t.Helper()
 	attr, mask, err := id.InitQPAttr(state)
 	if err != nil {
@@ -74,6 +74,12 @@ func rdmacmMove(t *testing.T, id *rdmacm.ID, qp *verbs.QP, state verbs.QPState) 
 	if state == verbs.QPStateRTR {
 		attr.MinRNRTimer = 12 // rdma_init_qp_attr gives 0, a 655 ms back-off
 		mask |= verbs.QPAttrMinRNRTimer
+		if p.ResponderResources > 0 {
+			attr.MaxDestRdAtomic = p.ResponderResources
+		}
+	}
+	if state == verbs.QPStateRTS && p.InitiatorDepth > 0 {
+		attr.MaxQPRdAtomic = p.InitiatorDepth
 	}
 	if err := qp.Modify(&attr, mask); err != nil {
 		t.Fatalf("Modify to %v (mask %v): %v", state, mask, err)
@@ -95,8 +101,9 @@ func rdmacmWaitWC(t *testing.T, cq *verbs.CQ, want verbs.WCOpcode) verbs.WorkCom
 	return wcs[0]
 }
 
-// qpMover moves a connection's QP to a later state with the CM's attributes.
-type qpMover func(t *testing.T, id *rdmacm.ID, qp *verbs.QP, to verbs.QPState)
+// qpMover moves a connection's QP to a later state with the CM's attributes
+// (but p's).
+type qpMover func(t *testing.T, id *rdmacm.ID, qp *verbs.QP, to verbs.QPState, p rdmacm.MoveParams)
 
 // rdmacmQPState returns the state the device reports for qp.
 func rdmacmQPState(t *testing.T, qp *verbs.QP) verbs.QPState {
@@ -109,19 +116,28 @@ func rdmacmQPState(t *testing.T, qp *verbs.QP) verbs.QPState {
 }
 
 // TestRDMACMRCWithQPs connects two RC QPs that verbs created, through the
-// CM, and sends a message each way: once moving the QPs one state at a time
-// (InitQPAttr, then Modify), once with MoveQP, which makes the same calls in
-// one C call.
+// CM, sends a message each way and reads and writes each side's memory from
+// the other: once moving the QPs one state at a time (InitQPAttr, then
+// Modify), once with MoveQP, which makes the same calls in one C call. The
+// active side asks for 4 reads in flight each way and the passive side
+// grants 1: both QPs must hold 1. (The active side's QP kept INIT's access
+// flags from before Connect, 0, until INIT was applied again after the
+// reply: the passive side's first write into its memory failed.)
 func TestRDMACMRCWithQPs(t *testing.T) {
-	stepwise := func(t *testing.T, id *rdmacm.ID, qp *verbs.QP, to verbs.QPState) {
+	stepwise := func(t *testing.T, id *rdmacm.ID, qp *verbs.QP, to verbs.QPState, p rdmacm.MoveParams) {
 		t.Helper()
-		for s := rdmacmQPState(t, qp) + 1; s <= to; s++ {
-			rdmacmMove(t, id, qp, s)
+		from := rdmacmQPState(t, qp)
+		if from == verbs.QPStateInit && to > from {
+			from-- // INIT again first (see the package doc)
+		}
+		for s := from + 1; s <= to; s++ {
+			rdmacmMove(t, id, qp, s, p)
 		}
 	}
-	oneCall := func(t *testing.T, id *rdmacm.ID, qp *verbs.QP, to verbs.QPState) {
+	oneCall := func(t *testing.T, id *rdmacm.ID, qp *verbs.QP, to verbs.QPState, p rdmacm.MoveParams) {
 		t.Helper()
-		if err := id.MoveQP(qp, to, 12); err != nil {
+		p.MinRNRTimer = 12
+		if err := id.MoveQP(qp, to, p); err != nil {
 			t.Fatalf("MoveQP(%v): %v", to, err)
 		}
 		if got := rdmacmQPState(t, qp); got != to {
@@ -162,8 +178,8 @@ func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover, wantRetry uint8) {
 
 	// Active side: route, QP to INIT, REQ.
 	cli := rdmacmResolved(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, addr)
-	move(t, cli, cliEP.qp, verbs.QPStateInit)
-	if err := cli.Connect(rdmacm.ConnParam{QPNum: cliEP.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}); err != nil {
+	move(t, cli, cliEP.qp, verbs.QPStateInit, rdmacm.MoveParams{})
+	if err := cli.Connect(rdmacm.ConnParam{QPNum: cliEP.qp.Num(), ResponderResources: 4, InitiatorDepth: 4, RetryCount: 7, RNRRetryCount: 7}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -174,11 +190,12 @@ func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover, wantRetry uint8) {
 	if e.Conn.QPNum != cliEP.qp.Num() {
 		t.Fatalf("request names QP %#x, want %#x", e.Conn.QPNum, cliEP.qp.Num())
 	}
-	move(t, srv, srvEP.qp, verbs.QPStateInit)
+	granted := rdmacm.MoveParams{ResponderResources: 1, InitiatorDepth: 1}
+	move(t, srv, srvEP.qp, verbs.QPStateInit, granted)
 	if err := srvEP.qp.PostRecv([]verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{srvEP.mr.SGE(0, 4096)}}}); err != nil {
 		t.Fatal(err)
 	}
-	move(t, srv, srvEP.qp, verbs.QPStateRTS)
+	move(t, srv, srvEP.qp, verbs.QPStateRTS, granted)
 	if err := srv.Accept(rdmacm.ConnParam{QPNum: srvEP.qp.Num(), ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}); err != nil {
 		t.Fatal(err)
 	}
@@ -191,18 +208,24 @@ func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover, wantRetry uint8) {
 	if err := cliEP.qp.PostRecv([]verbs.RecvWR{{ID: 2, SGL: []verbs.SGE{cliEP.mr.SGE(0, 4096)}}}); err != nil {
 		t.Fatal(err)
 	}
-	move(t, cli, cliEP.qp, verbs.QPStateRTS)
+	move(t, cli, cliEP.qp, verbs.QPStateRTS, rdmacm.MoveParams{})
 	if err := cli.Establish(); err != nil {
 		t.Fatal(err)
 	}
 	rdmacmWait(t, srv, rdmacm.EventEstablished)
 	for _, ep := range []*rdmacmEndpoint{cliEP, srvEP} {
-		attr, _, err := ep.qp.Query(verbs.QPAttrRetryCnt)
+		attr, _, err := ep.qp.Query(verbs.QPAttrRetryCnt | verbs.QPAttrAccessFlags | verbs.QPAttrMaxQPRdAtomic | verbs.QPAttrMaxDestRdAtomic)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if attr.RetryCnt != wantRetry {
 			t.Errorf("QP %#x: retry count %d, want %d", ep.qp.Num(), attr.RetryCnt, wantRetry)
+		}
+		if want := verbs.AccessRemoteWrite | verbs.AccessRemoteRead; attr.AccessFlags&want != want {
+			t.Errorf("QP %#x: access flags %#x, want remote write and read", ep.qp.Num(), attr.AccessFlags)
+		}
+		if attr.MaxQPRdAtomic != 1 || attr.MaxDestRdAtomic != 1 {
+			t.Errorf("QP %#x: %d reads in flight out, %d in; want the 1 and 1 granted", ep.qp.Num(), attr.MaxQPRdAtomic, attr.MaxDestRdAtomic)
 		}
 	}
 
@@ -220,15 +243,40 @@ func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover, wantRetry uint8) {
 	}
 	send(cliEP, srvEP, []byte("hello over an RC QP connected by rdmacm"))
 	send(srvEP, cliEP, bytes.Repeat([]byte{0x5a, 0xa5}, 1000))
+	// One-sided, each way: write into the far half of the peer's memory,
+	// then read it back into the near half's end.
+	oneSided := func(from, to *rdmacmEndpoint, msg string) {
+		t.Helper()
+		copy(from.mr.Bytes(), msg)
+		for _, wr := range []verbs.SendWR{
+			{ID: 11, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{from.mr.SGE(0, len(msg))},
+				RemoteAddr: to.mr.Addr() + 2048, RKey: to.mr.RKey()},
+			{ID: 12, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled, SGL: []verbs.SGE{from.mr.SGE(1024, len(msg))},
+				RemoteAddr: to.mr.Addr() + 2048, RKey: to.mr.RKey()},
+		} {
+			if err := from.qp.PostSend([]verbs.SendWR{wr}); err != nil {
+				t.Fatal(err)
+			}
+			rdmacmWaitWC(t, from.cq, map[verbs.WROpcode]verbs.WCOpcode{verbs.WRRDMAWrite: verbs.WCRDMAWrite, verbs.WRRDMARead: verbs.WCRDMARead}[wr.Opcode])
+		}
+		if got := string(to.mr.Bytes()[2048 : 2048+len(msg)]); got != msg {
+			t.Fatalf("written %q, want %q", got, msg)
+		}
+		if got := string(from.mr.Bytes()[1024 : 1024+len(msg)]); got != msg {
+			t.Fatalf("read back %q, want %q", got, msg)
+		}
+	}
+	oneSided(cliEP, srvEP, "active side's write")
+	oneSided(srvEP, cliEP, "passive side's write")
 
 	// MoveQP never moves a QP backwards or out of the connection states,
 	// and a refused move leaves the QP as it was.
 	for _, to := range []verbs.QPState{verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateErr, verbs.QPStateReset} {
-		if err := cli.MoveQP(cliEP.qp, to, 0); !errors.Is(err, syscall.EINVAL) {
+		if err := cli.MoveQP(cliEP.qp, to, rdmacm.MoveParams{}); !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("MoveQP(%v) of an RTS QP: %v, want EINVAL", to, err)
 		}
 	}
-	if err := cli.MoveQP(cliEP.qp, verbs.QPStateRTS, 0); err != nil {
+	if err := cli.MoveQP(cliEP.qp, verbs.QPStateRTS, rdmacm.MoveParams{}); err != nil {
 		t.Errorf("MoveQP(RTS) of an RTS QP: %v, want nothing to do", err)
 	}
 	if got := rdmacmQPState(t, cliEP.qp); got != verbs.QPStateRTS {
@@ -240,7 +288,7 @@ func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover, wantRetry uint8) {
 		t.Fatal(err)
 	}
 	closed.Close()
-	if err := cli.MoveQP(closed, verbs.QPStateInit, 0); !errors.Is(err, verbs.ErrClosed) {
+	if err := cli.MoveQP(closed, verbs.QPStateInit, rdmacm.MoveParams{}); !errors.Is(err, verbs.ErrClosed) {
 		t.Errorf("MoveQP of a closed QP: %v, want ErrClosed", err)
 	}
 	if err := srvEP.qp.PostRecv([]verbs.RecvWR{{ID: 3, SGL: []verbs.SGE{srvEP.mr.SGE(0, 4096)}}}); err != nil {

@@ -376,7 +376,7 @@ func TestRDMACMSIDR(t *testing.T) {
 	cli := rdmacmResolved(t, ch, rdmacm.PortSpaceUDP, verbs.QPTypeUD, addr)
 	// A UD id's attributes fit INIT alone: MoveQP refuses it (it failed
 	// at RTR, the QP left in INIT).
-	if err := cli.MoveQP(nil, verbs.QPStateRTS, 0); !errors.Is(err, syscall.EINVAL) {
+	if err := cli.MoveQP(nil, verbs.QPStateRTS, rdmacm.MoveParams{}); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("MoveQP on a UD id: %v", err)
 	}
 	if err := cli.Connect(rdmacm.ConnParam{PrivateData: make([]byte, rdmacm.MaxSIDRReqPrivateData+1)}); !errors.Is(err, rdmacm.ErrPrivateDataTooLong) {
