@@ -13,6 +13,7 @@ import (
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/internal/kernel/kcm"
 	"github.com/goxrc/goxrc/internal/turn"
+	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -515,7 +516,10 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 			mask |= verbs.QPAttrMinRNRTimer
 		}
 		if next == verbs.QPStateRTS && q.typ == verbs.QPTypeXRCSend {
-			attr.RetryCnt, attr.RNRRetry = 7, 7
+			// 6, not 7: soft-RoCE retries for ever at 7, and a peer
+			// node that vanished would never fail the INI there
+			// (rdmacm.RetryCountFinite; kcm's links ask for 6 too).
+			attr.RetryCnt, attr.RNRRetry = rdmacm.RetryCountFinite, 7
 			if attr.Timeout == 0 {
 				attr.Timeout = 14
 			}
