@@ -985,8 +985,8 @@ func (c *Conn) handle(wc *completion) {
 		}
 		h, err := parseFrame(wc.imm, wc.hasImm, wc.n, c.recvSeq, c.maxRecv, c.peerSlots)
 		if err == nil && c.peerFin && h.kind != frameCredit {
-			// Credit returns and keepalives may follow a FIN; data may
-			// not, nor a second FIN. The application has had, or will
+			// Credit returns may follow a FIN; data may not, nor a
+			// second FIN. The application has had, or will
 			// have, io.EOF: counted and logged here, where failLocked
 			// takes the end of stream for the orderly end.
 			err = fmt.Errorf("%w: frame of kind %d after the peer's FIN", ErrProtocol, h.kind)

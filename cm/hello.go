@@ -26,7 +26,9 @@ import (
 // The keepalive target is memory the peer may read and nothing else: a
 // keepalive probe is an RDMA read of it, which the peer's device answers
 // without its application (see WithKeepalive). Version 1 had no target;
-// its probes were credit frames.
+// its probes were credit frames. A version 1 peer is refused, as it refuses
+// version 2: no such peer is deployed, and one would grant no reads anyway
+// (its dialer's QP kept INIT's access flags of 0, see rdmacm.ID.MoveQP).
 const (
 	helloMagic   = 0x47585243 // "GXRC"
 	helloVersion = 2

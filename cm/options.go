@@ -214,10 +214,12 @@ func WithRawMessages() Option { return func(c *config) { c.raw = true } }
 // the transport's retries run out: seven tries, each after the ACK timeout
 // the RDMA CM derives from the path (about 15 s in all on soft-RoCE, between
 // two guests of test/vm/rxe-pair.sh). The failure reaches the calls blocked
-// on the connection; with none blocked, the next call gets it. One probe is
-// out at a time, and the next goes only once a call has taken the last
-// one's completion: an application that never calls Send or Recv is told
-// nothing, and needs no probes.
+// on the connection; with none blocked, the next call that waits gets it (a
+// Recv with nothing queued, a Send out of credit), while a Send that can
+// post returns nil, as a TCP write to a dead peer does. One probe is out at
+// a time, and the next goes only once a waiting call has taken the last
+// one's completion: an application that never waits is told nothing, and
+// needs no probes.
 func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepalive = d } }
 
 // WithBacklog bounds a listener's connections in progress: handshakes under
