@@ -53,9 +53,13 @@
 // their buffers from a pool of large registrations; all of it lives while a
 // connection or a listener on the device does. While a listener holds the
 // device, a closed connection's queue pair and completion queue are reset
-// and kept, once the CM has left time-wait and after a cool-off of a
-// second, for the next connection of the same sizes
-// (ProcessStats.CachedQueuePairs, at most 512 per device).
+// and kept, once the CM has left time-wait and after a cool-off of five
+// seconds, for the next connection of the same sizes
+// (ProcessStats.CachedQueuePairs, at most 512 per device). A listener on an
+// unspecified address (":port", "[::]:port") holds no device, since it
+// serves whichever the requests come in on: its connections' queue pairs
+// are destroyed, and a device's context and buffers go with its last
+// connection, as for a client.
 //
 // # One-sided RDMA
 //

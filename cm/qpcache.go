@@ -19,10 +19,14 @@ import (
 const maxCachedQPs = 512
 
 // qpCoolOff is how long a pair rests after its time-wait before reuse,
-// oldest first. The peer's CM left its own time-wait of the connection
-// within milliseconds of ours; a REQ or REP naming the QP number while the
-// peer still remembered it would be rejected as stale (IB CM reject 10).
-const qpCoolOff = time.Second
+// oldest first: a REQ or REP naming the QP number while the peer's CM still
+// remembers the connection is rejected as stale (IB CM reject 10), and the
+// peer may leave its time-wait well after we left ours. Usually it leaves
+// within milliseconds; but when the peer sent the DREQ and our DREP was
+// lost, it starts its time-wait only after sending the DREQ again, a CM
+// response timeout later (about 4.3 s with rdma_cm's, 4.096 us * 2^20), and
+// a second later was not enough then (found by review of the kernel's CM).
+const qpCoolOff = 5 * time.Second
 
 // qpShape is what a cached pair must match: the queue sizes asked for.
 type qpShape struct {

@@ -286,24 +286,30 @@ func TestCMOneSidedWriteRead(t *testing.T) {
 // remote access error and broke the connection.
 func TestCMOneSidedFromTheAcceptor(t *testing.T) {
 	client, server := cmPair(t)
+	requireOneSided(t, server, client)
+}
+
+// requireOneSided writes into and reads from memory that to registered, from
+// from, and checks that both connections are still whole.
+func requireOneSided(t *testing.T, from, to *cm.Conn) {
+	t.Helper()
 	ctx := cmCtx(t, 20*time.Second)
-	exposed, err := client.RegisterMemory(4096, true)
+	exposed, err := to.RegisterMemory(4096, true)
 	require.NoError(t, err)
 	defer exposed.Close()
-	copy(exposed.Bytes()[2048:], "client data")
-	local, err := server.RegisterMemory(4096, false)
+	copy(exposed.Bytes()[2048:], "exposed data")
+	local, err := from.RegisterMemory(4096, false)
 	require.NoError(t, err)
 	defer local.Close()
-	copy(local.Bytes(), "from the acceptor")
+	copy(local.Bytes(), "written one-sided")
 	desc := exposed.Descriptor()
-	require.NoError(t, server.WriteRemote(ctx, local, 0, 17, desc, 64))
-	require.Equal(t, "from the acceptor", string(exposed.Bytes()[64:81]))
-	require.NoError(t, server.ReadRemote(ctx, local, 100, 11, desc, 2048))
-	require.Equal(t, "client data", string(local.Bytes()[100:111]))
-	// Both connections are still whole.
-	require.NoError(t, server.Send(ctx, []byte("done")))
+	require.NoError(t, from.WriteRemote(ctx, local, 0, 17, desc, 64))
+	require.Equal(t, "written one-sided", string(exposed.Bytes()[64:81]))
+	require.NoError(t, from.ReadRemote(ctx, local, 100, 12, desc, 2048))
+	require.Equal(t, "exposed data", string(local.Bytes()[100:112]))
+	require.NoError(t, from.Send(ctx, []byte("done")))
 	buf := make([]byte, 16)
-	n, err := client.Recv(ctx, buf)
+	n, err := to.Recv(ctx, buf)
 	require.NoError(t, err)
 	require.Equal(t, "done", string(buf[:n]))
 }
@@ -555,6 +561,8 @@ func TestCMQueuePairsReused(t *testing.T) {
 			k, err := p[1].Recv(ctx, buf)
 			require.NoError(t, err, what)
 			require.Equal(t, what, string(buf[:k]))
+			// A reused pair grants what a new one does.
+			requireOneSided(t, p[0], p[1])
 		}
 		var wg sync.WaitGroup
 		for _, c := range []*cm.Conn{client, server} {
@@ -573,8 +581,9 @@ func TestCMQueuePairsReused(t *testing.T) {
 	s = cm.GlobalStats()
 	require.Equal(t, start.QueuePairsReused, s.QueuePairsReused, "a pair reused before its cool-off")
 	require.Equal(t, start.CachedQueuePairs+4, s.CachedQueuePairs)
-	// The second connection's time-wait outlasted the first pairs'
-	// cool-off: the third connection takes them.
+	// Once the first pairs' cool-off (5 s after their time-wait) is
+	// over, the third connection takes them.
+	time.Sleep(5 * time.Second)
 	connect("third, on reused pairs")
 	s = cm.GlobalStats()
 	require.Equal(t, start.QueuePairsReused+2, s.QueuePairsReused, "both ends take a kept pair")
