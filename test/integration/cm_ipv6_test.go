@@ -62,12 +62,8 @@ func TestCMIPv6(t *testing.T) {
 	s := <-accepted
 	require.NotNil(t, s)
 	defer s.Close()
-	require.NoError(t, c.Send(ctx, []byte("over IPv6")))
-	buf := make([]byte, 32)
-	n, err := s.Recv(ctx, buf)
-	require.NoError(t, err)
-	require.Equal(t, "over IPv6", string(buf[:n]))
 	require.Equal(t, ip, c.RemoteAddr().(cm.Addr).Addr())
+	requireBothWays(t, c, s)
 }
 
 // TestCMIPv6LinkLocal connects by the rxe netdev's link-local address, which
@@ -99,11 +95,7 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	for _, a := range []net.Addr{c.LocalAddr(), s.RemoteAddr()} {
 		require.Equal(t, zoned, a.(cm.Addr).Addr(), "%v: the link-local address with its zone", a)
 	}
-	require.NoError(t, c.Send(ctx, []byte("over fe80::/10")))
-	buf := make([]byte, 32)
-	n, err := s.Recv(ctx, buf)
-	require.NoError(t, err)
-	require.Equal(t, "over fe80::/10", string(buf[:n]))
+	requireBothWays(t, c, s)
 
 	// WithDevice and a zoned link-local peer: the zone picks the
 	// interface (the dial bound the device's IPv6 address, and failed
@@ -112,10 +104,9 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	accepted = acceptOne(t, ctx, l)
 	c2, err := cm.Dial(ctx, la.String(), cm.WithDevice(dev))
 	require.NoError(t, err)
-	c2.Close()
-	if s2 := <-accepted; s2 != nil {
-		s2.Close()
-	}
+	s2 := <-accepted
+	require.NotNil(t, s2)
+	requireBothWays(t, c2, s2)
 
 	// A listener on the unspecified address: the kernel does not say
 	// which interface a connection came in on; the GID table does (the
@@ -133,14 +124,14 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	t.Logf("on [::]: local %v, remote %v", s3.LocalAddr(), s3.RemoteAddr())
 	require.Equal(t, zoned, s3.LocalAddr().(cm.Addr).Addr(), "the address the dialer reached, with its zone")
 	require.Equal(t, zoned, s3.RemoteAddr().(cm.Addr).Addr(), "the dialer's address, with its zone")
+	requireBothWays(t, c3, s3)
 	// So the peer can be dialed back by what RemoteAddr says.
 	accepted = acceptOne(t, ctx, l)
 	c4, err := cm.Dial(ctx, netip.AddrPortFrom(s3.RemoteAddr().(cm.Addr).Addr(), la.Port()).String())
 	require.NoError(t, err)
-	c4.Close()
-	if s4 := <-accepted; s4 != nil {
-		s4.Close()
-	}
+	s4 := <-accepted
+	require.NotNil(t, s4)
+	requireBothWays(t, c4, s4)
 
 	// Without its zone a link-local address names no interface to bind.
 	_, err = cm.Listen(ctx, netip.AddrPortFrom(ll, 0).String())

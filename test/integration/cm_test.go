@@ -289,6 +289,31 @@ func TestCMOneSidedFromTheAcceptor(t *testing.T) {
 	requireOneSided(t, server, client)
 }
 
+// requireBothWays sends a message each way between the two ends of a
+// connection, reads and writes each end's memory from the other, and closes
+// both ends without an error: the accepting end takes other paths than the
+// dialing one (its QP is made from the request), and a fault there showed
+// only when it sent or was read.
+func requireBothWays(t *testing.T, dialed, accepted *cm.Conn) {
+	t.Helper()
+	ctx := cmCtx(t, 20*time.Second)
+	buf := make([]byte, 256)
+	for _, p := range [][2]*cm.Conn{{dialed, accepted}, {accepted, dialed}} {
+		msg := fmt.Sprintf("from %v to %v", p[0].LocalAddr(), p[1].LocalAddr())
+		require.NoError(t, p[0].Send(ctx, []byte(msg)))
+		n, err := p[1].Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, msg, string(buf[:n]))
+		requireOneSided(t, p[0], p[1])
+	}
+	var wg sync.WaitGroup
+	for _, c := range []*cm.Conn{dialed, accepted} {
+		wg.Go(func() { assert.NoError(t, c.Close()) })
+	}
+	wg.Wait()
+	assert.Zero(t, dialed.Stats().Errors+accepted.Stats().Errors, "errors counted")
+}
+
 // requireOneSided writes into and reads from memory that to registered, from
 // from, and checks that both connections are still whole.
 func requireOneSided(t *testing.T, from, to *cm.Conn) {
@@ -930,18 +955,12 @@ func TestCMWithDevice(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	require.Equal(t, addr, l.Addr().(cm.Addr).Addr())
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		if c, err := l.Accept(ctx); err == nil {
-			c.Close()
-		}
-	}()
+	served := acceptOne(t, ctx, l)
 	c, err := cm.Dial(ctx, l.Addr().String(), cm.WithDevice(dev))
 	require.NoError(t, err)
-	require.NoError(t, c.Close())
-	// The server's Close too: later tests start from no verbs objects.
-	<-served
+	s := <-served
+	require.NotNil(t, s)
+	requireBothWays(t, c, s)
 	_, err = cm.Dial(ctx, l.Addr().String(), cm.WithDevice("nosuchdev0"))
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "nosuchdev0")
@@ -968,4 +987,5 @@ func TestCMAcceptedConnAddrs(t *testing.T) {
 	require.Equal(t, cm.Addr{AddrPort: netip.AddrPortFrom(addr, port)}, s.LocalAddr())
 	require.Equal(t, c.LocalAddr(), s.RemoteAddr())
 	require.Equal(t, s.LocalAddr(), c.RemoteAddr())
+	requireBothWays(t, c, s)
 }
