@@ -278,27 +278,59 @@ func TestCMHandshakeGrantsReads(t *testing.T) {
 	waitObjects(t, base, 10*time.Second)
 }
 
-// The same rule on the dialing side: an acceptor that grants no reads is
-// refused, and the Dial leaves nothing behind.
-func TestCMDialRefusesAcceptorWithoutReads(t *testing.T) {
+// The dialing side checks the acceptor's answer as the listener checks the
+// request: a hello that is not goxrc's, or an answer that grants no reads,
+// fails the Dial with ErrProtocol, the acceptor is rejected (it must not wait
+// for an RTU), and the Dial leaves nothing behind.
+func TestCMDialRefusesBadAnswers(t *testing.T) {
 	dev, ip := softroce.Device(t)
 	ch := rdmacmChannel(t)
 	l := rdmacmListen(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(ip, 0))
 	base := baseline(t, dev)
-	ctx := cmCtx(t, 20*time.Second)
-	go func() {
-		ev, err := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
-		if err != nil {
-			return
-		}
-		ev.ID.Accept(rdmacm.ConnParam{QPNum: rdmacmNextQPN(), PrivateData: goxrcHello(8, 4096), InitiatorDepth: 1, RNRRetryCount: 7})
-		ev.ID.WaitEvent(ctx, rdmacm.EventEstablished) // the dialer's reject ends it
-		ev.ID.Close()
-	}()
-	c, err := cm.Dial(ctx, netip.AddrPortFrom(ip, l.LocalAddr().Port()).String())
-	require.Nil(t, c)
-	require.ErrorIs(t, err, cm.ErrProtocol)
-	require.ErrorContains(t, err, "no RDMA reads")
+	ctx := cmCtx(t, 60*time.Second)
+	good := rdmacm.ConnParam{PrivateData: goxrcHello(8, 4096), ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}
+	with := func(edit func(cp *rdmacm.ConnParam)) rdmacm.ConnParam {
+		cp := good
+		cp.PrivateData = bytes.Clone(cp.PrivateData)
+		edit(&cp)
+		return cp
+	}
+	for _, c := range []struct {
+		name   string
+		answer rdmacm.ConnParam
+		want   string
+	}{
+		{"grants no reads", with(func(cp *rdmacm.ConnParam) { cp.ResponderResources = 0 }), "no RDMA reads"},
+		{"no hello (a raw listener)", with(func(cp *rdmacm.ConnParam) { cp.PrivateData = nil }), "magic"},
+		{"version 1", with(func(cp *rdmacm.ConnParam) { cp.PrivateData[4], cp.PrivateData[5] = 1, 16; cp.PrivateData = cp.PrivateData[:16] }), "version 1"},
+		// The CM pads private data with zeros: a short hello reads as one
+		// whose fields past its end are 0.
+		{"short", with(func(cp *rdmacm.ConnParam) { cp.PrivateData = cp.PrivateData[:12] }), "message size 0"},
+		{"queue depth 65535", with(func(cp *rdmacm.ConnParam) { cp.PrivateData = goxrcHello(0xffff, 4096) }), "queue depth"},
+	} {
+		answered := make(chan rdmacm.EventType, 1)
+		go func() {
+			ev, err := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
+			if err != nil {
+				answered <- -1
+				return
+			}
+			defer ev.ID.Close()
+			cp := c.answer
+			cp.QPNum = rdmacmNextQPN()
+			if err := ev.ID.Accept(cp); err != nil {
+				answered <- -1
+				return
+			}
+			got, _ := ev.ID.Event(ctx) // the dialer's reject
+			answered <- got.Type
+		}()
+		conn, err := cm.Dial(ctx, netip.AddrPortFrom(ip, l.LocalAddr().Port()).String())
+		require.Nil(t, conn, c.name)
+		require.ErrorIs(t, err, cm.ErrProtocol, c.name)
+		require.ErrorContains(t, err, c.want, c.name)
+		require.Equal(t, rdmacm.EventRejected, <-answered, "%s: the acceptor is told", c.name)
+	}
 	waitObjects(t, base, 10*time.Second)
 }
 

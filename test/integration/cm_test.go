@@ -888,8 +888,46 @@ func TestCMAcceptorClosesAtOnce(t *testing.T) {
 // whose response then comes back whole, over real soft-RoCE (16 KB each
 // way through 1 KB messages at depth 4).
 func TestCMNetConnHalfClose(t *testing.T) {
-	client, server := cmPair(t, cm.WithMessageSize(1024), cm.WithQueueDepth(4))
-	conntest.HalfClose(t, client.NetConn(), server.NetConn(), 2000) // 16 KB each way
+	t.Run("dialer first", func(t *testing.T) {
+		client, server := cmPair(t, cm.WithMessageSize(1024), cm.WithQueueDepth(4))
+		conntest.HalfClose(t, client.NetConn(), server.NetConn(), 2000) // 16 KB each way
+	})
+	t.Run("acceptor first", func(t *testing.T) {
+		client, server := cmPair(t, cm.WithMessageSize(1024), cm.WithQueueDepth(4))
+		conntest.HalfClose(t, server.NetConn(), client.NetConn(), 2000)
+	})
+}
+
+// Immediate data each way, framed and raw, with messages inlined and not:
+// RecvWithImm returns the sender's 32 bits with the message, and Recv of a
+// message sent without returns none.
+func TestCMImmediateData(t *testing.T) {
+	for _, raw := range []bool{false, true} {
+		opts := []cm.Option{cm.WithMessageSize(1024), cm.WithQueueDepth(4)}
+		if raw {
+			opts = append(opts, cm.WithRawMessages())
+		}
+		client, server := cmPair(t, opts...)
+		ctx := cmCtx(t, 20*time.Second)
+		buf := make([]byte, 1024)
+		for i, p := range [][2]*cm.Conn{{client, server}, {server, client}} {
+			for _, size := range []int{8, cm.DefaultInlineThreshold + 1, 1024} {
+				msg := bytes.Repeat([]byte{byte(size)}, size)
+				imm := uint32(0xfeed0000 | i<<8 | size&0xff)
+				require.NoError(t, p[0].SendWithImm(ctx, msg, imm))
+				n, got, ok, err := p[1].RecvWithImm(ctx, buf)
+				require.NoError(t, err)
+				require.True(t, ok, "raw %v, %d bytes: no immediate data", raw, size)
+				require.Equal(t, imm, got)
+				require.Equal(t, msg, buf[:n])
+				require.NoError(t, p[0].Send(ctx, msg[:1]))
+				n, _, ok, err = p[1].RecvWithImm(ctx, buf)
+				require.NoError(t, err)
+				require.False(t, ok, "immediate data on a message sent without")
+				require.Equal(t, 1, n)
+			}
+		}
+	}
 }
 
 // TestCMMessageSizesDiffer: each side sends at most the smaller of the two
