@@ -302,7 +302,10 @@ func TestCMDialRefusesBadAnswers(t *testing.T) {
 	}{
 		{"grants no reads", with(func(cp *rdmacm.ConnParam) { cp.ResponderResources = 0 }), "no RDMA reads"},
 		{"no hello (a raw listener)", with(func(cp *rdmacm.ConnParam) { cp.PrivateData = nil }), "magic"},
-		{"version 1", with(func(cp *rdmacm.ConnParam) { cp.PrivateData[4], cp.PrivateData[5] = 1, 16; cp.PrivateData = cp.PrivateData[:16] }), "version 1"},
+		{"version 1", with(func(cp *rdmacm.ConnParam) {
+			cp.PrivateData[4], cp.PrivateData[5] = 1, 16
+			cp.PrivateData = cp.PrivateData[:16]
+		}), "version 1"},
 		// The CM pads private data with zeros: a short hello reads as one
 		// whose fields past its end are 0.
 		{"short", with(func(cp *rdmacm.ConnParam) { cp.PrivateData = cp.PrivateData[:12] }), "message size 0"},

@@ -29,6 +29,9 @@ const (
 	pairPort   = 7500
 	pairCMPort = 7501
 	pairBPort  = 7502 // B's listener, which A dials
+	// B's listener without a keepalive: its connection notices the
+	// vanished node when it sends.
+	pairBPlainPort = 7503
 )
 
 // TestTwoNodes runs across two guests, two kernels on one virtual wire
@@ -101,10 +104,12 @@ func pairServe(t *testing.T, ip netip.Addr, sync string) {
 	// A connection the other way, for B's accepting side to lose.
 	peer, _ := softroce.PeerIP()
 	waitMark(t, ctx, sync, "b-listening")
-	c, err := cm.Dial(ctx, netip.AddrPortFrom(peer, pairBPort).String(), cm.WithMessageSize(4096), cm.WithQueueDepth(8))
-	require.NoError(t, err)
-	defer c.Close()
-	require.NoError(t, c.Send(ctx, []byte("from A")))
+	for _, port := range []uint16{pairBPort, pairBPlainPort} {
+		c, err := cm.Dial(ctx, netip.AddrPortFrom(peer, port).String(), cm.WithMessageSize(4096), cm.WithQueueDepth(8))
+		require.NoError(t, err)
+		defer c.Close()
+		require.NoError(t, c.Send(ctx, []byte("from A")))
+	}
 	waitMark(t, ctx, sync, "b-done")
 }
 
@@ -239,16 +244,25 @@ func pairCheck(t *testing.T, dev string, ip, peer netip.Addr, sync string) {
 	// the accepting side must notice the dialing node vanish too.
 	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, pairBPort).String(), append(opts, cm.WithKeepalive(200*time.Millisecond))...)
 	require.NoError(t, err)
+	lp, err := cm.Listen(ctx, netip.AddrPortFrom(ip, pairBPlainPort).String(), opts...)
+	require.NoError(t, err)
 	mark(t, sync, "b-listening")
-	accepted, err := l.Accept(ctx)
-	require.NoError(t, err)
-	got, err := accepted.Recv(ctx, buf)
-	require.NoError(t, err)
-	require.Equal(t, "from A", string(buf[:got]))
-	require.Equal(t, peer, netip.MustParseAddrPort(accepted.RemoteAddr().String()).Addr())
+	var accepted, acceptedPlain *cm.Conn
+	for _, a := range []struct {
+		l *cm.Listener
+		c **cm.Conn
+	}{{l, &accepted}, {lp, &acceptedPlain}} {
+		c, err := a.l.Accept(ctx)
+		require.NoError(t, err)
+		got, err := c.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, "from A", string(buf[:got]))
+		require.Equal(t, peer, netip.MustParseAddrPort(c.RemoteAddr().String()).Addr())
+		*a.c = c
+	}
 
 	// A blocked Recv on each, then node A vanishes.
-	recvErr := map[*cm.Conn]chan error{watched: make(chan error, 1), plain: make(chan error, 1), accepted: make(chan error, 1)}
+	recvErr := map[*cm.Conn]chan error{watched: make(chan error, 1), plain: make(chan error, 1), accepted: make(chan error, 1), acceptedPlain: make(chan error, 1)}
 	for c, ch := range recvErr {
 		go func() {
 			_, err := c.Recv(ctx, make([]byte, 4096))
@@ -282,9 +296,12 @@ func pairCheck(t *testing.T, dev string, ip, peer netip.Addr, sync string) {
 	// The keepalive's probes find no one: their retries run out.
 	requireLost("Recv with keepalive", watched)
 	requireLost("Recv on the accepting side (keepalive)", accepted)
-	// Without one, a Send does the same.
+	// Without one, a Send does the same, on either side (the accepting
+	// side's QP took its retry count and timeout from A's request).
 	require.NoError(t, plain.Send(ctx, []byte("anyone there?")), "the send is posted; its failure comes later")
+	require.NoError(t, acceptedPlain.Send(ctx, []byte("anyone there?")), "the send is posted; its failure comes later")
 	requireLost("Recv after a Send", plain)
+	requireLost("Recv after a Send on the accepting side", acceptedPlain)
 
 	// A dial to the dead node ends at its deadline, leaving nothing.
 	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -300,13 +317,14 @@ func pairCheck(t *testing.T, dev string, ip, peer netip.Addr, sync string) {
 
 	// Nobody is left to say goodbye to: Close releases at once, rather
 	// than wait for the CM to give up on its disconnect request.
-	for _, c := range []*cm.Conn{watched, plain, accepted} {
+	for _, c := range []*cm.Conn{watched, plain, accepted, acceptedPlain} {
 		start := time.Now()
 		require.NoError(t, c.Close())
 		t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
 		require.Less(t, time.Since(start), 4*time.Second, "Close waited for the vanished peer (handshake timeout 5 s)")
 	}
 	require.NoError(t, l.Close())
+	require.NoError(t, lp.Close())
 	waitObjects(t, base, 15*time.Second)
 	mark(t, sync, "b-done")
 }
