@@ -361,6 +361,26 @@ func TestConnOneSided(t *testing.T) {
 	require.Error(t, err, "a revoked region is not writable")
 }
 
+// A region registered without remote write can be read by the peer, and a
+// write into it fails with the device's access error, which breaks the
+// connection, as on a device.
+func TestConnOneSidedReadOnlyRegion(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	ctx := ctxT(t)
+	exposed, err := b.RegisterMemory(64, false)
+	require.NoError(t, err)
+	defer exposed.Close()
+	copy(exposed.Bytes(), "readable")
+	local, err := a.RegisterMemory(64, false)
+	require.NoError(t, err)
+	defer local.Close()
+	require.NoError(t, a.ReadRemote(ctx, local, 0, 8, exposed.Descriptor(), 0))
+	require.Equal(t, "readable", string(local.Bytes()[:8]))
+	require.Error(t, a.WriteRemote(ctx, local, 0, 8, exposed.Descriptor(), 0))
+	require.Equal(t, "readable", string(exposed.Bytes()[:8]), "written all the same")
+	require.ErrorIs(t, a.Send(ctx, []byte("after")), ErrPeerGone)
+}
+
 func TestConnZeroAllocsPerMessage(t *testing.T) {
 	a, b, _ := fakePair(t, fakeOpts{})
 	ctx := context.Background()
@@ -452,6 +472,38 @@ func TestConnKeepaliveWithoutCredit(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a Send waiting for credit never learned the peer was gone")
 	}
+}
+
+// A probe that the peer's device has not answered yet: no second probe goes
+// out meanwhile, sends and a one-sided operation fill the send queue beside
+// it (within its size: fakePair checks), and Close flushes it without
+// counting an error or waiting for it.
+func TestConnProbeOutstanding(t *testing.T) {
+	const depth = 4
+	a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}, keepalive: 2 * time.Millisecond, holdProbes: true})
+	ctx := ctxT(t)
+	recvErr := make(chan error, 1)
+	go func() { _, err := a.Recv(ctx, make([]byte, 64)); recvErr <- err }()
+	require.Eventually(t, func() bool { return a.Stats().Keepalives == 1 }, 5*time.Second, time.Millisecond)
+	time.Sleep(30 * time.Millisecond)
+	require.Equal(t, uint64(1), a.Stats().Keepalives, "a second probe while the first is out")
+
+	exposed, err := b.RegisterMemory(64, true)
+	require.NoError(t, err)
+	defer exposed.Close()
+	local, err := a.RegisterMemory(64, false)
+	require.NoError(t, err)
+	defer local.Close()
+	for range depth {
+		require.NoError(t, a.Send(ctx, []byte("beside the probe")))
+	}
+	require.NoError(t, a.WriteRemote(ctx, local, 0, 8, exposed.Descriptor(), 0))
+
+	start := time.Now()
+	require.NoError(t, a.Close())
+	require.Less(t, time.Since(start), time.Second, "Close waited for the probe")
+	require.ErrorIs(t, <-recvErr, ErrClosed)
+	require.Zero(t, a.Stats().Errors, "the flushed probe counted as a failure")
 }
 
 // A wait can end with a deadline error while the context does not yet

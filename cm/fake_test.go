@@ -18,6 +18,7 @@ type fakeWire struct {
 	ends    [2]*fakeEnd
 	rnr     int
 	regions map[uint32][]byte
+	ro      map[uint32]bool // regions the peer may read but not write
 	nextKey uint32
 }
 
@@ -52,15 +53,31 @@ type fakeEnd struct {
 	releasedVanished bool
 	probeKey         uint32 // the key of this end's probe target (a fake region)
 	probes           int    // keepalive probes posted
+	// One-sided operations and probes posted whose completion the Conn
+	// has not polled: with busy, what the send queue holds, which must
+	// never pass its size (sendSlots+2, as rdmaTransport makes it).
+	rdmaOut, probeOut int
+	sqOverflow        int
+	holdProbes        bool         // probes complete only when flushed (a peer slow to answer)
+	heldProbes        []completion // their completions, meanwhile
+}
+
+// sqCheck counts a post that takes the send queue past its size; w.mu is
+// held.
+func (e *fakeEnd) sqCheck() {
+	if len(e.busy)+e.rdmaOut+e.probeOut > len(e.sendBufs)+2 {
+		e.sqOverflow++
+	}
 }
 
 func newFakeWire(sendSlots, recvSlots [2]int, size [2]int) *fakeWire {
-	w := &fakeWire{regions: map[uint32][]byte{}, nextKey: 100}
+	w := &fakeWire{regions: map[uint32][]byte{}, ro: map[uint32]bool{}, nextKey: 100}
 	for i := range w.ends {
 		e := &fakeEnd{w: w, side: i, notify: make(chan struct{}, 1)}
 		w.nextKey++
 		e.probeKey = w.nextKey
 		w.regions[e.probeKey] = make([]byte, probeLen)
+		w.ro[e.probeKey] = true
 		for s := 0; s < sendSlots[i]; s++ {
 			e.sendBufs = append(e.sendBufs, make([]byte, size[i]))
 		}
@@ -120,6 +137,7 @@ func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm, signaled bool) error
 		}
 	}
 	e.busy = append(e.busy, slot)
+	e.sqCheck()
 	e.sends++
 	if signaled || err != nil { // a failed send completes even unsignaled
 		e.signaled++
@@ -157,6 +175,7 @@ func (m *fakeMem) rkey() uint32  { return m.key }
 func (m *fakeMem) close() error {
 	m.w.mu.Lock()
 	delete(m.w.regions, m.key)
+	delete(m.w.ro, m.key)
 	m.w.mu.Unlock()
 	return nil
 }
@@ -167,6 +186,7 @@ func (e *fakeEnd) regMem(size int, remoteWrite bool) (memory, error) {
 	e.w.nextKey++
 	m := &fakeMem{w: e.w, key: e.w.nextKey, b: make([]byte, size)}
 	e.w.regions[m.key] = m.b
+	e.w.ro[m.key] = !remoteWrite
 	return m, nil
 }
 
@@ -175,7 +195,7 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 	defer e.w.mu.Unlock()
 	rb, ok := e.w.regions[remote.RKey]
 	var err error
-	if !ok {
+	if !ok || (write && e.w.ro[remote.RKey]) {
 		err = errors.New("fake: remote access error")
 	} else {
 		ro := roff + remote.Addr - 0x1000
@@ -185,6 +205,8 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 			copy(local.Bytes()[off:off+n], rb[ro:ro+uint64(n)])
 		}
 	}
+	e.rdmaOut++
+	e.sqCheck()
 	e.cq = append(e.cq, completion{op: compRDMA, err: err})
 	e.signal()
 	return nil
@@ -207,6 +229,12 @@ func (e *fakeEnd) postProbe(peer probeTarget) error {
 		err = errors.New("fake: remote access error")
 	}
 	e.probes++
+	e.probeOut++
+	e.sqCheck()
+	if e.holdProbes && err == nil {
+		e.heldProbes = append(e.heldProbes, completion{op: compProbe})
+		return nil
+	}
 	e.cq = append(e.cq, completion{op: compProbe, err: err})
 	e.signal()
 	return nil
@@ -226,6 +254,12 @@ func (e *fakeEnd) poll(ctx context.Context, cs []completion, spin time.Duration,
 		n := copy(cs, e.cq)
 		e.cq = append(e.cq[:0], e.cq[n:]...)
 		for _, c := range cs[:n] {
+			switch c.op {
+			case compRDMA:
+				e.rdmaOut--
+			case compProbe:
+				e.probeOut--
+			}
 			if c.op != compSend {
 				continue
 			}
@@ -285,6 +319,10 @@ func (e *fakeEnd) shutdown() {
 		e.cq = append(e.cq, completion{op: compRecv, slot: r, err: errFakeFlushed})
 	}
 	e.posted = nil
+	for range e.heldProbes {
+		e.cq = append(e.cq, completion{op: compProbe, err: errFakeFlushed})
+	}
+	e.heldProbes = nil
 	e.signal()
 }
 
@@ -314,6 +352,9 @@ type fakeOpts struct {
 	raw       bool
 	keepalive time.Duration
 	busyPoll  time.Duration
+	// holdProbes: keepalive probes complete only when flushed (a peer
+	// slow to answer reads).
+	holdProbes bool
 }
 
 // fakePair returns two connected Conns over a fakeWire, as Dial and Accept
@@ -342,6 +383,9 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 	}
 	maxSend := [2]int{min(o.msgSize[0], o.msgSize[1]), min(o.msgSize[0], o.msgSize[1])}
 	w := newFakeWire(sendSlots, recvSlots, [2]int{maxSend[0] + hdr, maxSend[1] + hdr})
+	for _, e := range w.ends {
+		e.holdProbes = o.holdProbes
+	}
 	var conns [2]*Conn
 	for i := range conns {
 		c, err := newConn(w.ends[i], fakeAddr(fmt.Sprintf("side%d", i)), fakeAddr(fmt.Sprintf("side%d", 1-i)), connParams{
@@ -376,6 +420,9 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 		for _, e := range w.ends {
 			if e.reused != 0 {
 				t.Errorf("side %d: %d sends reused a slot whose send had not completed", e.side, e.reused)
+			}
+			if e.sqOverflow != 0 {
+				t.Errorf("side %d: %d posts took the send queue past its size", e.side, e.sqOverflow)
 			}
 		}
 	})
