@@ -1126,7 +1126,12 @@ func (c *Conn) peerVanishedLocked() bool {
 // Close is idempotent. Recv after Close returns ErrClosed (or the failure
 // that broke the connection before), also where messages or the peer's end
 // of stream were still to be read.
-func (c *Conn) Close() error { return c.close(false) }
+func (c *Conn) Close() error {
+	if err := c.close(false); err != nil {
+		return opError("close", c.raddr, err)
+	}
+	return nil
+}
 
 // close is Close. With background it returns once the graceful part is
 // done, and the release, with its wait for the CM's time-wait (2 s on

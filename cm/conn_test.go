@@ -506,6 +506,21 @@ func TestConnProbeOutstanding(t *testing.T) {
 	require.Zero(t, a.Stats().Errors, "the flushed probe counted as a failure")
 }
 
+// Close's failures are *OpError values, as every other call's are (the
+// transport's error came back bare: a time-wait that outlasted Close's bound
+// did not match os.ErrDeadlineExceeded).
+func TestConnCloseErrorIsOpError(t *testing.T) {
+	a, _, w := fakePair(t, fakeOpts{})
+	w.mu.Lock()
+	w.ends[0].releaseErr = fmt.Errorf("waiting for the CM to leave time-wait: %w", context.DeadlineExceeded)
+	w.mu.Unlock()
+	err := a.Close()
+	var oe *OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "close", oe.Op)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+}
+
 // A wait can end with a deadline error while the context does not yet
 // report itself done (the netpoller's deadline and the context's timer are
 // two timers): that ends the call, not the connection.

@@ -94,7 +94,8 @@
 // that passed matches both context.DeadlineExceeded and
 // os.ErrDeadlineExceeded. Close is graceful: it wakes the connection's
 // blocked Sends and Recvs (they return ErrClosed), and the peer reads the
-// data sent before it, then io.EOF. MaxMessageSize is what Send takes; size Recv
+// data sent before it, then io.EOF (raw connections have no end of stream:
+// their peer sees ErrPeerGone at the disconnect). MaxMessageSize is what Send takes; size Recv
 // buffers with MaxRecvSize, which always fits (over XRC the two sides'
 // limits need not agree).
 //

@@ -22,7 +22,8 @@ var (
 	ErrMessageTooLong = errors.New("message too long")
 
 	// ErrProtocol reports a peer that broke the framing or handshake
-	// protocol: garbage headers, sequence gaps, an unknown version.
+	// protocol: garbage headers, sequence gaps, an unknown version, a
+	// framed peer that grants no RDMA reads.
 	ErrProtocol = errors.New("protocol violation by peer")
 
 	// ErrPeerGone reports that the connection was lost: the peer

@@ -51,6 +51,7 @@ type fakeEnd struct {
 	onPeerGone func(reason string)
 	// releasedVanished: release was told the peer vanished.
 	releasedVanished bool
+	releaseErr       error  // what release returns
 	probeKey         uint32 // the key of this end's probe target (a fake region)
 	probes           int    // keepalive probes posted
 	// One-sided operations and probes posted whose completion the Conn
@@ -333,12 +334,13 @@ func (e *fakeEnd) release(ctx context.Context, vanished bool) error {
 	e.released = true
 	e.releasedVanished = vanished
 	gone := e.peer().onPeerGone
+	err := e.releaseErr
 	e.w.mu.Unlock()
 	// The peer's CM sees a disconnect.
 	if first && gone != nil {
 		gone("peer disconnected")
 	}
-	return nil
+	return err
 }
 
 type fakeAddr string

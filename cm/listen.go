@@ -88,7 +88,7 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 		}
 	}
 	if err == nil && !useXRC {
-		err = id.Listen(cfg.backlog)
+		err = id.Listen(max(cfg.backlog, 1))
 	}
 	if err != nil {
 		id.Close()

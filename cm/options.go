@@ -18,8 +18,10 @@ const (
 	minMessageSize = 1
 	maxMessageSize = 1 << 30
 
-	// DefaultQueueDepth is the number of receive buffers per connection,
-	// and so the number of messages a sender may have in flight.
+	// DefaultQueueDepth is how many messages a connection takes in
+	// before its sender waits: its receive buffers (a framed connection
+	// posts one more, for credit returns). A sender is held to the
+	// smaller of the two sides' depths.
 	DefaultQueueDepth = 64
 	// DefaultMessageSize is the largest message a connection carries.
 	DefaultMessageSize = 64 << 10
@@ -133,8 +135,8 @@ func newConfig(opts []Option) (config, error) {
 func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } }
 
 // WithMessageSize sets the largest message payload (default
-// DefaultMessageSize). Both sides must agree; the smaller limit wins for
-// what each side may send.
+// DefaultMessageSize). Framed peers need not agree: each sends at most the
+// smaller of the two limits (MaxMessageSize). Raw peers must agree.
 func WithMessageSize(n int) Option { return func(c *config) { c.messageSize = n } }
 
 // WithInlineThreshold sets the largest payload sent inline.
@@ -189,8 +191,9 @@ func WithLogger(l *slog.Logger) Option {
 // share one XRC domain (WithDomainPath), a process reaches every process of
 // a remote node over one INI QP. An XRC listener is reached by XRC dialers
 // only, so on a device with XRC both sides need an XRC mode. XRC
-// connections carry framed messages only: WithRawMessages, immediate data
-// and one-sided RDMA give ErrNotSupported.
+// connections carry framed messages only: immediate data and one-sided RDMA
+// give ErrNotSupported, and WithRawMessages fails with XRCRequire (and
+// WithFabric) and uses RC with XRCPrefer.
 func WithXRC(m XRCMode) Option { return func(c *config) { c.xrc, c.xrcSet = m, true } }
 
 // WithDomainPath sets the private directory (mode 0700) of the node's XRC
@@ -206,7 +209,9 @@ func WithDomainPath(path string) Option { return func(c *config) { c.domainPath 
 func WithRawMessages() Option { return func(c *config) { c.raw = true } }
 
 // WithKeepalive makes an idle connection probe its peer every d, so a dead
-// peer is noticed even when no data flows (0, the default, disables it). A
+// peer is noticed even when no data flows (0, the default, disables it).
+// Framed RC connections only: raw ones send no probes, and XRC connections
+// have the engine's heartbeat and idle timeout instead (xrc.Config). A
 // probe is an RDMA read of a few bytes the peer registered for it (its
 // handshake says where): the peer's device answers it whatever the peer's
 // application does, and it takes no credit and no receive buffer. A probe

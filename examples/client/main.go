@@ -108,7 +108,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 	fs.IntVar(&o.count, "count", 1000, "messages (echo, latency, bandwidth)")
 	fs.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run")
 	fs.IntVar(&o.conns, "conns", 100, "connections (connect mode)")
-	fs.IntVar(&o.depth, "depth", 64, "queue depth")
+	fs.IntVar(&o.depth, "depth", 64, "queue depth, 2 or more (-mode connect dials with 2 and 64-byte messages)")
 	fs.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message of -size bytes and wait for one reply (rdma-core's rdma_server answers with a buffer of its own, not an echo); connect mode: dial a plain librdmacm server such as cmtime -b")
 	fs.StringVar(&o.local, "local", "", "dial from this IP, an address of an RDMA device's netdev (default: the route's)")
 	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
@@ -142,8 +142,8 @@ func (o options) check() error {
 	switch {
 	case o.raw && o.mode != "echo" && o.mode != "connect":
 		return fmt.Errorf("-raw runs one exchange (-mode echo) or dials a plain librdmacm server (-mode connect), not -mode %s", o.mode)
-	case o.size < 0 || o.count < 1 || o.warmup < 0 || o.conns < 1 || o.depth < 1:
-		return errors.New("-size and -warmup must be 0 or more, -count, -conns and -depth 1 or more")
+	case o.size < 0 || o.count < 1 || o.warmup < 0 || o.conns < 1 || o.depth < 2:
+		return errors.New("-size and -warmup must be 0 or more, -count and -conns 1 or more, -depth 2 or more")
 	case o.mode == "xrc" && o.fabric && (o.nodes < 1 || o.nodes > 254 || o.procs < 1 || o.clients < 1):
 		return errors.New("xrc mode: -nodes must be 1 to 254, -procs and -clients 1 or more")
 	}

@@ -11,7 +11,7 @@ import (
 )
 
 func TestOptionsCheck(t *testing.T) {
-	ok := options{mode: "echo", size: 64, count: 1, conns: 1, depth: 1, nodes: 2, procs: 4, clients: 4}
+	ok := options{mode: "echo", size: 64, count: 1, conns: 1, depth: 2, nodes: 2, procs: 4, clients: 4}
 	if err := ok.check(); err != nil {
 		t.Fatalf("defaults refused: %v", err)
 	}
@@ -22,6 +22,7 @@ func TestOptionsCheck(t *testing.T) {
 		"negative conns":    func(o *options) { o.mode, o.conns = "connect", -1 },
 		"no messages":       func(o *options) { o.count = 0 },
 		"negative size":     func(o *options) { o.size = -1 },
+		"depth 1":           func(o *options) { o.depth = 1 },
 		"too many nodes":    func(o *options) { o.mode, o.fabric, o.nodes = "xrc", true, 255 },
 		"negative procs":    func(o *options) { o.mode, o.fabric, o.procs = "xrc", true, -1 },
 		"no fabric clients": func(o *options) { o.mode, o.fabric, o.clients = "xrc", true, 0 },

@@ -207,7 +207,8 @@ func TestCMFlowControlBothWays(t *testing.T) {
 // which its device answers while its application reads nothing and every
 // credit is spent, without disturbing the connection. (Probes were credit
 // frames: they stopped with the credits. Reads and writes of 0 bytes, tried
-// as probes that take no credit, broke the connection on this kernel.)
+// as probes that take no credit, broke the connection through the dialer's
+// access flags, since fixed: see docs/kernel-findings.md.)
 func TestCMKeepaliveWhilePeerReadsNothing(t *testing.T) {
 	const depth = 4
 	client, server := cmPair(t, cm.WithQueueDepth(depth), cm.WithMessageSize(256), cm.WithKeepalive(20*time.Millisecond))
