@@ -228,10 +228,7 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 		return nil, fail(err)
 	}
 	if !cfg.raw {
-		h, err := parseHello(ev.PrivateData)
-		if err == nil {
-			err = grantsReads(ev.Conn)
-		}
+		h, err := peerHello(ev)
 		if err != nil {
 			id.Reject(nil) // abort: the acceptor must not wait for an RTU
 			return nil, fail(err)

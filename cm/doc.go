@@ -53,7 +53,7 @@
 // their buffers from a pool of large registrations; all of it lives while a
 // connection or a listener on the device does. While a listener holds the
 // device, a closed connection's queue pair and completion queue are reset
-// and kept, once the CM has left time-wait and after a cool-off of five
+// and kept, once the CM has left time-wait and after a cool-off of eight
 // seconds, for the next connection of the same sizes
 // (ProcessStats.CachedQueuePairs, at most 512 per device). A listener on an
 // unspecified address (":port", "[::]:port") holds no device, since it

@@ -27,8 +27,8 @@ import (
 // keepalive probe is an RDMA read of it, which the peer's device answers
 // without its application (see WithKeepalive). Version 1 had no target;
 // its probes were credit frames. A version 1 peer is refused, as it refuses
-// version 2: no such peer is deployed, and one would grant no reads anyway
-// (its dialer's QP kept INIT's access flags of 0, see rdmacm.ID.MoveQP).
+// version 2: no such peer is deployed, and a version 1 dialer would grant no
+// reads anyway (its QP kept INIT's access flags of 0, see rdmacm.ID.MoveQP).
 const (
 	helloMagic   = 0x47585243 // "GXRC"
 	helloVersion = 2
@@ -59,16 +59,18 @@ func (h hello) marshal() []byte {
 	return b
 }
 
-// grantsReads checks that a framed peer lets us read its memory: keepalive
+// peerHello checks a framed peer's side of the CM exchange (its request or
+// its reply): its hello, and that it lets us read its memory. Keepalive
 // probes and ReadRemote are RDMA reads, and with no read credit (the peer
 // offered no responder resources, which the CM reports to us as our
 // initiator depth) the first read would wait for ever and every send
 // behind it too, instead of failing. goxrc peers offer one.
-func grantsReads(p rdmacm.ConnParam) error {
-	if p.InitiatorDepth == 0 {
-		return fmt.Errorf("%w: the peer accepts no RDMA reads (responder resources 0)", ErrProtocol)
+func peerHello(ev rdmacm.Event) (hello, error) {
+	h, err := parseHello(ev.PrivateData)
+	if err == nil && ev.Conn.InitiatorDepth == 0 {
+		err = fmt.Errorf("%w: the peer accepts no RDMA reads (responder resources 0)", ErrProtocol)
 	}
-	return nil
+	return h, err
 }
 
 // parseHello decodes a peer's hello; every field is untrusted.

@@ -212,10 +212,7 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 	}
 	var peer hello
 	if !cfg.raw {
-		h, err := parseHello(ev.PrivateData)
-		if err == nil {
-			err = grantsReads(ev.Conn)
-		}
+		h, err := peerHello(ev)
 		if err != nil {
 			reject(err)
 			return false

@@ -20,13 +20,16 @@ const maxCachedQPs = 512
 
 // qpCoolOff is how long a pair rests after its time-wait before reuse,
 // oldest first: a REQ or REP naming the QP number while the peer's CM still
-// remembers the connection is rejected as stale (IB CM reject 10), and the
-// peer may leave its time-wait well after we left ours. Usually it leaves
-// within milliseconds; but when the peer sent the DREQ and our DREP was
-// lost, it starts its time-wait only after sending the DREQ again, a CM
-// response timeout later (about 4.3 s with rdma_cm's, 4.096 us * 2^20), and
-// a second later was not enough then (found by review of the kernel's CM).
-const qpCoolOff = 5 * time.Second
+// remembers the connection is rejected as stale (IB CM reject 10). The
+// peer forgets it when it enters its own time-wait, usually within
+// milliseconds of ours; but when the peer sent the DREQ and our DREP was
+// lost, only after sending the DREQ again. A dialer sends it again after
+// two packet lifetimes and the CM response timeout: 6.1 s under Debian's
+// 6.1 kernel over RoCE (lifetime 18: 2 x 1.07 s + 4.3 s), 4.6 s from 6.2
+// on (lifetime 16), counted from its first DREQ, before our time-wait
+// began. A second after ours ended was not enough (found by review of the
+// kernel's CM); 8 s covers a time-wait of any length.
+const qpCoolOff = 8 * time.Second
 
 // qpShape is what a cached pair must match: the queue sizes asked for.
 type qpShape struct {

@@ -134,7 +134,10 @@ type ConnParam struct {
 
 // MoveParams replaces attributes the CM computes for MoveQP; a zero field
 // keeps the CM's value, and a field whose state's attribute mask lacks it
-// (an XRC INI QP has no responder side) is ignored.
+// (an XRC INI QP has no responder side) is ignored. So a passive side that
+// accepts with InitiatorDepth 0 where the request offered reads cannot say
+// so here: its QP may then issue reads the peer will refuse (the REP told it
+// 0); such a side must issue none.
 type MoveParams struct {
 	// MinRNRTimer replaces the CM's at RTR, which is 0: a 655 ms
 	// back-off after a receiver-not-ready NAK.

@@ -255,7 +255,8 @@ func rawConnectWith(t *testing.T, ch *rdmacm.EventChannel, addr string, cp rdmac
 // A framed peer must let us read its memory: with no responder resources
 // (read credit) for us, a keepalive probe or a ReadRemote would wait for
 // ever, and every send behind it. The listener refuses such a request; one
-// whose peer will not read ours (initiator depth 0) is fine.
+// whose peer will not read ours (initiator depth 0) is fine. It grants the
+// request's reads up to one each way, and its QP holds what it granted.
 func TestCMHandshakeGrantsReads(t *testing.T) {
 	dev, _ := softroce.Device(t)
 	base := baseline(t, dev)
@@ -268,11 +269,22 @@ func TestCMHandshakeGrantsReads(t *testing.T) {
 	require.ErrorAs(t, err, &re, "a request that grants no reads")
 	require.Equal(t, before+1, cm.GlobalStats().AcceptErrors)
 	require.NoError(t, id.Close())
-	id, ev, err := rawConnectWith(t, ch, addr, rdmacm.ConnParam{PrivateData: goxrcHello(8, 4096), ResponderResources: 1})
-	require.NoError(t, err, "a request whose sender will not read")
-	require.Equal(t, "GXRC", string(ev.PrivateData[:4]))
-	require.NoError(t, id.Reject(nil))
-	require.NoError(t, id.Close())
+	// serve and issue: the reads the requester offers to serve and asks
+	// to issue; the reply's values as the CM reports them to the
+	// requester: the reads it serves (ResponderResources, the listener's
+	// initiator depth) and may issue (InitiatorDepth).
+	for _, c := range []struct{ serve, issue, wantServe, wantIssue uint8 }{
+		{serve: 1, issue: 0, wantServe: 1, wantIssue: 0},
+		{serve: 4, issue: 4, wantServe: 1, wantIssue: 1},
+	} {
+		id, ev, err := rawConnectWith(t, ch, addr, rdmacm.ConnParam{PrivateData: goxrcHello(8, 4096), ResponderResources: c.serve, InitiatorDepth: c.issue})
+		require.NoError(t, err, "%+v", c)
+		require.Equal(t, "GXRC", string(ev.PrivateData[:4]))
+		require.Equal(t, c.wantIssue, ev.Conn.InitiatorDepth, "reads granted to the requester, %+v", c)
+		require.Equal(t, c.wantServe, ev.Conn.ResponderResources, "reads the listener will issue, %+v", c)
+		require.NoError(t, id.Reject(nil))
+		require.NoError(t, id.Close())
+	}
 	require.NoError(t, ch.Close())
 	require.NoError(t, l.Close())
 	waitObjects(t, base, 10*time.Second)

@@ -607,9 +607,9 @@ func TestCMQueuePairsReused(t *testing.T) {
 	s = cm.GlobalStats()
 	require.Equal(t, start.QueuePairsReused, s.QueuePairsReused, "a pair reused before its cool-off")
 	require.Equal(t, start.CachedQueuePairs+4, s.CachedQueuePairs)
-	// Once the first pairs' cool-off (5 s after their time-wait) is
+	// Once the first pairs' cool-off (8 s after their time-wait) is
 	// over, the third connection takes them.
-	time.Sleep(5 * time.Second)
+	time.Sleep(8 * time.Second)
 	connect("third, on reused pairs")
 	s = cm.GlobalStats()
 	require.Equal(t, start.QueuePairsReused+2, s.QueuePairsReused, "both ends take a kept pair")
