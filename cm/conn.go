@@ -323,7 +323,10 @@ func (c *Conn) MaxMessageSize() int { return c.maxSend }
 func (c *Conn) MaxRecvSize() int { return c.maxRecv }
 
 // Send sends p as one message. It blocks while the peer has no free receive
-// buffer (flow control), honouring ctx.
+// buffer (flow control), honouring ctx. Send copies p, which the caller may
+// reuse once it returns. A nil error means posted, not delivered: a failure
+// after that is reported by a later call. A call that ctx ends leaves the
+// connection usable, and sends nothing.
 func (c *Conn) Send(ctx context.Context, p []byte) error {
 	return c.send(ctx, p, 0, false)
 }
@@ -636,9 +639,11 @@ func (c *Conn) persist() {
 	}
 }
 
-// Recv receives the next message into buf and returns its length. A buf too
-// short for the message gives ErrMessageTooLong and leaves the message
-// queued. After the peer's graceful close, Recv returns io.EOF.
+// Recv receives the next message into buf and returns its length. The
+// message is copied into buf, which stays the caller's; MaxRecvSize bytes
+// always fit. A buf too short for the message gives ErrMessageTooLong and
+// leaves the message queued, as does a call that ctx ends. After the peer's
+// graceful close, Recv returns io.EOF.
 func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 	n, _, _, err := c.recv(ctx, buf)
 	return n, err

@@ -24,7 +24,8 @@ import (
 // without a deadline the handshake timeout bounds it. In an XRC mode (WithXRC) on a device
 // with XRC, the connection runs through the process's XRC dialer endpoint
 // for that device and local address (package xrc), shared by every such
-// Dial and closed with the last of their connections.
+// Dial and closed with the last of their connections. The connection
+// outlives ctx.
 func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 	return dialFamily(ctx, "ip", address, opts)
 }

@@ -18,7 +18,15 @@ import (
 // connections are XRC: processes of a node share the node's XRC domain
 // (WithDomainPath names its directory), a process reaches every process of
 // a remote node over one INI QP, and a node keeps one TGT QP per remote
-// sender. Use it to test code built on this package without RDMA hardware.
+// sender. Use it to test code built on this package without RDMA hardware:
+// it needs no device, no root and no cgo. Pass the same fabric's processes
+// to Listen and Dial (memfabric.New().Node(ip).Process()). WithDomainPath
+// is optional; tests set it to keep runs apart. Over the fabric, the
+// engine's limits and timers apply: WithMessageSize is clamped to 64 bytes
+// to 1 MiB, WithQueueDepth bounds the messages a connection holds, and
+// WithKeepalive, WithDevice, WithBusyPoll, WithInlineThreshold and
+// WithBacklog have no effect (the engine has its heartbeat and idle
+// timeout, see xrc.Config).
 func WithFabric(p *memfabric.Process) Option { return func(c *config) { c.fabric = p } }
 
 // xrcSite is where an XRC endpoint runs: a process of an in-memory fabric,

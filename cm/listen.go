@@ -44,7 +44,8 @@ type Listener struct {
 // The listener serves the device the address belongs to (any device for an
 // unspecified address). In an XRC mode (WithXRC) on a device with XRC, it
 // listens with an XRC endpoint of its own (package xrc), and only XRC
-// dialers reach it.
+// dialers reach it. ctx bounds setting up the listener only: the listener
+// outlives it.
 func Listen(ctx context.Context, address string, opts ...Option) (*Listener, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {

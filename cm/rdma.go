@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/goxrc/goxrc/rdmacm"
@@ -89,6 +90,10 @@ type chanRef struct {
 
 func newChanRef() (*chanRef, error) {
 	ch, err := rdmacm.NewEventChannel()
+	if errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.ENOENT) {
+		// The kernel has no RDMA CM at all: say what to do about it.
+		return nil, fmt.Errorf("%w: no RDMA here (%w); WithFabric runs cm on an in-memory fabric", ErrNotSupported, err)
+	}
 	if err != nil {
 		return nil, err
 	}

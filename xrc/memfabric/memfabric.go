@@ -3,7 +3,8 @@
 //
 // A Fabric holds nodes addressed by IP; each node is one RDMA device with
 // XRC; a node runs processes. A Process is what the XRC engine (and cm's
-// XRC mode) runs on instead of a real device: pass it as xrc.Config.Process.
+// XRC mode) runs on instead of a real device: pass it as xrc.Config.Process,
+// or to package cm's Listen and Dial with cm.WithFabric.
 // Kill is a process's kill -9: everything it holds in the kernel is closed
 // at once, with what the real kernel sends for it (a DREQ for an INI-side CM
 // connection, nothing for a TGT-side one).
