@@ -131,6 +131,8 @@ type Conn struct {
 	releaseOnce sync.Once
 	releaseErr  error
 	graceful    chan struct{} // closed when the first Close has sent its FIN and drained
+	finDone     chan struct{} // closed when whoever claimed the FIN has posted it or given up
+	freed       chan struct{} // closed when release has freed the transport (the QP is gone or reset)
 
 	sendTurn turn.Turn  // serialises senders
 	sendPace yieldPacer // sends' yield checks; guarded by sendTurn
@@ -210,6 +212,8 @@ type Conn struct {
 	finSent      bool // our FIN is claimed (CloseWrite or Close), sent once
 	rdmaDone     bool
 	rdmaErr      error
+	rdmaOut      bool // a one-sided request is posted, its completion not handled
+	releasing    bool // release has begun: no progress round starts any more
 	cbuf         []completion
 	deferred     []int // receive slots consumed, waiting to be reposted
 
@@ -259,6 +263,8 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		sigEvery:  sigInterval(p.sendSlots, p.raw),
 		recvBatch: repostBatch(p.recvSlots),
 		graceful:  make(chan struct{}),
+		finDone:   make(chan struct{}),
+		freed:     make(chan struct{}),
 		sendTurn:  turn.New(),
 		recvTurn:  turn.New(),
 		rdmaTurn:  turn.New(),
@@ -804,9 +810,12 @@ func (c *Conn) progressLocked(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	if c.err != nil {
+	if c.err != nil && (!c.rdmaOut || c.releasing) {
 		// Failed since the caller looked (by the round that just
-		// ended): nothing may complete any more, so do not wait.
+		// ended): nothing may complete any more, so do not wait. But a
+		// one-sided request's flushed completion will come (the failure
+		// moved the QP to the error state), and its caller waits for it
+		// until release takes the QP.
 		c.mu.Unlock()
 		return nil
 	}
@@ -967,7 +976,7 @@ func (c *Conn) handle(wc *completion) {
 			c.failedCompletionLocked(wc.err)
 		}
 	case compRDMA:
-		c.rdmaDone, c.rdmaErr = true, wc.err
+		c.rdmaDone, c.rdmaErr, c.rdmaOut = true, wc.err, false
 		if wc.err != nil {
 			c.failedCompletionLocked(wc.err)
 		}
@@ -1163,8 +1172,8 @@ func (c *Conn) close(background bool) error {
 		// Blocked calls see closing and return; the FIN and the drain
 		// below then have the connection to themselves.
 		c.t.interrupt()
-		if !broken && !c.raw && c.claimFin() {
-			c.sendFin(ctx)
+		if !broken && !c.raw {
+			c.sendFinOnce(ctx)
 		}
 		if !broken {
 			c.drainSends(ctx)
@@ -1204,6 +1213,7 @@ func (c *Conn) release(ctx context.Context, vanished bool) error {
 		}
 		c.fail(ErrClosed)
 		c.mu.Lock()
+		c.releasing = true
 		if c.persistTimer != nil {
 			c.persistTimer.Stop()
 		}
@@ -1224,6 +1234,7 @@ func (c *Conn) release(ctx context.Context, vanished bool) error {
 		c.released = true
 		c.ioMu.Unlock()
 		c.releaseErr = c.t.release(ctx, vanished)
+		close(c.freed)
 		globalStats.connsOpen.Add(-1)
 	})
 	return c.releaseErr
@@ -1237,6 +1248,22 @@ func (c *Conn) claimFin() bool {
 	first := !c.finSent
 	c.finSent = true
 	return first
+}
+
+// sendFinOnce posts our FIN unless another call has claimed it; then it
+// waits (bounded by ctx) until that call has posted it or given up. Close
+// released the QP under a CloseWrite that waited for a credit for the FIN,
+// which was lost (the peer saw a disconnect without it, a failure).
+func (c *Conn) sendFinOnce(ctx context.Context) error {
+	if !c.claimFin() {
+		select {
+		case <-c.finDone:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	defer close(c.finDone)
+	return c.sendFin(ctx)
 }
 
 // sendFin posts our FIN, waiting for a send slot and a credit (a FIN may
@@ -1287,12 +1314,9 @@ func (c *Conn) CloseWrite() error {
 	// before the FIN.
 	c.writeClosed = true
 	c.mu.Unlock()
-	if !c.claimFin() {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	if err := c.sendFin(ctx); err != nil {
+	if err := c.sendFinOnce(ctx); err != nil {
 		return c.opErr("close write", err)
 	}
 	return nil

@@ -171,28 +171,68 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	if !local.closed {
 		err = c.t.postRDMA(write, local, off, n, remote, roff)
 	}
+	if err == nil {
+		c.mu.Lock()
+		c.rdmaOut = true
+		c.mu.Unlock()
+	}
 	c.ioDone()
 	if err != nil {
 		return c.opErr(op, err)
 	}
+	return c.awaitOneSided(ctx, op)
+}
+
+// awaitOneSided waits for the one-sided request just posted to complete:
+// until then the device may use the local region's memory, which the
+// caller's read lock keeps registered. When the connection fails first
+// (Close, the peer gone, ctx ending here), the failure moved the QP to the
+// error state, and the request's flushed completion follows: it waits for
+// that, bounded by the handshake timeout whatever ctx says, or until
+// release has taken the QP. (It returned at the failure, and the caller
+// then reused, or Region.Close deregistered, memory a request was still
+// posted on.)
+func (c *Conn) awaitOneSided(ctx context.Context, op string) error {
+	wait, ended := ctx, error(nil) // ended: the ctx error that ended the wait
+	flushing := false              // waiting for the flush, on a bound of our own
 	for {
 		c.mu.Lock()
 		done, err := c.rdmaDone, c.rdmaErr
-		if !done && c.err != nil {
-			err = c.err
-		}
+		failed, releasing := c.err, c.releasing
 		seen := c.rounds.Load()
 		c.mu.Unlock()
-		if done || err != nil {
+		if done || releasing {
+			if !done {
+				<-c.freed // the QP is destroyed or reset: the device is done
+			}
+			switch {
+			case ended != nil:
+				// Not wrapped: the connection's later calls must not
+				// read as timeouts.
+				err = ended
+			case !done || err != nil && failed != nil:
+				// The connection's failure says more than a flush
+				// (and is the request's own, wrapped, when it failed).
+				err = failed
+			}
 			return c.opErr(op, err)
 		}
-		if err := c.progress(ctx, seen); err != nil {
-			// The request stays posted; the connection cannot tell when
-			// the device will finish with local memory, so it breaks.
-			// The context's error is not wrapped: the connection's later
-			// calls must not read as timeouts.
-			c.fail(fmt.Errorf("%w: %s abandoned: %v", ErrPeerGone, op, err))
-			return c.opErr(op, err)
+		if failed != nil && !flushing {
+			var cancel context.CancelFunc
+			wait, cancel = context.WithTimeout(context.Background(), c.timeout)
+			defer cancel()
+			flushing = true
+		}
+		if perr := c.progress(wait, seen); perr != nil {
+			if flushing {
+				// No flush within the bound: the device is not
+				// answering; give the memory back all the same.
+				return c.opErr(op, cmp.Or(ended, failed))
+			}
+			// The request stays posted, so the connection breaks; its
+			// flush is waited for next.
+			ended = perr
+			c.fail(fmt.Errorf("%w: %s abandoned: %v", ErrPeerGone, op, perr))
 		}
 	}
 }

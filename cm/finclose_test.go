@@ -1,0 +1,163 @@
+package cm
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// starveFin leaves a with no credit at all: its data took all but one, and a
+// credit return (for b's messages, which a read) took the last. a's FIN must
+// then wait for b to read and return credits.
+func starveFin(t *testing.T) (*Conn, *Conn) {
+	const depth = 4
+	a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+	ctx := ctxT(t)
+	for range depth {
+		require.NoError(t, a.Send(ctx, []byte("unread")))
+	}
+	buf := make([]byte, 256)
+	for range 3 {
+		require.NoError(t, b.Send(ctx, []byte("to a")))
+		_, err := a.Recv(ctx, buf)
+		require.NoError(t, err)
+	}
+	a.mu.Lock()
+	credits := a.credits
+	a.mu.Unlock()
+	require.Zero(t, credits, "setup: a should have no credit left")
+	return a, b
+}
+
+// Close alone waits (bounded) for a credit to send its FIN: b, reading
+// late, gets its 4 messages and then io.EOF.
+func TestCloseAloneDeliversFinWhenCreditComesLate(t *testing.T) {
+	a, b := starveFin(t)
+	readDone := make(chan error, 1)
+	go func() { time.Sleep(50 * time.Millisecond); readDone <- readAll(t, b) }()
+	require.NoError(t, a.Close())
+	require.ErrorIs(t, <-readDone, io.EOF)
+	require.Equal(t, uint64(0), b.Stats().Errors)
+}
+
+// The same with a CloseWrite blocked on that credit when Close comes: Close
+// waits for CloseWrite's FIN. It did not send the FIN (CloseWrite claimed
+// it), its drain found no send outstanding and it released at once; the FIN
+// never went out, and b saw a disconnect without one: ErrPeerGone, counted
+// as a failure.
+func TestCloseDuringBlockedCloseWriteSendsFin(t *testing.T) {
+	a, b := starveFin(t)
+	cw := make(chan error, 1)
+	go func() { cw <- a.CloseWrite() }()
+	time.Sleep(20 * time.Millisecond) // CloseWrite is waiting for a credit
+	readDone := make(chan error, 1)
+	go func() { time.Sleep(50 * time.Millisecond); readDone <- readAll(t, b) }()
+	start := time.Now()
+	require.NoError(t, a.Close())
+	t.Logf("Close returned after %v; CloseWrite: %v", time.Since(start), <-cw)
+	require.ErrorIs(t, <-readDone, io.EOF, "b should read a's 4 messages and then the end of stream")
+	require.Equal(t, uint64(0), b.Stats().Errors, "a graceful close counted as a failure at the peer")
+}
+
+func readAll(t *testing.T, c *Conn) error {
+	buf := make([]byte, 256)
+	for i := 0; ; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.Recv(ctx, buf)
+		cancel()
+		if err != nil {
+			t.Logf("read %d messages, then %v", i, err)
+			return err
+		}
+	}
+}
+
+// holdRDMA is a fake end whose one-sided requests complete only when the QP
+// is shut down, and then a little later, as a device's flush completions
+// come after the QP's move to the error state.
+type holdRDMA struct {
+	*fakeEnd
+	posted chan struct{}
+}
+
+func (e holdRDMA) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
+	e.w.mu.Lock()
+	e.rdmaOut++
+	e.w.mu.Unlock()
+	e.posted <- struct{}{}
+	return nil
+}
+
+func (e holdRDMA) shutdown() {
+	e.fakeEnd.shutdown()
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		e.w.mu.Lock()
+		e.cq = append(e.cq, completion{op: compRDMA, err: errFakeFlushed})
+		e.signal()
+		e.w.mu.Unlock()
+	}()
+}
+
+// A one-sided operation in flight when the connection fails (here by Close)
+// waits for its own flushed completion, or for release to take the QP
+// (destroyed or reset, the device is done with the request), before it
+// returns: its read lock on the local region goes with it, and Region.Close
+// may deregister the memory, and the application reuse it. It returned as
+// soon as it saw the failure, with the request still posted.
+func TestOneSidedWaitsForItsCompletion(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{})
+	h := holdRDMA{w.ends[0], make(chan struct{}, 1)}
+	a.t = h
+	exposed, err := b.RegisterMemory(64, true)
+	require.NoError(t, err)
+	defer exposed.Close()
+	local, err := a.RegisterMemory(64, false)
+	require.NoError(t, err)
+	type result struct {
+		err           error
+		out           int
+		transportGone bool
+	}
+	done := make(chan result, 1)
+	go func() {
+		err := a.WriteRemote(context.Background(), local, 0, 8, exposed.Descriptor(), 0)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		done <- result{err, w.ends[0].rdmaOut, w.ends[0].released}
+	}()
+	<-h.posted
+	go a.Close()
+	r := <-done
+	t.Logf("WriteRemote: %v; requests not completed: %d; transport released: %v", r.err, r.out, r.transportGone)
+	require.ErrorIs(t, r.err, ErrClosed)
+	require.True(t, r.out == 0 || r.transportGone, "WriteRemote returned while its request was posted on a live QP")
+	require.NoError(t, local.Close())
+}
+
+// The same when the connection fails under the request (the peer is gone)
+// and no Close follows: the flushed completion ends the wait.
+func TestOneSidedWaitsForItsFlush(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{})
+	h := holdRDMA{w.ends[0], make(chan struct{}, 1)}
+	a.t = h
+	exposed, err := b.RegisterMemory(64, true)
+	require.NoError(t, err)
+	defer exposed.Close()
+	local, err := a.RegisterMemory(64, false)
+	require.NoError(t, err)
+	defer local.Close()
+	done := make(chan error, 1)
+	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, exposed.Descriptor(), 0) }()
+	<-h.posted
+	a.peerGone("peer disconnected")
+	err = <-done
+	w.mu.Lock()
+	out := w.ends[0].rdmaOut
+	w.mu.Unlock()
+	require.ErrorIs(t, err, ErrPeerGone)
+	require.Zero(t, out, "WriteRemote returned before its flushed completion")
+}
