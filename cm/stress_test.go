@@ -69,19 +69,19 @@ type stressState struct {
 	recvd map[byte]map[uint32]bool
 	fails []string
 
-	okRecvs  [2]atomic.Uint64
-	okSends  [2]atomic.Uint64
-	closed   [2]atomic.Bool // Close (or NetConn Close) returned
-	closing  [2]atomic.Bool // Close or CloseWrite called: a FIN may follow
-	cwDone   [2]atomic.Bool // CloseWrite returned nil
-	faulted  atomic.Bool    // a fault was injected
-	peerGone [2]atomic.Value // a receiver's ErrPeerGone
-	early    [2]atomic.Bool  // closed before the final Close
+	okRecvs   [2]atomic.Uint64
+	okSends   [2]atomic.Uint64
+	closed    [2]atomic.Bool  // Close (or NetConn Close) returned
+	closing   [2]atomic.Bool  // Close or CloseWrite called: a FIN may follow
+	cwDone    [2]atomic.Bool  // CloseWrite returned nil
+	faulted   atomic.Bool     // a fault was injected
+	peerGone  [2]atomic.Value // a receiver's ErrPeerGone
+	early     [2]atomic.Bool  // closed before the final Close
 	slowClose []string
-	sawEOF   [2]atomic.Bool
-	stop     atomic.Bool
-	eofWhy   [2]atomic.Value
-	lastErrs sync.Map // kind -> count (for the log)
+	sawEOF    [2]atomic.Bool
+	stop      atomic.Bool
+	eofWhy    [2]atomic.Value
+	lastErrs  sync.Map // kind -> count (for the log)
 }
 
 func (s *stressState) failf(format string, args ...any) {
