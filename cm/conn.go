@@ -212,8 +212,9 @@ type Conn struct {
 	finSent      bool // our FIN is claimed (CloseWrite or Close), sent once
 	rdmaDone     bool
 	rdmaErr      error
-	rdmaOut      bool // a one-sided request is posted, its completion not handled
+	rdmaOut      bool // a one-sided request is (being) posted, its completion not handled
 	releasing    bool // release has begun: no progress round starts any more
+	cqBroken     bool // a poll of the CQ failed: no completion will come any more
 	cbuf         []completion
 	deferred     []int // receive slots consumed, waiting to be reposted
 
@@ -497,6 +498,11 @@ func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm bool
 }
 
 var errNoRoom = errors.New("no send slot or credit")
+
+// flushWait bounds how long release lets a one-sided request's caller wait
+// for its flushed completion (it comes within microseconds of the QP's move
+// to the error state) before it stops all rounds.
+const flushWait = time.Second
 
 // epoch makes lastYield monotonic.
 var epoch = time.Now()
@@ -810,7 +816,7 @@ func (c *Conn) progressLocked(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	if c.err != nil && (!c.rdmaOut || c.releasing) {
+	if c.err != nil && (!c.rdmaOut || c.releasing || c.cqBroken) {
 		// Failed since the caller looked (by the round that just
 		// ended): nothing may complete any more, so do not wait. But a
 		// one-sided request's flushed completion will come (the failure
@@ -902,7 +908,10 @@ func (c *Conn) progressLocked(ctx context.Context) error {
 	}
 	if err != nil && !isWaitEnd(err) {
 		// The CQ itself failed: the connection cannot continue.
-		c.fail(fmt.Errorf("%w: %w", ErrPeerGone, err))
+		c.mu.Lock()
+		c.cqBroken = true
+		c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, err))
+		c.mu.Unlock()
 		return nil
 	}
 	return err
@@ -1130,8 +1139,9 @@ func (c *Conn) peerVanishedLocked() bool {
 }
 
 // Close closes the connection gracefully: it wakes blocked Sends and Recvs
-// (each returns ErrClosed; a one-sided operation in flight completes first,
-// its memory in the device's hands), tells the peer no more data follows
+// (each returns ErrClosed; a one-sided operation in flight returns ErrClosed
+// once its request is flushed, or at the latest once the QP is gone, its
+// memory in the device's hands until then), tells the peer no more data follows
 // (waiting, bounded by the handshake timeout, for a receive buffer at the
 // peer to take that), waits (bounded as well) for posted messages to
 // complete, disconnects, waits for the CM's time-wait to end, and releases
@@ -1208,15 +1218,36 @@ func (c *Conn) close(background bool) error {
 // every call returns the first's result.
 func (c *Conn) release(ctx context.Context, vanished bool) error {
 	c.releaseOnce.Do(func() {
+		defer close(c.freed)
 		if c.kaStop != nil {
 			close(c.kaStop)
 		}
 		c.fail(ErrClosed)
 		c.mu.Lock()
-		c.releasing = true
 		if c.persistTimer != nil {
 			c.persistTimer.Stop()
 		}
+		// A one-sided request's flushed completion follows the failure
+		// (the QP is in the error state): rounds go on until its caller
+		// has it, briefly, so that the caller and its region need not
+		// wait for the rest of the release (the CM's time-wait).
+		for by := time.Now().Add(flushWait); c.rdmaOut && !c.cqBroken && ctx.Err() == nil && time.Now().Before(by); {
+			c.waiters++
+			c.mu.Unlock()
+			t := time.NewTimer(time.Until(by))
+			select {
+			case <-c.wake:
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			c.mu.Lock()
+		}
+		c.releasing = true
+		c.mu.Unlock()
+		// A poll asleep now wakes, sees releasing and ends its round.
+		c.t.interrupt()
+		c.mu.Lock()
 		// A polling leader may still be in its last poll, whose completion
 		// array the release reuses to drain the CQ: wait for its round to
 		// end (the failure woke it; no round starts after it).
@@ -1234,7 +1265,6 @@ func (c *Conn) release(ctx context.Context, vanished bool) error {
 		c.released = true
 		c.ioMu.Unlock()
 		c.releaseErr = c.t.release(ctx, vanished)
-		close(c.freed)
 		globalStats.connsOpen.Add(-1)
 	})
 	return c.releaseErr

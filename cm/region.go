@@ -70,7 +70,10 @@ func (r *Region) Descriptor() RemoteRegion {
 }
 
 // Close deregisters the region: later remote accesses fail on the peer. It
-// waits for this side's one-sided operations on the region to complete. A
+// waits for this side's one-sided operations on the region to return,
+// which they do only once the device is done with their requests (on a
+// failed connection, up to the handshake timeout for the flush, or until
+// the connection's Close has released its QP). A
 // Region holds its connection's device (its protection domain) until Close,
 // also after the connection ends.
 func (r *Region) Close() error {
@@ -120,7 +123,11 @@ func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
 }
 
 // WriteRemote copies n bytes at off in local to roff in the peer's region,
-// without involving the peer's CPU, and waits for completion.
+// without involving the peer's CPU, and waits for completion. A request
+// cannot be taken back once posted: when ctx ends first, the connection
+// breaks (later calls get ErrPeerGone), and WriteRemote returns ctx's error
+// once the device has flushed the request, which may outlast ctx (bounded
+// by the handshake timeout). The same holds for ReadRemote.
 func (c *Conn) WriteRemote(ctx context.Context, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	return c.oneSided(ctx, "rdma write", true, local, off, n, remote, roff)
 }
@@ -158,9 +165,12 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 		c.mu.Unlock()
 		return c.opErr(op, err)
 	}
-	c.rdmaDone, c.rdmaErr = false, nil
+	// Out from before the post: a round of another caller may take the
+	// completion before this one looks again.
+	c.rdmaDone, c.rdmaErr, c.rdmaOut = false, nil, true
 	c.mu.Unlock()
 	if !c.io() {
+		c.noRDMAOut()
 		return c.opErr(op, ErrClosed)
 	}
 	// Held until the request completes: deregistering memory the device
@@ -171,16 +181,19 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	if !local.closed {
 		err = c.t.postRDMA(write, local, off, n, remote, roff)
 	}
-	if err == nil {
-		c.mu.Lock()
-		c.rdmaOut = true
-		c.mu.Unlock()
-	}
 	c.ioDone()
 	if err != nil {
+		c.noRDMAOut()
 		return c.opErr(op, err)
 	}
 	return c.awaitOneSided(ctx, op)
+}
+
+// noRDMAOut records that the one-sided request was not posted after all.
+func (c *Conn) noRDMAOut() {
+	c.mu.Lock()
+	c.rdmaOut = false
+	c.mu.Unlock()
 }
 
 // awaitOneSided waits for the one-sided request just posted to complete:
@@ -198,7 +211,7 @@ func (c *Conn) awaitOneSided(ctx context.Context, op string) error {
 	for {
 		c.mu.Lock()
 		done, err := c.rdmaDone, c.rdmaErr
-		failed, releasing := c.err, c.releasing
+		failed, releasing, broken := c.err, c.releasing, c.cqBroken
 		seen := c.rounds.Load()
 		c.mu.Unlock()
 		if done || releasing {
@@ -223,11 +236,14 @@ func (c *Conn) awaitOneSided(ctx context.Context, op string) error {
 			defer cancel()
 			flushing = true
 		}
+		if broken || flushing && wait.Err() != nil {
+			// No flush will come (the CQ failed), or none came within
+			// the bound: give the memory back all the same.
+			return c.opErr(op, cmp.Or(ended, failed))
+		}
 		if perr := c.progress(wait, seen); perr != nil {
 			if flushing {
-				// No flush within the bound: the device is not
-				// answering; give the memory back all the same.
-				return c.opErr(op, cmp.Or(ended, failed))
+				continue // the bound, checked above
 			}
 			// The request stays posted, so the connection breaks; its
 			// flush is waited for next.
