@@ -213,6 +213,7 @@ type Conn struct {
 	rdmaDone     bool
 	rdmaErr      error
 	rdmaOut      bool // a one-sided request is (being) posted, its completion not handled
+	rdmaWaiting  bool // a one-sided operation's caller has not returned yet
 	releasing    bool // release has begun: no progress round starts any more
 	cqBroken     bool // a poll of the CQ failed: no completion will come any more
 	cbuf         []completion
@@ -886,14 +887,16 @@ func (c *Conn) progressLocked(ctx context.Context) error {
 		// ones when the peer is out of credit.
 		flush = len(c.deferred) > before || (c.peerStarved && len(c.deferred) > 0)
 	}
+	broken := err != nil && !isWaitEnd(err)
+	if broken {
+		// The CQ itself failed: the connection cannot continue. Said
+		// before the round ends, so that a waiter it wakes sees it.
+		c.cqBroken = true
+		c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, err))
+	}
 	c.polling = false
 	c.rounds.Add(1)
-	for ; c.waiters > 0; c.waiters-- {
-		select {
-		case c.wake <- struct{}{}:
-		default: // full of stale tokens: every waiter wakes anyway
-		}
-	}
+	c.wakeWaitersLocked()
 	c.mu.Unlock()
 	if held {
 		if flush {
@@ -906,15 +909,37 @@ func (c *Conn) progressLocked(ctx context.Context) error {
 		// let a return go out that earlier found none.
 		c.returnCredits()
 	}
-	if err != nil && !isWaitEnd(err) {
-		// The CQ itself failed: the connection cannot continue.
-		c.mu.Lock()
-		c.cqBroken = true
-		c.failLocked(fmt.Errorf("%w: %w", ErrPeerGone, err))
-		c.mu.Unlock()
+	if broken {
 		return nil
 	}
 	return err
+}
+
+// wakeWaitersLocked wakes every caller waiting for a round to end (or for
+// what release waits for); c.mu is held.
+func (c *Conn) wakeWaitersLocked() {
+	for ; c.waiters > 0; c.waiters-- {
+		select {
+		case c.wake <- struct{}{}:
+		default: // full of stale tokens: every waiter wakes anyway
+		}
+	}
+}
+
+// awaitLocked waits, c.mu held, while cond holds, until by: a round's end,
+// or a one-sided operation's return, wakes it to look again.
+func (c *Conn) awaitLocked(by time.Time, cond func() bool) {
+	for cond() && time.Now().Before(by) {
+		c.waiters++
+		c.mu.Unlock()
+		t := time.NewTimer(time.Until(by))
+		select {
+		case <-c.wake:
+		case <-t.C:
+		}
+		t.Stop()
+		c.mu.Lock()
+	}
 }
 
 // gotRecv reports whether the first n completions of the round include a
@@ -1229,20 +1254,9 @@ func (c *Conn) release(ctx context.Context, vanished bool) error {
 		}
 		// A one-sided request's flushed completion follows the failure
 		// (the QP is in the error state): rounds go on until its caller
-		// has it, briefly, so that the caller and its region need not
-		// wait for the rest of the release (the CM's time-wait).
-		for by := time.Now().Add(flushWait); c.rdmaOut && !c.cqBroken && ctx.Err() == nil && time.Now().Before(by); {
-			c.waiters++
-			c.mu.Unlock()
-			t := time.NewTimer(time.Until(by))
-			select {
-			case <-c.wake:
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-			c.mu.Lock()
-		}
+		// has it and returns, briefly, so that the caller and its region
+		// need not wait for the rest of the release (the CM's time-wait).
+		c.awaitLocked(time.Now().Add(flushWait), func() bool { return c.rdmaWaiting && !c.cqBroken })
 		c.releasing = true
 		c.mu.Unlock()
 		// A poll asleep now wakes, sees releasing and ends its round.
@@ -1250,16 +1264,9 @@ func (c *Conn) release(ctx context.Context, vanished bool) error {
 		c.mu.Lock()
 		// A polling leader may still be in its last poll, whose completion
 		// array the release reuses to drain the CQ: wait for its round to
-		// end (the failure woke it; no round starts after it).
-		for c.polling && ctx.Err() == nil {
-			c.waiters++
-			c.mu.Unlock()
-			select {
-			case <-c.wake:
-			case <-ctx.Done():
-			}
-			c.mu.Lock()
-		}
+		// end (the failure woke it; no round starts after it), whatever
+		// ctx has left.
+		c.awaitLocked(time.Now().Add(flushWait), func() bool { return c.polling })
 		c.mu.Unlock()
 		c.ioMu.Lock()
 		c.released = true

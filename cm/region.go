@@ -167,8 +167,9 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	}
 	// Out from before the post: a round of another caller may take the
 	// completion before this one looks again.
-	c.rdmaDone, c.rdmaErr, c.rdmaOut = false, nil, true
+	c.rdmaDone, c.rdmaErr, c.rdmaOut, c.rdmaWaiting = false, nil, true, true
 	c.mu.Unlock()
+	defer c.oneSidedReturned()
 	if !c.io() {
 		c.noRDMAOut()
 		return c.opErr(op, ErrClosed)
@@ -187,6 +188,15 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 		return c.opErr(op, err)
 	}
 	return c.awaitOneSided(ctx, op)
+}
+
+// oneSidedReturned records that the one-sided operation's caller is
+// leaving (its region with it), for release, which waits for that.
+func (c *Conn) oneSidedReturned() {
+	c.mu.Lock()
+	c.rdmaWaiting = false
+	c.wakeWaitersLocked()
+	c.mu.Unlock()
 }
 
 // noRDMAOut records that the one-sided request was not posted after all.

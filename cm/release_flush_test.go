@@ -1,0 +1,139 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// An operation that gave up at its flush bound (a device that never
+// flushes) has returned: a later Close does not wait for it. Release waited
+// on the request (still out) instead of its caller, for the whole flushWait
+// with no one to wake it.
+func TestReleaseAfterOpGaveUp(t *testing.T) {
+	a, _, _, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, false) })
+	a.timeout = 300 * time.Millisecond // the op's flush bound; Close's ctx is 3 s below
+	done := make(chan error, 1)
+	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
+	<-h.posted
+	a.peerGone("peer disconnected")
+	err := <-done // after the 300 ms bound
+	t.Logf("WriteRemote: %v", err)
+	a.mu.Lock()
+	out := a.rdmaOut
+	a.mu.Unlock()
+	t.Logf("rdmaOut after the op returned: %v", out)
+	a.timeout = 3 * time.Second
+	start := time.Now()
+	require.NoError(t, a.Close())
+	took := time.Since(start)
+	t.Logf("Close took %v", took)
+	require.Less(t, took, 300*time.Millisecond, "Close waited in flushWait for an op that had already returned")
+	require.NoError(t, local.Close())
+}
+
+// postFail: postRDMA waits until the conn has failed (release's
+// fail(ErrClosed)), then fails, as a post on a QP in the error state may.
+type postFail struct {
+	revHold
+	c *Conn
+}
+
+func (e postFail) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
+	for {
+		e.c.mu.Lock()
+		failed := e.c.err != nil
+		e.c.mu.Unlock()
+		if failed {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(30 * time.Millisecond) // release is in its flushWait loop now
+	return errors.New("fake: post on a QP in the error state")
+}
+
+// An operation whose post fails after release began waiting for it wakes
+// release as it returns (nothing woke it, and Close waited the whole
+// flushWait).
+func TestReleasePostFailsDuringRelease(t *testing.T) {
+	a, _, _, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, true) })
+	pf := postFail{revHold: h, c: a}
+	a.t = pf
+	done := make(chan error, 1)
+	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
+	// The op has set rdmaOut and sits in postRDMA.
+	for {
+		a.mu.Lock()
+		out := a.rdmaOut
+		a.mu.Unlock()
+		if out {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	require.NoError(t, a.Close())
+	took := time.Since(start)
+	t.Logf("Close took %v; WriteRemote: %v", took, <-done)
+	require.Less(t, took, 500*time.Millisecond, "release waited flushWait for a request that was never posted")
+	require.NoError(t, local.Close())
+}
+
+// slowErr is a permanent poll error whose Is method is slow: it widens the
+// window between the round's end (tokens sent) and cqBroken = true.
+type slowErr struct{}
+
+func (slowErr) Error() string { return "ibv_poll_cq: input/output error" }
+func (slowErr) Is(error) bool { time.Sleep(slowIs); return false }
+
+var slowIs = 20 * time.Millisecond
+
+type brokenAfterRelease struct {
+	revHold
+	c *Conn
+}
+
+func (e brokenAfterRelease) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
+	e.c.mu.Lock()
+	failed, waiting := e.c.err != nil, e.c.waiters > 0
+	e.c.mu.Unlock()
+	if block && failed {
+		for !waiting { // release is in its flushWait loop
+			time.Sleep(time.Millisecond)
+			e.c.mu.Lock()
+			waiting = e.c.waiters > 0
+			e.c.mu.Unlock()
+		}
+		return 0, slowErr{}
+	}
+	return e.revHold.poll(ctx, cs, spin, block)
+}
+
+// The round whose poll failed for good says so before it wakes anyone (it
+// set cqBroken after sending its tokens; release, woken by one, could still
+// see the CQ whole, wait again, and no round ran any more: the whole
+// flushWait).
+func TestReleaseCQBrokenBeforeTokens(t *testing.T) {
+	a, _, _, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, false) })
+	a.t = brokenAfterRelease{revHold: h, c: a}
+	done := make(chan error, 1)
+	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
+	<-h.posted
+	start := time.Now()
+	require.NoError(t, a.Close())
+	took := time.Since(start)
+	t.Logf("Close took %v; WriteRemote: %v", took, <-done)
+	require.Less(t, took, 500*time.Millisecond, "release missed cqBroken and waited out flushWait")
+	require.NoError(t, local.Close())
+}
+
+// The same without the widened window.
+func TestReleaseCQBrokenControl(t *testing.T) {
+	slowIs = 0
+	defer func() { slowIs = 20 * time.Millisecond }()
+	TestReleaseCQBrokenBeforeTokens(t)
+}
