@@ -432,14 +432,22 @@ func TestConnKeepaliveDetectsDeadPeer(t *testing.T) {
 	go func() { _, err := a.Recv(ctx, make([]byte, 64)); errc <- err }()
 
 	// b's node vanishes without a disconnect: only a's probe can tell.
+	requireProbeNotices(t, w, errc, "a blocked Recv on an idle connection")
+}
+
+// requireProbeNotices makes side 1's node vanish without a word and checks
+// that the blocked call whose result errc carries fails with ErrPeerGone:
+// only a keepalive probe can tell it.
+func requireProbeNotices(t *testing.T, w *fakeWire, errc <-chan error, what string) {
+	t.Helper()
 	w.mu.Lock()
 	w.ends[1].shut = true
 	w.mu.Unlock()
 	select {
 	case err := <-errc:
-		require.ErrorIs(t, err, ErrPeerGone)
+		require.ErrorIs(t, err, ErrPeerGone, what)
 	case <-time.After(5 * time.Second):
-		t.Fatal("a blocked Recv on an idle connection never learned the peer was gone")
+		t.Fatalf("%s never learned the peer was gone", what)
 	}
 }
 
@@ -463,15 +471,7 @@ func TestConnKeepaliveWithoutCredit(t *testing.T) {
 		t.Fatalf("the Send without credit returned: %v", err)
 	default:
 	}
-	w.mu.Lock()
-	w.ends[1].shut = true
-	w.mu.Unlock()
-	select {
-	case err := <-errc:
-		require.ErrorIs(t, err, ErrPeerGone)
-	case <-time.After(5 * time.Second):
-		t.Fatal("a Send waiting for credit never learned the peer was gone")
-	}
+	requireProbeNotices(t, w, errc, "a Send waiting for credit")
 }
 
 // A probe that the peer's device has not answered yet: no second probe goes

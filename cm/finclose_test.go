@@ -75,39 +75,6 @@ func readAll(t *testing.T, c *Conn) error {
 	}
 }
 
-// holdRDMA is a fake end whose one-sided requests complete only when the QP
-// is shut down, and then a little later, as a device's flush completions
-// come after the QP's move to the error state.
-type holdRDMA struct {
-	*fakeEnd
-	posted chan struct{}
-}
-
-func (e holdRDMA) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
-	e.w.mu.Lock()
-	e.rdmaOut++
-	e.w.mu.Unlock()
-	e.posted <- struct{}{}
-	return nil
-}
-
-func (e holdRDMA) shutdown() {
-	e.w.mu.Lock()
-	again := e.shut
-	e.w.mu.Unlock()
-	e.fakeEnd.shutdown()
-	if again {
-		return // one flush per request, as a device gives
-	}
-	go func() {
-		time.Sleep(20 * time.Millisecond)
-		e.w.mu.Lock()
-		e.cq = append(e.cq, completion{op: compRDMA, err: errFakeFlushed})
-		e.signal()
-		e.w.mu.Unlock()
-	}()
-}
-
 // A one-sided operation in flight when the connection fails (here by Close)
 // waits for its own flushed completion, or for release to take the QP
 // (destroyed or reset, the device is done with the request), before it
@@ -115,14 +82,7 @@ func (e holdRDMA) shutdown() {
 // may deregister the memory, and the application reuse it. It returned as
 // soon as it saw the failure, with the request still posted.
 func TestOneSidedWaitsForItsCompletion(t *testing.T) {
-	a, b, w := fakePair(t, fakeOpts{})
-	h := holdRDMA{w.ends[0], make(chan struct{}, 1)}
-	a.t = h
-	exposed, err := b.RegisterMemory(64, true)
-	require.NoError(t, err)
-	defer exposed.Close()
-	local, err := a.RegisterMemory(64, false)
-	require.NoError(t, err)
+	a, _, w, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, true) })
 	type result struct {
 		err           error
 		out           int
@@ -130,7 +90,7 @@ func TestOneSidedWaitsForItsCompletion(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		err := a.WriteRemote(context.Background(), local, 0, 8, exposed.Descriptor(), 0)
+		err := a.WriteRemote(context.Background(), local, 0, 8, desc, 0)
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		done <- result{err, w.ends[0].rdmaOut, w.ends[0].released}
@@ -147,23 +107,13 @@ func TestOneSidedWaitsForItsCompletion(t *testing.T) {
 // The same when the connection fails under the request (the peer is gone)
 // and no Close follows: the flushed completion ends the wait.
 func TestOneSidedWaitsForItsFlush(t *testing.T) {
-	a, b, w := fakePair(t, fakeOpts{})
-	h := holdRDMA{w.ends[0], make(chan struct{}, 1)}
-	a.t = h
-	exposed, err := b.RegisterMemory(64, true)
-	require.NoError(t, err)
-	defer exposed.Close()
-	local, err := a.RegisterMemory(64, false)
-	require.NoError(t, err)
+	a, _, w, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, true) })
 	defer local.Close()
 	done := make(chan error, 1)
-	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, exposed.Descriptor(), 0) }()
+	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
 	<-h.posted
 	a.peerGone("peer disconnected")
-	err = <-done
-	w.mu.Lock()
-	out := w.ends[0].rdmaOut
-	w.mu.Unlock()
+	err := <-done
 	require.ErrorIs(t, err, ErrPeerGone)
-	require.Zero(t, out, "WriteRemote returned before its flushed completion")
+	require.Zero(t, rdmaOutOf(w), "WriteRemote returned before its flushed completion")
 }

@@ -11,12 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// revHold: one-sided requests complete only when flushed (once, 20 ms after
+// flushHold is a fake end whose one-sided requests complete only when flushed (once, 20 ms after
 // the first shutdown) or never (flush false: a device that no longer
 // answers). Optional: release takes releaseDelay (the CM's time-wait);
 // poll fails for good once stickyErr is set (a broken completion channel,
 // rdmaTransport.wait's channelErr).
-type revHold struct {
+type flushHold struct {
 	*fakeEnd
 	posted       chan struct{}
 	flush        bool
@@ -28,12 +28,12 @@ type revHold struct {
 	complete     bool   // complete at once, like fakeEnd
 }
 
-func newRevHold(e *fakeEnd, flush bool) revHold {
-	return revHold{fakeEnd: e, posted: make(chan struct{}, 1), flush: flush, once: new(sync.Once),
+func newFlushHold(e *fakeEnd, flush bool) flushHold {
+	return flushHold{fakeEnd: e, posted: make(chan struct{}, 1), flush: flush, once: new(sync.Once),
 		stickyErr: new(atomic.Pointer[error]), polls: new(atomic.Int64)}
 }
 
-func (e revHold) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
+func (e flushHold) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	if e.complete {
 		err := e.fakeEnd.postRDMA(write, local, off, n, remote, roff)
 		if e.onPost != nil {
@@ -51,7 +51,7 @@ func (e revHold) postRDMA(write bool, local *Region, off, n int, remote RemoteRe
 	return nil
 }
 
-func (e revHold) shutdown() {
+func (e flushHold) shutdown() {
 	e.fakeEnd.shutdown()
 	if !e.flush || e.complete {
 		return
@@ -67,7 +67,7 @@ func (e revHold) shutdown() {
 	})
 }
 
-func (e revHold) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
+func (e flushHold) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
 	e.polls.Add(1)
 	if p := e.stickyErr.Load(); p != nil && block {
 		return 0, *p
@@ -75,7 +75,7 @@ func (e revHold) poll(ctx context.Context, cs []completion, spin time.Duration, 
 	return e.fakeEnd.poll(ctx, cs, spin, block)
 }
 
-func (e revHold) release(ctx context.Context, vanished bool) error {
+func (e flushHold) release(ctx context.Context, vanished bool) error {
 	e.fakeEnd.shutdown()
 	if e.releaseDelay > 0 {
 		time.Sleep(e.releaseDelay)
@@ -83,7 +83,7 @@ func (e revHold) release(ctx context.Context, vanished bool) error {
 	return e.fakeEnd.release(ctx, vanished)
 }
 
-func revSetup(t *testing.T, h func(*fakeEnd) revHold) (*Conn, *Conn, *fakeWire, revHold, *Region, RemoteRegion) {
+func flushHoldPair(t *testing.T, h func(*fakeEnd) flushHold) (*Conn, *Conn, *fakeWire, flushHold, *Region, RemoteRegion) {
 	a, b, w := fakePair(t, fakeOpts{})
 	hh := h(w.ends[0])
 	a.t = hh
@@ -104,7 +104,7 @@ func rdmaOutOf(w *fakeWire) int {
 // Short deadline: the op waits for its flush and reports the deadline;
 // later calls read ErrPeerGone, not a timeout.
 func TestOneSidedShortDeadlineWaitsFlush(t *testing.T) {
-	a, _, w, _, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, true) })
+	a, _, w, _, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, true) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -122,7 +122,7 @@ func TestOneSidedShortDeadlineWaitsFlush(t *testing.T) {
 // Close and Region.Close at once with a held op.
 func TestOneSidedCloseAndRegionCloseConcurrent(t *testing.T) {
 	for i := 0; i < 6; i++ {
-		a, _, w, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, i%2 == 0) })
+		a, _, w, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, i%2 == 0) })
 		done := make(chan error, 1)
 		go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
 		<-h.posted
@@ -154,7 +154,7 @@ func TestOneSidedCloseAndRegionCloseConcurrent(t *testing.T) {
 
 // peerGone, then Close at once.
 func TestOneSidedPeerGoneThenClose(t *testing.T) {
-	a, _, w, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, true) })
+	a, _, w, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, true) })
 	done := make(chan error, 1)
 	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
 	<-h.posted
@@ -174,7 +174,7 @@ func TestOneSidedPeerGoneThenClose(t *testing.T) {
 
 // deviceRemoved during a held op whose flush never comes.
 func TestOneSidedDeviceRemovedNoFlush(t *testing.T) {
-	a, _, _, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, false) })
+	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
 	done := make(chan error, 1)
 	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
 	<-h.posted
@@ -192,7 +192,7 @@ func TestOneSidedDeviceRemovedNoFlush(t *testing.T) {
 
 // Close of a conn whose device does not flush: how long Close takes.
 func TestOneSidedCloseNoFlush(t *testing.T) {
-	a, _, _, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, false) })
+	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
 	done := make(chan error, 1)
 	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
 	<-h.posted
@@ -208,8 +208,8 @@ func TestOneSidedCloseNoFlush(t *testing.T) {
 // (the CM's time-wait on rdmaTransport), though its flush came 20 ms after
 // the QP's move to the error state.
 func TestOneSidedCloseOpWaitsForTimewait(t *testing.T) {
-	a, _, w, h, local, desc := revSetup(t, func(e *fakeEnd) revHold {
-		h := newRevHold(e, true)
+	a, _, w, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold {
+		h := newFlushHold(e, true)
 		h.releaseDelay = 1500 * time.Millisecond
 		return h
 	})
@@ -229,7 +229,7 @@ func TestOneSidedCloseOpWaitsForTimewait(t *testing.T) {
 // transport's poll keeps failing: progress returns nil at once, the loop
 // spins.
 func TestOneSidedStickyPollErrorSpins(t *testing.T) {
-	a, _, _, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, false) })
+	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
 	done := make(chan error, 1)
 	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
 	<-h.posted
@@ -253,8 +253,8 @@ func TestOneSidedStickyPollErrorSpins(t *testing.T) {
 // rdmaOut: rdmaOut stays true with nothing out.
 func TestOneSidedStaleRdmaOut(t *testing.T) {
 	var a *Conn
-	a, _, _, _, local, desc := revSetup(t, func(e *fakeEnd) revHold {
-		h := newRevHold(e, true)
+	a, _, _, _, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold {
+		h := newFlushHold(e, true)
 		h.complete = true
 		h.onPost = func() {
 			// A Recv leader's round, polled between the post and
@@ -277,7 +277,7 @@ func TestOneSidedStaleRdmaOut(t *testing.T) {
 // later Close waits for the op's flush no longer than flushWait (it waited
 // for a flushing round that nothing woke).
 func TestOneSidedPeerGoneNoFlushThenClose(t *testing.T) {
-	a, _, w, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, false) })
+	a, _, w, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
 	done := make(chan error, 1)
 	var opAt atomic.Int64
 	go func() {
@@ -306,8 +306,8 @@ func TestOneSidedPeerGoneNoFlushThenClose(t *testing.T) {
 // a round that sleeps until its ctx instead of returning at once.
 func TestOneSidedStaleRdmaOutProgressSleeps(t *testing.T) {
 	var a *Conn
-	a, _, w, _, local, desc := revSetup(t, func(e *fakeEnd) revHold {
-		h := newRevHold(e, true)
+	a, _, w, _, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold {
+		h := newFlushHold(e, true)
 		h.complete = true
 		h.onPost = func() { a.progress(context.Background(), a.rounds.Load()) }
 		return h
@@ -335,7 +335,7 @@ func TestOneSidedStaleRdmaOutProgressSleeps(t *testing.T) {
 // Short deadline while a Recv leads the polling: the op is a waiter.
 func TestOneSidedShortDeadlineAsWaiter(t *testing.T) {
 	for i := 0; i < 30; i++ {
-		a, _, w, _, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, true) })
+		a, _, w, _, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, true) })
 		rerr := make(chan error, 1)
 		go func() { _, err := a.Recv(context.Background(), make([]byte, 256)); rerr <- err }()
 		time.Sleep(5 * time.Millisecond)

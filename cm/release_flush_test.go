@@ -14,7 +14,7 @@ import (
 // on the request (still out) instead of its caller, for the whole flushWait
 // with no one to wake it.
 func TestReleaseAfterOpGaveUp(t *testing.T) {
-	a, _, _, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, false) })
+	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
 	a.timeout = 300 * time.Millisecond // the op's flush bound; Close's ctx is 3 s below
 	done := make(chan error, 1)
 	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
@@ -38,7 +38,7 @@ func TestReleaseAfterOpGaveUp(t *testing.T) {
 // postFail: postRDMA waits until the conn has failed (release's
 // fail(ErrClosed)), then fails, as a post on a QP in the error state may.
 type postFail struct {
-	revHold
+	flushHold
 	c *Conn
 }
 
@@ -60,8 +60,8 @@ func (e postFail) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 // release as it returns (nothing woke it, and Close waited the whole
 // flushWait).
 func TestReleasePostFailsDuringRelease(t *testing.T) {
-	a, _, _, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, true) })
-	pf := postFail{revHold: h, c: a}
+	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, true) })
+	pf := postFail{flushHold: h, c: a}
 	a.t = pf
 	done := make(chan error, 1)
 	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
@@ -93,7 +93,7 @@ func (slowErr) Is(error) bool { time.Sleep(slowIs); return false }
 var slowIs = 20 * time.Millisecond
 
 type brokenAfterRelease struct {
-	revHold
+	flushHold
 	c *Conn
 }
 
@@ -110,7 +110,7 @@ func (e brokenAfterRelease) poll(ctx context.Context, cs []completion, spin time
 		}
 		return 0, slowErr{}
 	}
-	return e.revHold.poll(ctx, cs, spin, block)
+	return e.flushHold.poll(ctx, cs, spin, block)
 }
 
 // The round whose poll failed for good says so before it wakes anyone (it
@@ -118,8 +118,8 @@ func (e brokenAfterRelease) poll(ctx context.Context, cs []completion, spin time
 // see the CQ whole, wait again, and no round ran any more: the whole
 // flushWait).
 func TestReleaseCQBrokenBeforeTokens(t *testing.T) {
-	a, _, _, h, local, desc := revSetup(t, func(e *fakeEnd) revHold { return newRevHold(e, false) })
-	a.t = brokenAfterRelease{revHold: h, c: a}
+	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
+	a.t = brokenAfterRelease{flushHold: h, c: a}
 	done := make(chan error, 1)
 	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
 	<-h.posted

@@ -80,7 +80,6 @@ type stressState struct {
 	slowClose []string
 	sawEOF    [2]atomic.Bool
 	stop      atomic.Bool
-	eofWhy    [2]atomic.Value
 	lastErrs  sync.Map // kind -> count (for the log)
 }
 
