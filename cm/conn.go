@@ -927,7 +927,12 @@ func (c *Conn) wakeWaitersLocked() {
 }
 
 // awaitLocked waits, c.mu held, while cond holds, until by: a round's end,
-// or a one-sided operation's return, wakes it to look again.
+// or a one-sided operation's return, wakes it to look again. Tokens are not
+// addressed: waiting again, it may take one a round ended with for another
+// waiter, whose turn then comes with the next round's end. Release stops
+// rounds, so it hands out what it may have taken when it is done: a
+// one-sided operation waited for ever behind a release that had taken its
+// token (found by the stress test).
 func (c *Conn) awaitLocked(by time.Time, cond func() bool) {
 	for cond() && time.Now().Before(by) {
 		c.waiters++
@@ -940,6 +945,7 @@ func (c *Conn) awaitLocked(by time.Time, cond func() bool) {
 		t.Stop()
 		c.mu.Lock()
 	}
+	c.wakeWaitersLocked()
 }
 
 // gotRecv reports whether the first n completions of the round include a

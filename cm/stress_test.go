@@ -731,9 +731,8 @@ func runStress(t *testing.T, seed uint64) {
 	case <-time.After(5 * time.Second):
 		var names []string
 		running.Range(func(k, _ any) bool { names = append(names, k.(string)); return true })
-		s.failf("workers still blocked 5 s after Close returned: %v", names)
 		dumpStress(t)
-		<-done
+		t.Fatalf("workers still blocked 5 s after Close returned: %v", names)
 	}
 	for _, rg := range append(locals[:], exposed[:]...) {
 		if rg != nil {
