@@ -325,9 +325,9 @@ func (c *Conn) MaxMessageSize() int { return c.maxSend }
 
 // MaxRecvSize is the largest message the peer may send on this connection,
 // so a Recv buffer of this size always fits. On RC it is this side's
-// WithMessageSize. Over XRC it is what the endpoint receives, which for
-// Dials sharing the process's dialer endpoint is the first Dial's size (see
-// Transports in the package doc), and may exceed this Dial's.
+// WithMessageSize. Over XRC it is what the endpoint receives: this side's
+// WithMessageSize, raised to the engine's least (xrc.MinMessageSize) and
+// capped at its most (xrc.MaxMessageSize).
 func (c *Conn) MaxRecvSize() int { return c.maxRecv }
 
 // Send sends p as one message. It blocks while the peer has no free receive

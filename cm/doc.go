@@ -143,9 +143,11 @@
 // resolved, the device is probed (its capability bit, then a private XRC
 // domain, once per device and process). On a device with XRC, connections
 // run on package xrc's engine: Listen opens an XRC endpoint of its own on
-// that device, and every Dial of the process to that device and local
-// address shares one dialer endpoint (one INI QP per remote node), closed
-// with the last of its connections. Only XRC dialers reach an XRC
+// that device, and the Dials of the process to that device and local
+// address with the same message size, queue depth, domain path and
+// handshake timeout share one dialer endpoint (one INI QP per remote node),
+// closed with the last of its connections; a Dial whose options differ gets
+// an endpoint of its own. Only XRC dialers reach an XRC
 // listener, and an XRC dialer reaches only XRC listeners, so both sides
 // need an XRC mode and a device with XRC: in a mixed cluster, a node whose
 // device has XRC and dials with XRCPrefer is refused by an RC listener (it
@@ -154,16 +156,13 @@
 // and the reason, as do raw messages (RC only). The probe does not try
 // ibv_open_qp: it would destroy an opened TGT handle, which mlx5 mishandles
 // (docs/xrc-protocol.md). A listener on an unspecified address without
-// WithDevice serves every device and so is never XRC. The options of the
-// Dial that opens a shared dialer endpoint (message size, queue depth,
-// domain path, handshake timeout) are the endpoint's; later Dials' are
-// checked but do not change it. No device
+// WithDevice serves every device and so is never XRC. No device
 // here has XRC: the XRC path is tested on the in-memory fabric and, on a
 // device, only where one with XRC is present.
 //
 // The addresses of an XRC connection are its endpoints' listening
-// addresses: every connection between two processes (a process's Dials
-// share one dialer endpoint) has the same LocalAddr and RemoteAddr, which
+// addresses: every connection between two endpoints (a process's Dials
+// with the same options share one) has the same LocalAddr and RemoteAddr, which
 // do not tell its connections apart as a TCP 4-tuple does.
 //
 // WithFabric runs connections over XRC on an in-memory fabric (package

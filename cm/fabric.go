@@ -77,21 +77,22 @@ func newXRCConn(x *xrc.Conn, cfg config, release func()) *Conn {
 	return &Conn{
 		x: x, xrelease: release, laddr: Addr{x.LocalAddr()}, raddr: Addr{x.RemoteAddr()},
 		// What the endpoint receives, which may be more than this Dial
-		// asked for (an endpoint shared by this process's dials takes the
-		// first one's size; the engine's floor is xrc.MinMessageSize).
+		// asked for (the engine's floor is xrc.MinMessageSize).
 		maxSend: min(cfg.messageSize, x.MaxMessageSize()), maxRecv: x.MaxRecvSize(),
 	}
 }
 
-// The endpoints of XRC dialers, by site: every Dial of this process on one
-// fabric process, or on one device and local address, shares one endpoint,
-// and so one uplink per remote node; the options of the Dial that opens it
-// (WithDomainPath, WithHandshakeTimeout, WithQueueDepth, WithMessageSize:
-// what the endpoint receives) apply to it. The endpoint closes
-// with the last connection that uses it.
+// The endpoints of XRC dialers, by their configuration: the Dials of this
+// process on one fabric process, or on one device and local address, with
+// the same WithDomainPath, WithHandshakeTimeout, WithQueueDepth and
+// WithMessageSize share one endpoint, and so one uplink per remote node.
+// Dials that differ in one of them get an endpoint of their own: the
+// options are what the endpoint receives, and a Dial sharing another's
+// endpoint would receive by the other's sizes. The endpoint closes with the
+// last connection that uses it.
 var xrcDialers struct {
 	sync.Mutex
-	m map[xrcSite]*xrcDialer
+	m map[xrc.Config]*xrcDialer
 }
 
 type xrcDialer struct {
@@ -117,12 +118,12 @@ func closeEndpoint(ep *xrc.Endpoint) error {
 	return ep.Close()
 }
 
-// acquireDialer returns the dialer endpoint of site, opening it on first
-// use, and the function that drops the reference taken. Every Dial checks
-// its options (xrcConfig), also one that joins an open endpoint. An
+// acquireDialer returns the dialer endpoint of site for cfg, opening it on
+// first use, and the function that drops the reference taken. Every Dial
+// checks its options (xrcConfig), also one that joins an open endpoint. An
 // endpoint that died (its device went away) is left to the connections
 // that hold it, and a new one opens. The endpoint opens outside the
-// process-wide lock: Dials on other sites go on meanwhile, and Dials on
+// process-wide lock: Dials for other endpoints go on meanwhile, and Dials for
 // this one wait for it with their own contexts.
 func acquireDialer(ctx context.Context, cfg config, site xrcSite) (*xrc.Endpoint, func(), error) {
 	xc, err := cfg.xrcConfig(site, 0)
@@ -133,27 +134,27 @@ func acquireDialer(ctx context.Context, cfg config, site xrcSite) (*xrc.Endpoint
 	for {
 		xrcDialers.Lock()
 		if xrcDialers.m == nil {
-			xrcDialers.m = map[xrcSite]*xrcDialer{}
+			xrcDialers.m = map[xrc.Config]*xrcDialer{}
 		}
-		d := xrcDialers.m[site]
+		d := xrcDialers.m[xc]
 		if d != nil && d.isOpen() && d.ep.Err() != nil {
-			delete(xrcDialers.m, site)
+			delete(xrcDialers.m, xc)
 			d = nil
 		}
 		opener := d == nil
 		if opener {
 			d = &xrcDialer{opened: make(chan struct{})}
-			xrcDialers.m[site] = d
+			xrcDialers.m[xc] = d
 		}
 		d.refs++
 		xrcDialers.Unlock()
-		release := d.releaser(site)
+		release := d.releaser(xc)
 		if opener {
 			ep, err := newEndpoint(ctx, xc)
 			xrcDialers.Lock()
 			d.ep, d.err = ep, err
-			if err != nil && xrcDialers.m[site] == d {
-				delete(xrcDialers.m, site)
+			if err != nil && xrcDialers.m[xc] == d {
+				delete(xrcDialers.m, xc)
 			}
 			close(d.opened)
 			xrcDialers.Unlock()
@@ -187,17 +188,17 @@ func (d *xrcDialer) isOpen() bool {
 	}
 }
 
-// releaser returns the function that drops one reference to d, closing its
-// endpoint with the last.
-func (d *xrcDialer) releaser(site xrcSite) func() {
+// releaser returns the function that drops one reference to d, the
+// dialer of key, closing its endpoint with the last.
+func (d *xrcDialer) releaser(key xrc.Config) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			xrcDialers.Lock()
 			d.refs--
 			last := d.refs == 0
-			if last && xrcDialers.m[site] == d {
-				delete(xrcDialers.m, site)
+			if last && xrcDialers.m[key] == d {
+				delete(xrcDialers.m, key)
 			}
 			xrcDialers.Unlock()
 			if last && d.isOpen() {

@@ -516,39 +516,33 @@ func TestFabricDialerOpenBlocksNoOne(t *testing.T) {
 	a.release()
 	xrcDialers.Lock()
 	defer xrcDialers.Unlock()
-	require.Nil(t, xrcDialers.m[site], "the last release closes the endpoint")
+	require.Nil(t, xrcDialers.m[dialerKey(t, cfg, site)], "the last release closes the endpoint")
 }
 
-// Over XRC the two sides' limits need not agree: a Dial sharing a dialer
-// endpoint opened with a smaller message size sends more than its peer's
-// MaxMessageSize. A Recv buffer of MaxRecvSize takes it (there was no way to
-// learn that size: a buffer of MaxMessageSize failed with
-// ErrMessageTooLong).
+// Over XRC the two sides' limits need not agree: each side sends what the
+// other's endpoint receives, and a Recv buffer of MaxRecvSize takes what
+// the peer may send. A listener of 4 KiB and a Dial of the default size:
+// the dialer sends 4 KiB and receives 64 KiB, the listener's connection the
+// other way round, bounded by its own size.
 func TestFabricRecvBufferOfMaxRecvSizeFits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dir := t.TempDir()
 	f := memfabric.New()
-	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(dir, "s")))
+	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(dir, "s")), WithMessageSize(4096))
 	require.NoError(t, err)
 	defer l.Close()
-	copts := []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(dir, "c"))}
-	first, err := Dial(ctx, "10.1.0.1:7000", append(copts, WithMessageSize(4096))...)
-	require.NoError(t, err)
-	defer first.Close()
-	s1, err := l.Accept(ctx)
-	require.NoError(t, err)
-	defer s1.Close()
-	c, err := Dial(ctx, "10.1.0.1:7000", copts...) // the default size
+	c, err := Dial(ctx, "10.1.0.1:7000", WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(dir, "c")))
 	require.NoError(t, err)
 	defer c.Close()
 	s, err := l.Accept(ctx)
 	require.NoError(t, err)
 	defer s.Close()
-	require.Equal(t, DefaultMessageSize, c.MaxMessageSize())
-	require.Equal(t, 4096, s.MaxMessageSize(), "what the client's shared endpoint receives")
-	require.Equal(t, 4096, c.MaxRecvSize())
-	require.Equal(t, DefaultMessageSize, s.MaxRecvSize())
+	require.Equal(t, 4096, c.MaxMessageSize(), "what the listener's endpoint receives")
+	require.Equal(t, DefaultMessageSize, c.MaxRecvSize())
+	require.Equal(t, 4096, s.MaxMessageSize())
+	require.Equal(t, 4096, s.MaxRecvSize())
+	require.ErrorIs(t, c.Send(ctx, make([]byte, 4097)), ErrMessageTooLong)
 
 	require.NoError(t, c.Send(ctx, make([]byte, c.MaxMessageSize())))
 	n, err := s.Recv(ctx, make([]byte, s.MaxRecvSize()))

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/internal/conntest"
+	"github.com/goxrc/goxrc/xrc"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -53,10 +54,10 @@ func TestFabricXRCSharesOneUplink(t *testing.T) {
 			}
 		}()
 	}
-	client := clientNode.Process()
+	client, clientDomain := clientNode.Process(), filepath.Join(t.TempDir(), "xrc")
 	var conns []*Conn
 	for _, a := range addrs {
-		c, err := Dial(ctx, a, WithFabric(client), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
+		c, err := Dial(ctx, a, WithFabric(client), WithDomainPath(clientDomain))
 		require.NoError(t, err)
 		conns = append(conns, c)
 	}
@@ -168,7 +169,7 @@ func TestXRCDialerRefcount(t *testing.T) {
 	refs := func() int {
 		xrcDialers.Lock()
 		defer xrcDialers.Unlock()
-		if d := xrcDialers.m[site]; d != nil {
+		if d := xrcDialers.m[dialerKey(t, cfg, site)]; d != nil {
 			return d.refs
 		}
 		return 0
@@ -190,6 +191,15 @@ func TestXRCDialerRefcount(t *testing.T) {
 	raw.raw = true
 	_, _, err = acquireDialer(ctx, raw, cfg.fabricSite(netip.MustParseAddr("10.1.0.3")))
 	require.ErrorIs(t, err, ErrNotSupported)
+}
+
+// dialerKey is the key of cfg's dialer endpoint on site in xrcDialers.
+func dialerKey(t *testing.T, cfg config, site xrcSite) xrc.Config {
+	t.Helper()
+	xc, err := cfg.xrcConfig(site, 0)
+	require.NoError(t, err)
+	xc.DialOnly = true
+	return xc
 }
 
 func canceledCtx() context.Context {
@@ -298,13 +308,12 @@ func fabricPair(ctx context.Context, t *testing.T, srv, cli *memfabric.Process, 
 	return c, s
 }
 
-// Over XRC a Conn receives what its endpoint takes, which can be more than
-// its own Dial asked for: a second Dial on the process's shared endpoint
-// with a smaller message size still reads the 4 KiB message its peer may
-// send, through the net.Conn adapter too. Its adapter used to read into a
-// buffer of the Dial's size, and the engine truncated the message and the
-// adapter dropped it ("short buffer").
-func TestFabricSharedDialerReceivesEndpointSize(t *testing.T) {
+// A process's XRC Dials share a dialer endpoint only where their options
+// agree: the endpoint's receive slots are the Dial's message size, so a
+// Dial with another size gets an endpoint of its own and receives what it
+// asked for. It used to join the first Dial's endpoint and receive by that
+// one's size, larger or smaller than its own.
+func TestFabricDialsOfOtherSizesGetTheirOwnEndpoint(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	f := memfabric.New()
@@ -312,36 +321,44 @@ func TestFabricSharedDialerReceivesEndpointSize(t *testing.T) {
 	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
 	require.NoError(t, err)
 	defer l.Close()
-	acc := make(chan *Conn, 2)
-	go func() {
-		for {
-			a, err := l.Accept(ctx)
-			if err != nil {
-				return
-			}
-			acc <- a
-		}
-	}()
 	dom := filepath.Join(t.TempDir(), "xrc")
-	c1, err := Dial(ctx, l.Addr().String(), WithFabric(cli), WithDomainPath(dom)) // opens the shared endpoint
+	dial := func(opts ...Option) (*Conn, *Conn) {
+		t.Helper()
+		c, err := Dial(ctx, l.Addr().String(), append([]Option{WithFabric(cli), WithDomainPath(dom)}, opts...)...)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		s, err := l.Accept(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		return c, s
+	}
+	big, bigSrv := dial(WithMessageSize(8192))
+	small, smallSrv := dial(WithMessageSize(1024))
+	big2, _ := dial(WithMessageSize(8192))
+
+	require.Equal(t, big.LocalAddr(), big2.LocalAddr(), "Dials with the same options share an endpoint")
+	require.NotEqual(t, big.LocalAddr(), small.LocalAddr(), "a Dial of another size has its own endpoint")
+	require.Equal(t, 8192, big.MaxRecvSize())
+	require.Equal(t, 1024, small.MaxRecvSize())
+	require.Equal(t, 1024, smallSrv.MaxMessageSize(), "the peer sends what the small Dial receives")
+
+	require.ErrorIs(t, smallSrv.Send(ctx, make([]byte, 2048)), ErrMessageTooLong)
+	msg := bytes.Repeat([]byte("0123456789abcdef"), 64)
+	require.NoError(t, smallSrv.Send(ctx, msg))
+	buf := make([]byte, small.MaxRecvSize())
+	n, err := small.Recv(ctx, buf)
 	require.NoError(t, err)
-	defer c1.Close()
-	s1 := <-acc
-	defer s1.Close()
-	c2, err := Dial(ctx, l.Addr().String(), WithFabric(cli), WithDomainPath(dom), WithMessageSize(1024))
-	require.NoError(t, err)
-	defer c2.Close()
-	s2 := <-acc
-	defer s2.Close()
-	msg := bytes.Repeat([]byte("0123456789abcdef"), 256)
-	require.NoError(t, s2.Send(ctx, msg))
-	require.NoError(t, s2.Send(ctx, msg))
-	nc := c2.NetConn()
+	require.Equal(t, msg, buf[:n])
+
+	// The large Dial's adapter reads a message of its full size.
+	msg = bytes.Repeat([]byte("0123456789abcdef"), 512)
+	require.NoError(t, bigSrv.Send(ctx, msg))
+	nc := big.NetConn()
 	require.NoError(t, nc.SetReadDeadline(time.Now().Add(5*time.Second)))
-	got := make([]byte, 2*len(msg))
+	got := make([]byte, len(msg))
 	_, err = io.ReadFull(nc, got)
 	require.NoError(t, err)
-	require.Equal(t, append(bytes.Clone(msg), msg...), got)
+	require.Equal(t, msg, got)
 }
 
 // A Recv buffer shorter than an XRC message gives ErrMessageTooLong and

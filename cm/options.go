@@ -138,10 +138,9 @@ func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } 
 // DefaultMessageSize; 1 byte to 1 GiB). Framed peers need not agree: each
 // sends at most the smaller of the two limits (MaxMessageSize). Raw peers
 // must agree. Over XRC it sizes what an endpoint receives, 64 bytes to
-// 1 MiB, and a process's Dials on one device (or fabric process) share one
-// endpoint sized by the first of them: a later Dial may receive less than
-// it asked for, and more than it sends (MaxRecvSize and MaxMessageSize say
-// what holds).
+// 1 MiB (a smaller size receives 64 bytes, a larger one 1 MiB:
+// MaxRecvSize and MaxMessageSize say what holds); a process's Dials share
+// an endpoint only with Dials of the same size.
 func WithMessageSize(n int) Option { return func(c *config) { c.messageSize = n } }
 
 // WithInlineThreshold sets the largest payload sent inline.
