@@ -57,7 +57,7 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (*Co
 		}
 		site := cfg.fabricSite(node)
 		try = func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {
-			return dialXRC(ctx, dst.String(), cfg, site)
+			return dialXRC(ctx, dst, cfg, site)
 		}
 	}
 	c, err := dial(ctx, family, address, cfg, try)
@@ -190,7 +190,7 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 		id.Close()
 		ch.release()
 		id = nil
-		return dialXRC(ctx, dst.String(), cfg, site)
+		return dialXRC(ctx, dst, cfg, site)
 	}
 	if err := id.ResolveRoute(ctx); err != nil {
 		if dst.Addr().IsLoopback() {

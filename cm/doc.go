@@ -89,7 +89,8 @@
 // Every operation that waits takes a context.Context and waits in Go's
 // netpoller, never in a blocking C call. Errors are *OpError values
 // (net.Error); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
-// a rejected connection wraps *rdmacm.RejectError (over XRC, *xrc.RejectError,
+// a rejected connection matches syscall.ECONNREFUSED, as a refused TCP
+// dial does, and wraps *rdmacm.RejectError (over XRC, *xrc.RejectError,
 // whose Reason says why: NO_LISTENER where nothing listens), a deadline
 // that passed matches both context.DeadlineExceeded and
 // os.ErrDeadlineExceeded. Close is graceful: it wakes the connection's

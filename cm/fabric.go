@@ -210,14 +210,14 @@ func (d *xrcDialer) releaser(key xrc.Config) func() {
 	}
 }
 
-// dialXRC dials address through the dialer endpoint of site.
-func dialXRC(ctx context.Context, address string, cfg config, site xrcSite) (*Conn, error) {
-	fail := func(err error) (*Conn, error) { return nil, opError("dial", nil, err) }
+// dialXRC dials dst through the dialer endpoint of site.
+func dialXRC(ctx context.Context, dst netip.AddrPort, cfg config, site xrcSite) (*Conn, error) {
+	fail := func(err error) (*Conn, error) { return nil, opError("dial", Addr{dst}, err) }
 	ep, release, err := acquireDialer(ctx, cfg, site)
 	if err != nil {
-		return fail(err)
+		return fail(mapXRCErr(err))
 	}
-	x, err := ep.Dial(ctx, address)
+	x, err := ep.Dial(ctx, dst.String())
 	if err != nil {
 		release()
 		return fail(mapXRCErr(err))
@@ -302,7 +302,9 @@ func (c *Conn) closeWriteXRC() error {
 
 func (c *Conn) closeXRC() error {
 	c.releaseOnce.Do(func() {
-		c.releaseErr = c.x.Close()
+		if err := c.x.Close(); err != nil {
+			c.releaseErr = c.opErr("close", mapXRCErr(err))
+		}
 		c.xrelease()
 		globalStats.connsOpen.Add(-1)
 	})
@@ -323,8 +325,13 @@ func (c *Conn) countXRCFailure(err error) {
 	}
 }
 
-// mapXRCErr gives the engine's errors the meaning of this package's.
+// mapXRCErr gives the engine's errors the meaning of this package's. The
+// engine's *xrc.OpError goes: the caller's *OpError names the operation
+// and address.
 func mapXRCErr(err error) error {
+	if oe, ok := err.(*xrc.OpError); ok {
+		err = oe.Err
+	}
 	switch {
 	case errors.Is(err, xrc.ErrDeviceRemoved):
 		return fmt.Errorf("%w: %w", ErrPeerGone, err)

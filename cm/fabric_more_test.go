@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -340,13 +341,13 @@ func TestFabricDeadSharedEndpointReplaced(t *testing.T) {
 	require.NoError(t, err)
 	cfg.fabric = fake
 	site := cfg.fabricSite(k.LocalAddr())
-	c1, err := dialXRC(ctx, l.Addr().String(), cfg, site)
+	c1, err := dialXRC(ctx, netip.MustParseAddrPort(l.Addr().String()), cfg, site)
 	require.NoError(t, err)
 	close(rk.gone) // the device goes, and comes back
 	_, err = c1.Recv(ctx, make([]byte, 64))
 	require.ErrorIs(t, err, ErrDeviceRemoved)
 	// c1 is broken but not yet Closed by the application.
-	c2, err := dialXRC(ctx, l.Addr().String(), cfg, site)
+	c2, err := dialXRC(ctx, netip.MustParseAddrPort(l.Addr().String()), cfg, site)
 	if err == nil {
 		c2.Close()
 	}
@@ -365,6 +366,11 @@ func TestFabricDialRefusedError(t *testing.T) {
 	var re *xrc.RejectError
 	require.ErrorAs(t, err, &re, "after %v", time.Since(start))
 	require.Equal(t, xrc.RejectNoListener, re.Reason)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "a refused dial matches ECONNREFUSED, as TCP's and RC's do")
+	// One operation, one address, no stutter (it read "dial: xrc: dial
+	// 10.1.0.1:7471: xrc: 10.1.0.1:7471 refused the connection: ...").
+	require.IsType(t, (*OpError)(nil), err)
+	require.Equal(t, "dial 10.1.0.1:7471: connection refused: NO_LISTENER (detail 0, CM status 8)", err.Error())
 }
 
 // holdingListener listens on p's node and holds every connection it

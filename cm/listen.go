@@ -307,7 +307,7 @@ func (l *Listener) Close() error {
 			l.stop()
 		}
 		if l.xep != nil {
-			err = closeEndpoint(l.xep)
+			err = mapXRCErr(closeEndpoint(l.xep))
 			globalStats.listeners.Add(-1)
 			return
 		}

@@ -3,6 +3,7 @@ package rdmacm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -83,14 +84,16 @@ func TestRejectError(t *testing.T) {
 		reason  string
 		stale   bool
 		timeout bool
+		refused bool // matches syscall.ECONNREFUSED
 	}{
-		{RejectError{Type: EventRejected, Status: 10}, "stale connection", true, false},
-		{RejectError{Type: EventRejected, Status: 28}, "consumer defined", false, false},
-		{RejectError{Type: EventRejected, Status: 8}, "invalid service id (no listener)", false, false},
-		{RejectError{Type: EventUnreachable, Status: 2, UD: true}, "rejected", false, false},
-		{RejectError{Type: EventUnreachable, Status: 1, UD: true}, "service not supported (no listener)", false, false},
-		{RejectError{Type: EventUnreachable, Status: -int(syscall.ETIMEDOUT)}, syscall.ETIMEDOUT.Error(), false, true},
-		{RejectError{Type: EventRejected, Status: 99}, "status 99", false, false},
+		{RejectError{Type: EventRejected, Status: 10}, "stale connection", true, false, true},
+		{RejectError{Type: EventRejected, Status: 28}, "consumer defined", false, false, true},
+		{RejectError{Type: EventRejected, Status: 8}, "invalid service id (no listener)", false, false, true},
+		{RejectError{Type: EventUnreachable, Status: 2, UD: true}, "rejected", false, false, true},
+		{RejectError{Type: EventUnreachable, Status: 1, UD: true}, "service not supported (no listener)", false, false, true},
+		{RejectError{Type: EventUnreachable, Status: -int(syscall.ETIMEDOUT)}, syscall.ETIMEDOUT.Error(), false, true, false},
+		{RejectError{Type: EventUnreachable, Status: 3}, "no resources", false, false, false},
+		{RejectError{Type: EventRejected, Status: 99}, "status 99", false, false, true},
 	}
 	for _, c := range cases {
 		var err error = &c.e
@@ -103,6 +106,12 @@ func TestRejectError(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), c.reason) {
 			t.Errorf("message %q lacks %q", err, c.reason)
+		}
+		if got := errors.Is(fmt.Errorf("dial: %w", err), syscall.ECONNREFUSED); got != c.refused {
+			t.Errorf("%v: matches ECONNREFUSED %v, want %v", err, got, c.refused)
+		}
+		if got := errors.Is(err, syscall.ETIMEDOUT); got != c.timeout {
+			t.Errorf("%v: matches ETIMEDOUT %v, want %v", err, got, c.timeout)
 		}
 	}
 	if s := (&RejectError{Type: EventUnreachable, Status: 2, UD: true}).Error(); !strings.Contains(s, "SIDR") {

@@ -263,7 +263,10 @@ var sidrNames = map[int]string{
 // IB CM reject reason: 8 no listener, 10 stale connection, 28 consumer
 // defined, which is also what a mismatched QP type gets) or an UNREACHABLE
 // event (Status is a SIDR status on PortSpaceUDP, 2 for a SIDR reject, or a
-// negative errno such as -ETIMEDOUT when nobody answered).
+// negative errno such as -ETIMEDOUT when nobody answered). A refusal (a
+// REJECTED event, or a SIDR status) matches syscall.ECONNREFUSED
+// (errors.Is), as a refused TCP connect does; a negative Status matches its
+// errno.
 type RejectError struct {
 	Type        EventType // EventRejected or EventUnreachable
 	Status      int
@@ -295,6 +298,16 @@ func (e *RejectError) Error() string {
 		}
 	}
 	return fmt.Sprintf("rdmacm: %s: %s (%v status %d)", what, e.Reason(), e.Type, e.Status)
+}
+
+func (e *RejectError) Is(target error) bool {
+	switch {
+	case e.Status < 0:
+		return target == syscall.Errno(-e.Status)
+	case e.Type == EventRejected, e.Type == EventUnreachable && e.UD:
+		return target == syscall.ECONNREFUSED
+	}
+	return false
 }
 
 // Stale reports an IB CM stale-connection reject (reason 10): the QP number

@@ -145,7 +145,7 @@ func (c *Conn) wake() {
 // recovered) ends the connection and is what the next call returns.
 func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if len(p) > MaxMessageSize {
-		return &opError{"send", c.raddr.String(), fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLong, len(p), MaxMessageSize)}
+		return &OpError{"send", c.raddr.String(), fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLong, len(p), MaxMessageSize)}
 	}
 	frame := kernel.NewPayload(1 + dataSeqLen + len(p))
 	frame[0] = kindData
@@ -204,9 +204,9 @@ func (c *Conn) takeTurn(ctx context.Context) error {
 		c.e.mu.Lock()
 		err := c.sendErrLocked(false)
 		c.e.mu.Unlock()
-		return &opError{"send", c.raddr.String(), cmp.Or(err, ErrClosed)}
+		return &OpError{"send", c.raddr.String(), cmp.Or(err, ErrClosed)}
 	case <-c.e.ctx.Done():
-		return &opError{"send", c.raddr.String(), ErrClosed}
+		return &OpError{"send", c.raddr.String(), ErrClosed}
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -228,12 +228,12 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 		if err := c.sendErrLocked(false); err != nil {
 			e.mu.Unlock()
 			c.endTurn()
-			return false, &opError{"send", c.raddr.String(), err}
+			return false, &OpError{"send", c.raddr.String(), err}
 		}
 		if n := len(frame) - 1 - dataSeqLen; n > c.sendMax {
 			e.mu.Unlock()
 			c.endTurn()
-			return false, &opError{"send", c.raddr.String(), fmt.Errorf("%w: %d bytes, the receiver takes %d", ErrMessageTooLong, n, c.sendMax)}
+			return false, &OpError{"send", c.raddr.String(), fmt.Errorf("%w: %d bytes, the receiver takes %d", ErrMessageTooLong, n, c.sendMax)}
 		}
 		var wait <-chan struct{}
 		u := c.up
@@ -255,7 +255,7 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 			case <-woken:
 			case <-c.done:
 			case <-e.ctx.Done():
-				return false, &opError{"send", c.raddr.String(), ErrClosed}
+				return false, &OpError{"send", c.raddr.String(), ErrClosed}
 			case <-ctx.Done():
 				return false, ctx.Err()
 			}
@@ -343,7 +343,7 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 		case <-c.done:
 			return true, nil
 		case <-e.ctx.Done():
-			return true, &opError{"send", c.raddr.String(), ErrClosed}
+			return true, &OpError{"send", c.raddr.String(), ErrClosed}
 		case <-ctx.Done():
 		}
 		e.mu.Lock()
@@ -483,7 +483,7 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 		e.mu.Lock()
 		if err := c.sendErrLocked(true); err != nil {
 			e.mu.Unlock()
-			return &opError{"send", c.raddr.String(), err}
+			return &OpError{"send", c.raddr.String(), err}
 		}
 		u := c.up
 		if u.state != upUp {
@@ -515,7 +515,7 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 			case <-room:
 			case <-c.done:
 			case <-e.ctx.Done():
-				return &opError{"send", c.raddr.String(), ErrClosed}
+				return &OpError{"send", c.raddr.String(), ErrClosed}
 			case <-ctx.Done():
 				return ctx.Err()
 			}
@@ -535,19 +535,19 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 			case verbs.WCSuccess:
 				return nil
 			case verbs.WCRemInvReqErr:
-				return &opError{"send", c.raddr.String(), errSRQGone}
+				return &OpError{"send", c.raddr.String(), errSRQGone}
 			}
 			// Flushed or retries exhausted: the uplink recovers; again.
 		case <-e.ctx.Done():
 			// The endpoint is closing: its completion pollers are
 			// gone, so no completion will come.
-			return &opError{"send", c.raddr.String(), ErrClosed}
+			return &OpError{"send", c.raddr.String(), ErrClosed}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 	c.fail(errRetries)
-	return &opError{"send", c.raddr.String(), errRetries}
+	return &OpError{"send", c.raddr.String(), errRetries}
 }
 
 // statusChans and sendWRs keep sends from allocating: a channel for an
@@ -655,12 +655,12 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 		if c.userClosed {
 			c.wake() // the next reader ends too (one wake-up per event)
 			e.mu.Unlock()
-			return 0, &opError{"recv", c.raddr.String(), ErrClosed}
+			return 0, &OpError{"recv", c.raddr.String(), ErrClosed}
 		}
 		if c.q.Len() > 0 {
 			if n := len(c.q.Peek()) - 1 - dataSeqLen; n > len(buf) {
 				e.mu.Unlock()
-				return 0, &opError{"recv", c.raddr.String(), fmt.Errorf("%w: %d-byte message, %d-byte buffer", ErrMessageTooLong, n, len(buf))}
+				return 0, &OpError{"recv", c.raddr.String(), fmt.Errorf("%w: %d-byte message, %d-byte buffer", ErrMessageTooLong, n, len(buf))}
 			}
 			frame := c.q.Pop()
 			if c.q.Len() > 0 {
@@ -684,7 +684,7 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 			err := c.err
 			c.wake()
 			e.mu.Unlock()
-			return 0, &opError{"recv", c.raddr.String(), err}
+			return 0, &OpError{"recv", c.raddr.String(), err}
 		}
 		e.mu.Unlock()
 		select {
@@ -843,7 +843,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	if err != nil {
 		e.mu.Unlock()
-		return &opError{"close write", c.raddr.String(), err}
+		return &OpError{"close write", c.raddr.String(), err}
 	}
 	c.writeClosed = true
 	c.wakeSendersLocked() // a Send waiting for credits fails now

@@ -21,30 +21,30 @@ var errUnspecified = errors.New("an endpoint on an RDMA device needs a concrete 
 func deviceKernel(cfg *Config) (kernel.Kernel, error) {
 	ap, err := netip.ParseAddrPort(cfg.Addr)
 	if err != nil {
-		return nil, &opError{"listen", cfg.Addr, err}
+		return nil, &OpError{"listen", cfg.Addr, err}
 	}
 	ip, dev := ap.Addr().Unmap(), cfg.Device
 	switch {
 	case ip.IsUnspecified() && dev == "":
-		return nil, &opError{"listen", cfg.Addr, errUnspecified}
+		return nil, &OpError{"listen", cfg.Addr, errUnspecified}
 	case ip.IsUnspecified():
 		if ip, err = rdmaaddr.AddrOf(dev, ip); err != nil {
-			return nil, &opError{"listen", cfg.Addr, err}
+			return nil, &OpError{"listen", cfg.Addr, err}
 		}
 	default:
 		on, err := rdmaaddr.DeviceOf(ip)
 		if err != nil {
-			return nil, &opError{"listen", cfg.Addr, err}
+			return nil, &OpError{"listen", cfg.Addr, err}
 		}
 		if dev != "" && on != dev {
-			return nil, &opError{"listen", cfg.Addr, fmt.Errorf("the address is on device %s, not %s", on, dev)}
+			return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("the address is on device %s, not %s", on, dev)}
 		}
 		dev = on
 	}
 	cfg.Addr = netip.AddrPortFrom(ip, ap.Port()).String()
 	k, err := openDevice(dev, ip)
 	if err != nil {
-		return nil, &opError{"listen", cfg.Addr, err}
+		return nil, &OpError{"listen", cfg.Addr, err}
 	}
 	return k, nil
 }

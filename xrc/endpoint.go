@@ -95,7 +95,7 @@ func (cfg *Config) messageSize() error {
 		cfg.MaxMessageSize = MaxMessageSize
 	}
 	if cfg.MaxMessageSize < MinMessageSize || cfg.MaxMessageSize > MaxMessageSize {
-		return &opError{"listen", cfg.Addr, fmt.Errorf("max message size %d outside %d..%d", cfg.MaxMessageSize, MinMessageSize, MaxMessageSize)}
+		return &OpError{"listen", cfg.Addr, fmt.Errorf("max message size %d outside %d..%d", cfg.MaxMessageSize, MinMessageSize, MaxMessageSize)}
 	}
 	return nil
 }
@@ -174,7 +174,7 @@ type upKey struct {
 func NewEndpoint(ctx context.Context, cfg Config) (*Endpoint, error) {
 	if cfg.Process != nil {
 		if cfg.Device != "" {
-			return nil, &opError{"listen", cfg.Addr, errors.New("set Config.Process or Config.Device, not both")}
+			return nil, &OpError{"listen", cfg.Addr, errors.New("set Config.Process or Config.Device, not both")}
 		}
 		k, ok := kernel.Unwrap(cfg.Process)
 		if !ok {
@@ -221,22 +221,22 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 		cfg.RecvWindow = DefaultRecvWindow
 	}
 	if cfg.RecvWindow < 0 || cfg.RecvWindow > math.MaxUint16 {
-		return nil, &opError{"listen", cfg.Addr, fmt.Errorf("receive window %d outside 1..%d", cfg.RecvWindow, math.MaxUint16)}
+		return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("receive window %d outside 1..%d", cfg.RecvWindow, math.MaxUint16)}
 	}
 	if cfg.DomainDir == "" {
 		cfg.DomainDir = filepath.Join(os.TempDir(), fmt.Sprintf("goxrc-%d", os.Getuid()))
 	}
 	ap, err := netip.ParseAddrPort(cfg.Addr)
 	if err != nil {
-		return nil, &opError{"listen", cfg.Addr, err}
+		return nil, &OpError{"listen", cfg.Addr, err}
 	}
 	ap = canonicalAddr(ap)
 	if !ap.Addr().IsUnspecified() && !sameNode(ap.Addr(), k.LocalAddr()) {
-		return nil, &opError{"listen", cfg.Addr, syscall.EADDRNOTAVAIL}
+		return nil, &OpError{"listen", cfg.Addr, syscall.EADDRNOTAVAIL}
 	}
 	ap = netip.AddrPortFrom(k.LocalAddr(), ap.Port())
 	if !k.XRC() {
-		return nil, &opError{"listen", cfg.Addr, verbs.ErrNotSupported}
+		return nil, &OpError{"listen", cfg.Addr, verbs.ErrNotSupported}
 	}
 	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{},
 		pending: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
@@ -303,7 +303,7 @@ func (e *Endpoint) listen(ap netip.AddrPort) error {
 		// (cma_check_port); the address itself was checked above.
 		taken := errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL)
 		if ap.Port() != 0 || !taken || try > 50 {
-			return &opError{"listen", a.String(), err}
+			return &OpError{"listen", a.String(), err}
 		}
 	}
 }
@@ -382,9 +382,9 @@ func (e *Endpoint) closedErr(op string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.fatal != nil {
-		return &opError{op, e.addr.String(), e.fatal}
+		return &OpError{op, e.addr.String(), e.fatal}
 	}
-	return &opError{op, e.addr.String(), ErrClosed}
+	return &OpError{op, e.addr.String(), ErrClosed}
 }
 
 // Close closes every connection (each sends its FIN), stops the endpoint's
@@ -568,7 +568,7 @@ func (e *Endpoint) newTagLocked() uint32 {
 func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	raddr, err := netip.ParseAddrPort(address)
 	if err != nil {
-		return nil, &opError{"dial", address, err}
+		return nil, &OpError{"dial", address, err}
 	}
 	raddr = canonicalAddr(raddr) // the form the CM reports the peer in
 	if _, ok := ctx.Deadline(); !ok {
@@ -605,10 +605,10 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 	e.mu.Unlock()
 	if err := e.openLeg(ctx, c, 0); err != nil {
 		c.fail(err)
-		return nil, &opError{"dial", address, err}
+		return nil, &OpError{"dial", address, err}
 	}
 	if err := e.finishReverse(ctx, c); err != nil {
-		return nil, &opError{"dial", address, err}
+		return nil, &OpError{"dial", address, err}
 	}
 	select {
 	case <-c.ready:
@@ -621,10 +621,10 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 			return c, nil
 		default:
 		}
-		return nil, &opError{"dial", address, c.errOr(ErrClosed)}
+		return nil, &OpError{"dial", address, c.errOr(ErrClosed)}
 	case <-ctx.Done():
 		c.fail(ctx.Err())
-		return nil, &opError{"dial", address, ctx.Err()}
+		return nil, &OpError{"dial", address, ctx.Err()}
 	}
 }
 

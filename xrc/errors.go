@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/verbs"
@@ -87,23 +88,38 @@ func (r RejectReason) String() string {
 }
 
 // RejectError reports a connection request the peer (or its CM) refused.
+// It matches syscall.ECONNREFUSED (errors.Is), as a refused TCP dial does,
+// except for a request nobody answered (a negative Status, an errno such
+// as ETIMEDOUT), which matches that errno.
 type RejectError struct {
 	Addr   string
 	Reason RejectReason
 	Detail uint32 // reason-specific
-	Status int    // the CM's reject or SIDR status
+	Status int    // the CM's reject or SIDR status, or a negative errno
 	domain uint64 // the rejecter's domain id
 }
 
+// Error leaves the address out: an *OpError around it (Dial's) names it.
 func (e *RejectError) Error() string {
-	return fmt.Sprintf("xrc: %s refused the connection: %v (detail %d, CM status %d)", e.Addr, e.Reason, e.Detail, e.Status)
+	if e.Status < 0 {
+		return fmt.Sprintf("connection request unanswered: %v", syscall.Errno(-e.Status))
+	}
+	return fmt.Sprintf("connection refused: %v (detail %d, CM status %d)", e.Reason, e.Detail, e.Status)
 }
 
-// opError names the operation and address of a failure.
-type opError struct {
-	op, addr string
-	err      error
+func (e *RejectError) Is(target error) bool {
+	if e.Status < 0 {
+		return target == syscall.Errno(-e.Status)
+	}
+	return target == syscall.ECONNREFUSED
 }
 
-func (e *opError) Error() string { return "xrc: " + e.op + " " + e.addr + ": " + e.err.Error() }
-func (e *opError) Unwrap() error { return e.err }
+// OpError names the operation (dial, accept, send, recv, close) and the
+// address of an Endpoint's or Conn's failure.
+type OpError struct {
+	Op, Addr string
+	Err      error
+}
+
+func (e *OpError) Error() string { return "xrc: " + e.Op + " " + e.Addr + ": " + e.Err.Error() }
+func (e *OpError) Unwrap() error { return e.Err }

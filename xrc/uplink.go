@@ -377,12 +377,12 @@ func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	case kernel.EventRejected:
 		return fail(rejectErr(raddr, ev))
 	default:
-		return fail(&opError{"connect", raddr.String(), errors.New("unexpected " + ev.Type.String())})
+		return fail(&OpError{"connect", raddr.String(), errors.New("unexpected " + ev.Type.String())})
 	}
 	if err := wire.DecodeAccept(ev.PrivateData, &acc); err != nil || acc.TagEcho != req.ConnTag || acc.TGTQPN != ev.QPNum ||
 		acc.Flags != 0 {
 		k.Reject(id, nil)
-		return fail(&opError{"connect", raddr.String(), errBadAccept})
+		return fail(&OpError{"connect", raddr.String(), errBadAccept})
 	}
 	if err := k.TransitionQP(qp, verbs.QPStateRTS, id); err != nil {
 		k.Reject(id, nil)
@@ -417,12 +417,12 @@ func (e *Endpoint) virtLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	case kernel.EventUnreachable:
 		return acc, rejectErr(raddr, ev)
 	default:
-		return acc, &opError{"connect", raddr.String(), errors.New("unexpected " + ev.Type.String())}
+		return acc, &OpError{"connect", raddr.String(), errors.New("unexpected " + ev.Type.String())}
 	}
 	if err := wire.DecodeAccept(ev.PrivateData, &acc); err != nil || acc.TagEcho != req.ConnTag ||
 		acc.TGTQPN != req.TGTQPNHint || ev.QPNum != acc.TGTQPN || acc.DomainID != req.DomainHint ||
 		(acc.Flags&wire.AcceptReverse != 0 && req.Flags&wire.FlagOneExchange == 0) {
-		return acc, &opError{"connect", raddr.String(), errBadAccept}
+		return acc, &OpError{"connect", raddr.String(), errBadAccept}
 	}
 	return acc, nil
 }

@@ -658,6 +658,10 @@ func TestCMDialNoListener(t *testing.T) {
 	require.Error(t, err)
 	var re *rdmacm.RejectError
 	require.ErrorAs(t, err, &re, "got %v", err)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "a refused dial matches ECONNREFUSED, as TCP's does")
+	var oe *cm.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "dial", oe.Op)
 }
 
 // TestCMDialLoopback: a loopback address resolves but has no route over
