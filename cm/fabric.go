@@ -236,7 +236,9 @@ func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSi
 		return nil, opError("listen", Addr{local}, err)
 	}
 	globalStats.listeners.Add(1)
-	return &Listener{cfg: cfg, xep: ep, addr: Addr{ep.Addr()}, done: make(chan struct{})}, nil
+	l := &Listener{cfg: cfg, xep: ep, addr: Addr{ep.Addr()}, done: make(chan struct{})}
+	l.xrefs.Store(1)
+	return l, nil
 }
 
 // xrcStats sums the XRC endpoints of the process. Kernel handles are a

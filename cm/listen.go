@@ -22,7 +22,10 @@ type Listener struct {
 	id   *rdmacm.ID
 	dev  *device       // the device cache, held while listening (nil for a wildcard address)
 	xep  *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
-	addr Addr
+	// xrefs counts the listener (until Close) and its accepted XRC
+	// connections: the endpoint closes with the last.
+	xrefs atomic.Int64
+	addr  Addr
 
 	ready chan *Conn // handshakes that completed, waiting for Accept
 	// inProgress holds a token for each handshake under way and each
@@ -136,11 +139,16 @@ func (l *Listener) Addr() net.Addr { return l.addr }
 // Accept waits for the next connection whose handshake has completed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	if l.xep != nil {
+		// The reference for the connection is taken first: a Close while
+		// Accept returns must not close the endpoint under it.
+		l.xrefs.Add(1)
 		x, err := l.xep.Accept(ctx)
 		if err != nil {
+			l.releaseXRC()
 			return nil, opError("accept", l.addr, mapXRCErr(err))
 		}
-		return newXRCConn(x, l.cfg, func() {}), nil
+		var once sync.Once
+		return newXRCConn(x, l.cfg, func() { once.Do(func() { l.releaseXRC() }) }), nil
 	}
 	select {
 	case c := <-l.ready:
@@ -295,9 +303,11 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 
 // Close stops listening. Pending Accepts return ErrClosed, handshakes in
 // progress are abandoned, and connections not yet accepted are closed.
-// Connections already accepted stay open, except over XRC (an in-memory
-// fabric, or an XRC mode on a device with XRC), where the listener's XRC
-// endpoint and its connections close together.
+// Connections already accepted stay open. Over XRC (an in-memory fabric, or
+// an XRC mode on a device with XRC) new requests are refused at once, but
+// the port stays bound until the last accepted connection closes: the
+// listener's XRC endpoint carries them, and their peers recover their legs
+// through it.
 // Close is idempotent.
 func (l *Listener) Close() error {
 	var err error
@@ -307,8 +317,9 @@ func (l *Listener) Close() error {
 			l.stop()
 		}
 		if l.xep != nil {
-			err = mapXRCErr(closeEndpoint(l.xep))
+			l.xep.StopAccepting()
 			globalStats.listeners.Add(-1)
+			err = l.releaseXRC()
 			return
 		}
 		gone := l.id.DeviceRemoved()
@@ -345,11 +356,18 @@ func (l *Listener) Close() error {
 	return nil
 }
 
+// releaseXRC drops a reference to the listener's XRC endpoint (xrefs),
+// closing the endpoint with the last.
+func (l *Listener) releaseXRC() error {
+	if l.xrefs.Add(-1) > 0 {
+		return nil
+	}
+	return mapXRCErr(closeEndpoint(l.xep))
+}
+
 // NetListener returns l as a net.Listener whose connections are NetConn
-// stream adapters, for servers such as net/http. Over XRC, closing the
-// listener closes its connections too (see Close): http.Server.Shutdown,
-// which closes its listeners first, then cuts off requests in flight
-// instead of waiting for them.
+// stream adapters, for servers such as net/http (whose Shutdown closes the
+// listener, then waits for the requests in flight).
 func (l *Listener) NetListener() net.Listener { return netListener{l} }
 
 type netListener struct{ l *Listener }

@@ -791,13 +791,30 @@ func creditAck(body []byte, acked, sent uint32) (uint32, bool) {
 func (c *Conn) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.e.cfg.HandshakeTimeout)
 	defer cancel()
+	c.closeWithin(ctx)
+	return nil
+}
+
+// closeUnaccepted closes, on a goroutine of its own, an inbound connection
+// that StopAccepting left no Accept to take; e.mu is held. The endpoint's
+// Close ends the wait for its FIN, as for its own.
+func (c *Conn) closeUnaccepted() {
+	c.acceptedLocked()
+	e := c.e
+	e.spawn(func() {
+		ctx, cancel := context.WithTimeout(e.ctx, min(e.cfg.HandshakeTimeout, time.Second))
+		defer cancel()
+		c.closeWithin(ctx)
+	})
+}
+
+func (c *Conn) closeWithin(ctx context.Context) {
 	c.e.mu.Lock()
 	c.userClosed = true
 	c.wake()
 	c.wakeSendersLocked() // a Send waiting for credits or the uplink fails now
 	c.e.mu.Unlock()
 	c.close(ctx)
-	return nil
 }
 
 func (c *Conn) close(ctx context.Context) {
@@ -990,6 +1007,10 @@ func (c *Conn) checkReadyLocked() {
 		c.answerFINLocked()
 	}
 	if c.inbound {
+		if e.stopped() {
+			c.closeUnaccepted() // too late: StopAccepting has run
+			return
+		}
 		select {
 		case e.acceptq <- c:
 		default:

@@ -140,8 +140,13 @@ type Endpoint struct {
 	conns     map[*Conn]struct{}
 	passive   map[kernel.ID]struct{} // physical links we accepted
 	acceptq   chan *Conn
-	dead      chan struct{} // closed by die: Accept returns fatal
-	closeDone chan struct{} // closed when the first Close has released everything
+	// refusing is set by StopAccepting (under mu, which checkReadyLocked
+	// holds; the acceptor reads it without): new inbound connections are
+	// refused, and acceptStop is closed.
+	refusing   atomic.Bool
+	acceptStop chan struct{}
+	dead       chan struct{} // closed by die: Accept returns fatal
+	closeDone  chan struct{} // closed when the first Close has released everything
 	// unaccepted counts inbound connections made and not yet taken by
 	// Accept nor finished (Conn.unaccepted): at acceptBacklog, requests
 	// for more are refused with BUSY_RETRY, which the dialer sees, rather
@@ -240,7 +245,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	}
 	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{},
 		pending: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
-		passive: map[kernel.ID]struct{}{}, acceptq: make(chan *Conn, acceptBacklog), dead: make(chan struct{}), closeDone: make(chan struct{})}
+		passive: map[kernel.ID]struct{}{}, acceptq: make(chan *Conn, acceptBacklog), acceptStop: make(chan struct{}), dead: make(chan struct{}), closeDone: make(chan struct{})}
 	if e.dom, err = OpenDomainFile(cfg.DomainDir); err != nil {
 		return nil, err
 	}
@@ -259,13 +264,12 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	e.nextTag = uint32(random64() >> 33)
 	ac := acceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
 		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize), Drains: e.drains.Load, Polls: e.polls.Load}
-	if cfg.DialOnly {
-		ac.Admit = func(req *wire.Req) ([]byte, *appReject) {
-			if req.Flags&wire.FlagReciprocal == 0 {
-				return nil, &appReject{} // not the reverse leg of a dial of ours
-			}
-			return nil, nil
+	e.refusing.Store(cfg.DialOnly)
+	ac.Admit = func(req *wire.Req) ([]byte, *appReject) {
+		if e.refusing.Load() && req.Flags&wire.FlagReciprocal == 0 {
+			return nil, &appReject{} // not the reverse leg of a dial of ours
 		}
+		return nil, nil
 	}
 	e.acc = newAcceptor(ac)
 	if err = e.listen(ap); err != nil {
@@ -346,13 +350,20 @@ func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
 		return nil, e.closedErr("accept")
 	case <-e.dead:
 		return nil, e.closedErr("accept")
+	case <-e.acceptStop:
+		return nil, e.closedErr("accept")
 	default:
 	}
 	select {
 	case c := <-e.acceptq:
 		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.stopped() {
+			// StopAccepting came meanwhile: its sweep missed this one.
+			c.closeUnaccepted()
+			return nil, &OpError{"accept", e.addr.String(), ErrClosed}
+		}
 		c.acceptedLocked()
-		e.mu.Unlock()
 		return c, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -360,6 +371,44 @@ func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
 		return nil, e.closedErr("accept")
 	case <-e.dead:
 		return nil, e.closedErr("accept")
+	case <-e.acceptStop:
+		return nil, e.closedErr("accept")
+	}
+}
+
+// StopAccepting ends the endpoint's listening part, as a closed net.Listener
+// does, and leaves the rest: new inbound connections are refused (APP_REJECT,
+// as DialOnly's), those made and not yet taken by Accept are closed, and
+// Accept returns ErrClosed; connections already accepted, and the
+// endpoint's own dials, go on until Close. The port stays bound: it is
+// where the endpoint's peers move and recover their legs. Idempotent.
+func (e *Endpoint) StopAccepting() {
+	e.mu.Lock()
+	if e.stopped() {
+		e.mu.Unlock()
+		return
+	}
+	e.refusing.Store(true)
+	close(e.acceptStop)
+	for {
+		select {
+		case c := <-e.acceptq:
+			c.closeUnaccepted()
+			continue
+		default:
+		}
+		break
+	}
+	e.mu.Unlock()
+}
+
+// stopped reports whether StopAccepting has run.
+func (e *Endpoint) stopped() bool {
+	select {
+	case <-e.acceptStop:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -1,0 +1,128 @@
+package cm
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// Closing an XRC listener leaves its accepted connections open, as on RC:
+// they go on both ways, a new Dial is refused (ECONNREFUSED), and the
+// listener's endpoint closes with the last of them. The endpoint and its
+// connections used to close together with the listener.
+func TestFabricListenerCloseKeepsAcceptedConns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "s")))
+	require.NoError(t, err)
+	dopts := []Option{WithFabric(cli), WithDomainPath(filepath.Join(t.TempDir(), "c"))}
+	var cs, ss []*Conn
+	for range 2 {
+		c, err := Dial(ctx, l.Addr().String(), dopts...)
+		require.NoError(t, err)
+		defer c.Close()
+		s, err := l.Accept(ctx)
+		require.NoError(t, err)
+		defer s.Close()
+		cs, ss = append(cs, c), append(ss, s)
+	}
+	listeners := GlobalStats().Listeners
+	require.NoError(t, l.Close())
+	require.NoError(t, l.Close(), "idempotent")
+	require.Equal(t, listeners-1, GlobalStats().Listeners)
+	_, err = l.Accept(ctx)
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = Dial(ctx, l.Addr().String(), dopts...)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "a closed listener refuses new connections")
+
+	buf := make([]byte, 64)
+	for i := range cs {
+		for _, p := range [][2]*Conn{{cs[i], ss[i]}, {ss[i], cs[i]}} {
+			msg := fmt.Sprintf("after the listener's close, %d", i)
+			require.NoError(t, p[0].Send(ctx, []byte(msg)))
+			n, err := p[1].Recv(ctx, buf)
+			require.NoError(t, err)
+			require.Equal(t, msg, string(buf[:n]))
+		}
+	}
+	require.NoError(t, ss[0].Close())
+	_, err = cs[0].Recv(ctx, buf)
+	require.ErrorIs(t, err, io.EOF)
+	require.NoError(t, ss[1].Send(ctx, []byte("the last one")), "one connection still holds the endpoint")
+	_, err = cs[1].Recv(ctx, buf)
+	require.NoError(t, err)
+	node := f.Node("10.1.0.1")
+	require.NotZero(t, node.Stats().QPs(), "the listener's endpoint is still open")
+	require.NoError(t, ss[1].Close())
+	require.Eventually(t, func() bool { return node.Stats().QPs() == 0 && node.Stats().TGTHandles == 0 },
+		5*time.Second, 10*time.Millisecond, "the endpoint closes with its last connection: %+v", node.Stats())
+}
+
+// http.Server.Shutdown over XRC is graceful: it closes the listener, then
+// waits for the request in flight, which completes. Closing the listener
+// used to close the connection under the request.
+func TestFabricHTTPShutdownWaitsForRequest(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "s")))
+	require.NoError(t, err)
+	inHandler, release := make(chan struct{}), make(chan struct{})
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(inHandler)
+		<-release
+		io.WriteString(w, "done after shutdown began")
+	})}
+	go hs.Serve(l.NetListener())
+	d := &Dialer{Options: []Option{WithFabric(cli), WithDomainPath(filepath.Join(t.TempDir(), "c"))}}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+		return d.DialContext(ctx, "rdma", addr)
+	}}}
+	type result struct {
+		body string
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := hc.Get("http://" + l.Addr().String() + "/")
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		got <- result{string(b), err}
+	}()
+	<-inHandler
+	shut := make(chan error, 1)
+	go func() { shut <- hs.Shutdown(ctx) }()
+	time.Sleep(50 * time.Millisecond) // Shutdown has closed the listener
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned with a request in flight: %v", err)
+	default:
+	}
+	close(release)
+	r := <-got
+	require.NoError(t, r.err)
+	require.Equal(t, "done after shutdown began", r.body)
+	require.NoError(t, <-shut)
+	hc.CloseIdleConnections()
+	_, err = d.DialContext(ctx, "rdma", l.Addr().String())
+	require.Error(t, err)
+	require.True(t, strings.Contains(err.Error(), "refused"), "%v", err)
+}

@@ -1,0 +1,94 @@
+package xrc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// StopAccepting ends an endpoint's listening part only: a connection made
+// and not yet accepted is closed (its dialer reads EOF), Accept returns
+// ErrClosed, a new dial is refused (ECONNREFUSED) with no count changed,
+// and the accepted connection goes on both ways, as does the endpoint's own
+// dial, until their Close. Then everything is released.
+func TestEndpointStopAccepting(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.70.1", 7000)
+	b := w.endpoint("10.0.70.2", 7000)
+	c1, s1 := pair(t, b, a)       // accepted on a
+	out, outPeer := pair(t, a, b) // a's own dial
+	queued, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the third connection waits for Accept", func() (bool, string) {
+		return len(a.acceptq) == 1, fmt.Sprint(len(a.acceptq))
+	})
+
+	a.StopAccepting()
+	a.StopAccepting() // idempotent
+	if _, err := a.Accept(ctxT(t, time.Second)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after StopAccepting: %v, want ErrClosed", err)
+	}
+	if n, err := queued.Recv(ctxT(t, 5*time.Second), make([]byte, 64)); err != io.EOF {
+		t.Fatalf("the connection not accepted: Recv %d, %v; want EOF (closed by its acceptor)", n, err)
+	}
+	queued.Close()
+	eventually(t, "the unaccepted connection gone", func() (bool, string) {
+		st := a.Stats()
+		return st.Conns == 2, fmt.Sprintf("%+v", st)
+	})
+
+	before := a.Stats()
+	_, err = b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
+	var rj *RejectError
+	if !errors.As(err, &rj) || rj.Reason != RejectApp || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial after StopAccepting: %v, want APP_REJECT matching ECONNREFUSED", err)
+	}
+	eventually(t, "the refused dial changed no count", func() (bool, string) {
+		st := a.Stats()
+		ok := st.Conns == before.Conns && st.Downlinks == before.Downlinks && st.LocalCounts == before.LocalCounts &&
+			st.KernelHandles == before.KernelHandles && st.Rejected == before.Rejected+1
+		return ok, fmt.Sprintf("%+v (was %+v)", st, before)
+	})
+
+	for i := range 3 {
+		roundTrip(t, c1, s1, []byte(fmt.Sprint("to a ", i)))
+		roundTrip(t, s1, c1, []byte(fmt.Sprint("to b ", i)))
+		roundTrip(t, out, outPeer, []byte(fmt.Sprint("a's dial ", i)))
+		roundTrip(t, outPeer, out, []byte(fmt.Sprint("a's dial back ", i)))
+	}
+	s1.Close()
+	if _, err := c1.Recv(ctxT(t, 5*time.Second), make([]byte, 64)); err != io.EOF {
+		t.Fatalf("after the accepted connection's Close: %v, want EOF", err)
+	}
+	c1.Close()
+	out.Close()
+	outPeer.Close()
+	requireReleased(t, w, a, b)
+}
+
+// A pending Accept returns ErrClosed when StopAccepting comes.
+func TestEndpointStopAcceptingWakesAccept(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.71.1", 7000)
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Accept(ctxT(t, 10*time.Second))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	a.StopAccepting()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("pending Accept: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("StopAccepting did not wake the pending Accept")
+	}
+}
