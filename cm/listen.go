@@ -17,11 +17,11 @@ import (
 // Listener accepts RDMA connections on an ip:port. It follows net.Listener
 // where that fits: Addr, and a Close that wakes pending Accepts.
 type Listener struct {
-	cfg  config
-	ch   *chanRef
-	id   *rdmacm.ID
-	dev  *device       // the device cache, held while listening (nil for a wildcard address)
-	xep  *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
+	cfg config
+	ch  *chanRef
+	id  *rdmacm.ID
+	dev *device       // the device cache, held while listening (nil for a wildcard address)
+	xep *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
 	// xrefs counts the listener (until Close) and its accepted XRC
 	// connections: the endpoint closes with the last.
 	xrefs atomic.Int64
