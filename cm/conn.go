@@ -315,6 +315,17 @@ func repostBatch(recvSlots int) int {
 // LocalAddr returns the local address.
 func (c *Conn) LocalAddr() net.Addr { return c.laddr }
 
+// Transport says what carries the connection: TransportXRC where an XRC
+// mode found XRC (or over WithFabric), TransportRC otherwise, so a program
+// that asked for XRCPrefer learns which it got, and whether immediate data
+// and one-sided RDMA are there.
+func (c *Conn) Transport() Transport {
+	if c.x != nil {
+		return TransportXRC
+	}
+	return TransportRC
+}
+
 // RemoteAddr returns the peer's address.
 func (c *Conn) RemoteAddr() net.Addr { return c.raddr }
 

@@ -153,7 +153,8 @@
 // need an XRC mode and a device with XRC: in a mixed cluster, a node whose
 // device has XRC and dials with XRCPrefer is refused by an RC listener (it
 // does not retry over RC). On a device without XRC (soft-RoCE has none),
-// XRCPrefer logs why and uses RC, and XRCRequire fails with ErrNotSupported
+// XRCPrefer logs why and uses RC (Conn.Transport says which a connection
+// got), and XRCRequire fails with ErrNotSupported
 // and the reason, as do raw messages (RC only). The probe does not try
 // ibv_open_qp: it would destroy an opened TGT handle, which mlx5 mishandles
 // (docs/xrc-protocol.md). A listener on an unspecified address without

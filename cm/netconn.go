@@ -15,10 +15,17 @@ import (
 // data into messages, Read returns bytes in order across message boundaries.
 // Deadlines work as on TCP connections, and so does CloseWrite (the value
 // has the method, as *net.TCPConn does). net/http and any other net.Conn
-// user run over it unchanged. Close closes c.
+// user run over it unchanged. Close closes c. The value also has a method
+// Conn() *Conn that returns c, for its Stats and Transport where only the
+// net.Conn is at hand (Dialer.DialContext's, NetListener's):
+// nc.(interface{ Conn() *cm.Conn }). Do not mix c's Send and Recv with the
+// adapter's Write and Read: the adapter holds read data of its own.
 func (c *Conn) NetConn() net.Conn {
 	return &streamConn{c: c, buf: make([]byte, c.maxRecv)}
 }
+
+// Conn returns the connection the adapter runs over.
+func (s *streamConn) Conn() *Conn { return s.c }
 
 type streamConn struct {
 	c      *Conn

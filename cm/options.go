@@ -50,6 +50,29 @@ const (
 	XRCRequire
 )
 
+// Transport is what carries a connection (Conn.Transport).
+type Transport uint8
+
+const (
+	// TransportRC: RC queue pairs of the connection's own, with immediate
+	// data, one-sided RDMA and raw messages.
+	TransportRC Transport = iota + 1
+	// TransportXRC: package xrc's engine, over queue pairs shared by the
+	// node's processes (WithXRC on a device with XRC, or WithFabric);
+	// framed messages only.
+	TransportXRC
+)
+
+func (t Transport) String() string {
+	switch t {
+	case TransportRC:
+		return "RC"
+	case TransportXRC:
+		return "XRC"
+	}
+	return fmt.Sprintf("Transport(%d)", int(t))
+}
+
 func (m XRCMode) String() string {
 	switch m {
 	case XRCOff:

@@ -36,9 +36,8 @@ func (c *Conn) Stats() Stats {
 // reads each on its own, not as one snapshot: a queue pair going into the
 // cache, say, may be in neither count for a moment.
 type ProcessStats struct {
-	// ConnectionsOpen is the number of Conns not yet released (an XRC Conn
-	// closed with its Listener counts until its own Close; an RC one on a
-	// removed device closes itself; one closed through its net.Conn
+	// ConnectionsOpen is the number of Conns not yet released (an RC one on
+	// a removed device closes itself; one closed through its net.Conn
 	// adapter counts until its background release, after the CM's
 	// time-wait); ConnectionsTotal counts every connection ever
 	// established.

@@ -806,6 +806,8 @@ func TestCMPreferXRCFallsBackToRC(t *testing.T) {
 	xrcQPs := cm.GlobalStats().XRCQueuePairs
 	client, server := cmPair(t, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger))
 	ctx := cmCtx(t, 10*time.Second)
+	require.Equal(t, cm.TransportRC, client.Transport(), "the dialer learns what it got")
+	require.Equal(t, cm.TransportRC, server.Transport())
 	s := cm.GlobalStats()
 	require.GreaterOrEqual(t, s.QueuePairs, int64(2), "RC queue pairs")
 	require.Equal(t, xrcQPs, s.XRCQueuePairs, "no XRC")

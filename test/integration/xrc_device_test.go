@@ -97,6 +97,7 @@ func TestXRCDeviceCM(t *testing.T) {
 			c, err := cm.Dial(ctx, l.Addr().String(), opts...)
 			require.NoError(t, err, "%v dial %d", mode, i)
 			conns = append(conns, c)
+			require.Equal(t, cm.TransportXRC, c.Transport())
 			require.ErrorIs(t, c.SendWithImm(ctx, []byte("x"), 1), cm.ErrNotSupported)
 		}
 		buf := make([]byte, 256)

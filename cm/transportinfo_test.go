@@ -1,0 +1,36 @@
+package cm
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// Conn.Transport says what carries a connection, and the net.Conn adapter
+// leads back to its Conn (for Stats, say, where only the net.Conn is at
+// hand).
+func TestConnTransportAndAdapterConn(t *testing.T) {
+	rc, rcPeer, _ := fakePair(t, fakeOpts{})
+	require.Equal(t, TransportRC, rc.Transport())
+	require.Equal(t, TransportRC, rcPeer.Transport())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	x, xPeer := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), nil, nil)
+	require.Equal(t, TransportXRC, x.Transport())
+	require.Equal(t, TransportXRC, xPeer.Transport())
+	require.Equal(t, "XRC", x.Transport().String())
+	require.Equal(t, "RC", TransportRC.String())
+
+	for _, c := range []*Conn{rc, x} {
+		nc := c.NetConn()
+		inner, ok := nc.(interface{ Conn() *Conn })
+		require.True(t, ok, "the adapter has a Conn method")
+		require.Same(t, c, inner.Conn())
+	}
+}
