@@ -37,6 +37,7 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 			if err != nil {
 				return r, err
 			}
+			fmt.Fprintf(out, "%s: connected over %v\n", a, c.Transport())
 			err = greet(ctx, c, "echo") // examples/server's echo mode
 			if err == nil {
 				err = exchange(ctx, c, "hello over whatever the device allows")
