@@ -23,8 +23,9 @@ import (
 // ctx bounds the whole Dial (look-up, every address tried, the handshake);
 // without a deadline the handshake timeout bounds it. In an XRC mode (WithXRC) on a device
 // with XRC, the connection runs through the process's XRC dialer endpoint
-// for that device and local address (package xrc), shared by every such
-// Dial and closed with the last of their connections. The connection
+// for that device and local address (package xrc), shared by the Dials
+// with the same message size, queue depth, domain path and handshake
+// timeout, and closed with the last of their connections. The connection
 // outlives ctx.
 func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 	return dialFamily(ctx, "ip", address, opts)

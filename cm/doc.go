@@ -148,7 +148,10 @@
 // address with the same message size, queue depth, domain path and
 // handshake timeout share one dialer endpoint (one INI QP per remote node),
 // closed with the last of its connections; a Dial whose options differ gets
-// an endpoint of its own. Only XRC dialers reach an XRC
+// an endpoint of its own. Closing an XRC listener refuses new connections
+// at once and leaves the accepted ones open, as on RC, but its port stays
+// bound until the last of them closes (a Listen on it fails with
+// EADDRINUSE until then): their peers move and recover legs through it. Only XRC dialers reach an XRC
 // listener, and an XRC dialer reaches only XRC listeners, so both sides
 // need an XRC mode and a device with XRC: in a mixed cluster, a node whose
 // device has XRC and dials with XRCPrefer is refused by an RC listener (it

@@ -233,7 +233,7 @@ func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSi
 	}
 	ep, err := newEndpoint(ctx, xc)
 	if err != nil {
-		return nil, opError("listen", Addr{local}, err)
+		return nil, opError("listen", Addr{local}, mapXRCErr(err))
 	}
 	globalStats.listeners.Add(1)
 	l := &Listener{cfg: cfg, xep: ep, addr: Addr{ep.Addr()}, done: make(chan struct{})}

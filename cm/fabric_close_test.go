@@ -47,6 +47,9 @@ func TestFabricListenerCloseKeepsAcceptedConns(t *testing.T) {
 	require.ErrorIs(t, err, ErrClosed)
 	_, err = Dial(ctx, l.Addr().String(), dopts...)
 	require.ErrorIs(t, err, syscall.ECONNREFUSED, "a closed listener refuses new connections")
+	lopts := []Option{WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "s2"))}
+	_, err = Listen(ctx, l.Addr().String(), lopts...)
+	require.ErrorIs(t, err, syscall.EADDRINUSE, "the port is held while accepted connections are open")
 
 	buf := make([]byte, 64)
 	for i := range cs {
@@ -69,6 +72,9 @@ func TestFabricListenerCloseKeepsAcceptedConns(t *testing.T) {
 	require.NoError(t, ss[1].Close())
 	require.Eventually(t, func() bool { return node.Stats().QPs() == 0 && node.Stats().TGTHandles == 0 },
 		5*time.Second, 10*time.Millisecond, "the endpoint closes with its last connection: %+v", node.Stats())
+	l2, err := Listen(ctx, l.Addr().String(), lopts...)
+	require.NoError(t, err, "the port is free again")
+	require.NoError(t, l2.Close())
 }
 
 // http.Server.Shutdown over XRC is graceful: it closes the listener, then

@@ -29,9 +29,8 @@ func TestFabricRawJoiningSharedEndpointRefused(t *testing.T) {
 	defer cancel()
 	f := memfabric.New()
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
-	c, _ := fabricPair(ctx, t, srv, cli, nil, nil) // opens cli's shared dialer endpoint
-	_ = c
 	dom := filepath.Join(t.TempDir(), "xrc")
+	c, _ := fabricPair(ctx, t, srv, cli, nil, []Option{WithDomainPath(dom)}) // opens cli's shared dialer endpoint
 	addr := c.RemoteAddr().String()
 	// The very same call fails while no endpoint exists ...
 	_, err := Dial(ctx, addr, WithFabric(f.Node("10.1.0.3").Process()), WithDomainPath(dom), WithRawMessages())
@@ -49,8 +48,9 @@ func TestFabricXRCOffJoiningSharedEndpointRefused(t *testing.T) {
 	defer cancel()
 	f := memfabric.New()
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
-	c, _ := fabricPair(ctx, t, srv, cli, nil, nil)
-	off, err := Dial(ctx, c.RemoteAddr().String(), WithFabric(cli), WithXRC(XRCOff))
+	dom := filepath.Join(t.TempDir(), "xrc")
+	c, _ := fabricPair(ctx, t, srv, cli, nil, []Option{WithDomainPath(dom)}) // opens cli's shared dialer endpoint
+	off, err := Dial(ctx, c.RemoteAddr().String(), WithFabric(cli), WithDomainPath(dom), WithXRC(XRCOff))
 	if err == nil {
 		defer off.Close()
 	}
@@ -517,7 +517,7 @@ func TestFabricDialerOpenBlocksNoOne(t *testing.T) {
 	require.NoError(t, a.err)
 	ep, release, err := acquireDialer(ctx, cfg, site)
 	require.NoError(t, err)
-	require.Same(t, a.ep, ep, "one endpoint per site")
+	require.Same(t, a.ep, ep, "one endpoint per site and options")
 	release()
 	a.release()
 	xrcDialers.Lock()

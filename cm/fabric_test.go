@@ -143,7 +143,7 @@ func TestFabricPeerKilled(t *testing.T) {
 	require.Eventually(t, func() bool { return clientNode.Stats().QPs() == 0 }, 10*time.Second, 20*time.Millisecond)
 }
 
-// The dialer endpoints are shared per site and counted: every acquire of a
+// The dialer endpoints are shared per site and options, and counted: every acquire of a
 // site gets the same endpoint, each release drops one reference (a second
 // call of the same release does nothing), and the last one closes it.
 func TestXRCDialerRefcount(t *testing.T) {
@@ -157,7 +157,7 @@ func TestXRCDialerRefcount(t *testing.T) {
 	require.NoError(t, err)
 	ep2, rel2, err := acquireDialer(ctx, cfg, site)
 	require.NoError(t, err)
-	require.Same(t, ep1, ep2, "one endpoint per site")
+	require.Same(t, ep1, ep2, "one endpoint per site and options")
 
 	other := cfg
 	other.fabric = f.Node("10.1.0.2").Process()

@@ -163,7 +163,7 @@ func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } 
 // must agree. Over XRC it sizes what an endpoint receives, 64 bytes to
 // 1 MiB (a smaller size receives 64 bytes, a larger one 1 MiB:
 // MaxRecvSize and MaxMessageSize say what holds); a process's Dials share
-// an endpoint only with Dials of the same size.
+// an endpoint only with Dials of the same size (as raised or capped).
 func WithMessageSize(n int) Option { return func(c *config) { c.messageSize = n } }
 
 // WithInlineThreshold sets the largest payload sent inline.

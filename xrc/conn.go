@@ -83,6 +83,7 @@ type Conn struct {
 	userClosed  bool
 	writeClosed bool // CloseWrite: our data ended, the leg stays for credits
 	closing     bool
+	closeDone   chan struct{} // closed when the close that set closing is done
 	isReady     bool
 	finished    bool
 	err         error
@@ -92,7 +93,7 @@ type Conn struct {
 
 func (e *Endpoint) newConnLocked(raddr netip.AddrPort) *Conn {
 	c := &Conn{e: e, raddr: raddr, wakeCh: make(chan struct{}, 1), ready: make(chan struct{}), done: make(chan struct{}),
-		credited: make(chan struct{}), turn: make(chan struct{}, 1)}
+		credited: make(chan struct{}), turn: make(chan struct{}, 1), closeDone: make(chan struct{})}
 	c.returnFn = c.returnCredits
 	e.conns[c] = struct{}{}
 	return c
@@ -817,16 +818,25 @@ func (c *Conn) closeWithin(ctx context.Context) {
 	c.close(ctx)
 }
 
+// close sends our FIN and lets go of the sending leg. A close already under
+// way is waited for, within ctx: the endpoint's Close must not tear the
+// uplink down under a FIN that another Close (a user's, or StopAccepting's
+// of a connection no Accept took) is sending.
 func (c *Conn) close(ctx context.Context) {
 	e := c.e
 	e.mu.Lock()
 	if c.closing {
 		e.mu.Unlock()
+		select {
+		case <-c.closeDone:
+		case <-ctx.Done():
+		}
 		return
 	}
 	c.closing = true
 	fin := c.sendUp && !c.sendDone && c.err == nil
 	e.mu.Unlock()
+	defer close(c.closeDone)
 	if fin {
 		c.sendFIN(ctx, false)
 	}

@@ -107,6 +107,12 @@ func (e *RejectError) Error() string {
 	return fmt.Sprintf("connection refused: %v (detail %d, CM status %d)", e.Reason, e.Detail, e.Status)
 }
 
+// Timeout reports a request nobody answered in time (net.Error).
+func (e *RejectError) Timeout() bool { return e.Status == -int(syscall.ETIMEDOUT) }
+
+// Temporary is part of the net.Error interface.
+func (e *RejectError) Temporary() bool { return e.Timeout() }
+
 func (e *RejectError) Is(target error) bool {
 	if e.Status < 0 {
 		return target == syscall.Errno(-e.Status)

@@ -1,13 +1,18 @@
 package xrc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
 )
 
 // StopAccepting ends an endpoint's listening part only: a connection made
@@ -90,5 +95,62 @@ func TestEndpointStopAcceptingWakesAccept(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("StopAccepting did not wake the pending Accept")
+	}
+}
+
+// unanswered is a kernel whose connection requests (of the exchange ex)
+// nobody answers: their first event is UNREACHABLE with -ETIMEDOUT, as the
+// real CM's when its retries run out.
+type unanswered struct {
+	kernel.Kernel
+	ex  kernel.Exchange
+	mu  sync.Mutex
+	ids map[kernel.ID]bool
+}
+
+func (u *unanswered) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
+	id, err := u.Kernel.Connect(ctx, dst, ex, qpNum, pd)
+	if err == nil && ex == u.ex {
+		u.mu.Lock()
+		u.ids[id] = true
+		u.mu.Unlock()
+	}
+	return id, err
+}
+
+func (u *unanswered) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
+	u.mu.Lock()
+	mine := u.ids[id]
+	delete(u.ids, id)
+	u.mu.Unlock()
+	if mine {
+		return kernel.Event{Type: kernel.EventUnreachable, ID: id, Status: -int(syscall.ETIMEDOUT)}, nil
+	}
+	return u.Kernel.Event(ctx, id)
+}
+
+// A connection request nobody answers, physical (the first to a node) or
+// virtual, fails Dial with an error that matches syscall.ETIMEDOUT and is a
+// net.Error timeout: the physical one was an untyped "unexpected
+// UNREACHABLE".
+func TestDialUnansweredIsTimeout(t *testing.T) {
+	for _, ex := range []kernel.Exchange{kernel.ExchangeXRC, kernel.ExchangeSIDR} {
+		t.Run(ex.String(), func(t *testing.T) {
+			w := newWorld(t)
+			srv := w.endpoint("10.0.72.1", 7000)
+			u := &unanswered{ex: ex, ids: map[kernel.ID]bool{}}
+			cli := w.wrappedEndpoint("10.0.72.2", 7000, func(k kernel.Kernel) kernel.Kernel { u.Kernel = k; return u })
+			if ex == kernel.ExchangeSIDR {
+				pair(t, cli, srv) // an uplink first: the next dial is virtual
+			}
+			_, err := cli.Dial(ctxT(t, 5*time.Second), srv.Addr().String())
+			var ne net.Error
+			if !errors.Is(err, syscall.ETIMEDOUT) || !errors.As(err, &ne) || !ne.Timeout() {
+				t.Fatalf("unanswered %v request: %v, want a timeout matching ETIMEDOUT", ex, err)
+			}
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("unanswered %v request matches ECONNREFUSED: %v", ex, err)
+			}
+		})
 	}
 }

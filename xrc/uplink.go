@@ -374,7 +374,7 @@ func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	}
 	switch ev.Type {
 	case kernel.EventConnectResponse:
-	case kernel.EventRejected:
+	case kernel.EventRejected, kernel.EventUnreachable: // refused, or no answer
 		return fail(rejectErr(raddr, ev))
 	default:
 		return fail(&OpError{"connect", raddr.String(), errors.New("unexpected " + ev.Type.String())})
