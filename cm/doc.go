@@ -91,7 +91,9 @@
 // (net.Error); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
 // a rejected connection matches syscall.ECONNREFUSED, as a refused TCP
 // dial does, and wraps *rdmacm.RejectError (over XRC, *xrc.RejectError,
-// whose Reason says why: NO_LISTENER where nothing listens), a deadline
+// whose Reason says why: NO_LISTENER where nothing listens); a request
+// nobody answered wraps the same types but matches syscall.ETIMEDOUT and
+// is a Timeout instead, so test for a refusal with ECONNREFUSED; a deadline
 // that passed matches both context.DeadlineExceeded and
 // os.ErrDeadlineExceeded. Close is graceful: it wakes the connection's
 // blocked Sends and Recvs (they return ErrClosed), and the peer reads the

@@ -233,7 +233,7 @@ func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSi
 	}
 	ep, err := newEndpoint(ctx, xc)
 	if err != nil {
-		return nil, opError("listen", Addr{local}, mapXRCErr(err))
+		return nil, opError("listen", Addr{local}, engineErr(err))
 	}
 	globalStats.listeners.Add(1)
 	l := &Listener{cfg: cfg, xep: ep, addr: Addr{ep.Addr()}, done: make(chan struct{})}
@@ -327,13 +327,19 @@ func (c *Conn) countXRCFailure(err error) {
 	}
 }
 
-// mapXRCErr gives the engine's errors the meaning of this package's. The
-// engine's *xrc.OpError goes: the caller's *OpError names the operation
-// and address.
-func mapXRCErr(err error) error {
+// engineErr takes the engine's *xrc.OpError off err: the caller's *OpError
+// names the operation and address.
+func engineErr(err error) error {
 	if oe, ok := err.(*xrc.OpError); ok {
-		err = oe.Err
+		return oe.Err
 	}
+	return err
+}
+
+// mapXRCErr gives the engine's errors of a connection the meaning of this
+// package's (engineErr too).
+func mapXRCErr(err error) error {
+	err = engineErr(err)
 	switch {
 	case errors.Is(err, xrc.ErrDeviceRemoved):
 		return fmt.Errorf("%w: %w", ErrPeerGone, err)

@@ -362,7 +362,7 @@ func (l *Listener) releaseXRC() error {
 	if l.xrefs.Add(-1) > 0 {
 		return nil
 	}
-	return mapXRCErr(closeEndpoint(l.xep))
+	return engineErr(closeEndpoint(l.xep))
 }
 
 // NetListener returns l as a net.Listener whose connections are NetConn

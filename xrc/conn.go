@@ -823,15 +823,27 @@ func (c *Conn) closeWithin(ctx context.Context) {
 // uplink down under a FIN that another Close (a user's, or StopAccepting's
 // of a connection no Accept took) is sending.
 func (c *Conn) close(ctx context.Context) {
+	if !c.closeFirst(ctx) {
+		c.awaitClose(ctx)
+	}
+}
+
+// awaitClose waits, within ctx, for the close under way.
+func (c *Conn) awaitClose(ctx context.Context) {
+	select {
+	case <-c.closeDone:
+	case <-ctx.Done():
+	}
+}
+
+// closeFirst is close for its first caller; a later one gets false, and
+// nothing is done.
+func (c *Conn) closeFirst(ctx context.Context) bool {
 	e := c.e
 	e.mu.Lock()
 	if c.closing {
 		e.mu.Unlock()
-		select {
-		case <-c.closeDone:
-		case <-ctx.Done():
-		}
-		return
+		return false
 	}
 	c.closing = true
 	fin := c.sendUp && !c.sendDone && c.err == nil
@@ -844,10 +856,11 @@ func (c *Conn) close(ctx context.Context) {
 	defer e.mu.Unlock()
 	if c.err == nil && !c.isReady {
 		c.failLocked(ErrClosed) // a half-open connection has no peer to say FIN
-		return
+		return true
 	}
 	c.dropSendLocked()
 	c.maybeFinishLocked()
+	return true
 }
 
 // CloseWrite ends our data, as TCP's half-close does: a FIN flagged half

@@ -456,8 +456,17 @@ func (e *Endpoint) Close() error {
 	}
 	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), min(e.cfg.HandshakeTimeout, time.Second))
+	// Our own FINs first, then what is left of the second for closes
+	// already under way: one stuck behind a recovering uplink must not
+	// take the time of the FINs to healthy peers.
+	var underWay []*Conn
 	for _, c := range conns {
-		c.close(ctx)
+		if !c.closeFirst(ctx) {
+			underWay = append(underWay, c)
+		}
+	}
+	for _, c := range underWay {
+		c.awaitClose(ctx)
 	}
 	cancel()
 	e.cancel()

@@ -87,10 +87,12 @@ func (r RejectReason) String() string {
 	return wire.RejectReason(r).String()
 }
 
-// RejectError reports a connection request the peer (or its CM) refused.
-// It matches syscall.ECONNREFUSED (errors.Is), as a refused TCP dial does,
-// except for a request nobody answered (a negative Status, an errno such
-// as ETIMEDOUT), which matches that errno.
+// RejectError reports a connection request the peer (or its CM) refused,
+// or one nobody answered. A refusal matches syscall.ECONNREFUSED
+// (errors.Is), as a refused TCP dial does; an unanswered request has a
+// negative Status, an errno such as ETIMEDOUT, which it matches instead,
+// and Timeout reports it. Test for a refusal with ECONNREFUSED, not with
+// the type.
 type RejectError struct {
 	Addr   string
 	Reason RejectReason
