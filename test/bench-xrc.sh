@@ -243,7 +243,11 @@ $(cat "$TABLE")
   The rows after idle run the same with \`-idle 2s\` (2 s between resolving the id and the exchange):
   what idle costs an exchange with no Go and no library, against B after the same idle.
 - Ratio = median B / median A (how many times faster adding a logical connection is), for each
-  idle time; the verdicts are on them. "Within a round" is B / A of each round's pair of runs
+  idle time; the verdicts are on the unrounded ratios. Two differences a review of the scripts
+  found, not removed: B's clock runs until the listener has handed over the accepted connection
+  (the server's ESTABLISHED), A's only until the client's Dial returns, which flatters the ratio
+  slightly; and each round's A and B figures are means per operation, while the SIDR floor's are
+  medians of its steps, so the "B / floor" ratios divide a mean by a median. "Within a round" is B / A of each round's pair of runs
   (A, then B right after it), their median and range: the spread the host's load puts on a
   single comparison.
 
