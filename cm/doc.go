@@ -92,8 +92,9 @@
 // a rejected connection matches syscall.ECONNREFUSED, as a refused TCP
 // dial does, and wraps *rdmacm.RejectError (over XRC, *xrc.RejectError,
 // whose Reason says why: NO_LISTENER where nothing listens); a request
-// nobody answered wraps the same types but matches syscall.ETIMEDOUT and
-// is a Timeout instead, so test for a refusal with ECONNREFUSED; a deadline
+// nobody answered wraps the same types but matches its errno instead
+// (ETIMEDOUT, a Timeout, from the CM), so test for a refusal with
+// ECONNREFUSED; a deadline
 // that passed matches both context.DeadlineExceeded and
 // os.ErrDeadlineExceeded. Close is graceful: it wakes the connection's
 // blocked Sends and Recvs (they return ErrClosed), and the peer reads the
@@ -152,7 +153,7 @@
 // closed with the last of its connections; a Dial whose options differ gets
 // an endpoint of its own. Closing an XRC listener refuses new connections
 // at once and leaves the accepted ones open, as on RC, but its port stays
-// bound until the last of them closes (a Listen on it fails with
+// bound until the last of them closes (another XRC Listen on it fails with
 // EADDRINUSE until then): their peers move and recover legs through it. Only XRC dialers reach an XRC
 // listener, and an XRC dialer reaches only XRC listeners, so both sides
 // need an XRC mode and a device with XRC: in a mixed cluster, a node whose

@@ -50,12 +50,14 @@ const (
 	XRCRequire
 )
 
-// Transport is what carries a connection (Conn.Transport).
+// Transport is what carries a connection (Conn.Transport); the zero value
+// is none.
 type Transport uint8
 
 const (
-	// TransportRC: RC queue pairs of the connection's own, with immediate
-	// data, one-sided RDMA and raw messages.
+	// TransportRC: RC queue pairs of the connection's own, which carry
+	// immediate data and one-sided RDMA (and raw messages, with
+	// WithRawMessages).
 	TransportRC Transport = iota + 1
 	// TransportXRC: package xrc's engine, over queue pairs shared by the
 	// node's processes (WithXRC on a device with XRC, or WithFabric);

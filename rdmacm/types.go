@@ -300,6 +300,8 @@ func (e *RejectError) Error() string {
 	return fmt.Sprintf("rdmacm: %s: %s (%v status %d)", what, e.Reason(), e.Type, e.Status)
 }
 
+// Is matches syscall.ECONNREFUSED for a refusal (a REJECTED event, or a
+// SIDR status), and the errno of a negative Status.
 func (e *RejectError) Is(target error) bool {
 	switch {
 	case e.Status < 0:
@@ -319,7 +321,7 @@ func (e *RejectError) Timeout() bool {
 	return e.Status == -int(syscall.ETIMEDOUT)
 }
 
-// Temporary is part of the net.Error interface.
+// Temporary is part of the net.Error interface: it is Timeout.
 func (e *RejectError) Temporary() bool { return e.Timeout() }
 
 // UnexpectedEventError is returned by WaitEvent when another event than the

@@ -90,9 +90,9 @@ func (r RejectReason) String() string {
 // RejectError reports a connection request the peer (or its CM) refused,
 // or one nobody answered. A refusal matches syscall.ECONNREFUSED
 // (errors.Is), as a refused TCP dial does; an unanswered request has a
-// negative Status, an errno such as ETIMEDOUT, which it matches instead,
-// and Timeout reports it. Test for a refusal with ECONNREFUSED, not with
-// the type.
+// negative Status, an errno (the CM's is ETIMEDOUT, which Timeout then
+// reports), and matches that errno instead. Test for a refusal with
+// ECONNREFUSED, not with the type.
 type RejectError struct {
 	Addr   string
 	Reason RejectReason
@@ -109,12 +109,15 @@ func (e *RejectError) Error() string {
 	return fmt.Sprintf("connection refused: %v (detail %d, CM status %d)", e.Reason, e.Detail, e.Status)
 }
 
-// Timeout reports a request nobody answered in time (net.Error).
+// Timeout reports a request nobody answered in time: Status -ETIMEDOUT
+// (net.Error).
 func (e *RejectError) Timeout() bool { return e.Status == -int(syscall.ETIMEDOUT) }
 
-// Temporary is part of the net.Error interface.
+// Temporary is part of the net.Error interface: it is Timeout.
 func (e *RejectError) Temporary() bool { return e.Timeout() }
 
+// Is matches syscall.ECONNREFUSED for a refusal, and the errno of a
+// negative Status for a request nobody answered.
 func (e *RejectError) Is(target error) bool {
 	if e.Status < 0 {
 		return target == syscall.Errno(-e.Status)
@@ -122,11 +125,11 @@ func (e *RejectError) Is(target error) bool {
 	return target == syscall.ECONNREFUSED
 }
 
-// OpError names the operation (dial, accept, send, recv, close) and the
-// address of an Endpoint's or Conn's failure.
+// OpError is the error of a failed Endpoint or Conn operation.
 type OpError struct {
-	Op, Addr string
-	Err      error
+	Op   string // "listen", "dial", "connect" (a link's exchange), "accept", "send", "recv", "close write"
+	Addr string // the endpoint's address, or the peer's
+	Err  error  // what failed
 }
 
 func (e *OpError) Error() string { return "xrc: " + e.Op + " " + e.Addr + ": " + e.Err.Error() }
