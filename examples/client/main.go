@@ -11,7 +11,8 @@
 //   - xrc: with -fabric, server and client processes on an in-memory XRC
 //     fabric, and the QPs each node holds against what RC would need;
 //     without it, connections to the -addr servers (comma-separated) with
-//     XRC preferred, which on a device without XRC logs why RC is used.
+//     XRC preferred, each printed with the transport it got (on a device
+//     without XRC, RC, and the log says why).
 //
 // With -raw it sends one plain librdmacm message, of 16 bytes unless -size
 // is given, and waits for one reply: what rdma-core's rdma_server example

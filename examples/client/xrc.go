@@ -22,8 +22,8 @@ import (
 // processes share its XRC domain, each listens on its own port) and one
 // client node with -clients client processes, each dialing every server.
 // Without it, it dials the servers in -addr (comma-separated) on the real
-// device with XRC preferred: on a device without XRC (soft-RoCE) the log
-// says why it fell back to RC.
+// device with XRC preferred and prints the transport each connection got:
+// on a device without XRC (soft-RoCE), RC, and the log says why.
 func xrcDemo(ctx context.Context, o options) (r result, err error) {
 	r = result{Mode: "xrc", Addr: o.addr}
 	start := time.Now()
