@@ -15,6 +15,7 @@ import (
 //	resp, err := client.Get("http://10.77.0.1:7471/")
 //
 // gRPC's WithContextDialer takes it through a closure that passes "tcp".
+// Dial gives the *Conn itself, with the same options, for messages.
 type Dialer struct {
 	// Options apply to every connection the Dialer makes.
 	Options []Option
@@ -40,4 +41,10 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		return nil, err
 	}
 	return c.NetConn(), nil
+}
+
+// Dial dials address as the package's Dial does, with the Dialer's
+// options, and returns the message connection.
+func (d *Dialer) Dial(ctx context.Context, address string) (*Conn, error) {
+	return Dial(ctx, address, d.Options...)
 }

@@ -34,3 +34,23 @@ func TestConnTransportAndAdapterConn(t *testing.T) {
 		require.Same(t, c, inner.Conn())
 	}
 }
+
+// Dialer.Dial gives the message connection with the Dialer's options.
+func TestDialerDial(t *testing.T) {
+	ctx, _, l, _, dopts := closingListener(t)
+	defer l.Close()
+	d := &Dialer{Options: append(dopts, WithMessageSize(2048))}
+	c, err := d.Dial(ctx, l.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := l.Accept(ctx)
+	require.NoError(t, err)
+	defer s.Close()
+	require.Equal(t, TransportXRC, c.Transport())
+	require.Equal(t, 2048, c.MaxRecvSize(), "the Dialer's options apply")
+	require.NoError(t, s.Send(ctx, []byte("to the Dialer's Conn")))
+	buf := make([]byte, 64)
+	n, err := c.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "to the Dialer's Conn", string(buf[:n]))
+}
