@@ -147,8 +147,8 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 			l.releaseXRC()
 			return nil, opError("accept", l.addr, mapXRCErr(err))
 		}
-		var once sync.Once
-		return newXRCConn(x, l.cfg, func() { once.Do(func() { l.releaseXRC() }) }), nil
+		// closeXRC calls the release once (releaseOnce).
+		return newXRCConn(x, l.cfg, func() { l.releaseXRC() }), nil
 	}
 	select {
 	case c := <-l.ready:
