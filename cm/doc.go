@@ -56,10 +56,10 @@
 // and kept, once the CM has left time-wait and after a cool-off of eight
 // seconds, for the next connection of the same sizes
 // (ProcessStats.CachedQueuePairs, at most 512 per device). A listener on an
-// unspecified address (":port", "[::]:port") holds no device, since it
-// serves whichever the requests come in on: its connections' queue pairs
-// are destroyed, and a device's context and buffers go with its last
-// connection, as for a client.
+// unspecified address (":port", "[::]:port") serves whichever device the
+// requests come in on: it holds each device from the first connection it
+// accepts there until it closes. A removed device it holds is let go when
+// it accepts on another device, or at Close.
 //
 // # One-sided RDMA
 //

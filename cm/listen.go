@@ -20,8 +20,12 @@ type Listener struct {
 	cfg config
 	ch  *chanRef
 	id  *rdmacm.ID
-	dev *device       // the device cache, held while listening (nil for a wildcard address)
-	xep *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
+	dev *device // the device cache, held while listening (nil for a wildcard address)
+	// A wildcard listener holds the devices of the connections it
+	// accepted instead, each from its first connection until Close.
+	heldMu sync.Mutex
+	held   []*device
+	xep    *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
 	// xrefs counts the listener (until Close) and its accepted XRC
 	// connections: the endpoint closes with the last.
 	xrefs atomic.Int64
@@ -121,9 +125,13 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 			ch.release()
 			return fail(err)
 		}
-		devices.Lock()
-		l.dev.listeners++
-		devices.Unlock()
+		if !l.dev.holdForListener() {
+			l.dev.release()
+			id.Close()
+			ch.release()
+			return fail(ErrDeviceRemoved)
+		}
+		l.dev.release() // the listener's reference is holdForListener's
 	}
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	globalStats.listeners.Add(1)
@@ -204,6 +212,37 @@ func (l *Listener) loop() {
 	}
 }
 
+// holdDevice makes a wildcard listener hold d, the device of a connection
+// it accepts, as a listener on one device's address holds that device: its
+// context, protection domain and registered buffers stay open between
+// connections, and closed connections' QPs are kept for the next ones. A
+// removed device is let go when the next device is held, or at Close.
+func (l *Listener) holdDevice(d *device) {
+	if l.dev != nil {
+		return
+	}
+	l.heldMu.Lock()
+	defer l.heldMu.Unlock()
+	kept := l.held[:0]
+	found := false
+	for _, h := range l.held {
+		switch {
+		case h == d:
+			found = true
+			kept = append(kept, h)
+		case h.isGone():
+			h.dropListener()
+		default:
+			kept = append(kept, h)
+		}
+	}
+	clear(l.held[len(kept):])
+	l.held = kept
+	if !found && d.holdForListener() {
+		l.held = append(l.held, d)
+	}
+}
+
 // handshake accepts one connection request: checks the dialer's hello,
 // builds the QP and moves it to RTS before accepting (the CM does not own
 // it), then waits for the dialer's confirmation, which the kernel would wait
@@ -253,6 +292,7 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 		return false
 	}
 	t.ch = l.ch.acquire()
+	l.holdDevice(t.dev)
 	// The id's own address, not the listener's: that may be unspecified.
 	c, err := newConn(t, Addr{id.LocalAddr()}, raddr, cfg.params(sendSlots, recvSlots))
 	if err == nil && !cfg.raw {
@@ -343,11 +383,13 @@ func (l *Listener) Close() error {
 			if gone {
 				l.dev.removed()
 			}
-			devices.Lock()
-			l.dev.listeners--
-			devices.Unlock()
-			l.dev.release()
+			l.dev.dropListener()
 		}
+		// The handshakes have ended (wg): nothing adds to held now.
+		for _, d := range l.held {
+			d.dropListener()
+		}
+		l.held = nil
 		globalStats.listeners.Add(-1)
 	})
 	if err != nil {

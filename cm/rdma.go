@@ -321,6 +321,35 @@ func (d *device) hold() {
 	devices.Unlock()
 }
 
+// holdForListener takes a reference for a listener, which keeps closed
+// connections' QPs on the device (qpcache.go) until dropListener. It
+// reports false, taking nothing, for a device that was removed.
+func (d *device) holdForListener() bool {
+	devices.Lock()
+	defer devices.Unlock()
+	if d.gone {
+		return false
+	}
+	d.refs++
+	d.listeners++
+	return true
+}
+
+// dropListener gives back a listener's reference.
+func (d *device) dropListener() {
+	devices.Lock()
+	d.listeners--
+	devices.Unlock()
+	d.release()
+}
+
+// isGone reports whether an id on the device reported its removal.
+func (d *device) isGone() bool {
+	devices.Lock()
+	defer devices.Unlock()
+	return d.gone
+}
+
 func (d *device) release() {
 	devices.Lock()
 	defer devices.Unlock()

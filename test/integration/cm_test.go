@@ -565,13 +565,29 @@ func TestCMBuffersFromPool(t *testing.T) {
 // device, reset, once the CM left time-wait; after a cool-off a new
 // connection of the same sizes takes them, on either side, and carries
 // messages both ways. Closing the listener (the last holder of the device)
-// destroys them.
+// destroys them. A listener on the unspecified address keeps them too:
+// it holds the device of the connections it accepted.
 func TestCMQueuePairsReused(t *testing.T) {
-	dev, _ := softroce.Device(t)
+	t.Run("device-address", func(t *testing.T) { testQueuePairsReused(t, false) })
+	t.Run("wildcard", func(t *testing.T) { testQueuePairsReused(t, true) })
+}
+
+func testQueuePairsReused(t *testing.T, wildcard bool) {
+	dev, ip := softroce.Device(t)
 	base := baseline(t, dev)
 	opts := []cm.Option{cm.WithQueueDepth(3), cm.WithMessageSize(128)}
-	l, addr := cmListen(t, opts...)
 	ctx := cmCtx(t, 60*time.Second)
+	var l *cm.Listener
+	var addr string
+	if wildcard {
+		var err error
+		l, err = cm.Listen(ctx, "0.0.0.0:0", opts...)
+		require.NoError(t, err)
+		t.Cleanup(func() { l.Close() })
+		addr = netip.AddrPortFrom(ip, l.Addr().(cm.Addr).AddrPort.Port()).String()
+	} else {
+		l, addr = cmListen(t, opts...)
+	}
 	start := cm.GlobalStats()
 	// connect makes a connection, checks an exchange both ways and
 	// closes both ends.
