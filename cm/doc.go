@@ -153,8 +153,11 @@
 // closed with the last of its connections; a Dial whose options differ gets
 // an endpoint of its own. Closing an XRC listener refuses new connections
 // at once and leaves the accepted ones open, as on RC, but its port stays
-// bound until the last of them closes (another XRC Listen on it fails with
-// EADDRINUSE until then): their peers move and recover legs through it. Only XRC dialers reach an XRC
+// bound until the last of them closes: their peers move and recover legs
+// through it. A Listen on that address with the same options meanwhile takes
+// the closed listener's endpoint over and accepts again (a server listening
+// anew after http.Server.Shutdown); with other options it fails with
+// EADDRINUSE until the port is free. Only XRC dialers reach an XRC
 // listener, and an XRC dialer reaches only XRC listeners, so both sides
 // need an XRC mode and a device with XRC: in a mixed cluster, a node whose
 // device has XRC and dials with XRCPrefer is refused by an RC listener (it

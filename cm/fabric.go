@@ -231,14 +231,12 @@ func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSi
 	if err != nil {
 		return nil, opError("listen", Addr{local}, err)
 	}
-	ep, err := newEndpoint(ctx, xc)
+	xl, err := openXRCListen(ctx, xc, site, local.Port())
 	if err != nil {
 		return nil, opError("listen", Addr{local}, engineErr(err))
 	}
 	globalStats.listeners.Add(1)
-	l := &Listener{cfg: cfg, xep: ep, addr: Addr{ep.Addr()}, done: make(chan struct{})}
-	l.xrefs.Store(1)
-	return l, nil
+	return &Listener{cfg: cfg, xep: xl.ep, xl: xl, addr: Addr{xl.ep.Addr()}, done: make(chan struct{})}, nil
 }
 
 // xrcStats sums the XRC endpoints of the process. Kernel handles are a

@@ -131,3 +131,70 @@ func TestFabricHTTPShutdownWaitsForRequest(t *testing.T) {
 	_, err := d.DialContext(ctx, "rdma", l.Addr().String())
 	require.ErrorIs(t, err, syscall.ECONNREFUSED, "the server's listener is closed")
 }
+
+// A Listen on the address of a closed XRC listener whose connections still
+// hold its port, with the same options, takes the listener's endpoint over:
+// it accepts new connections there, the old ones go on, and the endpoint
+// closes with the last user of either listener. (With other options it
+// fails with EADDRINUSE: TestFabricListenerCloseKeepsAcceptedConns.) Such a
+// Listen used to fail with EADDRINUSE until the old connections closed, so
+// a server could not listen again after http.Server.Shutdown while any
+// connection lingered.
+func TestFabricRelistenTakesOverClosedListener(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	lopts := []Option{WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")), WithMessageSize(256)}
+	dopts := []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")), WithMessageSize(256)}
+	l, err := Listen(ctx, "10.1.0.1:0", lopts...)
+	require.NoError(t, err)
+	c0, err := Dial(ctx, l.Addr().String(), dopts...)
+	require.NoError(t, err)
+	defer c0.Close()
+	s0, err := l.Accept(ctx)
+	require.NoError(t, err)
+	defer s0.Close()
+	node := f.Node("10.1.0.1")
+	qps := node.Stats().QPs()
+	require.NoError(t, l.Close())
+
+	l2, err := Listen(ctx, l.Addr().String(), lopts...)
+	require.NoError(t, err, "the same options take the closed listener's endpoint over")
+	require.Equal(t, l.Addr(), l2.Addr())
+	_, err = l.Accept(ctx)
+	require.ErrorIs(t, err, ErrClosed, "the closed listener accepts nothing for the new one")
+	c1, err := Dial(ctx, l2.Addr().String(), dopts...)
+	require.NoError(t, err)
+	defer c1.Close()
+	s1, err := l2.Accept(ctx)
+	require.NoError(t, err)
+	defer s1.Close()
+	require.Equal(t, qps, node.Stats().QPs(), "one endpoint: the new connection rides the uplinks of the first")
+	_, err = Listen(ctx, l.Addr().String(), lopts...)
+	require.ErrorIs(t, err, syscall.EADDRINUSE, "an open listener is not taken over")
+
+	buf := make([]byte, 256)
+	exchange := func(what string, pairs ...[2]*Conn) {
+		t.Helper()
+		for _, p := range pairs {
+			for _, q := range [][2]*Conn{p, {p[1], p[0]}} {
+				require.NoError(t, q[0].Send(ctx, []byte(what)))
+				n, err := q[1].Recv(ctx, buf)
+				require.NoError(t, err)
+				require.Equal(t, what, string(buf[:n]))
+			}
+		}
+	}
+	exchange("both listeners' connections", [2]*Conn{c0, s0}, [2]*Conn{c1, s1})
+	require.NoError(t, l2.Close())
+	exchange("after the second close", [2]*Conn{c0, s0}, [2]*Conn{c1, s1})
+	require.NoError(t, s0.Close())
+	require.NotZero(t, node.Stats().QPs(), "the second listener's connection still holds the endpoint")
+	exchange("the last one", [2]*Conn{c1, s1})
+	require.NoError(t, s1.Close())
+	require.Eventually(t, func() bool { return node.Stats().QPs() == 0 && node.Stats().TGTHandles == 0 },
+		5*time.Second, 10*time.Millisecond, "the endpoint closes with its last connection: %+v", node.Stats())
+	l3, err := Listen(ctx, l.Addr().String(), lopts...)
+	require.NoError(t, err, "a new endpoint binds the free port")
+	require.NoError(t, l3.Close())
+}

@@ -26,10 +26,8 @@ type Listener struct {
 	heldMu sync.Mutex
 	held   []*device
 	xep    *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
-	// xrefs counts the listener (until Close) and its accepted XRC
-	// connections: the endpoint closes with the last.
-	xrefs atomic.Int64
-	addr  Addr
+	xl     *xrcListen    // xep's references (xrclisten.go)
+	addr   Addr
 
 	ready chan *Conn // handshakes that completed, waiting for Accept
 	// inProgress holds a token for each handshake under way and each
@@ -147,16 +145,22 @@ func (l *Listener) Addr() net.Addr { return l.addr }
 // Accept waits for the next connection whose handshake has completed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	if l.xep != nil {
+		select {
+		case <-l.done:
+			// The endpoint may accept for a Listen that took it over.
+			return nil, opError("accept", l.addr, ErrClosed)
+		default:
+		}
 		// The reference for the connection is taken first: a Close while
 		// Accept returns must not close the endpoint under it.
-		l.xrefs.Add(1)
+		l.xl.acquire()
 		x, err := l.xep.Accept(ctx)
 		if err != nil {
-			l.releaseXRC()
+			l.xl.release()
 			return nil, opError("accept", l.addr, mapXRCErr(err))
 		}
 		// closeXRC calls the release once (releaseOnce).
-		return newXRCConn(x, l.cfg, func() { l.releaseXRC() }), nil
+		return newXRCConn(x, l.cfg, func() { l.xl.release() }), nil
 	}
 	select {
 	case c := <-l.ready:
@@ -347,7 +351,8 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 // an XRC mode on a device with XRC) new requests are refused at once, but
 // the port stays bound until the last accepted connection closes: the
 // listener's XRC endpoint carries them, and their peers recover their legs
-// through it.
+// through it. A Listen on the address with the same options takes that
+// endpoint over meanwhile; one with other options fails with EADDRINUSE.
 // Close is idempotent.
 func (l *Listener) Close() error {
 	var err error
@@ -357,9 +362,8 @@ func (l *Listener) Close() error {
 			l.stop()
 		}
 		if l.xep != nil {
-			l.xep.StopAccepting()
 			globalStats.listeners.Add(-1)
-			err = l.releaseXRC()
+			err = l.xl.stopListening()
 			return
 		}
 		gone := l.id.DeviceRemoved()
@@ -396,15 +400,6 @@ func (l *Listener) Close() error {
 		return opError("close", l.addr, err)
 	}
 	return nil
-}
-
-// releaseXRC drops a reference to the listener's XRC endpoint (xrefs),
-// closing the endpoint with the last.
-func (l *Listener) releaseXRC() error {
-	if l.xrefs.Add(-1) > 0 {
-		return nil
-	}
-	return engineErr(closeEndpoint(l.xep))
 }
 
 // NetListener returns l as a net.Listener whose connections are NetConn

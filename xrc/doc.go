@@ -39,7 +39,8 @@
 // after TIMEWAIT_EXIT. CloseWrite half-closes: its FIN, flagged HALF, ends
 // our data while the leg stays for the peer's credits until Close.
 // Endpoint.StopAccepting ends the listening part alone (a closed
-// net.Listener's part), leaving the accepted connections to run. Dead
+// net.Listener's part), leaving the accepted connections to run;
+// Endpoint.ResumeAccepting undoes it. Dead
 // peers are found by a DREQ on the physical link,
 // by send errors, and by keepalives with an idle timeout (Config.Heartbeat,
 // Config.IdleTimeout); a sender whose INI failed rebuilds it and moves its

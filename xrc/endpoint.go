@@ -142,7 +142,8 @@ type Endpoint struct {
 	acceptq   chan *Conn
 	// refusing is set by StopAccepting (under mu, which checkReadyLocked
 	// holds; the acceptor reads it without): new inbound connections are
-	// refused, and acceptStop is closed.
+	// refused, and acceptStop is closed. ResumeAccepting clears it and
+	// replaces acceptStop, under mu.
 	refusing   atomic.Bool
 	acceptStop chan struct{}
 	dead       chan struct{} // closed by die: Accept returns fatal
@@ -345,12 +346,15 @@ func (e *Endpoint) Addr() netip.AddrPort { return e.addr }
 // Accept waits for the next inbound connection, returned once both of its
 // legs are up.
 func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
+	e.mu.Lock()
+	stop := e.acceptStop // ResumeAccepting replaces it
+	e.mu.Unlock()
 	select {
 	case <-e.ctx.Done(): // first: a closed endpoint's queue holds dead ones
 		return nil, e.closedErr("accept")
 	case <-e.dead:
 		return nil, e.closedErr("accept")
-	case <-e.acceptStop:
+	case <-stop:
 		return nil, e.closedErr("accept")
 	default:
 	}
@@ -371,7 +375,7 @@ func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
 		return nil, e.closedErr("accept")
 	case <-e.dead:
 		return nil, e.closedErr("accept")
-	case <-e.acceptStop:
+	case <-stop:
 		return nil, e.closedErr("accept")
 	}
 }
@@ -402,7 +406,21 @@ func (e *Endpoint) StopAccepting() {
 	e.mu.Unlock()
 }
 
-// stopped reports whether StopAccepting has run.
+// ResumeAccepting undoes StopAccepting: the endpoint accepts new inbound
+// connections again (unless it is DialOnly). An Accept that StopAccepting
+// ended stays ended, and the connections it closed stay closed.
+func (e *Endpoint) ResumeAccepting() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.stopped() {
+		return
+	}
+	e.acceptStop = make(chan struct{})
+	e.refusing.Store(e.cfg.DialOnly)
+}
+
+// stopped reports whether StopAccepting has run (and ResumeAccepting has
+// not since); e.mu is held.
 func (e *Endpoint) stopped() bool {
 	select {
 	case <-e.acceptStop:

@@ -98,6 +98,35 @@ func TestEndpointStopAcceptingWakesAccept(t *testing.T) {
 	}
 }
 
+// ResumeAccepting undoes StopAccepting: an Accept that StopAccepting ended
+// stays ended, a new dial is accepted again, and the connection accepted
+// before the stop goes on.
+func TestEndpointResumeAccepting(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.73.1", 7000)
+	b := w.endpoint("10.0.73.2", 7000)
+	c1, s1 := pair(t, b, a)
+	a.ResumeAccepting() // not stopped: nothing to undo
+	a.StopAccepting()
+	if _, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial while stopped: %v, want ECONNREFUSED", err)
+	}
+	a.ResumeAccepting()
+	c2, s2 := pair(t, b, a)
+	for i, p := range [][2]*Conn{{c1, s1}, {c2, s2}} {
+		roundTrip(t, p[0], p[1], []byte(fmt.Sprint("to a ", i)))
+		roundTrip(t, p[1], p[0], []byte(fmt.Sprint("to b ", i)))
+	}
+	a.StopAccepting()
+	if _, err := a.Accept(ctxT(t, time.Second)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after the second StopAccepting: %v, want ErrClosed", err)
+	}
+	for _, c := range []*Conn{c1, s1, c2, s2} {
+		c.Close()
+	}
+	requireReleased(t, w, a, b)
+}
+
 // unanswered is a kernel whose connection requests (of the exchange ex)
 // nobody answers: their first event is UNREACHABLE with -ETIMEDOUT, as the
 // real CM's when its retries run out.
