@@ -22,12 +22,14 @@ type Listener struct {
 	id  *rdmacm.ID
 	dev *device // the device cache, held while listening (nil for a wildcard address)
 	// A wildcard listener holds the devices of the connections it
-	// accepted instead, each from its first connection until Close.
-	heldMu sync.Mutex
-	held   []*device
-	xep    *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
-	xl     *xrcListen    // xep's references (xrclisten.go)
-	addr   Addr
+	// accepted instead (wildcard.go).
+	heldMu     sync.Mutex
+	held       map[*device]*rdmacm.ID
+	heldClosed bool
+	heldWG     sync.WaitGroup
+	xep        *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
+	xl         *xrcListen    // xep's references (xrclisten.go)
+	addr       Addr
 
 	ready chan *Conn // handshakes that completed, waiting for Accept
 	// inProgress holds a token for each handshake under way and each
@@ -216,37 +218,6 @@ func (l *Listener) loop() {
 	}
 }
 
-// holdDevice makes a wildcard listener hold d, the device of a connection
-// it accepts, as a listener on one device's address holds that device: its
-// context, protection domain and registered buffers stay open between
-// connections, and closed connections' QPs are kept for the next ones. A
-// removed device is let go when the next device is held, or at Close.
-func (l *Listener) holdDevice(d *device) {
-	if l.dev != nil {
-		return
-	}
-	l.heldMu.Lock()
-	defer l.heldMu.Unlock()
-	kept := l.held[:0]
-	found := false
-	for _, h := range l.held {
-		switch {
-		case h == d:
-			found = true
-			kept = append(kept, h)
-		case h.isGone():
-			h.dropListener()
-		default:
-			kept = append(kept, h)
-		}
-	}
-	clear(l.held[len(kept):])
-	l.held = kept
-	if !found && d.holdForListener() {
-		l.held = append(l.held, d)
-	}
-}
-
 // handshake accepts one connection request: checks the dialer's hello,
 // builds the QP and moves it to RTS before accepting (the CM does not own
 // it), then waits for the dialer's confirmation, which the kernel would wait
@@ -296,7 +267,7 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 		return false
 	}
 	t.ch = l.ch.acquire()
-	l.holdDevice(t.dev)
+	l.holdDevice(t.dev, id.LocalAddr().Addr())
 	// The id's own address, not the listener's: that may be unspecified.
 	c, err := newConn(t, Addr{id.LocalAddr()}, raddr, cfg.params(sendSlots, recvSlots))
 	if err == nil && !cfg.raw {
@@ -389,11 +360,7 @@ func (l *Listener) Close() error {
 			}
 			l.dev.dropListener()
 		}
-		// The handshakes have ended (wg): nothing adds to held now.
-		for _, d := range l.held {
-			d.dropListener()
-		}
-		l.held = nil
+		l.dropHeldDevices() // after the handshakes (wg), which hold them
 		globalStats.listeners.Add(-1)
 	})
 	if err != nil {

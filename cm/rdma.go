@@ -343,13 +343,6 @@ func (d *device) dropListener() {
 	d.release()
 }
 
-// isGone reports whether an id on the device reported its removal.
-func (d *device) isGone() bool {
-	devices.Lock()
-	defer devices.Unlock()
-	return d.gone
-}
-
 func (d *device) release() {
 	devices.Lock()
 	defer devices.Unlock()

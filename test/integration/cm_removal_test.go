@@ -34,7 +34,8 @@ const removalDev = "rxerm0"
 // removalChildEnv makes TestCMDeviceRemoval run its checks (see there).
 const removalChildEnv = "GOXRC_REMOVAL_CHILD"
 
-// TestCMDeviceRemoval removes the RDMA device under a listener and under
+// TestCMDeviceRemoval removes the RDMA device under a listener, under a
+// listener on the unspecified address that holds the device, and under
 // connections with calls blocked on both sides, and checks that every call
 // fails with ErrDeviceRemoved and that cm lets go of everything on the
 // device on its own: the test closes nothing until it has. The checks run
@@ -66,9 +67,17 @@ func removalChild(t *testing.T) {
 	// Dial that is under way when the device goes.
 	silentCh := rdmacmChannel(t)
 	silent := rdmacmListen(t, silentCh, rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(ip, 0))
+	ctx := cmCtx(t, 90*time.Second)
+	// A listener on the unspecified address, which holds the device from
+	// the connection it accepts there (closed before the removal) and must
+	// let go of it on its own too.
+	wild, err := cm.Listen(ctx, "0.0.0.0:0", cm.WithMessageSize(256), cm.WithQueueDepth(4))
+	require.NoError(t, err)
 	// Only this process's objects: the kernel's counts of the device go with it.
 	base := baseline(t, "")
-	ctx := cmCtx(t, 90*time.Second)
+	wc, ws := connectAndSend(t, ctx, wild, netip.AddrPortFrom(ip, wild.Addr().(cm.Addr).Port()).String(), "to the wildcard")
+	require.NoError(t, wc.Close())
+	require.NoError(t, ws.Close())
 	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), cm.WithMessageSize(256), cm.WithQueueDepth(4))
 	require.NoError(t, err)
 	const n = 3
@@ -159,6 +168,7 @@ func removalChild(t *testing.T) {
 	require.NoError(t, l.Close())
 	_, err = l.Accept(ctx)
 	require.ErrorIs(t, err, cm.ErrDeviceRemoved)
+	require.NoError(t, wild.Close())
 }
 
 // connectAndSend dials addr, takes the connection from l and sends msg over

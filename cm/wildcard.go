@@ -1,0 +1,88 @@
+package cm
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// A listener on an unspecified address serves whichever device a request
+// comes in on. It holds each such device from the first connection it
+// accepts there until Close, as a listener on a device's address holds its
+// one device: the context, protection domain and pooled buffers stay open
+// between connections, and closed connections' QPs are kept for the next.
+//
+// Holding verbs objects on a device takes a CM id on it too: librdmacm
+// closes a removed device's context with the last id on it, and only an id
+// on the device hears of its removal (the kernel drops a wildcard
+// listener's per-device ids silently). So the listener binds an id of its
+// own to each device it holds (an ephemeral port on the connection's local
+// address), lets go of the device on that id's DEVICE_REMOVAL, and closes
+// the id after everything on the device is released.
+
+// holdDevice makes a wildcard listener hold d, the device of a connection it
+// accepts at local. Without an id bound to the device it holds nothing.
+func (l *Listener) holdDevice(d *device, local netip.Addr) {
+	if l.dev != nil {
+		return
+	}
+	l.heldMu.Lock()
+	defer l.heldMu.Unlock()
+	if _, ok := l.held[d]; ok || l.heldClosed {
+		return
+	}
+	id, err := l.ch.ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	if err != nil {
+		l.cfg.logger.Debug("wildcard listener: no id to hold the device", "device", d.name, "err", err)
+		return
+	}
+	if err := id.Bind(netip.AddrPortFrom(local, 0)); err != nil || id.DeviceName() != d.name || !d.holdForListener() {
+		l.cfg.logger.Debug("wildcard listener: cannot hold the device", "device", d.name, "err", err)
+		id.Close()
+		return
+	}
+	if l.held == nil {
+		l.held = map[*device]*rdmacm.ID{}
+	}
+	l.held[d] = id
+	l.heldWG.Go(func() { l.watchHeld(d, id) })
+}
+
+// watchHeld lets go of d when its id hears of the device's removal; it
+// ends when the id is closed.
+func (l *Listener) watchHeld(d *device, id *rdmacm.ID) {
+	for {
+		ev, err := id.Event(context.Background())
+		if err != nil {
+			return
+		}
+		if ev.Type != rdmacm.EventDeviceRemoval {
+			continue
+		}
+		l.heldMu.Lock()
+		mine := l.held[d] == id
+		delete(l.held, d)
+		l.heldMu.Unlock()
+		if mine {
+			d.removed()
+			d.dropListener()
+			id.Close() // the last: nothing of ours is left on the device
+		}
+		return
+	}
+}
+
+// dropHeldDevices lets go of every device the listener holds, at Close.
+func (l *Listener) dropHeldDevices() {
+	l.heldMu.Lock()
+	held := l.held
+	l.held, l.heldClosed = nil, true
+	l.heldMu.Unlock()
+	for d, id := range held {
+		d.dropListener()
+		id.Close()
+	}
+	l.heldWG.Wait()
+}
