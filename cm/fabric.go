@@ -231,12 +231,12 @@ func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSi
 	if err != nil {
 		return nil, opError("listen", Addr{local}, err)
 	}
-	xl, err := openXRCListen(ctx, xc, site, local.Port())
+	xl, term, err := openXRCListen(ctx, xc, site, local.Port())
 	if err != nil {
 		return nil, opError("listen", Addr{local}, engineErr(err))
 	}
 	globalStats.listeners.Add(1)
-	return &Listener{cfg: cfg, xep: xl.ep, xl: xl, addr: Addr{xl.ep.Addr()}, done: make(chan struct{})}, nil
+	return &Listener{cfg: cfg, xep: xl.ep, xl: xl, term: term, addr: Addr{xl.ep.Addr()}, done: make(chan struct{})}, nil
 }
 
 // xrcStats sums the XRC endpoints of the process. Kernel handles are a

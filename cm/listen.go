@@ -27,8 +27,9 @@ type Listener struct {
 	held       map[*device]*rdmacm.ID
 	heldClosed bool
 	heldWG     sync.WaitGroup
-	xep        *xrc.Endpoint // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
-	xl         *xrcListen    // xep's references (xrclisten.go)
+	xep        *xrc.Endpoint  // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
+	xl         *xrcListen     // xep's references (xrclisten.go)
+	term       xrc.AcceptTerm // the listener's accepting term on xep
 	addr       Addr
 
 	ready chan *Conn // handshakes that completed, waiting for Accept
@@ -154,9 +155,13 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		default:
 		}
 		// The reference for the connection is taken first: a Close while
-		// Accept returns must not close the endpoint under it.
-		l.xl.acquire()
-		x, err := l.xep.Accept(ctx)
+		// Accept returns must not close the endpoint under it. Accepting
+		// in the listener's own term, it takes nothing meant for a Listen
+		// that took the endpoint over after its Close.
+		if !l.xl.acquire() {
+			return nil, opError("accept", l.addr, ErrClosed)
+		}
+		x, err := l.xep.AcceptIn(ctx, l.term)
 		if err != nil {
 			l.xl.release()
 			return nil, opError("accept", l.addr, mapXRCErr(err))

@@ -41,43 +41,46 @@ type xrcListen struct {
 	closed    chan struct{}
 }
 
-// openXRCListen returns the listener endpoint for xc on site: an open one
-// no Listener accepts on, taken over, or a new one.
-func openXRCListen(ctx context.Context, xc xrc.Config, site xrcSite, port uint16) (*xrcListen, error) {
+// openXRCListen returns the listener endpoint for xc on site (an open one no
+// Listener accepts on, taken over, or a new one) and the new Listener's
+// accepting term on it.
+func openXRCListen(ctx context.Context, xc xrc.Config, site xrcSite, port uint16) (*xrcListen, xrc.AcceptTerm, error) {
 	key := xrcListenKey{fabric: site.fabric, device: site.device, addr: netip.AddrPortFrom(site.local, port)}
 	for port != 0 {
 		xrcListeners.Lock()
 		xl := xrcListeners.m[key]
 		switch {
+		case xl != nil && xl.closed != nil:
+			// Its last connection is closing it (its Err says closed
+			// already, its port is still bound): wait, then bind anew.
+			closed := xl.closed
+			xrcListeners.Unlock()
+			select {
+			case <-closed:
+				continue
+			case <-ctx.Done():
+				return nil, xrc.AcceptTerm{}, ctx.Err()
+			}
 		case xl == nil || xl.listening || xl.ep.Err() != nil:
 			// None, or one a Listener has (the new endpoint's bind
 			// fails with EADDRINUSE), or a dead one (its port may be
 			// free; a new endpoint tries).
 			xrcListeners.Unlock()
-		case xl.closed != nil:
-			// Its last connection is closing it: wait, then bind anew.
-			xrcListeners.Unlock()
-			select {
-			case <-xl.closed:
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
 		case xl.xc != xc:
 			xrcListeners.Unlock()
-			return nil, fmt.Errorf("%w: the connections of a closed listener with other options (message size, queue depth, domain or handshake timeout) hold it", syscall.EADDRINUSE)
+			return nil, xrc.AcceptTerm{}, fmt.Errorf("%w: the connections of a closed listener with other options (message size, queue depth, domain or handshake timeout) hold it", syscall.EADDRINUSE)
 		default:
-			xl.ep.ResumeAccepting()
+			term := xl.ep.ResumeAccepting()
 			xl.refs++
 			xl.listening = true
 			xrcListeners.Unlock()
-			return xl, nil
+			return xl, term, nil
 		}
 		break
 	}
 	ep, err := newEndpoint(ctx, xc)
 	if err != nil {
-		return nil, err
+		return nil, xrc.AcceptTerm{}, err
 	}
 	key.addr = netip.AddrPortFrom(site.local, ep.Addr().Port())
 	xl := &xrcListen{key: key, xc: xc, ep: ep, refs: 1, listening: true}
@@ -88,7 +91,7 @@ func openXRCListen(ctx context.Context, xc xrc.Config, site xrcSite, port uint16
 	}
 	xrcListeners.m[key] = xl // in place of a dead one
 	xrcListeners.Unlock()
-	return xl, nil
+	return xl, ep.Term(), nil
 }
 
 // stopListening is a Listener's Close: the endpoint refuses new
@@ -102,10 +105,17 @@ func (xl *xrcListen) stopListening() error {
 	return xl.release()
 }
 
-func (xl *xrcListen) acquire() {
+// acquire takes a reference for a connection an Accept is about to take.
+// It reports false once the last reference went (an Accept that raced its
+// Listener's Close): the endpoint is closing.
+func (xl *xrcListen) acquire() bool {
 	xrcListeners.Lock()
+	defer xrcListeners.Unlock()
+	if xl.closed != nil {
+		return false
+	}
 	xl.refs++
-	xrcListeners.Unlock()
+	return true
 }
 
 // release drops a reference, closing the endpoint with the last.
@@ -116,7 +126,8 @@ func (xl *xrcListen) release() error {
 		xrcListeners.Unlock()
 		return nil
 	}
-	xl.closed = make(chan struct{})
+	closed := make(chan struct{})
+	xl.closed = closed
 	xrcListeners.Unlock()
 	// Outside the lock: Close waits up to a second for FINs.
 	err := closeEndpoint(xl.ep)
@@ -124,7 +135,7 @@ func (xl *xrcListen) release() error {
 	if xrcListeners.m[xl.key] == xl {
 		delete(xrcListeners.m, xl.key)
 	}
-	close(xl.closed)
+	close(closed)
 	xrcListeners.Unlock()
 	return engineErr(err)
 }

@@ -346,9 +346,27 @@ func (e *Endpoint) Addr() netip.AddrPort { return e.addr }
 // Accept waits for the next inbound connection, returned once both of its
 // legs are up.
 func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
+	return e.AcceptIn(ctx, e.Term())
+}
+
+// An AcceptTerm is one period in which an endpoint accepts: from its start,
+// or a ResumeAccepting, to the next StopAccepting.
+type AcceptTerm struct{ stop chan struct{} }
+
+// Term returns the endpoint's current accepting term (one that has ended,
+// if StopAccepting ran last).
+func (e *Endpoint) Term() AcceptTerm {
 	e.mu.Lock()
-	stop := e.acceptStop // ResumeAccepting replaces it
-	e.mu.Unlock()
+	defer e.mu.Unlock()
+	return AcceptTerm{e.acceptStop}
+}
+
+// AcceptIn is Accept within term t: once t has ended it returns ErrClosed,
+// and it takes no connection that a later term's Accept should get. A
+// listener that stops and another that resumes the endpoint each accept
+// in their own term.
+func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
+	stop := t.stop
 	select {
 	case <-e.ctx.Done(): // first: a closed endpoint's queue holds dead ones
 		return nil, e.closedErr("accept")
@@ -365,6 +383,15 @@ func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
 		if e.stopped() {
 			// StopAccepting came meanwhile: its sweep missed this one.
 			c.closeUnaccepted()
+			return nil, &OpError{"accept", e.addr.String(), ErrClosed}
+		}
+		if e.acceptStop != stop {
+			// t ended and a later term accepts: this one is for it.
+			select {
+			case e.acceptq <- c:
+			default:
+				c.closeUnaccepted()
+			}
 			return nil, &OpError{"accept", e.addr.String(), ErrClosed}
 		}
 		c.acceptedLocked()
@@ -407,16 +434,18 @@ func (e *Endpoint) StopAccepting() {
 }
 
 // ResumeAccepting undoes StopAccepting: the endpoint accepts new inbound
-// connections again (unless it is DialOnly). An Accept that StopAccepting
-// ended stays ended, and the connections it closed stay closed.
-func (e *Endpoint) ResumeAccepting() {
+// connections again (unless it is DialOnly), in a new term, which it
+// returns (the current one if it was accepting). An Accept that
+// StopAccepting ended stays ended, and the connections it closed stay
+// closed.
+func (e *Endpoint) ResumeAccepting() AcceptTerm {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.stopped() {
-		return
+	if e.stopped() {
+		e.acceptStop = make(chan struct{})
+		e.refusing.Store(e.cfg.DialOnly)
 	}
-	e.acceptStop = make(chan struct{})
-	e.refusing.Store(e.cfg.DialOnly)
+	return AcceptTerm{e.acceptStop}
 }
 
 // stopped reports whether StopAccepting has run (and ResumeAccepting has

@@ -127,6 +127,34 @@ func TestEndpointResumeAccepting(t *testing.T) {
 	requireReleased(t, w, a, b)
 }
 
+// An Accept within a term that has ended returns ErrClosed and takes no
+// connection of the next term, which that term's Accept gets.
+func TestEndpointAcceptInEndedTerm(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.74.1", 7000)
+	b := w.endpoint("10.0.74.2", 7000)
+	first := a.Term()
+	a.StopAccepting()
+	second := a.ResumeAccepting()
+	c, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	eventually(t, "the connection waits for Accept", func() (bool, string) {
+		return len(a.acceptq) == 1, fmt.Sprint(len(a.acceptq))
+	})
+	if _, err := a.AcceptIn(ctxT(t, time.Second), first); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept in the ended term: %v, want ErrClosed", err)
+	}
+	s, err := a.AcceptIn(ctxT(t, 5*time.Second), second)
+	if err != nil {
+		t.Fatalf("Accept in the current term: %v", err)
+	}
+	defer s.Close()
+	roundTrip(t, c, s, []byte("the second term's"))
+}
+
 // unanswered is a kernel whose connection requests (of the exchange ex)
 // nobody answers: their first event is UNREACHABLE with -ETIMEDOUT, as the
 // real CM's when its retries run out.

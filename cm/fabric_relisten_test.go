@@ -1,0 +1,177 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// A Listen racing the close that the last connection of a closed XRC
+// listener starts waits for that close and binds anew. It failed with
+// EADDRINUSE: the closing endpoint looked dead (its Err says closed from
+// the start of Close) while its port was still bound. (Found by review;
+// the race is narrow: on the old code 3 runs in 10 failed.)
+func TestFabricRelistenDuringLastClose(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	lopts := []Option{WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")), WithMessageSize(256)}
+	dopts := []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")), WithMessageSize(256)}
+	l, err := Listen(ctx, "10.1.0.1:0", lopts...)
+	require.NoError(t, err)
+	c0, err := Dial(ctx, l.Addr().String(), dopts...)
+	require.NoError(t, err)
+	defer c0.Close()
+	s0, err := l.Accept(ctx)
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	done := make(chan struct{})
+	go func() { s0.Close(); close(done) }()
+	for {
+		xrcListeners.Lock()
+		closing := l.xl.closed != nil
+		xrcListeners.Unlock()
+		if closing {
+			break // and Listen at once
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	l2, err := Listen(ctx, l.Addr().String(), lopts...)
+	<-done
+	require.NoError(t, err, "a Listen racing the last close waits for it and binds anew")
+	require.NoError(t, l2.Close())
+}
+
+// Once a closed XRC listener's last reference went, an Accept that raced
+// the Close takes none: its reference would have brought the count back
+// from zero, and the endpoint's second close panicked (close of a closed
+// channel) or left a Listen waiting for ever.
+func TestFabricAcceptAfterLastReference(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")))
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	require.False(t, l.xl.acquire(), "a reference after the last one")
+	_, err = l.Accept(ctx)
+	require.ErrorIs(t, err, ErrClosed)
+}
+
+// Listeners that listen, accept, close and listen again on one address,
+// taking each other's endpoint over, beside clients that dial, echo and
+// close: every error is one of the expected kinds, connections are made,
+// and in the end the endpoint is gone and no QP is left on the node.
+func TestFabricRelistenStress(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv := f.Node("10.1.0.1").Process()
+	lopts := []Option{WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "s")), WithMessageSize(256), WithHandshakeTimeout(2 * time.Second)}
+	dopts := []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")), WithMessageSize(256), WithHandshakeTimeout(2 * time.Second)}
+	l, err := Listen(ctx, "10.1.0.1:0", lopts...)
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+
+	end := time.Now().Add(2 * time.Second)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	stats := map[string]int{}
+	count := func(k string) { mu.Lock(); stats[k]++; mu.Unlock() }
+	serve := func(c *Conn) {
+		defer wg.Done()
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+		defer ccancel()
+		buf := make([]byte, 256)
+		if n, err := c.Recv(cctx, buf); err == nil {
+			c.Send(cctx, buf[:n])
+		}
+		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+		c.Close()
+	}
+	for range 2 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				l, err := Listen(ctx, addr, lopts...)
+				if err != nil {
+					if !errors.Is(err, syscall.EADDRINUSE) {
+						t.Errorf("listen: %v", err)
+						return
+					}
+					count("listen EADDRINUSE")
+					time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+					continue
+				}
+				count("listen")
+				var accepting sync.WaitGroup
+				for range 2 {
+					accepting.Go(func() {
+						for {
+							c, err := l.Accept(ctx)
+							if err != nil {
+								if !errors.Is(err, ErrClosed) {
+									t.Errorf("accept: %v", err)
+								}
+								return
+							}
+							count("accepted")
+							wg.Add(1)
+							go serve(c)
+						}
+					})
+				}
+				time.Sleep(time.Duration(rand.IntN(5000)) * time.Microsecond)
+				if err := l.Close(); err != nil {
+					t.Errorf("close: %v", err)
+				}
+				accepting.Wait()
+			}
+		})
+	}
+	for range 3 {
+		wg.Go(func() {
+			buf := make([]byte, 256)
+			for time.Now().Before(end) {
+				dctx, dcancel := context.WithTimeout(ctx, 3*time.Second)
+				c, err := Dial(dctx, addr, dopts...)
+				if err != nil {
+					dcancel()
+					count("dial refused") // between listeners
+					time.Sleep(200 * time.Microsecond)
+					continue
+				}
+				if c.Send(dctx, []byte("hi")) == nil {
+					if _, err := c.Recv(dctx, buf); err == nil {
+						count("echoed")
+					}
+				}
+				c.Close()
+				dcancel()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%v", stats)
+	require.NotZero(t, stats["accepted"])
+	require.NotZero(t, stats["echoed"])
+	require.Eventually(t, func() bool {
+		xrcListeners.Lock()
+		defer xrcListeners.Unlock()
+		for k := range xrcListeners.m {
+			if k.fabric == srv {
+				return false
+			}
+		}
+		return srv.Node().Stats().QPs() == 0
+	}, 10*time.Second, 20*time.Millisecond, "the endpoint left open: %+v", srv.Node().Stats())
+}
