@@ -18,9 +18,10 @@ import (
 // closes a removed device's context with the last id on it, and only an id
 // on the device hears of its removal (the kernel drops a wildcard
 // listener's per-device ids silently). So the listener binds an id of its
-// own to each device it holds (an ephemeral port on the connection's local
-// address), lets go of the device on that id's DEVICE_REMOVAL, and closes
-// the id after everything on the device is released.
+// own to each device it holds (an ephemeral port of the connection's local
+// address, as a Dial takes), lets go of the device on that id's
+// DEVICE_REMOVAL, and closes the id after everything on the device is
+// released.
 
 // holdDevice makes a wildcard listener hold d, the device of a connection it
 // accepts at local. Without an id bound to the device it holds nothing.
@@ -33,6 +34,8 @@ func (l *Listener) holdDevice(d *device, local netip.Addr) {
 	if _, ok := l.held[d]; ok || l.heldClosed {
 		return
 	}
+	// Its ephemeral port is taken as a Dial's is (the IPoIB port space,
+	// which nothing else binds in, does not bind on soft-RoCE).
 	id, err := l.ch.ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
 	if err != nil {
 		l.cfg.logger.Debug("wildcard listener: no id to hold the device", "device", d.name, "err", err)
@@ -63,10 +66,12 @@ func (l *Listener) watchHeld(d *device, id *rdmacm.ID) {
 		}
 		l.heldMu.Lock()
 		mine := l.held[d] == id
-		delete(l.held, d)
+		if mine {
+			d.removed() // before a holdDevice could see it again
+			delete(l.held, d)
+		}
 		l.heldMu.Unlock()
 		if mine {
-			d.removed()
 			d.dropListener()
 			id.Close() // the last: nothing of ours is left on the device
 		}
@@ -81,6 +86,9 @@ func (l *Listener) dropHeldDevices() {
 	l.held, l.heldClosed = nil, true
 	l.heldMu.Unlock()
 	for d, id := range held {
+		if id.DeviceRemoved() { // a removal its watcher has not taken yet
+			d.removed()
+		}
 		d.dropListener()
 		id.Close()
 	}

@@ -63,7 +63,8 @@ type Conn struct {
 	recvLeg      *acceptedLeg
 	recvTag      uint32
 	recvUp       bool
-	unaccepted   bool // counted in Endpoint.unaccepted
+	unaccepted   bool          // counted in Endpoint.unaccepted
+	term         chan struct{} // the accepting term it was queued in (its acceptStop)
 	recvReleased bool
 	lastSeen     time.Time
 	goneAt       time.Time         // the sender's INI was torn down
@@ -1034,6 +1035,7 @@ func (c *Conn) checkReadyLocked() {
 			c.closeUnaccepted() // too late: StopAccepting has run
 			return
 		}
+		c.term = e.acceptStop
 		select {
 		case e.acceptq <- c:
 		default:

@@ -367,6 +367,10 @@ func (e *Endpoint) Term() AcceptTerm {
 // in their own term.
 func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
 	stop := t.stop
+	if stop == nil {
+		// The zero term, which has ended before it began.
+		return nil, &OpError{"accept", e.addr.String(), ErrClosed}
+	}
 	select {
 	case <-e.ctx.Done(): // first: a closed endpoint's queue holds dead ones
 		return nil, e.closedErr("accept")
@@ -380,13 +384,18 @@ func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
 	case c := <-e.acceptq:
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		if e.stopped() {
-			// StopAccepting came meanwhile: its sweep missed this one.
+		switch {
+		case e.fatal != nil:
+			return nil, &OpError{"accept", e.addr.String(), e.fatal}
+		case e.closed:
+			return nil, &OpError{"accept", e.addr.String(), ErrClosed} // Close closes c
+		case closed(c.term):
+			// Its term ended meanwhile: StopAccepting's sweep missed it.
 			c.closeUnaccepted()
 			return nil, &OpError{"accept", e.addr.String(), ErrClosed}
-		}
-		if e.acceptStop != stop {
-			// t ended and a later term accepts: this one is for it.
+		case c.term != stop:
+			// t ended, and c came in the term after: it is for that
+			// term's Accept.
 			select {
 			case e.acceptq <- c:
 			default:
@@ -415,8 +424,12 @@ func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
 // where the endpoint's peers move and recover their legs. Idempotent.
 func (e *Endpoint) StopAccepting() {
 	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stopAcceptingLocked()
+}
+
+func (e *Endpoint) stopAcceptingLocked() {
 	if e.stopped() {
-		e.mu.Unlock()
 		return
 	}
 	e.refusing.Store(true)
@@ -430,7 +443,6 @@ func (e *Endpoint) StopAccepting() {
 		}
 		break
 	}
-	e.mu.Unlock()
 }
 
 // ResumeAccepting undoes StopAccepting: the endpoint accepts new inbound
@@ -441,6 +453,10 @@ func (e *Endpoint) StopAccepting() {
 func (e *Endpoint) ResumeAccepting() AcceptTerm {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.resumeAcceptingLocked()
+}
+
+func (e *Endpoint) resumeAcceptingLocked() AcceptTerm {
 	if e.stopped() {
 		e.acceptStop = make(chan struct{})
 		e.refusing.Store(e.cfg.DialOnly)
@@ -450,9 +466,12 @@ func (e *Endpoint) ResumeAccepting() AcceptTerm {
 
 // stopped reports whether StopAccepting has run (and ResumeAccepting has
 // not since); e.mu is held.
-func (e *Endpoint) stopped() bool {
+func (e *Endpoint) stopped() bool { return closed(e.acceptStop) }
+
+// closed reports whether ch is closed.
+func closed(ch chan struct{}) bool {
 	select {
-	case <-e.acceptStop:
+	case <-ch:
 		return true
 	default:
 		return false

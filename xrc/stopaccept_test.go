@@ -155,6 +155,58 @@ func TestEndpointAcceptInEndedTerm(t *testing.T) {
 	roundTrip(t, c, s, []byte("the second term's"))
 }
 
+// The zero AcceptTerm has ended: AcceptIn returns ErrClosed at once (it
+// waited for its context, or took a connection and put it back).
+func TestEndpointAcceptInZeroTerm(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.75.1", 7000)
+	if _, err := a.AcceptIn(ctxT(t, 5*time.Second), AcceptTerm{}); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("AcceptIn(zero term): %v, want ErrClosed", err)
+	}
+}
+
+// A connection made in a term that ended while an Accept of that term was
+// taking it is closed, as StopAccepting closes those it finds queued, even
+// when a new term has begun: it is not handed to the new term's Accept.
+func TestEndpointConnOfEndedTermClosed(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.76.1", 7000)
+	b := w.endpoint("10.0.76.2", 7000)
+	first := a.Term()
+	c, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	eventually(t, "the connection waits for Accept", func() (bool, string) {
+		return len(a.acceptq) == 1, fmt.Sprint(len(a.acceptq))
+	})
+	// The Accept takes the connection off the queue and waits for the
+	// lock, under which the term ends and the next begins.
+	a.mu.Lock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.AcceptIn(ctxT(t, 5*time.Second), first)
+		done <- err
+	}()
+	for len(a.acceptq) != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	a.stopAcceptingLocked()
+	a.resumeAcceptingLocked()
+	a.mu.Unlock()
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept in the ended term: %v, want ErrClosed", err)
+	}
+	if s, err := a.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
+		s.Close()
+		t.Fatal("the new term's Accept got a connection of the ended one")
+	}
+	if n, err := c.Recv(ctxT(t, 5*time.Second), make([]byte, 64)); err != io.EOF {
+		t.Fatalf("the dialer of the closed connection: Recv %d, %v; want EOF", n, err)
+	}
+}
+
 // unanswered is a kernel whose connection requests (of the exchange ex)
 // nobody answers: their first event is UNREACHABLE with -ETIMEDOUT, as the
 // real CM's when its retries run out.

@@ -78,6 +78,7 @@ func removalChild(t *testing.T) {
 	wc, ws := connectAndSend(t, ctx, wild, netip.AddrPortFrom(ip, wild.Addr().(cm.Addr).Port()).String(), "to the wildcard")
 	require.NoError(t, wc.Close())
 	require.NoError(t, ws.Close())
+	require.Equal(t, base.cm.CachedQueuePairs+2, cm.GlobalStats().CachedQueuePairs, "the wildcard listener holds the device: both ends' QPs kept")
 	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), cm.WithMessageSize(256), cm.WithQueueDepth(4))
 	require.NoError(t, err)
 	const n = 3
