@@ -160,8 +160,9 @@
 // EADDRINUSE until the port is free. Only XRC dialers reach an XRC
 // listener, and an XRC dialer reaches only XRC listeners, so both sides
 // need an XRC mode and a device with XRC: in a mixed cluster, a node whose
-// device has XRC and dials with XRCPrefer is refused by an RC listener (it
-// does not retry over RC). On a device without XRC (soft-RoCE has none),
+// device has XRC and dials with XRCPrefer is refused by an RC listener
+// (ECONNREFUSED, the XRC request meeting no listener in its port space;
+// it does not retry over RC). On a device without XRC (soft-RoCE has none),
 // XRCPrefer logs why and uses RC (Conn.Transport says which a connection
 // got), and XRCRequire fails with ErrNotSupported
 // and the reason, as do raw messages (RC only). The probe does not try
