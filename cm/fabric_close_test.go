@@ -132,6 +132,23 @@ func TestFabricHTTPShutdownWaitsForRequest(t *testing.T) {
 	require.ErrorIs(t, err, syscall.ECONNREFUSED, "the server's listener is closed")
 }
 
+// listenerWithConn opens an XRC listener on an in-memory fabric (options
+// lopts) and one connection to it from another node (options dopts).
+func listenerWithConn(t *testing.T) (ctx context.Context, f *memfabric.Fabric, l *Listener, lopts, dopts []Option, c0, s0 *Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	f = memfabric.New()
+	lopts = []Option{WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")), WithMessageSize(256)}
+	dopts = []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")), WithMessageSize(256)}
+	l, err := Listen(ctx, "10.1.0.1:0", lopts...)
+	require.NoError(t, err)
+	c0, err = Dial(ctx, l.Addr().String(), dopts...)
+	require.NoError(t, err)
+	s0, err = l.Accept(ctx)
+	require.NoError(t, err)
+	return ctx, f, l, lopts, dopts, c0, s0
+}
+
 // A Listen on the address of a closed XRC listener whose connections still
 // hold its port, with the same options, takes the listener's endpoint over:
 // it accepts new connections there, the old ones go on, and the endpoint
@@ -141,18 +158,8 @@ func TestFabricHTTPShutdownWaitsForRequest(t *testing.T) {
 // a server could not listen again after http.Server.Shutdown while any
 // connection lingered.
 func TestFabricRelistenTakesOverClosedListener(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	f := memfabric.New()
-	lopts := []Option{WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")), WithMessageSize(256)}
-	dopts := []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")), WithMessageSize(256)}
-	l, err := Listen(ctx, "10.1.0.1:0", lopts...)
-	require.NoError(t, err)
-	c0, err := Dial(ctx, l.Addr().String(), dopts...)
-	require.NoError(t, err)
+	ctx, f, l, lopts, dopts, c0, s0 := listenerWithConn(t)
 	defer c0.Close()
-	s0, err := l.Accept(ctx)
-	require.NoError(t, err)
 	defer s0.Close()
 	node := f.Node("10.1.0.1")
 	qps := node.Stats().QPs()

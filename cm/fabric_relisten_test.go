@@ -21,18 +21,8 @@ import (
 // the start of Close) while its port was still bound. (Found by review;
 // the race is narrow: on the old code 3 runs in 10 failed.)
 func TestFabricRelistenDuringLastClose(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	f := memfabric.New()
-	lopts := []Option{WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")), WithMessageSize(256)}
-	dopts := []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")), WithMessageSize(256)}
-	l, err := Listen(ctx, "10.1.0.1:0", lopts...)
-	require.NoError(t, err)
-	c0, err := Dial(ctx, l.Addr().String(), dopts...)
-	require.NoError(t, err)
+	ctx, _, l, lopts, _, c0, s0 := listenerWithConn(t)
 	defer c0.Close()
-	s0, err := l.Accept(ctx)
-	require.NoError(t, err)
 	require.NoError(t, l.Close())
 	done := make(chan struct{})
 	go func() { s0.Close(); close(done) }()

@@ -26,13 +26,7 @@ func TestEndpointStopAccepting(t *testing.T) {
 	b := w.endpoint("10.0.70.2", 7000)
 	c1, s1 := pair(t, b, a)       // accepted on a
 	out, outPeer := pair(t, a, b) // a's own dial
-	queued, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the third connection waits for Accept", func() (bool, string) {
-		return len(a.acceptq) == 1, fmt.Sprint(len(a.acceptq))
-	})
+	queued := dialQueued(t, b, a)
 
 	a.StopAccepting()
 	a.StopAccepting() // idempotent
@@ -49,7 +43,7 @@ func TestEndpointStopAccepting(t *testing.T) {
 	})
 
 	before := a.Stats()
-	_, err = b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
+	_, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
 	var rj *RejectError
 	if !errors.As(err, &rj) || rj.Reason != RejectApp || !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("dial after StopAccepting: %v, want APP_REJECT matching ECONNREFUSED", err)
@@ -75,6 +69,20 @@ func TestEndpointStopAccepting(t *testing.T) {
 	out.Close()
 	outPeer.Close()
 	requireReleased(t, w, a, b)
+}
+
+// dialQueued dials a from b and waits until the connection is a's only
+// one waiting for Accept.
+func dialQueued(t *testing.T, b, a *proc) *Conn {
+	t.Helper()
+	c, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the connection waits for Accept", func() (bool, string) {
+		return len(a.acceptq) == 1, fmt.Sprint(len(a.acceptq))
+	})
+	return c
 }
 
 // A pending Accept returns ErrClosed when StopAccepting comes.
@@ -136,14 +144,8 @@ func TestEndpointAcceptInEndedTerm(t *testing.T) {
 	first := a.Term()
 	a.StopAccepting()
 	second := a.ResumeAccepting()
-	c, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialQueued(t, b, a)
 	defer c.Close()
-	eventually(t, "the connection waits for Accept", func() (bool, string) {
-		return len(a.acceptq) == 1, fmt.Sprint(len(a.acceptq))
-	})
 	if _, err := a.AcceptIn(ctxT(t, time.Second), first); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Accept in the ended term: %v, want ErrClosed", err)
 	}
@@ -173,14 +175,8 @@ func TestEndpointConnOfEndedTermClosed(t *testing.T) {
 	a := w.endpoint("10.0.76.1", 7000)
 	b := w.endpoint("10.0.76.2", 7000)
 	first := a.Term()
-	c, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialQueued(t, b, a)
 	defer c.Close()
-	eventually(t, "the connection waits for Accept", func() (bool, string) {
-		return len(a.acceptq) == 1, fmt.Sprint(len(a.acceptq))
-	})
 	// The Accept takes the connection off the queue and waits for the
 	// lock, under which the term ends and the next begins.
 	a.mu.Lock()
