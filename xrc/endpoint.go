@@ -729,10 +729,10 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 	e.mu.Unlock()
 	if err := e.openLeg(ctx, c, 0); err != nil {
 		c.fail(err)
-		return nil, &OpError{"dial", address, err}
+		return nil, dialErr(address, err)
 	}
 	if err := e.finishReverse(ctx, c); err != nil {
-		return nil, &OpError{"dial", address, err}
+		return nil, dialErr(address, err)
 	}
 	select {
 	case <-c.ready:
@@ -750,6 +750,15 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 		c.fail(ctx.Err())
 		return nil, &OpError{"dial", address, ctx.Err()}
 	}
+}
+
+// dialErr names a Dial's failure. A link exchange's own *OpError ("connect"
+// to the same peer) gives its cause, so that the peer is named once.
+func dialErr(address string, err error) error {
+	if oe, ok := err.(*OpError); ok && oe.Op == "connect" {
+		err = oe.Err
+	}
+	return &OpError{"dial", address, err}
 }
 
 // listenLoop answers the requests of one listener.

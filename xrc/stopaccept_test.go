@@ -205,12 +205,13 @@ func TestEndpointConnOfEndedTermClosed(t *testing.T) {
 
 // unanswered is a kernel whose connection requests (of the exchange ex)
 // nobody answers: their first event is UNREACHABLE with -ETIMEDOUT, as the
-// real CM's when its retries run out.
+// real CM's when its retries run out; or, with first set, that event.
 type unanswered struct {
 	kernel.Kernel
-	ex  kernel.Exchange
-	mu  sync.Mutex
-	ids map[kernel.ID]bool
+	ex    kernel.Exchange
+	first kernel.EventType
+	mu    sync.Mutex
+	ids   map[kernel.ID]bool
 }
 
 func (u *unanswered) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
@@ -228,6 +229,9 @@ func (u *unanswered) Event(ctx context.Context, id kernel.ID) (kernel.Event, err
 	mine := u.ids[id]
 	delete(u.ids, id)
 	u.mu.Unlock()
+	if mine && u.first != 0 {
+		return kernel.Event{Type: u.first, ID: id}, nil
+	}
 	if mine {
 		return kernel.Event{Type: kernel.EventUnreachable, ID: id, Status: -int(syscall.ETIMEDOUT)}, nil
 	}
@@ -255,6 +259,32 @@ func TestDialUnansweredIsTimeout(t *testing.T) {
 			}
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				t.Fatalf("unanswered %v request matches ECONNREFUSED: %v", ex, err)
+			}
+		})
+	}
+}
+
+// A request answered by an event no exchange expects fails Dial with the
+// event named and the peer named once: it read "xrc: dial A: xrc: connect
+// A: unexpected ...", the link's exchange wrapped in the Dial's.
+func TestDialUnexpectedEventNamedOnce(t *testing.T) {
+	for _, ex := range []kernel.Exchange{kernel.ExchangeXRC, kernel.ExchangeSIDR} {
+		t.Run(ex.String(), func(t *testing.T) {
+			w := newWorld(t)
+			srv := w.endpoint("10.0.77.1", 7000)
+			u := &unanswered{ex: ex, first: kernel.EventDisconnected, ids: map[kernel.ID]bool{}}
+			cli := w.wrappedEndpoint("10.0.77.2", 7000, func(k kernel.Kernel) kernel.Kernel { u.Kernel = k; return u })
+			if ex == kernel.ExchangeSIDR {
+				pair(t, cli, srv)
+			}
+			_, err := cli.Dial(ctxT(t, 5*time.Second), srv.Addr().String())
+			want := "xrc: dial " + srv.Addr().String() + ": unexpected DISCONNECTED"
+			if err == nil || err.Error() != want {
+				t.Fatalf("Dial: %v, want %q", err, want)
+			}
+			var oe *OpError
+			if !errors.As(err, &oe) || oe.Op != "dial" {
+				t.Fatalf("Dial: %#v, want an *OpError of dial", err)
 			}
 		})
 	}
