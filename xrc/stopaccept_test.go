@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -288,4 +289,71 @@ func TestDialUnexpectedEventNamedOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// heldSends is a kernel whose PostSends wait, while holding is set, until
+// release is closed.
+type heldSends struct {
+	kernel.Kernel
+	holding atomic.Bool
+	release chan struct{}
+}
+
+func (h *heldSends) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	if h.holding.Load() {
+		<-h.release
+	}
+	return h.Kernel.PostSend(q, wrs)
+}
+
+// A connection whose legs come up only after StopAccepting is closed when
+// it becomes ready, never queued for an Accept: its dialer reads EOF. The
+// acceptor, which has an uplink to the dialer already, carries the reverse
+// leg in its ACCEPT and waits for the dialer's first frame, which the
+// dialer's kernel holds back here until the acceptor has stopped.
+func TestEndpointConnReadyAfterStopAcceptingClosed(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.78.1", 7000)
+	h := &heldSends{release: make(chan struct{})}
+	b := w.wrappedEndpoint("10.0.78.2", 7000, func(k kernel.Kernel) kernel.Kernel { h.Kernel = k; return h })
+	var once sync.Once
+	release := func() { once.Do(func() { close(h.release) }) }
+	t.Cleanup(release)            // before the endpoints close (cleanups run last first)
+	out, outPeer := pair(t, a, b) // a's uplink to b: b's next dial is one exchange
+	defer out.Close()
+	defer outPeer.Close()
+	h.holding.Store(true)
+	dialed := make(chan *Conn, 1)
+	go func() {
+		c, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
+		if err != nil {
+			t.Errorf("dial: %v", err)
+		}
+		dialed <- c
+	}()
+	eventually(t, "the inbound connection made, waiting for its first frame", func() (bool, string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		waiting := 0
+		for c := range a.conns {
+			if c.inbound && c.awaitFirst {
+				waiting++
+			}
+		}
+		return waiting == 1, fmt.Sprintf("%d waiting, %d queued", waiting, len(a.acceptq))
+	})
+	a.StopAccepting()
+	release()
+	c := <-dialed
+	if c == nil {
+		t.FailNow()
+	}
+	defer c.Close()
+	if n, err := c.Recv(ctxT(t, 5*time.Second), make([]byte, 64)); err != io.EOF {
+		t.Fatalf("the dialer: Recv %d, %v; want EOF (closed by its acceptor when it became ready)", n, err)
+	}
+	if _, err := a.Accept(ctxT(t, time.Second)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept: %v, want ErrClosed", err)
+	}
+	roundTrip(t, out, outPeer, []byte("the accepted one goes on"))
 }
