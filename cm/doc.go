@@ -58,8 +58,11 @@
 // (ProcessStats.CachedQueuePairs, at most 512 per device). A listener on an
 // unspecified address (":port", "[::]:port") serves whichever device the
 // requests come in on: it holds each device from the first connection it
-// accepts there until it closes. A removed device it holds is let go when
-// it accepts on another device, or at Close.
+// accepts there until it closes, through a CM id it binds to the device (an
+// ephemeral port, as a Dial takes; where it cannot bind one it holds
+// nothing, and logs why at Debug). When a device it holds is removed, that
+// id hears of it, and the listener lets the device go at once and goes on
+// listening on the others.
 //
 // # One-sided RDMA
 //
@@ -107,7 +110,9 @@
 //
 // When the RDMA device goes away (rdma link delete, a driver unloaded, a
 // device unplugged), the RDMA CM tells every id on it. Every connection and
-// listener on the device then fails with ErrDeviceRemoved (a connection's
+// listener on the device then fails with ErrDeviceRemoved (a listener on
+// the unspecified address is on no one device: it lets go of the removed
+// one and goes on accepting on the others; a connection's
 // error wraps ErrPeerGone too; one whose peer was on the same device may
 // report the peer's disconnect, which came first), and releases everything
 // it holds on the device at once, without waiting for the application's
@@ -147,17 +152,18 @@
 // resolved, the device is probed (its capability bit, then a private XRC
 // domain, once per device and process). On a device with XRC, connections
 // run on package xrc's engine: Listen opens an XRC endpoint of its own on
-// that device, and the Dials of the process to that device and local
+// that device (or takes over a closed listener's, below), and the Dials of the process to that device and local
 // address with the same message size, queue depth, domain path and
 // handshake timeout share one dialer endpoint (one INI QP per remote node),
 // closed with the last of its connections; a Dial whose options differ gets
 // an endpoint of its own. Closing an XRC listener refuses new connections
 // at once and leaves the accepted ones open, as on RC, but its port stays
 // bound until the last of them closes: their peers move and recover legs
-// through it. A Listen on that address with the same options meanwhile takes
-// the closed listener's endpoint over and accepts again (a server listening
-// anew after http.Server.Shutdown); with other options it fails with
-// EADDRINUSE until the port is free. Only XRC dialers reach an XRC
+// through it. A Listen on that address with the same message size, queue
+// depth, domain path and handshake timeout meanwhile takes the closed
+// listener's endpoint over and accepts again (a server listening anew after
+// http.Server.Shutdown); with other options it fails with EADDRINUSE until
+// the port is free. Only XRC dialers reach an XRC
 // listener, and an XRC dialer reaches only XRC listeners, so both sides
 // need an XRC mode and a device with XRC: in a mixed cluster, a node whose
 // device has XRC and dials with XRCPrefer is refused by an RC listener

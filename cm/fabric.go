@@ -225,7 +225,8 @@ func dialXRC(ctx context.Context, dst netip.AddrPort, cfg config, site xrcSite) 
 	return newXRCConn(x, cfg, release), nil
 }
 
-// listenXRC listens on local with an endpoint of its own on site.
+// listenXRC listens on local with a new endpoint on site, or a closed
+// listener's, taken over (openXRCListen).
 func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSite) (*Listener, error) {
 	xc, err := cfg.xrcConfig(site, local.Port())
 	if err != nil {

@@ -50,10 +50,13 @@ type Listener struct {
 // a host name listens on its first address; ":port" on IPv4's unspecified
 // address, "[::]:port" on IPv6's).
 // The listener serves the device the address belongs to (any device for an
-// unspecified address). In an XRC mode (WithXRC) on a device with XRC, it
-// listens with an XRC endpoint of its own (package xrc), and only XRC
-// dialers reach it. ctx bounds setting up the listener only: the listener
-// outlives it.
+// unspecified address, each held from the first connection accepted there
+// until Close: see the package documentation, "Resources per device"). In
+// an XRC mode (WithXRC) on a device with XRC, it listens with an XRC
+// endpoint of its own (package xrc), or takes over that of a closed XRC
+// listener on the address whose connections still hold the port (see
+// Close), and only XRC dialers reach it. ctx bounds setting up the listener
+// only: the listener outlives it.
 func Listen(ctx context.Context, address string, opts ...Option) (*Listener, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -327,8 +330,9 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 // an XRC mode on a device with XRC) new requests are refused at once, but
 // the port stays bound until the last accepted connection closes: the
 // listener's XRC endpoint carries them, and their peers recover their legs
-// through it. A Listen on the address with the same options takes that
-// endpoint over meanwhile; one with other options fails with EADDRINUSE.
+// through it. A Listen on the address with the same message size, queue
+// depth, domain path and handshake timeout takes that endpoint over
+// meanwhile; one with other options fails with EADDRINUSE.
 // Close is idempotent.
 func (l *Listener) Close() error {
 	var err error

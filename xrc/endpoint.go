@@ -344,13 +344,16 @@ func random64() uint64 {
 func (e *Endpoint) Addr() netip.AddrPort { return e.addr }
 
 // Accept waits for the next inbound connection, returned once both of its
-// legs are up.
+// legs are up. It accepts in the current term (Term): after StopAccepting
+// it returns ErrClosed, also when ResumeAccepting has begun a new term
+// meanwhile; a new call accepts in that term.
 func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
 	return e.AcceptIn(ctx, e.Term())
 }
 
 // An AcceptTerm is one period in which an endpoint accepts: from its start,
-// or a ResumeAccepting, to the next StopAccepting.
+// or a ResumeAccepting, to the next StopAccepting. The zero AcceptTerm has
+// ended: AcceptIn with it returns ErrClosed at once.
 type AcceptTerm struct{ stop chan struct{} }
 
 // Term returns the endpoint's current accepting term (one that has ended,
@@ -361,8 +364,9 @@ func (e *Endpoint) Term() AcceptTerm {
 	return AcceptTerm{e.acceptStop}
 }
 
-// AcceptIn is Accept within term t: once t has ended it returns ErrClosed,
-// and it takes no connection that a later term's Accept should get. A
+// AcceptIn is Accept within term t: once t has ended it returns ErrClosed
+// (or the endpoint's error, if it failed), and it takes no connection that
+// a later term's Accept should get. A
 // listener that stops and another that resumes the endpoint each accept
 // in their own term.
 func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
@@ -417,11 +421,12 @@ func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
 }
 
 // StopAccepting ends the endpoint's listening part, as a closed net.Listener
-// does, and leaves the rest: new inbound connections are refused (APP_REJECT,
-// as DialOnly's), those made and not yet taken by Accept are closed, and
-// Accept returns ErrClosed; connections already accepted, and the
-// endpoint's own dials, go on until Close. The port stays bound: it is
-// where the endpoint's peers move and recover their legs. Idempotent.
+// does, and leaves the rest: new inbound connections are refused
+// (APP_REJECT, as DialOnly's) until ResumeAccepting, those made and not yet
+// taken by Accept are closed, and the Accepts of the term it ends return
+// ErrClosed; connections already accepted, and the endpoint's own dials, go
+// on until Close. The port stays bound: it is where the endpoint's peers
+// move and recover their legs. Idempotent.
 func (e *Endpoint) StopAccepting() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
