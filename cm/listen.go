@@ -129,13 +129,9 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 			ch.release()
 			return fail(err)
 		}
-		if !l.dev.holdForListener() {
-			l.dev.release()
-			id.Close()
-			ch.release()
-			return fail(ErrDeviceRemoved)
-		}
-		l.dev.release() // the listener's reference is holdForListener's
+		devices.Lock()
+		l.dev.listeners++ // with acquireDevice's reference: dropListener gives both back
+		devices.Unlock()
 	}
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	globalStats.listeners.Add(1)

@@ -366,9 +366,8 @@ func (e *Endpoint) Term() AcceptTerm {
 
 // AcceptIn is Accept within term t: once t has ended it returns ErrClosed
 // (or the endpoint's error, if it failed), and it takes no connection that
-// a later term's Accept should get. A
-// listener that stops and another that resumes the endpoint each accept
-// in their own term.
+// a later term's Accept should get. A listener that stops and another that
+// resumes the endpoint each accept in their own term.
 func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
 	stop := t.stop
 	if stop == nil {
