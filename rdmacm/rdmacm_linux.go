@@ -263,7 +263,9 @@ static int gx_move_qp(struct rdma_cm_id *id, struct ibv_qp *qp, int from, int to
 		if ((r = ibv_modify_qp(qp, &attr, mask))) {
 			*reached = -1;
 			*in_modify = 1;
-			return r > 0 ? -r : r;
+			// A positive errno, -1 with errno set, or a negative errno:
+			// libibverbs and its providers use all three.
+			return r > 0 ? -r : r != -1 ? r : errno ? -errno : -EIO;
 		}
 		*reached = st;
 	}

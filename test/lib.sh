@@ -17,7 +17,7 @@ export GOFLAGS=${GOFLAGS:--buildvcs=false}
 
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
-need_root() { [[ $(id -u) == 0 ]] || die "run as root: sudo $0 $*"; }
+need_root() { [[ $(id -u) == 0 ]] || die "run as root (as a user with sudo: sudo $0 $*)"; }
 
 # describe_tree [DOC]: the commit being measured, with any uncommitted change to it (DOC, a
 # benchmark doc about to be rewritten, is not a change to the measured code).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test/run-demo.sh - the main job: goxrc's example server and client talking over soft-RoCE.
-# Run as root on a Debian bookworm(-compatible) machine:   sudo test/run-demo.sh
+# Run as root on a Debian bookworm(-compatible) machine:   test/run-demo.sh
 # Installs what is missing (as test/run-tests.sh does), builds examples/server and
 # examples/client on the host, boots one soft-RoCE VM (test/vm/rxe-vm.sh), starts the server
 # on $RXE_IP, waits until it listens (an RDMA CM id in state LISTEN), runs the client against

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test/run-tests.sh - all of goxrc's tests. Run as root on a Debian bookworm(-compatible) machine:
-#   sudo test/run-tests.sh
+#   test/run-tests.sh   (as a user with sudo: sudo test/run-tests.sh)
 # 1. installs missing Debian packages and Go (nothing when all is there),
 # 2. on the host: go vet, a CGO_ENABLED=0 build, GOOS=darwin go vet (tests included), go test -race ./...,
 # 3. builds the VM_PACKAGES' test binaries on the host and runs them all in ONE soft-RoCE

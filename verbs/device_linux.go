@@ -46,14 +46,19 @@ func errnoOr(err error, def syscall.Errno) error {
 	return def
 }
 
-// rcErr turns the two return conventions of libibverbs (a positive errno, or
-// -1 with errno set) into an error.
-func rcErr(rc C.int, err error) error {
-	if rc == 0 {
+// rcErr turns the return conventions of libibverbs into an error: a
+// positive errno, -1 with errno set, or a negative errno (some providers'
+// post calls, siw's among them, return -ENOMEM for a full queue).
+func rcErr(rc C.int, err error) error { return returnErr(int(rc), err) }
+
+func returnErr(rc int, err error) error {
+	switch {
+	case rc == 0:
 		return nil
-	}
-	if rc > 0 {
+	case rc > 0:
 		return syscall.Errno(rc)
+	case rc < -1:
+		return syscall.Errno(-rc)
 	}
 	return errnoOr(err, syscall.EIO)
 }

@@ -31,6 +31,22 @@ func (l *lifecycle) use() bool {
 
 func (l *lifecycle) done() { l.mu.RUnlock() }
 
+// tryUse is use without waiting: it also returns false while a Close is
+// waiting for the object. A caller that already holds another object's use
+// takes this one so: two such callers taking the same two objects in
+// opposite orders, each object's Close waiting behind one of them, would
+// otherwise block each other for good.
+func (l *lifecycle) tryUse() bool {
+	if !l.mu.TryRLock() {
+		return false
+	}
+	if l.closed {
+		l.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
 // ref records a dependent object; false if this one is closed.
 func (l *lifecycle) ref() bool {
 	if !l.use() {

@@ -589,7 +589,10 @@ func (q *QP) fillSend(wrs []SendWR) error {
 		in.ah = nil
 		if q.typ == QPTypeUD {
 			if w.AH == nil || w.AH.ah == nil || !s.holdAH(w.AH) {
-				return &PostError{Index: i, Err: &explained{syscall.EINVAL, "UD send needs an open AH"}}
+				return &PostError{Index: i, Err: &explained{syscall.EINVAL, "UD send needs an open AH (not one being closed)"}}
+			}
+			if !sameDevice(q.c, w.AH.pd.c) {
+				return &PostError{Index: i, Err: &explained{syscall.EINVAL, "the AH is of another device"}}
 			}
 			in.ah = w.AH.ah
 		}
@@ -599,12 +602,13 @@ func (q *QP) fillSend(wrs []SendWR) error {
 
 // holdAH keeps a in use until releaseAHs, once however many requests of
 // the chain name it: a second read lock behind a waiting Close would
-// deadlock.
+// deadlock. It does not wait for a Close under way (tryUse): the post
+// already holds the QP and maybe other AHs.
 func (s *sendScratch) holdAH(a *AH) bool {
 	if slices.Contains(s.ahs, a) {
 		return true
 	}
-	if !a.l.use() {
+	if !a.l.tryUse() {
 		return false
 	}
 	s.ahs = append(s.ahs, a)

@@ -33,7 +33,8 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 		logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		addrs := strings.Split(o.addr, ",")
 		for _, a := range addrs {
-			c, err := cm.Dial(ctx, a, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger))
+			c, err := cm.Dial(ctx, a, o.dialOptions(cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger),
+				cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth), cm.WithBusyPoll(o.busyPoll))...)
 			if err != nil {
 				return r, err
 			}

@@ -10,8 +10,13 @@
 // counts what came after the mode request. The exit status is 1 if an
 // Accept or a connection failed (other than at an interrupt).
 //
+// With -xrc it prefers XRC: an XRC listener serves one device, so -addr
+// must be that device's address (or -device name it); on a device without
+// XRC it logs why and serves RC.
+//
 //	server -addr 10.77.0.1:7471
 //	server -addr 10.77.0.1:7471 -raw -count 1
+//	server -addr 10.77.0.1:7472 -xrc
 package main
 
 import (
@@ -22,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -44,7 +50,8 @@ func main() {
 	asJSON := flag.Bool("json", false, "print one JSON object per connection")
 	verbose := flag.Bool("v", false, "log connection events")
 	busyPoll := flag.Duration("busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
-	preferXRC := flag.Bool("xrc", false, "prefer XRC; on a device without it, log why RC is used")
+	device := flag.String("device", "", "RDMA device to serve (e.g. rxe0); with an unspecified -addr, listen on its address only")
+	preferXRC := flag.Bool("xrc", false, "prefer XRC; on a device without it, log why RC is used (an XRC listener serves one device: give a device's -addr or -device)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run (until the server stops) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -71,7 +78,14 @@ func main() {
 	if *raw {
 		opts = append(opts, cm.WithRawMessages())
 	}
+	if *device != "" {
+		opts = append(opts, cm.WithDevice(*device))
+	}
 	if *preferXRC {
+		if *device == "" && unspecified(*addr) {
+			fmt.Fprintln(os.Stderr, "server: -xrc: an XRC listener serves one device: give a device's address in -addr, or -device")
+			os.Exit(2)
+		}
 		opts = append(opts, cm.WithXRC(cm.XRCPrefer))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -207,4 +221,15 @@ func report(r result, asJSON bool) {
 		line += " (" + r.Error + ")"
 	}
 	fmt.Println(line)
+}
+
+// unspecified says whether address ("ip:port") names no particular host,
+// as "0.0.0.0:7471", "[::]:7471" and ":7471" do.
+func unspecified(address string) bool {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return false // Listen reports the malformed address
+	}
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
 }
