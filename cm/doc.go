@@ -89,8 +89,11 @@
 //
 // # Errors and waiting
 //
-// Every operation that waits takes a context.Context and waits in Go's
-// netpoller, never in a blocking C call. Errors are *OpError values
+// Every operation that waits waits in Go's netpoller, never in a blocking C
+// call, and takes a context.Context, except the Close family: Conn.Close
+// and CloseWrite, Listener.Close and Region.Close take none and are bounded
+// instead by the handshake timeout (WithHandshakeTimeout) and the CM's
+// time-wait (Conn.Close; about 2 s on soft-RoCE). Errors are *OpError values
 // (net.Error); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
 // a rejected connection matches syscall.ECONNREFUSED, as a refused TCP
 // dial does, and wraps *rdmacm.RejectError (over XRC, *xrc.RejectError,

@@ -15,7 +15,8 @@ type Stats struct {
 	// Errors is 1 once the connection broke for a reason other than Close
 	// or the peer's end of stream (a raw peer's disconnect): the peer
 	// vanished or disconnected without its FIN, a request failed, the peer
-	// broke the protocol. Such a failure is logged once, at Warn.
+	// broke the protocol. On RC such a failure is logged once, at Warn
+	// (over XRC the logger sees set-up only: see WithLogger).
 	Errors uint64
 }
 

@@ -63,13 +63,16 @@ type Config struct {
 	// Default: goxrc-<uid> in the system temporary directory.
 	DomainDir string
 	// Heartbeat is how often an idle sending leg sends a keepalive.
+	// 0 or less means DefaultHeartbeat.
 	Heartbeat time.Duration
 	// IdleTimeout is how long a receiving leg waits without any message
 	// (data or keepalive) before it takes the sender for dead and
-	// unregisters from its TGT. Keep it several Heartbeats long.
+	// unregisters from its TGT. Keep it several Heartbeats long; it is
+	// raised to 2 Heartbeats if shorter. 0 or less means
+	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// HandshakeTimeout bounds Dial when its context has no deadline, and a
-	// connection's reverse leg.
+	// connection's reverse leg. 0 or less means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
 	// RecvWindow is how many messages a connection may hold received and
 	// not yet taken by Recv: the credits its sender starts with (flow

@@ -63,13 +63,26 @@ var (
 type RejectReason uint8
 
 const (
-	RejectVersion        RejectReason = RejectReason(wire.RejectVersion)
-	RejectNoXRC          RejectReason = RejectReason(wire.RejectNoXRC)
-	RejectTGTGone        RejectReason = RejectReason(wire.RejectTGTGone)
+	// RejectVersion: the peer speaks no protocol version of ours.
+	RejectVersion RejectReason = RejectReason(wire.RejectVersion)
+	// RejectNoXRC: the peer's device or process has no XRC.
+	RejectNoXRC RejectReason = RejectReason(wire.RejectNoXRC)
+	// RejectTGTGone: the target QP the request named is gone at the peer;
+	// the dialer rebuilds its uplink and asks again by itself.
+	RejectTGTGone RejectReason = RejectReason(wire.RejectTGTGone)
+	// RejectDomainMismatch: the request named another XRC domain than the
+	// peer node's; the dialer learns the right one and asks again.
 	RejectDomainMismatch RejectReason = RejectReason(wire.RejectDomainMismatch)
-	RejectBusyRetry      RejectReason = RejectReason(wire.RejectBusyRetry)
-	RejectApp            RejectReason = RejectReason(wire.RejectApp)
-	RejectBadRequest     RejectReason = RejectReason(wire.RejectBadRequest)
+	// RejectBusyRetry: the peer cannot take the request now (its endpoint
+	// is closing, it is out of resources, or it does not yet know the leg
+	// being moved); a later request may succeed.
+	RejectBusyRetry RejectReason = RejectReason(wire.RejectBusyRetry)
+	// RejectApp: the peer's endpoint refused (it only dials, or its
+	// answer did not fit the exchange).
+	RejectApp RejectReason = RejectReason(wire.RejectApp)
+	// RejectBadRequest: the peer found the request malformed or naming a
+	// connection it does not hold.
+	RejectBadRequest RejectReason = RejectReason(wire.RejectBadRequest)
 	// RejectNoListener: nothing listens on that address (CM status).
 	RejectNoListener RejectReason = 100
 	// RejectCM: the CM refused the request without our private data
