@@ -172,8 +172,30 @@ func (ch *CompChannel) GetEvents(ctx context.Context, cqs []*CQ) (int, error) {
 		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: ctx.Err()}
 	}
 	defer func() { <-ch.waitSem }()
+	for {
+		if !ch.l.use() {
+			return 0, closedErr("get CQ events", ch.c.name)
+		}
+		fd := ch.fd // a Close that failed replaced it
+		ch.l.done()
+		n, err := ch.getEvents(ctx, fd, cqs)
+		if err == errChannelClosed {
+			if ch.reopened(fd) {
+				continue
+			}
+			return 0, closedErr("get CQ events", ch.c.name)
+		}
+		return n, err
+	}
+}
+
+// errChannelClosed: a Close came during getEvents.
+var errChannelClosed = errors.New("channel closed")
+
+// getEvents is one GetEvents wait on fd.
+func (ch *CompChannel) getEvents(ctx context.Context, fd *fdpoll.FD, cqs []*CQ) (int, error) {
 	ch.want, ch.got = cqs, 0
-	err := ch.fd.Wait(ctx, ch.read)
+	err := fd.Wait(ctx, ch.read)
 	n := ch.got
 	ch.want, ch.got = nil, 0
 	if ch.readErr != nil {
@@ -182,12 +204,12 @@ func (ch *CompChannel) GetEvents(ctx context.Context, cqs []*CQ) (int, error) {
 	}
 	if err != nil {
 		if errors.Is(err, fdpoll.ErrClosed) {
-			return 0, closedErr("get CQ events", ch.c.name)
+			return 0, errChannelClosed
 		}
 		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: err}
 	}
 	if n == 0 { // the channel was closed under the read
-		return 0, closedErr("get CQ events", ch.c.name)
+		return 0, errChannelClosed
 	}
 	return n, nil
 }
@@ -227,9 +249,32 @@ func (ch *CompChannel) readEvents() bool {
 	}
 }
 
+// revive undoes what a Close did before its ibv_destroy_comp_channel
+// failed (see CQ.revive). Called under the write lock.
+func (ch *CompChannel) revive() {
+	if !ch.shared {
+		return
+	}
+	ch.evMu.Lock()
+	ch.dead = false
+	ch.evMu.Unlock()
+	if fd, err := fdpoll.Open(int(C.goxrc_channel_fd(ch.ch)), ch.c.name+" shared completion channel"); err == nil {
+		ch.fd = fd
+	}
+}
+
+// reopened: see CQ.reopened.
+func (ch *CompChannel) reopened(old *fdpoll.FD) bool {
+	if !ch.l.use() {
+		return false
+	}
+	defer ch.l.done()
+	return ch.fd != old
+}
+
 // Close destroys the channel, waking a GetEvents (which returns ErrClosed);
-// it fails with EBUSY while CQs on the channel are open. Close is
-// idempotent.
+// it fails with EBUSY while CQs on the channel are open. If the C destroy
+// fails, the channel stays open and usable. Close is idempotent.
 func (ch *CompChannel) Close() error {
 	if ch == nil || ch.ch == nil {
 		return nil
@@ -245,9 +290,16 @@ func (ch *CompChannel) Close() error {
 		ch.dead = true
 		ch.evMu.Unlock()
 	}
-	if rc, cerr := C.ibv_destroy_comp_channel(ch.ch); rc != 0 {
+	err = destroyErr("ibv_destroy_comp_channel")
+	if err == nil {
+		if rc, cerr := C.ibv_destroy_comp_channel(ch.ch); rc != 0 {
+			err = rcErr(rc, cerr)
+		}
+	}
+	if err != nil {
+		ch.revive()
 		ch.l.endClose(false)
-		return &OpError{Op: "ibv_destroy_comp_channel", Addr: ch.c.name, Err: rcErr(rc, cerr)}
+		return &OpError{Op: "ibv_destroy_comp_channel", Addr: ch.c.name, Err: err}
 	}
 	ch.l.endClose(true)
 	if ch.shared {
@@ -556,8 +608,9 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 	if !q.l.use() { // closed: say so before what else is wrong
 		return 0, closedErr("wait CQ", q.tag)
 	}
+	hasFD := q.fd != nil
 	q.l.done()
-	if q.fd == nil {
+	if !hasFD {
 		why := "CQ was created without a completion channel"
 		if q.ch != nil {
 			why = "the CQ's completion channel is shared: read its events with CompChannel.GetEvents"
@@ -577,6 +630,7 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 		if !q.l.use() {
 			return 0, closedErr("wait CQ", q.tag)
 		}
+		fd := q.fd // a Close that failed replaced it
 		var n int
 		var err error
 		if q.armed.Load() {
@@ -588,13 +642,16 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 		if n > 0 || err != nil {
 			return n, err
 		}
-		err = q.fd.Wait(ctx, q.drain)
+		err = fd.Wait(ctx, q.drain)
 		if q.drainErr != nil {
 			err, q.drainErr = q.drainErr, nil
 			return 0, &OpError{Op: "ibv_get_cq_event", Addr: q.tag, Err: err}
 		}
 		if err != nil {
 			if errors.Is(err, fdpoll.ErrClosed) {
+				if q.reopened(fd) {
+					continue
+				}
 				return 0, closedErr("wait CQ", q.tag)
 			}
 			return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: err}
@@ -602,8 +659,34 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 	}
 }
 
+// revive undoes what a Close did before its ibv_destroy_cq failed: the CQ
+// stays open, so events are read again and a Wait that the Close woke
+// waits on (CQ.reopened). Called under the write lock.
+func (q *CQ) revive() {
+	q.evMu.Lock()
+	q.dead = false
+	q.evMu.Unlock()
+	if q.fd == nil {
+		return
+	}
+	if fd, err := fdpoll.Open(int(C.goxrc_channel_fd(q.ch.ch)), q.tag+" channel"); err == nil {
+		q.fd = fd
+	} // else Wait fails with ErrClosed, as it would have before
+}
+
+// reopened reports whether old, closed under a Wait, was replaced by a
+// Close that failed (revive): the CQ is open and the Wait goes on.
+func (q *CQ) reopened(old *fdpoll.FD) bool {
+	if !q.l.use() {
+		return false
+	}
+	defer q.l.done()
+	return q.fd != old
+}
+
 // Close destroys the CQ, waking any Wait (which returns ErrClosed). It fails
-// with EBUSY while QPs or SRQs use the CQ. Close is idempotent.
+// with EBUSY while QPs or SRQs use the CQ. If the C destroy fails, the CQ
+// stays open and usable, its Waits still waiting. Close is idempotent.
 func (q *CQ) Close() error {
 	if q == nil || q.cq == nil {
 		return nil
@@ -624,7 +707,13 @@ func (q *CQ) Close() error {
 		q.unacked = 0
 	}
 	q.evMu.Unlock()
+	if err := destroyErr("ibv_destroy_cq"); err != nil {
+		q.revive()
+		q.l.endClose(false)
+		return &OpError{Op: "ibv_destroy_cq", Addr: q.tag, Err: err}
+	}
 	if rc, cerr := C.ibv_destroy_cq(q.cq); rc != 0 {
+		q.revive()
 		q.l.endClose(false)
 		return &OpError{Op: "ibv_destroy_cq", Addr: q.tag, Err: rcErr(rc, cerr)}
 	}
