@@ -271,9 +271,10 @@ type ID struct {
 	// deviceRemoved: the id's device reported EventDeviceRemoval.
 	deviceRemoved atomic.Bool
 
-	mu     sync.RWMutex // held for writing by Close only
-	closed bool
-	sys    idSys
+	mu        sync.RWMutex // held for writing by Close only
+	closed    bool         // Close began: no more use
+	destroyed bool         // rdma_destroy_id succeeded
+	sys       idSys
 }
 
 // DeviceRemoved reports whether the id's device has gone away: an
@@ -681,28 +682,45 @@ func eventError(e Event, want EventType, addr string) error {
 // sent a DREQ (except from an XRC target id, which sends nothing), a pending
 // request is rejected. Queued events are dropped, and the new ids of
 // unclaimed connection requests on a listener are closed too. Waiters return
-// ErrClosed. Close is idempotent.
+// ErrClosed. If rdma_destroy_id fails, the id is closed for use but still
+// exists in C: it stays counted (Counts) and holds its channel, and Close
+// may be called again to retry the destroy. Close is idempotent.
 func (id *ID) Close() error {
 	if id == nil || id.ch == nil {
 		return nil
 	}
 	id.mu.Lock()
-	if id.closed {
+	if id.destroyed {
 		id.mu.Unlock()
 		return nil
 	}
-	id.closed = true
+	var rest []Event
 	c := id.ch
-	c.mu.Lock()
-	delete(c.ids, id.handle) // the pump drops this id's events from now on
-	c.mu.Unlock()
-	rest := id.q.close(ErrClosed, true)
-	err := id.sysDestroy()
+	if !id.closed {
+		id.closed = true
+		c.mu.Lock()
+		delete(c.ids, id.handle) // the pump drops this id's events from now on
+		c.mu.Unlock()
+		rest = id.q.close(ErrClosed, true)
+	}
+	var addr string
+	err := destroyErr()
+	if err == nil {
+		err = id.sysDestroy()
+	}
+	if err != nil {
+		addr = id.sysLocalAddr().String()
+	} else {
+		id.destroyed = true
+	}
 	id.mu.Unlock()
 	for _, e := range rest {
 		if e.Type == EventConnectRequest && e.ID != nil && e.ID != id {
 			e.ID.Close()
 		}
+	}
+	if err != nil {
+		return &verbs.OpError{Op: "rdma_destroy_id", Addr: addr, Err: err}
 	}
 	c.mu.Lock()
 	c.live--
@@ -712,8 +730,17 @@ func (id *ID) Close() error {
 	if destroy {
 		c.sysDestroy()
 	}
-	if err != nil {
-		return &verbs.OpError{Op: "rdma_destroy_id", Err: err}
+	return nil
+}
+
+// failDestroyID, set only by tests, makes the next rdma_destroy_id fail with
+// the error it returns before the call is made: no kernel fails a destroy
+// on demand, and what a failed Close leaves must still be tested.
+var failDestroyID atomic.Pointer[func() error]
+
+func destroyErr() error {
+	if f := failDestroyID.Load(); f != nil {
+		return (*f)()
 	}
 	return nil
 }

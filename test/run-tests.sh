@@ -13,7 +13,7 @@ set -euo pipefail
 
 # Packages whose tests need real RDMA: built with `go test -c`, run in the VM as root with
 # RXE_DEV RXE_NETDEV RXE_IP RXE_PEER_IP set. (They also run, and skip, on the host.)
-VM_PACKAGES=(./test/integration ./xrc ./internal/kernel/kcm ./verbs)
+VM_PACKAGES=(./test/integration ./xrc ./internal/kernel/kcm ./verbs ./rdmacm)
 # Built again with -race and run in the same guest after them: the data race detector on the
 # paths only real RDMA takes (the CM and completion pumps, device events, the kernel CM under
 # XRC). PACKAGE=TESTS runs only the tests matching TESTS (-test.run).
