@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -107,11 +108,7 @@ type Context struct {
 	owned bool // false for contexts librdmacm owns (cbridge.WrapContext)
 
 	asyncOnce sync.Once
-	asyncErr  error
-	events    chan AsyncEvent
-	asyncFD   *fdpoll.FD
-	asyncStop chan struct{}
-	asyncDone chan struct{}
+	async     *asyncSub // this wrapper's share of the context's async events
 
 	reg *registry
 }
@@ -126,6 +123,9 @@ type registry struct {
 	srqs  map[*C.struct_ibv_srq]*SRQ
 	cqs   map[*C.struct_ibv_cq]*CQ
 	users int // open wrappers; guarded by registries
+
+	asyncMu sync.Mutex
+	async   *asyncPump // the context's one async fd reader, while it has subscribers
 }
 
 // registries holds the registry of every C context with an open wrapper.
@@ -325,67 +325,171 @@ func (c *Context) GIDs(port uint8) ([]GIDEntry, error) {
 }
 
 // AsyncEvents returns the device's asynchronous events (QP errors, SRQ limit,
-// port changes ...). The first call starts one pump goroutine that waits for
-// the device's async fd in the netpoller, copies and acknowledges each event
-// and delivers it here. The channel is closed by Close. Events wait in the
-// kernel while the channel is full, so a reader that falls behind loses
-// nothing. Every call returns the same channel; nil if the pump cannot start.
+// port changes ...). The device context has one async descriptor, however
+// many wrappers it has (rdmacm.ID.Context makes one per call): its first
+// AsyncEvents starts one pump goroutine that waits for the descriptor in the
+// netpoller, copies and acknowledges each event, and delivers it to every
+// wrapper that called AsyncEvents, each on its own channel. The channel is
+// closed by the wrapper's Close, or early if reading the descriptor fails
+// (AsyncErr says why). Events wait in the kernel while a reader's channel
+// is full, so a reader that falls behind loses nothing, and holds back the
+// others. Every call on a wrapper returns the same channel; nil if the pump
+// cannot start (AsyncErr says why).
 func (c *Context) AsyncEvents() <-chan AsyncEvent {
 	if err := c.use("async events"); err != nil {
 		return nil
 	}
 	defer c.l.done()
-	c.asyncOnce.Do(func() {
-		fd, err := fdpoll.Open(int(C.goxrc_async_fd(c.ctx)), c.name+" async fd")
-		if err != nil {
-			c.asyncErr = err
-			return
-		}
-		c.asyncFD = fd
-		c.events = make(chan AsyncEvent, 64)
-		c.asyncStop = make(chan struct{})
-		c.asyncDone = make(chan struct{})
-		go c.pumpAsync()
-	})
-	if c.events == nil {
+	c.asyncOnce.Do(func() { c.async = c.reg.subscribeAsync(c) })
+	if c.async.ch == nil {
 		return nil
 	}
-	return c.events
+	return c.async.ch
 }
 
-func (c *Context) pumpAsync() {
-	defer close(c.asyncDone)
-	defer close(c.events)
-	var raw C.struct_goxrc_async
-	for {
-		stopped, failed := false, false
-		err := c.asyncFD.Wait(context.Background(), func() bool {
-			// Drain everything: the netpoller is edge-triggered.
-			for {
-				switch C.goxrc_get_async(c.ctx, &raw) {
-				case 0:
-					return false
-				case -1:
-					failed = true
-					return true
-				}
-				ev := c.convertAsync(&raw)
-				select {
-				case c.events <- ev:
-				case <-c.asyncStop:
-					stopped = true
-					return true
-				}
+// AsyncErr reports why AsyncEvents returned nil, or why its channel closed
+// before Close: the async descriptor could not be polled or read.
+func (c *Context) AsyncErr() error {
+	if c == nil || c.async == nil {
+		return nil
+	}
+	err := c.async.err.Load()
+	if err == nil {
+		return nil
+	}
+	return &OpError{Op: "ibv_get_async_event", Addr: c.name, Err: *err}
+}
+
+// asyncPump reads one C context's async descriptor for all its wrappers.
+type asyncPump struct {
+	c    *Context // the wrapper that started it: its C context and registry
+	fd   *fdpoll.FD
+	done chan struct{}
+	subs map[*asyncSub]struct{} // under registry.asyncMu
+}
+
+// asyncSub is one wrapper's channel of async events.
+type asyncSub struct {
+	ch   chan AsyncEvent
+	stop chan struct{}         // closed by unsubscribeAsync: the pump stops sending
+	mu   sync.Mutex            // held by the pump while it sends
+	dead bool                  // ch is closed; under mu
+	err  atomic.Pointer[error] // why the pump ended early, or could not start
+}
+
+// end closes s's channel (once), err the reason if not nil.
+func (s *asyncSub) end(err error) {
+	if err != nil {
+		s.err.CompareAndSwap(nil, &err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.dead {
+		s.dead = true
+		close(s.ch)
+	}
+}
+
+// subscribeAsync adds a subscriber for c, starting the pump if there is none.
+func (r *registry) subscribeAsync(c *Context) *asyncSub {
+	s := &asyncSub{stop: make(chan struct{})}
+	r.asyncMu.Lock()
+	defer r.asyncMu.Unlock()
+	if r.async == nil {
+		fd, err := fdpoll.Open(int(C.goxrc_async_fd(c.ctx)), c.name+" async fd")
+		if err != nil {
+			s.err.Store(&err)
+			return s
+		}
+		r.async = &asyncPump{c: c, fd: fd, done: make(chan struct{}), subs: map[*asyncSub]struct{}{}}
+		go r.pumpAsync(r.async)
+	}
+	s.ch = make(chan AsyncEvent, 64)
+	r.async.subs[s] = struct{}{}
+	return s
+}
+
+// unsubscribeAsync removes s; the last subscriber stops the pump.
+func (r *registry) unsubscribeAsync(s *asyncSub) {
+	if s == nil || s.ch == nil {
+		return
+	}
+	close(s.stop)
+	r.asyncMu.Lock()
+	p := r.async
+	var last bool
+	if p != nil {
+		if _, ok := p.subs[s]; ok {
+			delete(p.subs, s)
+			last = len(p.subs) == 0
+			if last {
+				r.async = nil
 			}
-		})
-		if stopped || failed || err != nil {
-			return
 		}
-		select {
-		case <-c.asyncStop:
-			return
-		default:
+	}
+	r.asyncMu.Unlock()
+	if last {
+		p.fd.Close()
+		<-p.done
+	}
+	s.end(nil)
+}
+
+func (r *registry) pumpAsync(p *asyncPump) {
+	defer close(p.done)
+	var raw C.struct_goxrc_async
+	var readErr error
+	var subs []*asyncSub
+	err := p.fd.Wait(context.Background(), func() bool {
+		// Drain everything: the netpoller is edge-triggered.
+		for {
+			switch rc, err := C.goxrc_get_async(p.c.ctx, &raw); rc {
+			case 0:
+				return false
+			case -1:
+				readErr = errnoOr(err, syscall.EIO)
+				return true
+			}
+			ev := p.c.convertAsync(&raw)
+			r.asyncMu.Lock()
+			subs = subs[:0]
+			for s := range p.subs {
+				subs = append(subs, s)
+			}
+			r.asyncMu.Unlock()
+			for _, s := range subs {
+				s.mu.Lock()
+				if !s.dead {
+					select {
+					case s.ch <- ev:
+					case <-s.stop:
+					}
+				}
+				s.mu.Unlock()
+			}
 		}
+	})
+	if readErr == nil && !errors.Is(err, fdpoll.ErrClosed) {
+		readErr = err
+	}
+	if readErr == nil {
+		return // stopped by the last unsubscribe
+	}
+	// Reading failed: every subscriber's channel ends with the reason, and
+	// the next AsyncEvents of a new wrapper starts a new pump.
+	r.asyncMu.Lock()
+	if r.async == p {
+		r.async = nil
+	}
+	subs = subs[:0]
+	for s := range p.subs {
+		subs = append(subs, s)
+	}
+	p.subs = nil
+	r.asyncMu.Unlock()
+	p.fd.Close()
+	for _, s := range subs {
+		s.end(readErr)
 	}
 }
 
@@ -416,11 +520,7 @@ func (c *Context) Close() error {
 	if already || err != nil {
 		return err
 	}
-	if c.asyncFD != nil {
-		close(c.asyncStop)
-		c.asyncFD.Close()
-		<-c.asyncDone
-	}
+	c.reg.unsubscribeAsync(c.async)
 	releaseRegistry(c.ctx)
 	if c.owned {
 		if rc, cerr := C.ibv_close_device(c.ctx); rc != 0 {

@@ -41,6 +41,7 @@ func (c *Context) QueryPort(uint8) (PortAttr, error) {
 }
 func (c *Context) GIDs(uint8) ([]GIDEntry, error) { return nil, unsupported("ibv_query_gid_table") }
 func (c *Context) AsyncEvents() <-chan AsyncEvent { return nil }
+func (c *Context) AsyncErr() error                { return unsupported("ibv_get_async_event") }
 func (c *Context) Close() error                   { return nil }
 func (c *Context) AllocPD() (*PD, error)          { return nil, unsupported("ibv_alloc_pd") }
 func (c *Context) NewCompChannel() (*CompChannel, error) {

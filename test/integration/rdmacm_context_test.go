@@ -5,6 +5,7 @@ package integration
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -63,4 +64,65 @@ func TestVerbsSharedChannelAcrossWrappers(t *testing.T) {
 	connectRC(t, wb, snd, rcv)
 
 	sendSeeingEvents(t, ch, cqA, cqB, snd, rcv, mr)
+}
+
+// TestVerbsAsyncEventsAcrossWrappers: a device context has one async
+// descriptor however many wrappers it has. Every wrapper that asked for its
+// async events gets each event; before, each wrapper started a reader of
+// its own and an event went to whichever read first. Closing one wrapper
+// ends its channel only.
+func TestVerbsAsyncEventsAcrossWrappers(t *testing.T) {
+	_, ip := rdmacmEnv(t)
+	l := rdmacmListen(t, rdmacmChannel(t), rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(ip, 20113))
+	wa, wb := l.Context(), l.Context()
+	require.NotNil(t, wa)
+	require.NotNil(t, wb)
+	cleanupClose(t, wa)
+	cleanupClose(t, wb)
+	ea, eb := wa.AsyncEvents(), wb.AsyncEvents()
+	require.NotNil(t, ea, "%v", wa.AsyncErr())
+	require.NotNil(t, eb, "%v", wb.AsyncErr())
+
+	pd, err := wa.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	srq, err := pd.CreateSRQ(verbs.SRQInit{MaxWR: 16, MaxSGE: 1})
+	require.NoError(t, err)
+	cleanupClose(t, srq)
+	p := newRCPair(t, wa, srq, pd)
+	recvs := make([]verbs.RecvWR, 4)
+	for i := range recvs {
+		recvs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{p.peerMR.SGE(i*256, 256)}}
+	}
+	require.NoError(t, srq.PostRecv(recvs))
+	require.NoError(t, srq.Arm(2))
+	for i := range 3 {
+		require.NoError(t, p.a.PostSend([]verbs.SendWR{{ID: uint64(10 + i), Opcode: verbs.WRSend,
+			Flags: verbs.SendSignaled, Inline: []byte("limit")}}))
+	}
+	p.collect(t, 6)
+	for name, events := range map[string]<-chan verbs.AsyncEvent{"first wrapper": ea, "second wrapper": eb} {
+		select {
+		case ev, ok := <-events:
+			require.True(t, ok, "%s: channel closed: %v", name, wa.AsyncErr())
+			require.Equal(t, verbs.EventSRQLimitReached, ev.Type, name)
+			require.Same(t, srq, ev.SRQ, name)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no SRQ limit event", name)
+		}
+	}
+
+	require.NoError(t, wb.Close())
+	select {
+	case _, ok := <-eb:
+		require.False(t, ok, "the closed wrapper's channel is closed")
+	case <-time.After(2 * time.Second):
+		t.Fatal("the closed wrapper's channel stayed open")
+	}
+	select {
+	case ev, ok := <-ea:
+		t.Fatalf("the open wrapper's channel gave %v (open %v) when the other closed", ev, ok)
+	case <-time.After(100 * time.Millisecond):
+	}
+	require.NoError(t, wa.AsyncErr())
 }
