@@ -1044,7 +1044,16 @@ func (c *Conn) handle(wc *completion) {
 		if c.err != nil {
 			return
 		}
+		if err := c.checkRecvLocked(wc); err != nil {
+			c.failLocked(err)
+			return
+		}
 		if c.raw {
+			if wc.written {
+				// A plain verbs peer's write-then-notify: the data is
+				// in the region it wrote; the message is the notice.
+				wc.n = 0
+			}
 			c.ready.Push(readyMsg{slot: wc.slot, n: wc.n, imm: wc.imm, hasImm: wc.hasImm})
 			return
 		}
@@ -1104,6 +1113,20 @@ func (c *Conn) fail(err error) {
 	c.mu.Lock()
 	c.failLocked(err)
 	c.mu.Unlock()
+}
+
+// checkRecvLocked vets a receive completion the device reported, whose
+// length and kind come from the peer: a goxrc peer only sends, and no
+// message is longer than its receive buffer. The peer's RDMA write with
+// immediate data also consumes a receive, reporting the write's length.
+func (c *Conn) checkRecvLocked(wc *completion) error {
+	if wc.written && !c.raw {
+		return fmt.Errorf("%w: the peer's RDMA write with immediate data consumed a receive (goxrc peers only send)", ErrProtocol)
+	}
+	if !wc.written && (wc.n < 0 || wc.n > len(c.t.recvBuf(wc.slot))) {
+		return fmt.Errorf("%w: received %d bytes into a %d-byte buffer", ErrProtocol, wc.n, len(c.t.recvBuf(wc.slot)))
+	}
+	return nil
 }
 
 // failedCompletionLocked fails the Conn for a failed work request. A flush

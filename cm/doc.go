@@ -85,7 +85,11 @@
 // talk only to goxrc peers. WithRawMessages drops both: each Send is one
 // plain RDMA send and each receive buffer one message, which is what
 // rdma-core's rdma_server and rdma_client examples and other plain
-// librdmacm programs do. Raw connections have no flow control.
+// librdmacm programs do. Raw connections have no flow control. A raw
+// peer's RDMA write with immediate data (a common write-then-notify) arrives
+// as a message of no bytes carrying the immediate (RecvWithImm): its data
+// is in the region the peer wrote. A framed connection fails with
+// ErrProtocol if its peer writes so.
 //
 // # Errors and waiting
 //

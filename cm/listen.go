@@ -343,7 +343,9 @@ func (l *Listener) Close() error {
 			return
 		}
 		gone := l.id.DeviceRemoved()
-		err = l.id.Close()
+		if !gone {
+			err = l.id.Close() // refuses new requests, ends the loop
+		} // else the loop ends at the removal; the id goes last, below
 		l.wg.Wait()
 		// Each Close waits for its connection's time-wait (2 s on
 		// soft-RoCE): they wait together.
@@ -364,6 +366,11 @@ func (l *Listener) Close() error {
 				l.dev.removed()
 			}
 			l.dev.dropListener()
+		}
+		if gone {
+			// After the device's objects: librdmacm closes a removed
+			// device's context with the last id on it.
+			err = errors.Join(err, l.id.Close())
 		}
 		l.dropHeldDevices() // after the handshakes (wg), which hold them
 		globalStats.listeners.Add(-1)

@@ -578,6 +578,7 @@ func (t *rdmaTransport) poll(ctx context.Context, cs []completion, spin time.Dur
 			c.op, c.slot = compSend, int(wc.WRID&^sendWRTag)
 		default:
 			c.op, c.slot = compRecv, int(wc.WRID)
+			c.written = wc.Opcode == verbs.WCRecvRDMAWithImm
 		}
 		if wc.Status != verbs.WCSuccess {
 			c.err = wc.Err()

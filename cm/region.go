@@ -43,11 +43,12 @@ func (r RemoteRegion) Marshal() []byte {
 }
 
 // UnmarshalRemoteRegion decodes a descriptor received from a peer. It
-// rejects one whose range would wrap past the end of the address space
-// (WriteRemote and ReadRemote add offsets to Addr).
+// rejects, with ErrProtocol, one of the wrong length and one whose range
+// would wrap past the end of the address space (WriteRemote and ReadRemote
+// add offsets to Addr).
 func UnmarshalRemoteRegion(b []byte) (RemoteRegion, error) {
 	if len(b) != RemoteRegionLen {
-		return RemoteRegion{}, fmt.Errorf("cm: remote region descriptor of %d bytes, want %d", len(b), RemoteRegionLen)
+		return RemoteRegion{}, fmt.Errorf("cm: %w: remote region descriptor of %d bytes, want %d", ErrProtocol, len(b), RemoteRegionLen)
 	}
 	r := RemoteRegion{
 		Addr: binary.BigEndian.Uint64(b),
@@ -55,7 +56,7 @@ func UnmarshalRemoteRegion(b []byte) (RemoteRegion, error) {
 		RKey: binary.BigEndian.Uint32(b[12:]),
 	}
 	if r.Addr > math.MaxUint64-uint64(r.Len) {
-		return RemoteRegion{}, fmt.Errorf("cm: remote region [%#x, +%d) wraps the address space", r.Addr, r.Len)
+		return RemoteRegion{}, fmt.Errorf("cm: %w: remote region [%#x, +%d) wraps the address space", ErrProtocol, r.Addr, r.Len)
 	}
 	return r, nil
 }
@@ -86,7 +87,8 @@ func (r *Region) Close() error {
 	return r.closeErr
 }
 
-var errRegionClosed = errors.New("local region closed")
+// errRegionClosed: the local region of a one-sided operation was closed.
+var errRegionClosed = fmt.Errorf("local region: %w", ErrClosed)
 
 // RegisterMemory registers size bytes for one-sided operations on this
 // connection. With remoteWrite the peer may write it; it may always read it.
@@ -138,8 +140,11 @@ func (c *Conn) ReadRemote(ctx context.Context, local *Region, off, n int, remote
 }
 
 func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
-	if c == nil || local == nil {
+	if c == nil {
 		return ErrClosed
+	}
+	if local == nil {
+		return c.opErr(op, errors.New("no local region"))
 	}
 	if c.x != nil {
 		return c.opErr(op, fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
@@ -178,10 +183,12 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	// is still using would fail the request, and with it the connection.
 	local.mu.RLock()
 	defer local.mu.RUnlock()
-	err := errRegionClosed
-	if !local.closed {
-		err = c.t.postRDMA(write, local, off, n, remote, roff)
+	if local.closed {
+		c.ioDone()
+		c.noRDMAOut()
+		return opError(op, c.raddr, errRegionClosed) // not c.opErr: it would say the connection closed
 	}
+	err := c.t.postRDMA(write, local, off, n, remote, roff)
 	c.ioDone()
 	if err != nil {
 		c.noRDMAOut()

@@ -21,7 +21,7 @@ func TestRemoteRegionRejectsHostileDescriptors(t *testing.T) {
 
 	for _, b := range [][]byte{nil, make([]byte, RemoteRegionLen-1), make([]byte, RemoteRegionLen+1)} {
 		_, err := UnmarshalRemoteRegion(b)
-		require.Error(t, err, "%d bytes", len(b))
+		require.ErrorIs(t, err, ErrProtocol, "%d bytes", len(b))
 	}
 	edge := RemoteRegion{Addr: math.MaxUint64 - 100, Len: 100}
 	_, err = UnmarshalRemoteRegion(edge.Marshal())
@@ -29,6 +29,7 @@ func TestRemoteRegionRejectsHostileDescriptors(t *testing.T) {
 	edge.Len++
 	_, err = UnmarshalRemoteRegion(edge.Marshal())
 	require.ErrorContains(t, err, "wraps")
+	require.ErrorIs(t, err, ErrProtocol)
 }
 
 // FuzzUnmarshalRemoteRegion: a descriptor from a peer either fails to

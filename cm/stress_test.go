@@ -472,7 +472,7 @@ func runStress(t *testing.T, seed uint64) {
 					if !errors.Is(err, ErrClosed) {
 						s.faulted.Store(true)
 					}
-					if !allowedErr(err, ctx) && !strings.Contains(err.Error(), "local region closed") &&
+					if !allowedErr(err, ctx) && !strings.Contains(err.Error(), "local region") &&
 						!strings.Contains(err.Error(), "remote access error") {
 						s.failf("%s: unexpected error %v", name, err)
 					}

@@ -72,7 +72,11 @@ type completion struct {
 	n      int
 	imm    uint32
 	hasImm bool
-	err    error
+	// written: the receive was consumed by the peer's RDMA write with
+	// immediate data, not a send; n is the write's length, and the
+	// receive buffer holds nothing of it.
+	written bool
+	err     error
 }
 
 // memory is registered memory: its bytes, and the keys the device knows it by.
