@@ -672,9 +672,15 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 		if wc.Flags&verbs.WCWithImm != 0 {
 			rc.Imm = wc.Imm
 		}
-		if wc.Status == verbs.WCSuccess {
+		if wc.Status == verbs.WCSuccess && (int(wc.ByteLen) > s.slot || wc.Opcode == verbs.WCRecvRDMAWithImm) {
+			// The length is the peer's: a write with immediate data
+			// reports its own length and fills no slot. Dropped, as a
+			// failed receive is (cm's RC path fails the connection).
+			rc.Status = verbs.WCLocLenErr
+		}
+		if rc.Status == verbs.WCSuccess {
 			rc.Payload = kernel.NewPayload(int(wc.ByteLen))
-			copy(rc.Payload, buf[off:])
+			copy(rc.Payload, buf[off:off+int(wc.ByteLen)])
 		}
 		out[i] = rc
 		// Flushed slots too: an XRC SRQ completes a receive as flushed
