@@ -754,6 +754,17 @@ func TestVerbsSRQAndLimitEvent(t *testing.T) {
 	}
 }
 
+// requireEventsEnd: the async events channel of a closed wrapper is closed.
+func requireEventsEnd(t *testing.T, events <-chan verbs.AsyncEvent) {
+	t.Helper()
+	select {
+	case ev, ok := <-events:
+		require.False(t, ok, "event %v after Close; want the channel closed", ev)
+	case <-time.After(2 * time.Second):
+		t.Fatal("AsyncEvents channel not closed by Close")
+	}
+}
+
 func TestVerbsClosedContextStopsEvents(t *testing.T) {
 	dev := os.Getenv("RXE_DEV")
 	if dev == "" {
@@ -764,12 +775,7 @@ func TestVerbsClosedContextStopsEvents(t *testing.T) {
 	require.NoError(t, err)
 	ev := ctx.AsyncEvents()
 	require.NoError(t, ctx.Close())
-	select {
-	case _, ok := <-ev:
-		require.False(t, ok, "channel closed by Close")
-	case <-time.After(2 * time.Second):
-		t.Fatal("AsyncEvents channel not closed")
-	}
+	requireEventsEnd(t, ev)
 	require.NoError(t, ctx.Close())
 	_, err = ctx.AllocPD()
 	require.True(t, errors.Is(err, verbs.ErrClosed), "got %v", err)
