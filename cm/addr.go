@@ -48,9 +48,12 @@ func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) 
 	}
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
+		if port == "" {
+			return nil, fmt.Errorf("missing port in address %q", address)
+		}
 		n, lerr := r.LookupPort(ctx, "tcp", port)
-		if lerr != nil || port == "" {
-			return nil, fmt.Errorf("invalid port %q", port)
+		if lerr != nil {
+			return nil, fmt.Errorf("invalid port %q: %w", port, lerr)
 		}
 		p = uint64(n)
 	}

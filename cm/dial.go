@@ -35,7 +35,7 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 func dialFamily(ctx context.Context, family, address string, opts []Option) (*Conn, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, opError("dial", nil, err)
+		return nil, &OpError{Op: "dial", Addr: address, Err: err}
 	}
 	if cfg.local.IsValid() {
 		// A name's addresses of the other family could not be reached
@@ -45,7 +45,7 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (*Co
 			lf = "ip6"
 		}
 		if family != "ip" && family != lf {
-			return nil, opError("dial", nil, &net.AddrError{Err: "mismatched local address type", Addr: cfg.local.String()})
+			return nil, &OpError{Op: "dial", Addr: address, Err: &net.AddrError{Err: "mismatched local address type", Addr: cfg.local.String()}}
 		}
 		family = lf
 	}
@@ -54,7 +54,7 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (*Co
 		// The in-memory fabric: always XRC, from the node's one address.
 		node := cfg.fabric.Node().Addr()
 		if cfg.local.IsValid() && !cfg.local.IsUnspecified() && cfg.local != node {
-			return nil, opError("dial", nil, fmt.Errorf("cm: local address %s is not the fabric node's (%s)", cfg.local, node))
+			return nil, &OpError{Op: "dial", Addr: address, Err: fmt.Errorf("cm: local address %s is not the fabric node's (%s)", cfg.local, node)}
 		}
 		site := cfg.fabricSite(node)
 		try = func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {

@@ -60,7 +60,7 @@ type Listener struct {
 func Listen(ctx context.Context, address string, opts ...Option) (*Listener, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, opError("listen", nil, err)
+		return nil, &OpError{Op: "listen", Addr: address, Err: err}
 	}
 	local, err := resolveAddr(ctx, cfg.resolver, address)
 	if err != nil {
@@ -168,18 +168,32 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		// closeXRC calls the release once (releaseOnce).
 		return newXRCConn(x, l.cfg, func() { l.xl.release() }), nil
 	}
+	// Close's drain of ready waits for its handshakes (a time-wait, maybe):
+	// until then a select would pick ready half the time.
+	if closed(l.done) {
+		return nil, l.closedErr()
+	}
 	select {
 	case c := <-l.ready:
 		<-l.inProgress
+		if closed(l.done) {
+			c.close(true) // what Close would have done with it
+			return nil, l.closedErr()
+		}
 		return c, nil
 	case <-l.done:
-		if l.removed.Load() {
-			return nil, opError("accept", l.addr, ErrDeviceRemoved)
-		}
-		return nil, opError("accept", l.addr, ErrClosed)
+		return nil, l.closedErr()
 	case <-ctx.Done():
 		return nil, opError("accept", l.addr, ctx.Err())
 	}
+}
+
+// closedErr is Accept's error once the listener is closed.
+func (l *Listener) closedErr() error {
+	if l.removed.Load() {
+		return opError("accept", l.addr, ErrDeviceRemoved)
+	}
+	return opError("accept", l.addr, ErrClosed)
 }
 
 // loop takes connection requests off the listening id; each handshake runs
@@ -237,6 +251,11 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 		id.Reject(nil)
 		id.Close()
 	}
+	if l.ctx.Err() != nil { // taken off the id just before Close
+		id.Reject(nil)
+		id.Close()
+		return false
+	}
 	var peer hello
 	if !cfg.raw {
 		h, err := peerHello(ev)
@@ -290,6 +309,14 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 	cp := rdmacm.ConnParam{QPNum: t.qp.Num(), ResponderResources: moves.ResponderResources, InitiatorDepth: moves.InitiatorDepth, RNRRetryCount: 7}
 	if !cfg.raw {
 		cp.PrivateData = hello{queueDepth: uint16(cfg.queueDepth), maxMessage: uint32(cfg.messageSize), probe: t.probeTarget()}.marshal()
+	}
+	if l.ctx.Err() != nil {
+		// Closed meanwhile: refuse rather than accept a connection
+		// nobody will take (the dialer would see it fail after its
+		// Dial returned).
+		id.Reject(nil)
+		t.free()
+		return false
 	}
 	if err := id.Accept(cp); err != nil {
 		globalStats.acceptErrors.Add(1)
@@ -398,3 +425,13 @@ func (n netListener) Accept() (net.Conn, error) {
 
 func (n netListener) Close() error   { return n.l.Close() }
 func (n netListener) Addr() net.Addr { return n.l.Addr() }
+
+// closed reports whether ch is closed, without waiting.
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

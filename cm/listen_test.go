@@ -2,6 +2,7 @@ package cm
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -54,6 +55,36 @@ func TestListenerCloseClosesUnacceptedTogether(t *testing.T) {
 		e.w.mu.Unlock()
 		if !released {
 			t.Errorf("connection %d not released by Close", i)
+		}
+	}
+}
+
+// Once Close has begun, Accept hands out no queued connection: Close
+// drains them only after its handshakes end, and a select between the
+// queue and Close's signal picked the queue half the time.
+func TestAcceptAfterCloseBeganRefuses(t *testing.T) {
+	for range 200 {
+		l := &Listener{ready: make(chan *Conn, 1), done: make(chan struct{}), inProgress: make(chan struct{}, 1)}
+		l.inProgress <- struct{}{}
+		l.ready <- &Conn{}
+		close(l.done) // Close's first step
+		if c, err := l.Accept(context.Background()); err == nil || c != nil {
+			t.Fatalf("Accept after Close began: %v, %v; want ErrClosed", c, err)
+		} else if !errors.Is(err, ErrClosed) {
+			t.Fatalf("Accept after Close began: %v, want ErrClosed", err)
+		}
+	}
+}
+
+// Errors before any address is resolved still name the address given.
+func TestSetupErrorsNameTheAddress(t *testing.T) {
+	for _, err := range []error{
+		func() error { _, err := Dial(context.Background(), "10.9.9.9:7471", WithQueueDepth(1)); return err }(),
+		func() error { _, err := Listen(context.Background(), "10.9.9.9:7471", WithBacklog(-1)); return err }(),
+	} {
+		var oe *OpError
+		if !errors.As(err, &oe) || oe.Addr != "10.9.9.9:7471" {
+			t.Errorf("%v: want an *OpError naming 10.9.9.9:7471", err)
 		}
 	}
 }

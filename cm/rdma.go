@@ -335,11 +335,17 @@ func (d *device) holdForListener() bool {
 	return true
 }
 
-// dropListener gives back a listener's reference.
+// dropListener gives back a listener's reference. The last listener takes
+// the cached QPs with it: a process that only dials keeps none (putQP), and
+// its dialed connections or regions may hold the device for long.
 func (d *device) dropListener() {
 	devices.Lock()
 	d.listeners--
+	last := d.listeners == 0
 	devices.Unlock()
+	if last {
+		d.dropQPs()
+	}
 	d.release()
 }
 

@@ -630,7 +630,19 @@ func testQueuePairsReused(t *testing.T, wildcard bool) {
 	s = cm.GlobalStats()
 	require.Equal(t, start.QueuePairsReused+2, s.QueuePairsReused, "both ends take a kept pair")
 	require.Equal(t, start.CachedQueuePairs+4, s.CachedQueuePairs)
+	// The last listener takes the kept pairs with it, though connections
+	// still hold the device.
+	client, err := cm.Dial(ctx, addr, opts...)
+	require.NoError(t, err)
+	server, err := l.Accept(ctx)
+	require.NoError(t, err)
 	require.NoError(t, l.Close())
+	require.Equal(t, start.CachedQueuePairs, cm.GlobalStats().CachedQueuePairs, "kept pairs after the listener closed")
+	var wg sync.WaitGroup
+	for _, c := range []*cm.Conn{client, server} {
+		wg.Go(func() { assert.NoError(t, c.Close()) })
+	}
+	wg.Wait()
 	waitObjects(t, base, 10*time.Second)
 	require.Equal(t, start.CachedQueuePairs, cm.GlobalStats().CachedQueuePairs)
 }
