@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/goxrc/goxrc/internal/faults"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -22,9 +23,7 @@ func TestFailedDestroyIDIsRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fail := func() error { failDestroyID.Store(nil); return syscall.EIO }
-	failDestroyID.Store(&fail)
-	t.Cleanup(func() { failDestroyID.Store(nil) })
+	t.Cleanup(faults.Set(faults.FailOnce("rdma_destroy_id", syscall.EIO)))
 
 	err = id.Close()
 	var oe *verbs.OpError

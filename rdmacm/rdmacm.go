@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/goxrc/goxrc/internal/cbridge"
+	"github.com/goxrc/goxrc/internal/faults"
 	"github.com/goxrc/goxrc/internal/objtrace"
 	"github.com/goxrc/goxrc/verbs"
 )
@@ -43,7 +44,8 @@ type EventChannel struct {
 	destroyed bool
 	ids       map[uintptr]*ID // by handle, the value librdmacm keeps as the id's context
 	next      uintptr
-	live      int // ids created on this channel and not yet destroyed
+	live      int           // ids created on this channel and not yet destroyed
+	closeDone chan struct{} // closed when the first Close has returned
 	sys       chanSys
 }
 
@@ -52,7 +54,7 @@ type EventChannel struct {
 // *verbs.OpError naming rdma_create_event_channel; on platforms without
 // RDMA support the error satisfies errors.Is(err, ErrNotSupported).
 func NewEventChannel() (*EventChannel, error) {
-	c := &EventChannel{ids: make(map[uintptr]*ID)}
+	c := &EventChannel{ids: make(map[uintptr]*ID), closeDone: make(chan struct{})}
 	if err := c.sysOpen(); err != nil {
 		return nil, err
 	}
@@ -206,6 +208,9 @@ func (c *EventChannel) createEndpoint(ctx context.Context, ps PortSpace, qpType 
 	c.mu.Unlock()
 	if err := id.sysCreateEP(bind); err != nil {
 		c.unregister(id)
+		if bind.IsValid() && !bind.Addr().IsUnspecified() { // its bind failed: dst was not tried yet
+			addr = bind
+		}
 		return nil, &verbs.OpError{Op: op, Addr: addr.String(), Err: err}
 	}
 	if !dst.IsValid() {
@@ -226,7 +231,8 @@ func (c *EventChannel) createEndpoint(ctx context.Context, ps PortSpace, qpType 
 // ErrClosed once the events already queued are consumed. Operations on the
 // ids then fail with ErrClosed, but the ids stay allocated until each is
 // closed: the C channel is destroyed with the last of them (or here, when
-// none is left). Close is idempotent.
+// none is left). Close is idempotent; a Close while another runs returns
+// when that one has.
 func (c *EventChannel) Close() error {
 	if c == nil {
 		return nil
@@ -234,11 +240,18 @@ func (c *EventChannel) Close() error {
 	c.mu.Lock()
 	if c.closed || c.ids == nil { // a zero value has nothing to stop
 		c.closed = true
+		done := c.closeDone
 		c.mu.Unlock()
+		if done != nil {
+			<-done
+		}
 		return nil
 	}
 	c.closed = true
 	c.mu.Unlock()
+	if c.closeDone != nil {
+		defer close(c.closeDone)
+	}
 	c.sysStop() // the pump has exited when this returns
 	c.mu.Lock()
 	c.stopped = true
@@ -413,10 +426,14 @@ func (id *ID) ResolveAddr(ctx context.Context, src, dst netip.AddrPort) error {
 	}
 	err = id.sysResolveAddr(src, dst, kernelTimeout(ctx))
 	unlock()
-	if err != nil {
-		return &verbs.OpError{Op: op, Addr: dst.String(), Err: err}
+	where := dst.String()
+	if src.IsValid() {
+		where += " from " + src.Addr().String()
 	}
-	_, err = id.wait(ctx, EventAddrResolved, op, dst.String())
+	if err != nil {
+		return &verbs.OpError{Op: op, Addr: where, Err: err}
+	}
+	_, err = id.wait(ctx, EventAddrResolved, op, where)
 	return err
 }
 
@@ -704,7 +721,7 @@ func (id *ID) Close() error {
 		rest = id.q.close(ErrClosed, true)
 	}
 	var addr string
-	err := destroyErr()
+	err := faults.Check("rdma_destroy_id")
 	if err == nil {
 		err = id.sysDestroy()
 	}
@@ -729,18 +746,6 @@ func (id *ID) Close() error {
 	c.mu.Unlock()
 	if destroy {
 		c.sysDestroy()
-	}
-	return nil
-}
-
-// failDestroyID, set only by tests, makes the next rdma_destroy_id fail with
-// the error it returns before the call is made: no kernel fails a destroy
-// on demand, and what a failed Close leaves must still be tested.
-var failDestroyID atomic.Pointer[func() error]
-
-func destroyErr() error {
-	if f := failDestroyID.Load(); f != nil {
-		return (*f)()
 	}
 	return nil
 }

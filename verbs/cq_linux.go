@@ -20,6 +20,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/goxrc/goxrc/internal/faults"
 	"github.com/goxrc/goxrc/internal/fdpoll"
 )
 
@@ -290,7 +291,7 @@ func (ch *CompChannel) Close() error {
 		ch.dead = true
 		ch.evMu.Unlock()
 	}
-	err = destroyErr("ibv_destroy_comp_channel")
+	err = faults.Check("ibv_destroy_comp_channel")
 	if err == nil {
 		if rc, cerr := C.ibv_destroy_comp_channel(ch.ch); rc != 0 {
 			err = rcErr(rc, cerr)
@@ -707,7 +708,7 @@ func (q *CQ) Close() error {
 		q.unacked = 0
 	}
 	q.evMu.Unlock()
-	if err := destroyErr("ibv_destroy_cq"); err != nil {
+	if err := faults.Check("ibv_destroy_cq"); err != nil {
 		q.revive()
 		q.l.endClose(false)
 		return &OpError{Op: "ibv_destroy_cq", Addr: q.tag, Err: err}

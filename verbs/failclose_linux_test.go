@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/goxrc/goxrc/internal/faults"
 )
 
 // openRXE opens $RXE_DEV (the VM harness's soft-RoCE device); it skips
@@ -39,15 +41,7 @@ func openRXE(t *testing.T) *Context {
 
 // failNext makes the next C destroy named op fail with EIO, once.
 func failNext(t *testing.T, op string) {
-	f := func(o string) error {
-		if o != op {
-			return nil
-		}
-		failDestroy.Store(nil)
-		return syscall.EIO
-	}
-	failDestroy.Store(&f)
-	t.Cleanup(func() { failDestroy.Store(nil) })
+	t.Cleanup(faults.Set(faults.FailOnce(op, syscall.EIO)))
 }
 
 // stillWaiting fails the test if the wait in done has ended.

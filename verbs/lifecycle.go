@@ -95,16 +95,3 @@ func (e *explained) Error() string { return e.why + " (" + e.errno.Error() + ")"
 func (e *explained) Unwrap() error { return e.errno }
 
 func closedErr(op, addr string) error { return &OpError{Op: op, Addr: addr, Err: ErrClosed} }
-
-// failDestroy, set only by tests, makes a C destroy named by op fail with the
-// error it returns before the call is made: no device fails its destroys on
-// demand, and what a failed Close leaves must still be tested.
-var failDestroy atomic.Pointer[func(op string) error]
-
-// destroyErr is failDestroy's verdict on op, nil outside tests.
-func destroyErr(op string) error {
-	if f := failDestroy.Load(); f != nil {
-		return (*f)(op)
-	}
-	return nil
-}

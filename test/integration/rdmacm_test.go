@@ -576,6 +576,22 @@ func TestRDMACMResolveFails(t *testing.T) {
 	}
 }
 
+// TestRDMACMBadSourceNamed: a source address that is not the host's fails
+// the id's bind, and the error names that address, not the destination
+// that was never tried.
+func TestRDMACMBadSourceNamed(t *testing.T) {
+	_, ip := rdmacmEnv(t)
+	ch := rdmacmChannel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := ch.CreateEndpointFrom(ctx, rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.MustParseAddr("192.0.2.1"), netip.AddrPortFrom(ip, 20108))
+	var oe *verbs.OpError
+	if !errors.As(err, &oe) || !strings.Contains(oe.Addr, "192.0.2.1") {
+		t.Fatalf("endpoint from an address not the host's: %v, want an error naming 192.0.2.1", err)
+	}
+	t.Log(err)
+}
+
 // TestRDMACMCloseSemantics: closing a channel wakes its waiters and leaves
 // the ids to their owners; closing a listener rejects its unclaimed
 // requests; closing an id wakes its waiters.

@@ -466,7 +466,17 @@ func (c *CM) DestroyID(h kernel.ID) error {
 	if e == nil {
 		return opErr("rdma_destroy_id", "", syscall.EBADF)
 	}
-	return e.id.Close()
+	err := e.id.Close()
+	if err != nil {
+		// The id lives on in C: keep its handle, so that a retry, or
+		// Close, destroys it.
+		c.mu.Lock()
+		if !c.closed {
+			c.ids[h] = e
+		}
+		c.mu.Unlock()
+	}
+	return err
 }
 
 // dropRemovedSpares destroys the spare ids on a device that went away:
@@ -571,6 +581,11 @@ func (c *CM) mapEvent(h kernel.ID, e *entry, re rdmacm.Event) (kernel.Event, boo
 		if sidr {
 			ke.PrivateData = pad(re.PrivateData, budgetSIDRREP)
 		}
+	case rdmacm.EventAddrError, rdmacm.EventRouteError:
+		// Ids here are resolved before they are added, so these come
+		// after the request: the kernel turns a SIDR REP it cannot use
+		// (a peer's qkey it refuses) into ADDR_ERROR with its errno.
+		ke.Type = kernel.EventUnreachable
 	case rdmacm.EventDisconnected:
 		ke.Type, ke.Status = kernel.EventDisconnected, 0
 	case rdmacm.EventTimewaitExit:
@@ -603,6 +618,7 @@ func (c *CM) Close() error {
 	}
 	// Passive ids first, then active ids, then listeners: a listener's
 	// unclaimed requests go with it.
+	var errs []error
 	for _, pass := range []func(*entry) bool{
 		func(e *entry) bool { return e.passive },
 		func(e *entry) bool { return !e.passive && e.remote.IsValid() },
@@ -610,12 +626,14 @@ func (c *CM) Close() error {
 	} {
 		for h, e := range ids {
 			if pass(e) {
-				e.id.Close()
+				if e.id.Close() != nil {
+					errs = append(errs, e.id.Close()) // once more: rdmacm retries the destroy
+				}
 				delete(ids, h)
 			}
 		}
 	}
-	return c.ch.Close()
+	return errors.Join(append(errs, c.ch.Close())...)
 }
 
 // RawID returns the librdmacm id behind h (for InitQPAttr).
