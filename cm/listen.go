@@ -42,8 +42,9 @@ type Listener struct {
 	ctx        context.Context
 	stop       context.CancelFunc // ends ctx, which bounds handshakes, at Close
 	closeOnce  sync.Once
-	wg         sync.WaitGroup // the event loop and handshakes in flight
-	removed    atomic.Bool    // the device went away: Accept says so
+	wg         sync.WaitGroup        // the event loop and handshakes in flight
+	removed    atomic.Bool           // the device went away: Accept says so
+	failed     atomic.Pointer[error] // the event channel broke: Accept says so
 }
 
 // Listen listens for connections on address ("ip:port"; port 0 picks one;
@@ -190,6 +191,9 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 
 // closedErr is Accept's error once the listener is closed.
 func (l *Listener) closedErr() error {
+	if err := l.failed.Load(); err != nil {
+		return opError("accept", l.addr, *err)
+	}
 	if l.removed.Load() {
 		return opError("accept", l.addr, ErrDeviceRemoved)
 	}
@@ -203,7 +207,14 @@ func (l *Listener) loop() {
 	for {
 		ev, err := l.id.Event(context.Background())
 		if err != nil {
-			return // closed
+			if !errors.Is(err, rdmacm.ErrClosed) {
+				// The event channel broke: nothing will come. Accept
+				// says why, rather than wait for ever.
+				l.cfg.logger.Warn("listener failed", "addr", l.addr, "err", err)
+				l.failed.Store(&err)
+				go l.Close()
+			}
+			return
 		}
 		if ev.Type == rdmacm.EventDeviceRemoval {
 			// The kernel has destroyed the listening id; the rest

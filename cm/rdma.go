@@ -101,6 +101,12 @@ func newChanRef() (*chanRef, error) {
 }
 
 func (r *chanRef) acquire() *chanRef {
+	if r.dial {
+		dialChan.Lock()
+		r.refs++
+		dialChan.Unlock()
+		return r
+	}
 	r.mu.Lock()
 	r.refs++
 	r.mu.Unlock()
@@ -109,7 +115,7 @@ func (r *chanRef) acquire() *chanRef {
 
 func (r *chanRef) release() error {
 	if r.dial {
-		return releaseDialChan()
+		return releaseDialChan(r)
 	}
 	r.mu.Lock()
 	r.refs--
@@ -132,9 +138,14 @@ var dialChan struct {
 func acquireDialChan() (*chanRef, error) {
 	dialChan.Lock()
 	defer dialChan.Unlock()
-	if dialChan.ref != nil {
-		dialChan.ref.refs++
-		return dialChan.ref, nil
+	if r := dialChan.ref; r != nil {
+		if r.ch.Err() == nil {
+			r.refs++
+			return r, nil
+		}
+		// Broken: its connections have failed and let go of it in time;
+		// new dials get a channel of their own.
+		dialChan.ref = nil
 	}
 	r, err := newChanRef()
 	if err != nil {
@@ -145,15 +156,16 @@ func acquireDialChan() (*chanRef, error) {
 	return r, nil
 }
 
-func releaseDialChan() error {
+func releaseDialChan(r *chanRef) error {
 	dialChan.Lock()
 	defer dialChan.Unlock()
-	r := dialChan.ref
 	r.refs--
 	if r.refs > 0 {
 		return nil
 	}
-	dialChan.ref = nil
+	if dialChan.ref == r {
+		dialChan.ref = nil
+	}
 	return r.ch.Close()
 }
 

@@ -68,6 +68,18 @@ func (c *EventChannel) isClosed() bool {
 	return c.closed
 }
 
+// Err reports why the channel broke, or nil: its pump failed to read an
+// event, every waiter on its ids failed with that error, and no new id can
+// be made on it. Make a new channel.
+func (c *EventChannel) Err() error {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken
+}
+
 // refusesLocked says why no id can be made on c now, if so.
 func (c *EventChannel) refusesLocked() error {
 	if c.closed || c.ids == nil { // closed, or a zero value never opened

@@ -306,6 +306,7 @@ import (
 	"unsafe"
 
 	"github.com/goxrc/goxrc/internal/cbridge"
+	"github.com/goxrc/goxrc/internal/faults"
 	"github.com/goxrc/goxrc/internal/fdpoll"
 	"github.com/goxrc/goxrc/verbs"
 )
@@ -356,6 +357,10 @@ func (c *EventChannel) pump() {
 	var fatal error
 	err := c.sys.fd.Wait(context.Background(), func() bool {
 		for {
+			if err := faults.Check("rdma_get_cm_event"); err != nil {
+				fatal = err
+				return true
+			}
 			r := C.gx_get_event(c.sys.ch, ev)
 			switch {
 			case r == 0:
