@@ -171,13 +171,13 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	}
 	// Close's drain of ready waits for its handshakes (a time-wait, maybe):
 	// until then a select would pick ready half the time.
-	if closed(l.done) {
+	if l.isClosed() {
 		return nil, l.closedErr()
 	}
 	select {
 	case c := <-l.ready:
 		<-l.inProgress
-		if closed(l.done) {
+		if l.isClosed() {
 			c.close(true) // what Close would have done with it
 			return nil, l.closedErr()
 		}
@@ -186,6 +186,16 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		return nil, l.closedErr()
 	case <-ctx.Done():
 		return nil, opError("accept", l.addr, ctx.Err())
+	}
+}
+
+// isClosed reports whether Close has begun.
+func (l *Listener) isClosed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -436,13 +446,3 @@ func (n netListener) Accept() (net.Conn, error) {
 
 func (n netListener) Close() error   { return n.l.Close() }
 func (n netListener) Addr() net.Addr { return n.l.Addr() }
-
-// closed reports whether ch is closed, without waiting.
-func closed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
