@@ -208,6 +208,9 @@ func (a *acceptor) physical(e kernel.Event, req *wire.Req) (d decision) {
 	if moving == nil && a.retired.has(key) {
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
+	if moving != nil && !sameNode(moving.Downlink.Remote, e.Remote.Addr()) {
+		return a.foreignLeg(req)
+	}
 	var replaced *acceptedLeg
 	defer func() { d.Replaced = replaced }() // accepted or not
 	if req.Flags&wire.FlagMove != 0 {
@@ -259,7 +262,11 @@ func (a *acceptor) physical(e kernel.Event, req *wire.Req) (d decision) {
 func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 	key := legKey{req.Incarnation, req.ConnTag}
 	moving := a.legs[key]
+	from := e.Remote.Addr()
 	if l := moving; l != nil {
+		if !sameNode(l.Downlink.Remote, from) {
+			return a.foreignLeg(req)
+		}
 		if l.cached != nil && l.cachedMove == (req.Flags&wire.FlagMove != 0) &&
 			l.Downlink.TGTQPN == req.TGTQPNHint && l.Downlink.INIQPN == req.INIQPN {
 			// A SIDR retransmission (or a replay): same answer, no count
@@ -277,7 +284,6 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 	if req.DomainHint != a.cfg.DomainID {
 		return a.reject(req.ConnTag, wire.RejectDomainMismatch, 0, nil)
 	}
-	from := e.Remote.Addr()
 	var app []byte
 	if moving == nil {
 		var rej *appReject
@@ -509,6 +515,18 @@ func (a *acceptor) drop(dl *downlink) {
 }
 
 // unknownMove refuses a MOVE of a leg we do not hold.
+// foreignLeg refuses a request naming a leg we hold (its sender's
+// incarnation and tag, neither secret: the sender sends them to every peer)
+// from another node than the leg's. A leg never changes node (a sender
+// recovers its legs over its uplink to the same node). Taken for the leg, a
+// MOVE would put the leg on the requester's TGT, whose messages would then
+// reach the connection as the sender's, and a repeated PHYS_REQ would
+// release the leg and fail its connection.
+func (a *acceptor) foreignLeg(req *wire.Req) decision {
+	return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+}
+
+// unknownMove answers a MOVE of a leg we do not hold.
 func (a *acceptor) unknownMove(req *wire.Req) decision {
 	d := a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	d.UnknownMove = true

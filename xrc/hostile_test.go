@@ -346,3 +346,46 @@ func TestEndpointHostilePhysReqWithoutRTU(t *testing.T) {
 		t.Fatalf("released after %v, before the handshake timeout (%v)", d, testHandshake)
 	}
 }
+
+// TestEndpointLegOfAnotherNode: a process on a third node that names a
+// sender's leg (the sender's incarnation and tag, which the sender gives to
+// every peer) in a MOVE by PHYS_REQ or VIRT_REQ, or in a repeated PHYS_REQ,
+// is refused: it used to get the leg moved onto its own TGT and its
+// messages delivered as the sender's.
+func TestEndpointLegOfAnotherNode(t *testing.T) {
+	w := newWorld(t)
+	s, r := w.endpoint("10.0.77.1", 7000), w.endpoint("10.0.77.2", 7001)
+	sc, rc := pair(t, s, r)
+	k := w.rawKernel("10.0.77.3")
+	_, iniQPN, err := k.CreateINI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := r.Stats()
+	leg := wire.Req{ConnTag: sc.sendTag, Incarnation: s.inc, INIQPN: iniQPN, SRQN: 0x30, ReplyPort: 9, Credits: 8, MaxMessage: MaxMessageSize}
+	for _, tc := range []struct {
+		name string
+		ex   kernel.Exchange
+		qpn  uint32
+		req  func(*wire.Req)
+	}{
+		{"MOVE by PHYS_REQ", kernel.ExchangeXRC, iniQPN, func(q *wire.Req) { q.Type, q.Flags = wire.TypePhysReq, wire.FlagMove }},
+		{"repeated PHYS_REQ", kernel.ExchangeXRC, iniQPN, func(q *wire.Req) { q.Type = wire.TypePhysReq }},
+		{"MOVE by VIRT_REQ", kernel.ExchangeSIDR, 0, func(q *wire.Req) {
+			q.Type, q.Flags, q.DomainHint, q.TGTQPNHint = wire.TypeVirtReq, wire.FlagMove, r.dom.ID, 0x100
+		}},
+	} {
+		q := leg
+		tc.req(&q)
+		ev := answer(t, k, r.Addr(), tc.ex, tc.qpn, encodeReq(t, q))
+		var rej wire.Reject
+		if ev.Type != kernel.EventRejected && ev.Type != kernel.EventUnreachable ||
+			wire.DecodeReject(ev.PrivateData, &rej) != nil || rej.Reason != wire.RejectBadRequest {
+			t.Fatalf("%s from another node: answered %v %x, want REJECT(BAD_REQUEST)", tc.name, ev.Type, ev.PrivateData)
+		}
+	}
+	if st := r.Stats(); st.LocalCounts != before.LocalCounts || st.LegsMoved != before.LegsMoved || st.Rejected != before.Rejected+3 {
+		t.Fatalf("after the requests: %+v, before %+v", st, before)
+	}
+	roundTrip(t, sc, rc, []byte("still the sender's leg"))
+}
