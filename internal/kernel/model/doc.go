@@ -33,7 +33,8 @@
 //     WCRemInvReqErr, moves the INI to ERR and flushes everything behind it.
 //   - An SRQ's receives hold the slot size it was made with; a longer
 //     message completes its receive with WCLocLenErr and its send with
-//     WCRemInvReqErr, the INI to ERR (IB's local length error and NAK).
+//     WCRemInvReqErr, the TGT and the INI to ERR (IB's local length error,
+//     a responder class C error, and its NAK).
 //   - An INI's send queue holds NodeConfig.SendQueueDepth sends (default
 //     256) until their completions are polled; a post beyond that fails with
 //     ENOMEM and leaves the QP as it was (mlx5_wq_overflow; not in facts.md).

@@ -89,8 +89,13 @@ func (p *Process) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, er
 	}
 	// The domain is keyed by inode, like the kernel's xrcd tree. The file
 	// stays open while the domain lives, so the inode number cannot be reused
-	// by a recreated file: unlink + create gives a second domain.
-	file, err := os.Open(path)
+	// by a recreated file: unlink + create gives a second domain. With
+	// XRCDCreate a missing file is created, as verbs.Context.OpenXRCD does.
+	oflags := os.O_RDONLY
+	if flags&kernel.XRCDCreate != 0 {
+		oflags |= os.O_CREATE
+	}
+	file, err := os.OpenFile(path, oflags, 0o600)
 	if err != nil {
 		return 0, &verbs.OpError{Op: op, Addr: path, Err: err}
 	}
@@ -354,8 +359,11 @@ func (q *qp) deliver(wr kernel.SendWR) verbs.WCStatus {
 	}
 	if len(wr.Payload) > s.slot {
 		// The receive it took is too short: it completes in error (a
-		// local length error) and the sender is NAKed.
+		// local length error), the responder (the TGT) goes to ERR, and
+		// the sender is NAKed (rxe_resp.c: RESPST_ERR_LENGTH, a class C
+		// error: do_class_ac_error, then rxe_qp_error).
 		s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Status: verbs.WCLocLenErr})
+		t.state = verbs.QPStateErr
 		return verbs.WCRemInvReqErr
 	}
 	s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Payload: clonePayload(wr.Payload), Status: verbs.WCSuccess})

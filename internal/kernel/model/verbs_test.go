@@ -2,7 +2,9 @@ package model
 
 import (
 	"errors"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +29,23 @@ func TestModelXRCDEAGAIN(t *testing.T) {
 	if _, err := p.OpenXRCD(path, 0); !isErrno(err, syscall.EAGAIN) {
 		t.Fatalf("domain outlived its last handle: %v", err)
 	}
+}
+
+// A missing domain file is created with XRCDCreate (verbs.Context.OpenXRCD
+// opens it O_CREAT, as the real seam does), and without it the open fails
+// with the file's ENOENT.
+func TestModelXRCDCreatesFile(t *testing.T) {
+	_, a, _ := twoNodes(t, ReuseLIFO)
+	p := a.NewProcess()
+	path := filepath.Join(t.TempDir(), "domain")
+	if _, err := p.OpenXRCD(path, 0); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("open of a missing file without create: %v", err)
+	}
+	d := must[kernel.XRCD](t)(p.OpenXRCD(path, kernel.XRCDCreate))
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the domain file was not created: %v", err)
+	}
+	ok(t, p.CloseXRCD(d))
 }
 
 // Rule: O_EXCL on an existing XRCD: EINVAL.
@@ -431,7 +450,8 @@ func TestModelSendQueueFullENOMEM(t *testing.T) {
 // Rule: an SRQ's receives hold its slot size; a longer message completes
 // that receive with a local length error and NAKs the sender: the send
 // completes with WCRemInvReqErr and the INI goes to ERR, flushing what
-// follows. A message of exactly the slot size is delivered.
+// follows, and so does the TGT, which delivers nothing more. A message of
+// exactly the slot size is delivered.
 func TestModelMessageLongerThanSlot(t *testing.T) {
 	_, a, b := twoNodes(t, ReuseLIFO)
 	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
@@ -451,6 +471,9 @@ func TestModelMessageLongerThanSlot(t *testing.T) {
 	}
 	if info := must[kernel.QPInfo](t)(sa.p.QueryQP(k.ini)); info.State != verbs.QPStateErr {
 		t.Fatalf("INI in %v, want ERR", info.State)
+	}
+	if info := must[kernel.QPInfo](t)(sb.p.QueryQP(k.tgt)); info.State != verbs.QPStateErr {
+		t.Fatalf("TGT in %v, want ERR", info.State)
 	}
 }
 
