@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -49,10 +50,10 @@ type acceptedLeg struct {
 	Reciprocal      uint32 // the forward leg's tag when this is a reverse leg, else 0
 	RevTag          uint32 // FlagOneExchange: the sender's receive tag for our reverse leg, else 0
 	Physical        bool
-	cached          []byte    // VIRT: the ACCEPT, for SIDR retransmissions
-	cachedMove      bool      // cached answers a MOVE (a retransmission is flagged as its request was)
-	prev            []prevTGT // TGTs the leg moved away from (newest last, at most 4)
-	used            bool      // a message came through it: its sender has our ACCEPT
+	cached          []byte      // VIRT: the ACCEPT, for SIDR retransmissions
+	cachedMove      bool        // cached answers a MOVE (a retransmission is flagged as its request was)
+	prev            []prevTGT   // TGTs the leg moved away from (newest last, at most 4)
+	used            atomic.Bool // a message came through it: its sender has our ACCEPT
 }
 
 // appReject is what an Admit function returns to refuse a request.
@@ -87,8 +88,13 @@ type acceptorConfig struct {
 // acceptor makes the "open new or share existing" decision of
 // xrc-protocol.md for one process. It is safe for concurrent use.
 type acceptor struct {
-	cfg     acceptorConfig
-	mu      sync.Mutex
+	cfg acceptorConfig
+	mu  sync.Mutex // held across a decision's kernel calls
+	// view is write-locked, under mu, around each change of what
+	// LegAccepts reads: legs, byTGT, a leg's Downlink and prev. LegAccepts,
+	// on the receive loop for every message, takes only view, so messages
+	// keep coming while a decision creates or opens a TGT.
+	view    sync.RWMutex
 	byTGT   map[uint32]*downlink
 	legs    map[legKey]*acceptedLeg
 	nextTag uint32
@@ -252,7 +258,7 @@ func (a *acceptor) physical(e kernel.Event, req *wire.Req) (d decision) {
 		return a.reject(req.ConnTag, wire.RejectBusyRetry, errnoOf(err), nil)
 	}
 	dl := &downlink{TGTQPN: qpn, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: e.Remote.Addr(), Creator: true, qp: qp}
-	a.byTGT[qpn] = dl
+	a.setTGT(dl)
 	if moving != nil {
 		return a.move(moving, dl, req, true, true)
 	}
@@ -317,7 +323,7 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 		return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 	}
 	dl := &downlink{TGTQPN: info.Num, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: from, qp: qp}
-	a.byTGT[dl.TGTQPN] = dl
+	a.setTGT(dl)
 	if moving != nil {
 		return a.move(moving, dl, req, false, true)
 	}
@@ -339,13 +345,16 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
 	old := l.Downlink
+	a.view.Lock()
 	if old != dl {
 		l.prev = append(l.prev, prevTGT{old.TGTQPN, a.polls()})
 		if len(l.prev) > 4 {
 			l.prev = l.prev[1:]
 		}
 	}
-	l.Downlink, l.Physical, l.cached, l.cachedMove = dl, physical, nil, !physical
+	l.Downlink = dl
+	a.view.Unlock()
+	l.Physical, l.cached, l.cachedMove = physical, nil, !physical
 	if !physical {
 		l.cached = buf[:n]
 	}
@@ -398,7 +407,7 @@ func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fre
 	if !physical {
 		l.cached = buf[:n]
 	}
-	a.legs[legKey{req.Incarnation, req.ConnTag}] = l
+	a.setLeg(legKey{req.Incarnation, req.ConnTag}, l)
 	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Downlink: dl}
 }
 
@@ -498,20 +507,46 @@ func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 			return nil, errReverseGone
 		}
 		dl = &downlink{TGTQPN: info.Num, Incarnation: acc.Incarnation, INIQPN: rev.INIQPN, Remote: from, qp: qp}
-		a.byTGT[dl.TGTQPN] = dl
+		a.setTGT(dl)
 	}
 	dl.count++
 	l := &acceptedLeg{Downlink: dl, PeerIncarnation: acc.Incarnation, PeerTag: rev.Tag, Tag: tag, PeerSRQN: acc.SRQN,
 		ReplyPort: replyPort, Reciprocal: fwdTag}
-	a.legs[key] = l
+	a.setLeg(key, l)
 	return l, nil
 }
 
 func (a *acceptor) drop(dl *downlink) {
+	a.deleteTGT(dl)
+	a.cfg.Kernel.DestroyQP(dl.qp)
+}
+
+// setLeg, deleteLeg, setTGT and deleteTGT change the maps under mu and view.
+func (a *acceptor) setLeg(k legKey, l *acceptedLeg) {
+	a.view.Lock()
+	a.legs[k] = l
+	a.view.Unlock()
+}
+
+func (a *acceptor) deleteLeg(k legKey) {
+	a.view.Lock()
+	delete(a.legs, k)
+	a.view.Unlock()
+}
+
+func (a *acceptor) setTGT(dl *downlink) {
+	a.view.Lock()
+	a.byTGT[dl.TGTQPN] = dl
+	a.view.Unlock()
+}
+
+// deleteTGT forgets dl if it still holds its number.
+func (a *acceptor) deleteTGT(dl *downlink) {
+	a.view.Lock()
 	if a.byTGT[dl.TGTQPN] == dl {
 		delete(a.byTGT, dl.TGTQPN)
 	}
-	a.cfg.Kernel.DestroyQP(dl.qp)
+	a.view.Unlock()
 }
 
 // unknownMove refuses a MOVE of a leg we do not hold.
@@ -562,8 +597,8 @@ func (a *acceptor) releaseLocked(l *acceptedLeg) error {
 	if a.legs[key] != l {
 		return nil // already released
 	}
-	delete(a.legs, key)
-	if l.used {
+	a.deleteLeg(key)
+	if l.used.Load() {
 		a.retired.add(key)
 	}
 	dl := l.Downlink
@@ -571,9 +606,7 @@ func (a *acceptor) releaseLocked(l *acceptedLeg) error {
 	if dl.count > 0 {
 		return nil
 	}
-	if a.byTGT[dl.TGTQPN] == dl {
-		delete(a.byTGT, dl.TGTQPN)
-	}
+	a.deleteTGT(dl)
 	return a.cfg.Kernel.DestroyQP(dl.qp)
 }
 
@@ -593,13 +626,15 @@ func (a *acceptor) LegTGT(l *acceptedLeg) (uint32, bool) {
 // TGT, or did before a MOVE (messages queued before the move). Such a
 // message marks the leg used: once released, its key is retired.
 func (a *acceptor) LegAccepts(l *acceptedLeg, qpn uint32) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.view.RLock()
+	defer a.view.RUnlock()
 	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l {
 		return false
 	}
 	ok := l.Downlink.TGTQPN == qpn || a.prevAcceptsLocked(l, qpn)
-	l.used = l.used || ok
+	if ok && !l.used.Load() {
+		l.used.Store(true)
+	}
 	return ok
 }
 
@@ -644,8 +679,10 @@ func (a *acceptor) Close() {
 	for _, dl := range a.byTGT {
 		a.cfg.Kernel.DestroyQP(dl.qp)
 	}
+	a.view.Lock()
 	clear(a.byTGT)
 	clear(a.legs)
+	a.view.Unlock()
 	a.retired = retiredLegs{}
 }
 
