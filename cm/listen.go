@@ -391,9 +391,7 @@ func (l *Listener) Close() error {
 			return
 		}
 		gone := l.id.DeviceRemoved()
-		if !gone {
-			err = l.id.Close() // refuses new requests, ends the loop
-		} // else the loop ends at the removal; the id goes last, below
+		err = l.id.Close() // refuses new requests, ends the loop
 		l.wg.Wait()
 		// Each Close waits for its connection's time-wait (2 s on
 		// soft-RoCE): they wait together.
@@ -414,11 +412,6 @@ func (l *Listener) Close() error {
 				l.dev.removed()
 			}
 			l.dev.dropListener()
-		}
-		if gone {
-			// After the device's objects: librdmacm closes a removed
-			// device's context with the last id on it.
-			err = errors.Join(err, l.id.Close())
 		}
 		l.dropHeldDevices() // after the handshakes (wg), which hold them
 		globalStats.listeners.Add(-1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"syscall"
 	"time"
@@ -174,6 +175,7 @@ func releaseDialChan(r *chanRef) error {
 // context wrapper to be used together, so the first id's wrapper serves all.
 type device struct {
 	name      string
+	anchor    anchor
 	ctx       *verbs.Context
 	pd        *verbs.PD
 	pool      *regPool
@@ -214,6 +216,43 @@ var devices struct {
 	m map[string]*device
 }
 
+// anchor is a CM id of the device's own, bound to its address and
+// destroyed after everything else on the device. librdmacm closes a
+// removed device's context with the last id on it, as soon as it notices
+// the device gone (a later call that meets another device); the verbs
+// objects the device keeps between connections (its PD, buffers, cached
+// QPs, a Region's memory) must be destroyed before that, whatever order the
+// connections' ids go in.
+type anchor struct {
+	ch *rdmacm.EventChannel
+	id *rdmacm.ID
+}
+
+func newAnchor(of *rdmacm.ID) (anchor, error) {
+	ch, err := rdmacm.NewEventChannel()
+	if err != nil {
+		return anchor{}, err
+	}
+	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	if err == nil {
+		if err = id.Bind(netip.AddrPortFrom(of.LocalAddr().Addr(), 0)); err != nil {
+			id.Close()
+		}
+	}
+	if err != nil {
+		ch.Close()
+		return anchor{}, err
+	}
+	return anchor{ch: ch, id: id}, nil
+}
+
+func (a anchor) close() {
+	if a.id != nil {
+		a.id.Close()
+		a.ch.Close()
+	}
+}
+
 func acquireDevice(id *rdmacm.ID) (*device, error) {
 	name := id.DeviceName()
 	devices.Lock()
@@ -225,19 +264,26 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		d.refs++
 		return d, nil
 	}
+	anchor, err := newAnchor(id)
+	if err != nil {
+		return nil, err
+	}
 	vctx := id.Context()
 	if vctx == nil {
+		anchor.close()
 		return nil, errors.New("CM id is not bound to an RDMA device")
 	}
 	pd, err := vctx.AllocPD()
 	if err != nil {
 		vctx.Close()
+		anchor.close()
 		return nil, err
 	}
 	cc, err := vctx.NewSharedCompChannel()
 	if err != nil {
 		pd.Close()
 		vctx.Close()
+		anchor.close()
 		return nil, err
 	}
 	target, err := pd.RegMR(probeLen, verbs.AccessRemoteRead)
@@ -251,10 +297,11 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		cc.Close()
 		pd.Close()
 		vctx.Close()
+		anchor.close()
 		return nil, err
 	}
 	d := &device{
-		name: name, ctx: vctx, pd: pd, pool: newRegPool(pd), refs: 1,
+		name: name, anchor: anchor, ctx: vctx, pd: pd, pool: newRegPool(pd), refs: 1,
 		probeTarget: target, probeSink: sink,
 		cc: cc, pumpDone: make(chan struct{}), wakes: map[*verbs.CQ]chan struct{}{},
 		qps: map[qpShape][]cachedQP{}, conns: map[*rdmaTransport]struct{}{},
@@ -382,6 +429,7 @@ func (d *device) release() {
 		if d.ctx.Close() == nil && d.asyncDone != nil {
 			<-d.asyncDone
 		}
+		d.anchor.close() // last: see anchor
 	}
 }
 
