@@ -1183,3 +1183,41 @@ func TestConnRecvAfterCloseFollowingOrderlyPeerClose(t *testing.T) {
 	_, err = a.Recv(ctx, make([]byte, 64))
 	require.ErrorIs(t, err, ErrClosed)
 }
+
+// The adapter's errors are *net.OpError values, as a TCPConn's (net/http
+// tells a client that went away from a bad request by them), around cm's
+// reasons; a Write past its deadline fails even with no data.
+func TestNetConnErrorsAreNetOpErrors(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	na, nb := a.NetConn(), b.NetConn()
+	check := func(err error, op string, reason error) {
+		t.Helper()
+		var oe *net.OpError
+		require.ErrorAs(t, err, &oe)
+		require.Equal(t, op, oe.Op)
+		require.Equal(t, "rdma", oe.Net)
+		require.Equal(t, na.LocalAddr(), oe.Source)
+		require.Equal(t, na.RemoteAddr(), oe.Addr)
+		require.ErrorIs(t, err, reason)
+		require.NotContains(t, oe.Err.Error(), oe.Addr.String(), "the address said once: %v", err)
+	}
+	require.NoError(t, na.SetWriteDeadline(time.Now().Add(-time.Second)))
+	n, err := na.Write(nil)
+	require.Zero(t, n)
+	check(err, "write", os.ErrDeadlineExceeded)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	require.True(t, ne.Timeout())
+
+	require.NoError(t, na.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
+	_, err = na.Read(make([]byte, 8))
+	check(err, "read", os.ErrDeadlineExceeded) // expired while waiting
+
+	require.NoError(t, nb.Close())
+	require.NoError(t, na.SetDeadline(time.Time{}))
+	_, err = io.ReadAll(na)
+	require.NoError(t, err, "the peer's Close ends the stream")
+	require.NoError(t, na.Close())
+	_, err = na.Read(make([]byte, 8))
+	check(err, "read", net.ErrClosed)
+}

@@ -20,6 +20,13 @@ import (
 // net.Conn is at hand (Dialer.DialContext's, NetListener's):
 // nc.(interface{ Conn() *cm.Conn }). Do not mix c's Send and Recv with the
 // adapter's Write and Read: the adapter holds read data of its own.
+//
+// Its errors are *net.OpError values (Net "rdma", Op "read" or "write"),
+// as a TCP connection's, wrapping cm's errors: errors.Is finds ErrPeerGone,
+// net.ErrClosed and os.ErrDeadlineExceeded through them. A connection with
+// WithRawMessages has no end-of-stream message: Read after the peer's Close
+// fails with ErrPeerGone, not io.EOF, as after a crash, and CloseWrite
+// returns ErrNotSupported.
 func (c *Conn) NetConn() net.Conn {
 	return &streamConn{c: c, buf: make([]byte, c.maxRecv)}
 }
@@ -95,28 +102,30 @@ func (d *deadline) retry(err error, gen uint64) bool {
 	return d.gen != gen && (d.t.IsZero() || time.Now().Before(d.t))
 }
 
-// timeoutErr maps the end of ctx, the deadline's, to os.ErrDeadlineExceeded,
-// as net.Conn users (net/http) expect. Any other error stays as it is, even
-// one that wraps a context error of its own.
-func timeoutErr(ctx context.Context, err error) error {
-	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
-		var oe *OpError
-		if errors.As(err, &oe) {
-			return &OpError{Op: oe.Op, Addr: oe.Addr, Err: os.ErrDeadlineExceeded}
-		}
-		return os.ErrDeadlineExceeded
+// opErr is the adapter's error for op: a *net.OpError, as net.Conn users
+// (net/http) expect, around err without cm's own OpError (the net.OpError
+// names the operation and the addresses). The end of ctx, the deadline's,
+// becomes os.ErrDeadlineExceeded; any other error stays as it is, even one
+// that wraps a context error of its own.
+func (s *streamConn) opErr(op string, ctx context.Context, err error) error {
+	if ctx != nil && ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		err = os.ErrDeadlineExceeded
 	}
-	return err
+	var oe *OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		err = oe.Err
+	}
+	return &net.OpError{Op: op, Net: "rdma", Source: s.c.LocalAddr(), Addr: s.c.RemoteAddr(), Err: err}
 }
 
 func (s *streamConn) Read(p []byte) (int, error) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	if s.closed.Load() {
-		return 0, s.closedErr("read")
+		return 0, s.opErr("read", nil, net.ErrClosed)
 	}
 	if s.readDL.expired() {
-		return 0, &OpError{Op: "read", Addr: s.c.raddr.String(), Err: os.ErrDeadlineExceeded}
+		return 0, s.opErr("read", nil, os.ErrDeadlineExceeded)
 	}
 	if len(p) == 0 {
 		return 0, nil
@@ -131,7 +140,7 @@ func (s *streamConn) Read(p []byte) (int, error) {
 			if s.readDL.retry(err, gen) {
 				continue
 			}
-			return 0, timeoutErr(ctx, err)
+			return 0, s.opErr("read", ctx, err)
 		}
 		s.off, s.n = 0, n
 	}
@@ -144,7 +153,10 @@ func (s *streamConn) Write(p []byte) (int, error) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	if s.closed.Load() {
-		return 0, s.closedErr("write")
+		return 0, s.opErr("write", nil, net.ErrClosed)
+	}
+	if s.writeDL.expired() { // even for no data, as a TCP connection's Write
+		return 0, s.opErr("write", nil, os.ErrDeadlineExceeded)
 	}
 	written := 0
 	for written < len(p) {
@@ -155,15 +167,11 @@ func (s *streamConn) Write(p []byte) (int, error) {
 			if s.writeDL.retry(err, gen) {
 				continue
 			}
-			return written, timeoutErr(ctx, err)
+			return written, s.opErr("write", ctx, err)
 		}
 		written += chunk
 	}
 	return written, nil
-}
-
-func (s *streamConn) closedErr(op string) error {
-	return &OpError{Op: op, Addr: s.c.raddr.String(), Err: net.ErrClosed}
 }
 
 // Close closes the connection and stops the deadlines' timers. What was

@@ -21,6 +21,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
 
 	"github.com/goxrc/goxrc/cm"
 	"github.com/goxrc/goxrc/internal/conntest"
@@ -930,6 +931,19 @@ func TestCMNetConnHalfClose(t *testing.T) {
 	t.Run("acceptor first", func(t *testing.T) {
 		client, server := cmPair(t, cm.WithMessageSize(1024), cm.WithQueueDepth(4))
 		conntest.HalfClose(t, server.NetConn(), client.NetConn(), 2000)
+	})
+}
+
+// TestCMNetConnConformance runs x/net's net.Conn conformance suite over real
+// soft-RoCE connections with small messages and a shallow queue, so that
+// writes wait for credits and completions and reads for the peer, with the
+// default busy poll (spinning before each wait): the host's fake delivers
+// at once and never spins.
+func TestCMNetConnConformance(t *testing.T) {
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		client, server := cmPair(t, cm.WithMessageSize(1024), cm.WithQueueDepth(2))
+		c1, c2 = client.NetConn(), server.NetConn()
+		return c1, c2, func() { c1.Close(); c2.Close() }, nil
 	})
 }
 
