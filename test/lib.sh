@@ -140,3 +140,27 @@ count_verbose() { # LOG [RC-of-a-single-binary]
       }
       print p+0, f+0, s+0 }' "$1"
 }
+
+# unexpected_skips ALLOWED LOG...: the tests that skipped in LOGs (-test.v output) and whose
+# name does not match the regexp ALLOWED, each named on stderr; prints how many there were.
+unexpected_skips() {
+  local allowed=$1 n=0 name; shift
+  for name in $(grep -ohE '^ *--- SKIP: [^ ]+' "$@" 2>/dev/null | awk '{print $3}' | sort -u); do
+    [[ $name =~ $allowed ]] && continue
+    say "$name skipped in the guest, where it should run (counted as a failure)" >&2; n=$((n + 1))
+  done
+  echo "$n"
+}
+
+# kernel_trouble DIR...: 1 for each guest run dir whose dmesg.log (saved by test/vm/rxe-vm.sh)
+# matches KERNEL_TROUBLE, with the lines on stderr; prints the count. A run dir without a
+# dmesg.log (the guest did not get that far) counts nothing here: its tests have failed already.
+kernel_trouble() {
+  local d n=0
+  for d in "$@"; do
+    [[ -s $d/dmesg.log ]] && grep -qE "$KERNEL_TROUBLE" "$d/dmesg.log" || continue
+    say "kernel trouble in the guest ($d/dmesg.log, counted as a failure):" >&2
+    grep -E -m 20 "$KERNEL_TROUBLE" "$d/dmesg.log" >&2; n=$((n + 1))
+  done
+  echo "$n"
+}

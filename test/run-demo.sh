@@ -62,7 +62,7 @@ step \$C -addr \$RXE_IP:\$P -mode bandwidth -size 65536 -count 500
 step \$C -addr \$RXE_IP:\$P -mode bandwidth -size 4096 -count 2000 -json
 echo; echo "(this server's defaults, 64 KiB messages and a queue depth of 64, register 65 receive buffers of 64 KiB for every connection: that registration is most of each set-up below)"
 step \$C -addr \$RXE_IP:\$P -mode connect -conns 50
-kill -INT \$spid; wait \$spid
+kill -INT \$spid; wait \$spid || { echo "(server exit status \$?)"; fail=1; }
 echo; echo "--- server output (one line per connection that asked for something):"
 cat "\$RXE_VM_OUT/server.log"
 
@@ -71,7 +71,7 @@ echo; echo "--- connection set-up against a server with small buffers, as test/b
 spid=\$!
 listening \$spid || { echo "server did not start"; cat "\$RXE_VM_OUT/server-small.log"; exit 1; }
 step \$C -addr \$RXE_IP:\$((P + 4)) -mode connect -conns 100
-kill -INT \$spid; wait \$spid
+kill -INT \$spid; wait \$spid || { echo "(server exit status \$?)"; fail=1; }
 
 echo; echo "--- XRC: several server processes sharing one domain, clients reaching them over one uplink per node (in-memory fabric)"
 step \$C -mode xrc -fabric -nodes 2 -procs 4 -clients 4
@@ -100,8 +100,10 @@ spid=\$!
 for ((i = 0; i < 150; i++)); do rdma res show cm_id 2>/dev/null | grep -q LISTEN && break; sleep 0.2; done
 : > "\$RXE_PAIR_SYNC/ready"
 until [[ -e \$RXE_PAIR_SYNC/b-done ]]; do sleep 0.2; done
-kill -INT \$spid; wait \$spid
+kill -INT \$spid; wait \$spid; rc=\$?
 echo "--- server output on node A:"; cat "\$RXE_VM_OUT/server.log"
+[[ \$rc == 0 ]] || echo "(server exit status \$rc)"
+exit \$rc
 GUEST
 cat > "$OUT/pair-b.sh" <<GUEST
 #!/bin/bash

@@ -18,6 +18,13 @@ VM_PACKAGES=(./test/integration ./xrc ./internal/kernel/kcm ./verbs ./rdmacm)
 # paths only real RDMA takes (the CM and completion pumps, device events, the kernel CM under
 # XRC). PACKAGE=TESTS runs only the tests matching TESTS (-test.run).
 VM_RACE=("./test/integration=^(TestCM|TestRDMACM)" "./xrc=Hybrid" ./internal/kernel/kcm "./verbs=^TestFailedDestroy")
+# The only tests that may skip in the guest: they need XRC, which soft-RoCE lacks, or a second
+# node (TestTwoNodes runs across two guests below, where it must not skip). Any other skip in
+# the guest counts as a failure: there the feature should exist.
+GUEST_SKIPS='^(TestTwoNodes|TestXRCDeviceCM|TestXRCRealSkipsWithoutXRC|TestReal[A-Za-z]+)$'
+# Kernel trouble in a guest's dmesg (test/vm/rxe-vm.sh saves it): a failure even if every test
+# passed, since an oops or a WARN in rxe or the CM may leave the tests' results meaningless.
+KERNEL_TROUBLE='Oops|BUG:|WARNING:|Call Trace|general protection|soft lockup|blocked for more than'
 VM_TEST_TIMEOUT=${GOXRC_VM_TEST_TIMEOUT:-8m}   # -test.timeout for each binary in the VM
 VM_TIMEOUT=${GOXRC_VM_TIMEOUT:-900}            # hard limit for the whole VM run, seconds
 
@@ -32,11 +39,14 @@ ls -d "$VM_WORK"/test-logs/*/ 2>/dev/null | sort | head -n -10 | xargs -r rm -rf
 kill_guests() { # a qemu whose pid file is left (only qemu's own: pids are reused)
   local q pid
   for q in "$LOGS"/vm/qemu.pid "$LOGS"/pair/*/qemu.pid; do
-    [[ -s $q ]] && pid=$(cat "$q") && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == qemu* ]] && kill -9 "$pid" 2>/dev/null
+    # qemu's command line names its pid file: a pid reused by another run's qemu does not
+    [[ -s $q ]] && pid=$(cat "$q") && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$q" &&
+      kill -9 "$pid" 2>/dev/null
   done
   true
 }
 trap kill_guests EXIT
+trap 'exit 143' TERM; trap 'exit 130' INT HUP   # so that the EXIT trap runs then too
 CHECKS=() CHECKS_FAILED=0
 
 install_packages
@@ -79,7 +89,7 @@ for pkg in "${VM_PACKAGES[@]}"; do
   if ! go test -c -o "$BIN/$name.test" "$pkg" > "$LOGS/build-$name.log" 2>&1; then
     cat "$LOGS/build-$name.log"; BUILD_FAILED=$((BUILD_FAILED + 1)); continue
   fi
-  if [[ ! -x $BIN/$name.test ]]; then say "$pkg: no test files"; continue; fi
+  if [[ ! -x $BIN/$name.test ]]; then say "$pkg: no test files (counted as a failure)"; BUILD_FAILED=$((BUILD_FAILED + 1)); continue; fi
   printf 'run %q %q %q\n' "$name" "$REPO/${pkg#./}" "$BIN/$name.test" >> "$GUEST"
   VM_NAMES+=("$name")
 done
@@ -90,7 +100,7 @@ for spec in "${VM_RACE[@]}"; do
   if ! go test -race -c -o "$BIN/$name.test" "$pkg" > "$LOGS/build-$name.log" 2>&1; then
     cat "$LOGS/build-$name.log"; BUILD_FAILED=$((BUILD_FAILED + 1)); continue
   fi
-  if [[ ! -x $BIN/$name.test ]]; then say "$pkg: no test files"; continue; fi
+  if [[ ! -x $BIN/$name.test ]]; then say "$pkg: no test files (counted as a failure)"; BUILD_FAILED=$((BUILD_FAILED + 1)); continue; fi
   printf 'run %q %q %q%s\n' "$name" "$REPO/${pkg#./}" "$BIN/$name.test" "${filter:+ -test.run $(printf %q "$filter")}" >> "$GUEST"
   VM_NAMES+=("$name")
 done
@@ -106,6 +116,8 @@ if [[ ${#VM_NAMES[@]} -gt 0 ]]; then
     GP=$((GP + p)) GF=$((GF + f)) GS=$((GS + s))
   done
   [[ $VM_RC != 125 ]] || say "the VM did not complete (see $LOGS/vm/console.log)"
+  logs=(); for name in "${VM_NAMES[@]}"; do logs+=("$LOGS/vm/$name.log"); done
+  GF=$((GF + $(unexpected_skips "$GUEST_SKIPS" "${logs[@]}") + $(kernel_trouble "$LOGS/vm")))
 fi
 
 # ---- two nodes: the integration binary again, in two guests on one wire (test/vm/rxe-pair.sh):
@@ -123,7 +135,8 @@ if [[ -x $BIN/test_integration.test ]]; then
   read -r p f s < <(count_verbose "$LOGS/pair/b/output.log" "$PAIR_RC")
   # A is killed midway, so it reports no result of its own; what it failed before counts.
   fa=$(grep -cE '^ *--- FAIL: |^panic: ' "$LOGS/pair/a/output.log" || true)
-  f=$((f + fa))
+  # In the pair, TestTwoNodes must run: any skip fails.
+  f=$((f + fa + $(unexpected_skips '^$' "$LOGS/pair/b/output.log") + $(kernel_trouble "$LOGS/pair/a" "$LOGS/pair/b")))
   GP=$((GP + p)) GF=$((GF + f)) GS=$((GS + s))
   PAIR_NOTE="$p passed, $f failed, $s skipped (exit $PAIR_RC, $LOGS/pair.log)"
 fi

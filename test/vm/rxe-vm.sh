@@ -207,7 +207,7 @@ if [[ -z $OUT ]]; then
 fi
 mkdir -p "$OUT" && OUT=$(realpath "$OUT")
 [[ $OUT != *[[:space:],:]* ]] || die "output dir must not contain spaces, commas or colons: $OUT"
-rm -f "$OUT"/{.cmd-started,exit_code,output.log,console.log,setup.log,timings,guest-timings,qemu.pid}
+rm -f "$OUT"/{.cmd-started,exit_code,output.log,console.log,setup.log,timings,guest-timings,dmesg.log,qemu.pid}
 
 if [[ $# == 1 && $1 == *[[:space:]\;\|\&\$\<\>]* ]]; then
   printf '%s\n' "$1" > "$OUT/cmd.sh"          # one argument with shell syntax: a snippet
@@ -230,7 +230,9 @@ for d in ${RW_DIRS[@]+"${RW_DIRS[@]}"}; do
   VIRTFS+=(-virtfs "local,path=$d,mount_tag=rw$i,security_model=none,multidevs=remap")
   RWARG+="${RWARG:+,}rw$i:$d"; i=$((i + 1))
 done
-APPEND="console=ttyS0 panic=-1 rdinit=/init rxevm.out=$OUT${RWARG:+ rxevm.rw=$RWARG} mitigations=off nokaslr tsc=reliable"
+# An oops panics the guest (and so ends the run, failing what had not finished) rather than
+# leaving a broken kernel under the tests that follow.
+APPEND="console=ttyS0 panic=-1 oops=panic rdinit=/init rxevm.out=$OUT${RWARG:+ rxevm.rw=$RWARG} mitigations=off nokaslr tsc=reliable"
 [[ $VERBOSE == 1 ]] || APPEND+=" quiet loglevel=3"
 APPEND+="${EXTRA_APPEND:+ $EXTRA_APPEND}"
 QEMU=(qemu-system-x86_64 -machine q35 -accel tcg,thread=multi -cpu max -smp "$SMP" -m "$MEM"
@@ -272,7 +274,7 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   [[ $HUNG == 1 && $attempt < $ATTEMPTS ]] || break
   log "the guest did not reach the command in ${BOOT_LIMIT}s (a hung boot): booting again (console of that boot: $OUT/console-hung-boot.log)"
   mv "$OUT/console.log" "$OUT/console-hung-boot.log" 2>/dev/null || true
-  rm -f "$OUT"/{guest-timings,setup.log}
+  rm -f "$OUT"/{.cmd-started,exit_code,output.log,setup.log,guest-timings,dmesg.log,qemu.pid} "$OUT"/*.rc
 done
 QRC=0
 if [[ $HUNG == 1 ]]; then
@@ -280,6 +282,7 @@ if [[ $HUNG == 1 ]]; then
 else
   wait "$QPID" || QRC=$?
 fi
+rm -f "$OUT/qemu.pid"   # qemu is gone: its pid may be another process's from now on
 [[ -z $TAILPID ]] || wait "$TAILPID" 2>/dev/null || true
 T2=$(date +%s.%N)
 [[ -n $T1 || ! -e $OUT/.cmd-started ]] || T1=$T2
@@ -385,6 +388,7 @@ else
   timeout -k 5 "$CMD_TIMEOUT" /bin/bash "$OUT/cmd.sh" > "$OUT/output.log" 2>&1 < /dev/null
   rc=$?
 fi
+dmesg > "$OUT/dmesg.log" 2>&1   # before exit_code: a host that sees exit_code finds it
 echo $rc > "$OUT/exit_code"
 log "command exited with $rc"
 #### END STAGE2
