@@ -220,6 +220,53 @@ func TestEndpointKillSender(t *testing.T) {
 	}
 }
 
+// TestEndpointPeerNodePowerOff: the node at the other end goes off the
+// fabric without a word (a power cut, not a process kill: no DREQ, no FIN).
+// The survivor's calls fail with ErrPeerGone from its own timeouts (sends
+// to the node fail, keepalives stop), it lets go of everything toward the
+// node (its uplink's INI, its downlink's TGT handle and count), and a Dial to
+// the node fails within the handshake timeout, leaving nothing.
+func TestEndpointPeerNodePowerOff(t *testing.T) {
+	w := newWorld(t)
+	s, r := w.endpoint("10.0.79.1", 7000), w.endpoint("10.0.79.2", 7001)
+	sc, rc := pair(t, s, r)
+	roundTrip(t, sc, rc, []byte("before"))
+	roundTrip(t, rc, sc, []byte("back"))
+	base := r.Stats()
+	nodeB := w.f.Node("10.0.79.2")
+	w.f.Node("10.0.79.1").PowerOff()
+	if _, err := rc.Recv(ctxT(t, 10*time.Second), make([]byte, 8)); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("Recv from the node that went off: %v, want ErrPeerGone", err)
+	}
+	if err := rc.Send(ctxT(t, 10*time.Second), []byte("after")); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("Send to the node that went off: %v, want ErrPeerGone", err)
+	}
+	eventually(t, "nothing toward the node that went off", func() (bool, string) {
+		st, sb := r.Stats(), nodeB.Stats()
+		return st.Conns == 0 && st.Uplinks == 0 && st.Downlinks == 0 && st.LocalCounts == 0 && st.QPs == 0 &&
+				sb.QPs() == 0 && sb.TGTHandles == 0,
+			fmt.Sprintf("r %+v, node B %+v", st, sb)
+	})
+	// A context without a deadline: HandshakeTimeout bounds the Dial (the
+	// guard's cancel would fail the check below).
+	ctx, cancel := context.WithCancel(context.Background())
+	guard := time.AfterFunc(4*testHandshake, cancel)
+	defer guard.Stop()
+	c, err := r.Dial(ctx, s.Addr().String())
+	if err == nil {
+		c.Close()
+		t.Fatal("a Dial to the node that went off succeeded")
+	}
+	if errors.Is(err, context.Canceled) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Dial to the node that went off: %v, want the handshake timeout", err)
+	}
+	eventually(t, "nothing left of the Dial", func() (bool, string) {
+		st, sb := r.Stats(), nodeB.Stats()
+		return st.Conns == 0 && st.Uplinks == 0 && st.QPs == 0 && st.KernelHandles == base.KernelHandles-base.QPs-base.Downlinks && sb.QPs() == 0,
+			fmt.Sprintf("r %+v (before the power-off %+v), node B %+v", st, base, sb)
+	})
+}
+
 // A DREQ on an old physical link ends no other sender's legs when QP
 // numbers were reused. Receiver r idles out sender sa's connection (sa sends
 // no keepalives), so the TGT r made for sa dies while sa, unaware, keeps its

@@ -103,6 +103,14 @@ func (n *Node) Addr() netip.Addr { return n.n.Addr() }
 // Process starts a process on the node.
 func (n *Node) Process() *Process { return &Process{p: n.n.NewProcess(), n: n} }
 
+// PowerOff takes the node off the fabric as a power cut does: its processes
+// die without a word to their peers, requests to it get no answer, and
+// sends to it fail as the device's retries running out do. Peers find out
+// by their own timeouts (Config.IdleTimeout, Config.HandshakeTimeout).
+// Engines running on the node fail from then on; close them to end their
+// goroutines. The node stays off.
+func (n *Node) PowerOff() { n.n.PowerOff() }
+
 // NodeStats counts the node's kernel objects.
 type NodeStats struct {
 	INIs       int // XRC send QPs

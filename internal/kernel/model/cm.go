@@ -204,6 +204,10 @@ func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exc
 // sidrReq delivers a SIDR REQ. SIDR never touches the stale table.
 func (f *Fabric) sidrReq(a *cmid) {
 	dst := f.nodes[a.remote.Addr()]
+	if dst.off || a.node().off {
+		a.state = csSIDRReqSent // no answer comes (PowerOff)
+		return
+	}
 	l := dst.listeners[listenKey{psUDP, a.remote.Port()}]
 	if l == nil {
 		a.state = csIdle
@@ -221,6 +225,10 @@ func (f *Fabric) sidrReq(a *cmid) {
 // req delivers a connected-mode REQ from the active id a.
 func (f *Fabric) req(a *cmid) {
 	dst := f.nodes[a.remote.Addr()]
+	if dst.off || a.node().off {
+		a.state = csReqSent // no answer comes (PowerOff)
+		return
+	}
 	a.state = csIdle
 	// cm_match_req: a connection from the same (node, QPN) in the table
 	// makes this REQ stale: REJ(10) to the new one, whatever port it names
@@ -395,6 +403,9 @@ func (p *Process) Establish(h kernel.ID) error {
 // DREQ at once, so the sender is done too.
 func (id *cmid) sendDREQ() {
 	peer := id.peer
+	if peer != nil && peer.node().off {
+		peer = nil // no DREP comes: the DREQ times out (PowerOff)
+	}
 	if peer == nil || peer.state != csEstablished {
 		if peer != nil {
 			peer.peer = nil
@@ -447,9 +458,14 @@ func (p *Process) DestroyID(h kernel.ID) error {
 	return destroyHandle(p, "rdma_destroy_id", uint64(h), p.destroyID)
 }
 
-// destroyID sends what cm_destroy_id sends for the id's state.
+// destroyID sends what cm_destroy_id sends for the id's state (nothing on a
+// node that is off).
 func (p *Process) destroyID(id *cmid) {
-	switch id.state {
+	state := id.state
+	if p.n.off && state != csListen {
+		state = csIdle
+	}
+	switch state {
 	case csListen:
 		delete(p.n.listeners, listenKey{spaceOf(id.ex), id.local.Port()})
 		// Requests not yet taken from the listener go with it.

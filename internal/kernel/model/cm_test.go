@@ -379,3 +379,43 @@ func TestModelProcessDeathCMIDs(t *testing.T) {
 		t.Fatal("stale entries of a dead process")
 	}
 }
+
+// PowerOff: the node's processes die without a word (the peer of an
+// established link hears nothing), requests to it get no answer, a DREQ to
+// it times out at once, and sends to it fail as retries running out do.
+func TestModelPowerOff(t *testing.T) {
+	_, a, b := twoNodes(t, ReuseLIFO)
+	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
+	k := physLink(t, sa, sb, listen(t, sb.p, kernel.ExchangeXRC))
+	b.PowerOff()
+	if h := sb.p.Handles(); h != 0 {
+		t.Fatalf("a process on the node that went off holds %d handles", h)
+	}
+	if ini, tgt := b.QPCount(); ini+tgt != 0 {
+		t.Fatalf("QPs left on the node that went off: %d INI, %d TGT", ini, tgt)
+	}
+	noEvent(t, sa.p, k.aid) // no DREQ came from b
+	if c := send(t, sa.p, k.ini, sb.srqn, 1, "x"); c.Status != verbs.WCRetryExcErr {
+		t.Fatalf("a send to the node that went off: %v, want WCRetryExcErr", c.Status)
+	}
+	ok(t, sa.p.Disconnect(k.aid))
+	event(t, sa.p, k.aid, kernel.EventDisconnected)
+	event(t, sa.p, k.aid, kernel.EventTimewaitExit)
+	ok(t, sa.p.DestroyID(k.aid))
+	if n := a.StaleEntries(); n != 0 {
+		t.Fatalf("%d stale entries left on a", n)
+	}
+	// Requests to it, connected and SIDR, get no answer; a process started
+	// on it later reaches nothing either.
+	_, iniQPN, err := sa.p.CreateINI()
+	ok(t, err)
+	id := must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(b.Addr()), kernel.ExchangeXRC, iniQPN, []byte("req")))
+	noEvent(t, sa.p, id)
+	ok(t, sa.p.DestroyID(id))
+	sid := must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(b.Addr()), kernel.ExchangeSIDR, 0, []byte("req")))
+	noEvent(t, sa.p, sid)
+	ok(t, sa.p.DestroyID(sid))
+	later := b.NewProcess()
+	lid := must[kernel.ID](t)(later.Connect(ctxT(t), addrPort(a.Addr()), kernel.ExchangeSIDR, 0, []byte("req")))
+	noEvent(t, later, lid)
+}

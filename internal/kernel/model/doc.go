@@ -40,10 +40,14 @@
 //     ENOMEM and leaves the QP as it was (mlx5_wq_overflow; not in facts.md).
 //   - Process death (Kill or Close) closes all of the process's handles and
 //     CM ids at once, sending what the kernel sends.
+//   - A node's power-off (Node.PowerOff) kills its processes without
+//     sending anything; a REQ or SIDR REQ to it gets no answer, a DREQ to it
+//     times out (DISCONNECTED, TIMEWAIT_EXIT: cma_ib_handler's
+//     IB_CM_DREQ_ERROR), a send to it fails with WCRetryExcErr.
 //
 // Simplifications, all deterministic: one mutex per fabric; no timers (a
 // retransmitted REQ after a REP-time stale hit is redelivered at once;
-// TIMEWAIT_EXIT follows DISCONNECTED without the ~2 s delay; nothing times
-// out); SRQs have unlimited posted receives; a bad SRQN leaves the TGT as
+// TIMEWAIT_EXIT follows DISCONNECTED without the ~2 s delay; a DREQ to a
+// node that is off times out at once, a request to it never); SRQs have unlimited posted receives; a bad SRQN leaves the TGT as
 // it was (the mlx5 responder's behaviour is an open point).
 package model

@@ -100,6 +100,7 @@ type Node struct {
 	listeners map[listenKey]*cmid
 	nextPort  uint16
 	procs     []*Process
+	off       bool // PowerOff: sends nothing, answers nothing
 }
 
 // Addr is the node's address.
@@ -113,6 +114,23 @@ func (n *Node) NewProcess() *Process {
 	p := &Process{n: n, pid: n.f.nextID, handles: map[uint64]any{}, done: make(chan struct{})}
 	n.procs = append(n.procs, p)
 	return p
+}
+
+// PowerOff takes the node off the fabric as a power cut or a pulled cable
+// does: its processes die without sending anything (no DREQ, no REJ), and
+// from now on a REQ or SIDR REQ to it gets no answer (the requester's own
+// timeout ends it), a DREQ to it times out at once (DISCONNECTED, then
+// TIMEWAIT_EXIT, as IB_CM_DREQ_ERROR does, without the retries' wait), and
+// a send to it fails with WCRetryExcErr, as the sender's retries running out
+// do. The node stays off: a process started on it later reaches nothing.
+func (n *Node) PowerOff() {
+	n.f.mu.Lock()
+	n.off = true
+	procs := slices.Clone(n.procs)
+	n.f.mu.Unlock()
+	for _, p := range procs {
+		p.Close()
+	}
 }
 
 // QPCount is the number of live QP objects on the node (INI and TGT, each

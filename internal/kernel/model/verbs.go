@@ -342,7 +342,7 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 // the INI is connected to.
 func (q *qp) deliver(wr kernel.SendWR) verbs.WCStatus {
 	dst := q.n.f.nodes[q.remote]
-	if dst == nil {
+	if dst == nil || dst.off || q.n.off {
 		return verbs.WCRetryExcErr
 	}
 	t := dst.qps[q.destQPN]
