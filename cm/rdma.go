@@ -228,6 +228,9 @@ type anchor struct {
 	id *rdmacm.ID
 }
 
+// newAnchor binds an anchor to the address of, an id on the device. An
+// address that leads to another device (one address on two devices) gives
+// no anchor, and no error: the device works without one until it is removed.
 func newAnchor(of *rdmacm.ID) (anchor, error) {
 	ch, err := rdmacm.NewEventChannel()
 	if err != nil {
@@ -243,7 +246,12 @@ func newAnchor(of *rdmacm.ID) (anchor, error) {
 		ch.Close()
 		return anchor{}, err
 	}
-	return anchor{ch: ch, id: id}, nil
+	a := anchor{ch: ch, id: id}
+	if id.DeviceName() != of.DeviceName() {
+		a.close()
+		return anchor{}, nil
+	}
+	return a, nil
 }
 
 func (a anchor) close() {
