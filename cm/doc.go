@@ -98,7 +98,7 @@
 // and CloseWrite, Listener.Close and Region.Close take none and are bounded
 // instead by the handshake timeout (WithHandshakeTimeout) and the CM's
 // time-wait (Conn.Close; about 2 s on soft-RoCE). Errors are *OpError values
-// (net.Error); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
+// (net.Error; NetConn's are *net.OpError values around them); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
 // a rejected connection matches syscall.ECONNREFUSED, as a refused TCP
 // dial does, and wraps *rdmacm.RejectError (over XRC, *xrc.RejectError,
 // whose Reason says why: NO_LISTENER where nothing listens); a request

@@ -25,9 +25,9 @@ type Region struct {
 // RemoteRegion describes a peer's Region: enough to read or write it, and
 // nothing more. It travels as 16 bytes (Marshal, UnmarshalRemoteRegion).
 type RemoteRegion struct {
-	Addr uint64
-	Len  uint32
-	RKey uint32
+	Addr uint64 // the region's first byte in the peer's address space
+	Len  uint32 // its length in bytes
+	RKey uint32 // its remote key, which the peer's device checks
 }
 
 // RemoteRegionLen is the length of a marshalled RemoteRegion.

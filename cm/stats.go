@@ -4,6 +4,9 @@ import "sync/atomic"
 
 // Stats are counters of one connection.
 type Stats struct {
+	// MessagesSent and MessagesReceived count the application's messages
+	// (Send and Recv, or NetConn's chunks), BytesSent and BytesReceived
+	// their payload bytes.
 	MessagesSent     uint64
 	MessagesReceived uint64
 	BytesSent        uint64

@@ -146,7 +146,7 @@ echo
 echo "==================== summary ($((SECONDS - START))s, logs in $LOGS)"
 printf '  %s\n' "${CHECKS[@]}"
 printf '  host:  %d passed, %d failed, %d skipped   (go test -race ./..., %ss)\n' "$HP" "$HF" "$HS" "$HOST_TIME"
-printf '  guest: %d passed, %d failed, %d skipped   (%s; boot to command %ss, VM total %ss)\n' "$GP" "$GF" "$GS" \
+printf '  guest: %d passed, %d failed, %d skipped   (%s, and two nodes; boot to command %ss, VM total %ss)\n' "$GP" "$GF" "$GS" \
   "${VM_NAMES[*]:-nothing to run}" "$(sed -n 's/boot_to_command_s=\([0-9]*\.\{0,1\}[0-9]\{0,1\}\).*/\1/p' "$LOGS/vm/timings" 2>/dev/null)" \
   "$(sed -n 's/total_s=\([0-9]*\.\{0,1\}[0-9]\{0,1\}\).*/\1/p' "$LOGS/vm/timings" 2>/dev/null)"
 printf '  two nodes: %s\n' "$PAIR_NOTE"

@@ -7,7 +7,8 @@
 // # Design
 //
 // No C type appears in the API. Builds without Linux or cgo compile the same
-// API, and every call fails with an error matching ErrNotSupported.
+// API, and every call fails with an error matching ErrNotSupported, except
+// Close (nil) and accessors (zero values).
 //
 // Nothing blocks in C. Completion channels and the device's async fd are
 // made non-blocking and waited for in Go's netpoller: CQ.Wait honours its
@@ -24,7 +25,7 @@
 // the Go heap, so the device can touch it at any time.
 //
 // Every object has an idempotent Close. Methods of a nil or closed object
-// return an error wrapping ErrClosed. An object with live dependents refuses
+// return an error wrapping ErrClosed (with Linux and cgo). An object with live dependents refuses
 // to close with EBUSY and stays usable: close QPs before their CQs, SRQs, PD
 // and XRC domain, MRs and AHs before their PD, a CQ before its completion
 // channel, and everything before the Context. Counts reports the live

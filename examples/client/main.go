@@ -103,7 +103,7 @@ const rawSize = 16
 // options and the -cpuprofile path.
 func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 	var o options
-	fs.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port")
+	fs.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port (xrc mode without -fabric: a comma-separated list)")
 	fs.StringVar(&o.mode, "mode", "echo", "echo, latency, bandwidth, connect or xrc")
 	fs.IntVar(&o.size, "size", 64, "message size, bytes (with -raw the default is 16, the one receive rdma-core's rdma_server posts)")
 	fs.IntVar(&o.count, "count", 1000, "messages (echo, latency, bandwidth)")

@@ -6,8 +6,9 @@
 // SIDR on one port number) with their events.
 //
 // No machine here has an XRC device, so the engine is proven on
-// internal/kernel/model, an in-memory kernel that follows facts.md rule for
-// rule; the real implementation (verbs + rdmacm) satisfies the same interface.
+// internal/kernel/model, an in-memory kernel that follows the design's
+// kernel facts (an outside note; model's doc lists each rule it keeps) rule
+// for rule; the real implementation (verbs + rdmacm) satisfies the same interface.
 // Objects are named by opaque handles rather than Go objects so that both
 // implementations are plain tables and process death is "close every handle".
 package kernel

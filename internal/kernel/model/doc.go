@@ -1,8 +1,10 @@
 // Package model is an in-memory kernel: a fabric of nodes (one RDMA device
 // each, addressed by IP) running processes, each process a kernel.Kernel. It
-// reproduces the kernel semantics in facts.md rule for rule, so that the XRC
-// engine can be tested where no XRC device exists (and, like gRPC's bufconn,
-// so that users can test code on top of this library without RDMA):
+// reproduces the kernel semantics of the design's kernel facts (an outside
+// note, not in this repository; the rules it keeps are listed below) rule for
+// rule, so that the XRC engine can be tested where no XRC device exists (and,
+// like gRPC's bufconn, through package xrc/memfabric, so that users can test
+// code on top of this library without RDMA):
 //
 //   - XRC domains are keyed by the inode of the file (the model keeps the
 //     file open while the domain lives, as the kernel holds the inode, so an
