@@ -97,6 +97,7 @@ type acceptor struct {
 	view    sync.RWMutex
 	byTGT   map[uint32]*downlink
 	legs    map[legKey]*acceptedLeg
+	ours    map[uint32]struct{} // the registered legs' tags (ours), for newTagLocked
 	nextTag uint32
 	closed  bool // by Close: registers nothing more
 	retired retiredLegs
@@ -151,7 +152,7 @@ func newAcceptor(cfg acceptorConfig) *acceptor {
 	}
 	var b [4]byte
 	rand.Read(b[:])
-	return &acceptor{cfg: cfg, byTGT: map[uint32]*downlink{}, legs: map[legKey]*acceptedLeg{},
+	return &acceptor{cfg: cfg, byTGT: map[uint32]*downlink{}, legs: map[legKey]*acceptedLeg{}, ours: map[uint32]struct{}{},
 		nextTag: binary.BigEndian.Uint32(b[:]) >> 1}
 }
 
@@ -378,11 +379,7 @@ func (a *acceptor) admit(req *wire.Req) ([]byte, *appReject) {
 // accept encodes the ACCEPT and counts the leg on dl (fresh: dl was just
 // created or opened, and is dropped again if the ACCEPT cannot be made).
 func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fresh bool) decision {
-	a.nextTag++
-	if a.nextTag == 0 {
-		a.nextTag = 1
-	}
-	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: a.nextTag, Incarnation: a.cfg.Incarnation,
+	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: a.newTagLocked(), Incarnation: a.cfg.Incarnation,
 		TGTQPN: dl.TGTQPN, SRQN: a.cfg.SRQN, DomainID: a.cfg.DomainID, Credits: a.cfg.Credits, MaxMessage: a.cfg.MaxMessage}
 	buf := make([]byte, wire.BudgetSIDRREP)
 	var n int
@@ -416,11 +413,19 @@ func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fre
 func (a *acceptor) ReserveTag() uint32 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.nextTag++
-	if a.nextTag == 0 {
-		a.nextTag = 1
+	return a.newTagLocked()
+}
+
+// newTagLocked returns a non-zero tag no registered leg has: after 2^32 the
+// counter comes round to live legs' tags, whose messages a second leg with
+// the tag would take.
+func (a *acceptor) newTagLocked() uint32 {
+	for {
+		a.nextTag++
+		if _, used := a.ours[a.nextTag]; a.nextTag != 0 && !used {
+			return a.nextTag
+		}
 	}
-	return a.nextTag
 }
 
 // AddReverse puts rev into the cached ACCEPT of the VIRT leg l (just
@@ -473,10 +478,8 @@ func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 	if a.legs[key] != nil {
 		return nil, errBadReverse
 	}
-	for _, l := range a.legs {
-		if l.Tag == tag {
-			return nil, errBadReverse
-		}
+	if _, used := a.ours[tag]; used {
+		return nil, errBadReverse
 	}
 	if rev.DomainID != a.cfg.DomainID {
 		// A reverse leg into another domain is what a hostile peer names,
@@ -526,12 +529,17 @@ func (a *acceptor) setLeg(k legKey, l *acceptedLeg) {
 	a.view.Lock()
 	a.legs[k] = l
 	a.view.Unlock()
+	a.ours[l.Tag] = struct{}{}
 }
 
 func (a *acceptor) deleteLeg(k legKey) {
 	a.view.Lock()
+	l := a.legs[k]
 	delete(a.legs, k)
 	a.view.Unlock()
+	if l != nil {
+		delete(a.ours, l.Tag)
+	}
 }
 
 func (a *acceptor) setTGT(dl *downlink) {
@@ -683,6 +691,7 @@ func (a *acceptor) Close() {
 	clear(a.byTGT)
 	clear(a.legs)
 	a.view.Unlock()
+	clear(a.ours)
 	a.retired = retiredLegs{}
 }
 

@@ -497,6 +497,7 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 			case <-ctx.Done():
 				return ctx.Err()
 			}
+			try-- // waiting for the uplink is not a try
 			continue
 		}
 		e.mu.Unlock()
@@ -998,6 +999,9 @@ func (c *Conn) maybeFinishLocked() {
 	delete(e.conns, c)
 	if e.pending[c.sendTag] == c {
 		delete(e.pending, c.sendTag)
+	}
+	if e.sendTags[c.sendTag] == c {
+		delete(e.sendTags, c.sendTag)
 	}
 	close(c.done)
 }

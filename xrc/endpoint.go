@@ -139,6 +139,7 @@ type Endpoint struct {
 	replaced  map[upKey]uint32          // the TGT of a dead uplink, for REPLACES_TGT
 	nextTag   uint32
 	pending   map[uint32]*Conn // dials by our forward tag, until the reciprocal leg
+	sendTags  map[uint32]*Conn // live connections by their sending tag (newTagLocked)
 	recv      map[uint32]*Conn // by our receive tag (the acceptor's tag)
 	conns     map[*Conn]struct{}
 	passive   map[kernel.ID]struct{} // physical links we accepted
@@ -248,7 +249,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 		return nil, &OpError{"listen", cfg.Addr, verbs.ErrNotSupported}
 	}
 	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{},
-		pending: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
+		pending: map[uint32]*Conn{}, sendTags: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
 		passive: map[kernel.ID]struct{}{}, acceptq: make(chan *Conn, acceptBacklog), acceptStop: make(chan struct{}), dead: make(chan struct{}), closeDone: make(chan struct{})}
 	if e.dom, err = OpenDomainFile(cfg.DomainDir); err != nil {
 		return nil, err
@@ -665,14 +666,25 @@ func (e *Endpoint) Stats() Stats {
 	return s
 }
 
-// newTag returns a fresh non-zero tag for a leg we send on.
+// newTagLocked returns a fresh non-zero tag for a leg we send on: none a
+// live connection sends with (after 2^32 tags the counter comes round to
+// theirs; the acceptor would take a request with one for that connection's).
 func (e *Endpoint) newTagLocked() uint32 {
 	for {
 		e.nextTag++
-		if e.nextTag != 0 && e.pending[e.nextTag] == nil {
-			return e.nextTag
+		if t := e.nextTag; t != 0 && e.pending[t] == nil && e.sendTags[t] == nil {
+			return t
 		}
 	}
+}
+
+// setSendTagLocked makes t c's sending tag, booked to c until it finishes.
+func (e *Endpoint) setSendTagLocked(c *Conn, t uint32) {
+	if e.sendTags[c.sendTag] == c {
+		delete(e.sendTags, c.sendTag)
+	}
+	c.sendTag = t
+	e.sendTags[t] = c
 }
 
 // Dial opens a logical connection to the endpoint at address (ip:port) and
@@ -731,7 +743,7 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 	}
 	c := e.newConnLocked(raddr)
 	c.twoExchanges = twoExchanges
-	c.sendTag = e.newTagLocked()
+	e.setSendTagLocked(c, e.newTagLocked())
 	e.pending[c.sendTag] = c
 	e.mu.Unlock()
 	if err := e.openLeg(ctx, c, 0); err != nil {
@@ -754,8 +766,14 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 		}
 		return nil, &OpError{"dial", address, c.errOr(ErrClosed)}
 	case <-ctx.Done():
-		c.fail(ctx.Err())
-		return nil, &OpError{"dial", address, ctx.Err()}
+		select {
+		case <-c.ready:
+			return c, nil // up as the deadline passed: the acceptor has it too
+		default:
+		}
+		// The acceptor may have taken the first frame already: the
+		// FIN ends its half, which its Accept then never returns.
+		return nil, &OpError{"dial", address, e.abortDial(c, ctx.Err())}
 	}
 }
 
@@ -916,7 +934,7 @@ func (e *Endpoint) bindReverseLocked(c *Conn, leg *acceptedLeg) ([]byte, bool) {
 	if !ok {
 		return nil, false
 	}
-	c.sendTag = tag
+	e.setSendTagLocked(c, tag)
 	c.up, c.holdsRef = u, true
 	u.refs++
 	u.legs[c] = struct{}{}
@@ -1229,7 +1247,7 @@ func (e *Endpoint) recvLegUp(c *Conn) {
 			ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
 			defer cancel()
 			e.mu.Lock()
-			c.sendTag = e.newTagLocked()
+			e.setSendTagLocked(c, e.newTagLocked())
 			e.mu.Unlock()
 			if err := e.openLeg(ctx, c, c.recvLeg.PeerTag); err != nil {
 				c.fail(err)

@@ -617,11 +617,20 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		defer e.mu.Unlock()
 		return !c.failed() && !c.sendDone
 	}
+	// A receiver that let a PHYS_REQ time out is not asked again for its
+	// other legs' (each would cost another budget while the others' idle
+	// timers run): they wait for the VIRT_REQs, in parallel.
+	silent := map[netip.AddrPort]bool{}
+	var later []*Conn
 	rest := legs
 	for len(rest) > 0 && q == nil {
 		c := rest[0]
 		rest = rest[1:]
 		if !live(c) {
+			continue
+		}
+		if silent[c.raddr] {
+			later = append(later, c)
 			continue
 		}
 		req := e.req(c, wire.TypePhysReq, 0)
@@ -638,10 +647,19 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			e.mu.Lock()
 			u.inis = append(u.inis, q)
 			e.mu.Unlock()
+		} else if errors.Is(err, context.DeadlineExceeded) {
+			silent[c.raddr] = true
 		}
 		if e.moveDone(u, q, c, dom, acc, err, true, &moved) {
 			e.startINI(u, q)
 		}
+	}
+	if q == nil {
+		for _, c := range later { // no INI to move them to
+			e.moveDone(u, nil, c, dom, wire.Accept{}, errNoAnswer, false, &moved)
+		}
+	} else {
+		rest = append(later, rest...)
 	}
 	type result struct {
 		acc wire.Accept
@@ -720,6 +738,10 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	u.gone = 0
 	e.maybeTeardownLocked(u)
 }
+
+// errNoAnswer fails a leg whose receiver let an earlier leg's PHYS_REQ time
+// out in a recovery that made no new INI.
+var errNoAnswer = errors.New("its receiver did not answer an earlier MOVE in time")
 
 // errSkipped marks a leg the recovery found closed or failed already.
 var errSkipped = errors.New("leg skipped")
