@@ -619,7 +619,9 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	}
 	// A receiver that let a PHYS_REQ time out is not asked again for its
 	// other legs' (each would cost another budget while the others' idle
-	// timers run): they wait for the VIRT_REQs, in parallel.
+	// timers run): they wait for the VIRT_REQs, in parallel. Two stalled
+	// receivers whose legs sort first still cost two budgets, an idle
+	// timeout, in which the node's healthy receivers may give up on us.
 	silent := map[netip.AddrPort]bool{}
 	var later []*Conn
 	rest := legs
