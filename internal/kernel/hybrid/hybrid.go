@@ -203,7 +203,7 @@ func (p *Process) TransitionQP(q kernel.QP, to verbs.QPState, via kernel.ID) err
 	if !needID {
 		return p.m.TransitionQP(q, to, 0)
 	}
-	path, err := p.CM.PathOf(via)
+	path, err := p.CM.PathOf(via, to)
 	if err != nil {
 		return err
 	}

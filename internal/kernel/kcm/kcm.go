@@ -274,10 +274,12 @@ func (c *CM) get(op string, h kernel.ID) (*entry, error) {
 	return e, nil
 }
 
-// PathOf returns what the id knows of its peer, for moving a QP to RTR. It
-// fails with EINVAL, as rdma_init_qp_attr does, before the peer's QP number
-// is known or on a SIDR id.
-func (c *CM) PathOf(h kernel.ID) (Path, error) {
+// PathOf returns what the id knows of its peer, for moving a QP to state
+// (INIT, RTR or RTS). It fails with EINVAL, as rdma_init_qp_attr does,
+// before the peer's QP number is known, on a SIDR id, and where the kernel
+// CM refuses the move in the id's state (rdma_init_qp_attr asks it): after
+// the peer rejected, disconnected or went, as with a QP on the device.
+func (c *CM) PathOf(h kernel.ID, state verbs.QPState) (Path, error) {
 	e, err := c.get("rdma_init_qp_attr", h)
 	if err != nil {
 		return Path{}, err
@@ -287,6 +289,9 @@ func (c *CM) PathOf(h kernel.ID) (Path, error) {
 	e.mu.Unlock()
 	if !e.ex.Connected() || qpn == 0 || !e.remote.IsValid() {
 		return Path{}, opErr("rdma_init_qp_attr", "", syscall.EINVAL)
+	}
+	if _, _, err := e.id.InitQPAttr(state); err != nil {
+		return Path{}, err
 	}
 	return Path{RemoteQPN: qpn, Remote: e.remote, Exchange: e.ex, ID: e.id}, nil
 }

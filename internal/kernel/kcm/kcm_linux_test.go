@@ -4,13 +4,16 @@ package kcm
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/test/softroce"
+	"github.com/goxrc/goxrc/verbs"
 )
 
 // TestConnectFromOwnAddress: a CM whose address is the second of a device
@@ -66,4 +69,62 @@ func TestConnectFromOwnAddress(t *testing.T) {
 		srv.DestroyID(l)
 		cancel()
 	}
+}
+
+// TestPathOfFollowsTheKernelCM: PathOf gives the peer's path while the
+// kernel CM would move a QP (a request received), and EINVAL once it would
+// not (the requester destroyed its id, whose REJ ends the request), as
+// rdma_init_qp_attr does on the device: the hybrid kernel's TGT could reach
+// RTR after the peer was gone. Runs in the VM of test/vm/rxe-vm.sh; skips
+// elsewhere.
+func TestPathOfFollowsTheKernelCM(t *testing.T) {
+	if os.Getenv(softroce.EnvDev) == "" {
+		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
+	}
+	ip, err := netip.ParseAddr(os.Getenv(softroce.EnvIP))
+	if err != nil {
+		t.Fatalf("RXE_IP: %v", err)
+	}
+	c, err := New(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dst := netip.AddrPortFrom(ip, 20353)
+	l, err := c.Listen(dst, kernel.ExchangeXRC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Connect(ctx, dst, kernel.ExchangeXRC, 0x7ABCDE, []byte("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := c.Event(ctx, l)
+	if err != nil || ev.Type != kernel.EventConnectRequest {
+		t.Fatalf("listener event %+v, %v", ev, err)
+	}
+	for _, to := range []verbs.QPState{verbs.QPStateInit, verbs.QPStateRTR} {
+		if p, err := c.PathOf(ev.ID, to); err != nil || p.RemoteQPN != 0x7ABCDE {
+			t.Fatalf("PathOf(%v) with the request received: %+v, %v", to, p, err)
+		}
+	}
+	if err := c.DestroyID(a); err != nil {
+		t.Fatal(err)
+	}
+	// Its REJ reaches the request's id in the kernel (no event comes to
+	// the id: rdma_cm reports nothing for a request not yet answered).
+	for {
+		_, err := c.PathOf(ev.ID, verbs.QPStateRTR)
+		if errors.Is(err, syscall.EINVAL) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("PathOf(RTR) after the requester went: %v, want EINVAL", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.DestroyID(ev.ID)
+	c.DestroyID(l)
 }
