@@ -69,6 +69,17 @@ func TestTwoNodes(t *testing.T) {
 // the host kills this node, which is how B's checks end).
 func pairServe(t *testing.T, ip netip.Addr, sync string) {
 	ctx := cmCtx(t, 4*time.Minute)
+	// A is killed before its test ends, so a failure of its own (an Errorf,
+	// one in a goroutine) would print no result: B reads it from this
+	// marker before it has A killed.
+	go func() {
+		for ctx.Err() == nil && !t.Failed() {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if t.Failed() {
+			os.WriteFile(filepath.Join(sync, "a-failed"), nil, 0o644)
+		}
+	}()
 	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, pairPort).String(), cm.WithMessageSize(4096), cm.WithQueueDepth(8))
 	require.NoError(t, err)
 	defer l.Close()
@@ -275,6 +286,7 @@ func pairCheck(t *testing.T, dev string, ip, peer netip.Addr, sync string) {
 	if !assert.Eventually(t, func() bool { return accepted.Stats().Keepalives >= 12 }, 30*time.Second, 50*time.Millisecond) {
 		t.Fatalf("probes to a peer whose application is idle stopped: %+v", accepted.Stats())
 	}
+	require.NoFileExists(t, filepath.Join(sync, "a-failed"), "node A failed a check of its own (its log says which)")
 	mark(t, sync, "kill-a")
 	waitMark(t, ctx, sync, "a-killed")
 	killed := time.Now()
