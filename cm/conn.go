@@ -1073,11 +1073,11 @@ func (c *Conn) handle(wc *completion) {
 			return
 		}
 		c.recvSeq++
-		c.credits += int(h.credits)
-		if c.credits > c.peerSlots {
+		if c.credits+int(h.credits) > c.peerSlots { // checked before kept
 			c.failLocked(fmt.Errorf("%w: peer returned more credits than it was owed", ErrProtocol))
 			return
 		}
+		c.credits += int(h.credits)
 		c.peerShort = h.flags&flagStarved != 0
 		if c.peerShort {
 			c.peerStarved = true
