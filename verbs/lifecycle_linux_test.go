@@ -78,3 +78,19 @@ func TestRCErrNegativeErrno(t *testing.T) {
 		t.Error("returnErr(0) is not nil")
 	}
 }
+
+// An opened XRC target QP handle is refused RESET before any C call: mlx5
+// would write its doorbell record, which an opened handle lacks. (The
+// handle here has no C QP: the refusal must come first.)
+func TestOpenedQPRefusesReset(t *testing.T) {
+	q := &QP{typ: QPTypeXRCRecv, opened: true, tag: "opened"}
+	err := q.Modify(&QPAttr{State: QPStateReset}, QPAttrState)
+	var oe *OpError
+	if !errors.As(err, &oe) || !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("RESET of an opened handle: %v, want EINVAL", err)
+	}
+	// Anything else reaches the usual checks (here: a closed QP).
+	if err := q.Modify(&QPAttr{State: QPStateErr}, QPAttrState); !errors.Is(err, ErrClosed) {
+		t.Fatalf("ERR of a handle without a C QP: %v, want ErrClosed", err)
+	}
+}

@@ -136,6 +136,9 @@ type QP struct {
 	deps []*lifecycle // objects this QP holds a reference on
 	cap  QPCap
 	srq  bool
+	// opened: a handle from OpenQP, which providers give no queues and
+	// no doorbell record (see Modify).
+	opened bool
 
 	stateMu    sync.Mutex
 	state      QPState
@@ -354,8 +357,9 @@ func (q *QP) release() {
 // OpenQP opens another handle on the XRC target QP numbered qpn in the
 // domain (ibv_open_qp). Each handle counts: the target QP lives until its
 // last handle is closed, in this or any process. The handle can be modified
-// and queried but has no queues. A freed QP number can be reused at once,
-// so verify what was opened (Query) before trusting it.
+// and queried but has no queues, and not moved to RESET (Modify). A freed QP
+// number can be reused at once, so verify what was opened (Query) before
+// trusting it.
 func (c *Context) OpenQP(xrcd *XRCD, qpn uint32) (*QP, error) {
 	tag := fmt.Sprintf("%s XRC_RECV QP %#x", c.addr(), qpn)
 	if c == nil || c.ctx == nil {
@@ -372,7 +376,7 @@ func (c *Context) OpenQP(xrcd *XRCD, qpn uint32) (*QP, error) {
 		xrcd.l.unref()
 		return nil, &OpError{Op: "ibv_open_qp", Addr: tag, Err: errnoOr(err, syscall.EINVAL)}
 	}
-	q := &QP{c: c, qp: cqp, typ: QPTypeXRCRecv, num: qpn, tag: tag, deps: []*lifecycle{&xrcd.l}}
+	q := &QP{c: c, qp: cqp, typ: QPTypeXRCRecv, num: qpn, tag: tag, deps: []*lifecycle{&xrcd.l}, opened: true}
 	live.qps.Created(q)
 	return q, nil
 }
@@ -418,7 +422,13 @@ func (q *QP) Cap() QPCap {
 // Modify changes the QP's attributes and state. The mask must fit the QP type
 // and the transition (see RequiredMask and AllowedMask); otherwise Modify
 // returns an *OpError wrapping a *MaskError without calling the driver.
+// A handle from OpenQP cannot go to RESET (EINVAL): mlx5 clears the
+// doorbell record of a QP it resets, which an opened handle does not have
+// (mlx5_modify_qp writes through a NULL pointer).
 func (q *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
+	if q != nil && q.opened && attr != nil && mask&QPAttrState != 0 && attr.State == QPStateReset {
+		return &OpError{Op: "ibv_modify_qp", Addr: q.tag, Err: &explained{syscall.EINVAL, "an opened XRC target QP handle cannot go to RESET"}}
+	}
 	if err := q.use("ibv_modify_qp"); err != nil {
 		return err
 	}
