@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <infiniband/verbs.h>
+#include <rdma/ib_user_verbs.h>
+#include <unistd.h>
 #include <time.h>
 
 // goxrc_swr is a send work request in a flat layout Go can fill; the chain
@@ -329,6 +331,31 @@ static inline struct ibv_qp *goxrc_open_qp(struct ibv_context *ctx, struct ibv_x
 	a.xrcd = xrcd;
 	a.qp_type = IBV_QPT_XRC_RECV;
 	return ibv_open_qp(ctx, &a);
+}
+
+// goxrc_destroy_qp_handle destroys the kernel's QP handle qp by the uverbs
+// write command (a stable kernel ABI), without the provider, whose struct
+// is left allocated: mlx5_destroy_qp frees a doorbell record that an opened
+// XRC target handle never had (see QP.Close). The asynchronous events of
+// the QP are acknowledged as they are read (goxrc_get_async), so there is
+// no count to wait for, as ibv_destroy_qp waits.
+static inline int goxrc_destroy_qp_handle(struct ibv_qp *qp) {
+	struct {
+		struct ib_uverbs_cmd_hdr hdr;
+		struct ib_uverbs_destroy_qp cmd;
+	} req;
+	struct ib_uverbs_destroy_qp_resp resp;
+	memset(&req, 0, sizeof(req));
+	memset(&resp, 0, sizeof(resp));
+	req.hdr.command = IB_USER_VERBS_CMD_DESTROY_QP;
+	req.hdr.in_words = sizeof(req) / 4;
+	req.hdr.out_words = sizeof(resp) / 4;
+	req.cmd.response = (uintptr_t)&resp;
+	req.cmd.qp_handle = qp->handle;
+	ssize_t n = write(qp->context->cmd_fd, &req, sizeof(req));
+	if (n == (ssize_t)sizeof(req))
+		return 0;
+	return n < 0 ? -errno : -EIO;
 }
 
 static inline int goxrc_async_fd(struct ibv_context *ctx) { return ctx->async_fd; }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/goxrc/goxrc/internal/faults"
+	"github.com/goxrc/goxrc/test/softroce"
 )
 
 // openRXE opens $RXE_DEV (the VM harness's soft-RoCE device); it skips
@@ -132,4 +133,49 @@ func TestFailedDestroyLeavesObjectUsable(t *testing.T) {
 		}
 		closedNow(t, done, "GetEvents")
 	})
+}
+
+// An opened XRC target handle is destroyed by the kernel's uverbs command,
+// not the provider (QP.Close): that path takes a QP's handle out of the
+// kernel. No device here opens XRC handles, so a QP made here stands in for
+// one (its provider struct and queue mappings stay behind, as an opened
+// handle's struct does).
+func TestKernelDestroyOfOpenedHandle(t *testing.T) {
+	c := openRXE(t)
+	pd, err := c.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	cq, err := c.CreateCQ(4, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cq.Close()
+	qps := func() uint64 {
+		t.Helper()
+		rs, err := softroce.Resources(os.Getenv("RXE_DEV"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs["qp"]
+	}
+	before := qps()
+	q, err := pd.CreateQP(QPInit{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq, Cap: QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := qps(); got != before+1 {
+		t.Fatalf("the kernel counts %d QPs with ours, %d before", got, before)
+	}
+	q.opened = true // destroyed as an opened handle is
+	if err := q.Close(); err != nil {
+		t.Fatalf("Close by the kernel command: %v", err)
+	}
+	if got := qps(); got != before {
+		t.Fatalf("the kernel counts %d QPs after the destroy, %d before", got, before)
+	}
+	if err := q.Close(); err != nil {
+		t.Fatalf("Close again: %v", err)
+	}
 }

@@ -667,6 +667,13 @@ func (q *QP) PostRecv(wrs []RecvWR) error {
 // Close destroys the QP (for an XRC target: this handle). Outstanding work
 // requests are dropped; move the QP to ERR and drain its CQ first if their
 // completions matter. Close is idempotent.
+//
+// A handle from OpenQP is destroyed in the kernel directly (the uverbs
+// destroy command), not through the provider: mlx5 (rdma-core 40 and later,
+// still so upstream) frees a doorbell record such a handle never had, whose
+// lookup misses and, with asserts compiled out as in distributions' builds,
+// writes through the lookup map's sentinel. The provider's small struct for
+// the handle stays allocated.
 func (q *QP) Close() error {
 	if q == nil || q.qp == nil {
 		return nil
@@ -680,7 +687,7 @@ func (q *QP) Close() error {
 	q.recv.mu.Lock()
 	defer q.recv.mu.Unlock()
 	defer q.send.mu.Unlock()
-	if rc, cerr := C.ibv_destroy_qp(q.qp); rc != 0 {
+	if rc, cerr := q.destroy(); rc != 0 {
 		q.l.endClose(false)
 		return &OpError{Op: "ibv_destroy_qp", Addr: q.tag, Err: rcErr(rc, cerr)}
 	}
@@ -690,6 +697,15 @@ func (q *QP) Close() error {
 	q.l.endClose(true)
 	live.qps.Destroyed(q)
 	return nil
+}
+
+func (q *QP) destroy() (C.int, error) {
+	if q.opened {
+		rc, err := C.goxrc_destroy_qp_handle(q.qp)
+		return rc, err
+	}
+	rc, err := C.ibv_destroy_qp(q.qp)
+	return rc, err
 }
 
 // SRQ is a shared receive queue, basic or XRC.
