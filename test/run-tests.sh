@@ -46,7 +46,7 @@ kill_guests() { # a qemu whose pid file is left (only qemu's own: pids are reuse
   true
 }
 trap kill_guests EXIT
-trap 'exit 143' TERM; trap 'exit 130' INT HUP   # so that the EXIT trap runs then too
+trap 'exit 130' INT   # so that the EXIT trap runs then too (rxe-vm.sh traps INT itself)
 CHECKS=() CHECKS_FAILED=0
 
 install_packages

@@ -462,7 +462,7 @@ func (p *Process) DestroyID(h kernel.ID) error {
 // node that is off).
 func (p *Process) destroyID(id *cmid) {
 	state := id.state
-	if p.n.off && state != csListen {
+	if p.n.off && state != csListen && state != csDreqRcvd { // a DREQ's sender sees it time out, as a DREP
 		state = csIdle
 	}
 	switch state {
