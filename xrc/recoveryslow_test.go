@@ -181,36 +181,3 @@ func TestEndpointCloseDuringRecoverySendsFIN(t *testing.T) {
 	}
 }
 
-// The same with two legs to the slow receiver, which sort first: the
-// recovery asked it for a PHYS_REQ once per leg, each time waiting out the
-// MOVE's budget (half the idle timeout), so the healthy receiver heard
-// nothing for a whole idle timeout and refused its MOVE. A receiver that
-// let one PHYS_REQ time out is not asked again; its other legs wait for the
-// parallel VIRT_REQs.
-func TestRecoverySlowReceiverWithLegsIdlesNoOther(t *testing.T) {
-	w := newWorld(t)
-	g := &stallMoves{release: make(chan struct{})}
-	s := w.endpoint("10.0.91.1", 7000)
-	r1 := w.wrappedEndpoint("10.0.91.2", 7001, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g })
-	r2, r3 := w.endpoint("10.0.91.2", 7002), w.endpoint("10.0.91.2", 7003)
-	for range 2 {
-		pair(t, s, r1) // the lowest tags: tried first
-	}
-	s2, c2 := pair(t, s, r2)
-	s3, _ := pair(t, s, r3)
-	time.AfterFunc(3*time.Second, func() { close(g.release) })
-	r3.p.Kill()
-	if err := sendErr(t, s3); !errors.Is(err, ErrPeerGone) {
-		t.Fatalf("to the dead: %v", err)
-	}
-	ctx := ctxT(t, 8*time.Second)
-	for i := range 3 {
-		if err := s2.Send(ctx, []byte("to r2")); err != nil {
-			t.Fatalf("send %d to healthy r2: %v (sender %+v, r2 %+v)", i, err, s.Stats(), r2.Stats())
-		}
-		if _, err := c2.Recv(ctx, make([]byte, 16)); err != nil {
-			t.Fatalf("r2 recv %d: %v (sender %+v)", i, err, s.Stats())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}

@@ -619,9 +619,11 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	}
 	// A receiver that let a PHYS_REQ time out is not asked again for its
 	// other legs' (each would cost another budget while the others' idle
-	// timers run): they wait for the VIRT_REQs, in parallel. Two stalled
-	// receivers whose legs sort first still cost two budgets, an idle
-	// timeout, in which the node's healthy receivers may give up on us.
+	// timers run): they wait for the VIRT_REQs, in parallel. Still open: the
+	// uplink comes up only once every VIRT_REQ is answered or timed out, so
+	// a stalled receiver's PHYS budget plus its other legs' VIRT budget make
+	// an idle timeout in which the node's healthy receivers hear nothing and
+	// may give up on us; so do two stalled receivers whose legs sort first.
 	silent := map[netip.AddrPort]bool{}
 	var later []*Conn
 	rest := legs
