@@ -180,4 +180,3 @@ func TestEndpointCloseDuringRecoverySendsFIN(t *testing.T) {
 		t.Fatalf("r2 after %q: %v after %v, want io.EOF", buf[:n], err, time.Since(start))
 	}
 }
-
