@@ -940,6 +940,7 @@ func TestCMNetConnHalfClose(t *testing.T) {
 // default busy poll (spinning before each wait): the host's fake delivers
 // at once and never spins.
 func TestCMNetConnConformance(t *testing.T) {
+	softroce.Device(t) // skips off the VM (here, not in a subtest's pipe)
 	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
 		client, server := cmPair(t, cm.WithMessageSize(1024), cm.WithQueueDepth(2))
 		c1, c2 = client.NetConn(), server.NetConn()
