@@ -50,12 +50,7 @@ func TestCMRemovedDeviceKeptForRegion(t *testing.T) {
 	softroce.Device(t) // skips off the VM
 	_, err := softroce.Setup(regionDev, regionVeth)
 	require.NoError(t, err)
-	child := exec.Command(os.Args[0], "-test.run=^TestCMRemovedDeviceKeptForRegion$", "-test.v", "-test.timeout=120s")
-	child.Env = append(os.Environ(), regionChildEnv+"=1")
-	out, err := child.CombinedOutput()
-	t.Logf("child:\n%s", softroce.ChildOutput(out))
-	require.NoError(t, err, "the child's checks failed")
-	require.Contains(t, string(out), "--- PASS: TestCMRemovedDeviceKeptForRegion")
+	runChild(t, regionChildEnv)
 	require.NoError(t, softroce.DeleteLink(regionOtherDev))
 	requireLinkGone(t, regionOtherDev, 30*time.Second)
 	require.NoError(t, softroce.DeleteVeth(regionVeth.Name))

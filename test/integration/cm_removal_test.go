@@ -51,14 +51,22 @@ func TestCMDeviceRemoval(t *testing.T) {
 	softroce.Device(t) // skips off the VM
 	_, err := softroce.Setup(removalDev, removalVeth)
 	require.NoError(t, err)
-	child := exec.Command(os.Args[0], "-test.run=^TestCMDeviceRemoval$", "-test.v", "-test.timeout=120s")
-	child.Env = append(os.Environ(), removalChildEnv+"=1")
+	runChild(t, removalChildEnv)
+	requireLinkGone(t, removalDev, 30*time.Second)
+	require.NoError(t, softroce.DeleteVeth(removalVeth.Name))
+}
+
+// runChild runs t again in a child process (this test binary, with env set
+// so that t runs its checks there), logs the child's output and fails t
+// unless the child passed.
+func runChild(t *testing.T, env string) {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.timeout=120s")
+	child.Env = append(os.Environ(), env+"=1")
 	out, err := child.CombinedOutput()
 	t.Logf("child:\n%s", softroce.ChildOutput(out))
 	require.NoError(t, err, "the child's checks failed")
-	require.Contains(t, string(out), "--- PASS: TestCMDeviceRemoval")
-	requireLinkGone(t, removalDev, 30*time.Second)
-	require.NoError(t, softroce.DeleteVeth(removalVeth.Name))
+	require.Contains(t, string(out), "--- PASS: "+t.Name())
 }
 
 func removalChild(t *testing.T) {
