@@ -186,12 +186,16 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	}
 	if useXRC {
 		// The route leads to a device with XRC: the resolution told us
-		// which device and local address; the engine does the rest.
-		site := cfg.deviceSite(id)
-		id.Close()
-		ch.release()
-		id = nil
-		return dialXRC(ctx, dst, cfg, site)
+		// which device and local address; the engine does the rest. The
+		// id stays resolved meanwhile: with XRCPrefer, a peer with no
+		// XRC listener on the port is dialed on it over RC.
+		c, useRC, err := dialXRCPrefer(ctx, dst, cfg, cfg.deviceSite(id))
+		if !useRC {
+			id.Close()
+			ch.release()
+			id = nil
+			return c, err
+		}
 	}
 	if err := id.ResolveRoute(ctx); err != nil {
 		if dst.Addr().IsLoopback() {

@@ -171,11 +171,17 @@
 // listener's endpoint over and accepts again (a server listening anew after
 // http.Server.Shutdown); with other options it fails with EADDRINUSE until
 // the port is free. Only XRC dialers reach an XRC
-// listener, and an XRC dialer reaches only XRC listeners, so both sides
-// need an XRC mode and a device with XRC: in a mixed cluster, a node whose
-// device has XRC and dials with XRCPrefer is refused by an RC listener
-// (ECONNREFUSED, the XRC request meeting no listener in its port space;
-// it does not retry over RC). On a device without XRC (soft-RoCE has none),
+// listener, and an XRC dialer reaches only XRC listeners: an RC listener
+// (RDMA_PS_TCP) never sees the XRC requests (RDMA_PS_IB and RDMA_PS_UDP),
+// and the peer's CM refuses them as meeting no listener (REJ reason 8, or
+// SIDR status 1). An XRCPrefer Dial that is refused so logs why and dials
+// again over RC, so in a mixed cluster a node whose device has XRC reaches
+// RC-only listeners (and XRC-less peers, whose XRCPrefer listeners are RC);
+// each such Dial tries XRC first. Only that refusal does: a Dial whose XRC
+// request goes unanswered, or that an XRC listener refuses, fails, and
+// XRCRequire fails on that refusal too (ECONNREFUSED, *xrc.RejectError with
+// Reason NO_LISTENER). An XRC listener is still reached by XRC dialers only:
+// an XRCOff dialer is refused by it. On a device without XRC (soft-RoCE has none),
 // XRCPrefer logs why and uses RC (Conn.Transport says which a connection
 // got), and XRCRequire fails with ErrNotSupported
 // and the reason, as do raw messages (RC only). The probe does not try

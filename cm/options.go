@@ -43,7 +43,9 @@ const (
 	XRCOff XRCMode = iota
 	// XRCPrefer uses XRC where the device supports it and falls back to RC
 	// with a logged reason elsewhere (soft-RoCE, or a listener on an
-	// unspecified address without WithDevice).
+	// unspecified address without WithDevice). A Dial also falls back
+	// where the peer's CM says that nothing listens for XRC on its port
+	// (an RC-only listener), not on other failures.
 	XRCPrefer
 	// XRCRequire fails with ErrNotSupported, and the reason, where XRC is
 	// missing.
@@ -220,7 +222,8 @@ func WithLogger(l *slog.Logger) Option {
 // XRC connections run on package xrc's engine: the processes of a node
 // share one XRC domain (WithDomainPath), a process reaches every process of
 // a remote node over one INI QP. An XRC listener is reached by XRC dialers
-// only, so on a device with XRC both sides need an XRC mode. XRC
+// only, so on a device with XRC both sides need an XRC mode (an XRCPrefer
+// Dial to an RC-only listener goes on over RC, see XRCPrefer). XRC
 // connections carry framed messages only: immediate data and one-sided RDMA
 // give ErrNotSupported, and WithRawMessages fails with XRCRequire (and
 // WithFabric) and uses RC with XRCPrefer.

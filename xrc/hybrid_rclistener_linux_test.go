@@ -18,8 +18,8 @@ import (
 // physical request, XRC-typed in RDMA_PS_IB, matches no listener of its
 // port space, so it is refused as NO_LISTENER (CM status 8, invalid
 // service id), not with facts.md's QP-type reject (status 28, which is
-// for a listener of another QP type in the same port space). A dialer
-// that prefers XRC and would retry over RC has to key on this.
+// for a listener of another QP type in the same port space). cm's
+// XRCPrefer Dial keys on this to retry over RC (cm/xrcfallback.go).
 func TestHybridDialRCListenerRefused(t *testing.T) {
 	checkGoroutines(t)
 	dir := t.TempDir() + "/goxrc"
