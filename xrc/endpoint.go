@@ -1247,6 +1247,12 @@ func (e *Endpoint) recvLegUp(c *Conn) {
 			ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
 			defer cancel()
 			e.mu.Lock()
+			if c.finished {
+				// It failed since, unbooking no tag: one booked now
+				// would stay in sendTags until Close.
+				e.mu.Unlock()
+				return
+			}
 			e.setSendTagLocked(c, e.newTagLocked())
 			e.mu.Unlock()
 			if err := e.openLeg(ctx, c, c.recvLeg.PeerTag); err != nil {
