@@ -61,6 +61,53 @@ type fakeEnd struct {
 	sqOverflow        int
 	holdProbes        bool         // probes complete only when flushed (a peer slow to answer)
 	heldProbes        []completion // their completions, meanwhile
+	// Requests posted while the peer's QP is in the error state (it drops
+	// every packet) and ours is not: the device retries them, so they
+	// complete only when our QP is flushed (our CM reports the peer's
+	// disconnect: peerGone) or, with no disconnect (a vanished peer), when
+	// the retries run out (retryTimer, fakeRetryTime).
+	retrying   []completion
+	retryTimer *time.Timer
+}
+
+// fakeRetryTime is how long the fake retries a request to a peer whose QP
+// is in the error state before it fails with "transport retries exceeded"
+// (a device retries for about a second). It is far longer than the gap
+// between a Conn's release shutting its QP and the fake's release telling
+// the peer, so a request that the peer's graceful close caught in that gap
+// is flushed with the disconnect known, as on a device. It failed at once:
+// the peer took the flush, before its CM's word, for a failure (a graceful
+// close counted in Stats.Errors now and then under load in
+// TestCloseDuringBlockedCloseWriteSendsFin).
+const fakeRetryTime = 200 * time.Millisecond
+
+var errFakeRetries = errors.New("fake: transport retries exceeded")
+
+// retryLocked holds c, a request to a peer in the error state, until our
+// QP is flushed or the retries run out (one timer for all those held: a
+// request posted later may fail sooner, which does not matter here); w.mu
+// is held.
+func (e *fakeEnd) retryLocked(c completion) {
+	e.retrying = append(e.retrying, c)
+	if e.retryTimer == nil {
+		e.retryTimer = time.AfterFunc(fakeRetryTime, e.retriesExceeded)
+	}
+}
+
+// retriesExceeded fails the requests still retried: no disconnect came.
+func (e *fakeEnd) retriesExceeded() {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	e.retryTimer = nil
+	if len(e.retrying) == 0 {
+		return
+	}
+	for _, c := range e.retrying {
+		c.err = errFakeRetries
+		e.cq = append(e.cq, c)
+	}
+	e.retrying = nil
+	e.signal()
 }
 
 // sqCheck counts a post that takes the send queue past its size; w.mu is
@@ -117,11 +164,16 @@ func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm, signaled bool) error
 	}
 	p := e.peer()
 	var err error
+	retried := false
 	switch {
-	case e.shut || p.shut:
+	case e.shut:
 		// A QP in the error state takes the request and flushes it, as
 		// the IB spec has it.
 		err = errFakeFlushed
+	case p.shut:
+		// The peer's QP drops the packets: the device retries (see
+		// retrying).
+		retried = true
 	case len(p.posted) == 0:
 		e.w.rnr++
 		err = errFakeRNR
@@ -140,6 +192,11 @@ func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm, signaled bool) error
 	e.busy = append(e.busy, slot)
 	e.sqCheck()
 	e.sends++
+	if retried { // it will fail, so it completes even unsignaled
+		e.signaled++
+		e.retryLocked(completion{op: compSend, slot: slot})
+		return nil
+	}
 	if signaled || err != nil { // a failed send completes even unsignaled
 		e.signaled++
 		e.cq = append(e.cq, completion{op: compSend, slot: slot, err: err})
@@ -221,17 +278,22 @@ func (e *fakeEnd) postProbe(peer probeTarget) error {
 	e.w.mu.Lock()
 	defer e.w.mu.Unlock()
 	var err error
+	retried := false
 	switch p := e.peer(); {
 	case e.shut:
 		err = errFakeFlushed
 	case p.shut:
-		err = errors.New("fake: transport retries exceeded")
+		retried = true // its node answers nothing: see retrying
 	case peer.rkey != p.probeKey || peer.addr != 0x1000:
 		err = errors.New("fake: remote access error")
 	}
 	e.probes++
 	e.probeOut++
 	e.sqCheck()
+	if retried {
+		e.retryLocked(completion{op: compProbe})
+		return nil
+	}
 	if e.holdProbes && err == nil {
 		e.heldProbes = append(e.heldProbes, completion{op: compProbe})
 		return nil
@@ -324,6 +386,15 @@ func (e *fakeEnd) shutdown() {
 		e.cq = append(e.cq, completion{op: compProbe, err: errFakeFlushed})
 	}
 	e.heldProbes = nil
+	for _, c := range e.retrying {
+		c.err = errFakeFlushed
+		e.cq = append(e.cq, c)
+	}
+	e.retrying = nil
+	if e.retryTimer != nil {
+		e.retryTimer.Stop()
+		e.retryTimer = nil
+	}
 	e.signal()
 }
 

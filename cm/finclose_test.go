@@ -117,3 +117,35 @@ func TestOneSidedWaitsForItsFlush(t *testing.T) {
 	require.ErrorIs(t, err, ErrPeerGone)
 	require.Zero(t, rdmaOutOf(w), "WriteRemote returned before its flushed completion")
 }
+
+// The interleaving behind a rare failure of the test above under load: a's
+// release shuts its QP (fail) a moment before its transport's release tells
+// b's CM (peerGone); b, reading a's last messages, posts a credit return in
+// that gap, and its next round takes a's FIN and that request's completion
+// together. On a device the request is retried (a's QP drops the packets)
+// until the disconnect reaches b and flushes it, so b takes the flush for
+// the end after a's FIN. The fake failed it at once, and b counted a
+// graceful close as a failure.
+func TestCreditReturnBeforePeersDisconnectNotCounted(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{depth: [2]int{4, 4}})
+	ctx := ctxT(t)
+	for range 2 {
+		require.NoError(t, a.Send(ctx, []byte("last words")))
+	}
+	buf := make([]byte, 256)
+	_, err := b.Recv(ctx, buf) // b's round takes both messages
+	require.NoError(t, err)
+	require.NoError(t, a.CloseWrite()) // b has not polled the FIN yet
+	w.ends[0].shutdown()               // a's release has shut its QP; its disconnect is on the way
+	_, err = b.Recv(ctx, buf)          // the second read makes a credit return due: posted into the gap
+	require.NoError(t, err)
+	w.mu.Lock()
+	require.Equal(t, 1, w.ends[1].sends, "setup: b's credit return should be posted in the gap")
+	w.mu.Unlock()
+	_, err = b.Recv(ctx, buf) // takes the FIN, and the credit return's completion if there is one
+	require.ErrorIs(t, err, io.EOF)
+	require.Equal(t, uint64(0), b.Stats().Errors, "a graceful close counted as a failure at the peer")
+	b.peerGone("peer disconnected") // a's transport release tells b
+	require.NoError(t, b.Close())
+	require.Equal(t, uint64(0), b.Stats().Errors, "a graceful close counted as a failure at the peer")
+}
