@@ -40,6 +40,10 @@ type Conn struct {
 	sendUp   bool
 	sendDone bool // FIN sent or leg dropped
 	finOut   bool // our FIN (not HALF) was posted: see recover
+	// unmoved: the uplink is UP on a rebuilt INI, but the recovery's MOVE
+	// of this leg is not answered yet (its receiver takes our messages
+	// through the old TGT only): nothing posts until it is (see recover).
+	unmoved  bool
 	lastSent time.Time
 
 	// Flow control (xrc-protocol.md, "Flow control"). Counts wrap: only
@@ -245,7 +249,7 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 			wait = c.credited
 		case c.spanFullLocked():
 			wait = c.credited
-		case u.state != upUp:
+		case u.state != upUp || c.unmoved:
 			wait = u.changed
 		}
 		if wait != nil {
@@ -488,7 +492,7 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 			return &OpError{"send", c.raddr.String(), err}
 		}
 		u := c.up
-		if u.state != upUp {
+		if u.state != upUp || c.unmoved || c.finHeldLocked(kind) {
 			ch := u.changed
 			e.mu.Unlock()
 			select {
@@ -553,6 +557,16 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 	return &OpError{"send", c.raddr.String(), errRetries}
 }
 
+// finHeldLocked reports whether c's FIN, of kind, waits for the recovery of
+// c's uplink: a FIN that ends our leg (not HALF) lets its receiver release
+// its handle on the TGT, and the TGT dies with the last one. While the
+// recovery still moves legs onto the rebuilt INI's TGT (settling), the legs
+// moved already may hold it alone: their FINs wait until every MOVE is
+// answered, as they did when the uplink came up only then.
+func (c *Conn) finHeldLocked(kind byte) bool {
+	return kind == kindFIN && c.finOut && c.up.settling
+}
+
 // statusChans and sendWRs keep sends from allocating: a channel for an
 // internal frame's completion status, and the one-request array for
 // PostSend.
@@ -602,7 +616,7 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	e := c.e
 	e.mu.Lock()
 	u := c.up
-	if !c.sendUp || c.sendDone && kind != kindFIN || c.err != nil || u == nil || u.state != upUp {
+	if !c.sendUp || c.sendDone && kind != kindFIN || c.err != nil || u == nil || u.state != upUp || c.unmoved || c.finHeldLocked(kind) {
 		e.mu.Unlock()
 		return postFailed, nil
 	}

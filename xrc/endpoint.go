@@ -1053,7 +1053,7 @@ func (e *Endpoint) postFirstFrame(ctx context.Context, c *Conn) bool {
 			var ch <-chan struct{}
 			again := false
 			if u != nil && u.state != upNone && c.err == nil {
-				if u.state == upUp {
+				if u.state == upUp && !c.unmoved {
 					// Recovered since the post failed (or the INI it
 					// went to was replaced meanwhile): try again.
 					again = true

@@ -180,3 +180,134 @@ func TestEndpointCloseDuringRecoverySendsFIN(t *testing.T) {
 		t.Fatalf("r2 after %q: %v after %v, want io.EOF", buf[:n], err, time.Since(start))
 	}
 }
+
+// connErr is c's failure, or nil.
+func connErr(c *Conn) error {
+	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
+	return c.err
+}
+
+// A recovery brings the uplink up once the new INI is, and each other leg
+// resumes when its own MOVE is answered: the healthy receivers' traffic
+// does not wait for stalled receivers' VIRT_REQs. It did: the uplink came
+// up only once every MOVE was answered or timed out, so two stalled
+// receivers (r1 with two legs, r5 with one) held back the healthy r2 and r4
+// for the whole budget, here 30 s, and at the receivers' usual timers for
+// an idle timeout. The stalled legs post nothing until their own MOVE is
+// answered, then send what waited, in order.
+func TestRecoveryStalledVirtReqsHoldUpNoOther(t *testing.T) {
+	w := newWorld(t)
+	hs := func(c *Config) { longTimers(c); c.HandshakeTimeout = 30 * time.Second }
+	s := w.endpoint("10.0.75.1", 7000, hs)
+	g1 := &stallMoves{release: make(chan struct{})}
+	g5 := &stallMoves{release: make(chan struct{})}
+	r2 := w.endpoint("10.0.75.2", 7002, longTimers)
+	r1 := w.wrappedEndpoint("10.0.75.2", 7001, func(k kernel.Kernel) kernel.Kernel { g1.Kernel = k; return g1 }, longTimers)
+	r5 := w.wrappedEndpoint("10.0.75.2", 7005, func(k kernel.Kernel) kernel.Kernel { g5.Kernel = k; return g5 }, longTimers)
+	r4 := w.endpoint("10.0.75.2", 7004, longTimers)
+	r3 := w.endpoint("10.0.75.2", 7003, longTimers)
+	s2, c2 := pair(t, s, r2) // the lowest tag: its PHYS_REQ makes the new INI
+	s1a, c1a := pair(t, s, r1)
+	s1b, c1b := pair(t, s, r1)
+	s5, c5 := pair(t, s, r5)
+	s4, c4 := pair(t, s, r4)
+	s3, _ := pair(t, s, r3)
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(g1.release)
+			close(g5.release)
+		}
+	}
+	defer release()
+	r3.p.Kill()
+	if err := sendErr(t, s3); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("to the dead: %v", err)
+	}
+	// Messages to the stalled receivers wait while their legs move.
+	sent := make(chan error, 3)
+	for _, c := range []*Conn{s1a, s1b, s5} {
+		go func() { sent <- c.Send(ctxT(t, 20*time.Second), []byte("held")) }()
+	}
+	ctx := ctxT(t, 5*time.Second)
+	for i := range 3 {
+		for _, p := range []struct {
+			name string
+			s, c *Conn
+		}{{"r2", s2, c2}, {"r4", s4, c4}} {
+			if err := p.s.Send(ctx, []byte("to "+p.name)); err != nil {
+				t.Fatalf("send %d to healthy %s while r1 and r5 stall: %v (sender %+v)", i, p.name, err, s.Stats())
+			}
+			if _, err := p.c.Recv(ctx, make([]byte, 16)); err != nil {
+				t.Fatalf("%s recv %d while r1 and r5 stall: %v (sender %+v)", p.name, i, err, s.Stats())
+			}
+		}
+	}
+	for _, c := range []*Conn{s1a, s1b, s5} {
+		if err := connErr(c); err != nil {
+			t.Fatalf("a stalled receiver's leg failed before its MOVE's deadline: %v", err)
+		}
+	}
+	select {
+	case err := <-sent:
+		t.Fatalf("a send on a leg whose MOVE is unanswered returned %v before the MOVE", err)
+	default:
+	}
+	release()
+	for i := range 3 {
+		if err := <-sent; err != nil {
+			t.Fatalf("send %d to a stalled receiver, once it answered: %v", i, err)
+		}
+	}
+	for _, c := range []*Conn{c1a, c1b, c5} {
+		buf := make([]byte, 16)
+		n, err := c.Recv(ctx, buf)
+		if err != nil || string(buf[:n]) != "held" {
+			t.Fatalf("stalled receiver, once it answered: %q, %v", buf[:n], err)
+		}
+	}
+	roundTrip(t, s1b, c1b, []byte("after"))
+	roundTrip(t, s2, c2, []byte("after"))
+}
+
+// The same with a stalled receiver r1 whose two legs sort first: its first
+// leg's PHYS_REQ times out (the MOVE's budget, 2 s here), its second leg
+// waits for a VIRT_REQ, and the healthy r2's PHYS_REQ makes the new INI.
+// r2's traffic resumes at once, while r1's second MOVE is still under way.
+// It did not: the uplink came up only after that VIRT_REQ timed out too, so
+// r2 heard nothing for two budgets, a whole idle timeout at the usual
+// timers (the test this replaces, which idled r2 out, passed about half
+// the time).
+func TestRecoverySlowReceiverWithLegsIdlesNoOther(t *testing.T) {
+	w := newWorld(t)
+	hs := func(c *Config) { longTimers(c); c.HandshakeTimeout = 2 * time.Second }
+	g := &stallMoves{release: make(chan struct{})}
+	defer close(g.release)
+	s := w.endpoint("10.0.76.1", 7000, hs)
+	r1 := w.wrappedEndpoint("10.0.76.2", 7001, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
+	r2, r3 := w.endpoint("10.0.76.2", 7002, longTimers), w.endpoint("10.0.76.2", 7003, longTimers)
+	s1a, _ := pair(t, s, r1) // the lowest tags: tried first
+	s1b, _ := pair(t, s, r1)
+	s2, c2 := pair(t, s, r2)
+	s3, _ := pair(t, s, r3)
+	r3.p.Kill()
+	if err := sendErr(t, s3); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("to the dead: %v", err)
+	}
+	ctx := ctxT(t, 8*time.Second)
+	if err := s2.Send(ctx, []byte("to r2")); err != nil {
+		t.Fatalf("send to healthy r2: %v (sender %+v)", err, s.Stats())
+	}
+	if _, err := c2.Recv(ctx, make([]byte, 16)); err != nil {
+		t.Fatalf("r2 recv: %v (sender %+v)", err, s.Stats())
+	}
+	if err := connErr(s1b); err != nil {
+		t.Fatalf("r2 heard from us only once r1's second MOVE had failed (%v): r2 waited for it", err)
+	}
+	if err := connErr(s1a); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("r1's first leg, whose PHYS_REQ timed out: %v, want ErrPeerGone", err)
+	}
+	roundTrip(t, s2, c2, []byte("again"))
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -42,6 +41,18 @@ type uplink struct {
 	// gone counts recoveries in a row whose new TGT died under them (see
 	// recover): past maxGoneRounds a leg refused TGT_GONE fails.
 	gone int
+	// settling: cur is UP, but the recovery that made it still waits for
+	// some legs' MOVEs (those legs are Conn.unmoved). A failure of cur
+	// meanwhile puts u back to RECOVERING, and that recovery starts the
+	// next once its MOVEs are answered (see failINILocked).
+	settling bool
+}
+
+// pokeLocked wakes whoever waits on u.changed without a change of state:
+// a leg of an UP uplink was moved onto its INI (see recover).
+func (u *uplink) pokeLocked() {
+	close(u.changed)
+	u.changed = make(chan struct{})
 }
 
 const maxGoneRounds = 8
@@ -53,7 +64,8 @@ const maxGoneRounds = 8
 // (TestEndpointDialAcceptorClosesAtOnce).
 func (u *uplink) hasOpenLeg() bool {
 	for c := range u.legs {
-		if !c.closing {
+		// An unmoved leg's receiver does not hold cur's TGT yet.
+		if !c.closing && !c.unmoved {
 			return true
 		}
 	}
@@ -542,6 +554,15 @@ func (e *Endpoint) failINILocked(u *uplink, q *iniQP) {
 	if u.cur != q || u.state != upUp || e.closed {
 		return
 	}
+	if u.settling {
+		// The recovery that made q still moves legs onto it: nothing
+		// posts from now on, and that recovery starts the next one
+		// once its MOVEs are answered (two at once would move the same
+		// legs twice).
+		q.broken = true
+		u.setState(upRecovering)
+		return
+	}
 	u.setState(upRecovering)
 	e.recoveries.Add(1)
 	e.spawn(func() { e.recover(u, q) })
@@ -590,12 +611,17 @@ func (e *Endpoint) maybeTeardownLocked(u *uplink) {
 
 // recover rebuilds a failed uplink: a new INI is connected with a PHYS_REQ
 // flagged REPLACES_TGT|MOVE to the first live receiver, every other leg
-// moves to the new TGT with a VIRT_REQ flagged MOVE, and then the old
-// physical link is disconnected: its DREQ tells the TGT's creator that the
-// legs still on the old TGT are gone. Sent first, it could reach a receiver
-// before that receiver's MOVE and end a live leg. Legs whose receiver
-// refuses or is gone, or does not answer within its MOVE's deadline, fail;
-// sends and dials wait meanwhile.
+// moves to the new TGT with a VIRT_REQ flagged MOVE, and once every MOVE is
+// answered the old physical link is disconnected: its DREQ tells the TGT's
+// creator that the legs still on the old TGT are gone. Sent first, it could
+// reach a receiver before that receiver's MOVE and end a live leg. Legs
+// whose receiver refuses or is gone, or does not answer within its MOVE's
+// deadline, fail. Sends and dials wait until the new INI is up; the uplink
+// is UP from then on (once the PHYS_REQ's leg has sent again what had not
+// completed), and each other leg stays unmoved, posting nothing, until its
+// own MOVE is answered and it has sent its kept messages again. A FIN that
+// ends a leg waits until every MOVE is answered (Conn.finHeldLocked): the
+// legs moved first may be all that holds the new TGT.
 func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	e.mu.Lock()
 	legs := make([]*Conn, 0, len(u.legs))
@@ -608,9 +634,8 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	var q *iniQP
 	var moved []*Conn // the legs now on q: only theirs go again on it
 	// Each MOVE has its own deadline, under half the idle timeout: the
-	// receivers hear nothing from us while we recover, and one receiver
-	// that does not answer must not spend the others' time. Once the new
-	// INI is up, the other legs move at once (VIRT_REQs in parallel).
+	// receivers hear nothing from us while their legs move, and one
+	// receiver that does not answer must not spend the others' time.
 	budget := min(e.cfg.HandshakeTimeout, e.cfg.IdleTimeout/2)
 	live := func(c *Conn) bool {
 		e.mu.Lock()
@@ -619,11 +644,13 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	}
 	// A receiver that let a PHYS_REQ time out is not asked again for its
 	// other legs' (each would cost another budget while the others' idle
-	// timers run): they wait for the VIRT_REQs, in parallel. Still open: the
-	// uplink comes up only once every VIRT_REQ is answered or timed out, so
-	// a stalled receiver's PHYS budget plus its other legs' VIRT budget make
-	// an idle timeout in which the node's healthy receivers hear nothing and
-	// may give up on us; so do two stalled receivers whose legs sort first.
+	// timers run): they wait for the VIRT_REQs. Once the new INI is up, the
+	// uplink is UP and the other legs move at once, in parallel, each
+	// resuming its traffic when its own MOVE is answered: a stalled
+	// receiver's VIRT_REQs hold up only its own legs. Still open: the
+	// PHYS_REQs go one after another, so two stalled receivers whose legs
+	// sort first cost two budgets, an idle timeout, in which the node's
+	// healthy receivers hear nothing and may give up on us.
 	silent := map[netip.AddrPort]bool{}
 	var later []*Conn
 	rest := legs
@@ -662,65 +689,9 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		for _, c := range later { // no INI to move them to
 			e.moveDone(u, nil, c, dom, wire.Accept{}, errNoAnswer, false, &moved)
 		}
-	} else {
-		rest = append(later, rest...)
-	}
-	type result struct {
-		acc wire.Accept
-		err error
-	}
-	results := make([]result, len(rest))
-	if q != nil {
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 16) // SIDR exchanges in flight
-		for i, c := range rest {
-			if !live(c) {
-				results[i].err = errSkipped
-				continue
-			}
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				req := e.req(c, wire.TypeVirtReq, 0)
-				req.Flags = wire.FlagMove
-				req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, dom
-				ctx, cancel := context.WithTimeout(e.ctx, budget)
-				defer cancel()
-				acc, err := e.virtLink(ctx, c.raddr, &req)
-				for try := 0; moveAgain(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
-					acc, err = e.virtLink(ctx, c.raddr, &req)
-				}
-				results[i] = result{acc, err}
-			}()
-		}
-		wg.Wait()
-		for i, c := range rest {
-			if !errors.Is(results[i].err, errSkipped) {
-				e.moveDone(u, q, c, dom, results[i].acc, results[i].err, false, &moved)
-			}
-		}
-	}
-	e.k.Disconnect(old.aid)
-	e.mu.Lock()
-	if q != nil {
-		// Still RECOVERING, so no Send posts: each moved leg first sends
-		// again, on the new INI and in order, what has not completed. A
-		// leg left for the next round does not: its receiver does not
-		// take messages through q's TGT yet, and one that completed here
-		// would be lost. Also while the endpoint closes: its FINs wait
-		// for the uplink to be up. The resends wait for their turns with
-		// the endpoint's context, not a deadline: a resend given up
-		// would lose the messages without a word.
-		u.cur = q
-		e.mu.Unlock()
-		for _, c := range moved {
-			c.resend(e.ctx, u, q)
-		}
+		e.k.Disconnect(old.aid)
 		e.mu.Lock()
-	}
-	defer e.mu.Unlock()
-	if q == nil {
+		defer e.mu.Unlock()
 		// Nobody left to move to: the uplink is gone. The next dial there
 		// makes a new one, flagged REPLACES_TGT.
 		e.replaced[upKey{u.node.WithZone(""), dom}] = old.tgt
@@ -729,14 +700,96 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		if len(u.inis) == 0 {
 			e.removeUplinkLocked(u)
 		}
-		if q != nil {
-			e.k.Disconnect(q.aid)
-		}
 		return
+	}
+	rest = append(later, rest...)
+	// Every other live leg is unmoved until its MOVE is answered: its
+	// receiver takes its messages through the old TGT only, and drops what
+	// comes through q's, so nothing of it may post on q before (a message
+	// that completed there would be lost), and once moved it first sends
+	// again, in order, what had not completed.
+	e.mu.Lock()
+	var pending []*Conn
+	for _, c := range rest {
+		if !c.failed() && !c.sendDone {
+			c.unmoved = true
+			pending = append(pending, c)
+		}
+	}
+	u.cur = q
+	u.settling = len(pending) > 0
+	e.mu.Unlock()
+	type result struct {
+		c   *Conn
+		acc wire.Accept
+		err error
+	}
+	results := make(chan result, len(pending))
+	sem := make(chan struct{}, 16) // SIDR exchanges in flight
+	for _, c := range pending {
+		go func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			req := e.req(c, wire.TypeVirtReq, 0)
+			req.Flags = wire.FlagMove
+			req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, dom
+			ctx, cancel := context.WithTimeout(e.ctx, budget)
+			defer cancel()
+			acc, err := e.virtLink(ctx, c.raddr, &req)
+			for try := 0; moveAgain(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
+				acc, err = e.virtLink(ctx, c.raddr, &req)
+			}
+			results <- result{c, acc, err}
+		}()
+	}
+	// Still RECOVERING, so no Send posts: the PHYS_REQ's leg first sends
+	// again, on the new INI and in order, what has not completed. So does
+	// each other leg once moved (below), still unmoved meanwhile. A leg
+	// left for the next round does not: its receiver does not take
+	// messages through q's TGT yet, and one that completed here would be
+	// lost. Also while the endpoint closes: its FINs wait for the uplink
+	// to be up. The resends wait for their turns with the endpoint's
+	// context, not a deadline: a resend given up would lose the messages
+	// without a word.
+	for _, c := range moved {
+		c.resend(e.ctx, u, q)
+	}
+	e.mu.Lock()
+	if !q.broken {
+		// Else it failed during the resends, or its TGT died: the next
+		// round starts once the MOVEs under way are answered.
+		u.setState(upUp)
+	}
+	e.mu.Unlock()
+	for range pending {
+		r := <-results
+		var mv []*Conn
+		e.moveDone(u, q, r.c, dom, r.acc, r.err, false, &mv)
+		for _, c := range mv {
+			c.resend(e.ctx, u, q)
+		}
+		e.mu.Lock()
+		// A leg refused TGT_GONE stays unmoved: it waits for the next
+		// round (q is broken).
+		if len(mv) > 0 || r.c.failed() || r.c.sendDone {
+			r.c.unmoved = false
+			u.pokeLocked()
+		}
+		e.mu.Unlock()
+	}
+	e.k.Disconnect(old.aid)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	u.settling = false
+	for _, c := range pending {
+		c.unmoved = false
+	}
+	if u.cur != q {
+		return // every leg went meanwhile: torn down (maybeTeardownLocked)
 	}
 	u.setState(upUp)
 	if q.broken {
-		e.failINILocked(u, q) // it failed during the resends, or its TGT died: again
+		e.failINILocked(u, q) // it failed meanwhile, or its TGT died: again
 		return
 	}
 	u.gone = 0
@@ -746,9 +799,6 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 // errNoAnswer fails a leg whose receiver let an earlier leg's PHYS_REQ time
 // out in a recovery that made no new INI.
 var errNoAnswer = errors.New("its receiver did not answer an earlier MOVE in time")
-
-// errSkipped marks a leg the recovery found closed or failed already.
-var errSkipped = errors.New("leg skipped")
 
 // moveDone books the answer to leg c's MOVE onto q (physical: the PHYS_REQ
 // that made q, or failed to) and reports whether q was made by it.
