@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -630,7 +631,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	}
 	dom := u.dom
 	e.mu.Unlock()
-	slices.SortFunc(legs, func(a, b *Conn) int { return int(a.sendTag) - int(b.sendTag) })
+	slices.SortFunc(legs, func(a, b *Conn) int { return cmp.Compare(a.sendTag, b.sendTag) })
 	var q *iniQP
 	var moved []*Conn // the legs now on q: only theirs go again on it
 	// Each MOVE has its own deadline, under half the idle timeout: the
