@@ -42,10 +42,11 @@ type uplink struct {
 	// gone counts recoveries in a row whose new TGT died under them (see
 	// recover): past maxGoneRounds a leg refused TGT_GONE fails.
 	gone int
-	// settling: cur is UP, but the recovery that made it still waits for
-	// some legs' MOVEs (those legs are Conn.unmoved). A failure of cur
-	// meanwhile puts u back to RECOVERING, and that recovery starts the
-	// next once its MOVEs are answered (see failINILocked).
+	// settling: the recovery that made cur has not ended: some legs'
+	// MOVEs may be under way (those legs are Conn.unmoved), the old link
+	// not disconnected yet. A failure of cur meanwhile puts u back to
+	// RECOVERING, and that recovery starts the next as it ends (see
+	// failINILocked).
 	settling bool
 }
 
@@ -718,7 +719,10 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		}
 	}
 	u.cur = q
-	u.settling = len(pending) > 0
+	// Settling until the end, VIRT legs or none: a failure of q before
+	// then is this recovery's to answer (q.broken), not a second one's
+	// that this one's last setState(upUp) would run over.
+	u.settling = true
 	e.mu.Unlock()
 	type result struct {
 		c   *Conn
