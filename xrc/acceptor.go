@@ -26,6 +26,12 @@ type downlink struct {
 	Creator     bool       // this process created the TGT (only it may modify it)
 	qp          kernel.QP
 	count       int
+	// prevs counts the registered legs that moved away from this TGT and
+	// may still take messages through it (their prevTGT), until the SRQ
+	// drains past mark, the latest such move's. Our handle stays open
+	// until then, also at count 0 (see maybeDropLocked).
+	prevs int
+	mark  uint64
 }
 
 // prevTGT is a TGT a leg moved away from, and the SRQ drain count at the
@@ -34,6 +40,7 @@ type downlink struct {
 type prevTGT struct {
 	num  uint32
 	mark uint64
+	dl   *downlink
 }
 
 // acceptedLeg is one accepted one-way leg of a logical connection: a sender's tag
@@ -83,6 +90,9 @@ type acceptorConfig struct {
 	// TGT until Drains (the number of the last poll that found the SRQ
 	// empty, counted once its batch is delivered) passes the mark.
 	Polls func() uint64
+	// Kick, if set, ends the receive loop's poll under way: a handle kept
+	// for the next drain (maybeDropLocked) must not wait on an idle SRQ.
+	Kick func()
 }
 
 // acceptor makes the "open new or share existing" decision of
@@ -101,6 +111,11 @@ type acceptor struct {
 	nextTag uint32
 	closed  bool // by Close: registers nothing more
 	retired retiredLegs
+	// lingering holds the downlinks at count 0 whose handle stays open
+	// for messages still queued through them (see maybeDropLocked);
+	// nLinger is its size, read by Reap without mu.
+	lingering map[*downlink]struct{}
+	nLinger   atomic.Int32
 }
 
 // retiredLegs remembers the last retiredMax legs that were used and then
@@ -346,10 +361,16 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
 	old := l.Downlink
+	var forgot *downlink
 	a.view.Lock()
 	if old != dl {
-		l.prev = append(l.prev, prevTGT{old.TGTQPN, a.polls()})
+		mark := a.polls()
+		l.prev = append(l.prev, prevTGT{old.TGTQPN, mark, old})
+		old.prevs++
+		old.mark = max(old.mark, mark)
 		if len(l.prev) > 4 {
+			forgot = l.prev[0].dl
+			forgot.prevs--
 			l.prev = l.prev[1:]
 		}
 	}
@@ -362,8 +383,9 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 	if old != dl { // else a MOVE onto the link the leg is on: nothing to count
 		dl.count++
 		old.count--
-		if old.count == 0 {
-			a.drop(old)
+		a.maybeDropLocked(old)
+		if forgot != nil {
+			a.maybeDropLocked(forgot)
 		}
 	}
 	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Downlink: dl, Moved: true}
@@ -609,13 +631,68 @@ func (a *acceptor) releaseLocked(l *acceptedLeg) error {
 	if l.used.Load() {
 		a.retired.add(key)
 	}
+	for _, p := range l.prev {
+		p.dl.prevs--
+		a.maybeDropLocked(p.dl)
+	}
 	dl := l.Downlink
 	dl.count--
-	if dl.count > 0 {
+	return a.maybeDropLocked(dl)
+}
+
+// maybeDropLocked destroys our handle on dl once no leg receives through it
+// (count 0) and none that moved away from it may still take a message
+// through it: until the SRQ drains past the latest such move, the handle
+// stays open, and with it the TGT, whose number the kernel would otherwise
+// give at once to the next TGT made on the node. A leg then refuses what
+// comes through the number it left when we hold the new TGT for another
+// sender (prevAcceptsLocked), and would drop messages its sender had sent
+// through the old TGT, completed (never to be sent again) and still queued
+// in the SRQ. Reap, after each drain, destroys the handles kept.
+func (a *acceptor) maybeDropLocked(dl *downlink) error {
+	if dl.count > 0 || dl.prevs > 0 && a.cfg.Drains != nil && a.drains() <= dl.mark && !a.closed {
+		_, kept := a.lingering[dl]
+		if dl.count == 0 && !kept {
+			if a.lingering == nil {
+				a.lingering = map[*downlink]struct{}{}
+			}
+			a.lingering[dl] = struct{}{}
+			a.nLinger.Add(1)
+			if a.cfg.Kick != nil {
+				a.cfg.Kick()
+			}
+		} else if dl.count > 0 && kept { // shared again meanwhile
+			delete(a.lingering, dl)
+			a.nLinger.Add(-1)
+		}
 		return nil
+	}
+	if _, kept := a.lingering[dl]; kept {
+		delete(a.lingering, dl)
+		a.nLinger.Add(-1)
+	}
+	if a.byTGT[dl.TGTQPN] != dl {
+		return nil // destroyed already
 	}
 	a.deleteTGT(dl)
 	return a.cfg.Kernel.DestroyQP(dl.qp)
+}
+
+// Lingering reports whether maybeDropLocked keeps a handle for the next
+// drain.
+func (a *acceptor) Lingering() bool { return a.nLinger.Load() > 0 }
+
+// Reap destroys the handles maybeDropLocked kept that no message can need
+// any more; the receive loop calls it after each drain.
+func (a *acceptor) Reap() {
+	if a.nLinger.Load() == 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for dl := range a.lingering {
+		a.maybeDropLocked(dl)
+	}
 }
 
 // LegTGT is the TGT number the leg currently receives through (a MOVE
@@ -691,6 +768,8 @@ func (a *acceptor) Close() {
 	clear(a.byTGT)
 	clear(a.legs)
 	a.view.Unlock()
+	clear(a.lingering)
+	a.nLinger.Store(0)
 	clear(a.ours)
 	a.retired = retiredLegs{}
 }

@@ -164,6 +164,9 @@ type Endpoint struct {
 	moved       atomic.Uint64
 	drains      atomic.Uint64 // the number of the last poll that found the SRQ empty (its batch delivered)
 	polls       atomic.Uint64 // the receive loop's polls begun
+	pollMu      sync.Mutex
+	pollBase    context.Context    // the receive loop's polls' context, until kickPoll ends it
+	pollStop    context.CancelFunc // ends pollBase
 	virtReqs    atomic.Uint64
 	oneExchange atomic.Uint64
 	abandoned   atomic.Uint64
@@ -268,7 +271,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	e.inc = random64()
 	e.nextTag = uint32(random64() >> 33)
 	ac := acceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
-		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize), Drains: e.drains.Load, Polls: e.polls.Load}
+		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize), Drains: e.drains.Load, Polls: e.polls.Load, Kick: e.kickPoll}
 	e.refusing.Store(cfg.DialOnly)
 	ac.Admit = func(req *wire.Req) ([]byte, *appReject) {
 		if e.refusing.Load() && req.Flags&wire.FlagReciprocal == 0 {
@@ -1269,7 +1272,17 @@ func (e *Endpoint) recvLoop() {
 	var wcs [32]kernel.RecvCompletion
 	for {
 		seq := e.polls.Add(1)
-		n, err := e.k.PollRecv(e.ctx, e.srq, wcs[:])
+		base, ctx, cancel := e.pollCtx()
+		n, err := e.k.PollRecv(ctx, e.srq, wcs[:])
+		if cancel != nil {
+			cancel()
+		}
+		if err != nil && n == 0 && e.ctx.Err() == nil && ctx.Err() != nil {
+			if base.Err() != nil {
+				continue // kicked: this poll began before what asked for a drain
+			}
+			n, err = 0, nil // a poll with a deadline that found the SRQ empty
+		}
 		if err != nil {
 			if e.ctx.Err() == nil {
 				e.die(err)
@@ -1284,6 +1297,7 @@ func (e *Endpoint) recvLoop() {
 		}
 		if n < len(wcs) {
 			e.drains.Store(seq)
+			e.acc.Reap()
 		}
 	}
 }
@@ -1343,6 +1357,41 @@ func (e *Endpoint) deliver(wc *kernel.RecvCompletion) bool {
 		return false
 	}
 	return e.consumeLocked(c, leg, wc.Payload)
+}
+
+// lingerPoll bounds a receive poll while the acceptor keeps a TGT handle
+// for messages that may still be queued (acceptor.maybeDropLocked): an idle
+// SRQ then still drains, and the handle goes.
+const lingerPoll = 5 * time.Millisecond
+
+// pollCtx returns the context of the receive loop's next poll and the base
+// it derives from: the base alone, which only Close and kickPoll end, or,
+// while the acceptor keeps a TGT handle until the next drain, the base with
+// a deadline (cancel releases it). A poll that begins with a live context
+// looks at the SRQ before it waits, so one that reaches its deadline found
+// the SRQ empty.
+func (e *Endpoint) pollCtx() (base, ctx context.Context, cancel context.CancelFunc) {
+	e.pollMu.Lock()
+	if e.pollBase == nil || e.pollBase.Err() != nil {
+		e.pollBase, e.pollStop = context.WithCancel(e.ctx)
+	}
+	base = e.pollBase
+	e.pollMu.Unlock()
+	if !e.acc.Lingering() {
+		return base, base, nil
+	}
+	ctx, cancel = context.WithTimeout(base, lingerPoll)
+	return base, ctx, cancel
+}
+
+// kickPoll ends the receive loop's poll under way, which may wait for ever
+// on an idle SRQ: the next one has a deadline (see pollCtx).
+func (e *Endpoint) kickPoll() {
+	e.pollMu.Lock()
+	if e.pollStop != nil {
+		e.pollStop()
+	}
+	e.pollMu.Unlock()
 }
 
 type earlyMsg struct {

@@ -204,7 +204,10 @@ type Kernel interface {
 	// Pollers of one queue may be concurrent; each waits until its own
 	// ctx ends, also while another is polling (PollRecv alike).
 	PollSend(ctx context.Context, q QP, out []SendCompletion) (int, error)
-	// PollRecv waits for at least one message on s and fills out.
+	// PollRecv waits for at least one message on s and fills out. A poll
+	// whose ctx is live when it begins looks at the queue before it
+	// waits: one that returns ctx's error found the queue empty (the
+	// engine counts it as a drain, see xrc's receive loop).
 	PollRecv(ctx context.Context, s SRQ, out []RecvCompletion) (int, error)
 
 	// Listen binds a listener on addr for one exchange. An XRC (or IB-RC)
