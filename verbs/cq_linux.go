@@ -621,10 +621,17 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 	if len(wcs) == 0 {
 		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: &explained{syscall.EINVAL, "no room for completions"}}
 	}
+	// A free turn is taken even if ctx has ended, so that a Wait whose
+	// ctx was live when it began always looks at the CQ: a caller may
+	// take its deadline's error for an empty CQ (xrc's receive loop does).
 	select {
 	case q.waitSem <- struct{}{}:
-	case <-ctx.Done():
-		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: ctx.Err()}
+	default:
+		select {
+		case q.waitSem <- struct{}{}:
+		case <-ctx.Done():
+			return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: ctx.Err()}
+		}
 	}
 	defer func() { <-q.waitSem }()
 	for {

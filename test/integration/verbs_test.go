@@ -1058,3 +1058,56 @@ func TestObjectTraceNamesCreators(t *testing.T) {
 		require.NotRegexp(t, "(?m)^1 "+kind+" created at\n(\t.*\n)*\t.*"+regexp.QuoteMeta(here), r, "report:\n%s", r)
 	}
 }
+
+// TestVerbsWaitWithEndedContextLooks: a Wait whose context has ended
+// still returns the completions already queued, and fails with the
+// context's error only on an empty CQ: a caller may take that error for an
+// empty CQ (xrc's receive loop does, after a poll with a deadline).
+func TestVerbsWaitWithEndedContextLooks(t *testing.T) {
+	vctx := openRXE(t)
+	pd, err := vctx.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	ch, err := vctx.NewCompChannel()
+	require.NoError(t, err)
+	cleanupClose(t, ch)
+	recvCQ, err := vctx.CreateCQ(8, ch, 0)
+	require.NoError(t, err)
+	cleanupClose(t, recvCQ)
+	sendCQ, err := vctx.CreateCQ(8, nil, 0)
+	require.NoError(t, err)
+	cleanupClose(t, sendCQ)
+	mr, err := pd.RegMR(4096, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	cleanupClose(t, mr)
+	a, b := smallRCQP(t, pd, sendCQ), smallRCQP(t, pd, recvCQ)
+	connectRC(t, vctx, a, b)
+
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	wcs := make([]verbs.WorkCompletion, 4)
+	for i := range 20 { // a turn and an ended context were picked at random, half the time
+		require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
+		require.NoError(t, a.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+			SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
+		// The send completes once b acknowledged it, after its receive
+		// completion was queued.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			n, err := sendCQ.Poll(wcs)
+			require.NoError(t, err)
+			if n > 0 {
+				require.Equal(t, verbs.WCSuccess, wcs[0].Status)
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "send %d never completed", i)
+			time.Sleep(time.Millisecond)
+		}
+		n, err := recvCQ.Wait(ended, wcs)
+		require.NoError(t, err, "round %d: a queued completion, an ended context", i)
+		require.Equal(t, 1, n)
+		require.Equal(t, uint64(i), wcs[0].WRID)
+	}
+	_, err = recvCQ.Wait(ended, wcs)
+	require.ErrorIs(t, err, context.Canceled, "nothing queued")
+}
