@@ -184,6 +184,7 @@ type decision struct {
 	Moved       bool         // a MOVE: an existing leg moved onto another downlink
 	Replaced    *acceptedLeg // released: our answer to an earlier copy of this PHYS_REQ (see physical)
 	UnknownMove bool         // a rejected MOVE of a leg we do not hold (see Endpoint.onRequest)
+	moveKey     legKey       // with UnknownMove: the leg the MOVE names
 }
 
 // Decide answers a CONNECT_REQUEST event from the XRC listener (PHYS_REQ) or
@@ -594,8 +595,15 @@ func (a *acceptor) foreignLeg(req *wire.Req) decision {
 // unknownMove answers a MOVE of a leg we do not hold.
 func (a *acceptor) unknownMove(req *wire.Req) decision {
 	d := a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
-	d.UnknownMove = true
+	d.UnknownMove, d.moveKey = true, legKey{req.Incarnation, req.ConnTag}
 	return d
+}
+
+// Holds reports whether the leg k is registered.
+func (a *acceptor) Holds(k legKey) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.legs[k] != nil
 }
 
 func (a *acceptor) reject(tag uint32, reason wire.RejectReason, detail uint32, app []byte) decision {

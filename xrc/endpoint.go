@@ -175,6 +175,9 @@ type Endpoint struct {
 	duplicates  atomic.Uint64
 	sqFull      atomic.Uint64
 	sidrGoing   atomic.Int64 // SIDR ids of finished exchanges not yet destroyed
+	// testAfterDecide, set by a test only, runs in onRequest between the
+	// acceptor's decision and what onRequest makes of it.
+	testAfterDecide atomic.Pointer[func(decision)]
 }
 
 type upKey struct {
@@ -825,10 +828,17 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		}
 		e.mu.Unlock()
 	}
-	if d.UnknownMove && e.readingAcceptFrom(ev.Remote.Addr()) {
+	if f := e.testAfterDecide.Load(); f != nil {
+		(*f)(d)
+	}
+	if d.UnknownMove && (e.readingAcceptFrom(ev.Remote.Addr()) || e.acc.Holds(d.moveKey)) {
 		// Maybe the reverse leg of a dial of ours whose ACCEPT we have
 		// not read yet, moved by its sender's recovery meanwhile: ask
-		// it to come again (recover does, shortly).
+		// it to come again (recover does, shortly). Or we read it since
+		// Decide: takeReverse registers the leg before it takes the
+		// dial off readingAcceptFrom's list, so a leg not on the list
+		// is registered by now (unless released since, and then
+		// refused rightly), and asked again the MOVE finds it.
 		e.reject(ev, wire.RejectBusyRetry, d.Reject.Tag)
 		return
 	}

@@ -583,3 +583,116 @@ func TestOneExchangeUnknownMoveWhileAcceptUnread(t *testing.T) {
 		return ok, fmt.Sprintf("%+v (was %+v)", s, before)
 	})
 }
+
+// The same MOVE, when the dialer reads its ACCEPT, and registers the
+// reverse leg the ACCEPT carries, after the acceptor decided that it does
+// not hold the leg and before onRequest looks for a dial whose ACCEPT is
+// unread: that dial was no longer unread, and the MOVE was refused
+// BAD_REQUEST. The sender's recovery then failed its connection, and the
+// dialer's with it (a Dial between two live processes refused BAD_REQUEST,
+// or a connection whose peer's FIN never came, silent until the idle
+// timeout: TestEndpointManyDialsKilledThreeNodes, about 1 run in 100 on a
+// loaded host). It is BUSY_RETRY, and asked again the MOVE is accepted. A
+// fake acceptor answers the dial, with a reverse leg on b's uplink to a's
+// node, in that window (testAfterDecide).
+func TestOneExchangeUnknownMoveAcceptReadMeanwhile(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.66.1", 7000)
+	b := w.endpoint("10.0.66.2", 7000)
+	pair(t, a, b) // uplinks both ways: a's dials to node B ask for a reverse leg in their ACCEPT
+	b.mu.Lock()
+	var ini, tgt uint32
+	for _, u := range b.uplinks {
+		if u.node == a.Addr().Addr() && u.cur != nil {
+			ini, tgt = u.cur.num, u.cur.tgt
+		}
+	}
+	b.mu.Unlock()
+	if tgt == 0 {
+		t.Fatal("setup: b has no uplink to a's node")
+	}
+	k := w.rawKernel("10.0.66.2")
+	fake := netip.MustParseAddrPort("10.0.66.2:7100")
+	l, err := k.Listen(fake, kernel.ExchangeSIDR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const revTag = 77
+	move := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, Flags: wire.FlagMove, ConnTag: revTag, Incarnation: b.inc,
+		INIQPN: ini, TGTQPNHint: tgt, DomainHint: a.dom.ID, SRQN: b.srqn, ReplyPort: fake.Port(), Credits: 8, MaxMessage: MaxMessageSize})
+	moveAnswer := func() kernel.Event {
+		t.Helper()
+		return answer(t, k, a.Addr(), kernel.ExchangeSIDR, 0, move)
+	}
+	before := a.Stats()
+	dialed := make(chan error, 1)
+	go func() {
+		c, err := a.Dial(ctxT(t, 5*time.Second), fake.String())
+		if err == nil {
+			c.Close()
+		}
+		dialed <- err
+	}()
+	id, req, err := nextVirtReq(t, k, l) // held: a has not read its ACCEPT
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Flags&wire.FlagOneExchange == 0 {
+		t.Fatal("setup: the dial asks for no reverse leg in its ACCEPT")
+	}
+	var once sync.Once
+	var hookErr error
+	hook := func(d decision) {
+		if !d.UnknownMove {
+			return
+		}
+		once.Do(func() {
+			// The ACCEPT, with the reverse leg on b's uplink to a's node
+			// (its INI, its TGT there: a verifies both), goes now.
+			m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: 99, Incarnation: b.inc, TGTQPN: req.TGTQPNHint, SRQN: b.srqn,
+				DomainID: req.DomainHint, Credits: 8, MaxMessage: MaxMessageSize, Flags: wire.AcceptReverse,
+				Rev: wire.Reverse{Tag: revTag, INIQPN: ini, TGTQPN: tgt, DomainID: a.dom.ID}}
+			buf := make([]byte, wire.BudgetSIDRREP)
+			n, err := m.Encode(buf)
+			if err == nil {
+				err = k.Accept(id, req.TGTQPNHint, buf[:n])
+			}
+			k.DestroyID(id)
+			if err != nil {
+				hookErr = err
+				return
+			}
+			deadline := time.Now().Add(time.Second)
+			for a.readingAcceptFrom(fake.Addr()) || !a.acc.Holds(legKey{b.inc, revTag}) {
+				if time.Now().After(deadline) {
+					hookErr = errors.New("a never registered the reverse leg")
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	a.testAfterDecide.Store(&hook)
+	defer a.testAfterDecide.Store(nil)
+	ev := answer(t, k, a.Addr(), kernel.ExchangeSIDR, 0, move)
+	if hookErr != nil {
+		t.Fatal(hookErr)
+	}
+	var rej wire.Reject
+	if ev.Type != kernel.EventUnreachable || wire.DecodeReject(ev.PrivateData, &rej) != nil || rej.Reason != wire.RejectBusyRetry {
+		t.Fatalf("MOVE of the reverse leg registered after the decision: answered %v %v, want BUSY_RETRY", ev.Type, rej.Reason)
+	}
+	var acc wire.Accept
+	if ev := moveAnswer(); ev.Type != kernel.EventEstablished || wire.DecodeAccept(ev.PrivateData, &acc) != nil || acc.TGTQPN != tgt {
+		t.Fatalf("the same MOVE asked again: %v %+v, want it accepted onto TGT %d", ev.Type, acc, tgt)
+	}
+	if err := <-dialed; err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	eventually(t, "a as it was", func() (bool, string) {
+		s := a.Stats()
+		ok := s.Downlinks == before.Downlinks && s.LocalCounts == before.LocalCounts && s.Conns == before.Conns &&
+			s.KernelHandles == before.KernelHandles
+		return ok, fmt.Sprintf("%+v (was %+v)", s, before)
+	})
+}
