@@ -81,6 +81,13 @@ func TestConnStuckSendersDoNotSpin(t *testing.T) {
 				_, err := a.Recv(ctx, buf)
 				require.NoError(t, err)
 			}
+			// Both stuck: each filled the other's buffers, and b used
+			// the credits a's reads returned (under load that can take
+			// a while; a fixed wait missed b's last send once).
+			want := [2]uint64{uint64(depth), uint64(depth + depth/2)}
+			require.Eventually(t, func() bool {
+				return a.Stats().MessagesSent == want[0] && b.Stats().MessagesSent == want[1]
+			}, 10*time.Second, time.Millisecond, "a and b never both stuck with %v sent", want)
 			time.Sleep(50 * time.Millisecond)
 			before := a.Stats().CreditFrames + b.Stats().CreditFrames
 			time.Sleep(200 * time.Millisecond)
@@ -90,10 +97,9 @@ func TestConnStuckSendersDoNotSpin(t *testing.T) {
 			t.Logf("%d credit frames while stuck for 200 ms", spun)
 			// The persist timer's doubling allows about a dozen.
 			require.LessOrEqual(t, spun, uint64(30))
-			// Each filled the other's buffers, and b got back exactly
-			// the buffers a read.
-			require.Equal(t, uint64(depth), a.Stats().MessagesSent)
-			require.Equal(t, uint64(depth+depth/2), b.Stats().MessagesSent)
+			// And no more: b got back exactly the buffers a read.
+			require.Equal(t, want[0], a.Stats().MessagesSent)
+			require.Equal(t, want[1], b.Stats().MessagesSent)
 		})
 	}
 }

@@ -2,6 +2,7 @@ package xrc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync/atomic"
@@ -201,7 +202,11 @@ func TestMovedLegReusedTGTCannotSilenceOwner(t *testing.T) {
 }
 
 // holdRecv holds the receive loop's polls while armed, as a receiver whose
-// receive loop is slow (a loaded machine) does: messages wait in the SRQ.
+// receive loop is slow (a loaded machine) does: messages wait in the SRQ. A
+// held poll is one that has not begun: a deadline passing meanwhile does
+// not end it without a look at the SRQ (kernel.Kernel's PollRecv contract;
+// the receive loop takes such a poll's error for an empty SRQ). Cancelled
+// (a kick, or Close), it returns.
 type holdRecv struct {
 	kernel.Kernel
 	armed   atomic.Bool
@@ -218,7 +223,13 @@ func (k *holdRecv) PollRecv(ctx context.Context, s kernel.SRQ, out []kernel.Recv
 		select {
 		case <-k.release:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return 0, ctx.Err()
+			}
+			select { // begins once released, and looks then
+			case <-k.release:
+			case <-time.After(10 * time.Second):
+			}
 		}
 	}
 	return k.Kernel.PollRecv(ctx, s, out)
