@@ -264,6 +264,20 @@ func fakeAccept(t *testing.T, k kernel.Kernel, l kernel.ID, inc uint64, rev wire
 
 // nextVirtReq waits for the next request on l, a VIRT_REQ, and returns its
 // CM id (the caller's to destroy) and the request.
+// heldOneExchangeReq takes the next VIRT_REQ on l, which must ask for its
+// reverse leg in the ACCEPT, and leaves it unanswered.
+func heldOneExchangeReq(t *testing.T, k kernel.Kernel, l kernel.ID) (kernel.ID, wire.Req) {
+	t.Helper()
+	id, req, err := nextVirtReq(t, k, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Flags&wire.FlagOneExchange == 0 {
+		t.Fatal("setup: the dial asks for no reverse leg in its ACCEPT")
+	}
+	return id, req
+}
+
 func nextVirtReq(t *testing.T, k kernel.Kernel, l kernel.ID) (kernel.ID, wire.Req, error) {
 	var req wire.Req
 	ev, err := k.Event(ctxT(t, 5*time.Second), l)
@@ -533,13 +547,7 @@ func TestOneExchangeUnknownMoveWhileAcceptUnread(t *testing.T) {
 		_, err := a.Dial(dialCtx, fake.String())
 		dialed <- err
 	}()
-	id, req, err := nextVirtReq(t, k, l) // held: a has not read its ACCEPT
-	if err != nil {
-		t.Fatal(err)
-	}
-	if req.Flags&wire.FlagOneExchange == 0 {
-		t.Fatal("setup: the dial asks for no reverse leg in its ACCEPT")
-	}
+	id, req := heldOneExchangeReq(t, k, l) // held: a has not read its ACCEPT
 	if r := moveAnswer(k); r != wire.RejectBusyRetry {
 		t.Fatalf("from the dial's node, its ACCEPT unread: %v, want BUSY_RETRY", r)
 	}
@@ -633,13 +641,7 @@ func TestOneExchangeUnknownMoveAcceptReadMeanwhile(t *testing.T) {
 		}
 		dialed <- err
 	}()
-	id, req, err := nextVirtReq(t, k, l) // held: a has not read its ACCEPT
-	if err != nil {
-		t.Fatal(err)
-	}
-	if req.Flags&wire.FlagOneExchange == 0 {
-		t.Fatal("setup: the dial asks for no reverse leg in its ACCEPT")
-	}
+	id, req := heldOneExchangeReq(t, k, l) // held: a has not read its ACCEPT
 	var once sync.Once
 	var hookErr error
 	hook := func(d decision) {
