@@ -170,18 +170,21 @@
 // depth, domain path and handshake timeout meanwhile takes the closed
 // listener's endpoint over and accepts again (a server listening anew after
 // http.Server.Shutdown); with other options it fails with EADDRINUSE until
-// the port is free. Only XRC dialers reach an XRC
-// listener, and an XRC dialer reaches only XRC listeners: an RC listener
-// (RDMA_PS_TCP) never sees the XRC requests (RDMA_PS_IB and RDMA_PS_UDP),
-// and the peer's CM refuses them as meeting no listener (REJ reason 8, or
-// SIDR status 1). An XRCPrefer Dial that is refused so logs why and dials
-// again over RC, so in a mixed cluster a node whose device has XRC reaches
-// RC-only listeners (and XRC-less peers, whose XRCPrefer listeners are RC);
-// each such Dial tries XRC first. Only that refusal does: a Dial whose XRC
-// request goes unanswered, or that an XRC listener refuses, fails, and
-// XRCRequire fails on that refusal too (ECONNREFUSED, *xrc.RejectError with
-// Reason NO_LISTENER). An XRC listener is still reached by XRC dialers only:
-// an XRCOff dialer is refused by it. On a device without XRC (soft-RoCE has none),
+// the port is free. An XRC dialer reaches only XRC listeners: an RC
+// listener (RDMA_PS_TCP) never sees the XRC requests (RDMA_PS_IB and
+// RDMA_PS_UDP), and the peer's CM refuses them as meeting no listener (REJ
+// reason 8, or SIDR status 1). An XRCPrefer Dial that is refused so logs
+// why and dials again over RC, so in a mixed cluster a node whose device
+// has XRC reaches RC-only listeners (and XRC-less peers, whose XRCPrefer
+// listeners are RC); each such Dial tries XRC first. Only that refusal
+// does: a Dial whose XRC request goes unanswered, or that an XRC listener
+// refuses, fails, and XRCRequire fails on that refusal too (ECONNREFUSED,
+// *xrc.RejectError with Reason NO_LISTENER). The other way round, an
+// XRCPrefer listener on a device with XRC also listens for RC on its port
+// (an RC CM id beside the XRC endpoint), so XRCOff dialers and dialers on
+// devices without XRC reach it and Accept returns their RC connections
+// among the XRC ones; closing it frees the RC port at once. An XRCRequire
+// listener is reached by XRC dialers only. On a device without XRC (soft-RoCE has none),
 // XRCPrefer logs why and uses RC (Conn.Transport says which a connection
 // got), and XRCRequire fails with ErrNotSupported
 // and the reason, as do raw messages (RC only). The probe does not try

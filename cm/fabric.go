@@ -45,6 +45,9 @@ func (cfg *config) fabricSite(local netip.Addr) xrcSite {
 // deviceSite is the site of a connection whose CM id is bound (or resolved)
 // to a device with XRC.
 func (cfg *config) deviceSite(id *rdmacm.ID) xrcSite {
+	if p := testKernel(id); p != nil {
+		return xrcSite{fabric: p, local: id.LocalAddr().Addr()}
+	}
 	return xrcSite{device: id.DeviceName(), local: id.LocalAddr().Addr()}
 }
 

@@ -3,10 +3,12 @@ package cm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/goxrc/goxrc/internal/rdmaaddr"
 	"github.com/goxrc/goxrc/rdmacm"
@@ -27,7 +29,7 @@ type Listener struct {
 	held       map[*device]*rdmacm.ID
 	heldClosed bool
 	heldWG     sync.WaitGroup
-	xep        *xrc.Endpoint  // XRC (WithFabric, or an XRC mode on a device with XRC) instead of ch and id
+	xep        *xrc.Endpoint  // XRC: instead of ch and id (WithFabric, XRCRequire), or beside them (XRCPrefer), on a device with XRC
 	xl         *xrcListen     // xep's references (xrclisten.go)
 	term       xrc.AcceptTerm // the listener's accepting term on xep
 	addr       Addr
@@ -56,8 +58,10 @@ type Listener struct {
 // an XRC mode (WithXRC) on a device with XRC, it listens with an XRC
 // endpoint of its own (package xrc), or takes over that of a closed XRC
 // listener on the address whose connections still hold the port (see
-// Close), and only XRC dialers reach it. ctx bounds setting up the listener
-// only: the listener outlives it.
+// Close). With XRCRequire only XRC dialers reach it; with XRCPrefer it also
+// listens for RC on the same port, so that XRCOff dialers and those on
+// devices without XRC reach it too, and Accept returns both kinds. ctx
+// bounds setting up the listener only: the listener outlives it.
 func Listen(ctx context.Context, address string, opts ...Option) (*Listener, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -100,15 +104,7 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 			useXRC, err = cfg.checkXRC(id)
 		}
 	}
-	if err == nil && !useXRC {
-		err = id.Listen(max(cfg.backlog, 1))
-	}
-	if err != nil {
-		id.Close()
-		ch.release()
-		return fail(err)
-	}
-	if useXRC {
+	if err == nil && useXRC && cfg.xrc == XRCRequire {
 		// A device with XRC: the bind told us which; an XRC endpoint of
 		// the listener's own listens there instead.
 		site := cfg.deviceSite(id)
@@ -116,19 +112,46 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 		ch.release()
 		return listenXRC(ctx, local, cfg, site)
 	}
+	var xl *xrcListen
+	var term xrc.AcceptTerm
+	if err == nil && useXRC {
+		// XRCPrefer on a device with XRC: an XRC endpoint listens on
+		// the id's port number, and the id goes on listening for RC
+		// dialers (their requests are in RDMA_PS_TCP, the endpoint's in
+		// RDMA_PS_IB and RDMA_PS_UDP).
+		id, xl, term, err = openXRCBeside(ctx, local, cfg, ch, id)
+	}
+	if err == nil {
+		err = id.Listen(max(cfg.backlog, 1))
+	}
+	abandon := func(err error) (*Listener, error) {
+		if xl != nil {
+			xl.stopListening()
+		}
+		if id != nil {
+			id.Close()
+		}
+		ch.release()
+		return fail(err)
+	}
+	if err != nil {
+		return abandon(err)
+	}
 	l := &Listener{
 		cfg: cfg, ch: ch, id: id, addr: Addr{id.LocalAddr()},
 		ready: make(chan *Conn, cfg.backlog), done: make(chan struct{}),
 		inProgress: make(chan struct{}, max(cfg.backlog, 1)),
+		xl:         xl, term: term,
+	}
+	if xl != nil {
+		l.xep = xl.ep
 	}
 	if !local.Addr().IsUnspecified() {
 		// Hold the device's cache (context, PD, buffers, QPs of closed
 		// connections) between connections: a server whose connections
 		// come and go would otherwise rebuild it for each burst.
 		if l.dev, err = acquireDevice(id); err != nil {
-			id.Close()
-			ch.release()
-			return fail(err)
+			return abandon(err)
 		}
 		devices.Lock()
 		l.dev.listeners++ // with acquireDevice's reference: dropListener gives both back
@@ -138,7 +161,77 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	globalStats.listeners.Add(1)
 	l.wg.Add(1)
 	go l.loop()
+	if l.xep != nil {
+		l.wg.Add(1)
+		go l.feedXRC()
+	}
 	return l, nil
+}
+
+// openXRCBeside opens the XRC endpoint of an XRCPrefer listener on the port
+// number of id, bound to local. Where local's port is 0 and the endpoint
+// finds that number taken, it binds a new id (to another number) in place
+// of id and tries again. It returns the id it bound (nil where making a new
+// one failed), which the caller closes if it fails.
+func openXRCBeside(ctx context.Context, local netip.AddrPort, cfg config, ch *chanRef, id *rdmacm.ID) (*rdmacm.ID, *xrcListen, xrc.AcceptTerm, error) {
+	site := cfg.deviceSite(id)
+	for try := 0; ; try++ {
+		port := id.LocalAddr().Port()
+		xc, err := cfg.xrcConfig(site, port)
+		if err != nil {
+			return id, nil, xrc.AcceptTerm{}, err
+		}
+		xl, term, err := openXRCListen(ctx, xc, site, port)
+		if err == nil {
+			return id, xl, term, nil
+		}
+		// As the engine's own bind (xrc.Endpoint's listen), EADDRNOTAVAIL
+		// too: the kernel's answer where a holder is bound to a wildcard.
+		taken := errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL)
+		if local.Port() != 0 || !taken || try >= 50 {
+			return id, nil, xrc.AcceptTerm{}, fmt.Errorf("XRC beside RC on port %d: %w", port, engineErr(err))
+		}
+		id.Close()
+		if id, err = ch.ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC); err != nil {
+			return nil, nil, xrc.AcceptTerm{}, err
+		}
+		if err := id.Bind(local); err != nil {
+			return id, nil, xrc.AcceptTerm{}, err
+		}
+	}
+}
+
+// feedXRC hands an XRCPrefer listener's XRC connections to Accept beside its
+// RC ones, as handshakes that completed.
+func (l *Listener) feedXRC() {
+	defer l.wg.Done()
+	for l.xl.acquire() {
+		x, err := l.xep.AcceptIn(l.ctx, l.term)
+		if err != nil {
+			l.xl.release()
+			if l.ctx.Err() == nil {
+				// The endpoint failed (its device went, say): RC
+				// dialers may still come.
+				l.cfg.logger.Warn("listener's XRC endpoint failed; RC goes on", "addr", l.addr, "err", err)
+			}
+			return
+		}
+		// closeXRC calls the release once (releaseOnce).
+		c := newXRCConn(x, l.cfg, func() { l.xl.release() })
+		select {
+		case l.inProgress <- struct{}{}:
+		case <-l.done:
+			c.Close()
+			return
+		}
+		select {
+		case l.ready <- c:
+		case <-l.done:
+			<-l.inProgress
+			c.Close()
+			return
+		}
+	}
 }
 
 // Addr returns the address the listener is bound to, with the port the
@@ -147,7 +240,7 @@ func (l *Listener) Addr() net.Addr { return l.addr }
 
 // Accept waits for the next connection whose handshake has completed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
-	if l.xep != nil {
+	if l.xrcOnly() {
 		select {
 		case <-l.done:
 			// The endpoint may accept for a Listen that took it over.
@@ -188,6 +281,10 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		return nil, opError("accept", l.addr, ctx.Err())
 	}
 }
+
+// xrcOnly reports whether the listener is an XRC endpoint alone (WithFabric,
+// or XRCRequire on a device with XRC), with no RC id beside it.
+func (l *Listener) xrcOnly() bool { return l.xep != nil && l.id == nil }
 
 // isClosed reports whether Close has begun.
 func (l *Listener) isClosed() bool {
@@ -372,9 +469,9 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 // progress are abandoned, and connections not yet accepted are closed.
 // Connections already accepted stay open. Over XRC (an in-memory fabric, or
 // an XRC mode on a device with XRC) new requests are refused at once, but
-// the port stays bound until the last accepted connection closes: the
-// listener's XRC endpoint carries them, and their peers recover their legs
-// through it. A Listen on the address with the same message size, queue
+// the port stays bound for XRC until the last accepted XRC connection
+// closes: the listener's XRC endpoint carries them, and their peers recover
+// their legs through it (an XRCPrefer listener's RC port is free at once). A Listen on the address with the same message size, queue
 // depth, domain path and handshake timeout takes that endpoint over
 // meanwhile; one with other options fails with EADDRINUSE.
 // Close is idempotent.
@@ -386,12 +483,14 @@ func (l *Listener) Close() error {
 			l.stop()
 		}
 		if l.xep != nil {
-			globalStats.listeners.Add(-1)
 			err = l.xl.stopListening()
+		}
+		if l.xrcOnly() {
+			globalStats.listeners.Add(-1)
 			return
 		}
 		gone := l.id.DeviceRemoved()
-		err = l.id.Close() // refuses new requests, ends the loop
+		err = errors.Join(err, l.id.Close()) // refuses new requests, ends the loop
 		l.wg.Wait()
 		// Each Close waits for its connection's time-wait (2 s on
 		// soft-RoCE): they wait together.

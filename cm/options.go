@@ -45,7 +45,8 @@ const (
 	// with a logged reason elsewhere (soft-RoCE, or a listener on an
 	// unspecified address without WithDevice). A Dial also falls back
 	// where the peer's CM says that nothing listens for XRC on its port
-	// (an RC-only listener), not on other failures.
+	// (an RC-only listener), not on other failures. A listener on a device
+	// with XRC takes RC dialers as well as XRC ones.
 	XRCPrefer
 	// XRCRequire fails with ErrNotSupported, and the reason, where XRC is
 	// missing.
@@ -221,9 +222,10 @@ func WithLogger(l *slog.Logger) Option {
 // WithXRC selects the transport: RC, or XRC where the device supports it.
 // XRC connections run on package xrc's engine: the processes of a node
 // share one XRC domain (WithDomainPath), a process reaches every process of
-// a remote node over one INI QP. An XRC listener is reached by XRC dialers
-// only, so on a device with XRC both sides need an XRC mode (an XRCPrefer
-// Dial to an RC-only listener goes on over RC, see XRCPrefer). XRC
+// a remote node over one INI QP. An XRCPrefer listener on a device with XRC
+// takes RC dialers too (it listens for both on its port); an XRCRequire
+// listener only XRC dialers, and an XRCPrefer Dial to an RC-only listener
+// goes on over RC (see XRCPrefer). XRC
 // connections carry framed messages only: immediate data and one-sided RDMA
 // give ErrNotSupported, and WithRawMessages fails with XRCRequire (and
 // WithFabric) and uses RC with XRCPrefer.

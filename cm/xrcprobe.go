@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // checkXRC applies the XRC mode to the device id is bound to, and reports
@@ -18,6 +20,9 @@ func (cfg *config) checkXRC(id *rdmacm.ID) (bool, error) {
 	}
 	if cfg.raw {
 		return false, cfg.noXRC(id.DeviceName(), "raw messages are plain sends on RC")
+	}
+	if testKernel(id) != nil {
+		return true, nil
 	}
 	reason := xrcUnavailable(id)
 	if reason == "" {
@@ -80,4 +85,15 @@ func probeXRC(id *rdmacm.ID) string {
 	}
 	x.Close()
 	return ""
+}
+
+// testKernel is the kernel a test runs id's device's XRC connections on
+// instead of its verbs (kernel.DeviceKernel), or nil.
+func testKernel(id *rdmacm.ID) *memfabric.Process {
+	f := kernel.DeviceKernel.Load()
+	if f == nil {
+		return nil
+	}
+	p, _ := (*f)(id.DeviceName(), id.LocalAddr().Addr()).(*memfabric.Process)
+	return p
 }

@@ -1,6 +1,10 @@
 package kernel
 
-import "sync"
+import (
+	"net/netip"
+	"sync"
+	"sync/atomic"
+)
 
 // Exported packages of this module carry a Kernel in opaque values (a
 // memfabric.Process) without showing it to users: the package that makes the
@@ -34,3 +38,15 @@ func Unwrap(v any) (Kernel, bool) {
 	}
 	return nil, false
 }
+
+// Carry wraps k in an opaque value that Unwrap takes apart (package
+// memfabric sets it: the value is a *memfabric.Process). Only tests use it,
+// with DeviceKernel.
+var Carry func(k Kernel) any
+
+// DeviceKernel, when a test sets it, is asked first for the kernel that the
+// XRC connections of a device run on (package cm's XRC modes): it returns a
+// Carry of that kernel, or nil for the device's own verbs. The VM's tests
+// set it to run cm's XRC modes with the real kernel CM on soft-RoCE, whose
+// verbs have no XRC (internal/kernel/hybrid).
+var DeviceKernel atomic.Pointer[func(device string, local netip.Addr) any]

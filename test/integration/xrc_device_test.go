@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -74,24 +73,7 @@ func TestXRCDeviceCM(t *testing.T) {
 		opts := []cm.Option{cm.WithXRC(mode), cm.WithDomainPath(dir), cm.WithLogger(cmTestLogger(t))}
 		l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), opts...)
 		require.NoError(t, err, mode)
-		go func() {
-			for {
-				c, err := l.Accept(context.Background())
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					buf := make([]byte, 256)
-					for {
-						n, err := c.Recv(ctx, buf)
-						if err != nil || c.Send(ctx, buf[:n]) != nil {
-							return
-						}
-					}
-				}()
-			}
-		}()
+		echoAll(ctx, l)
 		var conns []*cm.Conn
 		for i := range 3 {
 			c, err := cm.Dial(ctx, l.Addr().String(), opts...)

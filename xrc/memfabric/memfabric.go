@@ -28,11 +28,17 @@ import (
 func init() {
 	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
 		p, ok := v.(*Process)
-		if !ok || p == nil || p.p == nil {
+		switch {
+		case !ok || p == nil:
 			return nil, false
+		case p.k != nil:
+			return p.k, true
+		case p.p != nil:
+			return p.p, true
 		}
-		return p.p, true
+		return nil, false
 	})
+	kernel.Carry = func(k kernel.Kernel) any { return &Process{k: k} }
 }
 
 // Fabric is a set of nodes that reach each other by IP address.
@@ -132,6 +138,10 @@ func (n *Node) Stats() NodeStats {
 type Process struct {
 	p *model.Process
 	n *Node
+	// k, instead of p and n: a kernel of the module's tests
+	// (kernel.Carry), with no node of a Fabric; its owner closes it
+	// (Kill does not).
+	k kernel.Kernel
 }
 
 // Node is the node the process runs on.
@@ -140,8 +150,17 @@ func (p *Process) Node() *Node { return p.n }
 // Kill ends the process as kill -9 does: every kernel object and CM id it
 // holds is closed at once. Engines running on it fail from then on; close
 // them to end their goroutines.
-func (p *Process) Kill() { p.p.Kill() }
+func (p *Process) Kill() {
+	if p.p != nil {
+		p.p.Kill()
+	}
+}
 
 // Handles is the number of kernel handles (domains, SRQs, QPs, TGT handles,
 // CM ids) the process holds.
-func (p *Process) Handles() int { return p.p.Handles() }
+func (p *Process) Handles() int {
+	if h, ok := p.k.(interface{ Handles() int }); ok {
+		return h.Handles()
+	}
+	return p.p.Handles()
+}

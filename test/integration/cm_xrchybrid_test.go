@@ -1,0 +1,226 @@
+//go:build linux && cgo
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/test/softroce"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// cm's XRC modes as on a device with XRC, with the real kernel CM:
+// kernel.DeviceKernel gives cm a process of the hybrid fabric (xhFabric: the
+// real CM on soft-RoCE, the model's XRC QPs) for the device's XRC
+// connections, so cm's choices for a device with XRC (an XRCPrefer listener
+// that takes RC dialers too, an XRCPrefer dial that falls back to RC) meet
+// the kernel's own answers. RC connections beside them are real rxe ones.
+// Ports: chosen by the system.
+
+// cmHybridDevice makes cm run the XRC connections of ip's device on a new
+// hybrid process until done, which closes the process (its kcm keeps a
+// resolved SIDR id per destination until then). It returns the leak
+// baseline, taken before the process opened.
+func cmHybridDevice(t *testing.T) (ip netip.Addr, base objects, done func()) {
+	dev, ip := softroce.Device(t)
+	base = baseline(t, dev)
+	p := xhProc(t, ip)
+	carried := kernel.Carry(p)
+	f := func(device string, local netip.Addr) any {
+		if device == dev {
+			return carried
+		}
+		return nil
+	}
+	kernel.DeviceKernel.Store(&f)
+	done = func() {
+		kernel.DeviceKernel.Store(nil)
+		require.NoError(t, p.Close())
+	}
+	t.Cleanup(func() { kernel.DeviceKernel.Store(nil) }) // before xhProc's Close
+	return ip, base, done
+}
+
+// echoAll accepts on l until it closes, echoes every message on each
+// connection, and reports each accepted connection's transport (the first
+// 16 not yet taken; later ones are dropped).
+func echoAll(ctx context.Context, l *cm.Listener) <-chan cm.Transport {
+	got := make(chan cm.Transport, 16)
+	go func() {
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			select {
+			case got <- c.Transport():
+			default:
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 256)
+				for {
+					n, err := c.Recv(ctx, buf)
+					if err != nil || c.Send(ctx, buf[:n]) != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return got
+}
+
+// TestCMXRCPreferListenerTakesRC: an XRCPrefer listener on a device with XRC
+// also listens for RC on its port: an XRCOff dialer gets an RC connection
+// and an XRCPrefer one an XRC connection, through one Accept. Closing it
+// frees the RC port at once (an RC listener binds it while the accepted XRC
+// connection keeps the XRC endpoint), and an XRCPrefer Listen on the port
+// takes both again. An XRCRequire listener refuses RC dialers as no
+// listener.
+func TestCMXRCPreferListenerTakesRC(t *testing.T) {
+	ip, base, done := cmHybridDevice(t)
+	ctx := cmCtx(t, 90*time.Second)
+	logger := cmTestLogger(t)
+	xrcOpts := []cm.Option{cm.WithXRC(cm.XRCPrefer), cm.WithDomainPath(t.TempDir() + "/goxrc"), cm.WithLogger(logger)}
+	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), xrcOpts...)
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	accepted := echoAll(ctx, l)
+
+	rc, err := cm.Dial(ctx, addr, cm.WithLogger(logger))
+	require.NoError(t, err, "an XRCOff dial to an XRCPrefer listener")
+	require.Equal(t, cm.TransportRC, rc.Transport())
+	require.Equal(t, cm.TransportRC, <-accepted)
+	exchange(t, ctx, rc, rc, "over RC")
+	x, err := cm.Dial(ctx, addr, xrcOpts...)
+	require.NoError(t, err, "an XRCPrefer dial to an XRCPrefer listener")
+	require.Equal(t, cm.TransportXRC, x.Transport())
+	require.Equal(t, cm.TransportXRC, <-accepted)
+	exchange(t, ctx, x, x, "over XRC")
+	s := cm.GlobalStats()
+	t.Logf("stats: %+v", s)
+	require.Equal(t, int64(2), s.QueuePairs-base.cm.QueuePairs, "one RC connection: its two ends' QPs")
+	require.Positive(t, s.XRCUplinks, "the XRC connection runs on an uplink")
+	require.NoError(t, rc.Close())
+
+	require.NoError(t, l.Close())
+	_, err = cm.Dial(ctx, addr, cm.WithLogger(logger))
+	var re *rdmacm.RejectError
+	require.ErrorAs(t, err, &re, "an RC dial after Close: %v", err)
+	exchange(t, ctx, x, x, "the XRC connection stays")
+	rl, err := cm.Listen(ctx, addr, cm.WithLogger(logger))
+	require.NoError(t, err, "the RC port is free once the listener closes")
+	require.NoError(t, rl.Close())
+	l, err = cm.Listen(ctx, addr, xrcOpts...)
+	require.NoError(t, err, "an XRCPrefer listener takes the port back")
+	accepted = echoAll(ctx, l)
+	rc, err = cm.Dial(ctx, addr, cm.WithLogger(logger))
+	require.NoError(t, err)
+	require.Equal(t, cm.TransportRC, <-accepted)
+	exchange(t, ctx, rc, rc, "over RC again")
+	require.NoError(t, rc.Close())
+	require.NoError(t, x.Close())
+	require.NoError(t, l.Close())
+
+	req, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), append(xrcOpts, cm.WithXRC(cm.XRCRequire))...)
+	require.NoError(t, err)
+	_, err = cm.Dial(ctx, req.Addr().String(), cm.WithLogger(logger))
+	require.ErrorAs(t, err, &re, "an RC dial to an XRCRequire listener: %v", err)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	require.NoError(t, req.Close())
+	done()
+	waitObjects(t, base, 20*time.Second)
+}
+
+// TestCMXRCPreferDialFallsBackToRC: an XRCPrefer dial on a device with XRC
+// to an RC-only listener goes on over RC once the peer's kernel CM answers
+// that nothing listens for XRC on the port: a REJ (reason 8) to the
+// physical request before an uplink to the node is up, a SIDR REP (status
+// 1) to the virtual request once one is.
+func TestCMXRCPreferDialFallsBackToRC(t *testing.T) {
+	ip, base, done := cmHybridDevice(t)
+	ctx := cmCtx(t, 90*time.Second)
+	var log syncBuffer
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	xrcOpts := []cm.Option{cm.WithXRC(cm.XRCPrefer), cm.WithDomainPath(t.TempDir() + "/goxrc"), cm.WithLogger(logger)}
+	rl, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), cm.WithLogger(logger))
+	require.NoError(t, err)
+	rcAccepted := echoAll(ctx, rl)
+	dialRC := func(status int) {
+		t.Helper()
+		c, err := cm.Dial(ctx, rl.Addr().String(), xrcOpts...)
+		require.NoError(t, err)
+		require.Equal(t, cm.TransportRC, c.Transport())
+		require.Equal(t, cm.TransportRC, <-rcAccepted)
+		exchange(t, ctx, c, c, "fell back to RC")
+		require.Contains(t, log.String(), fmt.Sprintf("CM status %d", status), "the log says why")
+		require.NoError(t, c.Close())
+	}
+	dialRC(8) // no uplink to the node yet: a physical request
+
+	xl, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), xrcOpts...)
+	require.NoError(t, err)
+	xAccepted := echoAll(ctx, xl)
+	x, err := cm.Dial(ctx, xl.Addr().String(), xrcOpts...)
+	require.NoError(t, err)
+	require.Equal(t, cm.TransportXRC, x.Transport())
+	require.Equal(t, cm.TransportXRC, <-xAccepted)
+	uplinks := cm.GlobalStats().XRCUplinks
+	require.Positive(t, uplinks-base.cm.XRCUplinks)
+	dialRC(1) // over the uplink x brought up: a virtual request
+	require.Equal(t, uplinks, cm.GlobalStats().XRCUplinks, "no uplink for the RC listener")
+	require.NoError(t, x.Close())
+	require.NoError(t, xl.Close())
+	require.NoError(t, rl.Close())
+	done()
+	waitObjects(t, base, 20*time.Second)
+}
+
+// TestCMXRCPreferListenerPortZeroRetries: an XRCPrefer listener on port 0
+// takes the port the kernel gives its RC id for its XRC endpoint too; where
+// that number is taken in the XRC endpoint's port spaces, it binds another.
+// The kernel's ephemeral range is narrowed to two numbers for the test, the
+// lower one held in RDMA_PS_UDP; the kernel does not give the number it
+// gave last again at once (cma_alloc_any_port), so every Listen after the
+// first meets the held number first. A fixed port that is taken fails.
+func TestCMXRCPreferListenerPortZeroRetries(t *testing.T) {
+	ip, base, done := cmHybridDevice(t)
+	ctx := cmCtx(t, 60*time.Second)
+	const rangeFile = "/proc/sys/net/ipv4/ip_local_port_range"
+	old, err := os.ReadFile(rangeFile)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(rangeFile, []byte("40000 40001"), 0o644))
+	t.Cleanup(func() { os.WriteFile(rangeFile, old, 0o644) })
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	held, err := ch.CreateID(rdmacm.PortSpaceUDP, verbs.QPTypeUD)
+	require.NoError(t, err)
+	require.NoError(t, held.Bind(netip.AddrPortFrom(ip, 40000)))
+
+	opts := []cm.Option{cm.WithXRC(cm.XRCPrefer), cm.WithDomainPath(t.TempDir() + "/goxrc"), cm.WithLogger(cmTestLogger(t))}
+	for i := range 4 {
+		l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), opts...)
+		require.NoError(t, err, "listen %d", i)
+		require.Equal(t, uint16(40001), netip.MustParseAddrPort(l.Addr().String()).Port(), "listen %d", i)
+		require.NoError(t, l.Close())
+	}
+	_, err = cm.Listen(ctx, netip.AddrPortFrom(ip, 40000).String(), opts...)
+	require.ErrorIs(t, err, syscall.EADDRINUSE, "a fixed port taken in RDMA_PS_UDP")
+	require.NoError(t, held.Close())
+	require.NoError(t, ch.Close())
+	done()
+	waitObjects(t, base, 20*time.Second)
+}
