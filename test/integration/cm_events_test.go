@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/kernel/real"
 	"github.com/goxrc/goxrc/test/softroce"
 )
 
@@ -75,6 +76,31 @@ func TestCMPortEvents(t *testing.T) {
 	t.Logf("log:\n%s", logs)
 	require.NoError(t, client.Close())
 	require.NoError(t, server.Close())
+}
+
+// TestXRCRealSeamReadsAsyncEvents: the XRC engine's kernel on a real device
+// (internal/kernel/real) reads its device context's async events, which the
+// kernel would otherwise keep queued for as long as the process runs. rxe
+// reports PORT_ERR and PORT_ACTIVE when its netdev goes down and up; the
+// seam opens on a device without XRC too, so this runs on soft-RoCE.
+func TestXRCRealSeamReadsAsyncEvents(t *testing.T) {
+	softroce.Device(t) // skips off the VM
+	_, err := softroce.Setup(eventsDev, eventsVeth)
+	require.NoError(t, err)
+	netdev, err := netlink.LinkByName(eventsVeth.Name)
+	require.NoError(t, err)
+	t.Cleanup(func() { netlink.LinkSetUp(netdev) })
+	base := baseline(t, eventsDev)
+	p, err := real.Open(eventsDev, eventsVeth.Addr.Addr(), real.Options{})
+	require.NoError(t, err)
+	require.Zero(t, p.AsyncEventsRead())
+	require.NoError(t, netlink.LinkSetDown(netdev))
+	require.Eventually(t, func() bool { return p.AsyncEventsRead() >= 1 }, 20*time.Second, 20*time.Millisecond, "PORT_ERR read")
+	require.NoError(t, netlink.LinkSetUp(netdev))
+	require.Eventually(t, func() bool { return p.AsyncEventsRead() >= 2 }, 20*time.Second, 20*time.Millisecond, "PORT_ACTIVE read")
+	t.Logf("%d async events read", p.AsyncEventsRead())
+	require.NoError(t, p.Close())
+	waitObjects(t, base, 10*time.Second)
 }
 
 // dialAccept dials l and returns both ends.

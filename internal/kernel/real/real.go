@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -106,6 +107,15 @@ type Process struct {
 	next   uint64
 	closed bool
 	objs   map[uint64]any // *xrcdObj, *srqObj, *qpObj
+
+	// The device's async events, read and dropped: the engine learns of
+	// failures from completions and the CM, and the kernel keeps every
+	// event of an open device until it is read (ib_uverbs_async_handler
+	// queues them without a bound), so a long-lived process that never
+	// read them would grow kernel memory with each QP's LAST_WQE_REACHED
+	// or error event. asyncDone is closed when the channel has ended.
+	asyncRead atomic.Uint64
+	asyncDone chan struct{}
 }
 
 var _ kernel.Kernel = (*Process)(nil)
@@ -122,6 +132,17 @@ func Open(dev string, local netip.Addr, opts Options) (_ *Process, err error) {
 	if p.ctx, err = verbs.OpenDevice(dev); err != nil {
 		return nil, err
 	}
+	events := p.ctx.AsyncEvents()
+	if events == nil {
+		return nil, p.ctx.AsyncErr()
+	}
+	p.asyncDone = make(chan struct{})
+	go func() {
+		defer close(p.asyncDone)
+		for range events {
+			p.asyncRead.Add(1)
+		}
+	}()
 	attr, err := p.ctx.QueryDevice()
 	if err != nil {
 		return nil, err
@@ -744,8 +765,18 @@ func (p *Process) Close() error {
 	if p.pd != nil {
 		p.pd.Close()
 	}
-	if p.ctx != nil {
-		return p.ctx.Close()
+	if p.ctx == nil {
+		return nil
 	}
-	return nil
+	err := p.ctx.Close() // ends the async events' channel
+	if err == nil && p.asyncDone != nil {
+		// (Where Close failed, the context stays open and its
+		// events go on being read.)
+		<-p.asyncDone
+	}
+	return err
 }
+
+// AsyncEventsRead is how many of the device's async events the process has
+// read (and dropped).
+func (p *Process) AsyncEventsRead() uint64 { return p.asyncRead.Load() }
