@@ -189,13 +189,19 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 		// which device and local address; the engine does the rest. The
 		// id stays resolved meanwhile: with XRCPrefer, a peer with no
 		// XRC listener on the port is dialed on it over RC.
-		c, useRC, err := dialXRCPrefer(ctx, dst, cfg, cfg.deviceSite(id))
+		site := cfg.deviceSite(id)
+		c, useRC, xerr := dialXRCPrefer(ctx, dst, cfg, site)
 		if !useRC {
 			id.Close()
 			ch.release()
 			id = nil
-			return c, err
+			return c, xerr
 		}
+		defer func() {
+			if err != nil {
+				forgetNoXRC(site, dst)
+			}
+		}()
 	}
 	if err := id.ResolveRoute(ctx); err != nil {
 		if dst.Addr().IsLoopback() {

@@ -176,7 +176,10 @@
 // reason 8, or SIDR status 1). An XRCPrefer Dial that is refused so logs
 // why and dials again over RC, so in a mixed cluster a node whose device
 // has XRC reaches RC-only listeners (and XRC-less peers, whose XRCPrefer
-// listeners are RC); each such Dial tries XRC first. Only that refusal
+// listeners are RC). The refusal is remembered for 30 seconds: the
+// process's XRCPrefer Dials from that device and local address to that
+// ip:port go over RC meanwhile without asking, unless one of them fails,
+// which makes the next one ask again. Only that refusal
 // does: a Dial whose XRC request goes unanswered, or that an XRC listener
 // refuses, fails, and XRCRequire fails on that refusal too (ECONNREFUSED,
 // *xrc.RejectError with Reason NO_LISTENER). The other way round, an

@@ -45,8 +45,9 @@ const (
 	// with a logged reason elsewhere (soft-RoCE, or a listener on an
 	// unspecified address without WithDevice). A Dial also falls back
 	// where the peer's CM says that nothing listens for XRC on its port
-	// (an RC-only listener), not on other failures. A listener on a device
-	// with XRC takes RC dialers as well as XRC ones.
+	// (an RC-only listener), not on other failures; that answer is
+	// remembered for 30 seconds (see the package documentation). A
+	// listener on a device with XRC takes RC dialers as well as XRC ones.
 	XRCPrefer
 	// XRCRequire fails with ErrNotSupported, and the reason, where XRC is
 	// missing.

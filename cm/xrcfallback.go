@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"sync"
+	"time"
 
 	"github.com/goxrc/goxrc/xrc"
 )
@@ -18,7 +21,22 @@ import (
 // reason is logged, as checkXRC's fallback logs a device's. Any other
 // failure (a timeout, a reject the peer chose, the engine's own errors)
 // is the Dial's, as it is with XRCRequire.
+//
+// The refusal is remembered for noXRCMemory: the XRCPrefer Dials from site
+// to dst meanwhile go over RC at once, without the XRC request's round trip
+// (a node with XRC in a mixed cluster dials its RC-only peers so, at the
+// cost of one refused request per peer port and noXRCMemory). The caller
+// forgets it (forgetNoXRC) where the RC dial fails: the peer may listen for
+// XRC only by now, and the next Dial asks it again.
 func dialXRCPrefer(ctx context.Context, dst netip.AddrPort, cfg config, site xrcSite) (c *Conn, useRC bool, err error) {
+	where := site.device
+	if where == "" {
+		where = "in-memory fabric"
+	}
+	if cfg.xrc == XRCPrefer && rememberedNoXRC(site, dst) {
+		cfg.logger.Debug("XRC refused by the peer's CM less than a while ago, using RC", "device", where, "remote", Addr{dst}, "remembered", noXRCMemory)
+		return nil, true, nil
+	}
 	c, err = dialXRC(ctx, dst, cfg, site)
 	if err == nil || cfg.xrc != XRCPrefer || ctx.Err() != nil {
 		return c, false, err
@@ -27,12 +45,51 @@ func dialXRCPrefer(ctx context.Context, dst netip.AddrPort, cfg config, site xrc
 	if reason == "" {
 		return nil, false, err
 	}
-	where := site.device
-	if where == "" {
-		where = "in-memory fabric"
-	}
+	rememberNoXRC(site, dst)
 	cfg.logger.Info("XRC unavailable, using RC", "device", where, "remote", Addr{dst}, "reason", reason)
 	return nil, true, nil
+}
+
+// noXRCMemory is how long an XRCPrefer Dial's refusal as meeting no XRC
+// listener holds for later Dials from the same site to the same address.
+var noXRCMemory = 30 * time.Second
+
+// The refusals remembered, with when each stops counting.
+var noXRCPeers struct {
+	sync.Mutex
+	m map[noXRCKey]time.Time
+}
+
+type noXRCKey struct {
+	site xrcSite
+	dst  netip.AddrPort
+}
+
+func rememberNoXRC(site xrcSite, dst netip.AddrPort) {
+	now := time.Now()
+	noXRCPeers.Lock()
+	defer noXRCPeers.Unlock()
+	if noXRCPeers.m == nil {
+		noXRCPeers.m = map[noXRCKey]time.Time{}
+	}
+	if len(noXRCPeers.m) >= 1024 {
+		// Bounded by the peers refused within noXRCMemory.
+		maps.DeleteFunc(noXRCPeers.m, func(_ noXRCKey, until time.Time) bool { return !now.Before(until) })
+	}
+	noXRCPeers.m[noXRCKey{site, dst}] = now.Add(noXRCMemory)
+}
+
+func rememberedNoXRC(site xrcSite, dst netip.AddrPort) bool {
+	noXRCPeers.Lock()
+	defer noXRCPeers.Unlock()
+	until, ok := noXRCPeers.m[noXRCKey{site, dst}]
+	return ok && time.Now().Before(until)
+}
+
+func forgetNoXRC(site xrcSite, dst netip.AddrPort) {
+	noXRCPeers.Lock()
+	defer noXRCPeers.Unlock()
+	delete(noXRCPeers.m, noXRCKey{site, dst})
 }
 
 // peerWithoutXRC says why err, a failed XRC Dial's, shows that nothing on

@@ -221,3 +221,51 @@ func TestPeerWithoutXRC(t *testing.T) {
 		require.Equal(t, tc.want, peerWithoutXRC(tc.err) != "", "%v", tc.err)
 	}
 }
+
+// An XRCPrefer Dial refused as meeting no XRC listener is remembered for
+// noXRCMemory: the next Dial from the same site to the same address goes
+// over RC without asking (no second request, no second log line), a Dial
+// from another site or to another address asks, and a forgotten or expired
+// refusal is asked again.
+func TestXRCPreferRemembersRefusal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	rcNode := f.Node("10.1.0.1").Process()
+	rc := netip.MustParseAddrPort("10.1.0.1:7471")
+	rc2 := netip.MustParseAddrPort("10.1.0.1:7472")
+	rawListener(t, rcNode, rc, kernel.ExchangeRC)
+	rawListener(t, rcNode, rc2, kernel.ExchangeRC)
+	var log strings.Builder
+	cfg, site := preferCfg(t, f.Node("10.1.0.2").Process(), XRCPrefer, &log)
+	asked := func() int { return strings.Count(log.String(), "XRC unavailable, using RC") }
+	dial := func(dst netip.AddrPort, cfg config, site xrcSite) {
+		t.Helper()
+		c, useRC, err := dialXRCPrefer(ctx, dst, cfg, site)
+		require.NoError(t, err)
+		require.Nil(t, c)
+		require.True(t, useRC)
+	}
+	dial(rc, cfg, site)
+	require.Equal(t, 1, asked())
+	dial(rc, cfg, site)
+	require.Equal(t, 1, asked(), "remembered: not asked again")
+	dial(rc2, cfg, site)
+	require.Equal(t, 2, asked(), "another port is asked")
+	var log2 strings.Builder
+	cfg2, site2 := preferCfg(t, f.Node("10.1.0.3").Process(), XRCPrefer, &log2)
+	dial(rc, cfg2, site2)
+	require.Contains(t, log2.String(), "XRC unavailable, using RC", "another site asks")
+
+	forgetNoXRC(site, rc) // as a failed RC dial does
+	dial(rc, cfg, site)
+	require.Equal(t, 3, asked(), "asked again once forgotten")
+	defer func(d time.Duration) { noXRCMemory = d }(noXRCMemory)
+	noXRCMemory = 0
+	dial(rc2, cfg, site) // still remembered from before
+	require.Equal(t, 3, asked())
+	forgetNoXRC(site, rc2)
+	dial(rc2, cfg, site) // remembered until now: expired at once
+	dial(rc2, cfg, site)
+	require.Equal(t, 5, asked(), "asked again once expired")
+}

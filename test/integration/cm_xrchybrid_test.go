@@ -4,10 +4,10 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -149,27 +149,37 @@ func TestCMXRCPreferListenerTakesRC(t *testing.T) {
 // to an RC-only listener goes on over RC once the peer's kernel CM answers
 // that nothing listens for XRC on the port: a REJ (reason 8) to the
 // physical request before an uplink to the node is up, a SIDR REP (status
-// 1) to the virtual request once one is.
+// 1) to the virtual request once one is. The refusal is remembered: the
+// next dial there goes over RC without asking, until an RC dial there
+// fails (the port now has an XRCRequire listener), after which the next
+// dial asks again and gets XRC.
 func TestCMXRCPreferDialFallsBackToRC(t *testing.T) {
 	ip, base, done := cmHybridDevice(t)
 	ctx := cmCtx(t, 90*time.Second)
 	var log syncBuffer
 	logger := slog.New(slog.NewTextHandler(&log, nil))
+	asked := func() int { return strings.Count(log.String(), "XRC unavailable, using RC") }
 	xrcOpts := []cm.Option{cm.WithXRC(cm.XRCPrefer), cm.WithDomainPath(t.TempDir() + "/goxrc"), cm.WithLogger(logger)}
-	rl, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), cm.WithLogger(logger))
-	require.NoError(t, err)
-	rcAccepted := echoAll(ctx, rl)
-	dialRC := func(status int) {
+	rcListen := func() (*cm.Listener, <-chan cm.Transport) {
+		l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), cm.WithLogger(logger))
+		require.NoError(t, err)
+		return l, echoAll(ctx, l)
+	}
+	dialRC := func(l *cm.Listener, accepted <-chan cm.Transport) {
 		t.Helper()
-		c, err := cm.Dial(ctx, rl.Addr().String(), xrcOpts...)
+		c, err := cm.Dial(ctx, l.Addr().String(), xrcOpts...)
 		require.NoError(t, err)
 		require.Equal(t, cm.TransportRC, c.Transport())
-		require.Equal(t, cm.TransportRC, <-rcAccepted)
+		require.Equal(t, cm.TransportRC, <-accepted)
 		exchange(t, ctx, c, c, "fell back to RC")
-		require.Contains(t, log.String(), fmt.Sprintf("CM status %d", status), "the log says why")
 		require.NoError(t, c.Close())
 	}
-	dialRC(8) // no uplink to the node yet: a physical request
+	rl, rlAccepted := rcListen()
+	dialRC(rl, rlAccepted) // no uplink to the node yet: a physical request
+	require.Equal(t, 1, asked())
+	require.Contains(t, log.String(), "CM status 8", "the log says why")
+	dialRC(rl, rlAccepted)
+	require.Equal(t, 1, asked(), "the refusal is remembered")
 
 	xl, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), xrcOpts...)
 	require.NoError(t, err)
@@ -180,11 +190,32 @@ func TestCMXRCPreferDialFallsBackToRC(t *testing.T) {
 	require.Equal(t, cm.TransportXRC, <-xAccepted)
 	uplinks := cm.GlobalStats().XRCUplinks
 	require.Positive(t, uplinks-base.cm.XRCUplinks)
-	dialRC(1) // over the uplink x brought up: a virtual request
+	rl2, rl2Accepted := rcListen()
+	dialRC(rl2, rl2Accepted) // over the uplink x brought up: a virtual request
+	require.Equal(t, 2, asked())
+	require.Contains(t, log.String(), "CM status 1", "the log says why")
 	require.Equal(t, uplinks, cm.GlobalStats().XRCUplinks, "no uplink for the RC listener")
-	require.NoError(t, x.Close())
-	require.NoError(t, xl.Close())
+
+	// rl's port now takes XRC only: the remembered refusal sends the next
+	// dial over RC, which fails, and is forgotten.
+	addr := rl.Addr().String()
 	require.NoError(t, rl.Close())
+	req, err := cm.Listen(ctx, addr, append(xrcOpts, cm.WithXRC(cm.XRCRequire))...)
+	require.NoError(t, err)
+	reqAccepted := echoAll(ctx, req)
+	_, err = cm.Dial(ctx, addr, xrcOpts...)
+	var re *rdmacm.RejectError
+	require.ErrorAs(t, err, &re, "RC, on the remembered refusal: %v", err)
+	c, err := cm.Dial(ctx, addr, xrcOpts...)
+	require.NoError(t, err, "asked again")
+	require.Equal(t, cm.TransportXRC, c.Transport())
+	require.Equal(t, cm.TransportXRC, <-reqAccepted)
+	exchange(t, ctx, c, c, "XRC after all")
+	require.NoError(t, c.Close())
+	require.NoError(t, x.Close())
+	require.NoError(t, req.Close())
+	require.NoError(t, xl.Close())
+	require.NoError(t, rl2.Close())
 	done()
 	waitObjects(t, base, 20*time.Second)
 }
