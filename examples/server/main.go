@@ -11,8 +11,9 @@
 // Accept or a connection failed (other than at an interrupt).
 //
 // With -xrc it prefers XRC: an XRC listener serves one device, so -addr
-// must be that device's address (or -device name it); on a device without
-// XRC it logs why and serves RC.
+// must be that device's address (or -device name it). On a device with XRC
+// it serves RC clients (those without -xrc, or on devices without XRC) on
+// the same port too; on a device without XRC it logs why and serves RC.
 //
 //	server -addr 10.77.0.1:7471
 //	server -addr 10.77.0.1:7471 -raw -count 1
