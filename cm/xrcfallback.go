@@ -34,7 +34,7 @@ func dialXRCPrefer(ctx context.Context, dst netip.AddrPort, cfg config, site xrc
 		where = "in-memory fabric"
 	}
 	if cfg.xrc == XRCPrefer && rememberedNoXRC(site, dst) {
-		cfg.logger.Debug("XRC refused by the peer's CM less than a while ago, using RC", "device", where, "remote", Addr{dst}, "remembered", noXRCMemory)
+		cfg.logger.Debug("XRC refused by the peer's CM recently, using RC", "device", where, "remote", Addr{dst}, "remembered", noXRCMemory)
 		return nil, true, nil
 	}
 	c, err = dialXRC(ctx, dst, cfg, site)

@@ -30,19 +30,25 @@ var eventsVeth = softroce.VethPair{
 
 const eventsDev = "rxepe0"
 
-// TestCMPortEvents takes the netdev under a soft-RoCE device down and up
-// again under a live connection: rxe reports PORT_ERR and PORT_ACTIVE, which
-// cm reads from the device's async fd. Each end logs both, the process
-// counts the PORT_ERR, and the connection, idle while the port was down,
-// carries on once it is back.
-func TestCMPortEvents(t *testing.T) {
+// eventsNetdev sets up eventsDev on its veth pair (skipping off the VM) and
+// returns the netdev under it, which is brought up again when the test ends.
+func eventsNetdev(t *testing.T) netlink.Link {
 	softroce.Device(t) // skips off the VM
 	_, err := softroce.Setup(eventsDev, eventsVeth)
 	require.NoError(t, err)
 	netdev, err := netlink.LinkByName(eventsVeth.Name)
 	require.NoError(t, err)
 	t.Cleanup(func() { netlink.LinkSetUp(netdev) })
+	return netdev
+}
 
+// TestCMPortEvents takes the netdev under a soft-RoCE device down and up
+// again under a live connection: rxe reports PORT_ERR and PORT_ACTIVE, which
+// cm reads from the device's async fd. Each end logs both, the process
+// counts the PORT_ERR, and the connection, idle while the port was down,
+// carries on once it is back.
+func TestCMPortEvents(t *testing.T) {
+	netdev := eventsNetdev(t)
 	logs := &logRecorder{}
 	log := slog.New(logs)
 	ctx := cmCtx(t, 60*time.Second)
@@ -84,12 +90,7 @@ func TestCMPortEvents(t *testing.T) {
 // reports PORT_ERR and PORT_ACTIVE when its netdev goes down and up; the
 // seam opens on a device without XRC too, so this runs on soft-RoCE.
 func TestXRCRealSeamReadsAsyncEvents(t *testing.T) {
-	softroce.Device(t) // skips off the VM
-	_, err := softroce.Setup(eventsDev, eventsVeth)
-	require.NoError(t, err)
-	netdev, err := netlink.LinkByName(eventsVeth.Name)
-	require.NoError(t, err)
-	t.Cleanup(func() { netlink.LinkSetUp(netdev) })
+	netdev := eventsNetdev(t)
 	base := baseline(t, eventsDev)
 	p, err := real.Open(eventsDev, eventsVeth.Addr.Addr(), real.Options{})
 	require.NoError(t, err)

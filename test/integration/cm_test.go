@@ -1009,7 +1009,14 @@ func TestCMMessageSizesDiffer(t *testing.T) {
 }
 
 func TestCMHTTPOverNetConn(t *testing.T) {
-	l, addr := cmListen(t, cm.WithMessageSize(16384))
+	testHTTPOverNetConn(t)
+}
+
+// testHTTPOverNetConn serves HTTP on a listener with opts and sends it a
+// GET and a 100 kB POST over connections dialed with opts.
+func testHTTPOverNetConn(t *testing.T, opts ...cm.Option) {
+	opts = append([]cm.Option{cm.WithMessageSize(16384)}, opts...)
+	l, addr := cmListen(t, opts...)
 	ctx := cmCtx(t, 60*time.Second)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -1018,7 +1025,7 @@ func TestCMHTTPOverNetConn(t *testing.T) {
 	go srv.Serve(l.NetListener())
 	defer srv.Close()
 	// The URL's host:port is the listener's, dialed over RDMA by cm.Dialer.
-	d := &cm.Dialer{Options: []cm.Option{cm.WithMessageSize(16384)}}
+	d := &cm.Dialer{Options: opts}
 	client := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
 	defer client.CloseIdleConnections()
 	resp, err := client.Get("http://" + addr + "/hello")

@@ -255,3 +255,18 @@ func TestCMXRCPreferListenerPortZeroRetries(t *testing.T) {
 	done()
 	waitObjects(t, base, 20*time.Second)
 }
+
+// TestCMXRCOverRealCM: cm's XRC suite of a device with XRC (testCMOverXRC,
+// which TestXRCDeviceCM runs on such a device), and net/http over XRC
+// connections, with the real kernel CM carrying every exchange.
+func TestCMXRCOverRealCM(t *testing.T) {
+	ip, base, done := cmHybridDevice(t)
+	testCMOverXRC(t, ip, base)
+	before := cm.GlobalStats()
+	testHTTPOverNetConn(t, cm.WithXRC(cm.XRCRequire), cm.WithDomainPath(t.TempDir()+"/goxrc"))
+	after := cm.GlobalStats()
+	require.Equal(t, before.QueuePairs, after.QueuePairs, "no RC queue pair: HTTP ran over XRC")
+	require.Greater(t, after.ConnectionsTotal, before.ConnectionsTotal)
+	done()
+	waitObjects(t, base, 20*time.Second)
+}

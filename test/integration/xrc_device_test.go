@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/test/softroce"
 	"github.com/goxrc/goxrc/xrc"
 )
@@ -67,6 +68,15 @@ func TestXRCDeviceCM(t *testing.T) {
 		t.Skipf("the device has no XRC, so cm cannot run XRC on it: %v", noXRC)
 	}
 	base := baseline(t, dev)
+	testCMOverXRC(t, ip, base)
+	waitObjects(t, base, 15*time.Second)
+}
+
+// testCMOverXRC runs cm's XRC modes on ip's device, which has XRC (or
+// runs on a hybrid process: cmHybridDevice): in each mode three dials share
+// one dialer endpoint, messages echo, no RC queue pair is made, and a raw
+// dial is refused.
+func testCMOverXRC(t *testing.T, ip netip.Addr, base objects) {
 	dir := t.TempDir() + "/goxrc"
 	ctx := cmCtx(t, 60*time.Second)
 	for _, mode := range []cm.XRCMode{cm.XRCRequire, cm.XRCPrefer} {
@@ -98,8 +108,14 @@ func TestXRCDeviceCM(t *testing.T) {
 			require.NoError(t, c.Close())
 		}
 		require.NoError(t, l.Close())
+		// Raw messages are RC only: XRCRequire refuses them, XRCPrefer
+		// dials over RC (here to the closed listener's free RC port).
 		_, err = cm.Dial(ctx, l.Addr().String(), append(opts, cm.WithRawMessages())...)
-		require.ErrorIs(t, err, cm.ErrNotSupported, "raw messages over XRC")
+		if mode == cm.XRCRequire {
+			require.ErrorIs(t, err, cm.ErrNotSupported, "raw messages over XRC")
+		} else {
+			var re *rdmacm.RejectError
+			require.ErrorAs(t, err, &re, "a raw XRCPrefer dial goes over RC: %v", err)
+		}
 	}
-	waitObjects(t, base, 15*time.Second)
 }
