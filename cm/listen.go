@@ -471,10 +471,10 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 // an XRC mode on a device with XRC) new requests are refused at once, but
 // the port stays bound for XRC until the last accepted XRC connection
 // closes: the listener's XRC endpoint carries them, and their peers recover
-// their legs through it (an XRCPrefer listener's RC port is free at once). A Listen on the address with the same message size, queue
-// depth, domain path and handshake timeout takes that endpoint over
-// meanwhile; one with other options fails with EADDRINUSE.
-// Close is idempotent.
+// their legs through it (an XRCPrefer listener's RC port is free at once).
+// A Listen on the address with the same message size, queue depth, domain
+// path and handshake timeout takes that endpoint over meanwhile; one with
+// other options fails with EADDRINUSE. Close is idempotent.
 func (l *Listener) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
