@@ -51,7 +51,11 @@
 // Connections on one device share its context, protection domain and one
 // completion channel (read by one goroutine in the netpoller), and take
 // their buffers from a pool of large registrations; all of it lives while a
-// connection or a listener on the device does. While a listener holds the
+// connection or a listener on the device does. Buffers over 1 MiB (the
+// default sizes take about 8.5 MiB a side) are registrations of their own;
+// a closed connection's are kept for the next connection of its sizes for
+// ten seconds, up to 128 MiB a device, and given back at once where the
+// kernel runs out of lockable memory (ProcessStats.BufferBytesKept). While a listener holds the
 // device, a closed connection's queue pair and completion queue are reset
 // and kept, once the CM has left time-wait and after a cool-off of eight
 // seconds, for the next connection of the same sizes

@@ -4,42 +4,68 @@ import (
 	"errors"
 	"math/bits"
 	"os"
+	"slices"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/goxrc/goxrc/verbs"
 )
 
 // Connection buffers come from a per-device pool instead of a registration
 // of their own: mapping, pinning, zeroing and registering memory, and undoing
-// it all on close, cost more system time than the rest of a small
-// connection's setup. The pool registers large chunks and carves them into
-// blocks of one size; a freed block waits for the next connection of that
-// size. Chunks stay registered while the device cache lives (as long as any
-// connection on the device does) and are deregistered with it.
+// it all on close, cost more system time than the rest of a connection's
+// setup (at the default sizes, 8 MiB a side, about five times the rest under
+// emulation: BenchmarkCMDialChurn). The pool registers large chunks and
+// carves them into blocks of one size; a freed block waits for the next
+// connection of that size. Chunks stay registered while the device cache
+// lives (as long as any connection on the device does) and are deregistered
+// with it.
+//
+// Buffers over poolMaxBlock get a registration of their own, which is not
+// carved: a freed one is kept for the next connection of its size class,
+// for bigIdle at most and up to bigCacheBytes in all, so a few big
+// connections do not pin memory for the device's lifetime, and a
+// registration that fails for want of lockable memory first gives back the
+// kept ones.
 //
 // Blocks hold only local-write buffers: the peer never gets their keys, so
-// connections sharing a chunk cannot reach each other's memory.
+// connections sharing a chunk, or a kept registration one after another,
+// cannot reach each other's memory.
 
 const (
 	// blockAlign keeps blocks on their own cache lines.
 	blockAlign = 64
-	// poolMaxBlock is the largest block the pool hands out; larger
-	// buffers get a registration of their own, released with them, so a
-	// few big connections do not pin memory for the device's lifetime.
+	// poolMaxBlock is the largest block carved from chunks; larger ones
+	// are registrations of their own, in classes of bigClass bytes.
 	poolMaxBlock = 1 << 20
+	bigClass     = 1 << 20
 	// Chunks hold about chunkBlocks blocks, within these bounds.
 	chunkBlocks  = 32
 	minChunkSize = 64 << 10
 	maxChunkSize = 4 << 20
+	// A freed registration of its own is kept this long, and kept ones
+	// total at most bigCacheBytes (sixteen connections' buffers at the
+	// default sizes).
+	bigIdle       = 10 * time.Second
+	bigCacheBytes = 128 << 20
 )
+
+// registration is registered memory: a *verbs.MR, or a test's fake.
+type registration interface {
+	Bytes() []byte
+	Addr() uint64
+	LKey() uint32
+	Close() error
+}
 
 // regBlock is registered memory for one connection's buffers.
 type regBlock struct {
 	buf  []byte // len and cap are the block's size
 	addr uint64
 	lkey uint32
-	size int       // the block size it was carved with (its class)
-	own  *verbs.MR // the block's own registration, for blocks over poolMaxBlock
+	size int          // the block size it was carved with (its class)
+	own  registration // the block's own registration, for blocks over poolMaxBlock
 }
 
 // sge returns an SGE for n bytes at off in the block.
@@ -47,16 +73,39 @@ func (b *regBlock) sge(off, n int) verbs.SGE {
 	return verbs.SGE{Addr: b.addr + uint64(off), Length: uint32(n), LKey: b.lkey}
 }
 
+// keptBlock is a freed block with a registration of its own.
+type keptBlock struct {
+	regBlock
+	since time.Time
+}
+
 // regPool is a device's pool of registered buffer memory.
 type regPool struct {
-	pd     *verbs.PD
-	mu     sync.Mutex
-	free   map[int][]regBlock // by block size
-	chunks []*verbs.MR
+	register func(size int) (registration, error)
+	now      func() time.Time
+	idle     time.Duration // how long a kept registration waits
+
+	mu        sync.Mutex
+	free      map[int][]regBlock // by block size
+	chunks    []registration
+	kept      []keptBlock // freed own registrations, oldest first
+	keptBytes int
+	trim      *time.Timer // set while kept is not empty
+	closed    bool
 }
 
 func newRegPool(pd *verbs.PD) *regPool {
-	return &regPool{pd: pd, free: map[int][]regBlock{}}
+	return newPoolOn(func(size int) (registration, error) {
+		mr, err := pd.RegMR(size, verbs.AccessLocalWrite)
+		if err != nil {
+			return nil, err
+		}
+		return mr, nil
+	})
+}
+
+func newPoolOn(register func(size int) (registration, error)) *regPool {
+	return &regPool{register: register, now: time.Now, idle: bigIdle, free: map[int][]regBlock{}}
 }
 
 // get returns a block of at least size bytes.
@@ -70,15 +119,11 @@ func (p *regPool) get(size int) (regBlock, error) {
 	// stream of odd hellos pin a new chunk each. This way there are at most
 	// a dozen classes (blockAlign to poolMaxBlock).
 	bsize := max(blockAlign, 1<<bits.Len(uint(size-1)))
-	if bsize > poolMaxBlock {
-		mr, err := p.pd.RegMR(size, verbs.AccessLocalWrite)
-		if err != nil {
-			return regBlock{}, err
-		}
-		return regBlock{buf: mr.Bytes(), addr: mr.Addr(), lkey: mr.LKey(), size: size, own: mr}, nil
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if bsize > poolMaxBlock {
+		return p.getOwnLocked((size + bigClass - 1) / bigClass * bigClass)
+	}
 	free := p.free[bsize]
 	if len(free) == 0 {
 		if err := p.grow(bsize); err != nil {
@@ -91,18 +136,36 @@ func (p *regPool) get(size int) (regBlock, error) {
 	return b, nil
 }
 
+// getOwnLocked returns a kept registration of size bytes, the most recently
+// freed, or a new one.
+func (p *regPool) getOwnLocked(size int) (regBlock, error) {
+	for i := len(p.kept) - 1; i >= 0; i-- {
+		if k := p.kept[i]; k.size == size {
+			p.kept = slices.Delete(p.kept, i, i+1)
+			p.keptBytes -= size
+			globalStats.bufferBytesKept.Add(-int64(size))
+			return k.regBlock, nil
+		}
+	}
+	reg, err := p.registerLocked(size)
+	if err != nil {
+		return regBlock{}, err
+	}
+	return regBlock{buf: reg.Bytes()[:size:size], addr: reg.Addr(), lkey: reg.LKey(), size: size, own: reg}, nil
+}
+
 // grow registers a chunk and carves it into free blocks of bsize; p.mu is
 // held.
 func (p *regPool) grow(bsize int) error {
 	page := os.Getpagesize()
 	csize := min(max(bsize*chunkBlocks, minChunkSize), maxChunkSize)
 	csize = (csize + page - 1) / page * page
-	mr, err := p.pd.RegMR(csize, verbs.AccessLocalWrite)
+	reg, err := p.registerLocked(csize)
 	if err != nil {
 		return err
 	}
-	p.chunks = append(p.chunks, mr)
-	mem, addr, lkey := mr.Bytes(), mr.Addr(), mr.LKey()
+	p.chunks = append(p.chunks, reg)
+	mem, addr, lkey := reg.Bytes(), reg.Addr(), reg.LKey()
 	free := p.free[bsize]
 	for off := 0; off+bsize <= len(mem); off += bsize {
 		free = append(free, regBlock{
@@ -113,24 +176,102 @@ func (p *regPool) grow(bsize int) error {
 	return nil
 }
 
-// put returns a block; the device must be done with it (its QP destroyed).
-func (p *regPool) put(b regBlock) error {
-	if b.own != nil {
-		return b.own.Close()
+// registerLocked registers size bytes. Where the kernel has no lockable
+// memory left (RLIMIT_MEMLOCK), the kept registrations go first and it
+// tries once more.
+func (p *regPool) registerLocked(size int) (registration, error) {
+	reg, err := p.register(size)
+	if errors.Is(err, syscall.ENOMEM) && len(p.kept) > 0 {
+		p.dropKeptLocked(len(p.kept))
+		reg, err = p.register(size)
 	}
-	p.mu.Lock()
-	p.free[b.size] = append(p.free[b.size], b)
-	p.mu.Unlock()
-	return nil
+	if err != nil {
+		return nil, err
+	}
+	globalStats.bufferBytes.Add(int64(len(reg.Bytes())))
+	globalStats.bufferRegs.Add(1)
+	return reg, nil
 }
 
-// close deregisters every chunk. Every block must be back.
+// put returns a block; the device must be done with it (its QP destroyed
+// or reset).
+func (p *regPool) put(b regBlock) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b.own == nil {
+		p.free[b.size] = append(p.free[b.size], b)
+		return nil
+	}
+	if p.closed || b.size > bigCacheBytes {
+		return p.deregister(b.own)
+	}
+	p.kept = append(p.kept, keptBlock{regBlock: b, since: p.now()})
+	p.keptBytes += b.size
+	globalStats.bufferBytesKept.Add(int64(b.size))
+	var err error
+	if over := p.keptBytes - bigCacheBytes; over > 0 {
+		n := 0
+		for ; over > 0; n++ {
+			over -= p.kept[n].size
+		}
+		err = p.dropKeptLocked(n)
+	}
+	if p.trim == nil && len(p.kept) > 0 {
+		p.trim = time.AfterFunc(p.idle, p.trimIdle)
+	}
+	return err
+}
+
+// trimIdle deregisters the registrations kept longer than p.idle, and runs
+// again when the next one is due.
+func (p *regPool) trimIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.trim = nil
+	if p.closed {
+		return
+	}
+	now := p.now()
+	n := 0
+	for n < len(p.kept) && now.Sub(p.kept[n].since) >= p.idle {
+		n++
+	}
+	p.dropKeptLocked(n)
+	if len(p.kept) > 0 {
+		p.trim = time.AfterFunc(p.kept[0].since.Add(p.idle).Sub(now), p.trimIdle)
+	}
+}
+
+// dropKeptLocked deregisters the n oldest kept registrations.
+func (p *regPool) dropKeptLocked(n int) error {
+	var errs []error
+	for _, k := range p.kept[:n] {
+		p.keptBytes -= k.size
+		globalStats.bufferBytesKept.Add(-int64(k.size))
+		errs = append(errs, p.deregister(k.own))
+	}
+	p.kept = slices.Delete(p.kept, 0, n)
+	return errors.Join(errs...)
+}
+
+func (p *regPool) deregister(reg registration) error {
+	globalStats.bufferBytes.Add(-int64(len(reg.Bytes())))
+	return reg.Close()
+}
+
+// close deregisters every chunk and kept registration. Every block must be
+// back.
 func (p *regPool) close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var errs []error
-	for _, mr := range p.chunks {
-		errs = append(errs, mr.Close())
+	p.closed = true
+	if p.trim != nil {
+		p.trim.Stop()
+		p.trim = nil
+	}
+	errs := []error{p.dropKeptLocked(len(p.kept))}
+	for _, reg := range p.chunks {
+		errs = append(errs, p.deregister(reg))
 	}
 	p.chunks, p.free = nil, nil
 	return errors.Join(errs...)

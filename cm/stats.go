@@ -57,6 +57,15 @@ type ProcessStats struct {
 	QueuePairsReused uint64
 	// Listeners is the number of open listeners.
 	Listeners int64
+	// BufferBytes is the connections' buffer memory registered with
+	// devices: in use, and free in the devices' pools for new connections
+	// (BufferBytesKept of it in registrations of over 1 MiB, which go
+	// after ten seconds unused). BufferRegistrations counts the
+	// registrations made; a connection whose buffers the pool had makes
+	// none.
+	BufferBytes         int64
+	BufferBytesKept     int64
+	BufferRegistrations uint64
 	// DialErrors and AcceptErrors count failed connection attempts (an XRC
 	// listener's refusals are its engine's: xrc.Stats.Rejected).
 	DialErrors   uint64
@@ -77,34 +86,40 @@ type ProcessStats struct {
 }
 
 var globalStats struct {
-	connsOpen    atomic.Int64
-	connsTotal   atomic.Uint64
-	qps          atomic.Int64
-	cachedQPs    atomic.Int64
-	qpsReused    atomic.Uint64
-	listeners    atomic.Int64
-	dialErrors   atomic.Uint64
-	acceptErrors atomic.Uint64
-	portErrors   atomic.Uint64
+	connsOpen       atomic.Int64
+	connsTotal      atomic.Uint64
+	qps             atomic.Int64
+	cachedQPs       atomic.Int64
+	qpsReused       atomic.Uint64
+	listeners       atomic.Int64
+	bufferBytes     atomic.Int64
+	bufferBytesKept atomic.Int64
+	bufferRegs      atomic.Uint64
+	dialErrors      atomic.Uint64
+	acceptErrors    atomic.Uint64
+	portErrors      atomic.Uint64
 }
 
 // GlobalStats returns the process-wide counters.
 func GlobalStats() ProcessStats {
 	xs := xrcStats()
 	return ProcessStats{
-		XRCUplinks:       xs.Uplinks,
-		XRCDownlinks:     xs.Downlinks,
-		XRCLocalCounts:   xs.LocalCounts,
-		XRCQueuePairs:    xs.QPs,
-		XRCKernelHandles: xs.KernelHandles,
-		ConnectionsOpen:  globalStats.connsOpen.Load(),
-		ConnectionsTotal: globalStats.connsTotal.Load(),
-		QueuePairs:       globalStats.qps.Load(),
-		CachedQueuePairs: globalStats.cachedQPs.Load(),
-		QueuePairsReused: globalStats.qpsReused.Load(),
-		Listeners:        globalStats.listeners.Load(),
-		DialErrors:       globalStats.dialErrors.Load(),
-		PortErrors:       globalStats.portErrors.Load(),
-		AcceptErrors:     globalStats.acceptErrors.Load(),
+		XRCUplinks:          xs.Uplinks,
+		XRCDownlinks:        xs.Downlinks,
+		XRCLocalCounts:      xs.LocalCounts,
+		XRCQueuePairs:       xs.QPs,
+		XRCKernelHandles:    xs.KernelHandles,
+		ConnectionsOpen:     globalStats.connsOpen.Load(),
+		ConnectionsTotal:    globalStats.connsTotal.Load(),
+		QueuePairs:          globalStats.qps.Load(),
+		CachedQueuePairs:    globalStats.cachedQPs.Load(),
+		QueuePairsReused:    globalStats.qpsReused.Load(),
+		Listeners:           globalStats.listeners.Load(),
+		BufferBytes:         globalStats.bufferBytes.Load(),
+		BufferBytesKept:     globalStats.bufferBytesKept.Load(),
+		BufferRegistrations: globalStats.bufferRegs.Load(),
+		DialErrors:          globalStats.dialErrors.Load(),
+		PortErrors:          globalStats.portErrors.Load(),
+		AcceptErrors:        globalStats.acceptErrors.Load(),
 	}
 }

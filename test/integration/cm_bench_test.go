@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"runtime"
@@ -211,4 +212,63 @@ func allocsPer(runs int, f func()) float64 {
 	}
 	runtime.ReadMemStats(&after)
 	return float64(after.Mallocs-before.Mallocs) / float64(runs)
+}
+
+// BenchmarkCMDialChurn is a connection's set-up where connections come and
+// go: each op is a Dial with its Accept, then both ends closed and released
+// (Close waits out the CM's time-wait, about 2 s of ns/op), so the next Dial
+// finds the last one's resources freed. us-setup/op is the Dial and Accept
+// alone, timed with clock reads around them rather than the benchmark
+// timer, whose StopTimer reads the memory statistics (a stop of the world)
+// right before each. One connection made and closed first is not counted
+// (us-first-setup: it opens the device and registers the first buffers).
+// "default" uses the library's default sizes (DefaultMessageSize x
+// DefaultQueueDepth buffers each way), "small" 64-byte messages at depth 2.
+func BenchmarkCMDialChurn(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		opts []cm.Option
+	}{
+		{"default", nil},
+		{"small", []cm.Option{cm.WithMessageSize(64), cm.WithQueueDepth(2)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			_, ip := softroce.Device(b)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), bc.opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			// connect returns the time a Dial and its Accept took.
+			connect := func() time.Duration {
+				start := time.Now()
+				accepted := acceptOne(b, ctx, l)
+				client, err := cm.Dial(ctx, l.Addr().String(), bc.opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				server := <-accepted
+				took := time.Since(start)
+				if server == nil {
+					client.Close()
+					b.FailNow()
+				}
+				done := make(chan error, 1)
+				go func() { done <- server.Close() }()
+				if err := errors.Join(client.Close(), <-done); err != nil {
+					b.Fatal(err)
+				}
+				return took
+			}
+			first := connect() // the device opened, the first buffers registered
+			var setup time.Duration
+			for b.Loop() {
+				setup += connect()
+			}
+			b.ReportMetric(float64(first.Microseconds()), "us-first-setup")
+			b.ReportMetric(float64(setup.Microseconds())/float64(b.N), "us-setup/op")
+		})
+	}
 }

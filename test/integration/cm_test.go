@@ -648,6 +648,62 @@ func testQueuePairsReused(t *testing.T, wildcard bool) {
 	require.Equal(t, start.CachedQueuePairs, cm.GlobalStats().CachedQueuePairs)
 }
 
+// TestCMBuffersKeptForNextConnection: a closed connection's buffers at
+// the default sizes (8 MiB a side, registrations of their own) stay
+// registered for the next connection of those sizes, which registers
+// nothing; they go with the device once nothing holds it.
+func TestCMBuffersKeptForNextConnection(t *testing.T) {
+	dev, ip := softroce.Device(t)
+	base := baseline(t, dev)
+	ctx := cmCtx(t, 60*time.Second)
+	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String())
+	require.NoError(t, err)
+	defer l.Close()
+	start := cm.GlobalStats()
+	connect := func(what string) {
+		t.Helper()
+		accepted := acceptOne(t, ctx, l)
+		client, err := cm.Dial(ctx, l.Addr().String())
+		require.NoError(t, err, what)
+		server := <-accepted
+		require.NotNil(t, server, what)
+		// Every byte of the largest message arrives, over buffers a
+		// closed connection had.
+		msg := make([]byte, cm.DefaultMessageSize)
+		for i := range msg {
+			msg[i] = byte(i*7 + len(what))
+		}
+		buf := make([]byte, cm.DefaultMessageSize)
+		for _, p := range [][2]*cm.Conn{{client, server}, {server, client}} {
+			require.NoError(t, p[0].Send(ctx, msg), what)
+			k, err := p[1].Recv(ctx, buf)
+			require.NoError(t, err, what)
+			require.Equal(t, msg, buf[:k], what)
+		}
+		var wg sync.WaitGroup
+		for _, c := range []*cm.Conn{client, server} {
+			wg.Go(func() { assert.NoError(t, c.Close()) })
+		}
+		wg.Wait()
+	}
+	connect("first")
+	s := cm.GlobalStats()
+	require.GreaterOrEqual(t, s.BufferRegistrations-start.BufferRegistrations, uint64(2), "each end registers its buffers")
+	// Both ends' buffers, each a receive and a send buffer per message in
+	// flight (a few more for flow control, the total in 1 MiB steps).
+	kept := s.BufferBytesKept - start.BufferBytesKept
+	want := int64(2 * 2 * cm.DefaultQueueDepth * cm.DefaultMessageSize)
+	require.True(t, kept >= want && kept <= want+4<<20, "%d bytes kept after close, want both ends' buffers: %d and up to 4 MiB more", kept, want)
+	connect("second")
+	s2 := cm.GlobalStats()
+	require.Equal(t, s.BufferRegistrations, s2.BufferRegistrations, "the second connection registered buffers anew")
+	require.Equal(t, s.BufferBytes, s2.BufferBytes)
+	require.NoError(t, l.Close())
+	waitObjects(t, base, 10*time.Second)
+	require.Equal(t, start.BufferBytesKept, cm.GlobalStats().BufferBytesKept, "kept buffers outlived the device")
+	require.Equal(t, start.BufferBytes, cm.GlobalStats().BufferBytes)
+}
+
 func TestCMListenerCloseWakesAccept(t *testing.T) {
 	l, _ := cmListen(t)
 	errc := make(chan error, 2)
