@@ -55,11 +55,12 @@
 // default sizes take about 8.5 MiB a side) are registrations of their own;
 // a closed connection's are kept for the next connection of its sizes for
 // ten seconds, up to 128 MiB a device, and given back at once where the
-// kernel runs out of lockable memory (ProcessStats.BufferBytesKept). While a listener holds the
-// device, a closed connection's queue pair and completion queue are reset
-// and kept, once the CM has left time-wait and after a cool-off of eight
-// seconds, for the next connection of the same sizes
-// (ProcessStats.CachedQueuePairs, at most 512 per device). A listener on an
+// kernel runs out of lockable memory (ProcessStats.BufferBytesKept).
+//
+// While a listener holds the device, a closed connection's queue pair and
+// completion queue are reset and kept, once the CM has left time-wait and
+// after a cool-off of eight seconds, for the next connection of the same
+// sizes (ProcessStats.CachedQueuePairs, at most 512 per device). A listener on an
 // unspecified address (":port", "[::]:port") serves whichever device the
 // requests come in on: it holds each device from the first connection it
 // accepts there until it closes, through a CM id it binds to the device (an
