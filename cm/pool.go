@@ -199,7 +199,9 @@ func (p *regPool) put(b regBlock) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if b.own == nil {
-		p.free[b.size] = append(p.free[b.size], b)
+		if !p.closed { // closed, the chunk went with the pool
+			p.free[b.size] = append(p.free[b.size], b)
+		}
 		return nil
 	}
 	if p.closed || b.size > bigCacheBytes {

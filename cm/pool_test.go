@@ -5,6 +5,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -23,7 +24,7 @@ type fakeReg struct {
 }
 
 func (f *fakeReg) Bytes() []byte { return f.buf }
-func (f *fakeReg) Addr() uint64  { return uint64(len(f.buf)) << 32 }
+func (f *fakeReg) Addr() uint64  { return uint64(uintptr(unsafe.Pointer(&f.buf[0]))) }
 func (f *fakeReg) LKey() uint32  { return 1 }
 func (f *fakeReg) Close() error {
 	if f.closed {
