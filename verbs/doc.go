@@ -22,7 +22,10 @@
 // completions in one call; CQ.PollSpin keeps polling inside that call for a
 // short budget, which is what a busy-polling loop wants (no cgo transition
 // per empty poll). Registered memory (PD.RegMR) is mapped outside
-// the Go heap, so the device can touch it at any time.
+// the Go heap, so the device can touch it at any time. The kernel pins it
+// and counts it against RLIMIT_MEMLOCK unless the process has
+// CAP_IPC_LOCK; a registration over the limit fails with ENOMEM and an
+// error that says so (check with `ulimit -l`).
 //
 // Every object has an idempotent Close. Methods of a nil or closed object
 // return an error wrapping ErrClosed (with Linux and cgo). An object with live dependents refuses

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 
@@ -110,11 +112,48 @@ func (p *PD) RegMR(size int, access Access) (*MR, error) {
 	if m == nil {
 		unix.Munmap(buf)
 		p.l.unref()
-		return nil, &OpError{Op: "ibv_reg_mr", Addr: p.tag, Err: errnoOr(cerr, syscall.ENOMEM)}
+		err := errnoOr(cerr, syscall.ENOMEM)
+		if err == syscall.ENOMEM {
+			err = memlockHint(size)
+		}
+		return nil, &OpError{Op: "ibv_reg_mr", Addr: p.tag, Err: err}
 	}
 	mr := &MR{pd: p, mr: m, buf: buf, n: size}
 	live.mrs.Created(mr)
 	return mr, nil
+}
+
+// memlockHint explains a registration's ENOMEM where the usual cause
+// holds: the kernel counts the pages a registration pins against
+// RLIMIT_MEMLOCK, unless the process has CAP_IPC_LOCK, and the limit is
+// small by default (8 MiB or 64 KiB), under one connection's buffers at
+// cm's default sizes.
+func memlockHint(size int) error {
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) != nil || lim.Cur == unix.RLIM_INFINITY || hasIPCLock() {
+		return syscall.ENOMEM
+	}
+	return &explained{syscall.ENOMEM, fmt.Sprintf(
+		"registering %d bytes: pinned memory counts against RLIMIT_MEMLOCK, %d KiB for this process (ulimit -l), "+
+			"which lacks CAP_IPC_LOCK: raise the limit (ulimit -l, systemd's LimitMEMLOCK=, memlock in limits.conf) or register less",
+		size, lim.Cur/1024)}
+}
+
+// hasIPCLock reports whether CAP_IPC_LOCK is in the process's effective
+// capabilities (/proc/self/status: CapEff, a hex mask; the capability is
+// bit 14). Where that cannot be read it answers true: no hint.
+func hasIPCLock() bool {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			return err != nil || mask&(1<<unix.CAP_IPC_LOCK) != 0
+		}
+	}
+	return true
 }
 
 // Bytes returns the region's memory. The slice is valid until Close; do not
