@@ -123,37 +123,51 @@ func (p *PD) RegMR(size int, access Access) (*MR, error) {
 	return mr, nil
 }
 
-// memlockHint explains a registration's ENOMEM where the usual cause
-// holds: the kernel counts the pages a registration pins against
-// RLIMIT_MEMLOCK, unless the process has CAP_IPC_LOCK, and the limit is
-// small by default (8 MiB or 64 KiB), under one connection's buffers at
-// cm's default sizes.
+// memlockHint explains a registration's ENOMEM where RLIMIT_MEMLOCK is
+// the cause: the kernel counts the pages a registration pins (VmPin) against
+// that limit, unless the process has CAP_IPC_LOCK, and the limit is small by
+// default (8 MiB or 64 KiB), under one connection's buffers at cm's default
+// sizes.
 func memlockHint(size int) error {
 	var lim unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) != nil || lim.Cur == unix.RLIM_INFINITY || hasIPCLock() {
+	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) != nil || lim.Cur == unix.RLIM_INFINITY {
+		return syscall.ENOMEM
+	}
+	capEff, pinnedKiB, ok := procStatus()
+	if !ok || capEff&(1<<unix.CAP_IPC_LOCK) != 0 || pinnedKiB*1024+uint64(size) <= lim.Cur {
 		return syscall.ENOMEM
 	}
 	return &explained{syscall.ENOMEM, fmt.Sprintf(
-		"registering %d bytes: pinned memory counts against RLIMIT_MEMLOCK, %d KiB for this process (ulimit -l), "+
+		"registering %d bytes beside %d KiB pinned: over RLIMIT_MEMLOCK, %d KiB for this process (ulimit -l), "+
 			"which lacks CAP_IPC_LOCK: raise the limit (ulimit -l, systemd's LimitMEMLOCK=, memlock in limits.conf) or register less",
-		size, lim.Cur/1024)}
+		size, pinnedKiB, lim.Cur/1024)}
 }
 
-// hasIPCLock reports whether CAP_IPC_LOCK is in the process's effective
-// capabilities (/proc/self/status: CapEff, a hex mask; the capability is
-// bit 14). Where that cannot be read it answers true: no hint.
-func hasIPCLock() bool {
+// procStatus reads the process's effective capabilities and pinned memory
+// from /proc/self/status (CapEff, a hex mask; VmPin, in KiB).
+func procStatus() (capEff, pinnedKiB uint64, ok bool) {
 	status, err := os.ReadFile("/proc/self/status")
 	if err != nil {
-		return true
+		return 0, 0, false
 	}
+	var seen int
 	for _, line := range strings.Split(string(status), "\n") {
-		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
-			return err != nil || mask&(1<<unix.CAP_IPC_LOCK) != 0
+		key, value, _ := strings.Cut(line, ":")
+		value = strings.TrimSpace(value)
+		switch key {
+		case "CapEff":
+			capEff, err = strconv.ParseUint(value, 16, 64)
+		case "VmPin":
+			pinnedKiB, err = strconv.ParseUint(strings.TrimSuffix(value, " kB"), 10, 64)
+		default:
+			continue
 		}
+		if err != nil {
+			return 0, 0, false
+		}
+		seen++
 	}
-	return true
+	return capEff, pinnedKiB, seen == 2
 }
 
 // Bytes returns the region's memory. The slice is valid until Close; do not
