@@ -244,6 +244,17 @@ func (p *regPool) trimIdle() {
 	}
 }
 
+// dropKept deregisters every kept registration, for a registration of
+// other memory on the device that the kernel refused for want of lockable
+// memory; it reports whether there was any.
+func (p *regPool) dropKept() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.kept)
+	p.dropKeptLocked(n)
+	return n > 0
+}
+
 // dropKeptLocked deregisters the n oldest kept registrations.
 func (p *regPool) dropKeptLocked(n int) error {
 	var errs []error

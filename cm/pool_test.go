@@ -176,6 +176,12 @@ func TestPoolGivesBackKeptOnENOMEM(t *testing.T) {
 	_, err = p.get(8 << 20) // over the limit with nothing kept: the error
 	require.ErrorIs(t, err, syscall.ENOMEM)
 	require.NoError(t, p.put(b))
+
+	// Other memory on the device asks the pool to give back what it keeps.
+	require.Equal(t, 1, regs.live)
+	require.True(t, p.dropKept())
+	require.Zero(t, regs.live)
+	require.False(t, p.dropKept(), "nothing left to give back")
 }
 
 func TestPoolCloseDeregistersAll(t *testing.T) {

@@ -590,6 +590,10 @@ func (t *rdmaTransport) regMem(size int, remoteWrite bool) (memory, error) {
 		access |= verbs.AccessRemoteWrite
 	}
 	mr, err := t.dev.pd.RegMR(size, access)
+	if errors.Is(err, syscall.ENOMEM) && t.dev.pool.dropKept() {
+		// The pool's kept buffers may be what took the lockable memory.
+		mr, err = t.dev.pd.RegMR(size, access)
+	}
 	if err != nil {
 		return nil, err
 	}

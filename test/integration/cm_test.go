@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"os/exec"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -22,6 +24,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/nettest"
+	"golang.org/x/sys/unix"
 
 	"github.com/goxrc/goxrc/cm"
 	"github.com/goxrc/goxrc/internal/conntest"
@@ -653,12 +656,10 @@ func testQueuePairsReused(t *testing.T, wildcard bool) {
 // registered for the next connection of those sizes, which registers
 // nothing; they go with the device once nothing holds it.
 func TestCMBuffersKeptForNextConnection(t *testing.T) {
-	dev, ip := softroce.Device(t)
+	dev, _ := softroce.Device(t)
 	base := baseline(t, dev)
+	l, _ := cmListen(t)
 	ctx := cmCtx(t, 60*time.Second)
-	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String())
-	require.NoError(t, err)
-	defer l.Close()
 	start := cm.GlobalStats()
 	connect := func(what string) {
 		t.Helper()
@@ -1139,4 +1140,68 @@ func TestCMAcceptedConnAddrs(t *testing.T) {
 	require.Equal(t, c.LocalAddr(), s.RemoteAddr())
 	require.Equal(t, s.LocalAddr(), c.RemoteAddr())
 	requireBothWays(t, c, s)
+}
+
+// TestCMRegionTakesKeptBuffersMemory: memory a connection registers for
+// one-sided RDMA may need the lockable memory the device's pool keeps for
+// closed connections' buffers; where the kernel refuses the registration
+// for it (RLIMIT_MEMLOCK, a process without CAP_IPC_LOCK), the pool gives
+// it back and the registration is made. The test runs itself under setpriv
+// without CAP_IPC_LOCK (root has it, and the kernel then ignores the
+// limit), and that child lowers its limit to 48 MiB: two default-size ends
+// closed keep about 18 MiB, and a 32 MiB region fits only without them.
+func TestCMRegionTakesKeptBuffersMemory(t *testing.T) {
+	if os.Getenv("GOXRC_MEMLOCK_CHILD") != "1" {
+		softroce.Device(t)
+		setpriv, err := exec.LookPath("setpriv") // util-linux, on every Debian
+		require.NoError(t, err)
+		cmd := exec.Command(setpriv, "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock",
+			os.Args[0], "-test.run=^TestCMRegionTakesKeptBuffersMemory$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "GOXRC_MEMLOCK_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		t.Logf("child:\n%s", out)
+		require.NoError(t, err, "child")
+		require.Contains(t, string(out), "--- PASS: TestCMRegionTakesKeptBuffersMemory", "the child did not run the test")
+		return
+	}
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: 48 << 20, Max: 48 << 20}))
+	dev, _ := softroce.Device(t)
+	base := baseline(t, dev)
+	l, _ := cmListen(t)
+	ctx := cmCtx(t, 60*time.Second)
+	pair := func(opts ...cm.Option) (client, server *cm.Conn) {
+		accepted := acceptOne(t, ctx, l)
+		client, err := cm.Dial(ctx, l.Addr().String(), opts...)
+		require.NoError(t, err)
+		server = <-accepted
+		require.NotNil(t, server)
+		return client, server
+	}
+	client, server := pair()
+	var wg sync.WaitGroup
+	for _, c := range []*cm.Conn{client, server} {
+		wg.Go(func() { assert.NoError(t, c.Close()) })
+	}
+	wg.Wait()
+	require.Greater(t, cm.GlobalStats().BufferBytesKept, int64(16<<20), "both ends' buffers kept")
+
+	client, server = pair(cm.WithMessageSize(64), cm.WithQueueDepth(2))
+	region, err := client.RegisterMemory(32<<20, true)
+	require.NoError(t, err, "a 32 MiB region beside the kept buffers")
+	require.Zero(t, cm.GlobalStats().BufferBytesKept, "the kept buffers went for the region")
+	// The region works: the peer writes into it.
+	remote := region.Descriptor()
+	src, err := server.RegisterMemory(4096, false)
+	require.NoError(t, err)
+	copy(src.Bytes(), "written into the region")
+	require.NoError(t, server.WriteRemote(ctx, src, 0, 4096, remote, 31<<20))
+	require.Equal(t, "written into the region", string(region.Bytes()[31<<20:31<<20+23]))
+	require.NoError(t, src.Close())
+	require.NoError(t, region.Close())
+	for _, c := range []*cm.Conn{client, server} {
+		wg.Go(func() { assert.NoError(t, c.Close()) })
+	}
+	wg.Wait()
+	require.NoError(t, l.Close())
+	waitObjects(t, base, 10*time.Second)
 }
