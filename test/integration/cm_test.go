@@ -652,7 +652,7 @@ func testQueuePairsReused(t *testing.T, wildcard bool) {
 }
 
 // TestCMBuffersKeptForNextConnection: a closed connection's buffers at
-// the default sizes (8 MiB a side, registrations of their own) stay
+// the default sizes (about 8.5 MiB a side, registrations of their own) stay
 // registered for the next connection of those sizes, which registers
 // nothing; they go with the device once nothing holds it.
 func TestCMBuffersKeptForNextConnection(t *testing.T) {
