@@ -15,10 +15,10 @@ import (
 // Connection buffers come from a per-device pool instead of a registration
 // of their own: mapping, pinning, zeroing and registering memory, and undoing
 // it all on close, cost more system time than the rest of a connection's
-// setup (at the default sizes, about 8.5 MiB a side, about five times the rest under
-// emulation: BenchmarkCMDialChurn). The pool registers large chunks and
-// carves them into blocks of one size; a freed block waits for the next
-// connection of that size. Chunks stay registered while the device cache
+// setup (at the default sizes, about 8.5 MiB a side, some four times the
+// rest under emulation: BenchmarkCMDialChurn). The pool registers large
+// chunks and carves them into blocks of one size; a freed block waits for
+// the next connection of that size. Chunks stay registered while the device cache
 // lives (as long as any connection on the device does) and are deregistered
 // with it.
 //
