@@ -45,6 +45,7 @@ func (d *device) handleAsync(ev verbs.AsyncEvent) {
 	case verbs.EventCQErr:
 		match = func(t *rdmaTransport) bool { return t.cq == ev.CQ }
 	case verbs.EventDeviceFatal:
+		d.removed() // an idle device has no connection to hear of it
 		match = func(*rdmaTransport) bool { return true }
 	case verbs.EventPortErr, verbs.EventPortActive:
 		match = func(t *rdmaTransport) bool { return t.port == ev.Port }

@@ -51,7 +51,10 @@
 // Connections on one device share its context, protection domain and one
 // completion channel (read by one goroutine in the netpoller), and take
 // their buffers from a pool of large registrations; all of it lives while a
-// connection or a listener on the device does. Buffers over 1 MiB (the
+// connection, a listener or a Region on the device does, and ten seconds
+// more (ProcessStats.DevicesIdle), so that a process that only dials does
+// not open the device and register its buffers again for each connection;
+// CloseIdleDevices closes idle devices at once. Buffers over 1 MiB (the
 // default sizes take about 8.5 MiB a side) are registrations of their own;
 // a closed connection's are kept for the next connection of its sizes for
 // ten seconds, up to 128 MiB a device, and given back at once where the

@@ -207,9 +207,19 @@ type device struct {
 	portDown  map[uint8]bool
 
 	// gone: an id on the device reported its removal (see removed); under
-	// devices' lock.
+	// devices' lock, as are idle and idleGen.
 	gone bool
+	// idle runs out the device's idle time after its last user let go
+	// (release); idleGen tells a timer that fired late from the current one.
+	idle    *time.Timer
+	idleGen uint64
 }
+
+// deviceIdle is how long a device nobody uses stays open: a process that
+// only dials, one connection at a time, would otherwise open it and
+// register its buffers again for every connection (the pool's kept
+// registrations go with the device). CloseIdleDevices closes it at once.
+const deviceIdle = bigIdle
 
 var devices struct {
 	sync.Mutex
@@ -269,7 +279,7 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		devices.m = map[string]*device{}
 	}
 	if d := devices.m[name]; d != nil {
-		d.refs++
+		d.takeLocked()
 		return d, nil
 	}
 	anchor, err := newAnchor(id)
@@ -315,6 +325,7 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		qps: map[qpShape][]cachedQP{}, conns: map[*rdmaTransport]struct{}{},
 		portDown: map[uint8]bool{},
 	}
+	globalStats.devices.Add(1)
 	go d.pump()
 	if events := vctx.AsyncEvents(); events != nil {
 		d.asyncDone = make(chan struct{})
@@ -381,10 +392,21 @@ func (d *device) channelErr() error {
 	return d.ccErr
 }
 
+// takeLocked takes a reference, ending the device's idle time.
+func (d *device) takeLocked() {
+	d.refs++
+	if d.idle != nil {
+		d.idle.Stop() // if it fired already, expire sees idleGen moved on
+		d.idle = nil
+		d.idleGen++
+		globalStats.devicesIdle.Add(-1)
+	}
+}
+
 // hold takes one more reference on a device already held.
 func (d *device) hold() {
 	devices.Lock()
-	d.refs++
+	d.takeLocked()
 	devices.Unlock()
 }
 
@@ -397,7 +419,7 @@ func (d *device) holdForListener() bool {
 	if d.gone {
 		return false
 	}
-	d.refs++
+	d.takeLocked()
 	d.listeners++
 	return true
 }
@@ -416,40 +438,101 @@ func (d *device) dropListener() {
 	d.release()
 }
 
+// release gives back a reference. The last one starts the device's idle
+// time (deviceIdle), at whose end it closes, unless it was removed.
 func (d *device) release() {
 	devices.Lock()
 	defer devices.Unlock()
 	d.refs--
-	if d.refs == 0 {
-		if devices.m[d.name] == d {
-			delete(devices.m, d.name)
-		}
-		d.dropQPs()
-		if d.cc.Close() == nil {
-			<-d.pumpDone
-		}
-		d.pool.close()
-		d.probeTarget.Close()
-		d.probeSink.Close()
-		d.pd.Close()
-		// A closed context ends the async events; one that cannot close
-		// (something still registered) keeps its reader, not waited for.
-		if d.ctx.Close() == nil && d.asyncDone != nil {
-			<-d.asyncDone
-		}
-		d.anchor.close() // last: see anchor
+	if d.refs > 0 {
+		return
 	}
+	if d.gone {
+		d.closeLocked()
+		return
+	}
+	d.idleGen++
+	gen := d.idleGen
+	d.idle = time.AfterFunc(deviceIdle, func() { d.expire(gen) })
+	globalStats.devicesIdle.Add(1)
+}
+
+// expire closes the device at the end of the idle time gen began, unless
+// a user came back in the meantime.
+func (d *device) expire(gen uint64) {
+	devices.Lock()
+	defer devices.Unlock()
+	if d.idle != nil && d.idleGen == gen {
+		d.endIdleLocked()
+		d.closeLocked()
+	}
+}
+
+func (d *device) endIdleLocked() {
+	d.idle.Stop()
+	d.idle = nil
+	d.idleGen++
+	globalStats.devicesIdle.Add(-1)
+}
+
+// CloseIdleDevices closes at once every RDMA device that no connection,
+// listener or registered region uses. cm keeps such a device open, with
+// its protection domain and the buffer memory registered for connections,
+// for ten seconds after its last user let go, so that a process that
+// dials again soon does not open and register it all again. Call it before
+// counting what a process holds, or to give back locked memory now.
+func CloseIdleDevices() {
+	devices.Lock()
+	defer devices.Unlock()
+	for _, d := range devices.m {
+		if d.idle != nil {
+			d.endIdleLocked()
+			d.closeLocked()
+		}
+	}
+}
+
+// closeLocked destroys everything the device holds; no reference is left.
+func (d *device) closeLocked() {
+	if devices.m[d.name] == d {
+		delete(devices.m, d.name)
+	}
+	d.dropQPs()
+	if d.cc.Close() == nil {
+		<-d.pumpDone
+	}
+	d.pool.close()
+	d.probeTarget.Close()
+	d.probeSink.Close()
+	d.pd.Close()
+	// A closed context ends the async events; one that cannot close
+	// (something still registered) keeps its reader, not waited for.
+	if d.ctx.Close() == nil && d.asyncDone != nil {
+		<-d.asyncDone
+	}
+	d.anchor.close() // last: see anchor
+	globalStats.devices.Add(-1)
 }
 
 // removed takes a device that is being removed out of use: an id that
 // reaches a device of that name later (one added again) gets a new entry.
-// Its objects go with its last user, as always.
+// Its objects go with its last user, with no idle time; an idle one
+// closes now, in the background (the caller may be the device's event
+// reader, whose end closing waits for).
 func (d *device) removed() {
 	devices.Lock()
 	defer devices.Unlock()
 	d.gone = true
 	if devices.m[d.name] == d {
 		delete(devices.m, d.name)
+	}
+	if d.idle != nil {
+		d.endIdleLocked()
+		go func() {
+			devices.Lock()
+			defer devices.Unlock()
+			d.closeLocked()
+		}()
 	}
 }
 

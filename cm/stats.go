@@ -57,6 +57,11 @@ type ProcessStats struct {
 	QueuePairsReused uint64
 	// Listeners is the number of open listeners.
 	Listeners int64
+	// Devices is the number of RDMA devices cm holds open; DevicesIdle of
+	// them are used by nothing and close after ten seconds (see
+	// CloseIdleDevices).
+	Devices     int64
+	DevicesIdle int64
 	// BufferBytes is the connections' buffer memory registered with
 	// devices: in use, and free in the devices' pools for new connections
 	// (BufferBytesKept of it in registrations of over 1 MiB, which go
@@ -92,6 +97,8 @@ var globalStats struct {
 	cachedQPs       atomic.Int64
 	qpsReused       atomic.Uint64
 	listeners       atomic.Int64
+	devices         atomic.Int64
+	devicesIdle     atomic.Int64
 	bufferBytes     atomic.Int64
 	bufferBytesKept atomic.Int64
 	bufferRegs      atomic.Uint64
@@ -115,6 +122,8 @@ func GlobalStats() ProcessStats {
 		CachedQueuePairs:    globalStats.cachedQPs.Load(),
 		QueuePairsReused:    globalStats.qpsReused.Load(),
 		Listeners:           globalStats.listeners.Load(),
+		Devices:             globalStats.devices.Load(),
+		DevicesIdle:         globalStats.devicesIdle.Load(),
 		BufferBytes:         globalStats.bufferBytes.Load(),
 		BufferBytesKept:     globalStats.bufferBytesKept.Load(),
 		BufferRegistrations: globalStats.bufferRegs.Load(),

@@ -31,7 +31,9 @@ import (
 
 // The kill tests re-execute this test binary as a separate process (the
 // victim) that the test SIGKILLs: GOXRC_CM_VICTIM=server listens on
-// GOXRC_CM_VICTIM_ADDR and echoes; =client dials it and streams.
+// GOXRC_CM_VICTIM_ADDR and echoes; =client dials it and streams;
+// =acceptor accepts connections at the default sizes and echoes each, for
+// tests of a process that only dials.
 const victimEnv, victimAddrEnv = "GOXRC_CM_VICTIM", "GOXRC_CM_VICTIM_ADDR"
 
 func init() {
@@ -58,14 +60,22 @@ func runVictim(role, addr string) error {
 		if err != nil {
 			return err
 		}
+		return echo(ctx, c, buf)
+	case "acceptor":
+		l, err := cm.Listen(ctx, addr)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("ready %s\n", l.Addr())
 		for {
-			n, err := c.Recv(ctx, buf)
+			c, err := l.Accept(ctx)
 			if err != nil {
 				return err
 			}
-			if err := c.Send(ctx, buf[:n]); err != nil {
-				return err
-			}
+			go func() {
+				echo(ctx, c, make([]byte, cm.DefaultMessageSize))
+				c.Close()
+			}()
 		}
 	case "client":
 		c, err := cm.Dial(ctx, addr, cm.WithMessageSize(4096), cm.WithQueueDepth(16))
@@ -82,9 +92,22 @@ func runVictim(role, addr string) error {
 	return fmt.Errorf("unknown role %q", role)
 }
 
+// echo sends back every message c receives until it fails.
+func echo(ctx context.Context, c *cm.Conn, buf []byte) error {
+	for {
+		n, err := c.Recv(ctx, buf)
+		if err != nil {
+			return err
+		}
+		if err := c.Send(ctx, buf[:n]); err != nil {
+			return err
+		}
+	}
+}
+
 // startVictim starts the victim and returns it with the first word after
 // "ready" on its stdout.
-func startVictim(t *testing.T, role, addr string) (*exec.Cmd, string) {
+func startVictim(t testing.TB, role, addr string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), victimEnv+"="+role, victimAddrEnv+"="+addr)

@@ -705,6 +705,70 @@ func TestCMBuffersKeptForNextConnection(t *testing.T) {
 	require.Equal(t, start.BufferBytes, cm.GlobalStats().BufferBytes)
 }
 
+// A process that only dials keeps its device open for a while after its
+// last connection closed (ProcessStats.DevicesIdle), with the buffers that
+// connection registered: the next Dial opens and registers nothing. The
+// device closes at the end of its idle time, or at once with
+// CloseIdleDevices.
+func TestCMDialerKeepsIdleDevice(t *testing.T) {
+	dev, ip := softroce.Device(t)
+	base := baseline(t, dev)
+	server, addr := startVictim(t, "acceptor", netip.AddrPortFrom(ip, 0).String())
+	ctx := cmCtx(t, 60*time.Second)
+	roundTrip := func(what string) {
+		t.Helper()
+		c, err := cm.Dial(ctx, addr)
+		require.NoError(t, err, what)
+		s := cm.GlobalStats()
+		require.Equal(t, base.cm.Devices+1, s.Devices, what)
+		require.Equal(t, base.cm.DevicesIdle, s.DevicesIdle, "%s: the device is in use", what)
+		msg := make([]byte, cm.DefaultMessageSize)
+		for i := range msg {
+			msg[i] = byte(i*3 + len(what))
+		}
+		buf := make([]byte, cm.DefaultMessageSize)
+		require.NoError(t, c.Send(ctx, msg), what)
+		n, err := c.Recv(ctx, buf)
+		require.NoError(t, err, what)
+		require.Equal(t, msg, buf[:n], what)
+		require.NoError(t, c.Close(), what)
+		s = cm.GlobalStats()
+		require.Equal(t, base.cm.Devices+1, s.Devices, "%s: the device closed with the connection", what)
+		require.Equal(t, base.cm.DevicesIdle+1, s.DevicesIdle, what)
+		require.Positive(t, s.BufferBytesKept-base.cm.BufferBytesKept, "%s: the connection's buffers kept", what)
+	}
+	regs := cm.GlobalStats().BufferRegistrations
+	roundTrip("first")
+	require.Greater(t, cm.GlobalStats().BufferRegistrations, regs, "the first connection registers its buffers")
+	regs = cm.GlobalStats().BufferRegistrations
+	verbsObjects := verbs.Counts()
+	roundTrip("second")
+	require.Equal(t, regs, cm.GlobalStats().BufferRegistrations, "the second connection registered buffers anew")
+	require.Equal(t, verbsObjects, verbs.Counts(), "the second connection left verbs objects behind or took some")
+
+	cm.CloseIdleDevices()
+	s := cm.GlobalStats()
+	require.Equal(t, base.cm.Devices, s.Devices, "CloseIdleDevices left the device open")
+	require.Equal(t, base.cm.DevicesIdle, s.DevicesIdle)
+	require.Equal(t, base.cm.BufferBytes, s.BufferBytes, "buffers outlived the device")
+
+	roundTrip("third")
+	require.Greater(t, cm.GlobalStats().BufferRegistrations, regs, "a device opened again registers again")
+	// Its idle time runs out (ten seconds).
+	require.Eventually(t, func() bool { return cm.GlobalStats().Devices == base.cm.Devices }, 20*time.Second, 100*time.Millisecond,
+		"the idle device did not close")
+	s = cm.GlobalStats()
+	require.Equal(t, base.cm.DevicesIdle, s.DevicesIdle)
+	require.Equal(t, base.cm.BufferBytes, s.BufferBytes, "buffers outlived the device")
+	require.Equal(t, base.verbs, verbs.Counts(), "verbs objects outlived the device")
+	require.Equal(t, base.rdmacm, rdmacm.Counts(), "CM ids outlived the device")
+	// The kernel's counts, which waitObjects checks too, include the
+	// server's.
+	require.NoError(t, server.Process.Kill())
+	server.Wait()
+	waitObjects(t, base, 10*time.Second)
+}
+
 func TestCMListenerCloseWakesAccept(t *testing.T) {
 	l, _ := cmListen(t)
 	errc := make(chan error, 2)

@@ -247,6 +247,9 @@ func TestCMXRCPreferListenerPortZeroRetries(t *testing.T) {
 		require.NoError(t, err, "listen %d", i)
 		require.Equal(t, uint16(40001), netip.MustParseAddrPort(l.Addr().String()).Port(), "listen %d", i)
 		require.NoError(t, l.Close())
+		// The device stays open while idle, and the id that anchors it
+		// holds a port of the two.
+		cm.CloseIdleDevices()
 	}
 	_, err = cm.Listen(ctx, netip.AddrPortFrom(ip, 40000).String(), opts...)
 	require.ErrorIs(t, err, syscall.EADDRINUSE, "a fixed port taken in RDMA_PS_UDP")

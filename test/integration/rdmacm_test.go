@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goxrc/goxrc/cm"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 )
@@ -47,6 +48,9 @@ func rdmacmEnv(t *testing.T) (string, netip.Addr) {
 	if err != nil {
 		t.Fatalf("RXE_IP: %v", err)
 	}
+	// The tests count ids and channels from zero: an earlier test's cm
+	// device, kept open while idle, holds one of each.
+	cm.CloseIdleDevices()
 	rdmacmBaseOnce.Do(func() { rdmacmBaseIDs = rdmacmKernelIDs(t) })
 	return dev, ip
 }

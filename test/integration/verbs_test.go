@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goxrc/goxrc/cm"
 	"github.com/goxrc/goxrc/internal/objtrace"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
@@ -47,6 +48,7 @@ func openRXE(t testing.TB) *verbs.Context {
 // every verbs object was released. Register it before creating anything.
 func requireNoVerbsLeaks(t testing.TB) {
 	t.Helper()
+	cm.CloseIdleDevices() // an earlier test's, kept open while idle
 	require.True(t, verbs.Counts().IsZero(), "objects left over from an earlier test: %+v", verbs.Counts())
 	t.Cleanup(func() {
 		require.True(t, verbs.Counts().IsZero(), "leaked verbs objects: %+v\n%s", verbs.Counts(), objtrace.Report())
