@@ -326,6 +326,9 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		portDown: map[uint8]bool{},
 	}
 	globalStats.devices.Add(1)
+	if anchor.id != nil {
+		go d.watchAnchor()
+	}
 	go d.pump()
 	if events := vctx.AsyncEvents(); events != nil {
 		d.asyncDone = make(chan struct{})
@@ -333,6 +336,21 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 	}
 	devices.m[name] = d
 	return d, nil
+}
+
+// watchAnchor hears of the device's removal through the anchor, the one id
+// an idle device has; it ends when the anchor closes.
+func (d *device) watchAnchor() {
+	for {
+		ev, err := d.anchor.id.Event(context.Background())
+		if err != nil {
+			return
+		}
+		if ev.Type == rdmacm.EventDeviceRemoval {
+			d.removed()
+			return
+		}
+	}
 }
 
 // pump reads the completion channel for the life of the device and wakes
@@ -510,7 +528,9 @@ func (d *device) closeLocked() {
 	if d.ctx.Close() == nil && d.asyncDone != nil {
 		<-d.asyncDone
 	}
-	d.anchor.close() // last: see anchor
+	// last: see anchor. Its watcher ends on its own: it may be waiting for
+	// devices' lock, held here, to report a removal.
+	d.anchor.close()
 	globalStats.devices.Add(-1)
 }
 

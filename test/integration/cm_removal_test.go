@@ -180,6 +180,54 @@ func removalChild(t *testing.T) {
 	require.NoError(t, wild.Close())
 }
 
+// idleRemovalChildEnv makes TestCMIdleDeviceRemoval run its checks.
+const idleRemovalChildEnv = "GOXRC_IDLE_REMOVAL_CHILD"
+
+// TestCMIdleDeviceRemoval removes a device that cm keeps open while idle
+// (its last connection closed, ten seconds not yet over): the device hears
+// of it through the id that anchors it and closes at once, with nothing
+// left. The checks run in a child process, as TestCMDeviceRemoval's do.
+func TestCMIdleDeviceRemoval(t *testing.T) {
+	if os.Getenv(idleRemovalChildEnv) != "" {
+		idleRemovalChild(t)
+		return
+	}
+	softroce.Device(t) // skips off the VM
+	_, err := softroce.Setup(removalDev, removalVeth)
+	require.NoError(t, err)
+	runChild(t, idleRemovalChildEnv)
+	requireLinkGone(t, removalDev, 30*time.Second)
+	require.NoError(t, softroce.DeleteVeth(removalVeth.Name))
+}
+
+func idleRemovalChild(t *testing.T) {
+	ip := removalVeth.Addr.Addr()
+	base := baseline(t, "") // only this process's objects, as in removalChild
+	server, addr := startVictim(t, "acceptor", netip.AddrPortFrom(ip, 0).String())
+	ctx := cmCtx(t, 60*time.Second)
+	c, err := cm.Dial(ctx, addr, cm.WithMessageSize(256), cm.WithQueueDepth(4))
+	require.NoError(t, err)
+	require.NoError(t, c.Send(ctx, []byte("idle")))
+	buf := make([]byte, 256)
+	k, err := c.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "idle", string(buf[:k]))
+	require.NoError(t, c.Close())
+	s := cm.GlobalStats()
+	require.Equal(t, base.cm.Devices+1, s.Devices)
+	require.Equal(t, base.cm.DevicesIdle+1, s.DevicesIdle, "the device idles")
+
+	// The server process exits when its listener hears of the removal.
+	require.NoError(t, exec.Command("rdma", "link", "delete", removalDev).Start())
+	// Well within the idle time, which would close the device too.
+	require.Eventually(t, func() bool { return cm.GlobalStats().Devices == base.cm.Devices }, 5*time.Second, 20*time.Millisecond,
+		"the idle device did not close on its removal")
+	require.Equal(t, base.cm.DevicesIdle, cm.GlobalStats().DevicesIdle)
+	server.Wait()
+	require.Equal(t, 3, server.ProcessState.ExitCode(), "the server's listener did not fail on the removal")
+	waitObjects(t, base, 10*time.Second)
+}
+
 // connectAndSend dials addr, takes the connection from l and sends msg over
 // it.
 func connectAndSend(t *testing.T, ctx context.Context, l *cm.Listener, addr, msg string) (dialed, accepted *cm.Conn) {
