@@ -43,15 +43,20 @@ const removalChildEnv = "GOXRC_REMOVAL_CHILD"
 // the device until the process exits, and soft-RoCE's removal waits for
 // that (cm/doc.go, "Device removal"), so the removal completes when the
 // child exits, which the parent checks.
-func TestCMDeviceRemoval(t *testing.T) {
-	if os.Getenv(removalChildEnv) != "" {
-		removalChild(t)
+func TestCMDeviceRemoval(t *testing.T) { removalTest(t, removalChildEnv, removalChild) }
+
+// removalTest runs child in a child process (this test binary, with env
+// set) on the removal device, which child removes, and checks that the
+// removal completed once the child exited.
+func removalTest(t *testing.T, env string, child func(*testing.T)) {
+	if os.Getenv(env) != "" {
+		child(t)
 		return
 	}
 	softroce.Device(t) // skips off the VM
 	_, err := softroce.Setup(removalDev, removalVeth)
 	require.NoError(t, err)
-	runChild(t, removalChildEnv)
+	runChild(t, env)
 	requireLinkGone(t, removalDev, 30*time.Second)
 	require.NoError(t, softroce.DeleteVeth(removalVeth.Name))
 }
@@ -188,16 +193,7 @@ const idleRemovalChildEnv = "GOXRC_IDLE_REMOVAL_CHILD"
 // of it through the id that anchors it and closes at once, with nothing
 // left. The checks run in a child process, as TestCMDeviceRemoval's do.
 func TestCMIdleDeviceRemoval(t *testing.T) {
-	if os.Getenv(idleRemovalChildEnv) != "" {
-		idleRemovalChild(t)
-		return
-	}
-	softroce.Device(t) // skips off the VM
-	_, err := softroce.Setup(removalDev, removalVeth)
-	require.NoError(t, err)
-	runChild(t, idleRemovalChildEnv)
-	requireLinkGone(t, removalDev, 30*time.Second)
-	require.NoError(t, softroce.DeleteVeth(removalVeth.Name))
+	removalTest(t, idleRemovalChildEnv, idleRemovalChild)
 }
 
 func idleRemovalChild(t *testing.T) {
