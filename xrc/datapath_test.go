@@ -260,3 +260,84 @@ func TestDataPathCloseAfterFlushedMessages(t *testing.T) {
 		})
 	}
 }
+
+// Receivers whose SRQs hold few receives (NodeConfig.SRQReceives), the
+// rest of each burst waiting at its INI for the receiver to take what came
+// (RNR, retried for ever): streams from three processes on two nodes to
+// connections in two processes of one node, which share the senders' INIs,
+// arrive whole and in order, the INIs never failing.
+func TestDataPathRNRWaitsLoseNothing(t *testing.T) {
+	w := newWorld(t)
+	node := w.f.AddNode("10.0.2.2", memfabric.NodeConfig{SRQReceives: 2})
+	var senders []*proc
+	for _, ip := range []string{"10.0.2.1", "10.0.2.1", "10.0.2.3"} {
+		senders = append(senders, w.endpoint(ip, 7000+len(senders)))
+	}
+	receivers := []*proc{w.endpoint("10.0.2.2", 7100), w.endpoint("10.0.2.2", 7101)}
+	var snd, rcv []*Conn
+	for _, s := range senders {
+		for _, r := range receivers {
+			for range 2 {
+				a, b := pair(t, s, r)
+				snd, rcv = append(snd, a), append(rcv, b)
+			}
+		}
+	}
+	if err := streamAll(ctxT(t, 30*time.Second), snd, rcv, 0, 500); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range senders {
+		if st := s.Stats(); st.Recoveries != 0 || st.Uplinks != 1 {
+			t.Fatalf("sender %d: %+v, want one uplink and no recovery", i, st)
+		}
+	}
+	if node.Stats().RNRNAKs == 0 {
+		t.Fatal("no message found its SRQ without a receive: the test tested nothing")
+	}
+	t.Logf("receivers' node: %+v", node.Stats())
+}
+
+// A receiver that stops taking messages (stopped, or stalled) on a node
+// whose SRQs hold few receives: once its SRQ is full, the next message to
+// it waits at the sender's INI, and so does everything behind it, a
+// message to another process of the node included, until it takes
+// messages again; then all of it arrives, in order, with no recovery
+// (docs/xrc-protocol.md, "Flow control": the price of rnr_retry 7).
+func TestDataPathPausedReceiverHoldsUpItsNode(t *testing.T) {
+	w := newWorld(t)
+	node := w.f.AddNode("10.0.2.2", memfabric.NodeConfig{SRQReceives: 4})
+	s := w.endpoint("10.0.2.1", 7000, longTimers)
+	a := w.endpoint("10.0.2.2", 7100, longTimers)
+	b := w.endpoint("10.0.2.2", 7101, longTimers)
+	toA, fromS := pair(t, s, a)
+	toB, atB := pair(t, s, b)
+	ctx := ctxT(t, 10*time.Second)
+
+	b.p.PauseReceives()
+	const n = 12 // within the window: Send does not wait for credits
+	if err := sendSeq(ctx, toB, 0, n); err != nil {
+		t.Fatal(err)
+	}
+	if node.Stats().RNRNAKs == 0 {
+		t.Fatalf("%d messages to a paused receiver whose SRQ holds 4 found receives", n)
+	}
+	if err := toA.Send(ctx, seqMsg(0)); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := fromS.Recv(short, make([]byte, 64)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the other process's message while the INI waits: %v, want none", err)
+	}
+
+	b.p.ResumeReceives()
+	if err := recvSeq(ctx, fromS, 0, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := recvSeq(ctx, atB, 0, n, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Recoveries != 0 || st.Uplinks != 1 {
+		t.Fatalf("sender %+v, want one uplink and no recovery", st)
+	}
+}

@@ -72,6 +72,14 @@ type NodeConfig struct {
 	// (ENOMEM) while that many sends wait for their completions to be
 	// polled. Default 256, what the engine asks of a real device.
 	SendQueueDepth int
+	// SRQReceives is how many receives each XRC SRQ on the node holds
+	// posted (the engine reposts each as it takes the message). A message
+	// that finds none is refused receiver-not-ready, which the sending QP
+	// retries for ever, as the engine asks of a real device: it waits, with
+	// every later send of that QP to any process of the node behind it,
+	// until the receiving process takes a message. Default 0: unlimited, no
+	// such waits.
+	SRQReceives int
 }
 
 // AddNode adds the node at ip with cfg. It panics if ip is not an IP address
@@ -87,7 +95,7 @@ func (f *Fabric) AddNode(ip string, cfg NodeConfig) *Node {
 }
 
 func (f *Fabric) addLocked(a netip.Addr, cfg NodeConfig) *Node {
-	n := &Node{n: f.f.AddNode(a, model.NodeConfig{SendQueueDepth: cfg.SendQueueDepth})}
+	n := &Node{n: f.f.AddNode(a, model.NodeConfig{SendQueueDepth: cfg.SendQueueDepth, SRQReceives: cfg.SRQReceives})}
 	f.nodes[a] = n
 	return n
 }
@@ -123,6 +131,9 @@ type NodeStats struct {
 	TGTs       int // XRC receive QPs (each once, however many handles)
 	TGTHandles int // the node-wide registration count: handles over all TGTs
 	XRCDs      int // live XRC domains
+	// RNRNAKs counts messages to the node's SRQs refused for want of a
+	// posted receive (NodeConfig.SRQReceives), once for each try.
+	RNRNAKs uint64
 }
 
 // QPs is the number of QPs on the node (INIs + TGTs).
@@ -131,7 +142,7 @@ func (s NodeStats) QPs() int { return s.INIs + s.TGTs }
 // Stats returns the node's counts.
 func (n *Node) Stats() NodeStats {
 	ini, tgt := n.n.QPCount()
-	return NodeStats{INIs: ini, TGTs: tgt, TGTHandles: n.n.TGTHandleTotal(), XRCDs: n.n.XRCDs()}
+	return NodeStats{INIs: ini, TGTs: tgt, TGTHandles: n.n.TGTHandleTotal(), XRCDs: n.n.XRCDs(), RNRNAKs: n.n.RNRNAKs()}
 }
 
 // Process is one process on a node: what the XRC engine runs on.
@@ -153,6 +164,24 @@ func (p *Process) Node() *Node { return p.n }
 func (p *Process) Kill() {
 	if p.p != nil {
 		p.p.Kill()
+	}
+}
+
+// PauseReceives makes the process stop taking messages, as one stopped
+// (SIGSTOP) or stalled would, until ResumeReceives: its engine's receive
+// poll finds nothing and the messages stay on its SRQ, where, on a node
+// with NodeConfig.SRQReceives, the next ones find no receive and wait at
+// their senders. The rest of the engine runs on.
+func (p *Process) PauseReceives() {
+	if p.p != nil {
+		p.p.PauseReceives()
+	}
+}
+
+// ResumeReceives ends PauseReceives.
+func (p *Process) ResumeReceives() {
+	if p.p != nil {
+		p.p.ResumeReceives()
 	}
 }
 

@@ -40,6 +40,14 @@
 //   - An INI's send queue holds NodeConfig.SendQueueDepth sends (default
 //     256) until their completions are polled; a post beyond that fails with
 //     ENOMEM and leaves the QP as it was (mlx5_wq_overflow; not in facts.md).
+//   - With NodeConfig.SRQReceives, an SRQ holds that many receives posted
+//     (a completion, once polled, gives its receive back); a message that
+//     finds none is NAKed RNR and retried for ever (rnr_retry 7): it waits
+//     at its INI, with every later send of the INI behind it, holding send
+//     queue slots, and is delivered once a receive is free; an INI moved to
+//     ERR flushes the waiting sends, and one whose TGT, SRQ or node goes
+//     fails the first as a post would and flushes the rest (IB's RNR NAK;
+//     not in facts.md). Process.PauseReceives stops a process's polls.
 //   - Process death (Kill or Close) closes all of the process's handles and
 //     CM ids at once, sending what the kernel sends.
 //   - A node's power-off (Node.PowerOff) kills its processes without
@@ -50,6 +58,9 @@
 // Simplifications, all deterministic: one mutex per fabric; no timers (a
 // retransmitted REQ after a REP-time stale hit is redelivered at once;
 // TIMEWAIT_EXIT follows DISCONNECTED without the ~2 s delay; a DREQ to a
-// node that is off times out at once, a request to it never); SRQs have unlimited posted receives; a bad SRQN leaves the TGT as
-// it was (the mlx5 responder's behaviour is an open point).
+// node that is off times out at once, a request to it never; sends waiting
+// for a receive are retried after every kernel operation, INIs in the order
+// of their nodes' addresses and numbers); SRQs have unlimited posted
+// receives unless NodeConfig.SRQReceives says otherwise; a bad SRQN leaves
+// the TGT as it was (the mlx5 responder's behaviour is an open point).
 package model

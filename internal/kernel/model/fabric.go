@@ -1,7 +1,9 @@
 package model
 
 import (
+	"cmp"
 	"context"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -40,11 +42,12 @@ type Fabric struct {
 	reuse  Reuse
 	nextH  uint64
 	nextID int
+	rnr    map[*qp]struct{} // INIs whose sends wait for a receive (NodeConfig.SRQReceives)
 }
 
 // NewFabric returns an empty fabric whose nodes reuse numbers by policy.
 func NewFabric(reuse Reuse) *Fabric {
-	return &Fabric{nodes: map[netip.Addr]*Node{}, reuse: reuse}
+	return &Fabric{nodes: map[netip.Addr]*Node{}, reuse: reuse, rnr: map[*qp]struct{}{}}
 }
 
 // NodeConfig configures a node.
@@ -53,6 +56,13 @@ type NodeConfig struct {
 	// SendQueueDepth is each INI's max_send_wr: PostSend fails with ENOMEM
 	// while that many sends wait to be polled (default DefaultSendQueueDepth).
 	SendQueueDepth int
+	// SRQReceives is how many receives each SRQ of the node holds posted:
+	// a message takes one, and its completion, once polled, gives it back
+	// (internal/kernel/real reposts as it polls). A message that finds none
+	// left is refused with an RNR NAK, which the INI retries for ever
+	// (rnr_retry 7): it waits at the INI, every later send of that INI
+	// behind it, until the receiver polls. 0: unlimited, no RNR.
+	SRQReceives int
 }
 
 // DefaultSendQueueDepth is an INI's send queue depth unless NodeConfig says
@@ -70,7 +80,7 @@ func (f *Fabric) AddNode(addr netip.Addr, cfg NodeConfig) *Node {
 		cfg.SendQueueDepth = DefaultSendQueueDepth
 	}
 	n := &Node{
-		f: f, addr: addr, xrc: !cfg.NoXRC, sqDepth: cfg.SendQueueDepth,
+		f: f, addr: addr, xrc: !cfg.NoXRC, sqDepth: cfg.SendQueueDepth, srqRecvs: cfg.SRQReceives,
 		qpns:      numbers{next: firstQPN, policy: f.reuse},
 		srqns:     numbers{next: firstSRQN, policy: f.reuse},
 		qps:       map[uint32]*qp{},
@@ -91,6 +101,8 @@ type Node struct {
 	addr      netip.Addr
 	xrc       bool
 	sqDepth   int // an INI's max_send_wr
+	srqRecvs  int // receives posted per SRQ; 0: unlimited
+	rnrNAKs   uint64
 	qpns      numbers
 	srqns     numbers
 	qps       map[uint32]*qp // live QPs (INI and TGT objects, not handles)
@@ -111,7 +123,7 @@ func (n *Node) NewProcess() *Process {
 	n.f.mu.Lock()
 	defer n.f.mu.Unlock()
 	n.f.nextID++
-	p := &Process{n: n, pid: n.f.nextID, handles: map[uint64]any{}, done: make(chan struct{})}
+	p := &Process{n: n, pid: n.f.nextID, handles: map[uint64]any{}, done: make(chan struct{}), resumed: newQueue[kernel.RecvCompletion]()}
 	n.procs = append(n.procs, p)
 	return p
 }
@@ -146,6 +158,15 @@ func (n *Node) QPCount() (ini, tgt int) {
 		}
 	}
 	return
+}
+
+// RNRNAKs is the number of times a message to one of the node's SRQs found
+// no receive posted (NodeConfig.SRQReceives): one for each try, a message
+// refused until the receiver polls counting as often as it was tried.
+func (n *Node) RNRNAKs() uint64 {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	return n.rnrNAKs
 }
 
 // TGTHandles is the kernel use count of the TGT numbered qpn (0 if none).
@@ -247,6 +268,7 @@ type xrcdHandle struct {
 type srq struct {
 	num  uint32
 	slot int // bytes per receive
+	cap  int // receives posted (NodeConfig.SRQReceives); 0: unlimited
 	d    *xrcd
 	via  *xrcdHandle
 	recv queue[kernel.RecvCompletion]
@@ -262,6 +284,9 @@ type qp struct {
 	d       *xrcd // TGT only
 	handles int   // TGT: kernel use count
 	sendq   *queue[kernel.SendCompletion]
+	// INI: sends refused for want of a receive (RNR), retried in order
+	// by retryRNR, with every later send behind them.
+	rnr []kernel.SendWR
 }
 
 type qpHandle struct {
@@ -325,6 +350,7 @@ func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*que
 			if len(q.items) > 0 {
 				q.signal() // another waiter may take the rest
 			}
+			f.retryRNR() // receives taken from an SRQ are posted again
 			f.mu.Unlock()
 			return k, nil
 		}
@@ -341,3 +367,45 @@ func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*que
 }
 
 func opErr(op string, errno syscall.Errno) error { return &verbs.OpError{Op: op, Err: errno} }
+
+// retryRNR delivers, in order, the sends that INIs hold for want of a
+// receive, as far as receives allow; under f.mu, after every operation
+// that may have changed what they wait for. An INI in ERR flushes them, one
+// reset or destroyed drops them; a send that now fails (its TGT, SRQ or
+// node gone) fails as at post time, and flushes the rest.
+func (f *Fabric) retryRNR() {
+	if len(f.rnr) == 0 {
+		return
+	}
+	waiting := slices.SortedFunc(maps.Keys(f.rnr), func(a, b *qp) int {
+		if c := a.n.addr.Compare(b.n.addr); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.num, b.num)
+	})
+	for _, q := range waiting {
+		for len(q.rnr) > 0 {
+			if q.n.qps[q.num] != q || q.state == verbs.QPStateReset {
+				q.rnr = nil
+				break
+			}
+			st := verbs.WCWRFlushErr
+			if q.state == verbs.QPStateRTS {
+				var wait bool
+				if st, wait = q.deliver(q.rnr[0]); wait {
+					break
+				}
+				if st != verbs.WCSuccess {
+					q.state = verbs.QPStateErr
+				}
+			}
+			q.sendq.push(kernel.SendCompletion{WRID: q.rnr[0].WRID, Status: st, QPNum: q.num})
+			q.rnr[0] = kernel.SendWR{}
+			q.rnr = q.rnr[1:]
+		}
+		if len(q.rnr) == 0 {
+			q.rnr = nil
+			delete(f.rnr, q)
+		}
+	}
+}

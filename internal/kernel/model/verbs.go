@@ -1,6 +1,7 @@
 package model
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"os"
@@ -19,9 +20,33 @@ type Process struct {
 	handles map[uint64]any // *xrcdHandle, *srq, *qpHandle, *cmid
 	closed  bool
 	done    chan struct{}
+	// recvPaused: PollRecv finds nothing (PauseReceives); resumed wakes
+	// its pollers. Under the fabric's lock.
+	recvPaused bool
+	resumed    queue[kernel.RecvCompletion]
 }
 
 var _ kernel.Kernel = (*Process)(nil)
+
+// PauseReceives makes the process stop taking messages from its SRQs, as a
+// process stopped (SIGSTOP) or stalled would, until ResumeReceives:
+// PollRecv finds nothing, the messages stay on the SRQs, and with
+// NodeConfig.SRQReceives the next ones wait at their senders' INIs. The
+// rest of the process runs on.
+func (p *Process) PauseReceives() {
+	p.lock()
+	defer p.unlock()
+	p.recvPaused = true
+}
+
+// ResumeReceives ends PauseReceives.
+func (p *Process) ResumeReceives() {
+	p.lock()
+	defer p.unlock()
+	p.recvPaused = false
+	p.resumed.close() // wakes every poller, to look again
+	p.resumed = newQueue[kernel.RecvCompletion]()
+}
 
 // Node is the node the process runs on.
 func (p *Process) Node() *Node { return p.n }
@@ -63,7 +88,7 @@ func destroyHandle[T any](p *Process, op string, h uint64, destroy func(T)) erro
 }
 
 func (p *Process) lock()   { p.n.f.mu.Lock() }
-func (p *Process) unlock() { p.n.f.mu.Unlock() }
+func (p *Process) unlock() { p.n.f.retryRNR(); p.n.f.mu.Unlock() }
 
 func (p *Process) add(o any) uint64 {
 	h := p.n.f.handle()
@@ -152,7 +177,7 @@ func (p *Process) CreateSRQ(h kernel.XRCD, slot int) (kernel.SRQ, uint32, error)
 	if slot <= 0 {
 		return 0, 0, opErr("ibv_create_srq_ex", syscall.EINVAL)
 	}
-	s := &srq{num: p.n.srqns.get(), slot: slot, d: x.d, via: x, recv: newQueue[kernel.RecvCompletion]()}
+	s := &srq{num: p.n.srqns.get(), slot: slot, cap: p.n.srqRecvs, d: x.d, via: x, recv: newQueue[kernel.RecvCompletion]()}
 	x.uses++
 	x.d.refs++
 	p.n.srqs[s.num] = s
@@ -322,16 +347,22 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 	for _, wr := range wrs {
 		// A full send queue refuses the rest of the chain; the QP stays as
 		// it is (mlx5_wq_overflow: a slot is free once its completion is
-		// polled).
-		if len(q.sendq.items) >= p.n.sqDepth {
+		// polled). Sends waiting for a receive (RNR) hold their slots.
+		if len(q.sendq.items)+len(q.rnr) >= p.n.sqDepth {
 			return opErr(op, syscall.ENOMEM)
 		}
-		st := verbs.WCWRFlushErr
-		if q.state == verbs.QPStateRTS {
-			st = q.deliver(wr)
-			if st != verbs.WCSuccess {
-				q.state = verbs.QPStateErr // one error flushes everything behind it
-			}
+		st, wait := verbs.WCWRFlushErr, len(q.rnr) > 0 // in order behind those waiting
+		if q.state == verbs.QPStateRTS && !wait {
+			st, wait = q.deliver(wr)
+		}
+		if wait {
+			wr.Payload = bytes.Clone(wr.Payload)
+			q.rnr = append(q.rnr, wr)
+			p.n.f.rnr[q] = struct{}{}
+			continue
+		}
+		if st != verbs.WCSuccess && q.state == verbs.QPStateRTS {
+			q.state = verbs.QPStateErr // one error flushes everything behind it
 		}
 		q.sendq.push(kernel.SendCompletion{WRID: wr.WRID, Status: st, QPNum: q.num})
 	}
@@ -339,23 +370,28 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 }
 
 // deliver carries one send from an INI to the SRQ it names, through the TGT
-// the INI is connected to.
-func (q *qp) deliver(wr kernel.SendWR) verbs.WCStatus {
+// the INI is connected to; wait: the SRQ has no receive posted (RNR).
+func (q *qp) deliver(wr kernel.SendWR) (_ verbs.WCStatus, wait bool) {
 	dst := q.n.f.nodes[q.remote]
 	if dst == nil || dst.off || q.n.off {
-		return verbs.WCRetryExcErr
+		return verbs.WCRetryExcErr, false
 	}
 	t := dst.qps[q.destQPN]
 	// A TGT that is gone, not ready, or now belongs to another connection
 	// (reused number) drops the packets: the sender retries and gives up.
 	if t == nil || t.typ != verbs.QPTypeXRCRecv || (t.state != verbs.QPStateRTR && t.state != verbs.QPStateRTS) ||
 		t.destQPN != q.num || t.remote != q.n.addr {
-		return verbs.WCRetryExcErr
+		return verbs.WCRetryExcErr, false
 	}
 	// Any SRQ of the TGT's domain, by the number the sender names.
 	s := dst.srqs[wr.RemoteSRQN]
 	if s == nil || s.d != t.d {
-		return verbs.WCRemInvReqErr
+		return verbs.WCRemInvReqErr, false
+	}
+	// No receive posted: the responder NAKs before it looks at the length.
+	if s.cap > 0 && len(s.recv.items) >= s.cap {
+		dst.rnrNAKs++
+		return verbs.WCSuccess, true
 	}
 	if len(wr.Payload) > s.slot {
 		// The receive it took is too short: it completes in error (a
@@ -364,10 +400,10 @@ func (q *qp) deliver(wr kernel.SendWR) verbs.WCStatus {
 		// error: do_class_ac_error, then rxe_qp_error).
 		s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Status: verbs.WCLocLenErr})
 		t.state = verbs.QPStateErr
-		return verbs.WCRemInvReqErr
+		return verbs.WCRemInvReqErr, false
 	}
 	s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Payload: clonePayload(wr.Payload), Status: verbs.WCSuccess})
-	return verbs.WCSuccess
+	return verbs.WCSuccess, false
 }
 
 func (p *Process) PollSend(ctx context.Context, h kernel.QP, out []kernel.SendCompletion) (int, error) {
@@ -388,6 +424,9 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 		s, err := lookup[*srq](p, "ibv_poll_cq", uint64(h))
 		if err != nil {
 			return nil, err
+		}
+		if p.recvPaused {
+			return &p.resumed, nil // never holds an item; signalled on resume
 		}
 		return &s.recv, nil
 	}, out)

@@ -2,6 +2,7 @@ package model
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -508,4 +509,105 @@ func TestModelMovesUpNeedACMID(t *testing.T) {
 	}
 	ok(t, sa.p.TransitionQP(ini, verbs.QPStateRTR, 0)) // where it is already: nothing to do
 	ok(t, sa.p.TransitionQP(ini, verbs.QPStateRTS, aid))
+}
+
+// Rule (NodeConfig.SRQReceives): a message that finds no receive posted on
+// its SRQ is NAKed RNR and retried for ever (rnr_retry 7): it waits at the
+// INI, with every later send of that INI behind it, also those for another
+// SRQ with receives to spare, and completes once the receiver's poll has
+// posted a receive again. Waiting sends hold send queue slots.
+func TestModelRNRWaitsForReceive(t *testing.T) {
+	f := NewFabric(ReuseLIFO)
+	a := f.AddNode(addrA, NodeConfig{SendQueueDepth: 6})
+	b := f.AddNode(addrB, NodeConfig{SRQReceives: 2})
+	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
+	other, otherN, err := sb.p.CreateSRQ(sb.d, testSlot)
+	ok(t, err)
+	k := physLink(t, sa, sb, listen(t, sb.p, kernel.ExchangeXRC))
+	wr := func(id uint64, srqn uint32) kernel.SendWR {
+		return kernel.SendWR{WRID: id, RemoteSRQN: srqn, Imm: uint32(id), Payload: []byte{byte(id)}}
+	}
+	ok(t, sa.p.PostSend(k.ini, []kernel.SendWR{wr(1, sb.srqn), wr(2, sb.srqn), wr(3, sb.srqn), wr(4, otherN)}))
+	var c [8]kernel.SendCompletion
+	if n := must[int](t)(sa.p.PollSend(ctxT(t), k.ini, c[:])); n != 2 || c[0].WRID != 1 || c[1].WRID != 2 {
+		t.Fatalf("completions %+v, want 1 and 2 only (3 finds no receive, 4 waits behind it)", c[:n])
+	}
+	ctx, cancel := contextShort()
+	defer cancel()
+	if n, err := sb.p.PollRecv(ctx, other, make([]kernel.RecvCompletion, 1)); err == nil {
+		t.Fatalf("the other SRQ got %d messages past the one waiting", n)
+	}
+	// 3 and 4 hold two of the six slots (1's and 2's are polled).
+	ok(t, sa.p.PostSend(k.ini, []kernel.SendWR{wr(5, sb.srqn), wr(6, sb.srqn), wr(7, sb.srqn), wr(8, sb.srqn)}))
+	if err := sa.p.PostSend(k.ini, []kernel.SendWR{wr(9, sb.srqn)}); !isErrno(err, syscall.ENOMEM) {
+		t.Fatalf("post past the depth with sends waiting: %v, want ENOMEM", err)
+	}
+	// Each receive polled takes one more waiting send in.
+	for _, want := range []uint32{1, 2, 3, 5, 6, 7, 8} {
+		if r := recv(t, sb); r.Imm != want || r.Status != verbs.WCSuccess {
+			t.Fatalf("received %+v, want imm %d", r, want)
+		}
+	}
+	if r := must[int](t)(sb.p.PollRecv(ctxT(t), other, make([]kernel.RecvCompletion, 1))); r != 1 {
+		t.Fatalf("the other SRQ: %d messages", r)
+	}
+	var got []uint64
+	for len(got) < 6 {
+		n := must[int](t)(sa.p.PollSend(ctxT(t), k.ini, c[:]))
+		for _, x := range c[:n] {
+			if x.Status != verbs.WCSuccess {
+				t.Fatalf("completion %+v", x)
+			}
+			got = append(got, x.WRID)
+		}
+	}
+	if fmt.Sprint(got) != "[3 4 5 6 7 8]" {
+		t.Fatalf("completions in order %v, want [3 4 5 6 7 8]", got)
+	}
+}
+
+// Rule: sends waiting for a receive end as posted sends do: an INI moved to
+// ERR flushes them in order; a receiver that dies takes its SRQ and TGT,
+// and the first waiting send then fails with the transport's retries
+// exhausted, the INI in ERR and the rest flushed.
+func TestModelRNRWaitingSendsEnd(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		end   func(sa, sb *side, k link)
+		first verbs.WCStatus
+	}{
+		{"INI to ERR", func(sa, _ *side, k link) { ok(t, sa.p.TransitionQP(k.ini, verbs.QPStateErr, 0)) }, verbs.WCWRFlushErr},
+		{"receiver dies", func(_, sb *side, _ link) { sb.p.Kill() }, verbs.WCRetryExcErr},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := NewFabric(ReuseLIFO)
+			a := f.AddNode(addrA, NodeConfig{})
+			b := f.AddNode(addrB, NodeConfig{SRQReceives: 1})
+			sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
+			k := physLink(t, sa, sb, listen(t, sb.p, kernel.ExchangeXRC))
+			var wrs []kernel.SendWR
+			for id := range uint64(4) {
+				wrs = append(wrs, kernel.SendWR{WRID: id, RemoteSRQN: sb.srqn, Payload: []byte{1}})
+			}
+			ok(t, sa.p.PostSend(k.ini, wrs))
+			var cs [8]kernel.SendCompletion
+			if n := must[int](t)(sa.p.PollSend(ctxT(t), k.ini, cs[:])); n != 1 || cs[0].Status != verbs.WCSuccess {
+				t.Fatalf("completions %+v, want the first only", cs[:n])
+			}
+			c.end(sa, sb, k)
+			n := must[int](t)(sa.p.PollSend(ctxT(t), k.ini, cs[:]))
+			want := []verbs.WCStatus{c.first, verbs.WCWRFlushErr, verbs.WCWRFlushErr}
+			if n != 3 {
+				t.Fatalf("completions %+v, want 3", cs[:n])
+			}
+			for i, x := range cs[:n] {
+				if x.WRID != uint64(i+1) || x.Status != want[i] {
+					t.Fatalf("completion %d: %+v, want WRID %d %v", i, x, i+1, want[i])
+				}
+			}
+			if info := must[kernel.QPInfo](t)(sa.p.QueryQP(k.ini)); info.State != verbs.QPStateErr {
+				t.Fatalf("INI in %v, want ERR", info.State)
+			}
+		})
+	}
 }
