@@ -297,6 +297,41 @@ func TestDataPathRNRWaitsLoseNothing(t *testing.T) {
 	t.Logf("receivers' node: %+v", node.Stats())
 }
 
+// stalledINI is a sender s whose INI to node 10.0.2.2 waits (RNR) behind a
+// paused receiver b: b's SRQ, which holds 4 receives, is full, and n
+// messages to b wait, with one to a, another process of the node, behind
+// them.
+type stalledINI struct {
+	s, a, b    *proc
+	toA, fromS *Conn // s to a
+	toB, atB   *Conn // s to b
+	ctx        context.Context
+	node       *memfabric.Node
+	n          int
+}
+
+func stallINI(t *testing.T) *stalledINI {
+	t.Helper()
+	w := newWorld(t)
+	x := &stalledINI{node: w.f.AddNode("10.0.2.2", memfabric.NodeConfig{SRQReceives: 4}), n: 12, ctx: ctxT(t, 10*time.Second)}
+	x.s = w.endpoint("10.0.2.1", 7000, longTimers)
+	x.a = w.endpoint("10.0.2.2", 7100, longTimers)
+	x.b = w.endpoint("10.0.2.2", 7101, longTimers)
+	x.toA, x.fromS = pair(t, x.s, x.a)
+	x.toB, x.atB = pair(t, x.s, x.b)
+	x.b.p.PauseReceives()
+	if err := sendSeq(x.ctx, x.toB, 0, x.n); err != nil { // within the window: no wait for credits
+		t.Fatal(err)
+	}
+	if x.node.Stats().RNRNAKs == 0 {
+		t.Fatalf("%d messages to a paused receiver whose SRQ holds 4 found receives", x.n)
+	}
+	if err := x.toA.Send(x.ctx, seqMsg(0)); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
 // A receiver that stops taking messages (stopped, or stalled) on a node
 // whose SRQs hold few receives: once its SRQ is full, the next message to
 // it waits at the sender's INI, and so does everything behind it, a
@@ -304,40 +339,41 @@ func TestDataPathRNRWaitsLoseNothing(t *testing.T) {
 // messages again; then all of it arrives, in order, with no recovery
 // (docs/xrc-protocol.md, "Flow control": the price of rnr_retry 7).
 func TestDataPathPausedReceiverHoldsUpItsNode(t *testing.T) {
-	w := newWorld(t)
-	node := w.f.AddNode("10.0.2.2", memfabric.NodeConfig{SRQReceives: 4})
-	s := w.endpoint("10.0.2.1", 7000, longTimers)
-	a := w.endpoint("10.0.2.2", 7100, longTimers)
-	b := w.endpoint("10.0.2.2", 7101, longTimers)
-	toA, fromS := pair(t, s, a)
-	toB, atB := pair(t, s, b)
-	ctx := ctxT(t, 10*time.Second)
-
-	b.p.PauseReceives()
-	const n = 12 // within the window: Send does not wait for credits
-	if err := sendSeq(ctx, toB, 0, n); err != nil {
-		t.Fatal(err)
-	}
-	if node.Stats().RNRNAKs == 0 {
-		t.Fatalf("%d messages to a paused receiver whose SRQ holds 4 found receives", n)
-	}
-	if err := toA.Send(ctx, seqMsg(0)); err != nil {
-		t.Fatal(err)
-	}
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	x := stallINI(t)
+	short, cancel := context.WithTimeout(x.ctx, 300*time.Millisecond)
 	defer cancel()
-	if _, err := fromS.Recv(short, make([]byte, 64)); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := x.fromS.Recv(short, make([]byte, 64)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("the other process's message while the INI waits: %v, want none", err)
 	}
-
-	b.p.ResumeReceives()
-	if err := recvSeq(ctx, fromS, 0, 1, nil); err != nil {
+	x.b.p.ResumeReceives()
+	if err := recvSeq(x.ctx, x.fromS, 0, 1, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := recvSeq(ctx, atB, 0, n, nil); err != nil {
+	if err := recvSeq(x.ctx, x.atB, 0, x.n, nil); err != nil {
 		t.Fatal(err)
 	}
-	if st := s.Stats(); st.Recoveries != 0 || st.Uplinks != 1 {
+	if st := x.s.Stats(); st.Recoveries != 0 || st.Uplinks != 1 {
 		t.Fatalf("sender %+v, want one uplink and no recovery", st)
+	}
+}
+
+// The paused receiver is killed instead (kill -9): the send waiting for its
+// SRQ fails (the SRQ is gone), the INI with it, and the recovery that
+// follows moves the other process's leg, which gets the message that waited
+// behind, and more; the connection to the dead fails.
+func TestDataPathPausedReceiverKilled(t *testing.T) {
+	x := stallINI(t)
+	x.b.p.Kill()
+	if err := sendErr(t, x.toB); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("the connection to the killed receiver: %v, want ErrPeerGone", err)
+	}
+	if err := recvSeq(x.ctx, x.fromS, 0, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := streamAll(x.ctx, []*Conn{x.toA}, []*Conn{x.fromS}, 1, 500); err != nil {
+		t.Fatal(err)
+	}
+	if st := x.s.Stats(); st.Recoveries != 1 || st.LegsMoved != 1 {
+		t.Fatalf("sender %+v, want one recovery moving the live leg", st)
 	}
 }
