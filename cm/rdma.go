@@ -481,9 +481,14 @@ func (d *device) expire(gen uint64) {
 	devices.Lock()
 	defer devices.Unlock()
 	if d.idle != nil && d.idleGen == gen {
-		d.endIdleLocked()
-		d.closeLocked()
+		d.closeIdleLocked()
 	}
+}
+
+// closeIdleLocked ends the device's idle time and closes it.
+func (d *device) closeIdleLocked() {
+	d.endIdleLocked()
+	d.closeLocked()
 }
 
 func (d *device) endIdleLocked() {
@@ -504,8 +509,7 @@ func CloseIdleDevices() {
 	defer devices.Unlock()
 	for _, d := range devices.m {
 		if d.idle != nil {
-			d.endIdleLocked()
-			d.closeLocked()
+			d.closeIdleLocked()
 		}
 	}
 }

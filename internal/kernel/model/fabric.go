@@ -395,11 +395,8 @@ func (f *Fabric) retryRNR() {
 				if st, wait = q.deliver(q.rnr[0]); wait {
 					break
 				}
-				if st != verbs.WCSuccess {
-					q.state = verbs.QPStateErr
-				}
 			}
-			q.sendq.push(kernel.SendCompletion{WRID: q.rnr[0].WRID, Status: st, QPNum: q.num})
+			q.complete(q.rnr[0].WRID, st)
 			q.rnr[0] = kernel.SendWR{}
 			q.rnr = q.rnr[1:]
 		}

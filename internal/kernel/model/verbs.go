@@ -361,12 +361,18 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 			p.n.f.rnr[q] = struct{}{}
 			continue
 		}
-		if st != verbs.WCSuccess && q.state == verbs.QPStateRTS {
-			q.state = verbs.QPStateErr // one error flushes everything behind it
-		}
-		q.sendq.push(kernel.SendCompletion{WRID: wr.WRID, Status: st, QPNum: q.num})
+		q.complete(wr.WRID, st)
 	}
 	return nil
+}
+
+// complete ends one send with st. A send that fails on an INI in RTS moves
+// it to ERR: one error flushes everything behind it.
+func (q *qp) complete(wrid uint64, st verbs.WCStatus) {
+	if st != verbs.WCSuccess && q.state == verbs.QPStateRTS {
+		q.state = verbs.QPStateErr
+	}
+	q.sendq.push(kernel.SendCompletion{WRID: wrid, Status: st, QPNum: q.num})
 }
 
 // deliver carries one send from an INI to the SRQ it names, through the TGT
