@@ -170,7 +170,11 @@ func removalChild(t *testing.T) {
 	}
 	require.NoError(t, req.ID.Close())
 	// Released before anything was closed: no verbs object, CM id,
-	// connection or goroutine is left.
+	// connection or goroutine is left. The device is closed, not kept
+	// idle (which waitObjects, closing idle devices first, would not see).
+	require.Eventually(t, func() bool { return cm.GlobalStats().Devices == base.cm.Devices }, 10*time.Second, 20*time.Millisecond,
+		"the removed device is still open")
+	require.Equal(t, base.cm.DevicesIdle, cm.GlobalStats().DevicesIdle, "the removed device idles")
 	waitObjects(t, base, 10*time.Second)
 
 	// Calls after the removal fail the same way; Close still works.
