@@ -57,8 +57,10 @@
 // CloseIdleDevices closes idle devices at once. Buffers over 1 MiB (the
 // default sizes take about 8.5 MiB a side) are registrations of their own;
 // a closed connection's are kept for the next connection of its sizes for
-// ten seconds, up to 128 MiB a device, and given back at once where the
-// kernel runs out of lockable memory (ProcessStats.BufferBytesKept).
+// ten seconds, up to 128 MiB a device (ProcessStats.BufferBytesKept). The
+// lock limit (RLIMIT_MEMLOCK) is the process's: where the kernel refuses a
+// registration for want of lockable memory, every device's kept buffers
+// and every other idle device go first, and it is tried once more.
 //
 // While a listener holds the device, a closed connection's queue pair and
 // completion queue are reset and kept, once the CM has left time-wait and

@@ -27,7 +27,8 @@ import (
 // for bigIdle at most and up to bigCacheBytes in all, so a few big
 // connections do not pin memory for the device's lifetime, and a
 // registration that fails for want of lockable memory first gives back the
-// kept ones.
+// kept ones, then what the rest of the process keeps (reclaim: other
+// devices' kept registrations, and idle devices).
 //
 // Blocks hold only local-write buffers: the peer never gets their keys, so
 // connections sharing a chunk, or a kept registration one after another,
@@ -82,8 +83,12 @@ type keptBlock struct {
 // regPool is a device's pool of registered buffer memory.
 type regPool struct {
 	register func(size int) (registration, error)
-	now      func() time.Time
-	idle     time.Duration // how long a kept registration waits
+	// reclaim gives back lockable memory held elsewhere in the process
+	// and reports whether there was any; it is called without mu (it
+	// takes other pools' locks). nil: nothing to reclaim.
+	reclaim func() bool
+	now     func() time.Time
+	idle    time.Duration // how long a kept registration waits
 
 	mu        sync.Mutex
 	free      map[int][]regBlock // by block size
@@ -108,8 +113,17 @@ func newPoolOn(register func(size int) (registration, error)) *regPool {
 	return &regPool{register: register, now: time.Now, idle: bigIdle, free: map[int][]regBlock{}}
 }
 
-// get returns a block of at least size bytes.
+// get returns a block of at least size bytes. A registration the kernel
+// refuses for want of lockable memory is tried once more after reclaim.
 func (p *regPool) get(size int) (regBlock, error) {
+	b, err := p.take(size)
+	if errors.Is(err, syscall.ENOMEM) && p.reclaim != nil && p.reclaim() {
+		b, err = p.take(size)
+	}
+	return b, err
+}
+
+func (p *regPool) take(size int) (regBlock, error) {
 	if size <= 0 {
 		return regBlock{}, errors.New("empty buffer")
 	}

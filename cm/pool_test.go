@@ -184,6 +184,42 @@ func TestPoolGivesBackKeptOnENOMEM(t *testing.T) {
 	require.False(t, p.dropKept(), "nothing left to give back")
 }
 
+// The memory lock limit is the process's: a registration refused on one
+// device's pool takes back what another keeps (reclaim, which cm points at
+// every other device's pool and the idle devices), then is made.
+func TestPoolReclaimsOnENOMEM(t *testing.T) {
+	p, regs, _ := testPool(t)
+	other := newPoolOn(regs.register) // another device's pool, on the same limit
+	regs.limit = 10 << 20
+	kept, err := other.get(8 << 20)
+	require.NoError(t, err)
+	require.NoError(t, other.put(kept))
+	calls := 0
+	p.reclaim = func() bool {
+		calls++
+		// Called without p's lock: reclaiming takes other pools' locks,
+		// and their own refused registrations take p's.
+		require.True(t, p.mu.TryLock(), "reclaim called with the pool locked")
+		p.mu.Unlock()
+		return other.dropKept()
+	}
+	small, err := p.get(64) // fits beside the kept 8 MiB
+	require.NoError(t, err)
+	require.Zero(t, calls, "nothing refused, nothing reclaimed")
+	big, err := p.get(4 << 20)
+	require.NoError(t, err, "the other pool's kept registration gave way")
+	require.Equal(t, 1, calls)
+	require.Len(t, big.buf, 4<<20)
+	require.False(t, other.dropKept(), "the other pool keeps nothing now")
+
+	_, err = p.get(8 << 20) // nothing left to reclaim: the kernel's error
+	require.ErrorIs(t, err, syscall.ENOMEM)
+	require.Equal(t, 2, calls)
+	require.NoError(t, p.put(small))
+	require.NoError(t, p.put(big))
+	require.NoError(t, other.close())
+}
+
 func TestPoolCloseDeregistersAll(t *testing.T) {
 	regs := &fakeRegs{}
 	p := newPoolOn(regs.register)

@@ -325,6 +325,7 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		qps: map[qpShape][]cachedQP{}, conns: map[*rdmaTransport]struct{}{},
 		portDown: map[uint8]bool{},
 	}
+	d.pool.reclaim = d.reclaimLockedMemory
 	globalStats.devices.Add(1)
 	if anchor.id != nil {
 		go d.watchAnchor()
@@ -514,6 +515,29 @@ func CloseIdleDevices() {
 	}
 }
 
+// reclaimLockedMemory gives back the lockable memory (RLIMIT_MEMLOCK) that
+// cm keeps for later connections, for a registration on d that the kernel
+// refused for want of it: every device's kept registrations, and every idle
+// device but d, with all its buffers. The limit is the process's, not a
+// device's. It reports whether anything was given back. The caller holds
+// no pool's lock.
+func (d *device) reclaimLockedMemory() bool {
+	freed := d.pool.dropKept()
+	devices.Lock()
+	defer devices.Unlock()
+	for _, o := range devices.m {
+		switch {
+		case o == d:
+		case o.idle != nil:
+			o.closeIdleLocked()
+			freed = true
+		default:
+			freed = o.pool.dropKept() || freed
+		}
+	}
+	return freed
+}
+
 // closeLocked destroys everything the device holds; no reference is left.
 func (d *device) closeLocked() {
 	if devices.m[d.name] == d {
@@ -697,8 +721,8 @@ func (t *rdmaTransport) regMem(size int, remoteWrite bool) (memory, error) {
 		access |= verbs.AccessRemoteWrite
 	}
 	mr, err := t.dev.pd.RegMR(size, access)
-	if errors.Is(err, syscall.ENOMEM) && t.dev.pool.dropKept() {
-		// The pool's kept buffers may be what took the lockable memory.
+	if errors.Is(err, syscall.ENOMEM) && t.dev.reclaimLockedMemory() {
+		// Buffers cm keeps may be what took the lockable memory.
 		mr, err = t.dev.pd.RegMR(size, access)
 	}
 	if err != nil {

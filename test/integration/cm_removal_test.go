@@ -62,11 +62,12 @@ func removalTest(t *testing.T, env string, child func(*testing.T)) {
 }
 
 // runChild runs t again in a child process (this test binary, with env set
-// so that t runs its checks there), logs the child's output and fails t
-// unless the child passed.
-func runChild(t *testing.T, env string) {
+// so that t runs its checks there; under the command wrap, if any), logs
+// the child's output and fails t unless the child passed.
+func runChild(t *testing.T, env string, wrap ...string) {
 	t.Helper()
-	child := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.timeout=120s")
+	args := append(wrap, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.timeout=120s")
+	child := exec.Command(args[0], args[1:]...)
 	child.Env = append(os.Environ(), env+"=1")
 	out, err := child.CombinedOutput()
 	t.Logf("child:\n%s", softroce.ChildOutput(out))

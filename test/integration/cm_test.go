@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -1217,15 +1216,7 @@ func TestCMAcceptedConnAddrs(t *testing.T) {
 func TestCMRegionTakesKeptBuffersMemory(t *testing.T) {
 	if os.Getenv("GOXRC_MEMLOCK_CHILD") != "1" {
 		softroce.Device(t)
-		setpriv, err := exec.LookPath("setpriv") // util-linux, on every Debian
-		require.NoError(t, err)
-		cmd := exec.Command(setpriv, "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock",
-			os.Args[0], "-test.run=^TestCMRegionTakesKeptBuffersMemory$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GOXRC_MEMLOCK_CHILD=1")
-		out, err := cmd.CombinedOutput()
-		t.Logf("child:\n%s", out)
-		require.NoError(t, err, "child")
-		require.Contains(t, string(out), "--- PASS: TestCMRegionTakesKeptBuffersMemory", "the child did not run the test")
+		runChild(t, "GOXRC_MEMLOCK_CHILD", withoutIPCLock...)
 		return
 	}
 	require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: 48 << 20, Max: 48 << 20}))
@@ -1267,5 +1258,86 @@ func TestCMRegionTakesKeptBuffersMemory(t *testing.T) {
 	}
 	wg.Wait()
 	require.NoError(t, l.Close())
+	waitObjects(t, base, 10*time.Second)
+}
+
+// withoutIPCLock runs a command without CAP_IPC_LOCK, so that the kernel
+// holds it to RLIMIT_MEMLOCK (it ignores the limit for root, who has it);
+// setpriv is util-linux's, on every Debian.
+var withoutIPCLock = []string{"setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"}
+
+// memVeth carries TestCMIdleDeviceGivesBackLockedMemory's second device.
+var memVeth = softroce.VethPair{
+	Name:     "vethml0",
+	Peer:     "vethml1",
+	Addr:     netip.MustParsePrefix("10.84.0.1/24"),
+	PeerAddr: netip.MustParsePrefix("10.84.0.2/24"),
+}
+
+const (
+	memDev           = "rxeml0"
+	memChildEnv      = "GOXRC_IDLE_MEMLOCK_CHILD"
+	memAcceptorsEnv  = "GOXRC_IDLE_MEMLOCK_ACCEPTORS"
+	memChildMemlock  = 14 << 20
+	memDefaultBuffer = 8 << 20 // a default-size end's buffers, at least
+)
+
+// TestCMIdleDeviceGivesBackLockedMemory: the lock limit (RLIMIT_MEMLOCK) is
+// the process's, and a device cm keeps open after its last connection keeps
+// that connection's buffers registered, so a connection on another device
+// may find the limit taken by the idle one. Its registration, refused,
+// closes the idle device and is made. (It failed with ENOMEM: only the same
+// device's kept buffers were given back.) A child process without
+// CAP_IPC_LOCK, limited to 14 MiB, dials at the default sizes (over 8 MiB
+// a side) to an acceptor process on rxe0, closes (rxe0 idles, its buffers
+// kept), then to one on a second device.
+func TestCMIdleDeviceGivesBackLockedMemory(t *testing.T) {
+	if os.Getenv(memChildEnv) != "" {
+		idleMemoryChild(t)
+		return
+	}
+	_, ip := softroce.Device(t)
+	_, err := softroce.Setup(memDev, memVeth)
+	require.NoError(t, err)
+	_, first := startVictim(t, "acceptor", netip.AddrPortFrom(ip, 0).String())
+	second, addr := startVictim(t, "acceptor", netip.AddrPortFrom(memVeth.Addr.Addr(), 0).String())
+	t.Setenv(memAcceptorsEnv, first+" "+addr)
+	runChild(t, memChildEnv, withoutIPCLock...)
+	// soft-RoCE's removal waits for every process on the device to exit.
+	second.Process.Kill()
+	second.Wait()
+	require.NoError(t, softroce.DeleteLink(memDev))
+	requireLinkGone(t, memDev, 30*time.Second)
+	require.NoError(t, softroce.DeleteVeth(memVeth.Name))
+}
+
+func idleMemoryChild(t *testing.T) {
+	addrs := strings.Fields(os.Getenv(memAcceptorsEnv))
+	require.Len(t, addrs, 2)
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: memChildMemlock, Max: memChildMemlock}))
+	base := baseline(t, "")
+	ctx := cmCtx(t, 60*time.Second)
+	dial := func(addr, msg string) *cm.Conn {
+		c, err := cm.Dial(ctx, addr)
+		require.NoError(t, err, "dial %s", addr)
+		require.NoError(t, c.Send(ctx, []byte(msg)))
+		buf := make([]byte, 64)
+		k, err := c.Recv(ctx, buf)
+		require.NoError(t, err)
+		require.Equal(t, msg, string(buf[:k]))
+		return c
+	}
+	c := dial(addrs[0], "on rxe0")
+	require.NoError(t, c.Close())
+	s := cm.GlobalStats()
+	require.Equal(t, base.cm.DevicesIdle+1, s.DevicesIdle, "rxe0 idles")
+	require.Greater(t, s.BufferBytesKept, int64(memDefaultBuffer), "with the connection's buffers kept")
+
+	c = dial(addrs[1], "on "+memDev) // needs the memory rxe0 keeps
+	s = cm.GlobalStats()
+	require.Equal(t, base.cm.Devices+1, s.Devices, "the idle rxe0 closed: only %s is open", memDev)
+	require.Equal(t, base.cm.DevicesIdle, s.DevicesIdle)
+	require.Zero(t, s.BufferBytesKept)
+	require.NoError(t, c.Close())
 	waitObjects(t, base, 10*time.Second)
 }
