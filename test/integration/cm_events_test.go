@@ -21,12 +21,7 @@ import (
 
 // eventsVeth carries the soft-RoCE device whose port TestCMPortEvents takes
 // down and up: a pair of its own, so the other tests' rxe0 stays up.
-var eventsVeth = softroce.VethPair{
-	Name:     "vethpe0",
-	Peer:     "vethpe1",
-	Addr:     netip.MustParsePrefix("10.81.0.1/24"),
-	PeerAddr: netip.MustParsePrefix("10.81.0.2/24"),
-}
+var eventsVeth = testVeth("vethpe", 81)
 
 const eventsDev = "rxepe0"
 

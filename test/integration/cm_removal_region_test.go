@@ -19,12 +19,7 @@ import (
 
 // regionVeth carries TestCMRemovedDeviceKeptForRegion's two devices: the one
 // removed on its first end, one added on its second.
-var regionVeth = softroce.VethPair{
-	Name:     "vethan0",
-	Peer:     "vethan1",
-	Addr:     netip.MustParsePrefix("10.83.0.1/24"),
-	PeerAddr: netip.MustParsePrefix("10.83.0.2/24"),
-}
+var regionVeth = testVeth("vethan", 83)
 
 const (
 	regionDev      = "rxean0"

@@ -22,14 +22,19 @@ import (
 
 // removalVeth carries the soft-RoCE device that TestCMDeviceRemoval removes:
 // a pair of its own, so the other tests' rxe0 stays.
-var removalVeth = softroce.VethPair{
-	Name:     "vethrm0",
-	Peer:     "vethrm1",
-	Addr:     netip.MustParsePrefix("10.79.0.1/24"),
-	PeerAddr: netip.MustParsePrefix("10.79.0.2/24"),
-}
+var removalVeth = testVeth("vethrm", 79)
 
 const removalDev = "rxerm0"
+
+// testVeth is the veth pair NAME0 (10.N.0.1/24) and NAME1 (10.N.0.2/24)
+// for a test's own soft-RoCE device, so that the other tests' rxe0 stays.
+func testVeth(name string, n byte) softroce.VethPair {
+	return softroce.VethPair{
+		Name: name + "0", Peer: name + "1",
+		Addr:     netip.PrefixFrom(netip.AddrFrom4([4]byte{10, n, 0, 1}), 24),
+		PeerAddr: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, n, 0, 2}), 24),
+	}
+}
 
 // removalChildEnv makes TestCMDeviceRemoval run its checks (see there).
 const removalChildEnv = "GOXRC_REMOVAL_CHILD"

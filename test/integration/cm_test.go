@@ -1267,12 +1267,7 @@ func TestCMRegionTakesKeptBuffersMemory(t *testing.T) {
 var withoutIPCLock = []string{"setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"}
 
 // memVeth carries TestCMIdleDeviceGivesBackLockedMemory's second device.
-var memVeth = softroce.VethPair{
-	Name:     "vethml0",
-	Peer:     "vethml1",
-	Addr:     netip.MustParsePrefix("10.84.0.1/24"),
-	PeerAddr: netip.MustParsePrefix("10.84.0.2/24"),
-}
+var memVeth = testVeth("vethml", 84)
 
 const (
 	memDev           = "rxeml0"
