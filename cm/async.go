@@ -45,7 +45,10 @@ func (d *device) handleAsync(ev verbs.AsyncEvent) {
 	case verbs.EventCQErr:
 		match = func(t *rdmaTransport) bool { return t.cq == ev.CQ }
 	case verbs.EventDeviceFatal:
-		d.removed() // an idle device has no connection to hear of it
+		// An idle device has no connection to hear of it. In a goroutine:
+		// removed takes devices' lock, under which closing an idle device
+		// waits for this reader to end.
+		go d.removed()
 		match = func(*rdmaTransport) bool { return true }
 	case verbs.EventPortErr, verbs.EventPortActive:
 		match = func(t *rdmaTransport) bool { return t.port == ev.Port }
