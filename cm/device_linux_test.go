@@ -1,0 +1,60 @@
+//go:build linux && cgo
+
+package cm
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/test/softroce"
+	"github.com/goxrc/goxrc/verbs"
+)
+
+// The device's async reader must never wait for devices' lock: closing an
+// idle device (its idle timer, CloseIdleDevices, a reclaim for locked
+// memory) holds that lock while it waits for the reader to end. A
+// DEVICE_FATAL marked the device removed from the reader itself, so the
+// reader waited for the lock whoever held it. Soft-RoCE raises no
+// DEVICE_FATAL, so the event is handed to the reader's handler here, with
+// the lock held as a closing would hold it. Runs in the VM (test/run-tests.sh,
+// VM_RACE), a real device being needed.
+func TestDeviceFatalReaderTakesNoDevicesLock(t *testing.T) {
+	_, ip := softroce.Device(t) // skips off the VM
+	CloseIdleDevices()
+	before := GlobalStats()
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	defer ch.Close()
+	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	require.NoError(t, err)
+	defer id.Close()
+	require.NoError(t, id.Bind(netip.AddrPortFrom(ip, 0)))
+	d, err := acquireDevice(id)
+	require.NoError(t, err)
+	d.release()
+	require.Equal(t, before.DevicesIdle+1, GlobalStats().DevicesIdle, "the device idles")
+
+	devices.Lock() // as a closing idle device holds it
+	handled := make(chan struct{})
+	go func() {
+		d.handleAsync(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
+		close(handled)
+	}()
+	select {
+	case <-handled:
+	case <-time.After(5 * time.Second):
+		devices.Unlock()
+		<-handled
+		t.Fatal("the async reader's DEVICE_FATAL waited for devices' lock")
+	}
+	devices.Unlock()
+	// Taken out of use and closed, at once rather than after its idle time.
+	require.Eventually(t, func() bool {
+		s := GlobalStats()
+		return s.Devices == before.Devices && s.DevicesIdle == before.DevicesIdle
+	}, 5*time.Second, 10*time.Millisecond, "the removed idle device did not close")
+}
