@@ -71,8 +71,13 @@ type Conn struct {
 	term         chan struct{} // the accepting term it was queued in (its acceptStop)
 	recvReleased bool
 	lastSeen     time.Time
-	goneAt       time.Time         // the sender's INI was torn down
-	goneDrains   uint64            // e.drains then
+	goneAt       time.Time // the sender's INI was torn down
+	goneDrains   uint64    // e.drains then
+	// sendGone: our sending leg ended with its receiver's endpoint gone
+	// (its MOVE refused NO_LISTENER) while the receiving leg waits for
+	// the peer's FIN that may still sit in the SRQ: what Send returns,
+	// and the failure once the SRQ has drained without it (the janitor).
+	sendGone     error
 	finRcvd      bool              // the peer's data ended (its FIN, half or not)
 	peerClosed   bool              // its FIN was not half: it closed
 	twoExchanges bool              // a dial that asks for the reverse leg by its own exchange (no FlagOneExchange; see Endpoint.Dial)
@@ -187,6 +192,8 @@ func (c *Conn) sendErrLocked(internal bool) error {
 		return c.err
 	case c.peerClosed && !internal:
 		return ErrPeerClosed
+	case c.sendGone != nil:
+		return c.sendGone
 	case !c.sendUp || c.sendDone:
 		return ErrClosed
 	}

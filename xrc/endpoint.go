@@ -163,6 +163,7 @@ type Endpoint struct {
 	recoveries  atomic.Uint64
 	moved       atomic.Uint64
 	drains      atomic.Uint64 // the number of the last poll that found the SRQ empty (its batch delivered)
+	goneSenders atomic.Int32  // connections whose sending leg ended with sendGone, waiting for a drain
 	polls       atomic.Uint64 // the receive loop's polls begun
 	pollMu      sync.Mutex
 	pollBase    context.Context    // the receive loop's polls' context, until kickPoll ends it
@@ -1308,6 +1309,9 @@ func (e *Endpoint) recvLoop() {
 		if n < len(wcs) {
 			e.drains.Store(seq)
 			e.acc.Reap()
+			if e.goneSenders.Load() > 0 {
+				e.endGoneSenders(seq)
+			}
 		}
 	}
 }
@@ -1387,11 +1391,35 @@ func (e *Endpoint) pollCtx() (base, ctx context.Context, cancel context.CancelFu
 	}
 	base = e.pollBase
 	e.pollMu.Unlock()
-	if !e.acc.Lingering() {
+	if !e.acc.Lingering() && e.goneSenders.Load() == 0 {
 		return base, base, nil
 	}
 	ctx, cancel = context.WithTimeout(base, lingerPoll)
 	return base, ctx, cancel
+}
+
+// endGoneSenders fails the connections whose sending leg ended with its
+// receiver's endpoint gone (sendGone) once poll seq, begun after that, has
+// found the SRQ empty: the peer's FIN, had it sent one, would have ended
+// them by now.
+func (e *Endpoint) endGoneSenders(seq uint64) {
+	var gone []*Conn
+	waiting := int32(0)
+	e.mu.Lock()
+	for c := range e.conns {
+		switch {
+		case c.sendGone == nil || c.failed():
+		case c.goneDrains < seq:
+			gone = append(gone, c)
+		default:
+			waiting++
+		}
+	}
+	e.goneSenders.Store(waiting)
+	e.mu.Unlock()
+	for _, c := range gone {
+		c.fail(c.sendGone)
+	}
 }
 
 // kickPoll ends the receive loop's poll under way, which may wait for ever
@@ -1528,7 +1556,13 @@ func (e *Endpoint) janitor() {
 		}
 		e.mu.Unlock()
 		for _, c := range dead {
-			c.fail(errIdle)
+			err := errIdle
+			e.mu.Lock()
+			if c.sendGone != nil {
+				err = c.sendGone
+			}
+			e.mu.Unlock()
+			c.fail(err)
 		}
 		for _, c := range beat {
 			c.post(kindHeartbeat, nil, nil)

@@ -3,7 +3,10 @@ package xrc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -310,4 +313,91 @@ func TestRecoverySlowReceiverWithLegsIdlesNoOther(t *testing.T) {
 		t.Fatalf("r1's first leg, whose PHYS_REQ timed out: %v, want ErrPeerGone", err)
 	}
 	roundTrip(t, s2, c2, []byte("again"))
+}
+
+// holdPolls holds the receive loop's polls, once hold is set, until
+// release is closed: a receive loop that has not run yet, with messages
+// waiting in the SRQ. A poll's deadline passing meanwhile is no drain: the
+// poll waits on.
+type holdPolls struct {
+	kernel.Kernel
+	hold    atomic.Bool
+	holding chan struct{} // closed when a poll is held
+	once    sync.Once
+	release chan struct{}
+}
+
+func (h *holdPolls) PollRecv(ctx context.Context, s kernel.SRQ, out []kernel.RecvCompletion) (int, error) {
+	if h.hold.Load() {
+		h.once.Do(func() { close(h.holding) })
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return 0, ctx.Err() // kicked, or the endpoint closed
+			}
+			<-h.release
+		}
+		if ctx.Err() != nil {
+			short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+			defer cancel()
+			ctx = short
+		}
+	}
+	return h.Kernel.PollRecv(ctx, s, out)
+}
+
+// A peer that sends, closes its connection and then its endpoint (its
+// listener gone, and with its last handle the TGT our INI reached) while
+// its last messages and FIN wait in our SRQ, not yet polled: our next post
+// (a keepalive) finds the INI failed, and the recovery's MOVE of our
+// sending leg is refused NO_LISTENER. That failed the connection at once,
+// releasing its receiving leg, so the waiting messages were dropped and
+// Recv failed (cm's TestFabricNetConnConformance/BasicIO, once in a CI
+// run). Now only the sending leg ends: the connection fails once a poll
+// begun after the refusal finds the SRQ empty, and here the FIN ends it
+// first: every message, then io.EOF. (A peer killed, with no FIN, still
+// fails at once: TestEndpointDialAfterTGTGone.)
+func TestPeerGoneWithFINQueuedEndsGracefully(t *testing.T) {
+	w := newWorld(t)
+	beat := func(c *Config) { c.Heartbeat, c.IdleTimeout = 20*time.Millisecond, 10*time.Second }
+	h := &holdPolls{holding: make(chan struct{}), release: make(chan struct{})}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(h.release)
+		}
+	}
+	defer release()
+	s := w.wrappedEndpoint("10.0.77.1", 7000, func(k kernel.Kernel) kernel.Kernel { h.Kernel = k; return h }, beat)
+	c := w.endpoint("10.0.77.2", 7001, beat)
+	cs, sc := pair(t, c, s)
+	ctx := ctxT(t, 10*time.Second)
+	h.hold.Store(true)
+	s.kickPoll() // the poll under way ends; the next one is held
+	<-h.holding
+	const n = 5
+	if err := sendSeq(ctx, cs, 0, n); err != nil {
+		t.Fatal(err)
+	}
+	cs.Close()
+	c.Close()
+	eventually(t, "the receiver's recovery of its uplink to the closed endpoint", func() (bool, string) {
+		st := s.Stats()
+		return st.Recoveries > 0 && st.Uplinks == 0, fmt.Sprintf("%+v", st)
+	})
+	if err := connErr(sc); err != nil {
+		t.Fatalf("failed before its SRQ was polled: %v", err)
+	}
+	if err := sc.Send(ctx, []byte("to the gone")); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send on the ended sending leg: %v, want ErrPeerGone", err)
+	}
+	release()
+	if err := recvSeq(ctx, sc, 0, n, nil); err != nil {
+		t.Fatalf("the messages queued before the peer's FIN: %v", err)
+	}
+	if _, err := sc.Recv(ctx, make([]byte, 64)); err != io.EOF {
+		t.Fatalf("after them: %v, want io.EOF", err)
+	}
 }

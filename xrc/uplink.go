@@ -835,6 +835,19 @@ func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.A
 		// peer may still need it to complete: its reverse leg).
 		c.dropSendLocked()
 		c.maybeFinishLocked()
+	case err != nil && errors.As(err, &rj) && rj.Reason == RejectNoListener && c.recvLeg != nil && c.recvUp && !c.recvReleased:
+		// The receiver's endpoint is gone, but what it sent before may
+		// still sit in our SRQ, its FIN among it (it closed the
+		// connection, then the endpoint, before our INI's failure reached
+		// us). Only the sending leg ends now: the FIN ends the connection,
+		// or the receive loop fails it at its next poll that finds the
+		// SRQ empty (endGoneSenders; the janitor too, as after a DREQ).
+		c.sendGone = fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err)
+		c.dropSendLocked()
+		c.wakeSendersLocked()
+		c.goneAt, c.goneDrains = time.Now(), e.polls.Load()
+		e.goneSenders.Add(1)
+		e.kickPoll() // the next polls have a deadline: an idle SRQ drains too
 	case err != nil:
 		c.failLocked(fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))
 	default:
