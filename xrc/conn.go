@@ -76,7 +76,8 @@ type Conn struct {
 	// sendGone: our sending leg ended with its receiver's endpoint gone
 	// (its MOVE refused NO_LISTENER) while the receiving leg waits for
 	// the peer's FIN that may still sit in the SRQ: what Send returns,
-	// and the failure once the SRQ has drained without it (the janitor).
+	// and the failure once the SRQ has drained without it
+	// (Endpoint.endGoneSenders).
 	sendGone     error
 	finRcvd      bool              // the peer's data ended (its FIN, half or not)
 	peerClosed   bool              // its FIN was not half: it closed

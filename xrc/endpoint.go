@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -1528,6 +1529,7 @@ func (e *Endpoint) janitor() {
 		last = now
 		drains := e.drains.Load()
 		var beat, dead []*Conn
+		var deadErr []error // errIdle, or the sendGone of a leg refused NO_LISTENER
 		e.mu.Lock()
 		for c := range e.conns {
 			if c.failed() {
@@ -1547,6 +1549,7 @@ func (e *Endpoint) janitor() {
 					now.Sub(c.goneAt) > e.cfg.IdleTimeout/2)
 				if now.Sub(c.lastSeen) > e.cfg.IdleTimeout || gone {
 					dead = append(dead, c)
+					deadErr = append(deadErr, cmp.Or(c.sendGone, errIdle))
 					continue
 				}
 			}
@@ -1555,14 +1558,8 @@ func (e *Endpoint) janitor() {
 			}
 		}
 		e.mu.Unlock()
-		for _, c := range dead {
-			err := errIdle
-			e.mu.Lock()
-			if c.sendGone != nil {
-				err = c.sendGone
-			}
-			e.mu.Unlock()
-			c.fail(err)
+		for i, c := range dead {
+			c.fail(deadErr[i])
 		}
 		for _, c := range beat {
 			c.post(kindHeartbeat, nil, nil)

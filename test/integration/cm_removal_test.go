@@ -71,7 +71,7 @@ func removalTest(t *testing.T, env string, child func(*testing.T)) {
 // the child's output and fails t unless the child passed.
 func runChild(t *testing.T, env string, wrap ...string) {
 	t.Helper()
-	args := append(wrap, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.timeout=120s")
+	args := slices.Concat(wrap, []string{os.Args[0], "-test.run=^" + t.Name() + "$", "-test.v", "-test.timeout=120s"})
 	child := exec.Command(args[0], args[1:]...)
 	child.Env = append(os.Environ(), env+"=1")
 	out, err := child.CombinedOutput()
