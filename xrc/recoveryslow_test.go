@@ -347,18 +347,31 @@ func (h *holdPolls) PollRecv(ctx context.Context, s kernel.SRQ, out []kernel.Rec
 	return h.Kernel.PollRecv(ctx, s, out)
 }
 
-// A peer that sends, closes its connection and then its endpoint (its
-// listener gone, and with its last handle the TGT our INI reached) while
-// its last messages and FIN wait in our SRQ, not yet polled: our next post
-// (a keepalive) finds the INI failed, and the recovery's MOVE of our
-// sending leg is refused NO_LISTENER. That failed the connection at once,
-// releasing its receiving leg, so the waiting messages were dropped and
-// Recv failed (cm's TestFabricNetConnConformance/BasicIO, once in a CI
-// run). Now only the sending leg ends: the connection fails once a poll
-// begun after the refusal finds the SRQ empty, and here the FIN ends it
-// first: every message, then io.EOF. (A peer killed, with no FIN, still
-// fails at once: TestEndpointDialAfterTGTGone.)
+// A peer that sends, closes its connection and then its endpoint while its
+// last messages and FIN wait in our SRQ, not yet polled, and our next post
+// (a keepalive) tells us its receive queue is gone. That failed the
+// connection at once, releasing its receiving leg, so the waiting messages
+// were dropped and Recv failed. Now only the sending leg ends: the
+// connection fails once a poll begun after that finds the SRQ empty, and
+// here the FIN ends it first: every message, then io.EOF. (A peer killed,
+// with no FIN, still fails at once: TestEndpointDialAfterTGTGone.)
+//
+// "TGT gone": the peer's last handle on the TGT our INI reached went with
+// its endpoint; the post finds the INI failed, and the recovery's MOVE of
+// our sending leg is refused NO_LISTENER (cm's
+// TestFabricNetConnConformance/BasicIO, once in a CI run). "TGT shared":
+// another process of the peer's node holds the TGT, so the post itself
+// completes with "remote invalid request" (found by a review); the other
+// process's connection goes on.
 func TestPeerGoneWithFINQueuedEndsGracefully(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "TGT gone", true: "TGT shared"}[shared], func(t *testing.T) {
+			testPeerGoneWithFINQueued(t, shared)
+		})
+	}
+}
+
+func testPeerGoneWithFINQueued(t *testing.T, shared bool) {
 	w := newWorld(t)
 	beat := func(c *Config) { c.Heartbeat, c.IdleTimeout = 20*time.Millisecond, 10*time.Second }
 	h := &holdPolls{holding: make(chan struct{}), release: make(chan struct{})}
@@ -373,6 +386,11 @@ func TestPeerGoneWithFINQueuedEndsGracefully(t *testing.T) {
 	s := w.wrappedEndpoint("10.0.77.1", 7000, func(k kernel.Kernel) kernel.Kernel { h.Kernel = k; return h }, beat)
 	c := w.endpoint("10.0.77.2", 7001, beat)
 	cs, sc := pair(t, c, s)
+	var cs2, sc2 *Conn
+	if shared {
+		cs2, sc2 = pair(t, w.endpoint("10.0.77.2", 7002, beat), s) // the same node: the same TGT
+		roundTrip(t, sc2, cs2, []byte("shared"))
+	}
 	ctx := ctxT(t, 10*time.Second)
 	h.hold.Store(true)
 	s.kickPoll() // the poll under way ends; the next one is held
@@ -385,7 +403,7 @@ func TestPeerGoneWithFINQueuedEndsGracefully(t *testing.T) {
 	c.Close()
 	eventually(t, "the receiver's recovery of its uplink to the closed endpoint", func() (bool, string) {
 		st := s.Stats()
-		return st.Recoveries > 0 && st.Uplinks == 0, fmt.Sprintf("%+v", st)
+		return st.Recoveries > 0 && (shared || st.Uplinks == 0), fmt.Sprintf("%+v", st)
 	})
 	if err := connErr(sc); err != nil {
 		t.Fatalf("failed before its SRQ was polled: %v", err)
@@ -399,5 +417,8 @@ func TestPeerGoneWithFINQueuedEndsGracefully(t *testing.T) {
 	}
 	if _, err := sc.Recv(ctx, make([]byte, 64)); err != io.EOF {
 		t.Fatalf("after them: %v, want io.EOF", err)
+	}
+	if shared {
+		roundTrip(t, sc2, cs2, []byte("the sharer's connection goes on"))
 	}
 }

@@ -504,8 +504,9 @@ func (e *Endpoint) startINI(u *uplink, q *iniQP) {
 }
 
 // pollSend hands each send completion to its waiter. An error moves the
-// uplink to RECOVERING; a send to an SRQ that is gone (the receiver died)
-// also ends that connection.
+// uplink to RECOVERING; a send to an SRQ that is gone (the receiver's
+// endpoint closed or died) also ends that connection, or only its sending
+// leg while its receiving leg is up (endSendingLegLocked).
 func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 	var wcs [32]kernel.SendCompletion
 	for {
@@ -534,7 +535,7 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 				w.c.completedLocked(w.seq)
 			}
 			if wc.Status != verbs.WCSuccess {
-				if wc.Status == verbs.WCRemInvReqErr && ok {
+				if wc.Status == verbs.WCRemInvReqErr && ok && !e.endSendingLegLocked(w.c, errSRQGone) {
 					w.c.failLocked(errSRQGone)
 				}
 				e.failINILocked(u, q)
@@ -545,6 +546,32 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			}
 		}
 	}
+}
+
+// endSendingLegLocked ends only c's sending leg, with err, when its
+// receiver's endpoint is gone but c's receiving leg is up: what the receiver
+// sent before it closed may still sit in our SRQ, its FIN among it (it closed
+// the connection, then the endpoint, before our failed post or MOVE told us).
+// The FIN ends the connection, or the receive loop fails it with err at its
+// next poll that finds the SRQ empty (endGoneSenders; the janitor too, as
+// after a DREQ). The receiver's end shows as a refused MOVE (NO_LISTENER)
+// when the TGT died with it, and as a post completing with "remote invalid
+// request" when another process of its node still holds the TGT. It reports
+// false, doing nothing, when c has no receiving leg up.
+func (e *Endpoint) endSendingLegLocked(c *Conn, err error) bool {
+	if c.recvLeg == nil || !c.recvUp || c.recvReleased {
+		return false
+	}
+	if c.sendGone != nil {
+		return true
+	}
+	c.sendGone = err
+	c.dropSendLocked()
+	c.wakeSendersLocked()
+	c.goneAt, c.goneDrains = time.Now(), e.polls.Load()
+	e.goneSenders.Add(1)
+	e.kickPoll() // the next polls have a deadline: an idle SRQ drains too
+	return true
 }
 
 // failINILocked starts the recovery of u if q is its current INI.
@@ -835,19 +862,9 @@ func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.A
 		// peer may still need it to complete: its reverse leg).
 		c.dropSendLocked()
 		c.maybeFinishLocked()
-	case err != nil && errors.As(err, &rj) && rj.Reason == RejectNoListener && c.recvLeg != nil && c.recvUp && !c.recvReleased:
-		// The receiver's endpoint is gone, but what it sent before may
-		// still sit in our SRQ, its FIN among it (it closed the
-		// connection, then the endpoint, before our INI's failure reached
-		// us). Only the sending leg ends now: the FIN ends the connection,
-		// or the receive loop fails it at its next poll that finds the
-		// SRQ empty (endGoneSenders; the janitor too, as after a DREQ).
-		c.sendGone = fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err)
-		c.dropSendLocked()
-		c.wakeSendersLocked()
-		c.goneAt, c.goneDrains = time.Now(), e.polls.Load()
-		e.goneSenders.Add(1)
-		e.kickPoll() // the next polls have a deadline: an idle SRQ drains too
+	case err != nil && errors.As(err, &rj) && rj.Reason == RejectNoListener && e.endSendingLegLocked(c, fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err)):
+		// The receiver's endpoint is gone (with the TGT our old INI
+		// reached); only the sending leg ended.
 	case err != nil:
 		c.failLocked(fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))
 	default:
