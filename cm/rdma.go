@@ -264,6 +264,18 @@ func newAnchor(of *rdmacm.ID) (anchor, error) {
 	return a, nil
 }
 
+// regProbes registers a device's two probe buffers (see probeLen).
+func regProbes(pd *verbs.PD) (target, sink *verbs.MR, err error) {
+	if target, err = pd.RegMR(probeLen, verbs.AccessRemoteRead); err != nil {
+		return nil, nil, err
+	}
+	if sink, err = pd.RegMR(probeLen, verbs.AccessLocalWrite); err != nil {
+		target.Close()
+		return nil, nil, err
+	}
+	return target, sink, nil
+}
+
 func (a anchor) close() {
 	if a.id != nil {
 		a.id.Close()
@@ -304,12 +316,11 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		anchor.close()
 		return nil, err
 	}
-	target, err := pd.RegMR(probeLen, verbs.AccessRemoteRead)
-	var sink *verbs.MR
-	if err == nil {
-		if sink, err = pd.RegMR(probeLen, verbs.AccessLocalWrite); err != nil {
-			target.Close()
-		}
+	target, sink, err := regProbes(pd)
+	if errors.Is(err, syscall.ENOMEM) && reclaimLockedMemoryLocked(nil) {
+		// Another device, idle or keeping buffers, may hold the
+		// process's lockable memory (see reclaimLockedMemory).
+		target, sink, err = regProbes(pd)
 	}
 	if err != nil {
 		cc.Close()
@@ -525,9 +536,15 @@ func (d *device) reclaimLockedMemory() bool {
 	freed := d.pool.dropKept()
 	devices.Lock()
 	defer devices.Unlock()
+	return reclaimLockedMemoryLocked(d) || freed
+}
+
+// reclaimLockedMemoryLocked gives back what every device but except keeps:
+// idle ones close, the others drop their kept registrations.
+func reclaimLockedMemoryLocked(except *device) (freed bool) {
 	for _, o := range devices.m {
 		switch {
-		case o == d:
+		case o == except:
 		case o.idle != nil:
 			o.closeIdleLocked()
 			freed = true

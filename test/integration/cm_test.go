@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -1285,7 +1286,10 @@ const (
 // device's kept buffers were given back.) A child process without
 // CAP_IPC_LOCK, limited to 14 MiB, dials at the default sizes (over 8 MiB
 // a side) to an acceptor process on rxe0, closes (rxe0 idles, its buffers
-// kept), then to one on a second device.
+// kept), then to one on a second device. Then, the second device idle with
+// its buffers and the limit lowered to leave one page, it dials rxe0 again,
+// at small sizes: a new device's first registrations (its probe buffers)
+// are refused and close the idle device too (they failed with ENOMEM).
 func TestCMIdleDeviceGivesBackLockedMemory(t *testing.T) {
 	if os.Getenv(memChildEnv) != "" {
 		idleMemoryChild(t)
@@ -1312,8 +1316,8 @@ func idleMemoryChild(t *testing.T) {
 	require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: memChildMemlock, Max: memChildMemlock}))
 	base := baseline(t, "")
 	ctx := cmCtx(t, 60*time.Second)
-	dial := func(addr, msg string) *cm.Conn {
-		c, err := cm.Dial(ctx, addr)
+	dial := func(addr, msg string, opts ...cm.Option) *cm.Conn {
+		c, err := cm.Dial(ctx, addr, opts...)
 		require.NoError(t, err, "dial %s", addr)
 		require.NoError(t, c.Send(ctx, []byte(msg)))
 		buf := make([]byte, 64)
@@ -1334,5 +1338,29 @@ func idleMemoryChild(t *testing.T) {
 	require.Equal(t, base.cm.DevicesIdle, s.DevicesIdle)
 	require.Zero(t, s.BufferBytesKept)
 	require.NoError(t, c.Close())
+
+	limit := pinnedBytes(t) + 4096 // the next pinned page is the last
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: limit, Max: limit}))
+	c = dial(addrs[0], "on rxe0 again", cm.WithMessageSize(64), cm.WithQueueDepth(2))
+	s = cm.GlobalStats()
+	require.Equal(t, base.cm.Devices+1, s.Devices, "the idle %s closed: only rxe0 is open", memDev)
+	require.Equal(t, base.cm.DevicesIdle, s.DevicesIdle)
+	require.NoError(t, c.Close())
 	waitObjects(t, base, 10*time.Second)
+}
+
+// pinnedBytes is the memory the process has pinned (VmPin: what RDMA
+// registrations hold against RLIMIT_MEMLOCK).
+func pinnedBytes(t *testing.T) uint64 {
+	status, err := os.ReadFile("/proc/self/status")
+	require.NoError(t, err)
+	for line := range strings.Lines(string(status)) {
+		if v, ok := strings.CutPrefix(line, "VmPin:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			require.NoError(t, err, "VmPin: %q", v)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmPin in /proc/self/status")
+	return 0
 }
