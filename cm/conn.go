@@ -263,7 +263,7 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		deferred:  make([]int, 0, p.recvSlots),
 		flushBuf:  make([]int, 0, p.recvSlots),
 		sigEvery:  sigInterval(p.sendSlots, p.raw),
-		recvBatch: repostBatch(p.recvSlots),
+		recvBatch: repostBatch(min(p.recvSlots, p.peerSlots)),
 		graceful:  make(chan struct{}),
 		finDone:   make(chan struct{}),
 		freed:     make(chan struct{}),
@@ -306,10 +306,10 @@ func sigInterval(sendSlots int, raw bool) int {
 }
 
 // repostBatch is how many consumed receive buffers are reposted in one
-// chain. It stays well below the credit return threshold (half the
-// buffers); a starved peer gets its buffers back at once (recycle).
-func repostBatch(recvSlots int) int {
-	return max(1, recvSlots/4)
+// chain. It stays well below the credit return threshold (half the peer's
+// window); a starved peer gets its buffers back at once (recycle).
+func repostBatch(window int) int {
+	return max(1, window/4)
 }
 
 // LocalAddr returns the local address.
@@ -604,13 +604,20 @@ func (c *Conn) returnCredits() {
 }
 
 // creditsDueLocked reports whether a credit frame is due at once: half
-// our receive buffers wait to be returned for messages the application
-// consumed, or some do and the peer is starved. Buffers that held control
+// the peer's window waits to be returned for messages the application
+// consumed, or some does and the peer is starved. Buffers that held control
 // frames do not count (see persist).
 func (c *Conn) creditsDueLocked() bool {
 	data := c.pending - c.ctrlPending
-	return data > 0 && (data >= c.recvSlots/2 || c.peerStarved)
+	return data > 0 && (data >= c.peerWindow()/2 || c.peerStarved)
 }
+
+// peerWindow is how many frames the peer may have in flight to us: our
+// receive buffers, or fewer where its queue is shorter. Both sides take
+// the smaller depth plus one in the handshake (agree), so it is also our
+// credit ceiling, peerSlots. Credits and reposts go by it: a peer with a
+// smaller window never has half our buffers in flight.
+func (c *Conn) peerWindow() int { return min(c.recvSlots, c.peerSlots) }
 
 // noteCreditsLocked updates creditsDue after what creditsDueLocked reads
 // changed, and arms the persist timer when a peer that was short when it

@@ -322,6 +322,7 @@ func (c *Conn) agree(h hello, cfg config) {
 	c.maxSend = min(cfg.messageSize, int(h.maxMessage))
 	c.peerSlots = min(int(h.queueDepth)+1, cap(c.freeSend))
 	c.credits = c.peerSlots
+	c.recvBatch = repostBatch(c.peerWindow())
 	c.peerProbe = h.probe
 }
 

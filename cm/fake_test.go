@@ -446,13 +446,17 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 	if o.raw {
 		hdr = 0
 	}
-	// Each side posts depth+1 receives (one for credit returns); a sender
-	// needs as many send slots as the peer has receives.
+	// Sized as Dial (side 0) and Accept (side 1) size them: each side
+	// posts depth+1 receives (one for credit returns); the dialer has as
+	// many send slots, the acceptor no more than the dialer has receives,
+	// and each may have the smaller depth plus one frames in flight to the
+	// other (agree).
 	recvSlots := [2]int{o.depth[0] + 1, o.depth[1] + 1}
-	sendSlots := [2]int{recvSlots[1], recvSlots[0]}
+	sendSlots := [2]int{recvSlots[0], min(recvSlots[0], recvSlots[1])}
+	window := [2]int{min(recvSlots[0], recvSlots[1]), min(recvSlots[0], recvSlots[1])}
 	if o.raw {
 		recvSlots = [2]int{o.depth[0], o.depth[1]}
-		sendSlots = recvSlots
+		sendSlots, window = recvSlots, [2]int{recvSlots[1], recvSlots[0]}
 	}
 	maxSend := [2]int{min(o.msgSize[0], o.msgSize[1]), min(o.msgSize[0], o.msgSize[1])}
 	w := newFakeWire(sendSlots, recvSlots, [2]int{maxSend[0] + hdr, maxSend[1] + hdr})
@@ -462,7 +466,7 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 	var conns [2]*Conn
 	for i := range conns {
 		c, err := newConn(w.ends[i], fakeAddr(fmt.Sprintf("side%d", i)), fakeAddr(fmt.Sprintf("side%d", 1-i)), connParams{
-			raw: o.raw, sendSlots: sendSlots[i], recvSlots: recvSlots[i], peerSlots: recvSlots[1-i],
+			raw: o.raw, sendSlots: sendSlots[i], recvSlots: recvSlots[i], peerSlots: window[i],
 			maxSend: maxSend[i], maxRecv: maxSend[1-i], timeout: 2 * time.Second, keepalive: o.keepalive,
 			busyPoll: o.busyPoll,
 		})
