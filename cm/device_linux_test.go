@@ -58,3 +58,34 @@ func TestDeviceFatalReaderTakesNoDevicesLock(t *testing.T) {
 		return s.Devices == before.Devices && s.DevicesIdle == before.DevicesIdle
 	}, 5*time.Second, 10*time.Millisecond, "the removed idle device did not close")
 }
+
+// A device with no anchor (its address leads librdmacm to another device
+// first: one address on two devices) closes at its last release instead of
+// idling: nothing would hear of its removal meanwhile, and the connection's
+// id, destroyed right after, may be the last one holding librdmacm's
+// context, which its kept objects must not outlive (found by a review).
+// Soft-RoCE gives each netdev one device, so the anchor is taken away here.
+// Runs in the VM.
+func TestDeviceWithoutAnchorIsNotKept(t *testing.T) {
+	_, ip := softroce.Device(t) // skips off the VM
+	CloseIdleDevices()
+	before := GlobalStats()
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	defer ch.Close()
+	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	require.NoError(t, err)
+	defer id.Close()
+	require.NoError(t, id.Bind(netip.AddrPortFrom(ip, 0)))
+	d, err := acquireDevice(id)
+	require.NoError(t, err)
+	require.NotNil(t, d.anchor.id, "a device on soft-RoCE has its anchor")
+	devices.Lock()
+	d.anchor.close()
+	d.anchor = anchor{}
+	devices.Unlock()
+	d.release()
+	s := GlobalStats()
+	require.Equal(t, before.DevicesIdle, s.DevicesIdle, "the device was kept idle")
+	require.Equal(t, before.Devices, s.Devices, "the device is still open")
+}

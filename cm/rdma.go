@@ -240,7 +240,8 @@ type anchor struct {
 
 // newAnchor binds an anchor to the address of, an id on the device. An
 // address that leads to another device (one address on two devices) gives
-// no anchor, and no error: the device works without one until it is removed.
+// no anchor, and no error: the device works without one, but is not kept
+// idle (see release).
 func newAnchor(of *rdmacm.ID) (anchor, error) {
 	ch, err := rdmacm.NewEventChannel()
 	if err != nil {
@@ -339,7 +340,7 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 	d.pool.reclaim = d.reclaimLockedMemory
 	globalStats.devices.Add(1)
 	if anchor.id != nil {
-		go d.watchAnchor()
+		go d.watchAnchor(anchor.id)
 	}
 	go d.pump()
 	if events := vctx.AsyncEvents(); events != nil {
@@ -352,9 +353,9 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 
 // watchAnchor hears of the device's removal through the anchor, the one id
 // an idle device has; it ends when the anchor closes.
-func (d *device) watchAnchor() {
+func (d *device) watchAnchor(id *rdmacm.ID) {
 	for {
-		ev, err := d.anchor.id.Event(context.Background())
+		ev, err := id.Event(context.Background())
 		if err != nil {
 			return
 		}
@@ -477,7 +478,10 @@ func (d *device) release() {
 	if d.refs > 0 {
 		return
 	}
-	if d.gone {
+	if d.gone || d.anchor.id == nil {
+		// With no anchor nothing hears of a removal, and the id of the
+		// connection that let the device go, destroyed next, may be the
+		// last one holding librdmacm's context: it is not kept.
 		d.closeLocked()
 		return
 	}
