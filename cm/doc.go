@@ -53,8 +53,10 @@
 // their buffers from a pool of large registrations; all of it lives while a
 // connection, a listener or a Region on the device does, and ten seconds
 // more (ProcessStats.DevicesIdle), so that a process that only dials does
-// not open the device and register its buffers again for each connection;
-// CloseIdleDevices closes idle devices at once. Buffers over 1 MiB (the
+// not open the device and register its buffers again for each connection
+// (unless cm cannot watch it for removal: an address that librdmacm binds
+// to another device first, one address on two devices); CloseIdleDevices
+// closes idle devices at once. Buffers over 1 MiB (the
 // default sizes take about 8.5 MiB a side) are registrations of their own;
 // a closed connection's are kept for the next connection of its sizes for
 // ten seconds, up to 128 MiB a device (ProcessStats.BufferBytesKept). The
