@@ -979,6 +979,7 @@ func TestOptionsRefused(t *testing.T) {
 		{WithBusyPoll(-time.Second), "busy-poll"},
 		{WithKeepalive(-time.Second), "keepalive"},
 		{WithBacklog(-1), "backlog"},
+		{WithBacklog(math.MaxInt), "backlog"},
 	} {
 		_, err := newConfig([]Option{tc.opt})
 		require.ErrorContains(t, err, tc.want)

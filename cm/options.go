@@ -152,8 +152,8 @@ func newConfig(opts []Option) (config, error) {
 		return c, fmt.Errorf("cm: negative busy-poll time")
 	case c.keepalive < 0:
 		return c, fmt.Errorf("cm: negative keepalive interval")
-	case c.backlog < 0:
-		return c, fmt.Errorf("cm: negative backlog %d", c.backlog)
+	case c.backlog < 0 || c.backlog > maxBacklog:
+		return c, fmt.Errorf("cm: backlog %d out of range 0..%d", c.backlog, maxBacklog)
 	}
 	return c, nil
 }
@@ -267,13 +267,19 @@ func WithRawMessages() Option { return func(c *config) { c.raw = true } }
 func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepalive = d } }
 
 // WithBacklog bounds a listener's connections in progress: handshakes under
-// way plus connections waiting for Accept (default 1024; 0 counts as 1).
+// way plus connections waiting for Accept (default 1024, at most 65535; 0
+// counts as 1).
 // A request beyond it is rejected at once, as a full TCP accept queue drops
 // SYNs: each one costs a QP and registered buffers before its dialer has
 // proved anything. It is also the backlog given to rdma_listen. Over XRC
 // the engine's own bound applies instead (256 inbound connections not yet
 // accepted; requests beyond are refused with BUSY_RETRY).
 func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
+
+// maxBacklog bounds WithBacklog: the queue of connections waiting for
+// Accept is allocated at its size (a huge one panicked Listen after its
+// id was listening), and the kernel caps rdma_listen's backlog far below.
+const maxBacklog = 1<<16 - 1
 
 // WithBusyPoll sets how long a waiting Send or Recv polls the completion
 // queue before sleeping (default DefaultBusyPoll), once the connection has
