@@ -235,7 +235,7 @@ func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSi
 	if err != nil {
 		return nil, opError("listen", Addr{local}, err)
 	}
-	xl, term, err := openXRCListen(ctx, xc, site, local.Port())
+	xl, term, err := openXRCListen(ctx, xc, site, local.Port(), true)
 	if err != nil {
 		return nil, opError("listen", Addr{local}, engineErr(err))
 	}

@@ -181,7 +181,7 @@ func openXRCBeside(ctx context.Context, local netip.AddrPort, cfg config, ch *ch
 		if err != nil {
 			return id, nil, xrc.AcceptTerm{}, err
 		}
-		xl, term, err := openXRCListen(ctx, xc, site, port)
+		xl, term, err := openXRCListen(ctx, xc, site, port, local.Port() != 0)
 		if err == nil {
 			return id, xl, term, nil
 		}

@@ -42,11 +42,13 @@ type xrcListen struct {
 }
 
 // openXRCListen returns the listener endpoint for xc on site (an open one no
-// Listener accepts on, taken over, or a new one) and the new Listener's
-// accepting term on it.
-func openXRCListen(ctx context.Context, xc xrc.Config, site xrcSite, port uint16) (*xrcListen, xrc.AcceptTerm, error) {
+// Listener accepts on, taken over where takeOver, or a new one) and the new
+// Listener's accepting term on it. A Listen that asked for port 0 takes
+// nothing over: an endpoint on the number it was given is another
+// listener's, and binding fails as taken.
+func openXRCListen(ctx context.Context, xc xrc.Config, site xrcSite, port uint16, takeOver bool) (*xrcListen, xrc.AcceptTerm, error) {
 	key := xrcListenKey{fabric: site.fabric, device: site.device, addr: netip.AddrPortFrom(site.local, port)}
-	for port != 0 {
+	for port != 0 && takeOver {
 		xrcListeners.Lock()
 		xl := xrcListeners.m[key]
 		switch {
