@@ -32,6 +32,9 @@ type downlink struct {
 	// until then, also at count 0 (see maybeDropLocked).
 	prevs int
 	mark  uint64
+	// held orders the downlinks by when we took our handle (setTGT): a
+	// recovery moves a leg to a TGT taken after the one it is on.
+	held uint64
 }
 
 // prevTGT is a TGT a leg moved away from, and the SRQ drain count at the
@@ -109,6 +112,7 @@ type acceptor struct {
 	legs    map[legKey]*acceptedLeg
 	ours    map[uint32]struct{} // the registered legs' tags (ours), for newTagLocked
 	nextTag uint32
+	held    uint64 // downlinks taken, for downlink.held
 	closed  bool // by Close: registers nothing more
 	retired retiredLegs
 	// lingering holds the downlinks at count 0 whose handle stays open
@@ -321,6 +325,13 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 			return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 		}
 		if moving != nil {
+			if dl.held < moving.Downlink.held {
+				// Older than the leg's TGT (one it has left, perhaps):
+				// a late copy of an earlier recovery's MOVE, or a replay.
+				// A recovery moves a leg to the TGT its new INI made,
+				// which we take after the one the leg is on.
+				return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+			}
 			return a.move(moving, dl, req, false, false)
 		}
 		return a.accept(dl, req, app, false, false) // count + 1, no kernel call
@@ -566,6 +577,8 @@ func (a *acceptor) deleteLeg(k legKey) {
 }
 
 func (a *acceptor) setTGT(dl *downlink) {
+	a.held++
+	dl.held = a.held
 	a.view.Lock()
 	a.byTGT[dl.TGTQPN] = dl
 	a.view.Unlock()

@@ -720,6 +720,42 @@ func TestAcceptorMove(t *testing.T) {
 		}
 		e.expect(u2.tgtQPN, 1, 1, 0)
 	})
+	// A late copy of an earlier recovery's MOVE (or a replay from the
+	// sender's node) names a TGT the leg has left, still held for another
+	// leg: refused, the leg stays where its sender sends (it went back,
+	// and its sender's messages through the new TGT were dropped after the
+	// next drain; found by a review).
+	t.Run("stale MOVE to a TGT the leg left", func(t *testing.T) {
+		e := newEnv(t)
+		dp, u1 := e.phys(e.r1, nil) // leg P, TGT1
+		l1, l2 := e.virtReq(u1), e.virtReq(u1)
+		d1 := e.virt(e.r1, l1)
+		wantAccept(t, d1)
+		wantAccept(t, e.virt(e.r1, l2))
+		recovery := func(from rawUplink, legs ...wire.Req) (rawUplink, []wire.Req) {
+			_, u := e.phys(e.r1, func(r *wire.Req) {
+				r.ConnTag, r.Flags, r.TGTQPNHint = dp.Leg.PeerTag, wire.FlagMove|wire.FlagReplacesTGT, from.tgtQPN
+			})
+			var moves []wire.Req
+			for _, l := range legs {
+				mv := l
+				mv.Flags, mv.INIQPN, mv.TGTQPNHint = wire.FlagMove, u.iniQPN, u.tgtQPN
+				wantAccept(t, e.virt(e.r1, mv))
+				moves = append(moves, mv)
+			}
+			// The old physical link goes, as a recovery ends.
+			e.sender.Disconnect(from.aid)
+			e.ev(e.r1.p, from.pid, kernel.EventDisconnected)
+			e.r1.p.Disconnect(from.pid)
+			return u, moves
+		}
+		u2, first := recovery(u1, l1, l2) // both legs to TGT2
+		u3, _ := recovery(u2, l1)         // L1 to TGT3; L2 still on TGT2
+		wantReject(t, e.virt(e.r1, first[0]), wire.RejectBadRequest)
+		if tgt, _ := e.r1.acc.LegTGT(d1.Leg); tgt != u3.tgtQPN {
+			t.Fatalf("the stale MOVE took L1 from TGT3 %#x to %#x", u3.tgtQPN, tgt)
+		}
+	})
 	t.Run("MOVE of an unknown leg", func(t *testing.T) {
 		e := newEnv(t)
 		_, u := e.phys(e.r1, nil)
