@@ -113,7 +113,7 @@ type acceptor struct {
 	ours    map[uint32]struct{} // the registered legs' tags (ours), for newTagLocked
 	nextTag uint32
 	held    uint64 // downlinks taken, for downlink.held
-	closed  bool // by Close: registers nothing more
+	closed  bool   // by Close: registers nothing more
 	retired retiredLegs
 	// lingering holds the downlinks at count 0 whose handle stays open
 	// for messages still queued through them (see maybeDropLocked);
