@@ -179,7 +179,15 @@ static int gx_resolve_addr(struct rdma_cm_id *id, const gx_addr *src, const gx_a
 	return rdma_resolve_addr(id, NULL, (struct sockaddr *)&d, ms) ? -errno : 0;
 }
 
-static int gx_resolve_route(struct rdma_cm_id *id, int ms) { return rdma_resolve_route(id, ms) ? -errno : 0; }
+// librdmacm reads the id's device in rdma_resolve_route, and in
+// rdma_connect and rdma_accept (their checks of the responder resources and
+// initiator depth), with no check that there is one: an id neither resolved
+// nor bound to a device's address would crash the process there.
+static int gx_resolve_route(struct rdma_cm_id *id, int ms) {
+	if (!id->verbs)
+		return -EINVAL;
+	return rdma_resolve_route(id, ms) ? -errno : 0;
+}
 static int gx_listen(struct rdma_cm_id *id, int backlog) { return rdma_listen(id, backlog) ? -errno : 0; }
 static int gx_establish(struct rdma_cm_id *id) { return rdma_establish(id) ? -errno : 0; }
 static int gx_disconnect(struct rdma_cm_id *id) { return rdma_disconnect(id) ? -errno : 0; }
@@ -209,12 +217,16 @@ static void gx_fill(struct rdma_conn_param *p, const gx_conn *c, const void *pd,
 
 static int gx_connect(struct rdma_cm_id *id, const gx_conn *c, const void *pd, int len) {
 	struct rdma_conn_param p;
+	if (!id->verbs) // see gx_resolve_route
+		return -EINVAL;
 	gx_fill(&p, c, pd, len);
 	return rdma_connect(id, &p) ? -errno : 0;
 }
 
 static int gx_accept(struct rdma_cm_id *id, const gx_conn *c, const void *pd, int len) {
 	struct rdma_conn_param p;
+	if (!id->verbs) // see gx_resolve_route
+		return -EINVAL;
 	gx_fill(&p, c, pd, len);
 	return rdma_accept(id, &p) ? -errno : 0;
 }
