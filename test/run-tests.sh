@@ -17,7 +17,7 @@ VM_PACKAGES=(./test/integration ./xrc ./internal/kernel/kcm ./verbs ./rdmacm)
 # Built again with -race and run in the same guest after them: the data race detector on the
 # paths only real RDMA takes (the CM and completion pumps, device events, the kernel CM under
 # XRC; cm's device internals). PACKAGE=TESTS runs only the tests matching TESTS (-test.run).
-VM_RACE=("./test/integration=^(TestCM|TestRDMACM)" "./xrc=Hybrid" ./internal/kernel/kcm "./verbs=^TestFailedDestroy"
+VM_RACE=("./test/integration=^(TestCM|TestRDMACM|TestVerbsAsyncErr)" "./xrc=Hybrid" ./internal/kernel/kcm "./verbs=^TestFailedDestroy"
          "./cm=^TestDevice")
 # The only tests that may skip in the guest: they need XRC, which soft-RoCE lacks, or a second
 # node (TestTwoNodes runs across two guests below, where it must not skip). Any other skip in

@@ -108,7 +108,7 @@ type Context struct {
 	owned bool // false for contexts librdmacm owns (cbridge.WrapContext)
 
 	asyncOnce sync.Once
-	async     *asyncSub // this wrapper's share of the context's async events
+	async     atomic.Pointer[asyncSub] // this wrapper's share of the context's async events; AsyncErr reads it unlocked
 
 	reg *registry
 }
@@ -303,9 +303,11 @@ func (c *Context) GIDs(port uint8) ([]GIDEntry, error) {
 		return nil, &OpError{Op: "ibv_query_gid_table", Addr: c.name, Err: syscall.ENOMEM}
 	}
 	defer C.free(buf)
-	n, cerr := C.goxrc_query_gid_table(c.ctx, (*C.struct_ibv_gid_entry)(buf), C.size_t(max))
+	n := C.goxrc_query_gid_table(c.ctx, (*C.struct_ibv_gid_entry)(buf), C.size_t(max))
 	if n < 0 {
-		return nil, &OpError{Op: "ibv_query_gid_table", Addr: c.name, Err: errnoOr(cerr, syscall.Errno(-n))}
+		// A negative errno, as libibverbs documents; errno itself may be
+		// left over from its fallback's reads of sysfs.
+		return nil, &OpError{Op: "ibv_query_gid_table", Addr: c.name, Err: syscall.Errno(-n)}
 	}
 	var out []GIDEntry
 	for _, e := range unsafe.Slice((*C.struct_ibv_gid_entry)(buf), int(n)) {
@@ -340,20 +342,24 @@ func (c *Context) AsyncEvents() <-chan AsyncEvent {
 		return nil
 	}
 	defer c.l.done()
-	c.asyncOnce.Do(func() { c.async = c.reg.subscribeAsync(c) })
-	if c.async.ch == nil {
-		return nil
+	c.asyncOnce.Do(func() { c.async.Store(c.reg.subscribeAsync(c)) })
+	if s := c.async.Load(); s.ch != nil {
+		return s.ch
 	}
-	return c.async.ch
+	return nil
 }
 
 // AsyncErr reports why AsyncEvents returned nil, or why its channel closed
 // before Close: the async descriptor could not be polled or read.
 func (c *Context) AsyncErr() error {
-	if c == nil || c.async == nil {
+	if c == nil {
 		return nil
 	}
-	err := c.async.err.Load()
+	s := c.async.Load()
+	if s == nil {
+		return nil
+	}
+	err := s.err.Load()
 	if err == nil {
 		return nil
 	}
@@ -520,7 +526,7 @@ func (c *Context) Close() error {
 	if already || err != nil {
 		return err
 	}
-	c.reg.unsubscribeAsync(c.async)
+	c.reg.unsubscribeAsync(c.async.Load())
 	releaseRegistry(c.ctx)
 	if c.owned {
 		if rc, cerr := C.ibv_close_device(c.ctx); rc != 0 {

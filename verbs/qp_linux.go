@@ -836,9 +836,10 @@ func (s *SRQ) addr() string {
 // Num returns the SRQ number senders put in XRC work requests. Devices
 // without XRC may not number basic SRQs (ErrNotSupported).
 func (s *SRQ) Num() (uint32, error) {
-	if s == nil || s.srq == nil {
+	if s == nil || s.srq == nil || !s.l.use() {
 		return 0, closedErr("ibv_get_srq_num", s.addr())
 	}
+	defer s.l.done()
 	return s.num, s.numErr
 }
 

@@ -1113,3 +1113,42 @@ func TestVerbsWaitWithEndedContextLooks(t *testing.T) {
 	_, err = recvCQ.Wait(ended, wcs)
 	require.ErrorIs(t, err, context.Canceled, "nothing queued")
 }
+
+// TestVerbsSRQNumAfterClose: a closed SRQ's number is refused, as every
+// method of a closed object is (it returned the old number: one a peer
+// might be sent, and another SRQ may have by then; found by a review).
+func TestVerbsSRQNumAfterClose(t *testing.T) {
+	ctx := openRXE(t)
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	srq, err := pd.CreateSRQ(verbs.SRQInit{MaxWR: 4, MaxSGE: 1})
+	require.NoError(t, err)
+	_, err = srq.Num()
+	if !errors.Is(err, verbs.ErrNotSupported) {
+		require.NoError(t, err)
+	}
+	require.NoError(t, srq.Close())
+	_, err = srq.Num()
+	require.ErrorIs(t, err, verbs.ErrClosed)
+}
+
+// TestVerbsAsyncErrBesideAsyncEvents: AsyncErr may be called while another
+// goroutine starts the async events (it read the subscription unlocked;
+// the race detector, test/run-tests.sh's VM_RACE build of test/integration,
+// flags it; found by a review).
+func TestVerbsAsyncErrBesideAsyncEvents(t *testing.T) {
+	ctx := openRXE(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 1000 {
+			if err := ctx.AsyncErr(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	require.NotNil(t, ctx.AsyncEvents(), "%v", ctx.AsyncErr())
+	<-done
+}
