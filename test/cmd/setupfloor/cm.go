@@ -163,7 +163,14 @@ func fromGo(conns int) (steps [5]time.Duration, err error) {
 	if r := C.su_nonblock(); r != 0 {
 		return steps, cerr("set non-blocking", r)
 	}
-	f := os.NewFile(uintptr(C.su_fd()), "rdma_cm event channel")
+	// A duplicate: the file closes what it wraps, and librdmacm closes
+	// its own descriptor when the channel is destroyed.
+	fd, err := syscall.Dup(int(C.su_fd()))
+	if err != nil {
+		return steps, err
+	}
+	f := os.NewFile(uintptr(fd), "rdma_cm event channel")
+	defer f.Close()
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return steps, err

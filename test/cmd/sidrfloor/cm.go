@@ -190,8 +190,20 @@ func (ch *channels) exchangeGo() (steps [5]time.Duration, err error) {
 	}
 	defer C.sf_nonblock(0)
 	if ch.listener == nil {
-		ch.listener = os.NewFile(uintptr(C.sf_lfd()), "listener channel")
-		ch.dialer = os.NewFile(uintptr(C.sf_dfd()), "dialer channel")
+		// Duplicates: a file closes what it wraps, and librdmacm closes
+		// its own descriptors when the channels are destroyed. (They
+		// share the non-blocking flag with librdmacm's.)
+		lfd, err := syscall.Dup(int(C.sf_lfd()))
+		if err != nil {
+			return steps, err
+		}
+		dfd, err := syscall.Dup(int(C.sf_dfd()))
+		if err != nil {
+			syscall.Close(lfd)
+			return steps, err
+		}
+		ch.listener = os.NewFile(uintptr(lfd), "listener channel")
+		ch.dialer = os.NewFile(uintptr(dfd), "dialer channel")
 	}
 	t := time.Now()
 	lap := func(i int) {
