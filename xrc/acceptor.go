@@ -1,8 +1,6 @@
 package xrc
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"net/netip"
 	"sync"
@@ -110,8 +108,9 @@ type acceptor struct {
 	view    sync.RWMutex
 	byTGT   map[uint32]*downlink
 	legs    map[legKey]*acceptedLeg
-	ours    map[uint32]struct{} // the registered legs' tags (ours), for newTagLocked
-	nextTag uint32
+	ours     map[uint32]struct{} // the registered legs' tags (ours), for newTagLocked
+	reserved map[uint32]struct{} // tags ReserveTag gave, until registered (ReverseLeg) or Unreserve
+	tags     tagSource
 	held    uint64 // downlinks taken, for downlink.held
 	closed  bool   // by Close: registers nothing more
 	retired retiredLegs
@@ -126,35 +125,7 @@ type acceptor struct {
 // released. Their senders had the ACCEPT, so a request naming one again is a
 // SIDR retransmission that arrived late (after the FIN): accepted, it would
 // make a leg no sender uses, holding a count until the idle timeout.
-type retiredLegs struct {
-	set  map[legKey]struct{}
-	ring []legKey
-	next int
-}
-
-const retiredMax = 4096
-
-func (r *retiredLegs) add(k legKey) {
-	if r.set == nil {
-		r.set = make(map[legKey]struct{})
-	}
-	if _, ok := r.set[k]; ok {
-		return
-	}
-	if len(r.ring) < retiredMax {
-		r.ring = append(r.ring, k)
-	} else {
-		delete(r.set, r.ring[r.next])
-		r.ring[r.next] = k
-		r.next = (r.next + 1) % retiredMax
-	}
-	r.set[k] = struct{}{}
-}
-
-func (r *retiredLegs) has(k legKey) bool {
-	_, ok := r.set[k]
-	return ok
-}
+type retiredLegs = recent[legKey]
 
 type legKey struct {
 	incarnation uint64
@@ -169,10 +140,8 @@ func newAcceptor(cfg acceptorConfig) *acceptor {
 	if cfg.MaxMessage == 0 {
 		cfg.MaxMessage = MaxMessageSize
 	}
-	var b [4]byte
-	rand.Read(b[:])
 	return &acceptor{cfg: cfg, byTGT: map[uint32]*downlink{}, legs: map[legKey]*acceptedLeg{}, ours: map[uint32]struct{}{},
-		nextTag: binary.BigEndian.Uint32(b[:]) >> 1}
+		reserved: map[uint32]struct{}{}, tags: newTagSource()}
 }
 
 // decision is the answer to one CONNECT_REQUEST: Accept with QPNum and
@@ -443,23 +412,35 @@ func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fre
 }
 
 // ReserveTag returns a fresh tag of ours for a leg not registered yet (the
-// reverse leg a FlagOneExchange VIRT_REQ announces).
+// reverse leg a FlagOneExchange VIRT_REQ announces); ReverseLeg registers
+// it, or Unreserve gives it back.
 func (a *acceptor) ReserveTag() uint32 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.newTagLocked()
+	t := a.newTagLocked()
+	a.reserved[t] = struct{}{}
+	return t
 }
 
-// newTagLocked returns a non-zero tag no registered leg has: after 2^32 the
-// counter comes round to live legs' tags, whose messages a second leg with
-// the tag would take.
-func (a *acceptor) newTagLocked() uint32 {
-	for {
-		a.nextTag++
-		if _, used := a.ours[a.nextTag]; a.nextTag != 0 && !used {
-			return a.nextTag
-		}
+// Unreserve gives back a tag of ReserveTag's that will not be registered.
+func (a *acceptor) Unreserve(t uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.reserved[t]; ok {
+		delete(a.reserved, t)
+		a.tags.release(t)
 	}
+}
+
+// newTagLocked returns a tag no registered or reserved leg has (a second
+// leg with a live leg's tag would take its messages), nor one released
+// lately (a message still queued for it would be taken): see tagSource.
+func (a *acceptor) newTagLocked() uint32 {
+	return a.tags.next(func(t uint32) bool {
+		_, used := a.ours[t]
+		_, reserved := a.reserved[t]
+		return used || reserved
+	})
 }
 
 // AddReverse puts rev into the cached ACCEPT of the VIRT leg l (just
@@ -549,6 +530,7 @@ func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 	dl.count++
 	l := &acceptedLeg{Downlink: dl, PeerIncarnation: acc.Incarnation, PeerTag: rev.Tag, Tag: tag, PeerSRQN: acc.SRQN,
 		ReplyPort: replyPort, Reciprocal: fwdTag}
+	delete(a.reserved, tag) // registered now
 	a.setLeg(key, l)
 	return l, nil
 }
@@ -573,6 +555,7 @@ func (a *acceptor) deleteLeg(k legKey) {
 	a.view.Unlock()
 	if l != nil {
 		delete(a.ours, l.Tag)
+		a.tags.release(l.Tag)
 	}
 }
 

@@ -1024,6 +1024,7 @@ func (c *Conn) maybeFinishLocked() {
 	}
 	if e.sendTags[c.sendTag] == c {
 		delete(e.sendTags, c.sendTag)
+		e.tags.release(c.sendTag)
 	}
 	close(c.done)
 }

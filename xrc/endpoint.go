@@ -138,7 +138,7 @@ type Endpoint struct {
 	addrDom   map[netip.AddrPort]uint64 // which domain an address is in (nodeKey), the last maxAddrDoms learned
 	addrOrder []netip.AddrPort          // addrDom's keys, oldest first
 	replaced  map[upKey]uint32          // the TGT of a dead uplink, for REPLACES_TGT
-	nextTag   uint32
+	tags      tagSource // our conn tags
 	pending   map[uint32]*Conn // dials by our forward tag, until the reciprocal leg
 	sendTags  map[uint32]*Conn // live connections by their sending tag (newTagLocked)
 	recv      map[uint32]*Conn // by our receive tag (the acceptor's tag)
@@ -274,7 +274,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 		return nil, err
 	}
 	e.inc = random64()
-	e.nextTag = uint32(random64() >> 33)
+	e.tags = newTagSource()
 	ac := acceptorConfig{Kernel: k, XRCD: e.xrcd, DomainID: e.dom.ID, Incarnation: e.inc, SRQN: e.srqn,
 		Credits: uint16(cfg.RecvWindow), MaxMessage: uint32(cfg.MaxMessageSize), Drains: e.drains.Load, Polls: e.polls.Load, Kick: e.kickPoll}
 	e.refusing.Store(cfg.DialOnly)
@@ -678,18 +678,14 @@ func (e *Endpoint) Stats() Stats {
 // live connection sends with (after 2^32 tags the counter comes round to
 // theirs; the acceptor would take a request with one for that connection's).
 func (e *Endpoint) newTagLocked() uint32 {
-	for {
-		e.nextTag++
-		if t := e.nextTag; t != 0 && e.pending[t] == nil && e.sendTags[t] == nil {
-			return t
-		}
-	}
+	return e.tags.next(func(t uint32) bool { return e.pending[t] != nil || e.sendTags[t] != nil })
 }
 
 // setSendTagLocked makes t c's sending tag, booked to c until it finishes.
 func (e *Endpoint) setSendTagLocked(c *Conn, t uint32) {
 	if e.sendTags[c.sendTag] == c {
 		delete(e.sendTags, c.sendTag)
+		e.tags.release(c.sendTag)
 	}
 	c.sendTag = t
 	e.sendTags[t] = c
@@ -1097,6 +1093,9 @@ func (e *Endpoint) dropEarlyLocked(c *Conn) {
 	}
 	if e.recv[c.earlyTag] == c && c.recvTag != c.earlyTag {
 		delete(e.recv, c.earlyTag)
+	}
+	if c.recvTag != c.earlyTag {
+		e.acc.Unreserve(c.earlyTag)
 	}
 	e.dropped.Add(uint64(len(c.early)))
 	c.early, c.earlyTag = nil, 0

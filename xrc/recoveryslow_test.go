@@ -55,6 +55,7 @@ func newSlowMove(t *testing.T, w *world, net string, sender, receivers []func(*C
 	t.Helper()
 	m := &slowMove{g: &stallMoves{release: make(chan struct{})}}
 	m.s = w.endpoint(net+".1", 7000, sender...)
+	countedTags(m.s.Endpoint)
 	m.r1 = w.wrappedEndpoint(net+".2", 7001, func(k kernel.Kernel) kernel.Kernel { m.g.Kernel = k; return m.g }, receivers...)
 	m.r2 = w.endpoint(net+".2", 7002, receivers...)
 	m.r3 = w.endpoint(net+".2", 7003, receivers...)
@@ -203,6 +204,7 @@ func TestRecoveryStalledVirtReqsHoldUpNoOther(t *testing.T) {
 	w := newWorld(t)
 	hs := func(c *Config) { longTimers(c); c.HandshakeTimeout = 30 * time.Second }
 	s := w.endpoint("10.0.75.1", 7000, hs)
+	countedTags(s.Endpoint)
 	g1 := &stallMoves{release: make(chan struct{})}
 	g5 := &stallMoves{release: make(chan struct{})}
 	r2 := w.endpoint("10.0.75.2", 7002, longTimers)
@@ -289,6 +291,7 @@ func TestRecoverySlowReceiverWithLegsIdlesNoOther(t *testing.T) {
 	g := &stallMoves{release: make(chan struct{})}
 	defer close(g.release)
 	s := w.endpoint("10.0.76.1", 7000, hs)
+	countedTags(s.Endpoint)
 	r1 := w.wrappedEndpoint("10.0.76.2", 7001, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
 	r2, r3 := w.endpoint("10.0.76.2", 7002, longTimers), w.endpoint("10.0.76.2", 7003, longTimers)
 	s1a, _ := pair(t, s, r1) // the lowest tags: tried first
