@@ -105,15 +105,15 @@ type acceptor struct {
 	// LegAccepts reads: legs, byTGT, a leg's Downlink and prev. LegAccepts,
 	// on the receive loop for every message, takes only view, so messages
 	// keep coming while a decision creates or opens a TGT.
-	view    sync.RWMutex
-	byTGT   map[uint32]*downlink
-	legs    map[legKey]*acceptedLeg
+	view     sync.RWMutex
+	byTGT    map[uint32]*downlink
+	legs     map[legKey]*acceptedLeg
 	ours     map[uint32]struct{} // the registered legs' tags (ours), for newTagLocked
 	reserved map[uint32]struct{} // tags ReserveTag gave, until registered (ReverseLeg) or Unreserve
 	tags     tagSource
-	held    uint64 // downlinks taken, for downlink.held
-	closed  bool   // by Close: registers nothing more
-	retired retiredLegs
+	held     uint64 // downlinks taken, for downlink.held
+	closed   bool   // by Close: registers nothing more
+	retired  retiredLegs
 	// lingering holds the downlinks at count 0 whose handle stays open
 	// for messages still queued through them (see maybeDropLocked);
 	// nLinger is its size, read by Reap without mu.

@@ -138,10 +138,10 @@ type Endpoint struct {
 	addrDom   map[netip.AddrPort]uint64 // which domain an address is in (nodeKey), the last maxAddrDoms learned
 	addrOrder []netip.AddrPort          // addrDom's keys, oldest first
 	replaced  map[upKey]uint32          // the TGT of a dead uplink, for REPLACES_TGT
-	tags      tagSource // our conn tags
-	pending   map[uint32]*Conn // dials by our forward tag, until the reciprocal leg
-	sendTags  map[uint32]*Conn // live connections by their sending tag (newTagLocked)
-	recv      map[uint32]*Conn // by our receive tag (the acceptor's tag)
+	tags      tagSource                 // our conn tags
+	pending   map[uint32]*Conn          // dials by our forward tag, until the reciprocal leg
+	sendTags  map[uint32]*Conn          // live connections by their sending tag (newTagLocked)
+	recv      map[uint32]*Conn          // by our receive tag (the acceptor's tag)
 	conns     map[*Conn]struct{}
 	passive   map[kernel.ID]struct{} // physical links we accepted
 	acceptq   chan *Conn
