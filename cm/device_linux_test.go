@@ -23,18 +23,7 @@ import (
 // the lock held as a closing would hold it. Runs in the VM (test/run-tests.sh,
 // VM_RACE), a real device being needed.
 func TestDeviceFatalReaderTakesNoDevicesLock(t *testing.T) {
-	_, ip := softroce.Device(t) // skips off the VM
-	CloseIdleDevices()
-	before := GlobalStats()
-	ch, err := rdmacm.NewEventChannel()
-	require.NoError(t, err)
-	defer ch.Close()
-	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
-	require.NoError(t, err)
-	defer id.Close()
-	require.NoError(t, id.Bind(netip.AddrPortFrom(ip, 0)))
-	d, err := acquireDevice(id)
-	require.NoError(t, err)
+	d, before := acquireRXE(t)
 	d.release()
 	require.Equal(t, before.DevicesIdle+1, GlobalStats().DevicesIdle, "the device idles")
 
@@ -67,18 +56,7 @@ func TestDeviceFatalReaderTakesNoDevicesLock(t *testing.T) {
 // Soft-RoCE gives each netdev one device, so the anchor is taken away here.
 // Runs in the VM.
 func TestDeviceWithoutAnchorIsNotKept(t *testing.T) {
-	_, ip := softroce.Device(t) // skips off the VM
-	CloseIdleDevices()
-	before := GlobalStats()
-	ch, err := rdmacm.NewEventChannel()
-	require.NoError(t, err)
-	defer ch.Close()
-	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
-	require.NoError(t, err)
-	defer id.Close()
-	require.NoError(t, id.Bind(netip.AddrPortFrom(ip, 0)))
-	d, err := acquireDevice(id)
-	require.NoError(t, err)
+	d, before := acquireRXE(t)
 	require.NotNil(t, d.anchor.id, "a device on soft-RoCE has its anchor")
 	devices.Lock()
 	d.anchor.close()
@@ -88,4 +66,23 @@ func TestDeviceWithoutAnchorIsNotKept(t *testing.T) {
 	s := GlobalStats()
 	require.Equal(t, before.DevicesIdle, s.DevicesIdle, "the device was kept idle")
 	require.Equal(t, before.Devices, s.Devices, "the device is still open")
+}
+
+// acquireRXE takes soft-RoCE's device through a CM id bound to its address,
+// as a connection would, with no device open before (their stats, before);
+// the id and its channel go at the end of the test. It skips off the VM.
+func acquireRXE(t *testing.T) (d *device, before ProcessStats) {
+	_, ip := softroce.Device(t)
+	CloseIdleDevices()
+	before = GlobalStats()
+	ch, err := rdmacm.NewEventChannel()
+	require.NoError(t, err)
+	t.Cleanup(func() { ch.Close() })
+	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	require.NoError(t, err)
+	t.Cleanup(func() { id.Close() })
+	require.NoError(t, id.Bind(netip.AddrPortFrom(ip, 0)))
+	d, err = acquireDevice(id)
+	require.NoError(t, err)
+	return d, before
 }
