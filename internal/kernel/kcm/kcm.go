@@ -440,11 +440,19 @@ func (c *CM) Reject(h kernel.ID, pd []byte) error {
 	return e.id.Reject(pd)
 }
 
-// Establish sends the RTU.
+// Establish sends the RTU: on an active id of an XRC-typed exchange only,
+// as the model has it. librdmacm's rdma_establish on any other id (with no
+// QP, as all of ours are) is an accept: a passive id would reject its
+// request (the RTU fails, and the kernel sends a REJ) or, for SIDR, accept
+// it.
 func (c *CM) Establish(h kernel.ID) error {
-	e, err := c.get("rdma_establish", h)
+	const op = "rdma_establish"
+	e, err := c.get(op, h)
 	if err != nil {
 		return err
+	}
+	if e.passive || e.ex == kernel.ExchangeSIDR {
+		return opErr(op, e.remote.String(), syscall.EINVAL)
 	}
 	return e.id.Establish()
 }

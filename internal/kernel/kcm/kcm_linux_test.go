@@ -128,3 +128,50 @@ func TestPathOfFollowsTheKernelCM(t *testing.T) {
 	c.DestroyID(ev.ID)
 	c.DestroyID(l)
 }
+
+// TestEstablishOnlyOnActiveXRC: Establish on a passive id (a request
+// received) is refused with EINVAL and sends nothing, as in the model:
+// librdmacm's rdma_establish there is an accept, and the requester got
+// ESTABLISHED (SIDR) or a REJ (XRC) that no decision had made (found by a
+// review). Runs in the VM of test/vm/rxe-vm.sh; skips elsewhere.
+func TestEstablishOnlyOnActiveXRC(t *testing.T) {
+	if os.Getenv(softroce.EnvDev) == "" {
+		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
+	}
+	ip, err := netip.ParseAddr(os.Getenv(softroce.EnvIP))
+	if err != nil {
+		t.Fatalf("RXE_IP: %v", err)
+	}
+	cm, err := New(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cm.Close()
+	for i, ex := range []kernel.Exchange{kernel.ExchangeSIDR, kernel.ExchangeXRC} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		dst := netip.AddrPortFrom(ip, uint16(20351+i))
+		l, err := cm.Listen(dst, ex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := cm.Connect(ctx, dst, ex, 0x7ABCDE, []byte("hello"))
+		if err != nil {
+			t.Fatalf("%v: connect: %v", ex, err)
+		}
+		ev, err := cm.Event(ctx, l)
+		if err != nil || ev.Type != kernel.EventConnectRequest {
+			t.Fatalf("%v: listener event %+v, %v", ex, ev, err)
+		}
+		if err := cm.Establish(ev.ID); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("%v: Establish on the passive id: %v, want EINVAL", ex, err)
+		}
+		cm.Reject(ev.ID, nil)
+		if ev, err := cm.Event(ctx, c); err != nil || (ev.Type != kernel.EventRejected && ev.Type != kernel.EventUnreachable) {
+			t.Errorf("%v: the requester's event %+v, %v; want our reject, and nothing before it", ex, ev, err)
+		}
+		cm.DestroyID(ev.ID)
+		cm.DestroyID(c)
+		cm.DestroyID(l)
+		cancel()
+	}
+}
