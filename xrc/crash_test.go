@@ -738,6 +738,7 @@ func (k *openTGTFails) OpenTGT(d kernel.XRCD, qpn uint32) (kernel.QP, error) {
 func TestEndpointRecoveryResendsMovedLegsOnly(t *testing.T) {
 	w := newWorld(t)
 	s := w.endpoint("10.0.7.1", 7000, longTimers)
+	countedTags(s.Endpoint)
 	r1 := w.endpoint("10.0.7.2", 7001, longTimers)
 	r2 := w.endpoint("10.0.7.2", 7002, longTimers)
 	var k3 *openTGTFails

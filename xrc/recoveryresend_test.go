@@ -22,6 +22,7 @@ func TestRecoveryResendAfterDeadline(t *testing.T) {
 	w := newWorld(t)
 	hs := func(c *Config) { longTimers(c); c.HandshakeTimeout = time.Second }
 	s := w.endpoint("10.0.73.1", 7000, hs)
+	countedTags(s.Endpoint)
 	g := &stallMoves{release: make(chan struct{})}
 	defer close(g.release)
 	r1 := w.endpoint("10.0.73.2", 7001, longTimers)
