@@ -61,6 +61,7 @@ type Conn struct {
 	consumed   uint32              // data messages our Recv took
 	returned   uint32              // consumed, as the last credit frame we sent said
 	returning  bool                // returnCredits is running
+	beatWaits  bool                // a keepalive waits for room in a full send queue (keepaliveWhenRoom)
 	returnFn   func()              // c.returnCredits, made once: a method value allocates
 
 	// receiving leg
@@ -632,7 +633,8 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	q.nextWR++
 	wr := kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag}
 	q.waiters[wr.WRID] = waiter{c: c, ch: ch}
-	c.lastSent = time.Now()
+	before, sent := c.lastSent, time.Now()
+	c.lastSent = sent
 	polls := q.polls
 	e.mu.Unlock()
 	// PostSend copies the frame: it and the request array are reused.
@@ -651,6 +653,12 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		defer e.mu.Unlock()
 		_, mine := q.waiters[wr.WRID] // else a poller flushing the INI took the waiter
 		delete(q.waiters, wr.WRID)
+		if c.lastSent == sent {
+			// Nothing went: the janitor's next look sends a keepalive
+			// (it waited a whole heartbeat, and a busy INI's full queue
+			// could drop keepalive after keepalive past the idle timeout).
+			c.lastSent = before
+		}
 		if errors.Is(err, syscall.ENOMEM) && mine {
 			if q.polls != polls {
 				return postFull, roomNow // polled meanwhile: a slot is free, no failed try
@@ -684,6 +692,7 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 		}
 		if c.q.Len() > 0 {
 			if n := len(c.q.Peek()) - 1 - dataSeqLen; n > len(buf) {
+				c.wake() // another reader, with room for it, may be waiting
 				e.mu.Unlock()
 				return 0, &OpError{"recv", c.raddr.String(), fmt.Errorf("%w: %d-byte message, %d-byte buffer", ErrMessageTooLong, n, len(buf))}
 			}

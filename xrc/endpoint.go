@@ -1561,7 +1561,42 @@ func (e *Endpoint) janitor() {
 			c.fail(deadErr[i])
 		}
 		for _, c := range beat {
-			c.post(kindHeartbeat, nil, nil)
+			if res, room := c.post(kindHeartbeat, nil, nil); res == postFull {
+				e.mu.Lock()
+				waiting := c.beatWaits
+				c.beatWaits = true
+				e.mu.Unlock()
+				if !waiting && !e.spawn(func() { e.keepaliveWhenRoom(c, room) }) {
+					e.mu.Lock()
+					c.beatWaits = false
+					e.mu.Unlock()
+				}
+			}
+		}
+	}
+}
+
+// keepaliveWhenRoom posts c's keepalive once its INI's full send queue has
+// room, as the senders that keep it full post their messages: dropped at
+// each of the janitor's looks, keepalive after keepalive could miss the
+// peer's idle timeout on a live connection (found by a review).
+func (e *Endpoint) keepaliveWhenRoom(c *Conn, room <-chan struct{}) {
+	defer func() {
+		e.mu.Lock()
+		c.beatWaits = false
+		e.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-room:
+		case <-c.done:
+			return
+		case <-e.ctx.Done():
+			return
+		}
+		var res postResult
+		if res, room = c.post(kindHeartbeat, nil, nil); res != postFull {
+			return // posted, or the leg or INI is down (recovery resends)
 		}
 	}
 }

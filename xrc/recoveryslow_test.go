@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -365,18 +366,23 @@ func (h *holdPolls) PollRecv(ctx context.Context, s kernel.SRQ, out []kernel.Rec
 // TestFabricNetConnConformance/BasicIO, once in a CI run). "TGT shared":
 // another process of the peer's node holds the TGT, so the post itself
 // completes with "remote invalid request" (found by a review); the other
-// process's connection goes on.
+// process's connection goes on. "port taken": a new process has the peer's
+// port by the time the MOVE comes, and refuses it (BAD_REQUEST: it does not
+// know the leg; found by a review).
 func TestPeerGoneWithFINQueuedEndsGracefully(t *testing.T) {
-	for _, shared := range []bool{false, true} {
-		t.Run(map[bool]string{false: "TGT gone", true: "TGT shared"}[shared], func(t *testing.T) {
-			testPeerGoneWithFINQueued(t, shared)
-		})
+	for _, how := range []string{"TGT gone", "TGT shared", "port taken"} {
+		t.Run(how, func(t *testing.T) { testPeerGoneWithFINQueued(t, how) })
 	}
 }
 
-func testPeerGoneWithFINQueued(t *testing.T, shared bool) {
+func testPeerGoneWithFINQueued(t *testing.T, how string) {
+	shared := how == "TGT shared"
 	w := newWorld(t)
-	beat := func(c *Config) { c.Heartbeat, c.IdleTimeout = 20*time.Millisecond, 10*time.Second }
+	hb := 20 * time.Millisecond
+	if how == "port taken" {
+		hb = 300 * time.Millisecond // the new process listens before our next keepalive
+	}
+	beat := func(c *Config) { c.Heartbeat, c.IdleTimeout = hb, 10*time.Second }
 	h := &holdPolls{holding: make(chan struct{}), release: make(chan struct{})}
 	released := false
 	release := func() {
@@ -404,6 +410,9 @@ func testPeerGoneWithFINQueued(t *testing.T, shared bool) {
 	}
 	cs.Close()
 	c.Close()
+	if how == "port taken" {
+		w.endpoint("10.0.77.2", 7001, beat)
+	}
 	eventually(t, "the receiver's recovery of its uplink to the closed endpoint", func() (bool, string) {
 		st := s.Stats()
 		return st.Recoveries > 0 && (shared || st.Uplinks == 0), fmt.Sprintf("%+v", st)
@@ -411,8 +420,12 @@ func testPeerGoneWithFINQueued(t *testing.T, shared bool) {
 	if err := connErr(sc); err != nil {
 		t.Fatalf("failed before its SRQ was polled: %v", err)
 	}
-	if err := sc.Send(ctx, []byte("to the gone")); !errors.Is(err, ErrPeerGone) {
+	err := sc.Send(ctx, []byte("to the gone"))
+	if !errors.Is(err, ErrPeerGone) {
 		t.Fatalf("send on the ended sending leg: %v, want ErrPeerGone", err)
+	}
+	if how == "port taken" && !strings.Contains(err.Error(), "BAD_REQUEST") {
+		t.Fatalf("send on the ended sending leg: %v, want the new process's refusal", err)
 	}
 	release()
 	if err := recvSeq(ctx, sc, 0, n, nil); err != nil {

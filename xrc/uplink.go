@@ -862,9 +862,11 @@ func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.A
 		// peer may still need it to complete: its reverse leg).
 		c.dropSendLocked()
 		c.maybeFinishLocked()
-	case err != nil && errors.As(err, &rj) && rj.Reason == RejectNoListener && e.endSendingLegLocked(c, fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err)):
-		// The receiver's endpoint is gone (with the TGT our old INI
-		// reached); only the sending leg ended.
+	case err != nil && errors.As(err, &rj) && rj.Status >= 0 && e.endSendingLegLocked(c, fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err)):
+		// Refused: the receiver's endpoint is gone (NO_LISTENER, with the
+		// TGT our old INI reached), or a process that took its port since
+		// does not know the leg (found by a review): only the sending leg
+		// ended. (A receiver that does not answer fails the connection.)
 	case err != nil:
 		c.failLocked(fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))
 	default:
