@@ -290,8 +290,9 @@ type qp struct {
 }
 
 type qpHandle struct {
-	q   *qp
-	via *xrcdHandle // TGT only
+	q      *qp
+	via    *xrcdHandle // TGT only
+	opened bool        // by OpenTGT: another process's TGT (the real seam cannot reset it)
 }
 
 // queue is an event or completion queue that waiters block on outside the

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"syscall"
 	"testing"
 
@@ -41,6 +42,13 @@ func TestModelOpenerModifiesSharedTGT(t *testing.T) {
 	}
 	if c := send(t, sa.p, k.ini, sb1.srqn, 1, "x"); c.Status != verbs.WCRetryExcErr {
 		t.Fatalf("send through a TGT an opener moved to ERR: %v", c.Status)
+	}
+	// But not to RESET, as the real seam refuses it (mlx5 writes a
+	// doorbell record that an opened handle lacks; docs/xrc-protocol.md):
+	// the model allowed it, so an engine that did would pass here only
+	// (found by a review).
+	if err := sb2.p.TransitionQP(h, verbs.QPStateReset, 0); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("RESET through an opened handle: %v, want EINVAL", err)
 	}
 }
 

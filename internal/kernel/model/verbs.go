@@ -236,7 +236,7 @@ func (p *Process) OpenTGT(h kernel.XRCD, qpn uint32) (kernel.QP, error) {
 	}
 	q.handles++
 	x.uses++
-	return kernel.QP(p.add(&qpHandle{q: q, via: x})), nil
+	return kernel.QP(p.add(&qpHandle{q: q, via: x, opened: true})), nil
 }
 
 func (p *Process) DestroyQP(h kernel.QP) error {
@@ -285,6 +285,11 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 		q.state = to
 		return nil
 	case verbs.QPStateReset:
+		if qh.opened {
+			// As the real seam refuses it: mlx5 writes a doorbell
+			// record on reset that an opened handle lacks.
+			return opErr(op, syscall.EINVAL)
+		}
 		q.state, q.destQPN, q.remote = to, 0, netip.Addr{}
 		return nil
 	case verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS:
@@ -404,7 +409,9 @@ func (q *qp) deliver(wr kernel.SendWR) (_ verbs.WCStatus, wait bool) {
 		// local length error), the responder (the TGT) goes to ERR, and
 		// the sender is NAKed (rxe_resp.c: RESPST_ERR_LENGTH, a class C
 		// error: do_class_ac_error, then rxe_qp_error).
-		s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Imm: wr.Imm, Status: verbs.WCLocLenErr})
+		// (An error completion's immediate data is not valid:
+		// ibv_poll_cq(3). It carries none here.)
+		s.recv.push(kernel.RecvCompletion{TGTQPN: t.num, Status: verbs.WCLocLenErr})
 		t.state = verbs.QPStateErr
 		return verbs.WCRemInvReqErr, false
 	}

@@ -467,8 +467,8 @@ func TestModelMessageLongerThanSlot(t *testing.T) {
 	if c := send(t, sa.p, k.ini, sb.srqn, 2, fits+"x"); c.Status != verbs.WCRemInvReqErr {
 		t.Fatalf("one byte over the slot: %v, want WCRemInvReqErr", c.Status)
 	}
-	if r := recv(t, sb); r.Status != verbs.WCLocLenErr || r.Imm != 2 || len(r.Payload) != 0 {
-		t.Fatalf("the receive it took: %+v, want WCLocLenErr with no payload", r)
+	if r := recv(t, sb); r.Status != verbs.WCLocLenErr || r.Imm != 0 || len(r.Payload) != 0 {
+		t.Fatalf("the receive it took: %+v, want WCLocLenErr with no payload and no immediate data", r)
 	}
 	if info := must[kernel.QPInfo](t)(sa.p.QueryQP(k.ini)); info.State != verbs.QPStateErr {
 		t.Fatalf("INI in %v, want ERR", info.State)
