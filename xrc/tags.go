@@ -14,17 +14,13 @@ import (
 // back when it dials the same peer (found by a review: with counted tags a
 // process on the sender's node could move another process's leg onto its
 // own INI). A tag is never one in use (the caller's inUse), nor one of the
-// last recentTags released, which an acceptor may still remember (its
+// last retiredMax released, which an acceptor may still remember (its
 // retired legs) or a message in flight may still carry.
 type tagSource struct {
 	rng    *rand.ChaCha8
 	recent recent[uint32]
 	first  []uint32 // tests: drawn before rng's
 }
-
-// recentTags is how many released tags a tagSource keeps from reuse: as
-// many as an acceptor remembers retired legs.
-const recentTags = retiredMax
 
 func newTagSource() tagSource {
 	var seed [32]byte
@@ -44,7 +40,7 @@ func (s *tagSource) next(inUse func(uint32) bool) uint32 {
 	}
 }
 
-// release keeps t from reuse for the next recentTags releases.
+// release keeps t from reuse for the next retiredMax releases.
 func (s *tagSource) release(t uint32) { s.recent.add(t) }
 
 // recent is a set of the last retiredMax keys added.

@@ -43,19 +43,7 @@ func TestConnectFromOwnAddress(t *testing.T) {
 	defer cli.Close()
 	for i, ex := range []kernel.Exchange{kernel.ExchangeSIDR, kernel.ExchangeXRC} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		dst := netip.AddrPortFrom(ip1, uint16(20341+i))
-		l, err := srv.Listen(dst, ex)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := cli.Connect(ctx, dst, ex, 0x7ABCDE, []byte("hello"))
-		if err != nil {
-			t.Fatalf("%v: connect: %v", ex, err)
-		}
-		ev, err := srv.Event(ctx, l)
-		if err != nil || ev.Type != kernel.EventConnectRequest {
-			t.Fatalf("%v: listener event %+v, %v", ex, ev, err)
-		}
+		l, c, ev := pendingRequest(t, ctx, srv, cli, netip.AddrPortFrom(ip1, uint16(20341+i)), ex)
 		if ev.Remote.Addr() != ip2 {
 			t.Errorf("%v: the request came from %v, want %v", ex, ev.Remote.Addr(), ip2)
 		}
@@ -149,19 +137,7 @@ func TestEstablishOnlyOnActiveXRC(t *testing.T) {
 	defer cm.Close()
 	for i, ex := range []kernel.Exchange{kernel.ExchangeSIDR, kernel.ExchangeXRC} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		dst := netip.AddrPortFrom(ip, uint16(20351+i))
-		l, err := cm.Listen(dst, ex)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := cm.Connect(ctx, dst, ex, 0x7ABCDE, []byte("hello"))
-		if err != nil {
-			t.Fatalf("%v: connect: %v", ex, err)
-		}
-		ev, err := cm.Event(ctx, l)
-		if err != nil || ev.Type != kernel.EventConnectRequest {
-			t.Fatalf("%v: listener event %+v, %v", ex, ev, err)
-		}
+		l, c, ev := pendingRequest(t, ctx, cm, cm, netip.AddrPortFrom(ip, uint16(20351+i)), ex)
 		if err := cm.Establish(ev.ID); !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("%v: Establish on the passive id: %v, want EINVAL", ex, err)
 		}
@@ -174,4 +150,22 @@ func TestEstablishOnlyOnActiveXRC(t *testing.T) {
 		cm.DestroyID(l)
 		cancel()
 	}
+}
+
+// pendingRequest has srv listen on dst and cli connect to it by ex, and
+// returns the listener, the connecting id and the listener's
+// CONNECT_REQUEST (not answered).
+func pendingRequest(t *testing.T, ctx context.Context, srv, cli *CM, dst netip.AddrPort, ex kernel.Exchange) (l, c kernel.ID, ev kernel.Event) {
+	t.Helper()
+	l, err := srv.Listen(dst, ex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err = cli.Connect(ctx, dst, ex, 0x7ABCDE, []byte("hello")); err != nil {
+		t.Fatalf("%v: connect: %v", ex, err)
+	}
+	if ev, err = srv.Event(ctx, l); err != nil || ev.Type != kernel.EventConnectRequest {
+		t.Fatalf("%v: listener event %+v, %v", ex, ev, err)
+	}
+	return l, c, ev
 }
