@@ -3,6 +3,7 @@ package xrc
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,9 +31,6 @@ type downlink struct {
 	// until then, also at count 0 (see maybeDropLocked).
 	prevs int
 	mark  uint64
-	// held orders the downlinks by when we took our handle (setTGT): a
-	// recovery moves a leg to a TGT taken after the one it is on.
-	held uint64
 }
 
 // prevTGT is a TGT a leg moved away from, and the SRQ drain count at the
@@ -111,8 +109,7 @@ type acceptor struct {
 	ours     map[uint32]struct{} // the registered legs' tags (ours), for newTagLocked
 	reserved map[uint32]struct{} // tags ReserveTag gave, until registered (ReverseLeg) or Unreserve
 	tags     tagSource
-	held     uint64 // downlinks taken, for downlink.held
-	closed   bool   // by Close: registers nothing more
+	closed   bool // by Close: registers nothing more
 	retired  retiredLegs
 	// lingering holds the downlinks at count 0 whose handle stays open
 	// for messages still queued through them (see maybeDropLocked);
@@ -294,11 +291,14 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 			return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 		}
 		if moving != nil {
-			if dl.held < moving.Downlink.held {
-				// Older than the leg's TGT (one it has left, perhaps):
-				// a late copy of an earlier recovery's MOVE, or a replay.
-				// A recovery moves a leg to the TGT its new INI made,
-				// which we take after the one the leg is on.
+			if slices.ContainsFunc(moving.prev, func(p prevTGT) bool { return p.dl == dl }) {
+				// A TGT the leg has left: a late copy of an earlier
+				// recovery's MOVE, or a replay. A sender moves a leg to
+				// its current uplink's TGT, never back to one an older
+				// INI reached. (Not the order we took our handles in: a
+				// leg accepted over an uplink already rebuilt may sit on
+				// a TGT we opened after the one its sender moves it to,
+				// which failed dials in TestEndpointManyDialsKilledThreeNodes.)
 				return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 			}
 			return a.move(moving, dl, req, false, false)
@@ -560,8 +560,6 @@ func (a *acceptor) deleteLeg(k legKey) {
 }
 
 func (a *acceptor) setTGT(dl *downlink) {
-	a.held++
-	dl.held = a.held
 	a.view.Lock()
 	a.byTGT[dl.TGTQPN] = dl
 	a.view.Unlock()
@@ -578,8 +576,7 @@ func (a *acceptor) deleteTGT(dl *downlink) {
 
 // unknownMove refuses a MOVE of a leg we do not hold.
 // foreignLeg refuses a request naming a leg we hold (its sender's
-// incarnation and tag, neither secret: the sender sends them to every peer)
-// from another node than the leg's. A leg never changes node (a sender
+// incarnation and tag) from another node than the leg's. A leg never changes node (a sender
 // recovers its legs over its uplink to the same node). Taken for the leg, a
 // MOVE would put the leg on the requester's TGT, whose messages would then
 // reach the connection as the sender's, and a repeated PHYS_REQ would
