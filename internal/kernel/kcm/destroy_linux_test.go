@@ -4,27 +4,19 @@ package kcm
 
 import (
 	"net/netip"
-	"os"
 	"syscall"
 	"testing"
 
 	"github.com/goxrc/goxrc/internal/faults"
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/rdmacm"
-	"github.com/goxrc/goxrc/test/softroce"
 )
 
 // A DestroyID whose rdma_destroy_id fails keeps the handle, so a retry
 // destroys the id; Close leaves nothing behind. Runs in the VM of
 // test/vm/rxe-vm.sh; skips elsewhere.
 func TestDestroyIDFailureIsRetried(t *testing.T) {
-	if os.Getenv(softroce.EnvDev) == "" {
-		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
-	}
-	ip, err := netip.ParseAddr(os.Getenv(softroce.EnvIP))
-	if err != nil {
-		t.Fatalf("RXE_IP: %v", err)
-	}
+	ip := rxeIP(t)
 	before := rdmacm.Counts()
 	c, err := New(ip)
 	if err != nil {

@@ -22,14 +22,8 @@ import (
 // kernel took the destination's own address as the source (a local route).
 // Runs in the VM of test/vm/rxe-vm.sh; skips elsewhere.
 func TestConnectFromOwnAddress(t *testing.T) {
+	ip1 := rxeIP(t)
 	dev := os.Getenv(softroce.EnvDev)
-	if dev == "" {
-		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
-	}
-	ip1, err := netip.ParseAddr(os.Getenv(softroce.EnvIP))
-	if err != nil {
-		t.Fatalf("RXE_IP: %v", err)
-	}
 	ip2 := softroce.SecondAddress(t, dev, ip1)
 	srv, err := New(ip1)
 	if err != nil {
@@ -66,18 +60,7 @@ func TestConnectFromOwnAddress(t *testing.T) {
 // RTR after the peer was gone. Runs in the VM of test/vm/rxe-vm.sh; skips
 // elsewhere.
 func TestPathOfFollowsTheKernelCM(t *testing.T) {
-	if os.Getenv(softroce.EnvDev) == "" {
-		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
-	}
-	ip, err := netip.ParseAddr(os.Getenv(softroce.EnvIP))
-	if err != nil {
-		t.Fatalf("RXE_IP: %v", err)
-	}
-	c, err := New(ip)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, ip := rxeCM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dst := netip.AddrPortFrom(ip, 20353)
@@ -123,21 +106,10 @@ func TestPathOfFollowsTheKernelCM(t *testing.T) {
 // ESTABLISHED (SIDR) or a REJ (XRC) that no decision had made (found by a
 // review). Runs in the VM of test/vm/rxe-vm.sh; skips elsewhere.
 func TestEstablishOnlyOnActiveXRC(t *testing.T) {
-	if os.Getenv(softroce.EnvDev) == "" {
-		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
-	}
-	ip, err := netip.ParseAddr(os.Getenv(softroce.EnvIP))
-	if err != nil {
-		t.Fatalf("RXE_IP: %v", err)
-	}
-	cm, err := New(ip)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cm.Close()
+	cm, ip := rxeCM(t)
 	for i, ex := range []kernel.Exchange{kernel.ExchangeSIDR, kernel.ExchangeXRC} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		l, c, ev := pendingRequest(t, ctx, cm, cm, netip.AddrPortFrom(ip, uint16(20351+i)), ex)
+		l, c, ev := pendingRequest(t, ctx, cm, cm, netip.AddrPortFrom(ip, uint16(20361+i)), ex)
 		if err := cm.Establish(ev.ID); !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("%v: Establish on the passive id: %v, want EINVAL", ex, err)
 		}
@@ -168,4 +140,30 @@ func pendingRequest(t *testing.T, ctx context.Context, srv, cli *CM, dst netip.A
 		t.Fatalf("%v: listener event %+v, %v", ex, ev, err)
 	}
 	return l, c, ev
+}
+
+// rxeIP is soft-RoCE's address in the VM of test/vm/rxe-vm.sh; it skips
+// elsewhere.
+func rxeIP(t *testing.T) netip.Addr {
+	t.Helper()
+	if os.Getenv(softroce.EnvDev) == "" {
+		t.Skip("RXE_DEV unset: run through test/vm/rxe-vm.sh")
+	}
+	ip, err := netip.ParseAddr(os.Getenv(softroce.EnvIP))
+	if err != nil {
+		t.Fatalf("RXE_IP: %v", err)
+	}
+	return ip
+}
+
+// rxeCM is a CM on soft-RoCE's address, closed at the end of the test.
+func rxeCM(t *testing.T) (*CM, netip.Addr) {
+	t.Helper()
+	ip := rxeIP(t)
+	c, err := New(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, ip
 }
