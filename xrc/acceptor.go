@@ -576,8 +576,9 @@ func (a *acceptor) deleteTGT(dl *downlink) {
 
 // unknownMove refuses a MOVE of a leg we do not hold.
 // foreignLeg refuses a request naming a leg we hold (its sender's
-// incarnation and tag) from another node than the leg's. A leg never changes node (a sender
-// recovers its legs over its uplink to the same node). Taken for the leg, a
+// incarnation and tag) from another node than the leg's. A leg never
+// changes node (a sender recovers its legs over its uplink to the same
+// node). Taken for the leg, a
 // MOVE would put the leg on the requester's TGT, whose messages would then
 // reach the connection as the sender's, and a repeated PHYS_REQ would
 // release the leg and fail its connection.

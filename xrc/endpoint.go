@@ -1563,14 +1563,11 @@ func (e *Endpoint) janitor() {
 		for _, c := range beat {
 			if res, room := c.post(kindHeartbeat, nil, nil); res == postFull {
 				e.mu.Lock()
-				waiting := c.beatWaits
-				c.beatWaits = true
-				e.mu.Unlock()
-				if !waiting && !e.spawn(func() { e.keepaliveWhenRoom(c, room) }) {
-					e.mu.Lock()
-					c.beatWaits = false
-					e.mu.Unlock()
+				if !c.beatWaits {
+					c.beatWaits = true // (the spawn fails only as the endpoint closes)
+					e.spawn(func() { e.keepaliveWhenRoom(c, room) })
 				}
+				e.mu.Unlock()
 			}
 		}
 	}
