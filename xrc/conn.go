@@ -356,6 +356,12 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 			}
 			return true, nil // a recovery posts it, or the leg is gone
 		case <-c.done:
+			// Ended with the frame still ours: it was never posted.
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if last := c.out.Len() - 1; last >= 0 && c.out.At(last).q == q && c.out.At(last).wrid == wrid {
+				return true, &OpError{"send", c.raddr.String(), cmp.Or(c.sendErrLocked(false), ErrClosed)}
+			}
 			return true, nil
 		case <-e.ctx.Done():
 			return true, &OpError{"send", c.raddr.String(), ErrClosed}

@@ -1,6 +1,9 @@
 package xrc
 
 import (
+	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,3 +45,55 @@ func TestSendQueueFull(t *testing.T) {
 	}
 	t.Fatalf("in %d rounds no post found the send queue full: nothing was tested", rounds)
 }
+
+// A Send waiting for room in a full send queue when its connection ends
+// (here the peer's FIN, whose answer cannot go out while the Send holds the
+// turn, so our side's close gives up after HandshakeTimeout) never posted
+// its message: it must say so, not return nil as if the message were on
+// its way.
+func TestSendWaitingForRoomFailsWhenConnEnds(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
+	w.f.AddNode("10.0.2.2", memfabric.NodeConfig{SRQReceives: 4})
+	short := func(c *Config) { longTimers(c); c.HandshakeTimeout = 200 * time.Millisecond }
+	a := w.endpoint("10.0.2.1", 7000, short)
+	b := w.endpoint("10.0.2.2", 7000, short)
+	s, r := pair(t, a, b)
+	b.p.PauseReceives() // four messages fill b's SRQ, the fifth waits (RNR) at a's INI
+	ctx := ctxT(t, 10*time.Second)
+	sent := make(chan error, 1)
+	var inFlight atomic.Int32 // the Send under way
+	go func() {
+		for i := 0; ; i++ {
+			inFlight.Store(int32(i))
+			if err := s.Send(ctx, seqMsg(i)); err != nil {
+				sent <- &failedSend{i, err}
+				return
+			}
+			if i == 20 {
+				sent <- errors.New("20 messages posted to a paused receiver through a send queue of 2")
+				return
+			}
+		}
+	}()
+	eventually(t, "a Send finding the send queue full", func() (bool, string) {
+		st := a.Stats()
+		return st.SendQueueFull > 0, fmt.Sprintf("%+v", st)
+	})
+	waiting := int(inFlight.Load())
+	go r.Close()
+	err := <-sent
+	var f *failedSend
+	if !errors.As(err, &f) || f.i != waiting || !(errors.Is(err, ErrPeerClosed) || errors.Is(err, ErrClosed)) {
+		t.Fatalf("Send %d waited for room as its connection ended; got %v, want it to fail with ErrPeerClosed or ErrClosed", waiting, err)
+	}
+	t.Log(err)
+}
+
+type failedSend struct {
+	i   int
+	err error
+}
+
+func (f *failedSend) Error() string { return fmt.Sprintf("send %d: %v", f.i, f.err) }
+func (f *failedSend) Unwrap() error { return f.err }
