@@ -6,9 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/goxrc/goxrc/cm"
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // FuzzServe: a client's first message is untrusted. Whatever it is (then
@@ -21,18 +18,7 @@ func FuzzServe(f *testing.F) {
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		fab := memfabric.New()
-		dir := t.TempDir()
-		srv, cli := fab.Node("10.7.0.1"), fab.Node("10.7.0.2")
-		l, err := cm.Listen(ctx, "10.7.0.1:7471", cm.WithFabric(srv.Process()), cm.WithDomainPath(dir+"/s"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		c, err := cm.Dial(ctx, l.Addr().String(), cm.WithFabric(cli.Process()), cm.WithDomainPath(dir+"/c"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, l := fabricPair(t, ctx)
 		if len(msg) > c.MaxMessageSize() {
 			msg = msg[:c.MaxMessageSize()]
 		}
@@ -45,7 +31,7 @@ func FuzzServe(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := serve(ctx, s, false)
+		r := serve(ctx, s, false, 0)
 		<-closed
 		want := "?"
 		f := strings.Fields(string(msg))

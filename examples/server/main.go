@@ -8,7 +8,10 @@
 // With -raw it speaks plain librdmacm messages and echoes them, which is
 // what rdma-core's rdma_client example expects. Each connection's report
 // counts what came after the mode request. The exit status is 1 if an
-// Accept or a connection failed (other than at an interrupt).
+// Accept or a connection failed (other than at an interrupt), a sink whose
+// client ended before its N messages included. A client whose node
+// vanishes is let go once a keepalive probe finds it gone (-keepalive); one
+// that stays connected and silent is let go after -idle, if given.
 //
 // With -xrc it prefers XRC: an XRC listener serves one device, so -addr
 // must be that device's address (or -device name it). On a device with XRC
@@ -48,6 +51,8 @@ func main() {
 	depth := flag.Int("depth", 64, "receive queue depth")
 	raw := flag.Bool("raw", false, "plain librdmacm messages (no goxrc framing); echo each one")
 	count := flag.Int("count", 0, "exit after serving this many connections (0: run until interrupted)")
+	idle := flag.Duration("idle", 0, "close a connection that sends nothing for this long (0: never)")
+	keepalive := flag.Duration("keepalive", 10*time.Second, "probe an idle client this often, so one whose node vanished is let go (0: off)")
 	asJSON := flag.Bool("json", false, "print one JSON object per connection")
 	verbose := flag.Bool("v", false, "log connection events")
 	busyPoll := flag.Duration("busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
@@ -55,6 +60,10 @@ func main() {
 	preferXRC := flag.Bool("xrc", false, "prefer XRC; on a device without it, log why RC is used (an XRC listener serves one device: give a device's -addr or -device)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run (until the server stops) to this file")
 	flag.Parse()
+	if *count < 0 || *idle < 0 || *keepalive < 0 {
+		fmt.Fprintln(os.Stderr, "server: -count, -idle and -keepalive must not be negative")
+		os.Exit(2)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err == nil {
@@ -75,7 +84,7 @@ func main() {
 		level = slog.LevelDebug
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	opts := []cm.Option{cm.WithMessageSize(*size), cm.WithQueueDepth(*depth), cm.WithLogger(logger), cm.WithBusyPoll(*busyPoll)}
+	opts := []cm.Option{cm.WithMessageSize(*size), cm.WithQueueDepth(*depth), cm.WithLogger(logger), cm.WithBusyPoll(*busyPoll), cm.WithKeepalive(*keepalive)}
 	if *raw {
 		opts = append(opts, cm.WithRawMessages())
 	}
@@ -114,7 +123,7 @@ func main() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := serve(ctx, c, *raw)
+			r := serve(ctx, c, *raw, *idle)
 			if r.Error != "" && ctx.Err() == nil {
 				failed.Store(true)
 			}
@@ -139,10 +148,18 @@ type result struct {
 	Error    string  `json:"error,omitempty"`
 }
 
-func serve(ctx context.Context, c *cm.Conn, raw bool) result {
+// serve serves c in the mode its client asks for; with idle > 0 it closes c
+// once nothing has come for that long.
+func serve(ctx context.Context, c *cm.Conn, raw bool, idle time.Duration) result {
 	defer c.Close()
 	r := result{Remote: c.RemoteAddr().String(), Mode: "echo"}
 	start := time.Now()
+	var idled atomic.Bool
+	if idle > 0 {
+		stop := make(chan struct{})
+		defer close(stop)
+		go watchIdle(c, idle, stop, &idled)
+	}
 	buf := make([]byte, c.MaxRecvSize())
 	var err error
 	var request int // the mode request's bytes: not counted
@@ -164,7 +181,32 @@ func serve(ctx context.Context, c *cm.Conn, raw bool) result {
 	if r.Mode == "?" && errors.Is(err, io.EOF) {
 		r.Error = "" // connected and closed without a request, as a connect benchmark does
 	}
+	if idled.Load() {
+		r.Error = fmt.Sprintf("closed: nothing received for %v", idle)
+	}
 	return r
+}
+
+// watchIdle closes c, and sets idled, once it has received nothing for
+// idle; it looks at c's counters (the data path keeps no timer) until stop.
+func watchIdle(c *cm.Conn, idle time.Duration, stop <-chan struct{}, idled *atomic.Bool) {
+	tick := time.NewTicker(max(idle/8, time.Millisecond))
+	defer tick.Stop()
+	last, since := c.Stats().MessagesReceived, time.Now()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-tick.C:
+			if n := c.Stats().MessagesReceived; n != last {
+				last, since = n, now
+			} else if now.Sub(since) >= idle {
+				idled.Store(true)
+				c.Close()
+				return
+			}
+		}
+	}
 }
 
 // handle reads the client's first message, "echo" or "sink N", and serves
@@ -204,6 +246,9 @@ func sink(ctx context.Context, c *cm.Conn, buf []byte, total int) error {
 	var bytes int
 	for i := 0; i < total; i++ {
 		n, err := c.Recv(ctx, buf)
+		if errors.Is(err, io.EOF) {
+			return fmt.Errorf("the client ended after %d of %d messages", i, total)
+		}
 		if err != nil {
 			return err
 		}

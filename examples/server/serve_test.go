@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// fabricPair connects a client to a listener on the in-memory fabric and
+// returns the client's end and the listener, whose Accept gives the
+// server's end.
+func fabricPair(t testing.TB, ctx context.Context) (*cm.Conn, *cm.Listener) {
+	fab := memfabric.New()
+	dir := t.TempDir()
+	srv, cli := fab.Node("10.7.0.1"), fab.Node("10.7.0.2")
+	l, err := cm.Listen(ctx, "10.7.0.1:7471", cm.WithFabric(srv.Process()), cm.WithDomainPath(dir+"/s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	c, err := cm.Dial(ctx, l.Addr().String(), cm.WithFabric(cli.Process()), cm.WithDomainPath(dir+"/c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, l
+}
+
+func accept(t *testing.T, ctx context.Context, l *cm.Listener) *cm.Conn {
+	s, err := l.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// A client that asks for "sink 5", sends one message and closes has not
+// done what it asked: the connection's report is an error (and the exit
+// status 1), not a sink of one message.
+func TestSinkCutShortFails(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, l := fabricPair(t, ctx)
+	for _, m := range []string{"sink 5", "x"} {
+		if err := c.Send(ctx, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go c.Close()
+	r := serve(ctx, accept(t, ctx, l), false, 0)
+	if r.Mode != "sink" || r.Messages != 1 || !strings.Contains(r.Error, "ended after 1 of 5") {
+		t.Fatalf("report %+v, want a sink of 1 message failing: ended after 1 of 5", r)
+	}
+}
+
+// With -idle, a client that connects and sends nothing is let go, and
+// the report says why; one that keeps sending is not.
+func TestIdleClientClosed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, l := fabricPair(t, ctx)
+	const idle = 300 * time.Millisecond
+	done := make(chan result, 1)
+	go func() { done <- serve(ctx, accept(t, ctx, l), false, idle) }()
+	// Busy for three idle periods: echo, one message every idle/3.
+	if err := c.Send(ctx, []byte("echo")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	for range 9 {
+		time.Sleep(idle / 3)
+		if err := c.Send(ctx, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Recv(ctx, buf); err != nil {
+			t.Fatalf("an active client was let go: %v", err)
+		}
+	}
+	select {
+	case r := <-done:
+		if !strings.Contains(r.Error, "nothing received for 300ms") || r.Messages != 9 {
+			t.Fatalf("report %+v, want 9 messages, then closed for being idle", r)
+		}
+	case <-ctx.Done():
+		t.Fatal("an idle client was never let go")
+	}
+}
