@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/quantile"
 )
 
 type options struct {
@@ -304,11 +305,10 @@ func latency(ctx context.Context, c *cm.Conn, o options, r *result, p *progress)
 	if len(rtts) == 0 {
 		return errors.New("no samples: -count must be positive")
 	}
-	slices.Sort(rtts)
 	us := func(d time.Duration) float64 { return float64(d) / 2 / 1e3 } // one way
-	r.MinUS = us(rtts[0])
-	r.MedianUS = us(rtts[len(rtts)/2])
-	r.P99US = us(rtts[min(len(rtts)-1, len(rtts)*99/100)])
+	r.MinUS = us(slices.Min(rtts))
+	r.MedianUS = us(quantile.Median(rtts))
+	r.P99US = us(quantile.Rank(rtts, 99))
 	return nil
 }
 

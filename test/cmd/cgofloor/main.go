@@ -44,10 +44,10 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"slices"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/fdpoll"
+	"github.com/goxrc/goxrc/internal/quantile"
 )
 
 func main() {
@@ -121,8 +121,7 @@ type result struct {
 
 // oneWay returns the median round trip halved, in microseconds.
 func oneWay(rtts []time.Duration) float64 {
-	slices.Sort(rtts)
-	return float64(rtts[len(rtts)/2]) / 2 / 1e3
+	return float64(quantile.Median(rtts)) / 2 / 1e3
 }
 
 const (
@@ -206,8 +205,7 @@ func stream(server bool, size, count, warmup, rounds int, asJSON bool) {
 	if server {
 		return
 	}
-	med := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
-	res := streamResult{Size: size, Count: count, Rounds: rounds, CMBps: med(inC), GoMBps: med(inGo)}
+	res := streamResult{Size: size, Count: count, Rounds: rounds, CMBps: quantile.Median(inC), GoMBps: quantile.Median(inGo)}
 	res.GoOverC = res.GoMBps / res.CMBps
 	if asJSON {
 		json.NewEncoder(os.Stdout).Encode(res)

@@ -31,8 +31,9 @@ import (
 	"math"
 	"net/netip"
 	"os"
-	"slices"
 	"time"
+
+	"github.com/goxrc/goxrc/internal/quantile"
 )
 
 func main() {
@@ -122,12 +123,11 @@ func run(addr string, count, rounds int, idle time.Duration) (*result, error) {
 		}
 	}
 	summary := func(a *acc) (median float64, steps map[string]float64) {
-		slices.Sort(a.totals)
 		steps = map[string]float64{}
 		for i, name := range stepNames {
 			steps[name] = us(a.steps[i] / time.Duration(len(a.totals)))
 		}
-		return us(a.totals[len(a.totals)/2]), steps
+		return us(quantile.Median(a.totals)), steps
 	}
 	n := time.Duration(2 * count * rounds)
 	res := &result{Count: count, Rounds: rounds, IdleUS: us(idle), ResolveUS: us((addrs + routes) / n), AddrUS: us(addrs / n), RouteUS: us(routes / n)}
