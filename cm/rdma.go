@@ -731,9 +731,11 @@ func (m *rdmaMem) bytes() []byte { return m.mr.Bytes() }
 func (m *rdmaMem) addr() uint64  { return m.mr.Addr() }
 func (m *rdmaMem) rkey() uint32  { return m.mr.RKey() }
 func (m *rdmaMem) close() error {
-	err := m.mr.Close()
+	if err := m.mr.Close(); err != nil {
+		return err // still on the PD: the device stays held
+	}
 	m.dev.release()
-	return err
+	return nil
 }
 
 func (t *rdmaTransport) regMem(size int, remoteWrite bool) (memory, error) {
@@ -769,6 +771,9 @@ func (t *rdmaTransport) postRDMA(write bool, local *Region, off, n int, remote R
 	t.rdmaWR[0] = verbs.SendWR{
 		ID: rdmaWRID, Opcode: op, Flags: verbs.SendSignaled, SGL: t.rdmaSGE[:],
 		RemoteAddr: remote.Addr + roff, RKey: remote.RKey,
+	}
+	if n == 0 {
+		t.rdmaWR[0].SGL = nil // a zero-length SGE means 2 GiB to some devices
 	}
 	return t.qp.PostSend(t.rdmaWR[:])
 }

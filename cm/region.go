@@ -14,12 +14,13 @@ import (
 // RDMA. Hand its Descriptor to the peer (in a message) to let the peer read
 // or write it; Close revokes that access.
 type Region struct {
-	mem memory
+	mem  memory
+	size int // len(mem.bytes()) while registered: Bytes is nil after Close
 	// mu is read-held from a one-sided operation's checks to its
-	// completion, so that Close cannot deregister the memory in between.
-	mu       sync.RWMutex
-	closed   bool
-	closeErr error
+	// completion, so that Close cannot deregister the memory in between;
+	// only Close write-locks it.
+	mu     sync.RWMutex
+	closed bool
 }
 
 // RemoteRegion describes a peer's Region: enough to read or write it, and
@@ -72,19 +73,26 @@ func (r *Region) Descriptor() RemoteRegion {
 
 // Close deregisters the region: later remote accesses fail on the peer. It
 // waits for this side's one-sided operations on the region to return,
-// which they do only once the device is done with their requests (on a
-// failed connection, up to the handshake timeout for the flush, or until
-// the connection's Close has released its QP). A
+// which they do once the device is done with their requests, or, on a
+// failed connection, once the flush came, its bound (the handshake timeout)
+// passed or the connection's Close released its QP; the deregistration
+// itself takes the device's access away from a request still posted. An
+// operation that finds Close under way fails with ErrClosed at once. A
 // Region holds its connection's device (its protection domain) until Close,
-// also after the connection ends.
+// also after the connection ends. Close is idempotent; if the
+// deregistration fails, the region stays registered, and usable, and Close
+// may be called again.
 func (r *Region) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.closed {
-		r.closed = true
-		r.closeErr = r.mem.close()
+	if r.closed {
+		return nil
 	}
-	return r.closeErr
+	if err := r.mem.close(); err != nil {
+		return fmt.Errorf("cm: close region: %w", err)
+	}
+	r.closed = true
+	return nil
 }
 
 // errRegionClosed: the local region of a one-sided operation was closed.
@@ -102,7 +110,7 @@ func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
 	if c.x != nil {
 		return nil, c.opErr("register memory", fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
 	}
-	if size <= 0 || size > 1<<31 {
+	if size <= 0 || int64(size) > 1<<31 {
 		return nil, c.opErr("register memory", fmt.Errorf("size %d out of range", size))
 	}
 	c.mu.Lock()
@@ -121,7 +129,7 @@ func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
 	if err != nil {
 		return nil, c.opErr("register memory", err)
 	}
-	return &Region{mem: m}, nil
+	return &Region{mem: m, size: size}, nil
 }
 
 // WriteRemote copies n bytes at off in local to roff in the peer's region,
@@ -151,16 +159,24 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	}
 	// Written so that no sum can wrap: off+n or roff+n past the top of
 	// their types would pass a plain comparison.
-	if size := len(local.Bytes()); off < 0 || n < 0 || off > size || n > size-off {
+	if size := local.size; off < 0 || n < 0 || off > size || n > size-off {
 		return c.opErr(op, fmt.Errorf("local range of %d bytes at %d outside the %d-byte region", n, off, size))
 	}
 	if rlen := uint64(remote.Len); roff > rlen || uint64(n) > rlen-roff {
 		return c.opErr(op, fmt.Errorf("remote range of %d bytes at %d outside the %d-byte region", n, roff, remote.Len))
 	}
+	if end := roff + uint64(n); remote.Addr > math.MaxUint64-end { // a descriptor built by hand
+		return c.opErr(op, fmt.Errorf("remote range of %d bytes at %#x+%d wraps the address space", n, remote.Addr, roff))
+	}
 	if err := c.rdmaTurn.Take(ctx); err != nil {
 		return c.opErr(op, err)
 	}
 	defer c.rdmaTurn.Give()
+	// A free turn is taken whatever ctx says, and a request posted under
+	// an ended ctx would be abandoned at once, breaking the connection.
+	if err := ctx.Err(); err != nil {
+		return c.opErr(op, err)
+	}
 	c.mu.Lock()
 	if c.err != nil || c.closing {
 		err := c.err
@@ -181,7 +197,14 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	}
 	// Held until the request completes: deregistering memory the device
 	// is still using would fail the request, and with it the connection.
-	local.mu.RLock()
+	// Only Close write-locks it, so a failed try means Close is under way
+	// (waiting for another connection's request, maybe): no waiting here,
+	// with c.io() held and ctx unheard.
+	if !local.mu.TryRLock() {
+		c.ioDone()
+		c.noRDMAOut()
+		return opError(op, c.raddr, errRegionClosed)
+	}
 	defer local.mu.RUnlock()
 	if local.closed {
 		c.ioDone()

@@ -138,3 +138,139 @@ func TestRegionCloseWaitsForItsOperation(t *testing.T) {
 	require.Equal(t, "in flight", string(remote.Bytes()[:9]))
 	require.NoError(t, a.Send(ctx, []byte("still up")))
 }
+
+// A one-sided call whose ctx has already ended posts nothing and leaves
+// the connection up, as Send does: a free turn was taken whatever ctx
+// said, and the request then posted was abandoned at once, which broke
+// the connection.
+func TestOneSidedEndedCtxPostsNothing(t *testing.T) {
+	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, true) })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, a.WriteRemote(ctx, local, 0, 8, desc, 0), context.Canceled)
+	select {
+	case <-h.posted:
+		t.Fatal("a request was posted under an ended ctx")
+	default:
+	}
+	require.NoError(t, a.Send(ctxT(t), []byte("still up")))
+}
+
+// An operation on a Region whose Close is under way (waiting for another
+// connection's request on it) fails at once with ErrClosed: it waited for
+// the region's lock, deaf to its ctx and holding its connection's I/O, so
+// that connection's Close waited as well.
+func TestOneSidedOnClosingRegionFailsAtOnce(t *testing.T) {
+	a1, b1, w1 := fakePair(t, fakeOpts{})
+	h := heldRDMA{w1.ends[0], make(chan struct{}), make(chan struct{})}
+	a1.t = h
+	a2, b2, _ := fakePair(t, fakeOpts{})
+	r1, err := b1.RegisterMemory(64, true)
+	require.NoError(t, err)
+	defer r1.Close()
+	r2, err := b2.RegisterMemory(64, true)
+	require.NoError(t, err)
+	defer r2.Close()
+	shared, err := a1.RegisterMemory(64, false) // one device: a2 may use it too
+	require.NoError(t, err)
+	wrote := make(chan error, 1)
+	go func() { wrote <- a1.WriteRemote(ctxT(t), shared, 0, 8, r1.Descriptor(), 0) }()
+	<-h.posted
+	closed := make(chan error, 1)
+	go func() { closed <- shared.Close() }() // waits for a1's request
+	// Close holds, or waits for, the write lock: TryLock fails until then.
+	for shared.mu.TryRLock() {
+		shared.mu.RUnlock()
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = a2.WriteRemote(ctx, shared, 0, 8, r2.Descriptor(), 0)
+	require.ErrorIs(t, err, ErrClosed)
+	require.Less(t, time.Since(start), time.Second, "waited for the region")
+	require.NoError(t, a2.Send(ctx, []byte("still up")), "the region's close is no failure of the connection")
+	close(h.finish)
+	require.NoError(t, <-wrote)
+	require.NoError(t, <-closed)
+}
+
+// A Region whose deregistration fails stays registered (the peer can still
+// reach it, so it must not read as revoked) and its Close can be tried
+// again; then it is revoked. The first failure was final: later Closes
+// returned it without trying, and the memory stayed open to the peer.
+func TestRegionCloseFailureCanBeRetried(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	exposed, err := b.RegisterMemory(64, true)
+	require.NoError(t, err)
+	exposed.mem = &failingClose{memory: exposed.mem, fails: 1}
+	local, err := a.RegisterMemory(64, false)
+	require.NoError(t, err)
+	defer local.Close()
+	ctx := ctxT(t)
+	require.Error(t, exposed.Close())
+	require.NoError(t, a.WriteRemote(ctx, local, 0, 8, exposed.Descriptor(), 0), "a region still registered")
+	desc := exposed.Descriptor()
+	require.NoError(t, exposed.Close())
+	require.NoError(t, exposed.Close(), "Close is idempotent")
+	require.Error(t, a.WriteRemote(ctx, local, 0, 8, desc, 0), "the peer wrote a region closed without error")
+}
+
+type failingClose struct {
+	memory
+	fails int
+}
+
+func (m *failingClose) close() error {
+	if m.fails > 0 {
+		m.fails--
+		return errors.New("ibv_dereg_mr: device busy")
+	}
+	return m.memory.close()
+}
+
+// A closed local Region is ErrClosed, not a range error: the bounds check
+// read the region's length from its memory, which a closed verbs.MR no
+// longer has (unmapped, its Bytes are nil).
+func TestOneSidedClosedLocalRegion(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	exposed, err := b.RegisterMemory(64, true)
+	require.NoError(t, err)
+	defer exposed.Close()
+	local, err := a.RegisterMemory(64, false)
+	require.NoError(t, err)
+	local.mem = &unmappedOnClose{memory: local.mem}
+	require.NoError(t, local.Close())
+	require.ErrorIs(t, a.WriteRemote(ctxT(t), local, 0, 8, exposed.Descriptor(), 0), ErrClosed)
+}
+
+// A descriptor built by hand whose range wraps the address space is
+// refused here; it was posted, and the peer's device's refusal broke the
+// connection.
+func TestOneSidedWrappingDescriptorRefused(t *testing.T) {
+	a, _, w := fakePair(t, fakeOpts{})
+	local, err := a.RegisterMemory(64, false)
+	require.NoError(t, err)
+	defer local.Close()
+	remote := RemoteRegion{Addr: math.MaxUint64 - 10, Len: 100, RKey: 1}
+	err = a.WriteRemote(ctxT(t), local, 0, 8, remote, 50)
+	require.ErrorContains(t, err, "wraps the address space")
+	require.Zero(t, rdmaOutOf(w), "posted")
+	require.NoError(t, a.Send(ctxT(t), []byte("still up")))
+}
+
+// unmappedOnClose has no bytes once closed, as a verbs.MR (the fake's
+// memory keeps them: the stress test writes into a region it closes).
+type unmappedOnClose struct {
+	memory
+	closed bool
+}
+
+func (m *unmappedOnClose) bytes() []byte {
+	if m.closed {
+		return nil
+	}
+	return m.memory.bytes()
+}
+
+func (m *unmappedOnClose) close() error { m.closed = true; return m.memory.close() }

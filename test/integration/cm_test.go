@@ -272,6 +272,11 @@ func TestCMOneSidedWriteRead(t *testing.T) {
 	require.Equal(t, "written one-sided", string(exposed.Bytes()[100:117]))
 	require.NoError(t, client.ReadRemote(ctx, local, 1000, 11, desc, 4096))
 	require.Equal(t, "server data", string(local.Bytes()[1000:1011]))
+	// Zero bytes each way (posted with no SGE) move nothing and keep the
+	// connection up; the region's end is a valid place for them.
+	require.NoError(t, client.WriteRemote(ctx, local, 0, 0, desc, 8192))
+	require.NoError(t, client.ReadRemote(ctx, local, 8192, 0, desc, 0))
+	require.Equal(t, "written one-sided", string(exposed.Bytes()[100:117]))
 	require.Zero(t, testing.AllocsPerRun(50, func() {
 		if err := client.WriteRemote(ctx, local, 0, 17, desc, 100); err != nil {
 			t.Fatal(err)
