@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -388,4 +389,69 @@ func TestEndpointLegOfAnotherNode(t *testing.T) {
 		t.Fatalf("after the requests: %+v, before %+v", st, before)
 	}
 	roundTrip(t, sc, rc, []byte("still the sender's leg"))
+}
+
+// A process we dial on the node of a live uplink that answers every
+// VIRT_REQ with REJECT(TGT_GONE), true or not: each one rebuilt the
+// uplink, which carries our connections to the node's other processes,
+// and cost no attempt, so the dial rebuilt it once a round trip until its
+// ctx ended (26624 times in 1 s). Now the first is free and the rest are
+// failed attempts: a bounded number of rebuilds, the dial fails, and the
+// other connection stays up. One naming another domain rebuilds nothing.
+func TestEndpointLyingTGTGoneBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		domain      func(our uint64) uint64 // the REJECT's, from our uplink's
+		maxRebuilds uint64
+	}{
+		{"our domain", func(our uint64) uint64 { return our }, 17}, // one free, then 16 attempts
+		{"another domain", func(our uint64) uint64 { return our ^ 0xBAD }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			a := w.endpoint("10.0.71.1", 7000)
+			b := w.endpoint("10.0.71.2", 7000)
+			ca, cb := pair(t, a, b) // on a's uplink to node 10.0.71.2
+			k := w.rawKernel("10.0.71.2")
+			liar := netip.MustParseAddrPort("10.0.71.2:7100")
+			l, err := k.Listen(liar, kernel.ExchangeSIDR)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.mu.Lock()
+			domain := tc.domain(a.uplinkForLocked(liar).dom)
+			a.mu.Unlock()
+			var rejects atomic.Int32
+			go func() {
+				for {
+					ev, err := k.Event(ctxT(t, 10*time.Second), l)
+					if err != nil {
+						return
+					}
+					var req wire.Req
+					if wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req) == nil {
+						rj := wire.Reject{Tag: req.ConnTag, Reason: wire.RejectTGTGone, MinVersion: 2, MaxVersion: 2, DomainID: domain}
+						b := make([]byte, wire.BudgetSIDRREP)
+						n, _ := rj.Encode(b)
+						k.Reject(ev.ID, b[:n])
+						rejects.Add(1)
+					}
+					k.DestroyID(ev.ID)
+				}
+			}()
+			before := a.Stats().Recoveries
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err = a.Dial(ctx, liar.String())
+			cancel()
+			rebuilds := a.Stats().Recoveries - before
+			t.Logf("dial: %v; %d rejects, %d rebuilds", err, rejects.Load(), rebuilds)
+			if err == nil || errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("dial to the liar: %v, want it to fail before its ctx ends", err)
+			}
+			if rebuilds > tc.maxRebuilds {
+				t.Fatalf("%d rebuilds of the uplink for one dial, want at most %d", rebuilds, tc.maxRebuilds)
+			}
+			roundTrip(t, ca, cb, []byte("still up"))
+		})
+	}
 }

@@ -149,7 +149,8 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	// holds the leg on a TGT we may no longer reach: what follows moves it
 	// (MOVE), as recover moves a bound leg.
 	var moving bool
-	var last error // the last failure, for errRetries
+	var last error   // the last failure, for errRetries
+	var rebuilt bool // a TGT_GONE rebuilt the uplink (once free of an attempt)
 	for attempt := 0; attempt < 16; attempt++ {
 		e.mu.Lock()
 		if e.closed || c.failed() {
@@ -317,12 +318,23 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				}
 			case RejectTGTGone:
 				// Our TGT there died (its last holder left): rebuild.
-				// Not a failed attempt either: where connections come
-				// and go fast, a new uplink's TGT can die too before a
-				// dial's turn (ctx bounds the dial).
+				// The REJECT comes from the process we dial, which need
+				// not be honest, and the rebuild moves every leg on the
+				// uplink: one naming another domain is refused as it
+				// stands, and only the first of a dial is free (where
+				// connections come and go fast, a new uplink's TGT can
+				// die too before a dial's turn); the others count as
+				// failed attempts, so a liar costs a dial at most 17
+				// rebuilds, not one per round trip until ctx ends.
+				if rj.domain != u.dom {
+					break
+				}
 				e.failINILocked(u, q)
 				e.mu.Unlock()
-				attempt--
+				if !rebuilt {
+					rebuilt = true
+					attempt--
+				}
 				continue
 			}
 		}
