@@ -277,8 +277,11 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 			continue
 		}
 		// Take a credit and a number, and keep the frame for resends.
-		if c.out.Cap() == 0 {
-			c.out = ring.Make[outFrame](int(replaySpan(int(c.sendWindow))))
+		if c.out.Len() == c.out.Cap() {
+			// Grown as messages wait for completions, up to the replay
+			// span (spanFullLocked keeps Len below it): made at the span,
+			// a peer's window of 65535 cost 7 MiB at the first Send.
+			c.out.Grow(min(max(64, 2*c.out.Cap()), int(replaySpan(int(c.sendWindow)))))
 		}
 		c.sent++
 		seq := c.sendSeq

@@ -459,3 +459,26 @@ func legKinds(t *testing.T, a, b *proc) []legCase {
 		{name: "one-exchange reverse leg", snd: secondB, rcv: second},
 	}
 }
+
+// The peer's window (its ACCEPT's credits, up to 65535) bounds what we keep
+// for resends but does not size it: the ring is grown as messages wait for
+// their completions. Made at the bound, a peer announcing 65535 cost every
+// connection to it 7 MiB at its first Send.
+func TestPeerWindowDoesNotSizeOurMemory(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.0.1", 7000)
+	r := w.endpoint("10.0.0.2", 7000, func(c *Config) { c.RecvWindow = 65535 })
+	cs, cr := pair(t, s, r)
+	roundTrip(t, cs, cr, []byte("x"))
+	s.mu.Lock()
+	kept, window := cs.out.Cap(), cs.sendWindow
+	s.mu.Unlock()
+	if window != 65535 || kept > 64 {
+		t.Fatalf("window %d: room for %d frames after one message, want the window 65535 and room for at most 64", window, kept)
+	}
+	// Many in flight: the ring grows, and every message arrives in order.
+	ctx := ctxT(t, 20*time.Second)
+	if err := streamAll(ctx, []*Conn{cs}, []*Conn{cr}, 1, 3000); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,5 +1,5 @@
-// Package ring is a fixed-capacity FIFO for data paths: made once at its
-// largest size, so that queueing never allocates.
+// Package ring is a bounded FIFO for data paths: made at its largest size
+// (or grown to it as it fills: Grow), so that queueing does not allocate.
 package ring
 
 // Ring holds up to its capacity of T in insertion order. The zero Ring has
@@ -11,6 +11,20 @@ type Ring[T any] struct {
 
 // Make returns an empty ring that holds up to capacity values.
 func Make[T any](capacity int) Ring[T] { return Ring[T]{buf: make([]T, capacity)} }
+
+// Grow raises the ring's capacity to capacity if it is less, keeping its
+// values in order: for a ring whose bound is set by a peer, grown as it
+// fills rather than made at the bound.
+func (r *Ring[T]) Grow(capacity int) {
+	if capacity <= len(r.buf) {
+		return
+	}
+	buf := make([]T, capacity)
+	for i := range r.n {
+		buf[i] = *r.At(i)
+	}
+	r.buf, r.head = buf, 0
+}
 
 // Len is the number of values held.
 func (r *Ring[T]) Len() int { return r.n }

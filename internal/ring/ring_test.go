@@ -56,3 +56,26 @@ func TestRingPopClearsItsSlot(t *testing.T) {
 		t.Fatal("At gave a copy")
 	}
 }
+
+// Grow keeps the values in order, also when they wrap the old buffer, and
+// never shrinks a ring.
+func TestRingGrowKeepsOrder(t *testing.T) {
+	var r Ring[int]
+	r.Grow(2)
+	r.Push(0)
+	r.Push(1)
+	r.Pop()
+	r.Push(2) // wraps: head 1
+	r.Grow(5)
+	r.Push(3)
+	r.Push(4)
+	r.Grow(3) // no shrink
+	if r.Cap() != 5 || r.Len() != 4 {
+		t.Fatalf("cap %d len %d, want 5 and 4", r.Cap(), r.Len())
+	}
+	for want := 1; want <= 4; want++ {
+		if got := r.Pop(); got != want {
+			t.Fatalf("pop %d, want %d", got, want)
+		}
+	}
+}
