@@ -18,8 +18,9 @@ import (
 // is kept (queued for Recv) only if it is a well-formed data frame, not
 // after the peer's FIN, and with a number never kept before; the queue never
 // passes maxQueued; the only way the connection fails is ErrProtocol (an
-// overrun) or, for a first frame, errAbandoned; a credit frame never moves
-// acked past sent (0 here).
+// overrun, or a number past the replay window) or, for a first frame,
+// errAbandoned; a credit frame never moves acked past sent (0 here); a
+// keepalive with a body is dropped (counted).
 func FuzzFrameDispatch(f *testing.F) {
 	const tag, peerTag = 0x2222, 0x1111
 	fin := func(t, st uint32, half bool) []byte {
@@ -46,6 +47,7 @@ func FuzzFrameDispatch(f *testing.F) {
 	f.Add(join(fin(tag, peerTag, false), data(0, "x")), uint8(1), true)
 	f.Add(join(fin(tag, peerTag+1, false), data(0, "x"), []byte("Z")), uint8(3), true)
 	f.Add(join(data(0x7fffffff, "far"), data(0, "old"), data(5, "x"), data(6, "y"), data(7, "z")), uint8(1), false)
+	f.Add(join([]byte("Hjunk"), data(0, "a")), uint8(1), false)
 	f.Fuzz(func(t *testing.T, frames []byte, window uint8, awaitFirst bool) {
 		e := &Endpoint{cfg: Config{RecvWindow: int(window%8) + 1}, conns: map[*Conn]struct{}{}, pending: map[uint32]*Conn{},
 			recv: map[uint32]*Conn{}, acc: newAcceptor(acceptorConfig{})}
@@ -68,8 +70,11 @@ func FuzzFrameDispatch(f *testing.F) {
 				continue // deliver drops empty messages, and any for a tag no longer registered
 			}
 			finBefore, errBefore := c.finRcvd, c.err
-			qBefore := c.q.Len()
+			qBefore, droppedBefore := c.q.Len(), e.dropped.Load()
 			k := e.consumeLocked(c, leg, p)
+			if p[0] == kindHeartbeat && len(p) > 1 && errBefore == nil && e.dropped.Load() == droppedBefore {
+				t.Fatalf("a keepalive with a %d-byte body was taken", len(p)-1)
+			}
 			if k {
 				if p[0] != kindData || len(p) < 1+dataSeqLen {
 					t.Fatalf("kept a frame that is no data frame: %x", p)

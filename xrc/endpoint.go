@@ -1477,7 +1477,15 @@ func (e *Endpoint) consumeFrameLocked(c *Conn, leg *acceptedLeg, p []byte) bool 
 		if c.q.Cap() == 0 {
 			c.q = ring.Make[[]byte](maxQueued(e.cfg.RecvWindow))
 		}
-		if !c.seen.take(binary.BigEndian.Uint32(body)) {
+		seq := binary.BigEndian.Uint32(body)
+		if c.seen.farAhead(seq) {
+			// Past what the sender's credits allow: a broken or hostile
+			// sender (taken, its number would make old ones new again).
+			e.overruns.Add(1)
+			c.failLocked(errOverrun)
+			return false
+		}
+		if !c.seen.take(seq) {
 			e.duplicates.Add(1)
 			return false
 		}
@@ -1494,6 +1502,9 @@ func (e *Endpoint) consumeFrameLocked(c *Conn, leg *acceptedLeg, p []byte) bool 
 			e.dropped.Add(1)
 		}
 	case kindHeartbeat:
+		if len(body) != 0 { // a keepalive is its kind byte alone
+			e.dropped.Add(1)
+		}
 	case kindFIN:
 		var f wire.FIN
 		if wire.DecodeFIN(body, &f) != nil || f.Tag != c.recvTag || f.SenderTag != leg.PeerTag {

@@ -41,6 +41,15 @@ func (w *replayWindow) seen(s uint32) bool {
 	return w.bits[(s%w.size())/64]&(1<<(s%64)) != 0
 }
 
+// farAhead reports whether s is the window's size or more ahead of next,
+// which no sender keeping to its credits numbers a message: it has at most
+// the receiver's window (half the size or less) of messages not yet taken
+// by the receiver, whose numbers therefore stay below next plus the window.
+func (w *replayWindow) farAhead(s uint32) bool {
+	d := s - w.next
+	return int32(d) >= 0 && d >= w.size()
+}
+
 // take records s and reports whether it is new. Numbers wrap: one less
 // than 2^31 ahead of next is ahead, anything else behind.
 func (w *replayWindow) take(s uint32) bool {
