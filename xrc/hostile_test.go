@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -454,4 +455,163 @@ func TestEndpointLyingTGTGoneBounded(t *testing.T) {
 			roundTrip(t, ca, cb, []byte("still up"))
 		})
 	}
+}
+
+// tamperAccept is a kernel whose Accepts carry the ACCEPT altered by
+// tamper, once armed: the acceptor of a peer that lies in its answers.
+type tamperAccept struct {
+	kernel.Kernel
+	armed  *atomic.Bool
+	tamper func(*wire.Accept)
+}
+
+func (k tamperAccept) Accept(id kernel.ID, qpNum uint32, pd []byte) error {
+	var acc wire.Accept
+	if k.armed.Load() && wire.DecodeAccept(pd, &acc) == nil {
+		k.tamper(&acc)
+		b := make([]byte, len(pd)+64)
+		n, err := acc.Encode(b)
+		if err != nil {
+			pd = []byte("garbage")
+		} else {
+			pd = b[:n]
+		}
+	}
+	return k.Kernel.Accept(id, qpNum, pd)
+}
+
+// A dial whose ACCEPT does not answer its request (another tag echoed,
+// another TGT, another domain, flags it did not ask for, garbage) fails
+// with ErrProtocol and keeps nothing: over a new uplink (PHYS: its INI and
+// CM id go) and over one in use (VIRT: the uplink and its other
+// connection stay, untouched). A PHYS_REQ names no domain, so its ACCEPT's
+// is what the dialer learns, not something to check.
+func TestDialRefusesAcceptNotAnsweringIt(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tamper func(*wire.Accept)
+	}{
+		{"tag echo", func(a *wire.Accept) { a.TagEcho++ }},
+		{"TGT", func(a *wire.Accept) { a.TGTQPN++ }},
+		{"domain", func(a *wire.Accept) { a.DomainID ^= 1 }},
+		{"flags", func(a *wire.Accept) { a.Flags ^= wire.AcceptReverse }},
+		{"garbage", func(a *wire.Accept) { a.Credits = 0 }}, // fails to encode: "garbage" is sent
+	} {
+		for _, virt := range []bool{false, true} {
+			name := tc.name + "/PHYS"
+			if virt {
+				name = tc.name + "/VIRT"
+			}
+			if tc.name == "domain" && !virt {
+				continue
+			}
+			t.Run(name, func(t *testing.T) {
+				w := newWorld(t)
+				var armed atomic.Bool
+				a := w.endpoint("10.0.72.1", 7000)
+				b := w.wrappedEndpoint("10.0.72.2", 7000, func(k kernel.Kernel) kernel.Kernel {
+					return tamperAccept{k, &armed, tc.tamper}
+				})
+				var ca, cb *Conn
+				if virt {
+					ca, cb = pair(t, a, b)
+				}
+				before := a.Stats()
+				handles := a.p.Handles()
+				armed.Store(true)
+				_, err := a.Dial(ctxT(t, 5*time.Second), b.Addr().String())
+				if !errors.Is(err, ErrProtocol) {
+					t.Fatalf("dial answered by a tampered ACCEPT: %v, want ErrProtocol", err)
+				}
+				eventually(t, "the dial's resources released", func() (bool, string) {
+					s := a.Stats()
+					return s.Conns == before.Conns && s.Uplinks == before.Uplinks && a.p.Handles() == handles,
+						fmt.Sprintf("conns %d (%d before), INIs %d (%d), handles %d (%d)", s.Conns, before.Conns, s.Uplinks, before.Uplinks, a.p.Handles(), handles)
+				})
+				if virt {
+					armed.Store(false)
+					roundTrip(t, ca, cb, []byte("still up"))
+				}
+			})
+		}
+	}
+}
+
+// FuzzDialAccept answers a dial, over a new uplink or one in use, with the
+// acceptor's ACCEPT altered: mask XORed over its bytes (and appended past
+// them), then cut bytes cut off the end. Whatever comes: no panic; the dial
+// succeeds only if it decodes to an ACCEPT that answers it (the tag echoed,
+// the TGT, and over a VIRT the domain, as the acceptor's own answer has
+// them), and a dial that fails keeps nothing (connections, INIs and kernel
+// handles as before).
+func FuzzDialAccept(f *testing.F) {
+	f.Add([]byte{}, uint8(0), false)
+	f.Add([]byte{}, uint8(0), true)
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 1}, uint8(0), true)
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, uint8(0), false)
+	f.Add([]byte{0xff}, uint8(3), true)
+	f.Fuzz(func(t *testing.T, mask []byte, cut uint8, virt bool) {
+		w := newWorld(t)
+		var armed atomic.Bool
+		var mu sync.Mutex
+		var honest, sent []byte // the acceptor's answer, and what went instead
+		a := w.endpoint("10.0.73.1", 7000)
+		b := w.wrappedEndpoint("10.0.73.2", 7000, func(k kernel.Kernel) kernel.Kernel {
+			return replaceAccept{k, &armed, func(real []byte) []byte {
+				out := append([]byte(nil), real...)
+				for i, m := range mask {
+					if i < len(out) {
+						out[i] ^= m
+					} else {
+						out = append(out, m)
+					}
+				}
+				out = out[:len(out)-min(int(cut), len(out))]
+				mu.Lock()
+				defer mu.Unlock()
+				honest, sent = real, out
+				return out
+			}}
+		})
+		if virt {
+			pair(t, a, b)
+		}
+		before, handles := a.Stats(), a.p.Handles()
+		armed.Store(true)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		c, err := a.Dial(ctx, b.Addr().String())
+		mu.Lock()
+		h, s := honest, sent
+		mu.Unlock()
+		if err == nil {
+			var want, got wire.Accept
+			if h == nil || wire.DecodeAccept(h, &want) != nil || wire.DecodeAccept(s, &got) != nil ||
+				got.TagEcho != want.TagEcho || got.TGTQPN != want.TGTQPN || virt && got.DomainID != want.DomainID {
+				t.Fatalf("dial took ACCEPT %x, the honest one %x", s, h)
+			}
+			c.Close()
+			return
+		}
+		eventuallyWithin(t, 5*time.Second, "the dial's resources released", func() (bool, string) {
+			st := a.Stats()
+			return st.Conns == before.Conns && st.Uplinks == before.Uplinks && a.p.Handles() == handles,
+				fmt.Sprintf("%v: conns %d (%d before), INIs %d (%d), handles %d (%d)", err, st.Conns, before.Conns, st.Uplinks, before.Uplinks, a.p.Handles(), handles)
+		})
+	})
+}
+
+// replaceAccept is a kernel whose Accepts, once armed, carry what replace
+// makes of the acceptor's private data.
+type replaceAccept struct {
+	kernel.Kernel
+	armed   *atomic.Bool
+	replace func([]byte) []byte
+}
+
+func (k replaceAccept) Accept(id kernel.ID, qpNum uint32, pd []byte) error {
+	if k.armed.Load() {
+		pd = k.replace(pd)
+	}
+	return k.Kernel.Accept(id, qpNum, pd)
 }
