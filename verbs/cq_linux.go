@@ -704,7 +704,8 @@ func (q *CQ) Close() error {
 		return err
 	}
 	if q.fd != nil {
-		// Wakes a waiter; returns once no drainEvents runs.
+		// Wakes a waiter (it does not wait for a drainEvents under way:
+		// dead, set under evMu below, keeps drainEvents out from then on).
 		q.fd.Close()
 	}
 	q.evMu.Lock()

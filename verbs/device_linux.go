@@ -126,6 +126,9 @@ type registry struct {
 
 	asyncMu sync.Mutex
 	async   *asyncPump // the context's one async fd reader, while it has subscribers
+	// retiring is the done of the pump that the last unsubscribe is
+	// stopping, until it has stopped: no new pump starts before it has.
+	retiring chan struct{}
 }
 
 // registries holds the registry of every C context with an open wrapper.
@@ -397,10 +400,30 @@ func (s *asyncSub) end(err error) {
 }
 
 // subscribeAsync adds a subscriber for c, starting the pump if there is none.
+//
+// A pump that the last unsubscribe is stopping (r.async nil, r.retiring
+// set) may still be reading: its wait is woken, but its try drains the
+// descriptor until EAGAIN and hands each event to its subscribers, none by
+// now. A second pump started beside it would read the same C context's
+// events, and those the old one took would be lost to the new subscriber.
+// So a new pump starts only once the old one has returned (its done is
+// closed after its last read), and the subscriber waits for that without
+// asyncMu, which the old pump takes for each event. Hence every event read
+// after s is in a pump's subs is read by that pump and offered to s; the
+// retiring pump's reads all came before s was registered.
 func (r *registry) subscribeAsync(c *Context) *asyncSub {
 	s := &asyncSub{stop: make(chan struct{})}
 	r.asyncMu.Lock()
 	defer r.asyncMu.Unlock()
+	for r.async == nil && r.retiring != nil {
+		done := r.retiring
+		r.asyncMu.Unlock()
+		<-done
+		r.asyncMu.Lock()
+		if r.retiring == done {
+			r.retiring = nil
+		}
+	}
 	if r.async == nil {
 		fd, err := fdpoll.Open(int(C.goxrc_async_fd(c.ctx)), c.name+" async fd")
 		if err != nil {
@@ -430,13 +453,19 @@ func (r *registry) unsubscribeAsync(s *asyncSub) {
 			last = len(p.subs) == 0
 			if last {
 				r.async = nil
+				r.retiring = p.done // see subscribeAsync
 			}
 		}
 	}
 	r.asyncMu.Unlock()
 	if last {
-		p.fd.Close()
+		p.fd.Close() // wakes the pump; does not wait for its try
 		<-p.done
+		r.asyncMu.Lock()
+		if r.retiring == p.done {
+			r.retiring = nil
+		}
+		r.asyncMu.Unlock()
 	}
 	s.end(nil)
 }

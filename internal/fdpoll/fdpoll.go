@@ -29,9 +29,10 @@ type FD struct {
 	readFn     func(uintptr) bool
 	deadlineOn bool // a read deadline may be set from an earlier Wait
 
-	mu     sync.Mutex // serialises deadline changes
-	gen    uint64     // which Wait a cancellation wake-up is for
-	closed bool
+	mu      sync.Mutex // serialises deadline changes and guards what follows
+	gen     uint64     // which Wait a cancellation wake-up is for
+	closed  bool       // Close was called
+	waiters int        // Waits inside rc.Read: the last one out releases file after Close
 }
 
 // Open makes fd non-blocking and registers a duplicate of it with the
@@ -53,6 +54,11 @@ func Open(fd int, name string) (*FD, error) {
 //
 // Only one goroutine may wait on an FD at a time (deadlines are per
 // descriptor); callers that need more build a pump on top.
+//
+// try may call Close: Close never waits for try, so this does not deadlock,
+// and the Wait then returns ErrClosed (nil if that try reported done). A
+// Close from elsewhere does not wait for a running try either; see Close
+// for when the descriptor is released.
 func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 	if p == nil || p.isClosed() {
 		return ErrClosed
@@ -77,11 +83,34 @@ func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 	if ctx.Done() != nil {
 		defer p.wakeOnCancel(ctx)()
 	}
+	// From here until it leaves rc.Read, a Close leaves the release of the
+	// file to this Wait: os.File.Close would wait for rc.Read, and so for
+	// try, which may be the caller of Close.
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrClosed
+	}
+	p.waiters++
+	p.mu.Unlock()
 	p.try = try
 	err := p.rc.Read(p.readFn)
 	p.try = nil
+	p.mu.Lock()
+	p.waiters--
+	closed := p.closed
+	release := closed && p.waiters == 0
+	p.mu.Unlock()
+	if release {
+		// Close came while this Wait was in rc.Read; nothing holds the
+		// file now, so this does not block.
+		_ = p.file.Close()
+	}
 	if err == nil {
 		return nil
+	}
+	if closed {
+		return ErrClosed // woken by Close's deadline in the past, or evicted
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		if cerr := ctx.Err(); cerr != nil {
@@ -131,17 +160,40 @@ func (p *FD) isClosed() bool {
 	return p.closed
 }
 
-// Close unregisters the descriptor and wakes every waiter. The C library's
-// own descriptor stays open. Close is idempotent.
+// Close unregisters the descriptor and wakes every waiter (its Wait returns
+// ErrClosed). The C library's own descriptor stays open. Close is
+// idempotent, and it never waits for a running try, so try may call it.
+//
+// The duplicate descriptor is released (closed, and so unregistered from
+// the netpoller) by Close itself when no Wait is inside the netpoller;
+// otherwise Close wakes that Wait and returns at once, and the Wait releases
+// the descriptor as it returns: at once if it was asleep, else as soon as
+// its running try returns. Either way exactly one of them closes it. A
+// caller that must know no try runs any more (before it frees what try
+// reads) waits for its waiter to return, or keeps try out with a flag of
+// its own set after Close.
 func (p *FD) Close() error {
 	if p == nil {
 		return nil
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return nil
 	}
 	p.closed = true
+	if p.waiters > 0 {
+		// A deadline in the past wakes the waiter without waiting for its
+		// read lock (os.File.Close would wait for it, and so for try);
+		// after a try running now returns, the wait returns at once. No
+		// other deadline is set after closed: Wait sets its own before it
+		// checks closed, and wakeOnCancel sets only past ones.
+		_ = p.file.SetReadDeadline(time.Unix(1, 0))
+		p.mu.Unlock()
+		return nil
+	}
+	p.mu.Unlock()
+	// No Wait holds the file: a Wait that starts now sees closed, or fails
+	// on the closed file, and returns ErrClosed.
 	return p.file.Close()
 }

@@ -159,3 +159,157 @@ func TestCloseDuringWaitIsErrClosed(t *testing.T) {
 		require.ErrorIs(t, err, ErrClosed, "earlier deadline %v", earlierDeadline)
 	}
 }
+
+// dupOf is the duplicate descriptor p registered with the netpoller.
+func dupOf(t *testing.T, p *FD) int {
+	t.Helper()
+	dup := -1
+	require.NoError(t, p.rc.Control(func(fd uintptr) { dup = int(fd) }))
+	return dup
+}
+
+// isOpen reports whether descriptor fd is open in this process.
+func isOpen(fd int) bool {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	return err == nil
+}
+
+// A try that closes the FD from inside the netpoller's read (the second and
+// later calls of try run inside rc.Read) made Wait deadlock before: Close
+// held p.mu and called os.File.Close, which waited for that read to release
+// the file, and the read waited for try. Now Wait returns ErrClosed, having
+// released the duplicate, and the library's descriptor stays open.
+func TestCloseInsideTryInNetpollerDoesNotDeadlock(t *testing.T) {
+	for _, done := range []bool{false, true} {
+		r, w := pipeFD(t)
+		p, err := Open(r, "pipe")
+		require.NoError(t, err)
+		dup := dupOf(t, p)
+		calls := 0
+		res := make(chan error, 1)
+		go func() {
+			res <- p.Wait(context.Background(), func() bool {
+				calls++
+				if calls == 2 { // inside rc.Read: RawRead calls it at once
+					require.NoError(t, p.Close())
+					require.NoError(t, p.Close(), "Close is idempotent")
+					return done
+				}
+				return false
+			})
+		}()
+		select {
+		case err := <-res:
+			if done {
+				require.NoError(t, err, "try reported done")
+			} else {
+				require.ErrorIs(t, err, ErrClosed)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("done %v: Wait never returned: Close inside try deadlocks", done)
+		}
+		require.Equal(t, 2, calls)
+		require.False(t, isOpen(dup), "the duplicate is released when Wait returns")
+		require.ErrorIs(t, p.Wait(context.Background(), drainOne(r)), ErrClosed)
+		_, err = unix.Write(w, []byte{7})
+		require.NoError(t, err)
+		require.True(t, drainOne(r)(), "the library's descriptor still works")
+	}
+}
+
+// Close from another goroutine while try runs inside the netpoller's read
+// used to wait, holding p.mu, until that try returned (os.File.Close waits
+// for the read). Now it returns at once; the Wait returns ErrClosed after
+// its try and releases the duplicate on its way out.
+func TestCloseDoesNotWaitForRunningTry(t *testing.T) {
+	r, _ := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	dup := dupOf(t, p)
+	inTry, release := make(chan struct{}), make(chan struct{})
+	calls := 0
+	res := make(chan error, 1)
+	go func() {
+		res <- p.Wait(context.Background(), func() bool {
+			calls++
+			if calls == 2 {
+				close(inTry)
+				<-release
+			}
+			return false
+		})
+	}()
+	<-inTry
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		close(release)
+		<-closed
+		<-res
+		t.Fatal("Close waited for a running try")
+	}
+	require.True(t, isOpen(dup), "the Wait, still in try, holds the duplicate")
+	close(release)
+	select {
+	case err := <-res:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not wake the waiter")
+	}
+	require.Equal(t, 2, calls, "try is not called again after Close")
+	require.False(t, isOpen(dup), "the Wait released the duplicate")
+}
+
+// Close racing a Wait at every point (before it, in its first try, in the
+// netpoller, in a later try, with or without a cancellable context) wakes
+// it with ErrClosed, closes the duplicate exactly once, and keeps the
+// library's descriptor. Run under -race.
+func TestCloseRacingWait(t *testing.T) {
+	for i := 0; i < 300; i++ {
+		r, w := pipeFD(t)
+		p, err := Open(r, "pipe")
+		require.NoError(t, err)
+		dup := dupOf(t, p)
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if i%2 == 1 {
+			ctx, cancel = context.WithCancel(context.Background())
+		}
+		// Close in the first try (before the netpoller), in the second
+		// (inside it), or from here.
+		inTry := int32(i%3 + 1)
+		var calls atomic.Int32
+		res := make(chan error, 1)
+		go func() {
+			res <- p.Wait(ctx, func() bool {
+				if calls.Add(1) == inTry {
+					p.Close()
+				}
+				drainOne(r)()
+				return false
+			})
+		}()
+		if i%5 == 0 {
+			unix.Write(w, []byte{1})
+		}
+		if inTry == 3 {
+			if i%2 == 0 {
+				time.Sleep(time.Duration(i%4) * 100 * time.Microsecond)
+			}
+			require.NoError(t, p.Close())
+		}
+		select {
+		case err := <-res:
+			require.ErrorIs(t, err, ErrClosed, "round %d", i)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: Wait never returned", i)
+		}
+		cancel()
+		require.False(t, isOpen(dup), "round %d: duplicate still open", i)
+		_, err = unix.Write(w, []byte{7})
+		require.NoError(t, err)
+		require.True(t, drainOne(r)(), "round %d: library descriptor", i)
+	}
+}
