@@ -338,6 +338,17 @@ func engineErr(err error) error {
 	return err
 }
 
+// mapXRCAcceptErr gives the engine's errors of a listener's Accept the
+// meaning of this package's. A removed device ends the listener, not a
+// connection: its error is ErrDeviceRemoved without ErrPeerGone, as an RC
+// listener's (closedErr).
+func mapXRCAcceptErr(err error) error {
+	if err = engineErr(err); errors.Is(err, xrc.ErrDeviceRemoved) {
+		return err
+	}
+	return mapXRCErr(err)
+}
+
 // mapXRCErr gives the engine's errors of a connection the meaning of this
 // package's (engineErr too).
 func mapXRCErr(err error) error {

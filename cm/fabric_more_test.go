@@ -355,6 +355,41 @@ func TestFabricDeadSharedEndpointReplaced(t *testing.T) {
 	require.NoError(t, err, "a new Dial should get a fresh endpoint")
 }
 
+// An XRC listener's Accept after its device was removed fails with
+// ErrDeviceRemoved, as an RC listener's does, and not ErrPeerGone: no
+// connection was lost. It used to map the engine's error as a connection's,
+// "accept ...: connection lost: RDMA device removed" (found by review).
+func TestFabricAcceptAfterDeviceRemovalIsNotPeerGone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	k, _ := kernel.Unwrap(f.Node("10.1.0.1").Process())
+	rk := &removable{Kernel: k, gone: make(chan struct{})}
+	fake := &memfabric.Process{}
+	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
+		if v == any(fake) {
+			return rk, true
+		}
+		return nil, false
+	})
+	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(fake), WithDomainPath(filepath.Join(t.TempDir(), "l")))
+	require.NoError(t, err)
+	defer l.Close()
+	close(rk.gone) // the endpoint's receive loop sees the removal
+	var aerr error
+	require.Eventually(t, func() bool {
+		actx, acancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer acancel()
+		_, aerr = l.Accept(actx)
+		return aerr != nil && !errors.Is(aerr, context.DeadlineExceeded)
+	}, 5*time.Second, 10*time.Millisecond, "Accept did not fail after the removal")
+	require.ErrorIs(t, aerr, ErrDeviceRemoved)
+	require.NotErrorIs(t, aerr, ErrPeerGone, "a listener's error is no lost connection")
+	var oe *OpError
+	require.ErrorAs(t, aerr, &oe)
+	require.Equal(t, "accept", oe.Op)
+}
+
 // A refused XRC Dial wraps *xrc.RejectError with the reason.
 func TestFabricDialRefusedError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -257,7 +257,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		x, err := l.xep.AcceptIn(ctx, l.term)
 		if err != nil {
 			l.xl.release()
-			return nil, opError("accept", l.addr, mapXRCErr(err))
+			return nil, opError("accept", l.addr, mapXRCAcceptErr(err))
 		}
 		// closeXRC calls the release once (releaseOnce).
 		return newXRCConn(x, l.cfg, func() { l.xl.release() }), nil
@@ -312,9 +312,10 @@ func (l *Listener) closedErr() error {
 func (l *Listener) loop() {
 	defer l.wg.Done()
 	for {
-		ev, err := l.id.Event(context.Background())
+		// Close ends the wait (l.ctx) before it closes the id: see Close.
+		ev, err := l.id.Event(l.ctx)
 		if err != nil {
-			if !errors.Is(err, rdmacm.ErrClosed) {
+			if l.ctx.Err() == nil && !errors.Is(err, rdmacm.ErrClosed) {
 				// The event channel broke: nothing will come. Accept
 				// says why, rather than wait for ever.
 				l.cfg.logger.Warn("listener failed", "addr", l.addr, "err", err)
@@ -489,9 +490,24 @@ func (l *Listener) Close() error {
 			globalStats.listeners.Add(-1)
 			return
 		}
-		gone := l.id.DeviceRemoved()
-		err = errors.Join(err, l.id.Close()) // refuses new requests, ends the loop
+		// The loop and the handshakes end with l.ctx (stop). Requests
+		// that come meanwhile wait on the id, whose Close rejects them.
 		l.wg.Wait()
+		// The device's kept objects (cached QPs; with the last user its
+		// PD, buffers and probes) go before the listening id, which may
+		// be the last CM id on a device without an anchor: librdmacm
+		// closes a removed device's context with its last id (see
+		// anchor). The connections not yet accepted (ready) and those
+		// accepted hold the device and their own ids.
+		if l.dev != nil {
+			if l.id.DeviceRemoved() {
+				l.dev.removed()
+			}
+			l.dev.dropListener()
+		}
+		l.dropHeldDevices() // after the handshakes (wg), which hold them
+		// Rejects the requests left.
+		err = errors.Join(err, l.id.Close())
 		// Each Close waits for its connection's time-wait (2 s on
 		// soft-RoCE): they wait together.
 		var closing sync.WaitGroup
@@ -506,13 +522,6 @@ func (l *Listener) Close() error {
 		}
 		closing.Wait()
 		err = errors.Join(err, l.ch.release())
-		if l.dev != nil {
-			if gone {
-				l.dev.removed()
-			}
-			l.dev.dropListener()
-		}
-		l.dropHeldDevices() // after the handshakes (wg), which hold them
 		globalStats.listeners.Add(-1)
 	})
 	if err != nil {

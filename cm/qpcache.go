@@ -105,11 +105,12 @@ func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCo
 	return true
 }
 
-// dropQPs destroys every cached pair; the device is going.
-func (d *device) dropQPs() {
+// dropQPs destroys every cached pair: the device is going, or lockable
+// memory ran out (reclaimLockedMemory). It reports whether there was any.
+func (d *device) dropQPs() bool {
 	d.mu.Lock()
-	qps := d.qps
-	globalStats.cachedQPs.Add(-int64(d.cachedQPs))
+	qps, n := d.qps, d.cachedQPs
+	globalStats.cachedQPs.Add(-int64(n))
 	d.qps, d.cachedQPs = map[qpShape][]cachedQP{}, 0
 	d.mu.Unlock()
 	for _, l := range qps {
@@ -118,4 +119,5 @@ func (d *device) dropQPs() {
 			p.cq.Close()
 		}
 	}
+	return n > 0
 }

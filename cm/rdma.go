@@ -531,20 +531,20 @@ func CloseIdleDevices() {
 }
 
 // reclaimLockedMemory gives back the lockable memory (RLIMIT_MEMLOCK) that
-// cm keeps for later connections, for a registration on d that the kernel
-// refused for want of it: every device's kept registrations, and every idle
-// device but d, with all its buffers. The limit is the process's, not a
-// device's. It reports whether anything was given back. The caller holds
-// no pool's lock.
+// cm keeps for later connections, for a registration, CQ or QP on d that
+// the kernel refused for want of it: every device's kept registrations and
+// cached QPs (dropKept), and every idle device but d, with all its buffers.
+// The limit is the process's, not a device's. It reports whether anything
+// was given back. The caller holds no pool's lock.
 func (d *device) reclaimLockedMemory() bool {
-	freed := d.pool.dropKept()
+	freed := d.dropKept()
 	devices.Lock()
 	defer devices.Unlock()
 	return reclaimLockedMemoryLocked(d) || freed
 }
 
 // reclaimLockedMemoryLocked gives back what every device but except keeps:
-// idle ones close, the others drop their kept registrations.
+// idle ones close, the others drop what they keep (dropKept).
 func reclaimLockedMemoryLocked(except *device) (freed bool) {
 	for _, o := range devices.m {
 		switch {
@@ -553,10 +553,30 @@ func reclaimLockedMemoryLocked(except *device) (freed bool) {
 			o.closeIdleLocked()
 			freed = true
 		default:
-			freed = o.pool.dropKept() || freed
+			freed = o.dropKept() || freed
 		}
 	}
 	return freed
+}
+
+// dropKept gives back what a device in use keeps for later connections and
+// which pins lockable memory: the pool's kept registrations, and the cached
+// QPs and CQs (their queues are pinned too). It reports whether there was
+// any.
+func (d *device) dropKept() bool {
+	regs := d.pool.dropKept()
+	qps := d.dropQPs()
+	return regs || qps
+}
+
+// withReclaim runs create, and once more after reclaimLockedMemory gave
+// something back where the kernel refused it for want of lockable memory.
+func (d *device) withReclaim(create func() error) error {
+	err := create()
+	if errors.Is(err, syscall.ENOMEM) && d.reclaimLockedMemory() {
+		err = create()
+	}
+	return err
 }
 
 // closeLocked destroys everything the device holds; no reference is left.
@@ -628,10 +648,15 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 	vctx := t.dev.ctx
 	cqe := sendSlots + recvSlots + 2 // and a one-sided operation, a probe
 	t.shape = qpShape{sendSlots, recvSlots, inline}
+	// A CQ or QP the kernel refuses for want of lockable memory (its
+	// queues are pinned) is tried once more after what cm keeps went.
 	cached, ok := t.dev.takeQP(t.shape)
 	if ok {
 		t.cq = cached.cq
-	} else if t.cq, err = vctx.CreateCQ(cqe, t.dev.cc, 0); err != nil {
+	} else if err = t.dev.withReclaim(func() (err error) {
+		t.cq, err = vctx.CreateCQ(cqe, t.dev.cc, 0)
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	t.wake = make(chan struct{}, 1)
@@ -641,17 +666,22 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 	if ok {
 		t.qp = cached.qp
 	} else {
-		qpCap := verbs.QPCap{
-			MaxSendWR: uint32(sendSlots + 2), MaxRecvWR: uint32(recvSlots),
-			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: uint32(inline),
-		}
-		t.qp, err = t.dev.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: t.cq, RecvCQ: t.cq, Cap: qpCap})
-		if err != nil && inline > 0 {
-			// Some devices inline less than asked: go without.
-			qpCap.MaxInlineData = 0
+		create := func(inline int) (err error) {
+			qpCap := verbs.QPCap{
+				MaxSendWR: uint32(sendSlots + 2), MaxRecvWR: uint32(recvSlots),
+				MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: uint32(inline),
+			}
 			t.qp, err = t.dev.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: t.cq, RecvCQ: t.cq, Cap: qpCap})
+			return err
 		}
-		if err != nil {
+		if err = t.dev.withReclaim(func() error {
+			err := create(inline)
+			if err != nil && inline > 0 {
+				// Some devices inline less than asked: go without.
+				err = create(0)
+			}
+			return err
+		}); err != nil {
 			return nil, err
 		}
 	}
@@ -743,11 +773,12 @@ func (t *rdmaTransport) regMem(size int, remoteWrite bool) (memory, error) {
 	if remoteWrite {
 		access |= verbs.AccessRemoteWrite
 	}
-	mr, err := t.dev.pd.RegMR(size, access)
-	if errors.Is(err, syscall.ENOMEM) && t.dev.reclaimLockedMemory() {
-		// Buffers cm keeps may be what took the lockable memory.
+	// Buffers cm keeps may be what took the lockable memory.
+	var mr *verbs.MR
+	err := t.dev.withReclaim(func() (err error) {
 		mr, err = t.dev.pd.RegMR(size, access)
-	}
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
