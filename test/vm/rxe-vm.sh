@@ -169,12 +169,18 @@ build_initramfs() {
   mv "$INITRD.tmp" "$INITRD" && echo "$stamp" > "$INITRD.stamp"
 }
 
-find_go() {
-  GO=$(command -v go || true)
-  [[ -n $GO ]] || GO=/usr/local/go/bin/go
-  # Where test/lib.sh's ensure_go installs a toolchain it fetched.
-  [[ -x $GO ]] || GO=$(ls -d /usr/local/lib/goxrc-go/golang.org/toolchain@*/bin/go 2>/dev/null | tail -1)
-  [[ -x $GO ]] || die "no go toolchain (needed to build test/cmd/rxe-setup); run test/run-tests.sh once to install it"
+find_go() { # the first go new enough for go.mod (Debian bookworm's /usr/bin/go, 1.19, is not)
+  local need g have
+  need=$(sed -n 's/^go \([0-9]*\.[0-9]*\).*/\1/p' "$REPO/go.mod")
+  # The last: where test/lib.sh's ensure_go installs a toolchain it fetched.
+  for g in "$(command -v go || true)" /usr/local/go/bin/go $(ls -d /usr/local/lib/goxrc-go/golang.org/toolchain@*/bin/go 2>/dev/null | sort -V -r); do
+    [[ -x $g ]] || continue
+    have=$("$g" env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9.]*\).*/\1/p')
+    if [[ -n $have && $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1) == "$need" ]]; then
+      GO=$g; return
+    fi
+  done
+  die "no go toolchain of go $need or later (needed to build test/cmd/rxe-setup); run test/run-tests.sh once to install one"
 }
 
 # rxe-setup creates veth0/veth1 and rxe0 in the guest through package test/softroce.
@@ -258,7 +264,10 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   T0=$(date +%s.%N) T1= HUNG=0
   timeout -k 5 "$VM_TIMEOUT" "${QEMU[@]}" 2> "$OUT/qemu.stderr" &
   QPID=$! TAILPID=
-  trap 'kill $QPID $TAILPID 2>/dev/null' INT TERM HUP
+  # On ^C, end by SIGINT ourselves: a caller (run-demo.sh, bench.sh) then
+  # stops too, where an exit status would let it go on to its next guest.
+  trap 'kill $QPID $TAILPID 2>/dev/null; trap - INT; kill -INT $$' INT
+  trap 'kill $QPID $TAILPID 2>/dev/null' TERM HUP
   while kill -0 "$QPID" 2>/dev/null; do
     if [[ -e $OUT/.cmd-started ]]; then
       T1=$(date +%s.%N)
