@@ -505,13 +505,18 @@ func (q *CQ) pollFor(wcs []WorkCompletion, spin time.Duration, armed *bool) (int
 	q.pollMu.Lock()
 	var got int
 	if armed != nil {
+		// Set before the arm: the event it raises may be read (and the
+		// flag cleared) on another goroutine before the C call returns,
+		// and a flag set after that would say armed of a disarmed CQ.
+		q.armed.Store(true)
 		got = int(C.goxrc_poll_arm(cAddr(unsafe.Pointer(q.cq)), C.int(n), q.tmp, &q.out[0], q.armRC))
 		switch rc := *q.armRC; rc {
 		case C.GOXRC_NOT_ARMED:
+			q.armed.Store(false)
 		case 0:
 			*armed = true
-			q.armed.Store(true)
 		default:
+			q.armed.Store(false)
 			q.pollMu.Unlock()
 			return 0, &OpError{Op: "ibv_req_notify_cq", Addr: q.tag, Err: rcErr(rc, nil)}
 		}
@@ -559,10 +564,11 @@ func (q *CQ) arm(solicitedOnly bool) error {
 	if solicitedOnly {
 		s = 1
 	}
+	q.armed.Store(true) // before the arm, as in pollFor
 	if rc := C.goxrc_req_notify(q.cq, s); rc != 0 {
+		q.armed.Store(false)
 		return &OpError{Op: "ibv_req_notify_cq", Addr: q.tag, Err: rcErr(rc, nil)}
 	}
-	q.armed.Store(true)
 	return nil
 }
 
