@@ -6,7 +6,9 @@ import (
 )
 
 // The byte fuzzers check, for any input: decode never panics; if it
-// succeeds, encoding the result gives back the input's declared bytes, the
+// succeeds, the input and the decoded value meet docs/xrc-protocol.md as
+// the spec oracle (spec_test.go) writes it out, independently of the codec's
+// own checks, encoding the result gives back the input's declared bytes, the
 // rest of the input is zero padding, and decoding that encoding gives the
 // same value.
 
@@ -20,6 +22,7 @@ func seedReqs(f *testing.F) {
 	}
 	f.Add([]byte{}, uint8(TypePhysReq))
 	f.Add(make([]byte, BudgetREQ), uint8(TypePhysReq))
+	seedEdgeReqs(f)
 }
 
 func FuzzDecodeReq(f *testing.F) {
@@ -32,6 +35,9 @@ func FuzzDecodeReq(f *testing.F) {
 		var r Req
 		if err := DecodeReq(b, want, &r); err != nil {
 			return
+		}
+		if err := specReq(b, want, &r); err != nil {
+			t.Fatal(err)
 		}
 		checkReencode(t, b, r.Encode)
 		var again Req
@@ -56,10 +62,14 @@ func FuzzDecodeAccept(f *testing.F) {
 	b = make([]byte, BudgetSIDRREP)
 	r.Encode(b)
 	f.Add(b)
+	seedEdgeAccepts(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var a Accept
 		if err := DecodeAccept(b, &a); err != nil {
 			return
+		}
+		if err := specAccept(b, &a); err != nil {
+			t.Fatal(err)
 		}
 		checkReencode(t, b, a.Encode)
 		var again Accept
@@ -78,10 +88,14 @@ func FuzzDecodeReject(f *testing.F) {
 	r.Encode(b)
 	f.Add(b)
 	f.Add(make([]byte, BudgetREJ)) // what a kernel-made reject carries
+	seedEdgeRejects(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var r Reject
 		if err := DecodeReject(b, &r); err != nil {
 			return
+		}
+		if err := specReject(b, &r); err != nil {
+			t.Fatal(err)
 		}
 		// Any version's REJECT decodes; ours carries rejectVersion.
 		b = bytes.Clone(b)
@@ -103,10 +117,16 @@ func FuzzDecodeFIN(f *testing.F) {
 	var h [FinLen]byte
 	(&FIN{Tag: 1, SenderTag: 2, Half: true}).Encode(h[:])
 	f.Add(h[:])
+	var e [FinLen]byte
+	(&FIN{Tag: 1, SenderTag: 1}).Encode(e[:])
+	f.Add(e[:])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var x FIN
 		if err := DecodeFIN(b, &x); err != nil {
 			return
+		}
+		if err := specFIN(b, &x); err != nil {
+			t.Fatal(err)
 		}
 		checkReencode(t, b, x.Encode)
 	})
@@ -131,6 +151,9 @@ func FuzzEncodeReq(f *testing.F) {
 		}
 		if n > maxOut(r.Type) {
 			t.Fatalf("encoded %d bytes over the %v budget", n, r.Type)
+		}
+		if err := specReq(b[:maxIn(r.Type)], r.Type, &r); err != nil {
+			t.Fatal(err)
 		}
 		var got Req
 		if err := DecodeReq(b[:maxIn(r.Type)], r.Type, &got); err != nil || got != r {
@@ -170,6 +193,9 @@ func FuzzEncodeAccept(f *testing.F) {
 		if n > BudgetSIDRREP {
 			t.Fatalf("ACCEPT of %d bytes over the SIDR REP budget", n)
 		}
+		if err := specAccept(b[:BudgetREP], &a); err != nil {
+			t.Fatal(err)
+		}
 		for _, size := range []int{BudgetSIDRREP, BudgetREP} {
 			var got Accept
 			if err := DecodeAccept(b[:size], &got); err != nil || got != a {
@@ -195,6 +221,9 @@ func FuzzEncodeReject(f *testing.F) {
 		}
 		if n > BudgetSIDRREP {
 			t.Fatalf("REJECT of %d bytes over the SIDR REP budget", n)
+		}
+		if err := specReject(b[:BudgetREJ], &r); err != nil {
+			t.Fatal(err)
 		}
 		for _, size := range []int{BudgetSIDRREP, BudgetREJ} {
 			var got Reject

@@ -128,21 +128,6 @@ func (r *Req) Encode(b []byte) (int, error) {
 	return n, nil
 }
 
-// PeekType returns the type byte of a message of ours (magic and version
-// checked), so a receiver can pick the decoder; the decoder checks the rest.
-func PeekType(b []byte) (Type, error) {
-	if len(b) < 4 {
-		return 0, decErr(ReasonShort, "header")
-	}
-	if binary.BigEndian.Uint16(b) != Magic {
-		return 0, decErr(ReasonMagic, "magic")
-	}
-	if b[2] != Version {
-		return 0, decErr(ReasonVersion, "version")
-	}
-	return Type(b[3]), nil
-}
-
 // DecodeReq decodes a REQ of the wanted type (TypePhysReq from a
 // connected-mode REQ, TypeVirtReq from a SIDR REQ) into r.
 func DecodeReq(b []byte, want Type, r *Req) error {
