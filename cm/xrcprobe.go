@@ -1,11 +1,13 @@
 package cm
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -54,37 +56,42 @@ func (cfg *config) noXRC(where, reason string) error {
 var xrcProbes sync.Map // device name -> reason string
 
 // xrcUnavailable says why connections on id's device cannot use XRC, or ""
-// where they can. The device is probed once: its capability bit, then a
-// private XRC domain.
+// where they can. The device is probed until the answer is the device's
+// (its capability bit, then a private XRC domain): a failure that may pass
+// (out of memory, an id with no device yet) is answered, not kept.
 func xrcUnavailable(id *rdmacm.ID) string {
 	name := id.DeviceName()
 	if r, ok := xrcProbes.Load(name); ok {
 		return r.(string)
 	}
-	reason := probeXRC(id)
-	xrcProbes.Store(name, reason)
+	reason, final := probeXRC(id)
+	if final {
+		xrcProbes.Store(name, reason)
+	}
 	return reason
 }
 
-func probeXRC(id *rdmacm.ID) string {
+// probeXRC probes id's device; final says the answer holds for the device.
+func probeXRC(id *rdmacm.ID) (reason string, final bool) {
 	vctx := id.Context()
 	if vctx == nil {
-		return "the id is not bound to a device"
+		return "the id is not bound to a device", false
 	}
 	defer vctx.Close()
 	attr, err := vctx.QueryDevice()
 	if err != nil {
-		return "querying the device: " + err.Error()
+		return "querying the device: " + err.Error(), false
 	}
 	if !attr.XRC() {
-		return "the device does not advertise XRC (IBV_DEVICE_XRC clear)"
+		return "the device does not advertise XRC (IBV_DEVICE_XRC clear)", true
 	}
 	x, err := vctx.OpenXRCD("", 0)
 	if err != nil {
-		return "ibv_open_xrcd: " + err.Error()
+		// EOPNOTSUPP, ENOSYS: the device's; anything else may pass.
+		return "ibv_open_xrcd: " + err.Error(), errors.Is(err, verbs.ErrNotSupported)
 	}
 	x.Close()
-	return ""
+	return "", true
 }
 
 // testKernel is the kernel a test runs id's device's XRC connections on
