@@ -94,9 +94,15 @@ func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCo
 			break
 		}
 	}
+	// Again under devices' lock: the last listener may have gone during
+	// the reset, its dropQPs already run (dropListener counts it down
+	// under that lock first), and a pair kept now would stay for as long
+	// as the device lives without a listener.
+	devices.Lock()
+	defer devices.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.cachedQPs >= maxCachedQPs {
+	if d.cachedQPs >= maxCachedQPs || d.listeners == 0 || d.gone {
 		return false
 	}
 	d.qps[s] = append(d.qps[s], cachedQP{qp: qp, cq: cq, since: time.Now()})
