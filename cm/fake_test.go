@@ -428,6 +428,7 @@ type fakeOpts struct {
 	// holdProbes: keepalive probes complete only when flushed (a peer
 	// slow to answer reads).
 	holdProbes bool
+	timeout    time.Duration // the handshake timeout; 0: 2 s
 }
 
 // fakePair returns two connected Conns over a fakeWire, as Dial and Accept
@@ -441,6 +442,9 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 		if o.msgSize[i] == 0 {
 			o.msgSize[i] = 256
 		}
+	}
+	if o.timeout == 0 {
+		o.timeout = 2 * time.Second
 	}
 	hdr := userImmLen
 	if o.raw {
@@ -467,7 +471,7 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 	for i := range conns {
 		c, err := newConn(w.ends[i], fakeAddr(fmt.Sprintf("side%d", i)), fakeAddr(fmt.Sprintf("side%d", 1-i)), connParams{
 			raw: o.raw, sendSlots: sendSlots[i], recvSlots: recvSlots[i], peerSlots: window[i],
-			maxSend: maxSend[i], maxRecv: maxSend[1-i], timeout: 2 * time.Second, keepalive: o.keepalive,
+			maxSend: maxSend[i], maxRecv: maxSend[1-i], timeout: o.timeout, keepalive: o.keepalive,
 			busyPoll: o.busyPoll,
 		})
 		if err != nil {

@@ -24,6 +24,23 @@ func (e timewaitEnd) release(ctx context.Context, vanished bool) error {
 	return err
 }
 
+// gatedTimewaitEnd's time-wait lasts until gate is closed (or the release's
+// ctx ends): a test can then tell a Close that waits for it from one that
+// does not with no clock.
+type gatedTimewaitEnd struct {
+	*fakeEnd
+	gate <-chan struct{}
+}
+
+func (e gatedTimewaitEnd) release(ctx context.Context, vanished bool) error {
+	err := e.fakeEnd.release(ctx, vanished)
+	select {
+	case <-e.gate:
+	case <-ctx.Done():
+	}
+	return err
+}
+
 // Listener.Close closes the connections nobody accepted together, not one
 // after another: it took one time-wait per connection (100 of them over 3
 // minutes on soft-RoCE, while http.Server.Close held its lock).

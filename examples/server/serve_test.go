@@ -60,19 +60,20 @@ func TestSinkCutShortFails(t *testing.T) {
 // With -idle, a client that connects and sends nothing is let go, and
 // the report says why; one that keeps sending is not.
 func TestIdleClientClosed(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, l := fabricPair(t, ctx)
-	const idle = 300 * time.Millisecond
+	// Wide margins: a message every tenth of the idle time, for one and a
+	// half idle times (a loaded host stalls a goroutine for a while).
+	const idle, gap, busy = 2 * time.Second, 200 * time.Millisecond, 15
 	done := make(chan result, 1)
 	go func() { done <- serve(ctx, accept(t, ctx, l), false, idle) }()
-	// Busy for three idle periods: echo, one message every idle/3.
 	if err := c.Send(ctx, []byte("echo")); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 64)
-	for range 9 {
-		time.Sleep(idle / 3)
+	for range busy {
+		time.Sleep(gap)
 		if err := c.Send(ctx, []byte("x")); err != nil {
 			t.Fatal(err)
 		}
@@ -82,8 +83,8 @@ func TestIdleClientClosed(t *testing.T) {
 	}
 	select {
 	case r := <-done:
-		if !strings.Contains(r.Error, "nothing received for 300ms") || r.Messages != 9 {
-			t.Fatalf("report %+v, want 9 messages, then closed for being idle", r)
+		if !strings.Contains(r.Error, "nothing received for 2s") || r.Messages != busy {
+			t.Fatalf("report %+v, want %d messages, then closed for being idle", r, busy)
 		}
 	case <-ctx.Done():
 		t.Fatal("an idle client was never let go")
