@@ -463,7 +463,7 @@ func (q *CQ) PollSpin(wcs []WorkCompletion, spin time.Duration) (int, error) {
 	if q == nil || q.cq == nil || !q.l.use() {
 		return 0, closedErr("ibv_poll_cq", q.addr())
 	}
-	n, err := q.pollFor(wcs, spin, nil)
+	n, err := q.pollFor(wcs, spin, nil, false)
 	q.l.done()
 	return n, err
 }
@@ -481,7 +481,7 @@ func (q *CQ) PollOrArm(wcs []WorkCompletion) (n int, armed bool, err error) {
 }
 
 // poll runs with q read-locked.
-func (q *CQ) poll(wcs []WorkCompletion) (int, error) { return q.pollFor(wcs, 0, nil) }
+func (q *CQ) poll(wcs []WorkCompletion) (int, error) { return q.pollFor(wcs, 0, nil, false) }
 
 // pollOrArm runs with q read-locked.
 func (q *CQ) pollOrArm(wcs []WorkCompletion) (int, bool, error) {
@@ -490,21 +490,24 @@ func (q *CQ) pollOrArm(wcs []WorkCompletion) (int, bool, error) {
 		return 0, err == nil, err
 	}
 	var armed bool
-	n, err := q.pollFor(wcs, 0, &armed)
+	n, err := q.pollFor(wcs, 0, &armed, false)
 	return n, armed, err
 }
 
 // pollFor runs with q read-locked; it spins up to spin for a completion.
 // With armed set it arms the CQ instead when nothing is there, and sets
-// *armed if it did (pollOrArm).
-func (q *CQ) pollFor(wcs []WorkCompletion, spin time.Duration, armed *bool) (int, error) {
+// *armed if it did (pollOrArm); with unlessArmed as well, only if the CQ is
+// not armed already (Wait). The armed flag is read and set under pollMu,
+// as arm sets it: a reader outside it could see it set for an arm that
+// then found completions and did not happen.
+func (q *CQ) pollFor(wcs []WorkCompletion, spin time.Duration, armed *bool, unlessArmed bool) (int, error) {
 	n := min(len(wcs), len(q.out))
 	if n == 0 {
 		return 0, nil
 	}
 	q.pollMu.Lock()
 	var got int
-	if armed != nil {
+	if armed != nil && !(unlessArmed && q.armed.Load()) {
 		// Set before the arm: the event it raises may be read (and the
 		// flag cleared) on another goroutine before the C call returns,
 		// and a flag set after that would say armed of a disarmed CQ.
@@ -564,6 +567,8 @@ func (q *CQ) arm(solicitedOnly bool) error {
 	if solicitedOnly {
 		s = 1
 	}
+	q.pollMu.Lock()
+	defer q.pollMu.Unlock()
 	q.armed.Store(true) // before the arm, as in pollFor
 	if rc := C.goxrc_req_notify(q.cq, s); rc != 0 {
 		q.armed.Store(false)
@@ -647,11 +652,8 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 		fd := q.fd // a Close that failed replaced it
 		var n int
 		var err error
-		if q.armed.Load() {
-			n, err = q.poll(wcs)
-		} else {
-			n, _, err = q.pollOrArm(wcs)
-		}
+		var armed bool // the flag is read under pollMu
+		n, err = q.pollFor(wcs, 0, &armed, true)
 		q.l.done()
 		if n > 0 || err != nil {
 			return n, err
