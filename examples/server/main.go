@@ -155,10 +155,11 @@ func serve(ctx context.Context, c *cm.Conn, raw bool, idle time.Duration) result
 	r := result{Remote: c.RemoteAddr().String(), Mode: "echo"}
 	start := time.Now()
 	var idled atomic.Bool
+	stop, stopped := make(chan struct{}), make(chan struct{})
 	if idle > 0 {
-		stop := make(chan struct{})
-		defer close(stop)
-		go watchIdle(c, idle, stop, &idled)
+		go func() { watchIdle(c, idle, stop, &idled); close(stopped) }()
+	} else {
+		close(stopped)
 	}
 	buf := make([]byte, c.MaxRecvSize())
 	var err error
@@ -168,6 +169,8 @@ func serve(ctx context.Context, c *cm.Conn, raw bool, idle time.Duration) result
 	} else {
 		r.Mode, request, err = handle(ctx, c, buf)
 	}
+	close(stop)
+	<-stopped // idled is final: the watchdog may not close c after a clean end
 	st := c.Stats()
 	r.Messages, r.Bytes, r.Seconds = st.MessagesReceived, st.BytesReceived, time.Since(start).Seconds()
 	if request > 0 {
@@ -181,7 +184,7 @@ func serve(ctx context.Context, c *cm.Conn, raw bool, idle time.Duration) result
 	if r.Mode == "?" && errors.Is(err, io.EOF) {
 		r.Error = "" // connected and closed without a request, as a connect benchmark does
 	}
-	if idled.Load() {
+	if idled.Load() && !errors.Is(err, io.EOF) {
 		r.Error = fmt.Sprintf("closed: nothing received for %v", idle)
 	}
 	return r
