@@ -322,9 +322,9 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 			return true, nil
 		}
 		e.mu.Lock()
-		if !c.ownsLastLocked(q, wrid) {
+		if taken, err := c.unpostedLocked(q, wrid); taken {
 			e.mu.Unlock()
-			return true, nil // a recovery took it over, or the leg is gone
+			return true, err
 		}
 		full := errors.Is(err, syscall.ENOMEM)
 		if !full || u.cur != q || u.state != upUp {
@@ -351,29 +351,30 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 		select {
 		case <-room:
 			e.mu.Lock()
-			again := c.ownsLastLocked(q, wrid) && u.cur == q && u.state == upUp
+			if taken, err := c.unpostedLocked(q, wrid); taken {
+				e.mu.Unlock()
+				return true, err
+			}
+			again := u.cur == q && u.state == upUp
 			polls = q.polls
 			e.mu.Unlock()
 			if again {
 				continue
 			}
-			return true, nil // a recovery posts it, or the leg is gone
+			return true, nil // the INI failed: its recovery posts the frame
 		case <-c.done:
-			// Ended with the frame still ours: it was never posted.
 			e.mu.Lock()
-			defer e.mu.Unlock()
-			if last := c.out.Len() - 1; last >= 0 && c.out.At(last).q == q && c.out.At(last).wrid == wrid {
-				return true, &OpError{"send", c.raddr.String(), cmp.Or(c.sendErrLocked(false), ErrClosed)}
-			}
-			return true, nil
+			taken, err := c.unpostedLocked(q, wrid)
+			e.mu.Unlock()
+			return taken, err // taken: the connection ended
 		case <-e.ctx.Done():
 			return true, &OpError{"send", c.raddr.String(), ErrClosed}
 		case <-ctx.Done():
 		}
 		e.mu.Lock()
-		if !c.ownsLastLocked(q, wrid) {
+		if !c.lastIsLocked(q, wrid) {
 			e.mu.Unlock()
-			return true, nil
+			return true, nil // a recovery took it over
 		}
 		// Never posted: take back its number and credit.
 		delete(q.waiters, wrid)
@@ -386,15 +387,29 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 	}
 }
 
-// ownsLastLocked reports whether c's newest kept frame is still the one
-// posted as wrid on q: neither moved to another INI by a recovery nor
-// dropped with the leg.
-func (c *Conn) ownsLastLocked(q *iniQP, wrid uint64) bool {
-	if c.out.Len() == 0 || c.sendDone || c.err != nil {
+// lastIsLocked reports whether c's newest kept frame is still the one to
+// be posted as wrid on q: no recovery moved it to another INI.
+func (c *Conn) lastIsLocked(q *iniQP, wrid uint64) bool {
+	if c.out.Len() == 0 {
 		return false
 	}
 	f := c.out.At(c.out.Len() - 1)
 	return f.q == q && f.wrid == wrid
+}
+
+// unpostedLocked tells postData, between tries of the post of wrid on q,
+// whether the frame is out of its hands (taken): a recovery moved it to
+// another INI, to post it there (err nil), or the connection ended with it
+// never posted, which the Send must report (err: why the connection
+// ended), not pass for a message on its way.
+func (c *Conn) unpostedLocked(q *iniQP, wrid uint64) (taken bool, err error) {
+	if !c.lastIsLocked(q, wrid) {
+		return true, nil
+	}
+	if c.sendDone || c.err != nil {
+		return true, &OpError{"send", c.raddr.String(), cmp.Or(c.sendErrLocked(false), ErrClosed)}
+	}
+	return false, nil
 }
 
 // spanFullLocked reports whether the next data message's number would be

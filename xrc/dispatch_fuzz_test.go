@@ -121,7 +121,7 @@ func FuzzDeliver(f *testing.F) {
 		e := &Endpoint{cfg: Config{RecvWindow: int(window%8) + 1}, conns: map[*Conn]struct{}{}, pending: map[uint32]*Conn{},
 			recv: map[uint32]*Conn{}, acc: newAcceptor(acceptorConfig{})}
 		dl := &downlink{TGTQPN: tgt, count: 2} // 2: a release never reaches the (absent) kernel
-		leg := &acceptedLeg{PeerIncarnation: 1, PeerTag: peerTag, Tag: tag, Downlink: dl, prev: []prevTGT{{num: oldTGT}}}
+		leg := &acceptedLeg{PeerIncarnation: 1, PeerTag: peerTag, Tag: tag, Downlink: dl, prev: []prevTGT{{num: oldTGT, dl: &downlink{TGTQPN: oldTGT, count: 1, prevs: 1}}}}
 		e.acc.legs[legKey{1, peerTag}] = leg
 		e.acc.byTGT[tgt] = dl
 		e.mu.Lock()

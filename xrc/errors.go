@@ -49,6 +49,7 @@ var (
 	errStaleLink   = fmt.Errorf("%w: its INI's CM connection ended without FIN", ErrPeerGone)
 	errNoRTU       = fmt.Errorf("%w: the sender never completed its physical link (no RTU)", ErrPeerGone)
 	errRetries     = fmt.Errorf("%w: sends keep failing", ErrPeerGone)
+	errLegTries    = fmt.Errorf("%w: the leg did not open in 16 tries", ErrPeerGone)
 	errIncarnation = fmt.Errorf("%w: answered by another incarnation", ErrPeerGone)
 	errUplinkGone  = fmt.Errorf("%w: uplink gone during the request", ErrPeerGone)
 	errOverrun     = fmt.Errorf("%w: messages sent past the receive window", ErrProtocol)

@@ -97,3 +97,52 @@ type failedSend struct {
 
 func (f *failedSend) Error() string { return fmt.Sprintf("send %d: %v", f.i, f.err) }
 func (f *failedSend) Unwrap() error { return f.err }
+
+// The same Send, woken by room in the queue just as its connection fails
+// (both under one hold of the engine's lock, so the Send sees them
+// together): the frame is still unposted, and Send must say why the
+// connection ended. It returned nil (the room branch took a failed
+// connection for a recovery that had taken the frame over: found by
+// review, 20 rounds in 20).
+func TestSendWokenByRoomAsConnFailsReportsIt(t *testing.T) {
+	for round := range 5 {
+		w := newWorld(t)
+		w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 2})
+		w.f.AddNode("10.0.2.2", memfabric.NodeConfig{SRQReceives: 4})
+		a := w.endpoint("10.0.2.1", 7000, longTimers)
+		b := w.endpoint("10.0.2.2", 7000, longTimers)
+		s, _ := pair(t, a, b)
+		b.p.PauseReceives()
+		ctx := ctxT(t, 10*time.Second)
+		sent := make(chan error, 1)
+		var inFlight atomic.Int32
+		go func() {
+			for i := 0; ; i++ {
+				inFlight.Store(int32(i))
+				if err := s.Send(ctx, seqMsg(i)); err != nil || i == 50 {
+					sent <- &failedSend{i, err}
+					return
+				}
+			}
+		}()
+		var q *iniQP
+		eventually(t, "a Send waiting for room", func() (bool, string) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			q = s.up.cur
+			return q.roomWait, fmt.Sprintf("room wait %v, in flight %d", q.roomWait, inFlight.Load())
+		})
+		time.Sleep(50 * time.Millisecond) // it sleeps in its select by now
+		waiting := int(inFlight.Load())
+		gone := errors.New("the connection failed")
+		a.mu.Lock()
+		q.roomLocked()
+		s.failLocked(gone)
+		a.mu.Unlock()
+		err := <-sent
+		var f *failedSend
+		if !errors.As(err, &f) || f.i != waiting || !errors.Is(err, gone) {
+			t.Fatalf("round %d: Send %d waited for room as its connection failed; got %v, want it to fail with the connection's error", round, waiting, err)
+		}
+	}
+}

@@ -149,7 +149,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	// holds the leg on a TGT we may no longer reach: what follows moves it
 	// (MOVE), as recover moves a bound leg.
 	var moving bool
-	var last error   // the last failure, for errRetries
+	var last error   // the last failure, for errLegTries
 	var rebuilt bool // a TGT_GONE rebuilt the uplink (once free of an attempt)
 	for attempt := 0; attempt < 16; attempt++ {
 		e.mu.Lock()
@@ -342,9 +342,9 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		return err
 	}
 	if last == nil {
-		return errRetries
+		return errLegTries
 	}
-	return fmt.Errorf("%w (the last: %v)", errRetries, last)
+	return fmt.Errorf("%w (the last: %v)", errLegTries, last)
 }
 
 // bindLocked makes c's sending leg ride u, from the ACCEPT; the dial's

@@ -317,7 +317,7 @@ type Reject struct {
 	MinVersion uint8 // versions the rejecter speaks
 	MaxVersion uint8
 	Detail     uint32 // reason-specific (e.g. an application code)
-	DomainID   uint64 // the rejecter's domain; required for DOMAIN_MISMATCH
+	DomainID   uint64 // the rejecter's domain; required for DOMAIN_MISMATCH, and TGT_GONE is heeded only with it
 	appLen     uint8
 	app        [MaxRejectApp]byte
 }
