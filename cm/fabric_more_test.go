@@ -288,6 +288,20 @@ type removable struct {
 	reported atomic.Bool
 }
 
+// removableProcess wraps k in a removable and returns it with the process
+// to pass to WithFabric for it.
+func removableProcess(k kernel.Kernel) (*removable, *memfabric.Process) {
+	rk := &removable{Kernel: k, gone: make(chan struct{})}
+	fake := &memfabric.Process{}
+	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
+		if v == any(fake) {
+			return rk, true
+		}
+		return nil, false
+	})
+	return rk, fake
+}
+
 func (r *removable) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvCompletion) (int, error) {
 	pending := func() bool {
 		select {
@@ -329,14 +343,7 @@ func TestFabricDeadSharedEndpointReplaced(t *testing.T) {
 	f := memfabric.New()
 	l := holdingListener(ctx, t, f.Node("10.1.0.1").Process())
 	k, _ := kernel.Unwrap(f.Node("10.1.0.2").Process())
-	rk := &removable{Kernel: k, gone: make(chan struct{})}
-	fake := &memfabric.Process{}
-	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
-		if v == any(fake) {
-			return rk, true
-		}
-		return nil, false
-	})
+	rk, fake := removableProcess(k)
 	cfg, err := newConfig([]Option{WithDomainPath(filepath.Join(t.TempDir(), "d"))})
 	require.NoError(t, err)
 	cfg.fabric = fake
@@ -364,14 +371,7 @@ func TestFabricAcceptAfterDeviceRemovalIsNotPeerGone(t *testing.T) {
 	defer cancel()
 	f := memfabric.New()
 	k, _ := kernel.Unwrap(f.Node("10.1.0.1").Process())
-	rk := &removable{Kernel: k, gone: make(chan struct{})}
-	fake := &memfabric.Process{}
-	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
-		if v == any(fake) {
-			return rk, true
-		}
-		return nil, false
-	})
+	rk, fake := removableProcess(k)
 	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(fake), WithDomainPath(filepath.Join(t.TempDir(), "l")))
 	require.NoError(t, err)
 	defer l.Close()
