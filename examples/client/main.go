@@ -227,10 +227,11 @@ func run(ctx context.Context, o options) (result, error) {
 		}
 	case o.mode == "bandwidth":
 		err = greet(ctx, c, fmt.Sprintf("sink %d", o.count))
+		streamStart := time.Now() // the stream and the server's report, not the request
 		if err == nil {
 			err = bandwidth(ctx, c, o, p)
 		}
-		secs := time.Since(start).Seconds()
+		secs := time.Since(streamStart).Seconds()
 		r.MBPerSec = float64(o.size) * float64(o.count) / secs / 1e6
 		r.MsgsPerSec = float64(o.count) / secs
 	default:
@@ -366,7 +367,9 @@ func connect(ctx context.Context, o options, r result) (result, error) {
 		go func() {
 			defer wg.Done()
 			conns[i], errs[i] = cm.Dial(ctx, o.addr, opts...)
-			p.add(1)
+			if errs[i] == nil {
+				p.add(1) // the progress line counts connections made
+			}
 		}()
 	}
 	wg.Wait()

@@ -18,8 +18,11 @@ func Set(h Hook) (unset func()) {
 		hook.Store(nil)
 		return func() {}
 	}
-	hook.Store(&h)
-	return func() { hook.Store(nil) }
+	p := &h
+	hook.Store(p)
+	// Only its own: a hook set since stays (one cleared by an earlier
+	// test's cleanup would let a fault test pass with no fault).
+	return func() { hook.CompareAndSwap(p, nil) }
 }
 
 // Check is the hook's verdict on op ("rdma_destroy_id", "ibv_destroy_cq",

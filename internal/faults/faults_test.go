@@ -27,3 +27,16 @@ func TestFailOnce(t *testing.T) {
 		t.Fatal("a removed hook still failed calls")
 	}
 }
+
+// An unset removes only the hook it set: it removed whatever was set, so
+// an earlier hook's cleanup cleared a later one.
+func TestUnsetLeavesALaterHook(t *testing.T) {
+	e := errors.New("injected")
+	unsetA := Set(FailOnce("a", e))
+	unsetB := Set(FailOnce("b", e))
+	defer unsetB()
+	unsetA()
+	if err := Check("b"); !errors.Is(err, e) {
+		t.Fatalf("the later hook: %v, want %v", err, e)
+	}
+}

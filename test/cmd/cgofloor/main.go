@@ -100,6 +100,7 @@ func main() {
 		inGo = wayGo(*server, *count, inGo)
 	}
 	if *server {
+		lastSend() // before teardown: it would flush the last reply
 		return
 	}
 	res := result{Count: *count, Rounds: *rounds, CMedianUS: oneWay(inC), GoMedianUS: oneWay(inGo)}

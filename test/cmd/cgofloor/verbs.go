@@ -130,6 +130,18 @@ static int64_t now_ns(void) {
 	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+// floor_last_send waits, up to timeout_ns, for the completion of the last
+// send of a ping-pong (floor_send reaped every earlier one before posting
+// it): the server's last reply, which a teardown right after the post
+// could flush before the device sent it, leaving the client waiting.
+static int floor_last_send(int64_t timeout_ns) {
+	int64_t end = now_ns() + timeout_ns, last;
+	while ((last = reap()) == 0)
+		if (now_ns() > end)
+			return -ETIMEDOUT;
+	return last < 0 ? (int)last : 0;
+}
+
 // floor_poll looks for receive completions, up to max of them, spinning up
 // to spin_ns: how many came (0: none), <0 on an error.
 static int floor_poll(int64_t spin_ns, int max) {
@@ -331,6 +343,9 @@ func check(rc C.int) {
 }
 
 func send() { check(C.floor_send()) }
+
+// lastSend waits for the last send of a ping-pong to complete.
+func lastSend() { check(C.floor_last_send(C.int64_t(time.Second))) }
 
 func pollRecv(spin time.Duration) bool {
 	rc := C.floor_poll(C.int64_t(spin), 1)
