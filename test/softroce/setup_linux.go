@@ -205,8 +205,20 @@ func Setup(rxe string, v VethPair) (Link, error) {
 		}
 		return Link{}, false
 	}
-	if l, ok := find(); ok && l.Netdev == v.Name {
-		return l, nil
+	if l, ok := find(); ok {
+		if l.Netdev == v.Name {
+			return l, nil
+		}
+		return Link{}, fmt.Errorf("rdma link add %s: %s exists on %s, not %s (rdma link delete %s)", rxe, rxe, l.Netdev, v.Name, rxe)
+	}
+	// rdma link add refuses a second device on a netdev with EEXIST, which
+	// names neither: say which one is there.
+	if ls, err := Links(); err == nil {
+		for _, l := range ls {
+			if l.Netdev == v.Name {
+				return Link{}, fmt.Errorf("rdma link add %s: %s already carries soft-RoCE device %s (rdma link delete %s)", rxe, v.Name, l.Name, l.Name)
+			}
+		}
 	}
 	if err := AddLink(rxe, v.Name); err != nil {
 		return Link{}, err
