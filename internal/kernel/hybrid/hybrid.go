@@ -95,7 +95,7 @@ func (f *Fabric) Node(addr netip.Addr) *model.Node {
 }
 
 func (f *Fabric) nodeLocked(addr netip.Addr) *model.Node {
-	addr = addr.Unmap()
+	addr = nodeKey(addr)
 	n := f.nodes[addr]
 	if n == nil {
 		n = f.f.AddNode(addr, model.NodeConfig{})
@@ -110,8 +110,13 @@ func (f *Fabric) offset(addr netip.Addr) uint32 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nodeLocked(addr)
-	return f.offsets[addr.Unmap()]
+	return f.offsets[nodeKey(addr)]
 }
+
+// nodeKey is addr as one node's key: "fe80::1%eth0" and "fe80::1" (and
+// "::ffff:10.0.0.1" and "10.0.0.1") are one node, as they are to the engine
+// (xrc's sameNode), not two with numbers of their own.
+func nodeKey(addr netip.Addr) netip.Addr { return addr.Unmap().WithZone("") }
 
 func (f *Fabric) helper(addr netip.Addr) *model.Process {
 	f.mu.Lock()
@@ -218,7 +223,7 @@ func (f *Fabric) withPath(pm *model.Process, info kernel.QPInfo, path kcm.Path, 
 	defer f.shadow.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	local, remote := pm.LocalAddr(), path.Remote.Addr().Unmap()
+	local, remote := pm.LocalAddr(), nodeKey(path.Remote.Addr())
 	hp := f.helper(remote)
 	peer := toModel(path.RemoteQPN, f.offset(remote))
 	if info.Type == verbs.QPTypeXRCSend {

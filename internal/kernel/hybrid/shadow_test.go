@@ -29,6 +29,18 @@ func TestQPNTranslation(t *testing.T) {
 	}
 }
 
+// One node whatever the spelling of its address: a zone or a v4-mapped
+// form made a second model node, numbers of its own, and a phantom peer.
+func TestNodeKeyIgnoresZoneAndMapping(t *testing.T) {
+	f := NewFabric(model.ReuseNever)
+	for _, pair := range [][2]string{{"fe80::1", "fe80::1%eth0"}, {"fe80::1", "fe80::1%2"}, {"10.9.0.1", "::ffff:10.9.0.1"}} {
+		a, b := netip.MustParseAddr(pair[0]), netip.MustParseAddr(pair[1])
+		if f.offset(a) != f.offset(b) || f.Node(a) != f.Node(b) {
+			t.Errorf("%s and %s are two nodes (offsets %#x, %#x)", a, b, f.offset(a), f.offset(b))
+		}
+	}
+}
+
 // TestShadowPath sets the paths of an INI and a TGT on one model node through
 // the private exchanges, as TransitionQP does with a real id's path, and
 // sends through them.

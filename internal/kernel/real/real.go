@@ -36,6 +36,8 @@ func (o *Options) fill() {
 	if o.RecvSlots <= 0 {
 		o.RecvSlots = 32
 	}
+	// Posted in one chain when the SRQ is made: verbs takes up to 1024.
+	o.RecvSlots = min(o.RecvSlots, 1024)
 	if o.MinRNR == 0 {
 		o.MinRNR = 12 // 0.64 ms instead of rdma_init_qp_attr's 0 (655 ms)
 	}
@@ -507,7 +509,15 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	}
 	switch to {
 	case verbs.QPStateErr, verbs.QPStateReset:
-		return q.q.Modify(&verbs.QPAttr{State: to}, verbs.QPAttrState)
+		if err := q.q.Modify(&verbs.QPAttr{State: to}, verbs.QPAttrState); err != nil {
+			return err
+		}
+		if to == verbs.QPStateReset {
+			q.mu.Lock()
+			q.rts = false // posts are refused until it is RTS again, as the model's
+			q.mu.Unlock()
+		}
+		return nil
 	case verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS:
 	default:
 		return errno("ibv_modify_qp", syscall.EINVAL)
@@ -535,6 +545,12 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 		if allowed := verbs.AllowedMask(q.typ, cur, next); allowed&verbs.QPAttrMinRNRTimer != 0 {
 			attr.MinRNRTimer = p.opts.MinRNR
 			mask |= verbs.QPAttrMinRNRTimer
+		}
+		if mask&verbs.QPAttrMaxDestRdAtomic != 0 && attr.MaxDestRdAtomic > 1 {
+			// A TGT moves before rdma_accept, when the CM still holds
+			// the REQ's initiator depth: more than the HCA takes fails
+			// the move. The protocol sends; kcm's accept offers 1 too.
+			attr.MaxDestRdAtomic = 1
 		}
 		if next == verbs.QPStateRTS && q.typ == verbs.QPTypeXRCSend {
 			// 6, not 7: soft-RoCE retries for ever at 7, and a peer
