@@ -344,8 +344,17 @@ func (p *Process) DestroySRQ(h kernel.SRQ) error {
 		}
 		return errno("ibv_destroy_srq", syscall.EBADF)
 	}
-	delete(p.objs, uint64(h))
-	s.via.uses--
+	p.mu.Unlock()
+	if s.s != nil {
+		if err := s.s.Close(); err != nil {
+			return err // the SRQ stays, and its handle: the caller may try again
+		}
+	}
+	p.mu.Lock()
+	if p.objs[uint64(h)] == s {
+		delete(p.objs, uint64(h))
+		s.via.uses--
+	}
 	p.mu.Unlock()
 	s.close()
 	return nil
@@ -462,9 +471,21 @@ func (p *Process) DestroyQP(h kernel.QP) error {
 		}
 		return errno("ibv_destroy_qp", syscall.EBADF)
 	}
-	delete(p.objs, uint64(h))
-	if q.via != nil {
-		q.via.uses--
+	p.mu.Unlock()
+	if q.q != nil {
+		// A TGT handle whose destroy fails stays, and the XRCD's use
+		// with it: dropped, the XRCD's close would fail for ever and
+		// the remote INI keep a live TGT.
+		if err := q.q.Close(); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	if p.objs[uint64(h)] == q {
+		delete(p.objs, uint64(h))
+		if q.via != nil {
+			q.via.uses--
+		}
 	}
 	p.mu.Unlock()
 	q.close()
