@@ -569,7 +569,11 @@ func (q *CQ) arm(solicitedOnly bool) error {
 	}
 	q.pollMu.Lock()
 	defer q.pollMu.Unlock()
-	q.armed.Store(true) // before the arm, as in pollFor
+	// Before the arm, as in pollFor. Not for solicited completions only:
+	// Wait, taking the CQ for armed, would sleep through the others.
+	if !solicitedOnly {
+		q.armed.Store(true)
+	}
 	if rc := C.goxrc_req_notify(q.cq, s); rc != 0 {
 		q.armed.Store(false)
 		return &OpError{Op: "ibv_req_notify_cq", Addr: q.tag, Err: rcErr(rc, nil)}

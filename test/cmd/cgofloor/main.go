@@ -100,7 +100,9 @@ func main() {
 		inGo = wayGo(*server, *count, inGo)
 	}
 	if *server {
-		lastSend() // before teardown: it would flush the last reply
+		if *rounds > 0 && *count+*warmup > 0 {
+			lastSend() // before teardown: it would flush the last reply
+		}
 		return
 	}
 	res := result{Count: *count, Rounds: *rounds, CMedianUS: oneWay(inC), GoMedianUS: oneWay(inGo)}
