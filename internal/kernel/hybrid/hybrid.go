@@ -171,13 +171,25 @@ func (p *Process) CreateSRQ(d kernel.XRCD, slot int) (kernel.SRQ, uint32, error)
 func (p *Process) DestroySRQ(s kernel.SRQ) error { return p.m.DestroySRQ(s) }
 
 func (p *Process) CreateINI() (kernel.QP, uint32, error) {
-	q, n, err := p.m.CreateINI()
-	return q, toWire(n, p.off), err
+	return p.shown(p.m.CreateINI())
 }
 
 func (p *Process) CreateTGT(d kernel.XRCD) (kernel.QP, uint32, error) {
-	q, n, err := p.m.CreateTGT(d)
-	return q, toWire(n, p.off), err
+	return p.shown(p.m.CreateTGT(d))
+}
+
+// shown gives a new model QP its shown number, or destroys it and fails
+// with ENOSPC once the node's numbers are used up: the next one would show
+// as the next node's (ReuseNever numbers only grow).
+func (p *Process) shown(q kernel.QP, n uint32, err error) (kernel.QP, uint32, error) {
+	if err != nil {
+		return q, 0, err
+	}
+	if n >= nodeQPNSpan {
+		p.m.DestroyQP(q)
+		return 0, 0, &verbs.OpError{Op: "ibv_create_qp", Addr: "hybrid node numbers used up", Err: syscall.ENOSPC}
+	}
+	return q, toWire(n, p.off), nil
 }
 
 func (p *Process) OpenTGT(d kernel.XRCD, qpn uint32) (kernel.QP, error) {

@@ -2,7 +2,9 @@ package hybrid
 
 import (
 	"context"
+	"errors"
 	"net/netip"
+	"syscall"
 	"testing"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -108,5 +110,40 @@ func TestShadowPath(t *testing.T) {
 	}
 	if h := f.helpers[f.Node(ip)].Handles(); h != 0 {
 		t.Errorf("helper holds %d handles", h)
+	}
+}
+
+// A node's shown numbers stop before the next node's begin: past its span
+// a new QP failed to show it and took a number that was the next node's.
+func TestNodeNumbersDoNotReachTheNext(t *testing.T) {
+	f := NewFabric(model.ReuseNever)
+	addr := netip.MustParseAddr("10.9.0.1")
+	p := &Process{f: f, off: f.offset(addr), m: f.Node(addr).NewProcess()}
+	next := f.offset(netip.MustParseAddr("10.9.0.2"))
+	var last uint32
+	for i := 0; ; i++ {
+		q, n, err := p.CreateINI()
+		if err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("INI %d: %v, want ENOSPC", i, err)
+			}
+			break
+		}
+		if n >= next {
+			t.Fatalf("INI %d shows %#x, the next node's numbers start at %#x", i, n, next)
+		}
+		last = n
+		if err := p.m.DestroyQP(q); err != nil {
+			t.Fatal(err)
+		}
+		if i > 2*nodeQPNSpan {
+			t.Fatal("no end to a node's numbers")
+		}
+	}
+	if last != next-1 {
+		t.Fatalf("the last number shown %#x, want the span's last, %#x", last, next-1)
+	}
+	if h := p.m.Handles(); h != 0 {
+		t.Fatalf("%d handles left: the refused QP was kept", h)
 	}
 }
