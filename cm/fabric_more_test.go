@@ -390,6 +390,43 @@ func TestFabricAcceptAfterDeviceRemovalIsNotPeerGone(t *testing.T) {
 	require.Equal(t, "accept", oe.Op)
 }
 
+// A device that fails for good (DEVICE_FATAL) under an XRC Conn and under
+// an XRC listener: the Conn's Recv and the listener's Accept fail with
+// ErrDeviceRemoved, as an RC Conn's do (async.go), rather than waiting for
+// completions that a dead device never delivers.
+func TestFabricXRCDeviceFatal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(f.Node("10.1.0.1").Process()), WithXRC(XRCRequire),
+		WithDomainPath(filepath.Join(t.TempDir(), "l")))
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan *Conn, 1)
+	go func() {
+		s, err := l.Accept(ctx)
+		if err == nil {
+			accepted <- s
+		}
+	}()
+	c, err := Dial(ctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()), WithXRC(XRCRequire),
+		WithDomainPath(filepath.Join(t.TempDir(), "d")))
+	require.NoError(t, err)
+	defer c.Close()
+	defer (<-accepted).Close()
+	recvErr := make(chan error, 1)
+	go func() {
+		_, err := c.Recv(ctx, make([]byte, 64))
+		recvErr <- err
+	}()
+	f.Node("10.1.0.2").FailDevice()
+	require.ErrorIs(t, <-recvErr, ErrDeviceRemoved)
+
+	f.Node("10.1.0.1").FailDevice()
+	_, err = l.Accept(ctx)
+	require.ErrorIs(t, err, ErrDeviceRemoved)
+}
+
 // A refused XRC Dial wraps *xrc.RejectError with the reason.
 func TestFabricDialRefusedError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

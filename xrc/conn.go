@@ -975,6 +975,9 @@ func (c *Conn) failLocked(err error) {
 	if c.err != nil || c.finished {
 		return
 	}
+	if dev := c.e.deviceErr(); dev != nil {
+		err = dev // whatever failed, failed because the device did
+	}
 	c.err = err
 	c.dropSendLocked()
 	c.releaseRecvLocked()

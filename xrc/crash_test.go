@@ -267,6 +267,57 @@ func TestEndpointPeerNodePowerOff(t *testing.T) {
 	})
 }
 
+// TestEndpointDeviceFatal: the device under an endpoint fails for good
+// (IBV_EVENT_DEVICE_FATAL) while a Recv waits. Nothing completes on such a
+// device, so the endpoint learns of it only from the device's event: the
+// waiting Recv fails with ErrDeviceRemoved, the endpoint closes itself and
+// lets go of every kernel object, and the peer's calls fail with
+// ErrPeerGone from its own timeouts, leaving nothing toward the node. An
+// endpoint started on the failed device fails at once.
+func TestEndpointDeviceFatal(t *testing.T) {
+	w := newWorld(t)
+	s, r := w.endpoint("10.0.80.1", 7000), w.endpoint("10.0.80.2", 7001)
+	sc, rc := pair(t, s, r)
+	roundTrip(t, sc, rc, []byte("before"))
+	roundTrip(t, rc, sc, []byte("back"))
+	recvErr := make(chan error, 1)
+	go func() {
+		_, err := sc.Recv(ctxT(t, 20*time.Second), make([]byte, 8))
+		recvErr <- err
+	}()
+	nodeA, nodeB := w.f.Node("10.0.80.1"), w.f.Node("10.0.80.2")
+	nodeA.FailDevice()
+	if err := <-recvErr; !errors.Is(err, ErrDeviceRemoved) {
+		t.Fatalf("Recv on the failed device: %v, want ErrDeviceRemoved", err)
+	}
+	if err := s.Err(); !errors.Is(err, ErrDeviceRemoved) {
+		t.Fatalf("endpoint on the failed device: Err() = %v, want ErrDeviceRemoved", err)
+	}
+	eventually(t, "the endpoint on the failed device released everything", func() (bool, string) {
+		sa := nodeA.Stats()
+		return s.p.Handles() == 0 && sa.QPs() == 0 && sa.TGTHandles == 0 && sa.XRCDs == 0,
+			fmt.Sprintf("handles %d, node A %+v", s.p.Handles(), sa)
+	})
+	if _, err := rc.Recv(ctxT(t, 10*time.Second), make([]byte, 8)); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("peer's Recv: %v, want ErrPeerGone", err)
+	}
+	eventually(t, "nothing toward the failed node", func() (bool, string) {
+		st, sb := r.Stats(), nodeB.Stats()
+		return st.Conns == 0 && st.QPs == 0 && st.LocalCounts == 0 && sb.QPs() == 0 && sb.TGTHandles == 0,
+			fmt.Sprintf("r %+v, node B %+v", st, sb)
+	})
+	p := nodeA.Process()
+	defer p.Kill()
+	k, _ := kernel.Unwrap(p)
+	cfg := Config{Process: p, Addr: "10.0.80.1:7002", DomainDir: w.dirs["10.0.80.1"]}
+	if e, err := newEndpoint(context.Background(), k, cfg); err == nil {
+		e.Close()
+		t.Fatal("an endpoint started on the failed device works")
+	} else if !errors.Is(err, syscall.EIO) {
+		t.Fatalf("an endpoint started on the failed device: %v, want EIO", err)
+	}
+}
+
 // A DREQ on an old physical link ends no other sender's legs when QP
 // numbers were reused. Receiver r idles out sender sa's connection (sa sends
 // no keepalives), so the TGT r made for sa dies while sa, unaware, keeps its

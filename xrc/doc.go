@@ -44,8 +44,9 @@
 // peers are found by a DREQ on the physical link,
 // by send errors, and by keepalives with an idle timeout (Config.Heartbeat,
 // Config.IdleTimeout); a sender whose INI failed rebuilds it and moves its
-// connections over (REPLACES_TGT, MOVE). When the device goes away, every
-// connection fails with ErrDeviceRemoved and the endpoint closes itself,
+// connections over (REPLACES_TGT, MOVE). When the device goes away (the
+// RDMA CM's DEVICE_REMOVAL) or fails for good (the device's DEVICE_FATAL
+// event), every connection fails with ErrDeviceRemoved and the endpoint closes itself,
 // leaving nothing of the process on the device. Send returns once its message is
 // posted, as an RC send does, so one goroutine streams; the engine keeps
 // each message until its completion and, across a recovery, posts the

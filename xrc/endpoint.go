@@ -111,17 +111,19 @@ func (cfg *Config) messageSize() error {
 // one downlink (TGT handle) per remote sender. Applications see only ip:port
 // addresses and Conns.
 type Endpoint struct {
-	k      kernel.Kernel
-	ownK   bool // k is a device the endpoint opened: release closes it
-	cfg    Config
-	addr   netip.AddrPort
-	dom    DomainFile
-	xrcd   kernel.XRCD
-	srq    kernel.SRQ
-	srqn   uint32
-	inc    uint64
-	acc    *acceptor
-	lx, lu kernel.ID
+	k    kernel.Kernel
+	ownK bool // k is a device the endpoint opened: release closes it
+	// devFatal is k's DeviceFatal (nil in tests' bare endpoints).
+	devFatal <-chan struct{}
+	cfg      Config
+	addr     netip.AddrPort
+	dom      DomainFile
+	xrcd     kernel.XRCD
+	srq      kernel.SRQ
+	srqn     uint32
+	inc      uint64
+	acc      *acceptor
+	lx, lu   kernel.ID
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -289,12 +291,37 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 		return nil, err
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.devFatal = k.DeviceFatal()
 	e.spawn(func() { e.listenLoop(e.lx) })
 	e.spawn(func() { e.listenLoop(e.lu) })
 	e.spawn(e.recvLoop)
 	e.spawn(e.janitor)
+	e.spawn(e.watchDevice)
 	return e, nil
 }
+
+// watchDevice ends the endpoint when its device fails for good: nothing on
+// it works any more, and its pollers may wait for completions that never
+// come.
+func (e *Endpoint) watchDevice() {
+	select {
+	case <-e.devFatal:
+		e.die(e.deviceErr())
+	case <-e.ctx.Done():
+	}
+}
+
+// deviceErr is the error of a device that failed for good, nil before.
+func (e *Endpoint) deviceErr() error {
+	select {
+	case <-e.devFatal:
+		return errDeviceFatal
+	default:
+		return nil
+	}
+}
+
+var errDeviceFatal = fmt.Errorf("%w: the device reported a fatal error (IBV_EVENT_DEVICE_FATAL)", ErrDeviceRemoved)
 
 // listen binds the XRC and the SIDR listener on one port number.
 func (e *Endpoint) listen(ap netip.AddrPort) error {

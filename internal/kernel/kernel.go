@@ -230,6 +230,13 @@ type Kernel interface {
 	// Event waits for the next event on id.
 	Event(ctx context.Context, id ID) (Event, error)
 
+	// DeviceFatal is closed once the device has reported a fatal error
+	// (IBV_EVENT_DEVICE_FATAL): nothing on it works any more, nothing
+	// reaches the peers, and the process is to let go of everything on it,
+	// as after ErrDeviceRemoved. Completions need not come for what was
+	// posted, so a poller may wait for ever: this is how the engine learns.
+	DeviceFatal() <-chan struct{}
+
 	// Close releases everything of this process, as process exit does.
 	Close() error
 }

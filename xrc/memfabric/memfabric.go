@@ -125,6 +125,15 @@ func (n *Node) Process() *Process { return &Process{p: n.n.NewProcess(), n: n} }
 // goroutines. The node stays off.
 func (n *Node) PowerOff() { n.n.PowerOff() }
 
+// FailDevice makes the node's RDMA device fail for good, as a firmware
+// fault does (IBV_EVENT_DEVICE_FATAL): the node sends nothing and answers
+// nothing from then on, as after PowerOff, but its processes live on; their
+// engines learn of it from the device, fail every connection with
+// ErrDeviceRemoved and close themselves. Peers find out by their own
+// timeouts. The device stays failed: an engine started on the node later
+// fails at once.
+func (n *Node) FailDevice() { n.n.FailDevice() }
+
 // NodeStats counts the node's kernel objects.
 type NodeStats struct {
 	INIs       int // XRC send QPs

@@ -285,6 +285,10 @@ func (f *Fabric) withPath(pm *model.Process, info kernel.QPInfo, path kcm.Path, 
 	return fn(ev.ID)
 }
 
+// DeviceFatal is the model device's (Node.FailDevice): the real device
+// under the CM half has no verbs context here to report one.
+func (p *Process) DeviceFatal() <-chan struct{} { return p.m.DeviceFatal() }
+
 func (p *Process) PostSend(q kernel.QP, wrs []kernel.SendWR) error { return p.m.PostSend(q, wrs) }
 
 func (p *Process) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {

@@ -112,7 +112,8 @@ type Node struct {
 	listeners map[listenKey]*cmid
 	nextPort  uint16
 	procs     []*Process
-	off       bool // PowerOff: sends nothing, answers nothing
+	off       bool // PowerOff or FailDevice: sends nothing, answers nothing
+	failed    bool // FailDevice
 }
 
 // Addr is the node's address.
@@ -123,9 +124,31 @@ func (n *Node) NewProcess() *Process {
 	n.f.mu.Lock()
 	defer n.f.mu.Unlock()
 	n.f.nextID++
-	p := &Process{n: n, pid: n.f.nextID, handles: map[uint64]any{}, done: make(chan struct{}), resumed: newQueue[kernel.RecvCompletion]()}
+	p := &Process{n: n, pid: n.f.nextID, handles: map[uint64]any{}, done: make(chan struct{}), fatal: make(chan struct{}), resumed: newQueue[kernel.RecvCompletion]()}
+	if n.failed {
+		close(p.fatal)
+	}
 	n.procs = append(n.procs, p)
 	return p
+}
+
+// FailDevice makes the node's device fail for good, as a firmware fault does
+// (IBV_EVENT_DEVICE_FATAL): every process on the node learns of it from
+// DeviceFatal, one started later at once; the node sends nothing and
+// answers nothing, as after PowerOff, but its processes live on and must
+// let go of what they hold themselves (destroying works, creating anything
+// fails with EIO). Its sends fail as sends to a node that is off do, and
+// nothing more arrives at its SRQs.
+func (n *Node) FailDevice() {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	if n.failed {
+		return
+	}
+	n.off, n.failed = true, true
+	for _, p := range n.procs {
+		close(p.fatal)
+	}
 }
 
 // PowerOff takes the node off the fabric as a power cut or a pulled cable

@@ -20,6 +20,7 @@ type Process struct {
 	handles map[uint64]any // *xrcdHandle, *srq, *qpHandle, *cmid
 	closed  bool
 	done    chan struct{}
+	fatal   chan struct{} // closed by Node.FailDevice
 	// recvPaused: PollRecv finds nothing (PauseReceives); resumed wakes
 	// its pollers. Under the fabric's lock.
 	recvPaused bool
@@ -56,6 +57,19 @@ func (p *Process) Handles() int {
 	p.n.f.mu.Lock()
 	defer p.n.f.mu.Unlock()
 	return len(p.handles)
+}
+
+// DeviceFatal is closed once the node's device has failed (Node.FailDevice).
+func (p *Process) DeviceFatal() <-chan struct{} { return p.fatal }
+
+// deviceErr is what creating anything on a failed device returns: mlx5
+// fails every firmware command but the destroys with EIO once the device is
+// in its internal error state (mlx5_internal_err_ret_value).
+func (p *Process) deviceErr(op string) error {
+	if p.n.failed {
+		return opErr(op, syscall.EIO)
+	}
+	return nil
 }
 
 func (p *Process) LocalAddr() netip.Addr { return p.n.addr }
@@ -102,6 +116,9 @@ func (p *Process) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, er
 	defer p.unlock()
 	if p.closed {
 		return 0, &verbs.OpError{Op: op, Err: verbs.ErrClosed}
+	}
+	if err := p.deviceErr(op); err != nil {
+		return 0, err
 	}
 	if !p.n.xrc {
 		return 0, opErr(op, syscall.EOPNOTSUPP)
@@ -171,6 +188,9 @@ func (p *Process) CreateSRQ(h kernel.XRCD, slot int) (kernel.SRQ, uint32, error)
 	p.lock()
 	defer p.unlock()
 	x, err := lookup[*xrcdHandle](p, "ibv_create_srq_ex", uint64(h))
+	if err == nil {
+		err = p.deviceErr("ibv_create_srq_ex")
+	}
 	if err != nil {
 		return 0, 0, err
 	}
@@ -202,6 +222,9 @@ func (p *Process) CreateINI() (kernel.QP, uint32, error) {
 	if p.closed {
 		return 0, 0, &verbs.OpError{Op: "ibv_create_qp_ex", Err: verbs.ErrClosed}
 	}
+	if err := p.deviceErr("ibv_create_qp_ex"); err != nil {
+		return 0, 0, err
+	}
 	sq := newQueue[kernel.SendCompletion]()
 	q := &qp{n: p.n, num: p.n.qpns.get(), typ: verbs.QPTypeXRCSend, sendq: &sq}
 	p.n.qps[q.num] = q
@@ -212,6 +235,9 @@ func (p *Process) CreateTGT(h kernel.XRCD) (kernel.QP, uint32, error) {
 	p.lock()
 	defer p.unlock()
 	x, err := lookup[*xrcdHandle](p, "ibv_create_qp_ex", uint64(h))
+	if err == nil {
+		err = p.deviceErr("ibv_create_qp_ex")
+	}
 	if err != nil {
 		return 0, 0, err
 	}
@@ -226,6 +252,9 @@ func (p *Process) OpenTGT(h kernel.XRCD, qpn uint32) (kernel.QP, error) {
 	p.lock()
 	defer p.unlock()
 	x, err := lookup[*xrcdHandle](p, "ibv_open_qp", uint64(h))
+	if err == nil {
+		err = p.deviceErr("ibv_open_qp")
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -611,3 +611,47 @@ func TestModelRNRWaitingSendsEnd(t *testing.T) {
 		})
 	}
 }
+
+// A failed device (Node.FailDevice): every process on the node, and one
+// started later, sees DeviceFatal closed; creating anything fails with EIO;
+// what exists can still be destroyed; a process on another node sees
+// nothing.
+func TestModelFailDevice(t *testing.T) {
+	_, a, b := twoNodes(t, ReuseLIFO)
+	pa, pb := a.NewProcess(), b.NewProcess()
+	defer pb.Close()
+	x := must[kernel.XRCD](t)(pa.OpenXRCD(domainFile(t), kernel.XRCDCreate))
+	ini, _, err := pa.CreateINI()
+	ok(t, err)
+	a.FailDevice()
+	a.FailDevice() // idempotent
+	for name, p := range map[string]*Process{"running": pa, "started after": a.NewProcess()} {
+		select {
+		case <-p.DeviceFatal():
+		default:
+			t.Fatalf("%s process: DeviceFatal not closed", name)
+		}
+	}
+	select {
+	case <-pb.DeviceFatal():
+		t.Fatal("a process on another node sees the device fail")
+	default:
+	}
+	if _, _, err := pa.CreateINI(); !isErrno(err, syscall.EIO) {
+		t.Fatalf("CreateINI: %v, want EIO", err)
+	}
+	if _, _, err := pa.CreateTGT(x); !isErrno(err, syscall.EIO) {
+		t.Fatalf("CreateTGT: %v, want EIO", err)
+	}
+	if _, _, err := pa.CreateSRQ(x, testSlot); !isErrno(err, syscall.EIO) {
+		t.Fatalf("CreateSRQ: %v, want EIO", err)
+	}
+	if _, err := pa.OpenXRCD("", kernel.XRCDCreate); !isErrno(err, syscall.EIO) {
+		t.Fatalf("OpenXRCD: %v, want EIO", err)
+	}
+	ok(t, pa.DestroyQP(ini))
+	ok(t, pa.CloseXRCD(x))
+	if n := pa.Handles(); n != 0 {
+		t.Fatalf("%d handles left after destroying everything", n)
+	}
+}

@@ -110,14 +110,16 @@ type Process struct {
 	closed bool
 	objs   map[uint64]any // *xrcdObj, *srqObj, *qpObj
 
-	// The device's async events, read and dropped: the engine learns of
-	// failures from completions and the CM, and the kernel keeps every
-	// event of an open device until it is read (ib_uverbs_async_handler
-	// queues them without a bound), so a long-lived process that never
-	// read them would grow kernel memory with each QP's LAST_WQE_REACHED
-	// or error event. asyncDone is closed when the channel has ended.
+	// The device's async events, read and, but for DEVICE_FATAL (which
+	// closes fatal), dropped: the engine learns of other failures from
+	// completions and the CM, and the kernel keeps every event of an open
+	// device until it is read (ib_uverbs_async_handler queues them without
+	// a bound), so a long-lived process that never read them would grow
+	// kernel memory with each QP's LAST_WQE_REACHED or error event.
+	// asyncDone is closed when the channel has ended.
 	asyncRead atomic.Uint64
 	asyncDone chan struct{}
+	fatal     chan struct{}
 }
 
 var _ kernel.Kernel = (*Process)(nil)
@@ -125,7 +127,7 @@ var _ kernel.Kernel = (*Process)(nil)
 // Open opens device dev, whose address is local, for one process.
 func Open(dev string, local netip.Addr, opts Options) (_ *Process, err error) {
 	opts.fill()
-	p := &Process{dev: dev, local: local.Unmap(), opts: opts, objs: map[uint64]any{}}
+	p := &Process{dev: dev, local: local.Unmap(), opts: opts, objs: map[uint64]any{}, fatal: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			p.Close()
@@ -141,8 +143,11 @@ func Open(dev string, local netip.Addr, opts Options) (_ *Process, err error) {
 	p.asyncDone = make(chan struct{})
 	go func() {
 		defer close(p.asyncDone)
-		for range events {
+		for ev := range events {
 			p.asyncRead.Add(1)
+			if ev.Type == verbs.EventDeviceFatal && !isClosed(p.fatal) {
+				close(p.fatal)
+			}
 		}
 	}()
 	attr, err := p.ctx.QueryDevice()
@@ -192,6 +197,18 @@ type noXRC struct{}
 
 func (noXRC) Error() string        { return "" }
 func (noXRC) Is(target error) bool { return target == ErrNoXRC }
+
+// DeviceFatal is closed once the device reports IBV_EVENT_DEVICE_FATAL.
+func (p *Process) DeviceFatal() <-chan struct{} { return p.fatal }
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
 
 func (p *Process) LocalAddr() netip.Addr { return p.local }
 func (p *Process) XRC() bool             { return p.xrc }
