@@ -438,3 +438,43 @@ func testPeerGoneWithFINQueued(t *testing.T, how string) {
 		roundTrip(t, sc2, cs2, []byte("the sharer's connection goes on"))
 	}
 }
+
+// TestPausedReceiverKeepsQueuedFIN is TestPeerGoneWithFINQueuedEndsGracefully
+// with memfabric's PauseReceives in place of a held poll: a stalled receiver
+// whose peer's messages and FIN wait on its SRQ must not take a poll that
+// ran out of time for a drain. The model's paused poll returned its
+// deadline's error, which says the SRQ was found empty, and the connection
+// failed with the data unread (found by review).
+func TestPausedReceiverKeepsQueuedFIN(t *testing.T) {
+	w := newWorld(t)
+	beat := func(c *Config) { c.Heartbeat, c.IdleTimeout = 20*time.Millisecond, 10*time.Second }
+	s := w.endpoint("10.0.77.1", 7000, beat)
+	c := w.endpoint("10.0.77.2", 7001, beat)
+	cs, sc := pair(t, c, s)
+	ctx := ctxT(t, 10*time.Second)
+	s.p.PauseReceives()
+	const n = 5
+	if err := sendSeq(ctx, cs, 0, n); err != nil {
+		t.Fatal(err)
+	}
+	cs.Close()
+	c.Close()
+	eventually(t, "the receiver's recovery of its uplink to the closed endpoint", func() (bool, string) {
+		st := s.Stats()
+		return st.Recoveries > 0 && st.Uplinks == 0, fmt.Sprintf("%+v", st)
+	})
+	if err := sc.Send(ctx, []byte("to the gone")); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send on the ended sending leg: %v, want ErrPeerGone", err)
+	}
+	time.Sleep(100 * time.Millisecond) // a stalled process: some polls' time
+	if err := connErr(sc); err != nil {
+		t.Errorf("failed while its peer's messages and FIN sat unpolled in the SRQ: %v", err)
+	}
+	s.p.ResumeReceives()
+	if err := recvSeq(ctx, sc, 0, n, nil); err != nil {
+		t.Fatalf("the messages queued before the peer's FIN: %v", err)
+	}
+	if _, err := sc.Recv(ctx, make([]byte, 64)); err != io.EOF {
+		t.Fatalf("after them: %v, want io.EOF", err)
+	}
+}

@@ -519,6 +519,6 @@ func (p *Process) Event(ctx context.Context, h kernel.ID) (kernel.Event, error) 
 			return nil, err
 		}
 		return &id.events, nil
-	}, out[:])
+	}, nil, out[:])
 	return out[0], err
 }

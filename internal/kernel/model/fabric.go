@@ -351,8 +351,11 @@ func (q *queue[T]) close() {
 }
 
 // poll waits until q (found by lookup under the lock) has items, and moves
-// up to len(out) of them into out.
-func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*queue[T], error), out []T) (int, error) {
+// up to len(out) of them into out. A poll whose deadline passes while
+// stalled (under the lock) holds returns only once it no longer does: a
+// deadline's error says the queue was found empty, which a paused
+// process's queue is not.
+func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*queue[T], error), stalled func() bool, out []T) (int, error) {
 	if len(out) == 0 {
 		return 0, opErr(op, syscall.EINVAL)
 	}
@@ -385,7 +388,20 @@ func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*que
 		case <-closed:
 		case <-p.done:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			f.mu.Lock()
+			hold := stalled != nil && ctx.Err() == context.DeadlineExceeded && stalled()
+			f.mu.Unlock()
+			if !hold {
+				return 0, ctx.Err()
+			}
+			// Past its deadline, the poll no longer sees a cancel:
+			// it waits as a stopped process would, until resumed
+			// or dead.
+			select {
+			case <-wake:
+			case <-closed:
+			case <-p.done:
+			}
 		}
 	}
 }

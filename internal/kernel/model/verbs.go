@@ -33,7 +33,11 @@ var _ kernel.Kernel = (*Process)(nil)
 // process stopped (SIGSTOP) or stalled would, until ResumeReceives:
 // PollRecv finds nothing, the messages stay on the SRQs, and with
 // NodeConfig.SRQReceives the next ones wait at their senders' INIs. The
-// rest of the process runs on.
+// rest of the process runs on. A PollRecv whose deadline passes while
+// messages wait does not return its deadline's error (which says the SRQ
+// was found empty): it waits, as a stopped process's poll would, until
+// ResumeReceives or the process's death, and no longer sees its context
+// cancelled meanwhile.
 func (p *Process) PauseReceives() {
 	p.lock()
 	defer p.unlock()
@@ -458,20 +462,21 @@ func (p *Process) PollSend(ctx context.Context, h kernel.QP, out []kernel.SendCo
 			return nil, opErr("ibv_poll_cq", syscall.EINVAL)
 		}
 		return qh.q.sendq, nil
-	}, out)
+	}, nil, out)
 }
 
 func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvCompletion) (int, error) {
+	var s *srq
 	return poll(ctx, p, "ibv_poll_cq", func() (*queue[kernel.RecvCompletion], error) {
-		s, err := lookup[*srq](p, "ibv_poll_cq", uint64(h))
-		if err != nil {
+		var err error
+		if s, err = lookup[*srq](p, "ibv_poll_cq", uint64(h)); err != nil {
 			return nil, err
 		}
 		if p.recvPaused {
 			return &p.resumed, nil // never holds an item; signalled on resume
 		}
 		return &s.recv, nil
-	}, out)
+	}, func() bool { return p.recvPaused && s != nil && len(s.recv.items) > 0 }, out)
 }
 
 // Kill is the process's death; the same as Close.
