@@ -93,19 +93,7 @@ func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 	}
 	p.waiters++
 	p.mu.Unlock()
-	p.try = try
-	err := p.rc.Read(p.readFn)
-	p.try = nil
-	p.mu.Lock()
-	p.waiters--
-	closed := p.closed
-	release := closed && p.waiters == 0
-	p.mu.Unlock()
-	if release {
-		// Close came while this Wait was in rc.Read; nothing holds the
-		// file now, so this does not block.
-		_ = p.file.Close()
-	}
+	err, closed := p.read(try)
 	if err == nil {
 		return nil
 	}
@@ -119,6 +107,27 @@ func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 		return context.DeadlineExceeded
 	}
 	return p.closedOr(err)
+}
+
+// read runs try in the netpoller, and leaves it: a try that panics does
+// not leave the waiter counted (Close would leave the release to a Wait that
+// is gone).
+func (p *FD) read(try func() bool) (err error, closed bool) {
+	defer func() {
+		p.try = nil
+		p.mu.Lock()
+		p.waiters--
+		closed = p.closed
+		release := closed && p.waiters == 0
+		p.mu.Unlock()
+		if release {
+			// Close came while this Wait was in rc.Read; nothing holds
+			// the file now, so this does not block.
+			_ = p.file.Close()
+		}
+	}()
+	p.try = try
+	return p.rc.Read(p.readFn), false
 }
 
 // closedOr is ErrClosed once Close has begun (the os.File's own errors for

@@ -313,3 +313,32 @@ func TestCloseRacingWait(t *testing.T) {
 		require.True(t, drainOne(r)(), "round %d: library descriptor", i)
 	}
 }
+
+// A try that panics inside the netpoller does not leave its Wait counted:
+// a Close after it releases the descriptor itself, where it used to leave
+// that to a waiter that was gone, and the descriptor stayed open.
+func TestPanickingTryLeavesNoWaiter(t *testing.T) {
+	r, w := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	calls := 0
+	func() {
+		defer func() { require.Equal(t, "boom", recover()) }()
+		go func() { time.Sleep(20 * time.Millisecond); unix.Write(w, []byte{1}) }()
+		p.Wait(context.Background(), func() bool {
+			if calls++; calls > 1 {
+				panic("boom")
+			}
+			return false
+		})
+	}()
+	require.Equal(t, 2, calls)
+	p.mu.Lock()
+	waiters := p.waiters
+	p.mu.Unlock()
+	require.Zero(t, waiters, "the panicked Wait is still counted")
+	fd := int(p.file.Fd())
+	require.NoError(t, p.Close())
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	require.ErrorIs(t, err, unix.EBADF, "Close left the duplicate descriptor open")
+}
