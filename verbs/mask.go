@@ -87,8 +87,10 @@ var maskTable = map[QPType]map[transition]maskRule{
 
 func lookupRule(t QPType, from, to QPState) (maskRule, bool) {
 	if to == QPStateReset || to == QPStateErr {
-		// Any state may go to RESET or ERR with the state bit alone.
-		if _, ok := maskTable[t]; ok && from <= QPStateErr {
+		// Any state may go to RESET, and any but RESET to ERR, with the
+		// state bit alone (the kernel's qp_state_table has no
+		// RESET->ERR: ib_modify_qp_is_ok refuses it).
+		if _, ok := maskTable[t]; ok && from <= QPStateErr && !(from == QPStateReset && to == QPStateErr) {
 			return maskRule{}, true
 		}
 		return maskRule{}, false

@@ -518,8 +518,9 @@ func (q *QP) Query(mask QPAttrMask) (QPAttr, QPCap, error) {
 }
 
 // PostSend posts a chain of send work requests with one C call and no
-// allocation. On failure the *OpError wraps a *PostError whose Index is the
-// first request not posted; those before it were posted.
+// allocation. On failure the *OpError wraps a *PostError: Index is the
+// request refused, Posted how many went (those before Index where the
+// driver refused it, none where this package's checks refused the chain).
 func (q *QP) PostSend(wrs []SendWR) error {
 	if err := q.use("ibv_post_send"); err != nil {
 		return err

@@ -315,6 +315,9 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	q := qh.q
 	switch to {
 	case verbs.QPStateErr:
+		if q.state == verbs.QPStateReset {
+			return opErr(op, syscall.EINVAL) // ib_modify_qp_is_ok: no RESET->ERR
+		}
 		q.state = to
 		return nil
 	case verbs.QPStateReset:
