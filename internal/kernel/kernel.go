@@ -93,7 +93,6 @@ func (t EventType) String() string {
 
 // Status values seen in EventRejected and EventUnreachable (IB CM numbering).
 const (
-	RejTimeout                 = 1  // IB_CM_REJ_TIMEOUT: the active side gave up (destroyed its id)
 	RejInvalidServiceID        = 8  // no listener on that port (connected mode)
 	RejStaleConn               = 10 // IB_CM_REJ_STALE_CONN
 	RejConsumerDefined         = 28 // an rdma_reject, a failed accept, or a QP-type mismatch (zero data)

@@ -478,10 +478,14 @@ func (p *Process) destroyID(id *cmid) {
 			}
 		}
 	case csReqSent:
+		// cm_destroy_id sends REJ(IB_CM_REJ_TIMEOUT); the passive id,
+		// not yet accepted, goes IDLE, and its event never reaches the
+		// process: ucma drops the events of a new connection's id until
+		// rdma_accept gives it a context (ucma_event_handler). Its
+		// Accept then fails.
 		if s := id.peer; s != nil {
 			s.leaveStale()
 			s.peer, s.state = nil, csIdle
-			s.post(kernel.Event{Type: kernel.EventRejected, Status: kernel.RejTimeout, PrivateData: pad(nil, budgetREJ)})
 		}
 	case csReqRcvd, csRepSent, csRepRcvd, csSIDRReqRcvd:
 		id.rejectPeer(nil)
