@@ -496,8 +496,11 @@ func (id *ID) Connect(p ConnParam) error {
 // a REP naming p.QPNum (private data up to MaxRepPrivateData), or on
 // PortSpaceUDP a SIDR REP (QPNum and up to MaxSIDRRepPrivateData). Prepare
 // the QP first (InitQPAttr to RTR, and RTS). The connected-mode passive side
-// then gets ESTABLISHED when the peer calls Establish. A failing Accept
-// rejects the request.
+// then gets ESTABLISHED when the peer calls Establish. An Accept that the
+// kernel fails rejects the request (cma.c rejects on its way out); one
+// refused before it reaches the kernel (ErrPrivateDataTooLong, or
+// librdmacm's EINVAL for bad parameters) leaves the request pending:
+// Reject or Close the id.
 func (id *ID) Accept(p ConnParam) error {
 	return id.sendMAD("rdma_accept", MaxRepPrivateData, MaxSIDRRepPrivateData, p.PrivateData,
 		func() error { return id.sysAccept(&p) })

@@ -482,12 +482,17 @@ func (c *CM) DestroyID(h kernel.ID) error {
 	err := e.id.Close()
 	if err != nil {
 		// The id lives on in C: keep its handle, so that a retry, or
-		// Close, destroys it.
+		// Close, destroys it; once Close has taken the ids, try once
+		// more here, as Close does.
 		c.mu.Lock()
-		if !c.closed {
+		closed := c.closed
+		if !closed {
 			c.ids[h] = e
 		}
 		c.mu.Unlock()
+		if closed {
+			err = e.id.Close()
+		}
 	}
 	return err
 }
