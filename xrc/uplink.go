@@ -664,6 +664,13 @@ func (e *Endpoint) maybeTeardownLocked(u *uplink) {
 // ends a leg waits until every MOVE is answered (Conn.finHeldLocked): the
 // legs moved first may be all that holds the new TGT.
 func (e *Endpoint) recover(u *uplink, old *iniQP) {
+	// Nothing may reach the old TGT once the MOVEs begin: a receiver takes
+	// a leg's messages through it only until its SRQ drains after the
+	// MOVE and drops what comes later, while we would take the send's
+	// success for delivery. An INI that failed is in ERR already; one given
+	// up for a TGT_GONE, a DREQ or a send queue that stays full is not:
+	// there its held sends are flushed, and go again after the MOVE.
+	e.k.TransitionQP(old.qp, verbs.QPStateErr, 0)
 	e.mu.Lock()
 	legs := make([]*Conn, 0, len(u.legs))
 	for c := range u.legs {
