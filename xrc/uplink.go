@@ -48,6 +48,12 @@ type uplink struct {
 	// RECOVERING, and that recovery starts the next as it ends (see
 	// failINILocked).
 	settling bool
+	// kept: old INIs whose physical links a recovery left up, for a leg
+	// whose MOVE was refused TGT_GONE: its receiver still has it on
+	// their TGT until the next round moves it, and the link's DREQ would
+	// tell the receiver, if it made that TGT, that we are gone. A round
+	// that leaves no leg behind disconnects them with its own old link.
+	kept []*iniQP
 }
 
 // pokeLocked wakes whoever waits on u.changed without a change of state:
@@ -648,12 +654,17 @@ func (e *Endpoint) maybeTeardownLocked(u *uplink) {
 	u.cur = nil
 	u.setState(upNone)
 	e.k.Disconnect(q.aid)
+	for _, o := range u.kept {
+		e.k.Disconnect(o.aid)
+	}
+	u.kept = nil
 }
 
 // recover rebuilds a failed uplink: a new INI is connected with a PHYS_REQ
 // flagged REPLACES_TGT|MOVE to the first live receiver, every other leg
 // moves to the new TGT with a VIRT_REQ flagged MOVE, and once every MOVE is
-// answered the old physical link is disconnected: its DREQ tells the TGT's
+// answered the old physical link is disconnected (unless a leg left for the
+// next round is still on its TGT: see uplink.kept): its DREQ tells the TGT's
 // creator that the legs still on the old TGT are gone. Sent first, it could
 // reach a receiver before that receiver's MOVE and end a live leg. Legs
 // whose receiver refuses or is gone, or does not answer within its MOVE's
@@ -737,7 +748,13 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		for _, c := range later { // no INI to move them to
 			e.moveDone(u, nil, c, dom, wire.Accept{}, errNoAnswer, false, &moved)
 		}
-		e.k.Disconnect(old.aid)
+		e.mu.Lock()
+		olds := append(u.kept, old)
+		u.kept = nil
+		e.mu.Unlock()
+		for _, o := range olds {
+			e.k.Disconnect(o.aid)
+		}
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		// Nobody left to move to: the uplink is gone. The next dial there
@@ -828,7 +845,18 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		}
 		e.mu.Unlock()
 	}
-	e.k.Disconnect(old.aid)
+	e.mu.Lock()
+	var olds []*iniQP
+	if slices.ContainsFunc(pending, func(c *Conn) bool { return c.unmoved && !c.failed() && !c.sendDone }) {
+		u.kept = append(u.kept, old) // a leg left for the next round is still on its TGT
+	} else {
+		olds = append(u.kept, old)
+		u.kept = nil
+	}
+	e.mu.Unlock()
+	for _, o := range olds {
+		e.k.Disconnect(o.aid)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	u.settling = false
