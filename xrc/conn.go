@@ -69,6 +69,7 @@ type Conn struct {
 	recvTag      uint32
 	recvUp       bool
 	unaccepted   bool          // counted in Endpoint.unaccepted
+	queued       bool          // put in Endpoint.acceptq: counted until it leaves, finished or not
 	term         chan struct{} // the accepting term it was queued in (its acceptStop)
 	recvReleased bool
 	lastSeen     time.Time
@@ -1053,7 +1054,12 @@ func (c *Conn) maybeFinishLocked() {
 		return
 	}
 	c.finished = true
-	c.acceptedLocked()
+	if !c.queued {
+		// Queued, it holds its slot until Accept takes it or
+		// StopAccepting sweeps it: a queue full of connections that
+		// finished there must refuse the next as a full one does.
+		c.acceptedLocked()
+	}
 	delete(e.conns, c)
 	if e.pending[c.sendTag] == c {
 		delete(e.pending, c.sendTag)
@@ -1066,8 +1072,8 @@ func (c *Conn) maybeFinishLocked() {
 }
 
 // acceptedLocked takes an inbound connection out of the endpoint's count of
-// those Accept has not taken (see Endpoint.unaccepted): Accept took it, or
-// it finished.
+// those Accept has not taken (see Endpoint.unaccepted): Accept took it, it
+// was closed unaccepted, or it finished before it was queued.
 func (c *Conn) acceptedLocked() {
 	if c.unaccepted {
 		c.unaccepted = false
@@ -1101,6 +1107,7 @@ func (c *Conn) checkReadyLocked() {
 		c.term = e.acceptStop
 		select {
 		case e.acceptq <- c:
+			c.queued = true
 		default:
 			c.failLocked(&RejectError{Addr: c.raddr.String(), Reason: RejectBusyRetry})
 		}

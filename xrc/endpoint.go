@@ -155,10 +155,11 @@ type Endpoint struct {
 	acceptStop chan struct{}
 	dead       chan struct{} // closed by die: Accept returns fatal
 	closeDone  chan struct{} // closed when the first Close has released everything
-	// unaccepted counts inbound connections made and not yet taken by
-	// Accept nor finished (Conn.unaccepted): at acceptBacklog, requests
-	// for more are refused with BUSY_RETRY, which the dialer sees, rather
-	// than failed once up, which it would learn only at its idle timeout.
+	// unaccepted counts inbound connections being made, and those in
+	// acceptq, finished or not, until they leave it (Conn.unaccepted):
+	// at acceptBacklog, requests for more are refused with BUSY_RETRY,
+	// which the dialer sees, rather than failed once up, which it would
+	// learn only at its idle timeout.
 	unaccepted int
 
 	dropped     atomic.Uint64

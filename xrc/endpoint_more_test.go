@@ -266,6 +266,21 @@ func ExampleNewEndpoint() {
 func TestEndpointCloseDuringDials(t *testing.T) {
 	w := newWorld(t)
 	b := w.endpoint("10.0.11.2", 7000)
+	// b accepts (and drops) what comes: a queue left full would refuse
+	// the dials (BUSY_RETRY), finished connections included.
+	actx, stop := context.WithCancel(context.Background())
+	accepting := make(chan struct{})
+	go func() {
+		defer close(accepting)
+		for {
+			c, err := b.Accept(actx)
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	defer func() { stop(); <-accepting }()
 	for round := 0; round < 5; round++ {
 		a := w.endpoint("10.0.11.1", 7100+round)
 		// The first dial makes the uplinks, so the others are virtual

@@ -108,4 +108,3 @@ func TestRecoveryLegLeftForNextRoundKeptAlive(t *testing.T) {
 		t.Fatalf("r3's connection: %q %v (s %+v, r3 %+v)", buf[:n], err, s.Stats(), r3.Stats())
 	}
 }
-
