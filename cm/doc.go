@@ -43,8 +43,14 @@
 // frame of their own goes when half the buffers wait or the peer is short.
 // Credit frames use the peer's buffers too, and theirs come back with the
 // next message or, when none follows, after a delay (a persist timer, as
-// in TCP), so credit frames never answer each other. Send and Recv do not
-// allocate.
+// in TCP), so credit frames never answer each other. A connection makes
+// progress only inside its callers' calls (Send, Recv, the one-sided calls,
+// Close): the credit frames a peer sent are taken, and their buffers
+// posted again, when the application next calls in. So a side that has
+// only received has a window smaller by the credit frames it sent while
+// the other side made no call (at the smallest depth, none left): a reply
+// waits until the peer calls Recv or Send, as a request-response peer
+// does. Send and Recv do not allocate.
 //
 // # Resources per device
 //
