@@ -1317,8 +1317,8 @@ func (e *Endpoint) recvLoop() {
 			cancel()
 		}
 		if err != nil && n == 0 && e.ctx.Err() == nil && ctx.Err() != nil {
-			if base.Err() != nil {
-				continue // kicked: this poll began before what asked for a drain
+			if base.Err() != nil || errors.Is(err, syscall.EINTR) {
+				continue // kicked (this poll began before what asked for a drain), or the SRQ not empty
 			}
 			n, err = 0, nil // a poll with a deadline that found the SRQ empty
 		}

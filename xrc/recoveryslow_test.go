@@ -478,3 +478,36 @@ func TestPausedReceiverKeepsQueuedFIN(t *testing.T) {
 		t.Fatalf("after them: %v, want io.EOF", err)
 	}
 }
+
+// The same pause, then the endpoint closed while a poll with a deadline
+// finds the SRQ held: Close returns. The first fix of the test above held
+// such a poll until ResumeReceives, which no longer saw the endpoint's
+// cancel, and Close waited for ever (found by review); the model's poll now
+// returns EINTR, which the receive loop takes for no drain.
+func TestCloseWhilePausedWithQueuedMessages(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.78.1", 7000, longTimers)
+	b := w.endpoint("10.0.78.2", 7000, longTimers)
+	ca, cb := pair(t, a, b)
+	roundTrip(t, ca, cb, []byte("hello"))
+	roundTrip(t, cb, ca, []byte("back"))
+	ctx := ctxT(t, 10*time.Second)
+	b.p.PauseReceives()
+	defer b.p.ResumeReceives()
+	if err := ca.Send(ctx, []byte("queued")); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	_ = sendErr(t, cb)                 // our sending leg ends (sendGone): the next polls have a deadline
+	time.Sleep(200 * time.Millisecond) // past lingerPoll: polls end at their deadlines, the SRQ held
+	if err := connErr(cb); err != nil {
+		t.Errorf("failed while the peer's message and FIN sat unpolled: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { b.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Endpoint.Close of a process whose receives are paused, with a message queued, has not returned in 3 s")
+	}
+}

@@ -206,7 +206,9 @@ type Kernel interface {
 	// PollRecv waits for at least one message on s and fills out. A poll
 	// whose ctx is live when it begins looks at the queue before it
 	// waits: one that returns ctx's error found the queue empty (the
-	// engine counts it as a drain, see xrc's receive loop).
+	// engine counts it as a drain, see xrc's receive loop). EINTR: it
+	// ended at its deadline without taking what the queue holds (the
+	// model's paused process): no drain; poll again.
 	PollRecv(ctx context.Context, s SRQ, out []RecvCompletion) (int, error)
 
 	// Listen binds a listener on addr for one exchange. An XRC (or IB-RC)

@@ -180,9 +180,7 @@ func (p *Process) Kill() {
 // (SIGSTOP) or stalled would, until ResumeReceives: its engine's receive
 // poll finds nothing and the messages stay on its SRQ, where, on a node
 // with NodeConfig.SRQReceives, the next ones find no receive and wait at
-// their senders. The rest of the engine runs on; closing it may wait for
-// ResumeReceives or Kill while messages wait, as a stopped process cannot
-// close.
+// their senders. The rest of the engine runs on.
 func (p *Process) PauseReceives() {
 	if p.p != nil {
 		p.p.PauseReceives()

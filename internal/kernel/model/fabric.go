@@ -352,9 +352,8 @@ func (q *queue[T]) close() {
 
 // poll waits until q (found by lookup under the lock) has items, and moves
 // up to len(out) of them into out. A poll whose deadline passes while
-// stalled (under the lock) holds returns only once it no longer does: a
-// deadline's error says the queue was found empty, which a paused
-// process's queue is not.
+// stalled (under the lock) holds returns EINTR, not the deadline's error,
+// which says the queue was found empty: a paused process's is not.
 func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*queue[T], error), stalled func() bool, out []T) (int, error) {
 	if len(out) == 0 {
 		return 0, opErr(op, syscall.EINVAL)
@@ -389,19 +388,12 @@ func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*que
 		case <-p.done:
 		case <-ctx.Done():
 			f.mu.Lock()
-			hold := stalled != nil && ctx.Err() == context.DeadlineExceeded && stalled()
+			held := stalled != nil && ctx.Err() == context.DeadlineExceeded && stalled()
 			f.mu.Unlock()
-			if !hold {
-				return 0, ctx.Err()
+			if held {
+				return 0, opErr(op, syscall.EINTR)
 			}
-			// Past its deadline, the poll no longer sees a cancel:
-			// it waits as a stopped process would, until resumed
-			// or dead.
-			select {
-			case <-wake:
-			case <-closed:
-			case <-p.done:
-			}
+			return 0, ctx.Err()
 		}
 	}
 }

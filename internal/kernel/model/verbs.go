@@ -34,10 +34,8 @@ var _ kernel.Kernel = (*Process)(nil)
 // PollRecv finds nothing, the messages stay on the SRQs, and with
 // NodeConfig.SRQReceives the next ones wait at their senders' INIs. The
 // rest of the process runs on. A PollRecv whose deadline passes while
-// messages wait does not return its deadline's error (which says the SRQ
-// was found empty): it waits, as a stopped process's poll would, until
-// ResumeReceives or the process's death, and no longer sees its context
-// cancelled meanwhile.
+// messages wait returns EINTR, not its deadline's error (which says the
+// SRQ was found empty).
 func (p *Process) PauseReceives() {
 	p.lock()
 	defer p.unlock()
