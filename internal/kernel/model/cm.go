@@ -86,6 +86,21 @@ type cmid struct {
 
 func (id *cmid) node() *Node { return id.p.n }
 
+// reaches reports whether what id sends gets to peer: not from or to a node
+// that is off (PowerOff, FailDevice). cut drops peer's tie to id too, where
+// it does not: peer hears nothing and goes on as it was, until its own
+// timeout (or, for a DREQ of its own, the DREQ's at once).
+func (id *cmid) reaches(peer *cmid) bool {
+	return !id.node().off && !peer.node().off
+}
+
+func (id *cmid) cut(peer *cmid) {
+	if peer.peer == id {
+		peer.peer = nil
+	}
+	id.peer = nil
+}
+
 func (id *cmid) post(e kernel.Event) {
 	if id.dead {
 		return
@@ -271,6 +286,11 @@ func (f *Fabric) rep(s *cmid, pd []byte) {
 	if a == nil || a.state != csReqSent {
 		return
 	}
+	if !s.reaches(a) {
+		s.leaveStale()
+		s.cut(a)
+		return
+	}
 	an := a.node()
 	k := staleKey{s.node(), s.localQPN}
 	if old := an.stale[k]; old != nil {
@@ -311,7 +331,9 @@ func (p *Process) Accept(h kernel.ID, qpNum uint32, pd []byte) error {
 			return opErr(op, syscall.EINVAL)
 		}
 		id.state = csIdle
-		if a := id.peer; a != nil && a.state == csSIDRReqSent {
+		if a := id.peer; a != nil && !id.reaches(a) {
+			id.cut(a)
+		} else if a != nil && a.state == csSIDRReqSent {
 			a.state, a.peer, id.peer = csIdle, nil, nil
 			a.remoteQPN = qpNum & 0xFFFFFF
 			a.post(kernel.Event{Type: kernel.EventEstablished, QPNum: a.remoteQPN, QKey: kernel.SIDRQKey, PrivateData: pad(pd, budgetSIDRREP)})
@@ -343,6 +365,10 @@ func (id *cmid) rejectPeer(pd []byte) {
 	id.peer = nil
 	id.state = csIdle
 	if peer == nil {
+		return
+	}
+	if !id.reaches(peer) {
+		id.cut(peer)
 		return
 	}
 	peer.peer = nil
@@ -391,7 +417,9 @@ func (p *Process) Establish(h kernel.ID) error {
 		return opErr(op, syscall.EINVAL)
 	}
 	id.state = csEstablished
-	if s := id.peer; s != nil && s.state == csRepSent {
+	if s := id.peer; s != nil && !id.reaches(s) {
+		id.cut(s)
+	} else if s != nil && s.state == csRepSent {
 		s.state = csEstablished
 		s.post(kernel.Event{Type: kernel.EventEstablished, QPNum: s.remoteQPN})
 	}
@@ -403,8 +431,9 @@ func (p *Process) Establish(h kernel.ID) error {
 // DREQ at once, so the sender is done too.
 func (id *cmid) sendDREQ() {
 	peer := id.peer
-	if peer != nil && peer.node().off {
-		peer = nil // no DREP comes: the DREQ times out (PowerOff)
+	if peer != nil && !id.reaches(peer) {
+		id.cut(peer) // no DREP comes: the DREQ times out (PowerOff, FailDevice)
+		peer = nil
 	}
 	if peer == nil || peer.state != csEstablished {
 		if peer != nil {
@@ -426,6 +455,8 @@ func (id *cmid) sendDREQ() {
 func (id *cmid) sendDREP() {
 	id.state = csTimewait
 	id.leaveStale()
+	// From or to a node that is off, the DREP is lost, and the DREQ times
+	// out at its sender: the same events (without the retries' wait).
 	if peer := id.peer; peer != nil && peer.state == csDreqSent {
 		peer.leaveStale()
 		peer.state, peer.peer = csTimewait, nil

@@ -56,8 +56,8 @@
 //     IB_CM_DREQ_ERROR), a send to it fails with WCRetryExcErr.
 //   - A node's device failing for good (Node.FailDevice, IBV_EVENT_DEVICE_FATAL)
 //     closes DeviceFatal of each of its processes; the node is off as after
-//     a power-off, but its processes live on: destroying works, creating
-//     any verbs object fails with EIO (mlx5's internal error state).
+//     a power-off, but its processes live on: destroying works, what
+//     takes a firmware command fails with EIO (mlx5's internal error state).
 //
 // Simplifications, all deterministic: one mutex per fabric; no timers (a
 // retransmitted REQ after a REP-time stale hit is redelivered at once;

@@ -136,9 +136,12 @@ func (n *Node) NewProcess() *Process {
 // (IBV_EVENT_DEVICE_FATAL): every process on the node learns of it from
 // DeviceFatal, one started later at once; the node sends nothing and
 // answers nothing, as after PowerOff, but its processes live on and must
-// let go of what they hold themselves (destroying works, creating anything
-// fails with EIO). Its sends fail as sends to a node that is off do, and
-// nothing more arrives at its SRQs.
+// let go of what they hold themselves: destroying and moving QPs to ERR or
+// RESET work, what takes a firmware command fails with EIO (creating a QP,
+// an SRQ or a domain, moving a QP up, querying it), opening a TGT or an
+// existing domain works (mlx5_internal_err_ret_value; ib_open_qp sends no
+// command). Its sends fail as sends to a node that is off do, and nothing
+// more arrives at its SRQs.
 func (n *Node) FailDevice() {
 	n.f.mu.Lock()
 	defer n.f.mu.Unlock()
@@ -149,6 +152,7 @@ func (n *Node) FailDevice() {
 	for _, p := range n.procs {
 		close(p.fatal)
 	}
+	n.f.retryRNR() // sends waiting for its receives fail now
 }
 
 // PowerOff takes the node off the fabric as a power cut or a pulled cable

@@ -64,9 +64,10 @@ func (p *Process) Handles() int {
 // DeviceFatal is closed once the node's device has failed (Node.FailDevice).
 func (p *Process) DeviceFatal() <-chan struct{} { return p.fatal }
 
-// deviceErr is what creating anything on a failed device returns: mlx5
-// fails every firmware command but the destroys with EIO once the device is
-// in its internal error state (mlx5_internal_err_ret_value).
+// deviceErr is what a call that takes a firmware command returns on a
+// failed device: mlx5 fails every command but the destroys and the moves
+// to ERR or RESET with EIO once the device is in its internal error state
+// (mlx5_internal_err_ret_value).
 func (p *Process) deviceErr(op string) error {
 	if p.n.failed {
 		return opErr(op, syscall.EIO)
@@ -119,14 +120,14 @@ func (p *Process) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, er
 	if p.closed {
 		return 0, &verbs.OpError{Op: op, Err: verbs.ErrClosed}
 	}
-	if err := p.deviceErr(op); err != nil {
-		return 0, err
-	}
 	if !p.n.xrc {
 		return 0, opErr(op, syscall.EOPNOTSUPP)
 	}
 	n := p.n
 	if path == "" { // fd = -1: a private domain
+		if err := p.deviceErr(op); err != nil {
+			return 0, err // ALLOC_XRCD
+		}
 		d := &xrcd{n: n, refs: 1}
 		n.xrcds = append(n.xrcds, d)
 		return kernel.XRCD(p.add(&xrcdHandle{d: d})), nil
@@ -162,6 +163,10 @@ func (p *Process) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, er
 		file.Close()
 		return 0, &verbs.OpError{Op: op, Addr: path, Err: syscall.EINVAL}
 	case d == nil:
+		if err := p.deviceErr(op); err != nil {
+			file.Close()
+			return 0, err // ALLOC_XRCD; opening the inode's domain sends no command
+		}
 		d = &xrcd{n: n, file: file, fi: fi}
 		n.xrcds = append(n.xrcds, d)
 	default:
@@ -254,11 +259,8 @@ func (p *Process) OpenTGT(h kernel.XRCD, qpn uint32) (kernel.QP, error) {
 	p.lock()
 	defer p.unlock()
 	x, err := lookup[*xrcdHandle](p, "ibv_open_qp", uint64(h))
-	if err == nil {
-		err = p.deviceErr("ibv_open_qp")
-	}
 	if err != nil {
-		return 0, err
+		return 0, err // (ib_open_qp sends no command: it works on a failed device)
 	}
 	// Found by number in the domain's TGT list: whatever now has the number.
 	q := p.n.qps[qpn]
@@ -295,6 +297,9 @@ func (p *Process) QueryQP(h kernel.QP) (kernel.QPInfo, error) {
 	p.lock()
 	defer p.unlock()
 	qh, err := lookup[*qpHandle](p, "ibv_query_qp", uint64(h))
+	if err == nil {
+		err = p.deviceErr("ibv_query_qp") // QUERY_QP
+	}
 	if err != nil {
 		return kernel.QPInfo{}, err
 	}
@@ -341,6 +346,9 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	if q.state == to {
 		return nil
 	}
+	if err := p.deviceErr(op); err != nil {
+		return err // RST2INIT, INIT2RTR, RTR2RTS (2ERR and 2RST succeed)
+	}
 	if via == 0 {
 		return opErr("rdma_init_qp_attr", syscall.EINVAL)
 	}
@@ -351,10 +359,13 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	if !id.ex.Connected() {
 		return opErr("rdma_init_qp_attr", syscall.EINVAL)
 	}
+	// cm_init_qp_init_attr takes an id from REQ_SENT to ESTABLISHED (a
+	// listener, an id rejected back to idle or in timewait: EINVAL);
+	// cm_init_qp_rtr_attr and _rts_attr from REQ_RCVD.
 	live := id.state == csReqRcvd || id.state == csRepSent || id.state == csRepRcvd || id.state == csEstablished
 	for q.state < to {
 		next := q.state + 1
-		if next >= verbs.QPStateRTR && !live {
+		if !live && (next >= verbs.QPStateRTR || id.state != csReqSent) {
 			return opErr("rdma_init_qp_attr", syscall.EINVAL)
 		}
 		if next == verbs.QPStateRTR {
