@@ -342,3 +342,44 @@ func TestPanickingTryLeavesNoWaiter(t *testing.T) {
 	_, err = unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
 	require.ErrorIs(t, err, unix.EBADF, "Close left the duplicate descriptor open")
 }
+
+// BenchmarkWaitPingPong: two goroutines pass a byte back and forth over two
+// pipes, each waiting for its pipe with Wait: a sleep in the netpoller and
+// a wake-up per hop, the path of a connection that sleeps between messages.
+func BenchmarkWaitPingPong(b *testing.B) {
+	var p1, p2 [2]int
+	require.NoError(b, unix.Pipe(p1[:]))
+	require.NoError(b, unix.Pipe(p2[:]))
+	defer func() {
+		for _, fd := range []int{p1[0], p1[1], p2[0], p2[1]} {
+			unix.Close(fd)
+		}
+	}()
+	a, err := Open(p1[0], "a")
+	require.NoError(b, err)
+	defer a.Close()
+	c, err := Open(p2[0], "c")
+	require.NoError(b, err)
+	defer c.Close()
+	ctx := context.Background()
+	takeA, takeC := drainOne(p1[0]), drainOne(p2[0])
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range b.N {
+			if c.Wait(ctx, takeC) != nil {
+				return
+			}
+			unix.Write(p1[1], []byte{1})
+		}
+	}()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		unix.Write(p2[1], []byte{1})
+		if err := a.Wait(ctx, takeA); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-done
+}
