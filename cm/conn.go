@@ -193,31 +193,36 @@ type Conn struct {
 	persistTimer *time.Timer
 	persistArmed bool
 	persistDelay time.Duration
-	sendSeq      uint16
-	recvSeq      uint16
-	freeSend     []int
-	inFlight     ring.Ring[int] // send slots posted and not yet completed, in post order
-	unsignaled   int            // sends posted since the last signaled one
-	ready        ring.Ring[readyMsg]
-	polling      bool
-	waiters      int           // goroutines waiting for the leader's round
-	rounds       atomic.Uint64 // progress rounds ended (see progress); changed under mu
-	wake         chan struct{} // one token per waiter at the end of a round
-	err          error         // sticky: the connection is broken
-	broke        bool          // err is a failure (counted in Stats.Errors), not an orderly end
-	peerFin      bool
-	peerLeft     string // why the peer went, once the CM said so
-	closing      bool
-	writeClosed  bool // CloseWrite: no more data frames
-	finSent      bool // our FIN is claimed (CloseWrite or Close), sent once
-	rdmaDone     bool
-	rdmaErr      error
-	rdmaOut      bool // a one-sided request is (being) posted, its completion not handled
-	rdmaWaiting  bool // a one-sided operation's caller has not returned yet
-	releasing    bool // release has begun: no progress round starts any more
-	cqBroken     bool // a poll of the CQ failed: no completion will come any more
-	cbuf         []completion
-	deferred     []int // receive slots consumed, waiting to be reposted
+	// The reaper (see reap): armed by a data post, it runs a round that
+	// does not wait when no caller does.
+	reapTimer   *time.Timer
+	reapArmed   bool
+	reapDelay   time.Duration
+	sendSeq     uint16
+	recvSeq     uint16
+	freeSend    []int
+	inFlight    ring.Ring[int] // send slots posted and not yet completed, in post order
+	unsignaled  int            // sends posted since the last signaled one
+	ready       ring.Ring[readyMsg]
+	polling     bool
+	waiters     int           // goroutines waiting for the leader's round
+	rounds      atomic.Uint64 // progress rounds ended (see progress); changed under mu
+	wake        chan struct{} // one token per waiter at the end of a round
+	err         error         // sticky: the connection is broken
+	broke       bool          // err is a failure (counted in Stats.Errors), not an orderly end
+	peerFin     bool
+	peerLeft    string // why the peer went, once the CM said so
+	closing     bool
+	writeClosed bool // CloseWrite: no more data frames
+	finSent     bool // our FIN is claimed (CloseWrite or Close), sent once
+	rdmaDone    bool
+	rdmaErr     error
+	rdmaOut     bool // a one-sided request is (being) posted, its completion not handled
+	rdmaWaiting bool // a one-sided operation's caller has not returned yet
+	releasing   bool // release has begun: no progress round starts any more
+	cqBroken    bool // a poll of the CQ failed: no completion will come any more
+	cbuf        []completion
+	deferred    []int // receive slots consumed, waiting to be reposted
 
 	stats connStats
 }
@@ -475,6 +480,7 @@ func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm bool
 		if c.credits < 2 {
 			h.flags |= flagStarved
 		}
+		c.armReapLocked(minReap)
 	}
 	c.mu.Unlock()
 
@@ -889,10 +895,14 @@ func (c *Conn) progressLocked(ctx context.Context) error {
 		}
 	}
 
-	// The completions are handled and the round ends in one critical
-	// section; the reposts go after it (waiters woken a moment earlier
-	// find fewer credits owed to the peer, which returnCredits below then
-	// returns).
+	return c.endRound(n, err)
+}
+
+// endRound handles the n completions of the leader's round and ends it:
+// the completions are handled and the round ends in one critical section;
+// the reposts go after it (waiters woken a moment earlier find fewer
+// credits owed to the peer, which returnCredits below then returns).
+func (c *Conn) endRound(n int, err error) error {
 	held := n > 0 && c.io()
 	flush := false
 	c.mu.Lock()
@@ -931,6 +941,54 @@ func (c *Conn) progressLocked(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// Bounds of the reaper's delay, which doubles while it finds credits out
+// and no caller.
+const (
+	minReap = 10 * time.Millisecond
+	maxReap = time.Second
+)
+
+// armReapLocked starts the reaper, unless it is armed, to run after d.
+func (c *Conn) armReapLocked(d time.Duration) {
+	if c.reapArmed || c.raw || c.err != nil || c.closing {
+		return
+	}
+	c.reapArmed, c.reapDelay = true, d
+	if c.reapTimer == nil {
+		c.reapTimer = time.AfterFunc(d, c.reap)
+	} else {
+		c.reapTimer.Reset(d)
+	}
+}
+
+// reap makes a round that does not wait, when no caller is in one, for a
+// connection whose application has stopped calling: the credit frames the
+// peer sent after taking our messages (each in one of our buffers) are
+// taken and their buffers posted again, and what is owed goes back (now or
+// by the persist timer). Without it they waited for our application's next
+// call, and a peer that had only received could not send its queue depth
+// (at depth 2, not one message) until then (found by review). Calls make
+// progress themselves: one under way skips the reaper, and the next data
+// post arms it again; while credits are out and nobody calls, it comes
+// back, less and less often.
+func (c *Conn) reap() {
+	c.mu.Lock()
+	c.reapArmed = false
+	if c.polling || c.waiters > 0 || c.err != nil || c.closing || c.releasing {
+		c.mu.Unlock()
+		return
+	}
+	c.polling = true
+	c.mu.Unlock()
+	n, err := c.t.poll(context.Background(), c.cbuf, 0, false)
+	c.endRound(n, err)
+	c.mu.Lock()
+	if c.credits < c.peerSlots {
+		c.armReapLocked(min(2*c.reapDelay, maxReap))
+	}
+	c.mu.Unlock()
 }
 
 // wakeWaitersLocked wakes every caller waiting for a round to end (or for
@@ -1298,6 +1356,9 @@ func (c *Conn) release(ctx context.Context, vanished bool) error {
 		c.mu.Lock()
 		if c.persistTimer != nil {
 			c.persistTimer.Stop()
+		}
+		if c.reapTimer != nil {
+			c.reapTimer.Stop()
 		}
 		// A one-sided request's flushed completion follows the failure
 		// (the QP is in the error state): rounds go on until its caller

@@ -44,13 +44,11 @@
 // Credit frames use the peer's buffers too, and theirs come back with the
 // next message or, when none follows, after a delay (a persist timer, as
 // in TCP), so credit frames never answer each other. A connection makes
-// progress only inside its callers' calls (Send, Recv, the one-sided calls,
-// Close): the credit frames a peer sent are taken, and their buffers
-// posted again, when the application next calls in. So a side that has
-// only received has a window smaller by the credit frames it sent while
-// the other side made no call (at the smallest depth, none left): a reply
-// waits until the peer calls Recv or Send, as a request-response peer
-// does. Send and Recv do not allocate.
+// progress inside its callers' calls (Send, Recv, the one-sided calls,
+// Close); when its application stops calling with messages of its own out, a
+// reaper (a timer, 10 ms at first, backing off to a second) takes the
+// credit frames the peer sent for them, so that a peer that has only
+// received can still send its queue depth. Send and Recv do not allocate.
 //
 // # Resources per device
 //

@@ -159,9 +159,7 @@ func newConfig(opts []Option) (config, error) {
 }
 
 // WithQueueDepth sets the number of receive buffers and so the number of
-// messages in flight per direction (default DefaultQueueDepth); the peer's
-// credit frames take from that window until the application calls in
-// again (see the package overview).
+// messages in flight per direction (default DefaultQueueDepth).
 // The smallest depth is 2 and the largest 4000 (credits travel in 12 bits),
 // here and in a peer's handshake: at depth 1 a
 // data frame needs both of the peer's receive buffers, and two sides that

@@ -1,0 +1,42 @@
+package cm
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A side that has only received can send its queue depth of messages while
+// its peer makes no call on the connection: the credit frames it sent for
+// the messages it took sit in the peer's buffers until the peer's reaper
+// takes them. Without the reaper they waited for the peer's application's
+// next call, and at depth 2 not one reply went (found by review).
+func TestConnReplyWhilePeerMakesNoCall(t *testing.T) {
+	for _, depth := range []int{2, 3, 8, 64} {
+		a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+		ctx := ctxT(t)
+		buf := make([]byte, 256)
+		for range depth { // a sends its window, b reads it
+			if err := a.Send(ctx, []byte("req")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Recv(ctx, buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// a's application is elsewhere: no call on this connection.
+		for sent := range depth {
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := b.Send(sctx, []byte("reply"))
+			cancel()
+			if err != nil {
+				t.Fatalf("depth %d: b's Send %d of %d, with nothing of b's in flight: %v", depth, sent+1, depth, err)
+			}
+		}
+		for range depth {
+			if n, err := a.Recv(ctx, buf); err != nil || string(buf[:n]) != "reply" {
+				t.Fatalf("depth %d: a's Recv: %q %v", depth, buf[:n], err)
+			}
+		}
+	}
+}
