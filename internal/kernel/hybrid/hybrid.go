@@ -210,6 +210,9 @@ func (p *Process) QueryQP(q kernel.QP) (kernel.QPInfo, error) {
 // TransitionQP moves q up to `to`, its attributes from the real CM id via: its peer's QP number and address are set on the model QP by a
 // private model exchange that mirrors the real one.
 func (p *Process) TransitionQP(q kernel.QP, to verbs.QPState, via kernel.ID) error {
+	if to == verbs.QPStateErr || to == verbs.QPStateReset {
+		return p.m.TransitionQP(q, to, 0) // no query: a failed device refuses it, not these
+	}
 	info, err := p.m.QueryQP(q)
 	if err != nil {
 		return err

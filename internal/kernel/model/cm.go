@@ -94,6 +94,17 @@ func (id *cmid) reaches(peer *cmid) bool {
 	return !id.node().off && !peer.node().off
 }
 
+// sendFails is the error of a CM message's post on a failed device:
+// mlx5's post_send fails every send there (the GSI QP's too) with EIO, so
+// ib_send_cm_rep, _rtu, _rej and _req fail at the sender, before any state
+// changes, and their rdma_cm calls return it.
+func (id *cmid) sendFails(op string) error {
+	if id.node().failed {
+		return opErr(op, syscall.EIO)
+	}
+	return nil
+}
+
 func (id *cmid) cut(peer *cmid) {
 	if peer.peer == id {
 		peer.peer = nil
@@ -202,6 +213,9 @@ func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exc
 	}
 	if p.n.f.nodes[dst.Addr()] == nil {
 		return 0, &verbs.OpError{Op: "rdma_resolve_addr", Addr: dst.String(), Err: syscall.EHOSTUNREACH}
+	}
+	if p.n.failed {
+		return 0, &verbs.OpError{Op: op, Addr: dst.String(), Err: syscall.EIO} // see sendFails
 	}
 	id := p.newID(ex)
 	id.local = netip.AddrPortFrom(p.n.addr, p.n.port())
@@ -330,6 +344,9 @@ func (p *Process) Accept(h kernel.ID, qpNum uint32, pd []byte) error {
 			id.rejectPeer(nil) // a failed accept rejects the peer
 			return opErr(op, syscall.EINVAL)
 		}
+		if err := id.sendFails(op); err != nil {
+			return err
+		}
 		id.state = csIdle
 		if a := id.peer; a != nil && !id.reaches(a) {
 			id.cut(a)
@@ -343,6 +360,9 @@ func (p *Process) Accept(h kernel.ID, qpNum uint32, pd []byte) error {
 		if len(pd) > budgetREP {
 			id.rejectPeer(nil)
 			return opErr(op, syscall.EINVAL)
+		}
+		if err := id.sendFails(op); err != nil {
+			return err
 		}
 		id.localQPN = qpNum & 0xFFFFFF
 		id.state = csRepSent
@@ -401,6 +421,9 @@ func (p *Process) Reject(h kernel.ID, pd []byte) error {
 	default:
 		return opErr(op, syscall.EINVAL)
 	}
+	if err := id.sendFails(op); err != nil {
+		return err
+	}
 	id.rejectPeer(pd)
 	return nil
 }
@@ -415,6 +438,9 @@ func (p *Process) Establish(h kernel.ID) error {
 	}
 	if id.state != csRepRcvd {
 		return opErr(op, syscall.EINVAL)
+	}
+	if err := id.sendFails(op); err != nil {
+		return err
 	}
 	id.state = csEstablished
 	if s := id.peer; s != nil && !id.reaches(s) {
@@ -431,8 +457,20 @@ func (p *Process) Establish(h kernel.ID) error {
 // DREQ at once, so the sender is done too.
 func (id *cmid) sendDREQ() {
 	peer := id.peer
+	if id.node().failed {
+		// The DREQ's post fails: cm_send_dreq_locked enters timewait
+		// and says nothing (no DREQ_ERROR, so no DISCONNECTED), and the
+		// TIMEWAIT_EXIT that follows is dropped by cma_ib_handler,
+		// the rdma_cm id still in RDMA_CM_CONNECT.
+		if peer != nil {
+			id.cut(peer)
+		}
+		id.leaveStale()
+		id.state = csTimewait
+		return
+	}
 	if peer != nil && !id.reaches(peer) {
-		id.cut(peer) // no DREP comes: the DREQ times out (PowerOff, FailDevice)
+		id.cut(peer) // no DREP comes: the DREQ times out (PowerOff)
 		peer = nil
 	}
 	if peer == nil || peer.state != csEstablished {

@@ -57,7 +57,9 @@
 //   - A node's device failing for good (Node.FailDevice, IBV_EVENT_DEVICE_FATAL)
 //     closes DeviceFatal of each of its processes; the node is off as after
 //     a power-off, but its processes live on: destroying works, what
-//     takes a firmware command fails with EIO (mlx5's internal error state).
+//     takes a firmware command fails with EIO (mlx5's internal error state),
+//     and so does what sends a CM message (rdma_connect, rdma_accept,
+//     rdma_reject, rdma_establish; a DREQ goes to timewait with no event).
 //
 // Simplifications, all deterministic: one mutex per fabric; no timers (a
 // retransmitted REQ after a REP-time stale hit is redelivered at once;

@@ -140,8 +140,9 @@ func (n *Node) NewProcess() *Process {
 // RESET work, what takes a firmware command fails with EIO (creating a QP,
 // an SRQ or a domain, moving a QP up, querying it), opening a TGT or an
 // existing domain works (mlx5_internal_err_ret_value; ib_open_qp sends no
-// command). Its sends fail as sends to a node that is off do, and nothing
-// more arrives at its SRQs.
+// command); the CM calls that send a message fail with EIO (a DREQ's
+// rdma_disconnect returns 0 and no event follows). Its sends fail as sends
+// to a node that is off do, and nothing more arrives at its SRQs.
 func (n *Node) FailDevice() {
 	n.f.mu.Lock()
 	defer n.f.mu.Unlock()

@@ -43,7 +43,8 @@ func TestModelFailDeviceEndsRNRWaits(t *testing.T) {
 // FailDevice: "the node sends nothing and answers nothing, as after
 // PowerOff, but its processes live on". The failed node's processes used
 // to reach their peers through the CM: a Disconnect sent a DREQ, an Accept
-// a REP (found by review).
+// a REP (found by review). Now the posts fail at the sender, as mlx5's do:
+// the calls that send return EIO, a DREQ goes to timewait without a word.
 func TestModelFailedDeviceSendsNoCM(t *testing.T) {
 	t.Run("DREQ", func(t *testing.T) {
 		_, a, b := twoNodes(t, ReuseNever)
@@ -52,9 +53,9 @@ func TestModelFailedDeviceSendsNoCM(t *testing.T) {
 		a.FailDevice()
 		ok(t, sa.p.Disconnect(k.aid)) // the engine's teardown of its uplink
 		noEvent(t, sb.p, k.pid)
-		// The DREQ times out at its sender.
-		event(t, sa.p, k.aid, kernel.EventDisconnected)
-		event(t, sa.p, k.aid, kernel.EventTimewaitExit)
+		// The DREQ's post fails at its sender, which hears nothing
+		// either (no DREQ_ERROR; the TIMEWAIT_EXIT dropped by the CMA).
+		noEvent(t, sa.p, k.aid)
 	})
 	t.Run("REP", func(t *testing.T) {
 		_, a, b := twoNodes(t, ReuseNever)
@@ -65,8 +66,17 @@ func TestModelFailedDeviceSendsNoCM(t *testing.T) {
 		aid := must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, iniQPN, nil))
 		pid := event(t, sb.p, l, kernel.EventConnectRequest).ID
 		b.FailDevice()
-		_ = sb.p.Accept(pid, 0x999, nil)
+		if err := sb.p.Accept(pid, 0x999, nil); !isErrno(err, syscall.EIO) {
+			t.Errorf("rdma_accept on a failed device: %v, want EIO (ib_send_cm_rep's post fails)", err)
+		}
 		noEvent(t, sa.p, aid)
+		if err := sb.p.Reject(pid, nil); !isErrno(err, syscall.EIO) {
+			t.Errorf("rdma_reject on a failed device: %v, want EIO", err)
+		}
+		noEvent(t, sa.p, aid)
+		if _, err := sb.p.Connect(ctxT(t), addrPort(addrA), kernel.ExchangeSIDR, 0, nil); !isErrno(err, syscall.EIO) {
+			t.Errorf("rdma_connect on a failed device: %v, want EIO", err)
+		}
 	})
 }
 

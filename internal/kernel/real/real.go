@@ -536,11 +536,6 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	if err != nil {
 		return err
 	}
-	a, _, err := q.q.Query(verbs.QPAttrState)
-	if err != nil {
-		return err
-	}
-	cur := a.State
 	if to == verbs.QPStateReset && q.opened {
 		// mlx5 writes a doorbell record that an opened handle lacks.
 		return errno("ibv_modify_qp", syscall.EINVAL)
@@ -560,6 +555,13 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	default:
 		return errno("ibv_modify_qp", syscall.EINVAL)
 	}
+	// Only moves up ask the state (QUERY_QP, which a failed device
+	// refuses while it still takes moves to ERR and RESET).
+	a, _, err := q.q.Query(verbs.QPAttrState)
+	if err != nil {
+		return err
+	}
+	cur := a.State
 	if cur == verbs.QPStateErr || cur > to {
 		return errno("ibv_modify_qp", syscall.EINVAL)
 	}
