@@ -214,6 +214,9 @@ func (a *acceptor) physical(e kernel.Event, req *wire.Req) (d decision) {
 		if moving == nil {
 			return a.unknownMove(req)
 		}
+		if a.prevFullLocked(moving) {
+			return a.reject(req.ConnTag, wire.RejectBusyRetry, 0, nil)
+		}
 	} else if moving != nil {
 		if !moving.Physical || moving.Downlink.INIQPN != req.INIQPN || !moving.Downlink.Creator {
 			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
@@ -268,6 +271,9 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 		}
 		if req.Flags&wire.FlagMove == 0 {
 			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+		}
+		if a.prevFullLocked(l) {
+			return a.reject(req.ConnTag, wire.RejectBusyRetry, 0, nil)
 		}
 	} else if req.Flags&wire.FlagMove != 0 {
 		return a.unknownMove(req)
@@ -327,6 +333,40 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 	return a.accept(dl, req, app, false, true)
 }
 
+// maxPrev is how many TGTs a leg remembers having left while messages that
+// came through them may still be in the SRQ (see prevAcceptsLocked).
+const maxPrev = 4
+
+// prevFullLocked forgets the TGTs l left whose messages the SRQ has
+// drained since, and reports whether maxPrev remain: a MOVE then waits
+// (BUSY_RETRY, which the sender asks again) until the SRQ drains. Moved
+// once more, l would forget a TGT whose messages still wait, and drop them
+// while their sender took them for delivered (found by review: a stream to
+// a slow receiver lost messages when a liar's TGT_GONEs rebuilt the
+// uplink five times before its SRQ drained).
+func (a *acceptor) prevFullLocked(l *acceptedLeg) bool {
+	if len(l.prev) < maxPrev {
+		return false
+	}
+	drained := a.drains()
+	var gone []*downlink
+	a.view.Lock()
+	l.prev = slices.DeleteFunc(l.prev, func(p prevTGT) bool {
+		if drained > p.mark {
+			p.dl.prevs--
+			gone = append(gone, p.dl)
+			return true
+		}
+		return false
+	})
+	full := len(l.prev) >= maxPrev
+	a.view.Unlock()
+	for _, dl := range gone {
+		a.maybeDropLocked(dl)
+	}
+	return full
+}
+
 // move answers a MOVE: the existing leg l leaves its downlink (unregistering
 // it at zero) for dl, keeping its tag, so the receiver's connection is
 // unchanged.
@@ -349,7 +389,7 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 		l.prev = append(l.prev, prevTGT{old.TGTQPN, mark, old})
 		old.prevs++
 		old.mark = max(old.mark, mark)
-		if len(l.prev) > 4 {
+		if len(l.prev) > maxPrev { // not after prevFullLocked: a bound all the same
 			forgot = l.prev[0].dl
 			forgot.prevs--
 			l.prev = l.prev[1:]

@@ -178,11 +178,11 @@ type outFrame struct {
 	frame []byte // from kernel.NewPayload: kind, seq, message
 	q     *iniQP // the INI of its latest post
 	wrid  uint64
-	tries int // posts on successive INIs
+	tries int // posts again after an INI that failed (iniQP.erred)
 }
 
-// maxTries is how many INIs a frame is posted on before its connection
-// fails with errRetries.
+// maxTries is how many times a frame is posted again after its INI failed
+// before its connection fails with errRetries.
 const maxTries = 16
 
 // sendErrLocked is why nothing more can be sent on c, or nil. FIN and
@@ -464,10 +464,12 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 	for i := range c.out.Len() {
 		f := c.out.At(i)
 		delete(f.q.waiters, f.wrid)
-		if f.tries++; f.tries > maxTries {
-			c.failLocked(errRetries)
-			e.mu.Unlock()
-			return
+		if f.q.erred {
+			if f.tries++; f.tries > maxTries {
+				c.failLocked(errRetries)
+				e.mu.Unlock()
+				return
+			}
 		}
 		q.nextWR++
 		f.q, f.wrid = q, q.nextWR

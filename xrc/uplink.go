@@ -102,6 +102,11 @@ type iniQP struct {
 	// all of them waited for a completion none of them would bring.
 	polls  uint64
 	broken bool // failed while its uplink was recovering onto it
+	// erred: a send on it completed in error, not flushed. Only then do its
+	// frames count a try when sent again (Conn.resend): a rebuild for a
+	// TGT_GONE, a DREQ or a full send queue is no failure of theirs, and
+	// a dial to a liar would otherwise use up a healthy stream's tries.
+	erred bool
 }
 
 // awaitRoomLocked returns what a sender that found q's send queue full
@@ -553,6 +558,9 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 				w.c.completedLocked(w.seq)
 			}
 			if wc.Status != verbs.WCSuccess {
+				if wc.Status != verbs.WCWRFlushErr {
+					q.erred = true
+				}
 				if wc.Status == verbs.WCRemInvReqErr && ok && !e.endSendingLegLocked(w.c, errSRQGone) {
 					w.c.failLocked(errSRQGone)
 				}
