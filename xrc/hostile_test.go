@@ -413,36 +413,10 @@ func TestEndpointLyingTGTGoneBounded(t *testing.T) {
 			a := w.endpoint("10.0.71.1", 7000)
 			b := w.endpoint("10.0.71.2", 7000)
 			ca, cb := pair(t, a, b) // on a's uplink to node 10.0.71.2
-			k := w.rawKernel("10.0.71.2")
-			liar := netip.MustParseAddrPort("10.0.71.2:7100")
-			l, err := k.Listen(liar, kernel.ExchangeSIDR)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a.mu.Lock()
-			domain := tc.domain(a.uplinkForLocked(liar).dom)
-			a.mu.Unlock()
-			var rejects atomic.Int32
-			go func() {
-				for {
-					ev, err := k.Event(ctxT(t, 10*time.Second), l)
-					if err != nil {
-						return
-					}
-					var req wire.Req
-					if wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req) == nil {
-						rj := wire.Reject{Tag: req.ConnTag, Reason: wire.RejectTGTGone, MinVersion: 2, MaxVersion: 2, DomainID: domain}
-						b := make([]byte, wire.BudgetSIDRREP)
-						n, _ := rj.Encode(b)
-						k.Reject(ev.ID, b[:n])
-						rejects.Add(1)
-					}
-					k.DestroyID(ev.ID)
-				}
-			}()
+			liar, rejects := tgtGoneLiar(ctxT(t, 10*time.Second), t, w, a, "10.0.71.2:7100", tc.domain, 1<<30)
 			before := a.Stats().Recoveries
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err = a.Dial(ctx, liar.String())
+			_, err := a.Dial(ctx, liar.String())
 			cancel()
 			rebuilds := a.Stats().Recoveries - before
 			t.Logf("dial: %v; %d rejects, %d rebuilds", err, rejects.Load(), rebuilds)

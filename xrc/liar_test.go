@@ -3,6 +3,7 @@ package xrc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -41,20 +42,36 @@ func liarStream(t *testing.T, lies int32) {
 	r1 := w.wrappedEndpoint("10.0.94.2", 7001, func(k kernel.Kernel) kernel.Kernel { return &slowPoll{k} }, longTimers)
 	r0 := w.endpoint("10.0.94.2", 7000, longTimers)
 	s1, c1 := pair(t, s, r1)
-	_, c0 := pair(t, s, r0)
-	_ = c0
+	pair(t, s, r0)
 	ctx := ctxT(t, 30*time.Second)
-	k := w.rawKernel("10.0.94.2")
-	liar := netip.MustParseAddrPort("10.0.94.2:7100")
+	liar, _ := tgtGoneLiar(ctx, t, w, s, "10.0.94.2:7100", func(d uint64) uint64 { return d }, lies)
+	st := startStream(ctx, s1, c1, 4000)
+	st.await(300)
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err := s.Dial(dctx, liar.String())
+	cancel()
+	t.Logf("dial to the liar: %v; s %+v", err, s.Stats())
+	st.finish(t, 15*time.Second, func() string {
+		return fmt.Sprintf("s1 err %v; s %+v; r1 %+v", connErr(s1), s.Stats(), r1.Stats())
+	})
+}
+
+// tgtGoneLiar is a process on the node of addr that answers every VIRT_REQ
+// it gets at addr with a REJECT: TGT_GONE naming domain(the domain of
+// from's uplink to that node) the first lies times, BAD_REQUEST after. It
+// answers until ctx ends, and counts its answers.
+func tgtGoneLiar(ctx context.Context, t *testing.T, w *world, from *proc, addr string, domain func(uint64) uint64, lies int32) (netip.AddrPort, *atomic.Int32) {
+	t.Helper()
+	liar := netip.MustParseAddrPort(addr)
+	k := w.rawKernel(liar.Addr().String())
 	l, err := k.Listen(liar, kernel.ExchangeSIDR)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.mu.Lock()
-	domain := s.uplinkForLocked(liar).dom
-	s.mu.Unlock()
-	var liesLeft atomic.Int32
-	liesLeft.Store(lies)
+	from.mu.Lock()
+	dom := domain(from.uplinkForLocked(liar).dom)
+	from.mu.Unlock()
+	var answered atomic.Int32
 	go func() {
 		for {
 			ev, err := k.Event(ctx, l)
@@ -64,10 +81,10 @@ func liarStream(t *testing.T, lies int32) {
 			var req wire.Req
 			if wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req) == nil {
 				reason := wire.RejectTGTGone
-				if liesLeft.Add(-1) < 0 {
+				if answered.Add(1) > lies {
 					reason = wire.RejectBadRequest
 				}
-				rj := wire.Reject{Tag: req.ConnTag, Reason: reason, MinVersion: 2, MaxVersion: 2, DomainID: domain}
+				rj := wire.Reject{Tag: req.ConnTag, Reason: reason, MinVersion: 2, MaxVersion: 2, DomainID: dom}
 				b := make([]byte, wire.BudgetSIDRREP)
 				n, _ := rj.Encode(b)
 				k.Reject(ev.ID, b[:n])
@@ -75,44 +92,59 @@ func liarStream(t *testing.T, lies int32) {
 			k.DestroyID(ev.ID)
 		}
 	}()
-	const total = 4000
-	var sent atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(2)
-	sendErr := make(chan error, 1)
+	return liar, &answered
+}
+
+// countedStream sends total numbered messages on one connection and receives them
+// on the other, checked in order, each side on its own goroutine.
+type countedStream struct {
+	sent             atomic.Int64
+	sendErr, recvErr chan error
+	wg               sync.WaitGroup
+}
+
+func startStream(ctx context.Context, s, c *Conn, total int) *countedStream {
+	st := &countedStream{sendErr: make(chan error, 1), recvErr: make(chan error, 1)}
+	st.wg.Add(2)
 	go func() {
-		defer wg.Done()
-		for i := 0; i < total; i++ {
-			if err := s1.Send(ctx, seqMsg(i)); err != nil {
-				sendErr <- err
+		defer st.wg.Done()
+		for i := range total {
+			if err := s.Send(ctx, seqMsg(i)); err != nil {
+				st.sendErr <- err
 				return
 			}
-			sent.Store(int64(i + 1))
+			st.sent.Store(int64(i + 1))
 		}
 	}()
-	recvErr := make(chan error, 1)
 	go func() {
-		defer wg.Done()
-		recvErr <- recvSeq(ctx, c1, 0, total, nil)
+		defer st.wg.Done()
+		st.recvErr <- recvSeq(ctx, c, 0, total, nil)
 	}()
-	for sent.Load() < 300 {
+	return st
+}
+
+// await waits until n messages are sent.
+func (st *countedStream) await(n int64) {
+	for st.sent.Load() < n {
 		time.Sleep(time.Millisecond)
 	}
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = s.Dial(dctx, liar.String())
-	cancel()
-	t.Logf("dial to the liar: %v; s %+v", err, s.Stats())
+}
+
+// finish waits up to d for every message to arrive, and fails t, with
+// state, if one did not or a Send failed.
+func (st *countedStream) finish(t *testing.T, d time.Duration, state func() string) {
+	t.Helper()
 	select {
-	case err := <-recvErr:
+	case err := <-st.recvErr:
 		if err != nil {
-			t.Fatalf("stream: %v (s1 err %v; sent %d; s %+v; r1 %+v; r0 %+v)", err, connErr(s1), sent.Load(), s.Stats(), r1.Stats(), r0.Stats())
+			t.Fatalf("stream: %v (sent %d; %s)", err, st.sent.Load(), state())
 		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("stream stalled (sent %d; s %+v; r1 %+v)", sent.Load(), s.Stats(), r1.Stats())
+	case <-time.After(d):
+		t.Fatalf("stream stalled (sent %d; %s)", st.sent.Load(), state())
 	}
-	wg.Wait()
+	st.wg.Wait()
 	select {
-	case err := <-sendErr:
+	case err := <-st.sendErr:
 		t.Fatalf("send: %v", err)
 	default:
 	}

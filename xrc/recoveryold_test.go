@@ -2,14 +2,12 @@ package xrc
 
 import (
 	"context"
-	"net/netip"
-	"sync"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
-	"github.com/goxrc/goxrc/xrc/internal/wire"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -61,58 +59,12 @@ func TestRecoveryOldINISendsNothingAfterMove(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 
 	// A liar on the receivers' node answers TGT_GONE in our domain.
-	k := w.rawKernel("10.0.88.2")
-	liar := netip.MustParseAddrPort("10.0.88.2:7100")
-	l, err := k.Listen(liar, kernel.ExchangeSIDR)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.mu.Lock()
-	domain := s.uplinkForLocked(liar).dom
-	s.mu.Unlock()
-	go func() {
-		for {
-			ev, err := k.Event(ctx, l)
-			if err != nil {
-				return
-			}
-			var req wire.Req
-			if wire.DecodeReq(ev.PrivateData, wire.TypeVirtReq, &req) == nil {
-				rj := wire.Reject{Tag: req.ConnTag, Reason: wire.RejectTGTGone, MinVersion: 2, MaxVersion: 2, DomainID: domain}
-				b := make([]byte, wire.BudgetSIDRREP)
-				n, _ := rj.Encode(b)
-				k.Reject(ev.ID, b[:n])
-			}
-			k.DestroyID(ev.ID)
-		}
-	}()
-
-	const total = 3000
-	var sent atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(2)
-	sendErr := make(chan error, 1)
-	go func() {
-		defer wg.Done()
-		for i := 0; i < total; i++ {
-			if err := s1.Send(ctx, seqMsg(i)); err != nil {
-				sendErr <- err
-				return
-			}
-			sent.Store(int64(i + 1))
-		}
-	}()
-	recvErr := make(chan error, 1)
-	go func() {
-		defer wg.Done()
-		recvErr <- recvSeq(ctx, c1, 0, total, nil)
-	}()
-	for sent.Load() < 300 {
-		time.Sleep(time.Millisecond)
-	}
+	liar, _ := tgtGoneLiar(ctx, t, w, s, "10.0.88.2:7100", func(d uint64) uint64 { return d }, 1<<30)
+	st := startStream(ctx, s1, c1, 3000)
+	st.await(300)
 	g.armed.Store(true)
 	dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err = s.Dial(dctx, liar.String()) // TGT_GONE: s rebuilds its uplink to the node
+	_, err := s.Dial(dctx, liar.String()) // TGT_GONE: s rebuilds its uplink to the node
 	cancel()
 	t.Logf("dial to the liar: %v", err)
 	select {
@@ -120,19 +72,6 @@ func TestRecoveryOldINISendsNothingAfterMove(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatalf("no recovery: s %+v", s.Stats())
 	}
-	select {
-	case err := <-recvErr:
-		if err != nil {
-			t.Fatalf("stream: %v (sent %d; s %+v; r1 %+v)", err, sent.Load(), s.Stats(), r1.Stats())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("stream stalled (sent %d; s %+v; r1 %+v)", sent.Load(), s.Stats(), r1.Stats())
-	}
-	wg.Wait()
-	select {
-	case err := <-sendErr:
-		t.Fatalf("send: %v", err)
-	default:
-	}
+	st.finish(t, 10*time.Second, func() string { return fmt.Sprintf("s %+v; r1 %+v", s.Stats(), r1.Stats()) })
 	t.Logf("s %+v; r1 %+v", s.Stats(), r1.Stats())
 }
