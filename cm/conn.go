@@ -480,7 +480,9 @@ func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm bool
 		if c.credits < 2 {
 			h.flags |= flagStarved
 		}
-		c.armReapLocked(minReap)
+		if kind == frameData {
+			c.armReapLocked(minReap) // the peer answers data with credit frames
+		}
 	}
 	c.mu.Unlock()
 
