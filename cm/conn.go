@@ -948,8 +948,9 @@ func (c *Conn) endRound(n int, err error) error {
 // Bounds of the reaper's delay, which doubles while it finds credits out
 // and no caller.
 const (
-	minReap = 10 * time.Millisecond
-	maxReap = time.Second
+	minReap     = 10 * time.Millisecond
+	maxReap     = time.Second
+	maxReapBusy = 100 * time.Millisecond // while callers poll: ten a second at most
 )
 
 // armReapLocked starts the reaper, unless it is armed, to run after d.
@@ -972,13 +973,23 @@ func (c *Conn) armReapLocked(d time.Duration) {
 // by the persist timer). Without it they waited for our application's next
 // call, and a peer that had only received could not send its queue depth
 // (at depth 2, not one message) until then (found by review). Calls make
-// progress themselves: one under way skips the reaper, and the next data
-// post arms it again; while credits are out and nobody calls, it comes
-// back, less and less often.
+// progress themselves: one under way makes the reaper wait for its next
+// turn; while credits are out and nobody calls, it comes back, less and
+// less often.
 func (c *Conn) reap() {
 	c.mu.Lock()
 	c.reapArmed = false
-	if c.polling || c.waiters > 0 || c.err != nil || c.closing || c.releasing {
+	if c.err != nil || c.closing || c.releasing {
+		c.mu.Unlock()
+		return
+	}
+	if c.polling || c.waiters > 0 {
+		// A caller's round takes what there is now; what comes after
+		// it returns is ours again (a Recv that timed out and an
+		// application gone quiet: found by review).
+		if c.credits < c.peerSlots {
+			c.armReapLocked(min(2*c.reapDelay, maxReapBusy))
+		}
 		c.mu.Unlock()
 		return
 	}

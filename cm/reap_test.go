@@ -40,3 +40,38 @@ func TestConnReplyWhilePeerMakesNoCall(t *testing.T) {
 		}
 	}
 }
+
+// The same after a Recv that was waiting when the reaper came and timed out
+// later: the reaper, finding a caller, stopped for good (only a data post
+// armed it again), and the credit frames that came after the Recv returned
+// stayed untaken (found by review, 3 runs in 3).
+func TestConnReaperOutlastsACaller(t *testing.T) {
+	const depth = 2
+	a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+	ctx := ctxT(t)
+	buf := make([]byte, 256)
+	for range depth {
+		if err := a.Send(ctx, []byte("req")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond) // past the reaper's first 10 ms
+	_, err := a.Recv(rctx, buf)
+	cancel()
+	if err == nil {
+		t.Fatal("a message came that nobody sent")
+	}
+	for range depth { // b takes the requests; a makes no call from here
+		if _, err := b.Recv(ctx, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for sent := range depth {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := b.Send(sctx, []byte("reply"))
+		cancel()
+		if err != nil {
+			t.Fatalf("b's Send %d of %d, a's application quiet after a Recv that timed out: %v", sent+1, depth, err)
+		}
+	}
+}
