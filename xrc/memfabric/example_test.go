@@ -2,7 +2,9 @@ package memfabric_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/goxrc/goxrc/xrc"
 	"github.com/goxrc/goxrc/xrc/memfabric"
@@ -64,4 +66,48 @@ func ExampleFabric_AddNode() {
 	// Output:
 	// the server takes messages of up to 4096 bytes
 	// 100 messages received in order; uplinks rebuilt: 0
+}
+
+// A device that fails for good under a connection: the connection's calls
+// fail with ErrDeviceRemoved, and the endpoint lets go of everything on the
+// device by itself.
+func ExampleNode_FailDevice() {
+	f := memfabric.New()
+	ctx := context.Background()
+	srv, err := xrc.NewEndpoint(ctx, xrc.Config{Process: f.Node("10.2.1.2").Process(), Addr: "10.2.1.2:7000"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Close()
+	p := f.Node("10.2.1.1").Process()
+	cli, err := xrc.NewEndpoint(ctx, xrc.Config{Process: p, Addr: "10.2.1.1:7000"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cli.Close()
+	go func() {
+		if c, err := srv.Accept(ctx); err == nil {
+			defer c.Close()
+			c.Recv(ctx, make([]byte, 64)) // until the client's device is gone
+		}
+	}()
+	c, err := cli.Dial(ctx, "10.2.1.2:7000")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+
+	f.Node("10.2.1.1").FailDevice()
+	_, err = c.Recv(ctx, make([]byte, 64))
+	fmt.Println("device removed:", errors.Is(err, xrc.ErrDeviceRemoved))
+	for i := 0; i < 5000 && p.Handles() > 0; i++ {
+		time.Sleep(time.Millisecond) // the endpoint closes itself in the background
+	}
+	fmt.Println("kernel handles left:", p.Handles())
+	// Output:
+	// device removed: true
+	// kernel handles left: 0
 }
