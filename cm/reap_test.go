@@ -25,14 +25,7 @@ func TestConnReplyWhilePeerMakesNoCall(t *testing.T) {
 			}
 		}
 		// a's application is elsewhere: no call on this connection.
-		for sent := range depth {
-			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := b.Send(sctx, []byte("reply"))
-			cancel()
-			if err != nil {
-				t.Fatalf("depth %d: b's Send %d of %d, with nothing of b's in flight: %v", depth, sent+1, depth, err)
-			}
-		}
+		sendWindow(t, ctx, b, depth)
 		for range depth {
 			if n, err := a.Recv(ctx, buf); err != nil || string(buf[:n]) != "reply" {
 				t.Fatalf("depth %d: a's Recv: %q %v", depth, buf[:n], err)
@@ -66,12 +59,20 @@ func TestConnReaperOutlastsACaller(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	sendWindow(t, ctx, b, depth)
+}
+
+// sendWindow sends depth replies on b, each within 5 s, while b's peer
+// makes no call: b has nothing of its own in flight, so its whole window
+// must be free once the peer's reaper has taken b's credit frames.
+func sendWindow(t *testing.T, ctx context.Context, b *Conn, depth int) {
+	t.Helper()
 	for sent := range depth {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := b.Send(sctx, []byte("reply"))
 		cancel()
 		if err != nil {
-			t.Fatalf("b's Send %d of %d, a's application quiet after a Recv that timed out: %v", sent+1, depth, err)
+			t.Fatalf("depth %d: b's Send %d of %d, with nothing of b's in flight and its peer making no call: %v", depth, sent+1, depth, err)
 		}
 	}
 }
