@@ -98,12 +98,7 @@ func (id *cmid) reaches(peer *cmid) bool {
 // mlx5's post_send fails every send there (the GSI QP's too) with EIO, so
 // ib_send_cm_rep, _rtu, _rej and _req fail at the sender, before any state
 // changes, and their rdma_cm calls return it.
-func (id *cmid) sendFails(op string) error {
-	if id.node().failed {
-		return opErr(op, syscall.EIO)
-	}
-	return nil
-}
+func (id *cmid) sendFails(op string) error { return id.p.deviceErr(op) }
 
 func (id *cmid) cut(peer *cmid) {
 	if peer.peer == id {

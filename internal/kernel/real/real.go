@@ -143,9 +143,11 @@ func Open(dev string, local netip.Addr, opts Options) (_ *Process, err error) {
 	p.asyncDone = make(chan struct{})
 	go func() {
 		defer close(p.asyncDone)
+		fatal := false // this goroutine alone closes p.fatal
 		for ev := range events {
 			p.asyncRead.Add(1)
-			if ev.Type == verbs.EventDeviceFatal && !isClosed(p.fatal) {
+			if ev.Type == verbs.EventDeviceFatal && !fatal {
+				fatal = true
 				close(p.fatal)
 			}
 		}
@@ -200,15 +202,6 @@ func (noXRC) Is(target error) bool { return target == ErrNoXRC }
 
 // DeviceFatal is closed once the device reports IBV_EVENT_DEVICE_FATAL.
 func (p *Process) DeviceFatal() <-chan struct{} { return p.fatal }
-
-func isClosed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
 
 func (p *Process) LocalAddr() netip.Addr { return p.local }
 func (p *Process) XRC() bool             { return p.xrc }
