@@ -22,7 +22,10 @@ func TestEndpointAcceptBacklogFullRefuses(t *testing.T) {
 	eventually(t, "backlog full", func() (bool, string) { return len(b.acceptq) == acceptBacklog, "" })
 	c, err := a.Dial(ctxT(t, 5*time.Second), b.Addr().String())
 	if err != nil {
-		t.Logf("dial past the backlog refused: %v", err)
+		var re *RejectError
+		if !errors.As(err, &re) || re.Reason != RejectBusyRetry {
+			t.Fatalf("dial past the backlog: %v, want BUSY_RETRY", err)
+		}
 		return
 	}
 	start := time.Now()
