@@ -57,7 +57,7 @@ type acceptedLeg struct {
 	RevTag          uint32 // FlagOneExchange: the sender's receive tag for our reverse leg, else 0
 	Physical        bool
 	cached          []byte      // VIRT: the ACCEPT, for SIDR retransmissions
-	cachedMove      bool        // cached answers a MOVE (a retransmission is flagged as its request was)
+	moveGen         uint32      // the move generation of the request we last took (0: the leg's first)
 	prev            []prevTGT   // TGTs the leg moved away from (newest last, at most 4)
 	used            atomic.Bool // a message came through it: its sender has our ACCEPT
 }
@@ -214,6 +214,12 @@ func (a *acceptor) physical(e kernel.Event, req *wire.Req) (d decision) {
 		if moving == nil {
 			return a.unknownMove(req)
 		}
+		if req.Move < moving.moveGen {
+			// A late copy of a MOVE the sender has made again since,
+			// or a replay. The same generation is the same MOVE asked
+			// again: the sender's CM refused our REP (see below).
+			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+		}
 		if a.prevFullLocked(moving) {
 			return a.reject(req.ConnTag, wire.RejectBusyRetry, 0, nil)
 		}
@@ -263,13 +269,18 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 		if !sameNode(l.Downlink.Remote, from) {
 			return a.foreignLeg(req)
 		}
-		if l.cached != nil && l.cachedMove == (req.Flags&wire.FlagMove != 0) &&
+		if l.cached != nil && l.moveGen == req.Move &&
 			l.Downlink.TGTQPN == req.TGTQPNHint && l.Downlink.INIQPN == req.INIQPN {
 			// A SIDR retransmission (or a replay): same answer, no count
 			// change.
 			return decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Downlink: l.Downlink, Duplicate: true}
 		}
-		if req.Flags&wire.FlagMove == 0 {
+		if req.Move <= l.moveGen {
+			// Not a MOVE, or a late copy of an earlier one, or a
+			// replay: a sender numbers each MOVE of a leg past the
+			// last, so this one would put the leg back on a TGT it
+			// left (until the forty-seventh stop a replay did, where
+			// another process kept that TGT alive; found by review).
 			return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 		}
 		if a.prevFullLocked(l) {
@@ -297,16 +308,6 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 			return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 		}
 		if moving != nil {
-			if slices.ContainsFunc(moving.prev, func(p prevTGT) bool { return p.dl == dl }) {
-				// A TGT the leg has left: a late copy of an earlier
-				// recovery's MOVE, or a replay. A sender moves a leg to
-				// its current uplink's TGT, never back to one an older
-				// INI reached. (Not the order we took our handles in: a
-				// leg accepted over an uplink already rebuilt may sit on
-				// a TGT we opened after the one its sender moves it to,
-				// which failed dials in TestEndpointManyDialsKilledThreeNodes.)
-				return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
-			}
 			return a.move(moving, dl, req, false, false)
 		}
 		return a.accept(dl, req, app, false, false) // count + 1, no kernel call
@@ -397,7 +398,7 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 	}
 	l.Downlink = dl
 	a.view.Unlock()
-	l.Physical, l.cached, l.cachedMove = physical, nil, !physical
+	l.Physical, l.cached, l.moveGen = physical, nil, req.Move
 	if !physical {
 		l.cached = buf[:n]
 	}

@@ -686,7 +686,7 @@ func TestAcceptorMove(t *testing.T) {
 		_, u2 := e.phys(e.r1, func(r *wire.Req) { r.Flags |= wire.FlagReplacesTGT; r.TGTQPNHint = u1.tgtQPN })
 		e.expect(u1.tgtQPN, 2, 1, 1)
 		mv := req
-		mv.Flags = wire.FlagMove
+		mv.Flags, mv.Move = wire.FlagMove, 1
 		mv.INIQPN, mv.TGTQPNHint = u2.iniQPN, u2.tgtQPN
 		d := e.virt(e.r2, mv)
 		wantAccept(t, d)
@@ -709,7 +709,7 @@ func TestAcceptorMove(t *testing.T) {
 		d1, u1 := e.phys(e.r1, nil)
 		tag := d1.Leg.PeerTag
 		d, u2 := e.phys(e.r1, func(r *wire.Req) {
-			r.ConnTag, r.Flags, r.TGTQPNHint = tag, wire.FlagMove|wire.FlagReplacesTGT, u1.tgtQPN
+			r.ConnTag, r.Flags, r.TGTQPNHint, r.Move = tag, wire.FlagMove|wire.FlagReplacesTGT, u1.tgtQPN, 1
 		})
 		wantAccept(t, d)
 		if !d.Moved || d.Leg != d1.Leg || !d.Leg.Downlink.Creator {
@@ -732,14 +732,17 @@ func TestAcceptorMove(t *testing.T) {
 		d1 := e.virt(e.r1, l1)
 		wantAccept(t, d1)
 		wantAccept(t, e.virt(e.r1, l2))
+		gens := map[uint32]uint32{} // each leg's move generation, as its sender counts
+		gen := func(tag uint32) uint32 { gens[tag]++; return gens[tag] }
 		recovery := func(from rawUplink, legs ...wire.Req) (rawUplink, []wire.Req) {
 			_, u := e.phys(e.r1, func(r *wire.Req) {
 				r.ConnTag, r.Flags, r.TGTQPNHint = dp.Leg.PeerTag, wire.FlagMove|wire.FlagReplacesTGT, from.tgtQPN
+				r.Move = gen(r.ConnTag)
 			})
 			var moves []wire.Req
 			for _, l := range legs {
 				mv := l
-				mv.Flags, mv.INIQPN, mv.TGTQPNHint = wire.FlagMove, u.iniQPN, u.tgtQPN
+				mv.Flags, mv.INIQPN, mv.TGTQPNHint, mv.Move = wire.FlagMove, u.iniQPN, u.tgtQPN, gen(l.ConnTag)
 				wantAccept(t, e.virt(e.r1, mv))
 				moves = append(moves, mv)
 			}
@@ -756,13 +759,68 @@ func TestAcceptorMove(t *testing.T) {
 			t.Fatalf("the stale MOVE took L1 from TGT3 %#x to %#x", u3.tgtQPN, tgt)
 		}
 	})
+	// A replay of an older MOVE, naming a TGT the leg has left and we no
+	// longer hold, which another process keeps alive: opened by number it
+	// passes every check of the TGT, so only the move generation tells it
+	// from a MOVE its sender made since. Before the generation it moved
+	// the leg back, and its sender's messages through its current TGT
+	// were dropped.
+	t.Run("replayed MOVE naming a TGT another process keeps", func(t *testing.T) {
+		e := newEnv(t)
+		dp, u0 := e.phys(e.r1, nil) // leg P, TGT0
+		l := e.virtReq(u0)
+		d := e.virt(e.r1, l) // leg L, TGT0
+		wantAccept(t, d)
+		move := func(from rawUplink, gen uint32) (rawUplink, wire.Req) {
+			_, u := e.phys(e.r1, func(r *wire.Req) {
+				r.ConnTag, r.Flags, r.TGTQPNHint, r.Move = dp.Leg.PeerTag, wire.FlagMove|wire.FlagReplacesTGT, from.tgtQPN, gen
+			})
+			mv := l
+			mv.Flags, mv.Move, mv.INIQPN, mv.TGTQPNHint = wire.FlagMove, gen, u.iniQPN, u.tgtQPN
+			wantAccept(t, e.virt(e.r1, mv))
+			// The old physical link goes, as a recovery ends.
+			e.sender.Disconnect(from.aid)
+			e.ev(e.r1.p, from.pid, kernel.EventDisconnected)
+			e.r1.p.Disconnect(from.pid)
+			return u, mv
+		}
+		u1, m1 := move(u0, 1)
+		wantAccept(t, e.virt(e.r2, e.virtReq(u1))) // r2 keeps TGT1
+		u2, m2 := move(u1, 2)
+		if n := e.r1.acc.LocalCount(u1.tgtQPN); n != 0 || e.b.TGTHandles(u1.tgtQPN) != 1 {
+			t.Fatalf("TGT1: r1 count %d, %d kernel handles; want r2's only", n, e.b.TGTHandles(u1.tgtQPN))
+		}
+		wantReject(t, e.virt(e.r1, m1), wire.RejectBadRequest)
+		if tgt, _ := e.r1.acc.LegTGT(d.Leg); tgt != u2.tgtQPN {
+			t.Fatalf("the replayed MOVE took L from TGT2 %#x to %#x", u2.tgtQPN, tgt)
+		}
+		e.expect(u1.tgtQPN, 1, 0, 1) // nothing registered for the replay
+		// The latest MOVE asked again is a retransmission: the cached answer.
+		if dup := e.virt(e.r1, m2); !dup.Duplicate {
+			t.Fatal("the latest MOVE asked again was not answered from the cache")
+		}
+		// A MOVE naming the leg's own TGT and INI with an older generation
+		// (numbers reused since) is no retransmission either.
+		old := m2
+		old.Move = 1
+		wantReject(t, e.virt(e.r1, old), wire.RejectBadRequest)
+		// So is a PHYS_REQ MOVE of an older generation (the same one is
+		// the same MOVE asked again, decided anew).
+		d1, _ := e.phys(e.r1, func(r *wire.Req) {
+			r.ConnTag, r.Flags, r.TGTQPNHint, r.Move = dp.Leg.PeerTag, wire.FlagMove|wire.FlagReplacesTGT, u1.tgtQPN, 1
+		})
+		wantReject(t, d1, wire.RejectBadRequest)
+		if tgt, _ := e.r1.acc.LegTGT(dp.Leg); tgt != u2.tgtQPN {
+			t.Fatalf("the replayed PHYS MOVE took P from TGT2 %#x to %#x", u2.tgtQPN, tgt)
+		}
+	})
 	t.Run("MOVE of an unknown leg", func(t *testing.T) {
 		e := newEnv(t)
 		_, u := e.phys(e.r1, nil)
-		d, _ := e.phys(e.r1, func(r *wire.Req) { r.Flags = wire.FlagMove })
+		d, _ := e.phys(e.r1, func(r *wire.Req) { r.Flags, r.Move = wire.FlagMove, 1 })
 		wantReject(t, d, wire.RejectBadRequest)
 		req := e.virtReq(u)
-		req.Flags = wire.FlagMove
+		req.Flags, req.Move = wire.FlagMove, 1
 		wantReject(t, e.virt(e.r2, req), wire.RejectBadRequest)
 		e.expect(u.tgtQPN, 1, 1, 0)
 		if _, tgt := e.b.QPCount(); tgt != 1 || e.r1.acc.Downlinks() != 1 || e.r2.acc.Downlinks() != 0 {

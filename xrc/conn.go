@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/bits"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -45,6 +46,10 @@ type Conn struct {
 	// through the old TGT only): nothing posts until it is (see recover).
 	unmoved  bool
 	lastSent time.Time
+	// moves numbers this leg's MOVEs (wire.Req.Move): each is one past
+	// the last, so that the receiver refuses a late or replayed one.
+	// Atomic: recoveries build their requests without e.mu.
+	moves atomic.Uint32
 
 	// Flow control (xrc-protocol.md, "Flow control"). Counts wrap: only
 	// their differences mean anything.

@@ -815,3 +815,39 @@ func TestEndpointRecoveryResendsMovedLegsOnly(t *testing.T) {
 	}
 	roundTrip(t, s3, c3, []byte("after the recovery"))
 }
+
+// A leg moved by two recoveries in a row: its second MOVE must be numbered
+// past its first (wire.Req.Move), or its receiver refuses it as a late copy
+// of the first and the leg fails. Two creators die one after the other; the
+// legs of r3 and r4 are moved by VIRT_REQ both times.
+func TestEndpointTwoRecoveriesMoveALegTwice(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.7.1", 7000, longTimers)
+	rs := make([]*proc, 4)
+	conns := make([][2]*Conn, 4)
+	for i := range rs {
+		rs[i] = w.endpoint("10.0.7.2", 7001+i, longTimers)
+		conns[i][0], conns[i][1] = pair(t, s, rs[i])
+	}
+	// The first leg made the uplink (its receiver created the TGT); a
+	// recovery's PHYS_REQ goes to the first live leg in tag order, the
+	// second one's, so its receiver creates the next TGT.
+	for i, want := range []uint64{1, 2} {
+		rs[i].p.Kill()
+		if err := sendErr(t, conns[i][0]); !errors.Is(err, ErrPeerGone) {
+			t.Fatalf("send to dead receiver %d: %v, want ErrPeerGone", i, err)
+		}
+		for j := i + 1; j < len(rs); j++ {
+			roundTrip(t, conns[j][0], conns[j][1], []byte(fmt.Sprintf("to r%d after recovery %d", j, want)))
+		}
+		if st := s.Stats(); st.Recoveries != want {
+			t.Fatalf("sender after killing r%d: %+v, want recovery %d", i, st, want)
+		}
+	}
+	if st := s.Stats(); st.LegsMoved != 3+2 {
+		t.Fatalf("sender: %+v, want 3 legs moved by the first recovery and 2 by the second", st)
+	}
+	for j := 2; j < len(rs); j++ {
+		roundTrip(t, conns[j][1], conns[j][0], []byte("back"))
+	}
+}

@@ -40,7 +40,7 @@ func FuzzEndpointRequest(f *testing.F) {
 	f.Add(true, true, false, enc(virt, same))
 	f.Add(true, true, false, enc(virt, same)[:30])
 	f.Add(true, true, false, enc(virt, func(r *wire.Req) { r.TGTQPNHint, r.DomainHint = 0x41, 3 }))
-	f.Add(true, true, false, enc(virt, func(r *wire.Req) { r.Flags = wire.FlagMove }))
+	f.Add(true, true, false, enc(virt, func(r *wire.Req) { r.Flags, r.Move = wire.FlagMove, 1 }))
 	f.Add(true, true, false, enc(phys, same))
 	f.Add(false, true, false, enc(phys, same))
 	f.Add(false, true, false, enc(phys, func(r *wire.Req) { r.Flags, r.PeerTag = wire.FlagReciprocal, 4242 }))

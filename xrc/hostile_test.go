@@ -101,7 +101,7 @@ func TestEndpointHostileRequests(t *testing.T) {
 		{"hint names another sender's TGT (held here)", r, kernel.ExchangeSIDR, encodeReq(t, virt), wire.RejectTGTGone, 0},
 		{"hint names another sender's TGT (open + verify)", r2, kernel.ExchangeSIDR, encodeReq(t, virt), wire.RejectTGTGone, 0},
 		{"hint names no TGT", r2, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) { q.TGTQPNHint = 0xFFFF })), wire.RejectTGTGone, 0},
-		{"MOVE of a leg never made", r, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) { q.Flags = wire.FlagMove })), wire.RejectBadRequest, 0},
+		{"MOVE of a leg never made", r, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) { q.Flags, q.Move = wire.FlagMove, 1 })), wire.RejectBadRequest, 0},
 		{"XRC garbage", r, kernel.ExchangeXRC, garbage[:40], wire.RejectBadRequest, 0},
 		{"XRC INI QPN differs from the CM's", r, kernel.ExchangeXRC, encodeReq(t, mut(phys, func(q *wire.Req) { q.INIQPN = iniQPN + 1 })), wire.RejectBadRequest, 0},
 		{"XRC reciprocal naming no dial of ours", r, kernel.ExchangeXRC, encodeReq(t, mut(phys, func(q *wire.Req) { q.Flags, q.PeerTag = wire.FlagReciprocal, 4242 })), wire.RejectBadRequest, 0},
@@ -371,10 +371,10 @@ func TestEndpointLegOfAnotherNode(t *testing.T) {
 		qpn  uint32
 		req  func(*wire.Req)
 	}{
-		{"MOVE by PHYS_REQ", kernel.ExchangeXRC, iniQPN, func(q *wire.Req) { q.Type, q.Flags = wire.TypePhysReq, wire.FlagMove }},
+		{"MOVE by PHYS_REQ", kernel.ExchangeXRC, iniQPN, func(q *wire.Req) { q.Type, q.Flags, q.Move = wire.TypePhysReq, wire.FlagMove, 1 }},
 		{"repeated PHYS_REQ", kernel.ExchangeXRC, iniQPN, func(q *wire.Req) { q.Type = wire.TypePhysReq }},
 		{"MOVE by VIRT_REQ", kernel.ExchangeSIDR, 0, func(q *wire.Req) {
-			q.Type, q.Flags, q.DomainHint, q.TGTQPNHint = wire.TypeVirtReq, wire.FlagMove, r.dom.ID, 0x100
+			q.Type, q.Flags, q.Move, q.DomainHint, q.TGTQPNHint = wire.TypeVirtReq, wire.FlagMove, 1, r.dom.ID, 0x100
 		}},
 	} {
 		q := leg

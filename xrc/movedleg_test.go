@@ -24,8 +24,12 @@ func physLeg(t *testing.T, p *rawPeer, to netip.AddrPort, tag uint32, flags wire
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, Flags: flags, ConnTag: tag, Incarnation: p.inc, INIQPN: iniQPN,
-		SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8, MaxMessage: MaxMessageSize})
+	req := wire.Req{Type: wire.TypePhysReq, Flags: flags, ConnTag: tag, Incarnation: p.inc, INIQPN: iniQPN,
+		SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8, MaxMessage: MaxMessageSize}
+	if flags&wire.FlagMove != 0 {
+		req.Move = 1 // each test moves a leg once
+	}
+	b := encodeReq(t, req)
 	id, err := k.Connect(ctxT(t, time.Second), to, kernel.ExchangeXRC, iniQPN, b)
 	if err != nil {
 		t.Fatal(err)

@@ -525,7 +525,7 @@ func TestOneExchangeUnknownMoveWhileAcceptUnread(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	move := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, Flags: wire.FlagMove, ConnTag: 77, Incarnation: 0xE71,
+	move := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, Flags: wire.FlagMove, Move: 1, ConnTag: 77, Incarnation: 0xE71,
 		INIQPN: 0x100, TGTQPNHint: 0x100, DomainHint: a.dom.ID, SRQN: 0x30, ReplyPort: 9, Credits: 8, MaxMessage: MaxMessageSize})
 	moveAnswer := func(from kernel.Kernel) wire.RejectReason {
 		t.Helper()
@@ -626,7 +626,7 @@ func TestOneExchangeUnknownMoveAcceptReadMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	const revTag = 77
-	move := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, Flags: wire.FlagMove, ConnTag: revTag, Incarnation: b.inc,
+	move := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, Flags: wire.FlagMove, Move: 1, ConnTag: revTag, Incarnation: b.inc,
 		INIQPN: ini, TGTQPNHint: tgt, DomainHint: a.dom.ID, SRQN: b.srqn, ReplyPort: fake.Port(), Credits: 8, MaxMessage: MaxMessageSize})
 	moveAnswer := func() kernel.Event {
 		t.Helper()

@@ -149,6 +149,12 @@ func (e *Endpoint) req(c *Conn, t wire.Type, peerTag uint32) wire.Req {
 	return r
 }
 
+// moveReq makes r a MOVE of c's leg, numbered one past its last.
+func (c *Conn) moveReq(r *wire.Req) {
+	r.Flags |= wire.FlagMove
+	r.Move = c.moves.Add(1)
+}
+
 // openLeg opens c's sending leg to c.raddr: over the uplink to that node
 // and domain if there is one (a VIRT_REQ over SIDR), else by making the
 // uplink (a PHYS_REQ over the XRC-typed CM exchange). peerTag is non-zero
@@ -175,7 +181,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			key := upKey{nodeKey(raddr).Addr(), e.domainOfLocked(raddr)}
 			req := e.req(c, wire.TypePhysReq, peerTag)
 			if moving {
-				req.Flags |= wire.FlagMove
+				c.moveReq(&req)
 			}
 			if old := e.replaced[key]; old != 0 {
 				req.Flags |= wire.FlagReplacesTGT
@@ -242,7 +248,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		req := e.req(c, wire.TypeVirtReq, peerTag)
 		req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, u.dom
 		if moving {
-			req.Flags |= wire.FlagMove
+			c.moveReq(&req)
 		} else if peerTag == 0 && !c.inbound && !c.twoExchanges {
 			// A forward leg: announce the tag we will receive the reverse
 			// leg on, so that the acceptor may put it in its ACCEPT.
@@ -289,7 +295,8 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				continue
 			}
 			q = u.cur
-			req.Flags = req.Flags&^wire.FlagOneExchange | wire.FlagMove
+			req.Flags &^= wire.FlagOneExchange
+			c.moveReq(&req)
 			if req.Flags&wire.FlagReciprocal == 0 {
 				req.PeerTag = 0
 			}
@@ -732,8 +739,9 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			continue
 		}
 		req := e.req(c, wire.TypePhysReq, 0)
-		req.Flags = wire.FlagMove | wire.FlagReplacesTGT
+		req.Flags = wire.FlagReplacesTGT
 		req.TGTQPNHint = old.tgt
+		c.moveReq(&req)
 		ctx, cancel := context.WithTimeout(e.ctx, budget)
 		nq, acc, err := e.physLink(ctx, c.raddr, &req)
 		for try := 0; moveAgain(err) && try < 8 && staleWait(ctx, try) == nil; try++ {
@@ -807,7 +815,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			req := e.req(c, wire.TypeVirtReq, 0)
-			req.Flags = wire.FlagMove
+			c.moveReq(&req)
 			req.INIQPN, req.TGTQPNHint, req.DomainHint = q.num, q.tgt, dom
 			ctx, cancel := context.WithTimeout(e.ctx, budget)
 			defer cancel()

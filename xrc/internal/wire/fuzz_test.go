@@ -135,12 +135,13 @@ func FuzzDecodeFIN(f *testing.F) {
 // FuzzEncodeReq is the structured direction: any field values either fail to
 // encode or survive the round trip, also through kernel padding.
 func FuzzEncodeReq(f *testing.F) {
-	f.Add(uint8(1), uint8(0), uint32(1), uint32(0), uint64(1), uint32(2), uint32(0), uint64(0), uint32(0), uint16(0), uint16(1), uint32(64), []byte("a"))
-	f.Add(uint8(2), uint8(1), uint32(1), uint32(9), uint64(1), uint32(2), uint32(3), uint64(4), uint32(5), uint16(6), uint16(64), uint32(1<<20), []byte{})
-	f.Add(uint8(2), uint8(8), uint32(1), uint32(9), uint64(1), uint32(2), uint32(3), uint64(4), uint32(5), uint16(6), uint16(0), uint32(0), []byte{})
-	f.Fuzz(func(t *testing.T, typ, flags uint8, tag, peer uint32, inc uint64, ini, hint uint32, dom uint64, srqn uint32, port, credits uint16, maxMsg uint32, app []byte) {
+	f.Add(uint8(1), uint8(0), uint32(1), uint32(0), uint64(1), uint32(2), uint32(0), uint64(0), uint32(0), uint16(0), uint16(1), uint32(64), uint32(0), []byte("a"))
+	f.Add(uint8(2), uint8(1), uint32(1), uint32(9), uint64(1), uint32(2), uint32(3), uint64(4), uint32(5), uint16(6), uint16(64), uint32(1<<20), uint32(0), []byte{})
+	f.Add(uint8(2), uint8(8), uint32(1), uint32(9), uint64(1), uint32(2), uint32(3), uint64(4), uint32(5), uint16(6), uint16(0), uint32(0), uint32(0), []byte{})
+	f.Add(uint8(2), uint8(4), uint32(1), uint32(0), uint64(1), uint32(2), uint32(3), uint64(4), uint32(5), uint16(6), uint16(64), uint32(64), uint32(1<<31), []byte{})
+	f.Fuzz(func(t *testing.T, typ, flags uint8, tag, peer uint32, inc uint64, ini, hint uint32, dom uint64, srqn uint32, port, credits uint16, maxMsg, move uint32, app []byte) {
 		r := Req{Type: Type(typ), Flags: Flags(flags), ConnTag: tag, PeerTag: peer, Incarnation: inc,
-			INIQPN: ini, TGTQPNHint: hint, DomainHint: dom, SRQN: srqn, ReplyPort: port, Credits: credits, MaxMessage: maxMsg}
+			INIQPN: ini, TGTQPNHint: hint, DomainHint: dom, SRQN: srqn, ReplyPort: port, Credits: credits, MaxMessage: maxMsg, Move: move}
 		if r.SetApp(app) != nil {
 			return
 		}

@@ -21,8 +21,14 @@ type Req struct {
 	// MaxMessage is the largest message the sender takes on that leg
 	// (MinMessage..MaxMessage).
 	MaxMessage uint32
-	appLen     uint8
-	app        [MaxVirtReqApp]byte
+	// Move is the leg's move generation: 0 on the request that makes the
+	// leg, and on each MOVE of it one more than on the last (a request
+	// asked again, after BUSY_RETRY or a timeout, keeps its number). The
+	// acceptor takes a MOVE only past the generation it last took, so a
+	// late or replayed MOVE cannot put the leg back on a TGT it left.
+	Move   uint32
+	appLen uint8
+	app    [MaxVirtReqApp]byte
 }
 
 // App returns the application data (aliases r).
@@ -61,6 +67,9 @@ func (r *Req) validate() check {
 	}
 	if r.Flags&FlagOneExchange != 0 && (r.Type != TypeVirtReq || r.Flags&FlagMove != 0) {
 		return badFlags("one-exchange on PHYS_REQ or MOVE")
+	}
+	if (r.Flags&FlagMove != 0) != (r.Move != 0) {
+		return bad("move generation")
 	}
 	if r.Incarnation == 0 {
 		return bad("incarnation")
@@ -123,7 +132,8 @@ func (r *Req) Encode(b []byte) (int, error) {
 	binary.BigEndian.PutUint16(b[41:], r.ReplyPort)
 	binary.BigEndian.PutUint16(b[43:], r.Credits)
 	binary.BigEndian.PutUint32(b[45:], r.MaxMessage)
-	b[49] = r.appLen
+	binary.BigEndian.PutUint32(b[49:], r.Move)
+	b[53] = r.appLen
 	copy(b[reqFixed:n], r.App())
 	return n, nil
 }
@@ -138,7 +148,7 @@ func DecodeReq(b []byte, want Type, r *Req) error {
 	if err != nil {
 		return err
 	}
-	if int(h.Length) != reqFixed+int(b[49]) {
+	if int(h.Length) != reqFixed+int(b[53]) {
 		return decErr(ReasonAppLength, "app")
 	}
 	*r = Req{
@@ -154,7 +164,8 @@ func DecodeReq(b []byte, want Type, r *Req) error {
 		ReplyPort:   binary.BigEndian.Uint16(b[41:]),
 		Credits:     binary.BigEndian.Uint16(b[43:]),
 		MaxMessage:  binary.BigEndian.Uint32(b[45:]),
-		appLen:      b[49],
+		Move:        binary.BigEndian.Uint32(b[49:]),
+		appLen:      b[53],
 	}
 	copy(r.app[:], b[reqFixed:h.Length])
 	return r.validate().dec()

@@ -57,7 +57,7 @@ func runSpec(b []byte, check func(s specCheck)) (err error) {
 }
 
 // frame checks the header and framing ("Header, 8 bytes: magic 0x5852,
-// version 2, type, flags, reserved 0, total length"; "The kernel pads
+// version 3, type, flags, reserved 0, total length"; "The kernel pads
 // received private data with zeros to the carrier's maximum; decoding reads
 // the header's length, requires the padding to be zero") and returns the
 // declared length. fixed is the type's fixed size, budget the most the
@@ -67,7 +67,7 @@ func (s specCheck) frame(typ, flags byte, fixed, budget, carrier int) int {
 	s.must(len(b) >= 8, "shorter than the 8-byte header")
 	s.must(b[0] == 0x58 && b[1] == 0x52, "magic not 0x5852")
 	if typ != 4 { // "any version's REJECT decodes"
-		s.must(b[2] == 2, "version not 2")
+		s.must(b[2] == 3, "version not 3")
 	}
 	s.must(b[3] == typ, "wrong type")
 	s.must(b[4]&^flags == 0, "a flag not defined for the type")
@@ -83,13 +83,14 @@ func (s specCheck) frame(typ, flags byte, fixed, budget, carrier int) int {
 	return n
 }
 
-// specReq: the REQ row of the table (fixed size 50; carriers PHYS 56, VIRT
+// specReq: the REQ row of the table (fixed size 54; carriers PHYS 56, VIRT
 // 180) and the ranges: conn tag, incarnation, credits and reply port
 // non-zero, max message 64 to 1 MiB, QPNs and SRQN 24-bit, a peer tag
 // exactly with RECIPROCAL or ONE_EXCHANGE (never both), ONE_EXCHANGE only on
 // a VIRT_REQ without MOVE, VIRT needs a hint and a domain, REPLACES_TGT
 // needs a hint and only PHYS may carry it, a PHYS_REQ's hint is 0 without
-// REPLACES_TGT (the acceptor's table: "PHYS_REQ (hint 0, or REPLACES_TGT)").
+// REPLACES_TGT (the acceptor's table: "PHYS_REQ (hint 0, or REPLACES_TGT)"),
+// a move generation exactly with MOVE.
 // r, if not nil, is the decoded value.
 func specReq(b []byte, want Type, r *Req) error {
 	return runSpec(b, func(s specCheck) {
@@ -97,13 +98,13 @@ func specReq(b []byte, want Type, r *Req) error {
 		if want == TypeVirtReq {
 			typ, budget = 2, 180
 		}
-		n := s.frame(typ, 1|2|4|8, 50, budget, budget)
+		n := s.frame(typ, 1|2|4|8, 54, budget, budget)
 		flags := b[4]
 		conn, peer, inc := be(b[8:12]), be(b[12:16]), be(b[16:24])
 		ini, hint, dom, srqn := be(b[24:27]), be(b[27:30]), be(b[30:38]), be(b[38:41])
-		port, credits, maxMsg, appLen := be(b[41:43]), be(b[43:45]), be(b[45:49]), int(b[49])
+		port, credits, maxMsg, gen, appLen := be(b[41:43]), be(b[43:45]), be(b[45:49]), be(b[49:53]), int(b[53])
 
-		s.must(n == 50+appLen, "length is not 50 + app len")
+		s.must(n == 54+appLen, "length is not 54 + app len")
 		s.must(conn != 0, "conn tag 0")
 		s.must(inc != 0, "incarnation 0")
 		s.must(port != 0, "reply port 0")
@@ -115,6 +116,7 @@ func specReq(b []byte, want Type, r *Req) error {
 		s.must(!(recip && one), "RECIPROCAL with ONE_EXCHANGE")
 		s.must((peer != 0) == (recip || one), "a peer tag without RECIPROCAL or ONE_EXCHANGE, or one of them without a peer tag")
 		s.must(!one || (typ == 2 && !move), "ONE_EXCHANGE on a PHYS_REQ or with MOVE")
+		s.must(move == (gen != 0), "a move generation without MOVE, or MOVE without one")
 		if typ == 2 {
 			s.must(!replaces, "REPLACES_TGT on a VIRT_REQ")
 			s.must(hint != 0, "VIRT_REQ without a TGT hint")
@@ -139,7 +141,8 @@ func specReq(b []byte, want Type, r *Req) error {
 		s.equal(uint64(r.ReplyPort), port, "reply port")
 		s.equal(uint64(r.Credits), credits, "credits")
 		s.equal(uint64(r.MaxMessage), maxMsg, "max message")
-		s.must(bytes.Equal(r.App(), b[50:n]), "app data differs")
+		s.equal(uint64(r.Move), gen, "move generation")
+		s.must(bytes.Equal(r.App(), b[54:n]), "app data differs")
 	})
 }
 
@@ -276,6 +279,9 @@ func edgeReqs() []Req {
 		if c.t == TypeVirtReq {
 			r.DomainHint = 1
 		}
+		if c.flags&FlagMove != 0 {
+			r.Move = 1
+		}
 		out = append(out, r)
 	}
 	return out
@@ -361,12 +367,18 @@ func TestSpecOracle(t *testing.T) {
 		{"unknown flag", 4, 16}, {"ONE_EXCHANGE on PHYS", 4, 8},
 		{"conn tag 0", 11, 0}, {"incarnation 0", 23, 0}, {"hint without REPLACES_TGT", 29, 2},
 		{"reply port 0", 42, 0}, {"credits 0", 44, 0}, {"max message 63", 48, 63},
-		{"peer tag without a flag", 15, 1}, {"length", 7, 51},
+		{"peer tag without a flag", 15, 1}, {"length", 7, 51}, {"move generation without MOVE", 52, 1},
 	} {
 		b := enc(&phys, BudgetREQ)
 		b[m.at] = m.v
 		if specReq(b, TypePhysReq, nil) == nil {
 			t.Errorf("PHYS_REQ with %s passed the oracle", m.name)
+		}
+	}
+	if b := enc(&reqs[1], BudgetREQ); true {
+		b[52] = 0 // the edge MOVE's generation is 1
+		if specReq(b, TypePhysReq, nil) == nil {
+			t.Error("PHYS_REQ MOVE without a move generation passed the oracle")
 		}
 	}
 	for _, m := range []mutant{

@@ -11,11 +11,12 @@ const Magic uint16 = 0x5852
 
 // Version is the protocol version this package speaks. MinVersion..MaxVersion
 // is the range it accepts (sent back in REJECT(VERSION)).
-// Version 2 added the receivers' largest message to REQ and ACCEPT.
+// Version 2 added the receivers' largest message to REQ and ACCEPT;
+// version 3 the move generation to REQ.
 const (
-	Version    uint8 = 2
-	MinVersion uint8 = 2
-	MaxVersion uint8 = 2
+	Version    uint8 = 3
+	MinVersion uint8 = 3
+	MaxVersion uint8 = 3
 )
 
 // rejectVersion is the version a REJECT's header carries, whatever the
@@ -46,14 +47,14 @@ const (
 // Fixed (non-app) lengths, header included, and the resulting app-data
 // maxima.
 const (
-	reqFixed    = 50
+	reqFixed    = 54
 	acceptFixed = 45
 	rejectFixed = 29
 	// FinLen is the exact length of a FIN frame.
 	FinLen = 16
 
-	MaxPhysReqApp = BudgetREQ - reqFixed        // 6
-	MaxVirtReqApp = BudgetSIDRREQ - reqFixed    // 130
+	MaxPhysReqApp = BudgetREQ - reqFixed        // 2
+	MaxVirtReqApp = BudgetSIDRREQ - reqFixed    // 126
 	MaxAcceptApp  = BudgetSIDRREP - acceptFixed // 91
 	MaxRejectApp  = BudgetSIDRREP - rejectFixed // 107
 

@@ -18,7 +18,8 @@ func sampleReq(t Type) Req {
 
 func TestReqRoundTripAndLayout(t *testing.T) {
 	r := sampleReq(TypePhysReq)
-	if err := r.SetApp([]byte("hello")); err != nil {
+	r.Flags, r.Move = FlagMove, 0x0A0B0C0D
+	if err := r.SetApp([]byte("hi")); err != nil {
 		t.Fatal(err)
 	}
 	var buf [BudgetREQ]byte
@@ -26,12 +27,13 @@ func TestReqRoundTripAndLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []byte{0x58, 0x52, 2, 1, 0, 0, 0, 55,
+	want := []byte{0x58, 0x52, 3, 1, 4, 0, 0, 56,
 		0xA1, 0xB2, 0xC3, 0xD4, 0, 0, 0, 0,
 		1, 2, 3, 4, 5, 6, 7, 8,
 		0x12, 0x34, 0x56, 0, 0, 0,
 		0, 0, 0, 0, 0, 0, 0, 0,
-		0xAB, 0xCD, 0xEF, 0x4E, 0x22, 1, 2, 0, 1, 0, 0, 5, 'h', 'e', 'l', 'l', 'o'}
+		0xAB, 0xCD, 0xEF, 0x4E, 0x22, 1, 2, 0, 1, 0, 0,
+		0x0A, 0x0B, 0x0C, 0x0D, 2, 'h', 'i'}
 	if !bytes.Equal(buf[:n], want) {
 		t.Fatalf("layout\n got %x\nwant %x", buf[:n], want)
 	}
@@ -280,7 +282,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"all zero (kernel reject)", func(b []byte) []byte { return make([]byte, len(b)) }, ReasonMagic, RejectBadRequest},
 		{"magic", func(b []byte) []byte { b[0] ^= 1; return b }, ReasonMagic, RejectBadRequest},
 		{"version 1", func(b []byte) []byte { b[2] = 1; return b }, ReasonVersion, RejectVersion},
-		{"version 3 short", func(b []byte) []byte { b[2] = 3; return b[:4] }, ReasonVersion, RejectVersion},
+		{"version 4 short", func(b []byte) []byte { b[2] = 4; return b[:4] }, ReasonVersion, RejectVersion},
 		{"type", func(b []byte) []byte { b[3] = byte(TypePhysReq); return b }, ReasonType, RejectBadRequest},
 		{"reserved", func(b []byte) []byte { b[5] = 1; return b }, ReasonReserved, RejectBadRequest},
 		{"length zero", func(b []byte) []byte { b[6], b[7] = 0, 0; return b }, ReasonLength, RejectBadRequest},
@@ -289,7 +291,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"truncated", func(b []byte) []byte { return b[:40] }, ReasonShort, RejectBadRequest},
 		{"input over budget", func(b []byte) []byte { return append(b, 0) }, ReasonTooLong, RejectBadRequest},
 		{"garbage padding", func(b []byte) []byte { b[170] = 1; return b }, ReasonTrailing, RejectBadRequest},
-		{"app length", func(b []byte) []byte { b[49] = 3; return b }, ReasonAppLength, RejectBadRequest},
+		{"app length", func(b []byte) []byte { b[53] = 3; return b }, ReasonAppLength, RejectBadRequest},
+		{"move generation without MOVE", func(b []byte) []byte { b[52] = 1; return b }, ReasonField, RejectBadRequest},
+		{"MOVE without move generation", func(b []byte) []byte { b[4] |= byte(FlagMove); return b }, ReasonField, RejectBadRequest},
 		{"unknown flag", func(b []byte) []byte { b[4] = 0x80; return b }, ReasonFlags, RejectBadRequest},
 		{"replaces on VIRT", func(b []byte) []byte { b[4] = byte(FlagReplacesTGT); return b }, ReasonFlags, RejectBadRequest},
 		{"reciprocal without peer tag", func(b []byte) []byte { b[4] = byte(FlagReciprocal); return b }, ReasonFlags, RejectBadRequest},
