@@ -9,9 +9,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/internal/rdmaaddr"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
+	"github.com/goxrc/goxrc/xrc"
 )
 
 // Dial connects to the listener at address ("ip:port"; IPv6 in brackets),
@@ -52,7 +54,12 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (*Co
 	try := func(ctx context.Context, dst netip.AddrPort) (*Conn, error) { return dialAddr(ctx, dst, cfg) }
 	if cfg.fabric != nil {
 		// The in-memory fabric: always XRC, from the node's one address.
-		node := cfg.fabric.Node().Addr()
+		k, ok := kernel.Unwrap(cfg.fabric)
+		if !ok {
+			// Not a node's process (a zero Process): as Listen says.
+			return nil, &OpError{Op: "dial", Addr: address, Err: xrc.ErrNoKernel}
+		}
+		node := k.LocalAddr()
 		if cfg.local.IsValid() && !cfg.local.IsUnspecified() && cfg.local != node {
 			return nil, &OpError{Op: "dial", Addr: address, Err: fmt.Errorf("cm: local address %s is not the fabric node's (%s)", cfg.local, node)}
 		}

@@ -662,3 +662,20 @@ func TestFabricNetConnConformance(t *testing.T) {
 		return c.NetConn(), s.NetConn(), func() { c.Close(); s.Close(); l.Close() }, nil
 	})
 }
+
+// A *memfabric.Process that is not a node's (a zero value) is refused by
+// Listen with xrc.ErrNoKernel; Dial must refuse it too, not panic on its
+// nil Node, and its Handles is 0 (it holds nothing).
+func TestFabricZeroProcessRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p := &memfabric.Process{}
+	dom := WithDomainPath(filepath.Join(t.TempDir(), "x"))
+	_, err := Listen(ctx, "10.1.0.1:7000", WithFabric(p), dom)
+	require.ErrorIs(t, err, xrc.ErrNoKernel)
+	require.NotPanics(t, func() {
+		_, err = Dial(ctx, "10.1.0.1:7000", WithFabric(p), dom)
+	})
+	require.ErrorIs(t, err, xrc.ErrNoKernel)
+	require.NotPanics(t, func() { require.Zero(t, p.Handles()) })
+}

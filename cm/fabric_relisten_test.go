@@ -165,3 +165,47 @@ func TestFabricRelistenStress(t *testing.T) {
 		return srv.Node().Stats().QPs() == 0
 	}, 10*time.Second, 20*time.Millisecond, "the endpoint left open: %+v", srv.Node().Stats())
 }
+
+// A fabric listener on the unspecified address is bound to its node's
+// address (its Addr says so): closed while a connection holds its port, a
+// Listen with the same options on that address in either spelling (":port",
+// or the Addr it reported) takes its endpoint over, as the docs promise
+// for "a Listen on that address". It failed with EADDRINUSE: the take-over
+// table was keyed by the address as spelled, not as bound.
+func TestFabricRelistenUnspecifiedTakesOver(t *testing.T) {
+	for _, tc := range []struct{ first, again string }{
+		{":7000", "10.1.0.1:7000"},
+		{"10.1.0.1:7000", ":7000"},
+		{":0", ""}, // again: l.Addr()
+	} {
+		t.Run(tc.first+"_"+tc.again, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			f := memfabric.New()
+			p := f.Node("10.1.0.1").Process()
+			lopts := []Option{WithFabric(p), WithDomainPath(filepath.Join(t.TempDir(), "s"))}
+			l, err := Listen(ctx, tc.first, lopts...)
+			require.NoError(t, err)
+			dialed := make(chan *Conn, 1)
+			go func() {
+				c, _ := Dial(ctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")))
+				dialed <- c
+			}()
+			s, err := l.Accept(ctx)
+			require.NoError(t, err)
+			defer s.Close()
+			c := <-dialed
+			require.NotNil(t, c)
+			defer c.Close()
+			require.NoError(t, l.Close())
+			again := tc.again
+			if again == "" {
+				again = l.Addr().String()
+			}
+			l2, err := Listen(ctx, again, lopts...)
+			require.NoError(t, err, "listen %s after %s closed (its Addr %s)", again, tc.first, l.Addr())
+			require.Equal(t, l.Addr(), l2.Addr())
+			require.NoError(t, l2.Close())
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/internal/rdmaaddr"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
@@ -72,6 +73,11 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 		return nil, &OpError{Op: "listen", Addr: address, Err: err}
 	}
 	if cfg.fabric != nil {
+		if k, ok := kernel.Unwrap(cfg.fabric); ok && local.Addr().IsUnspecified() {
+			// The endpoint binds the node's address: key the listener
+			// (and a later take-over) by it, however it was spelled.
+			local = netip.AddrPortFrom(k.LocalAddr(), local.Port())
+		}
 		return listenXRC(ctx, local, cfg, cfg.fabricSite(local.Addr()))
 	}
 	if cfg.device != "" && local.Addr().IsUnspecified() {

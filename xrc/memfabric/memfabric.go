@@ -200,5 +200,8 @@ func (p *Process) Handles() int {
 	if h, ok := p.k.(interface{ Handles() int }); ok {
 		return h.Handles()
 	}
+	if p.p == nil {
+		return 0 // not a node's process: it holds nothing
+	}
 	return p.p.Handles()
 }
