@@ -43,22 +43,25 @@ import (
 )
 
 type options struct {
-	addr     string
-	mode     string
-	size     int
-	count    int
-	warmup   int
-	conns    int
-	depth    int
-	raw      bool
-	local    string
-	json     bool
-	fabric   bool
-	nodes    int
-	procs    int
-	clients  int
-	progress time.Duration
-	busyPoll time.Duration
+	addr    string
+	mode    string
+	size    int
+	count   int
+	warmup  int
+	conns   int
+	depth   int
+	raw     bool
+	local   string
+	json    bool
+	fabric  bool
+	nodes   int
+	procs   int
+	clients int
+	// fabricSizes: -nodes, -procs or -clients was given (they size the
+	// in-memory fabric, and mean nothing without it).
+	fabricSizes bool
+	progress    time.Duration
+	busyPoll    time.Duration
 }
 
 func main() {
@@ -124,12 +127,17 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, "", err
 	}
-	if o.raw {
-		sizeSet := false
-		fs.Visit(func(f *flag.Flag) { sizeSet = sizeSet || f.Name == "size" })
-		if !sizeSet {
-			o.size = rawSize
+	sizeSet := false
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "size":
+			sizeSet = true
+		case "nodes", "procs", "clients":
+			o.fabricSizes = true
 		}
+	})
+	if o.raw && !sizeSet {
+		o.size = rawSize
 	}
 	return o, *cpuProfile, nil
 }
@@ -146,6 +154,10 @@ func (o options) check() error {
 		return fmt.Errorf("-raw runs one exchange (-mode echo) or dials a plain librdmacm server (-mode connect), not -mode %s", o.mode)
 	case o.size < 0 || o.count < 1 || o.warmup < 0 || o.conns < 1 || o.depth < 2:
 		return errors.New("-size and -warmup must be 0 or more, -count and -conns 1 or more, -depth 2 or more")
+	case (o.fabric || o.fabricSizes) && o.mode != "xrc":
+		return fmt.Errorf("-fabric, -nodes, -procs and -clients are for -mode xrc, not -mode %s", o.mode)
+	case o.fabricSizes && !o.fabric:
+		return errors.New("-nodes, -procs and -clients size the in-memory fabric: they need -fabric")
 	case o.mode == "xrc" && o.fabric && (o.nodes < 1 || o.nodes > 254 || o.procs < 1 || o.clients < 1):
 		return errors.New("xrc mode: -nodes must be 1 to 254, -procs and -clients 1 or more")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +27,9 @@ func TestOptionsCheck(t *testing.T) {
 		"too many nodes":    func(o *options) { o.mode, o.fabric, o.nodes = "xrc", true, 255 },
 		"negative procs":    func(o *options) { o.mode, o.fabric, o.procs = "xrc", true, -1 },
 		"no fabric clients": func(o *options) { o.mode, o.fabric, o.clients = "xrc", true, 0 },
+		"fabric in echo":    func(o *options) { o.fabric = true },
+		"nodes in latency":  func(o *options) { o.mode, o.fabricSizes = "latency", true },
+		"procs sans fabric": func(o *options) { o.mode, o.fabricSizes = "xrc", true },
 	} {
 		o := ok
 		mod(&o)
@@ -96,5 +100,21 @@ func TestParseFlagsDefaults(t *testing.T) {
 	fs.SetOutput(io.Discard)
 	if _, _, err := parseFlags(fs, []string{"-bogus"}); err == nil {
 		t.Fatal("unknown flag accepted")
+	}
+	// A fabric's size given without -fabric (the client would dial the
+	// device at -addr, ignoring it) is refused, as is -fabric outside
+	// -mode xrc; with both it is a run.
+	for args, ok := range map[string]bool{
+		"-mode xrc -nodes 3":         false,
+		"-mode latency -fabric":      false,
+		"-mode xrc -fabric -procs 2": true,
+	} {
+		o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), strings.Fields(args))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := o.check(); (err == nil) != ok {
+			t.Errorf("%s: check %v", args, err)
+		}
 	}
 }
