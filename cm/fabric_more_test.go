@@ -679,3 +679,16 @@ func TestFabricZeroProcessRefused(t *testing.T) {
 	require.ErrorIs(t, err, xrc.ErrNoKernel)
 	require.NotPanics(t, func() { require.Zero(t, p.Handles()) })
 }
+
+// One-sided RDMA over XRC is ErrNotSupported (package doc), whatever the
+// arguments: a nil local region was reported as a plain argument error
+// first, which errors.Is(err, ErrNotSupported) does not match.
+func TestFabricOneSidedNilRegionIsNotSupported(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
+	c, _ := fabricPair(ctx, t, srv, cli, nil, nil)
+	require.ErrorIs(t, c.WriteRemote(ctx, nil, 0, 8, RemoteRegion{Len: 64}, 0), ErrNotSupported)
+	require.ErrorIs(t, c.ReadRemote(ctx, nil, 0, 8, RemoteRegion{Len: 64}, 0), ErrNotSupported)
+}

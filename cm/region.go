@@ -151,11 +151,11 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	if c == nil {
 		return ErrClosed
 	}
-	if local == nil {
-		return c.opErr(op, errors.New("no local region"))
-	}
 	if c.x != nil {
 		return c.opErr(op, fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
+	}
+	if local == nil {
+		return c.opErr(op, errors.New("no local region"))
 	}
 	// Written so that no sum can wrap: off+n or roff+n past the top of
 	// their types would pass a plain comparison.
@@ -284,6 +284,15 @@ func (c *Conn) awaitOneSided(ctx context.Context, op string) error {
 		if perr := c.progress(wait, seen); perr != nil {
 			if flushing {
 				continue // the bound, checked above
+			}
+			c.mu.Lock()
+			done := c.rdmaDone
+			c.mu.Unlock()
+			if done {
+				// The round that woke us completed it as ctx ended
+				// (select took ctx of the two): it stands, as the
+				// top of the loop says.
+				continue
 			}
 			// The request stays posted, so the connection breaks; its
 			// flush is waited for next.
