@@ -81,8 +81,11 @@ func (r *Region) Descriptor() RemoteRegion {
 // Region holds its connection's device (its protection domain) until Close,
 // also after the connection ends. Close is idempotent; if the
 // deregistration fails, the region stays registered, and usable, and Close
-// may be called again.
+// may be called again. Close of a nil Region does nothing, as Conn's does.
 func (r *Region) Close() error {
+	if r == nil {
+		return nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {

@@ -274,3 +274,10 @@ func (m *unmappedOnClose) bytes() []byte {
 }
 
 func (m *unmappedOnClose) close() error { m.closed = true; return m.memory.close() }
+
+// A deferred Close before the error check of RegisterMemory (or Dial's
+// Conn.Close alike) must not panic on the nil it got.
+func TestRegionCloseNil(t *testing.T) {
+	var r *Region
+	require.NotPanics(t, func() { require.NoError(t, r.Close()) })
+}
