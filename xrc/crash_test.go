@@ -851,3 +851,19 @@ func TestEndpointTwoRecoveriesMoveALegTwice(t *testing.T) {
 		roundTrip(t, conns[j][1], conns[j][0], []byte("back"))
 	}
 }
+
+// An endpoint opened on a device that has failed already is refused with
+// ErrDeviceRemoved, as one open when it failed ends with it: the EIO of the
+// failed device's firmware command alone said nothing of why.
+func TestEndpointOnFailedDevice(t *testing.T) {
+	w := newWorld(t)
+	w.f.Node("10.0.81.1").FailDevice()
+	p := w.f.Node("10.0.81.1").Process()
+	_, err := NewEndpoint(ctxT(t, 5*time.Second), Config{Process: p, Addr: "10.0.81.1:7000", DomainDir: t.TempDir() + "/goxrc"})
+	if !errors.Is(err, ErrDeviceRemoved) {
+		t.Fatalf("NewEndpoint on a failed device: %v, want ErrDeviceRemoved", err)
+	}
+	if n := p.Handles(); n != 0 {
+		t.Fatalf("the refused endpoint left %d kernel handles", n)
+	}
+}

@@ -265,9 +265,15 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	if e.dom, err = OpenDomainFile(cfg.DomainDir); err != nil {
 		return nil, err
 	}
+	e.devFatal = k.DeviceFatal()
 	defer func() {
 		if err != nil {
 			e.release()
+			if derr := e.deviceErr(); derr != nil {
+				// The device failed for good, before or as we opened
+				// (its firmware commands fail with EIO): say so.
+				err = fmt.Errorf("%w: %w", derr, err)
+			}
 		}
 	}()
 	if e.xrcd, err = k.OpenXRCD(e.dom.Path, kernel.XRCDCreate); err != nil {
@@ -292,7 +298,6 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 		return nil, err
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.devFatal = k.DeviceFatal()
 	e.spawn(func() { e.listenLoop(e.lx) })
 	e.spawn(func() { e.listenLoop(e.lu) })
 	e.spawn(e.recvLoop)
