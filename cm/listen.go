@@ -305,7 +305,11 @@ func (l *Listener) isClosed() bool {
 // closedErr is Accept's error once the listener is closed.
 func (l *Listener) closedErr() error {
 	if err := l.failed.Load(); err != nil {
-		return opError("accept", l.addr, *err)
+		// The listener closed itself for good: ErrClosed, with the
+		// reason in words only. An errno of the reason's (ENOMEM,
+		// EAGAIN) would make the error Temporary, and net/http's Serve
+		// retries a temporary Accept error for ever.
+		return opError("accept", l.addr, fmt.Errorf("%w: the listener failed: %v", ErrClosed, *err))
 	}
 	if l.removed.Load() {
 		return opError("accept", l.addr, ErrDeviceRemoved)
