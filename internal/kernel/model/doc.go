@@ -60,6 +60,11 @@
 //     takes a firmware command fails with EIO (mlx5's internal error state),
 //     and so does what sends a CM message (rdma_connect, rdma_accept,
 //     rdma_reject, rdma_establish; a DREQ goes to timewait with no event).
+//     A send posted on it, or waiting there for a receive, never completes,
+//     not even flushed when its QP moves to ERR, and keeps its send queue
+//     slot: mlx5's post_send and poll_cq do not look at the error state,
+//     and the kernel's simulated flushes (mlx5_ib_handle_internal_error)
+//     are for kernel consumers only.
 //
 // Simplifications, all deterministic: one mutex per fabric; no timers (a
 // retransmitted REQ after a REP-time stale hit is redelivered at once;

@@ -315,6 +315,9 @@ type qp struct {
 	// INI: sends refused for want of a receive (RNR), retried in order
 	// by retryRNR, with every later send behind them.
 	rnr []kernel.SendWR
+	// lost: sends on a failed device, which never complete and keep
+	// their send queue slots (see Node.FailDevice).
+	lost int
 }
 
 type qpHandle struct {
@@ -421,6 +424,13 @@ func (f *Fabric) retryRNR() {
 		return cmp.Compare(a.num, b.num)
 	})
 	for _, q := range waiting {
+		if q.n.failed {
+			// The device that held them is dead: they never complete.
+			q.lost += len(q.rnr)
+			q.rnr = nil
+			delete(f.rnr, q)
+			continue
+		}
 		for len(q.rnr) > 0 {
 			if q.n.qps[q.num] != q || q.state == verbs.QPStateReset {
 				q.rnr = nil

@@ -138,3 +138,51 @@ func TestModelInitNeedsAConnectingID(t *testing.T) {
 		t.Errorf("RESET->INIT via a listener succeeded; cm_init_qp_init_attr gives EINVAL")
 	}
 }
+
+// On a failed device a send never completes: posted (mlx5's post_send does
+// not look at the internal error state) or waiting there for a receive, it
+// gets no completion, not even a flush when its QP moves to ERR (the
+// kernel simulates flushes for its own consumers only), and keeps its send
+// queue slot, so that the queue fills. The model used to fail such sends with WCRetryExcErr, as to a node that is
+// off, and flush them: completions a dead device never writes.
+func TestModelFailedDeviceSendsNeverComplete(t *testing.T) {
+	f := NewFabric(ReuseNever)
+	a := f.AddNode(addrA, NodeConfig{SendQueueDepth: 8})
+	b := f.AddNode(addrB, NodeConfig{SRQReceives: 1})
+	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
+	k := physLink(t, sa, sb, listen(t, sb.p, kernel.ExchangeXRC))
+	ok(t, sa.p.PostSend(k.ini, []kernel.SendWR{
+		{WRID: 1, RemoteSRQN: sb.srqn, Payload: []byte{1}},
+		{WRID: 2, RemoteSRQN: sb.srqn, Payload: []byte{2}}, // no receive left: waits (RNR)
+	}))
+	var cs [8]kernel.SendCompletion
+	if n := must[int](t)(sa.p.PollSend(ctxT(t), k.ini, cs[:])); n != 1 || cs[0].WRID != 1 {
+		t.Fatalf("%+v", cs[:n])
+	}
+	a.FailDevice()
+	noCompletion := func(when string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if n, err := sa.p.PollSend(ctx, k.ini, cs[:]); n != 0 || err == nil {
+			t.Fatalf("%s: %+v %v; a failed device completes nothing", when, cs[:n], err)
+		}
+	}
+	noCompletion("the send that waited for a receive")
+	posted := 0
+	for ; posted < 16; posted++ {
+		err := sa.p.PostSend(k.ini, []kernel.SendWR{{WRID: uint64(10 + posted), RemoteSRQN: sb.srqn, Payload: []byte{3}}})
+		if err != nil {
+			if !isErrno(err, syscall.ENOMEM) {
+				t.Fatalf("post %d on the failed device: %v, want success, then ENOMEM once the queue is full", posted, err)
+			}
+			break
+		}
+	}
+	if posted != 7 { // depth 8, one slot held by the send that waited
+		t.Fatalf("%d sends posted before the queue was full, want 7", posted)
+	}
+	noCompletion("posted sends")
+	ok(t, sa.p.TransitionQP(k.ini, verbs.QPStateErr, k.aid))
+	noCompletion("after the move to ERR")
+}

@@ -398,8 +398,16 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 		// A full send queue refuses the rest of the chain; the QP stays as
 		// it is (mlx5_wq_overflow: a slot is free once its completion is
 		// polled). Sends waiting for a receive (RNR) hold their slots.
-		if len(q.sendq.items)+len(q.rnr) >= p.n.sqDepth {
+		if len(q.sendq.items)+len(q.rnr)+q.lost >= p.n.sqDepth {
 			return opErr(op, syscall.ENOMEM)
+		}
+		if p.n.failed {
+			// mlx5 posts on a device in its internal error state as on
+			// a live one (its post_send does not look at the state), and
+			// the device, dead, never writes a completion: not even a
+			// flush, which the kernel makes for its own consumers only.
+			q.lost++
+			continue
 		}
 		st, wait := verbs.WCWRFlushErr, len(q.rnr) > 0 // in order behind those waiting
 		if q.state == verbs.QPStateRTS && !wait {
