@@ -308,6 +308,13 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 			return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 		}
 		if moving != nil {
+			if slices.ContainsFunc(moving.prev, func(p prevTGT) bool { return p.dl == dl }) {
+				// A TGT the leg has left, still held: whatever its
+				// generation says (a replay whose generation was
+				// changed), a sender never moves a leg back to a TGT
+				// an older INI reached.
+				return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+			}
 			return a.move(moving, dl, req, false, false)
 		}
 		return a.accept(dl, req, app, false, false) // count + 1, no kernel call
@@ -398,7 +405,13 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 	}
 	l.Downlink = dl
 	a.view.Unlock()
-	l.Physical, l.cached, l.moveGen = physical, nil, req.Move
+	l.Physical, l.cached = physical, nil
+	if old != dl {
+		// A MOVE onto the link the leg is on changes nothing, so it
+		// advances nothing either: taken, a forged one with a huge
+		// generation would have every later MOVE of the leg refused.
+		l.moveGen = req.Move
+	}
 	if !physical {
 		l.cached = buf[:n]
 	}

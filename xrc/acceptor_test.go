@@ -906,3 +906,76 @@ func TestAcceptorReverseLegVerifies(t *testing.T) {
 		})
 	}
 }
+
+// A MOVE from the leg's node naming the leg's own TGT and INI (a no-op
+// move) changes nothing, its generation included: a forged one with a huge
+// generation had every later MOVE of its sender refused BAD_REQUEST, and
+// the next recovery failed the connection (found by review).
+func TestAcceptorNoOpMoveAdvancesNothing(t *testing.T) {
+	e := newEnv(t)
+	dp, u0 := e.phys(e.r1, nil) // leg P makes the uplink, TGT0
+	l := e.virtReq(u0)
+	d := e.virt(e.r1, l) // leg L on TGT0, generation 0
+	wantAccept(t, d)
+	// The forged MOVE: L's own TGT and INI, generation 2^32-1.
+	forged := l
+	forged.Flags, forged.Move = wire.FlagMove, ^uint32(0)
+	e.virt(e.r1, forged)
+	if tgt, _ := e.r1.acc.LegTGT(d.Leg); tgt != u0.tgtQPN {
+		t.Fatalf("the forged MOVE moved L to %#x", tgt)
+	}
+	// The sender's next recovery: PHYS MOVE of P (its first), VIRT MOVE of L
+	// (its first), both numbered 1.
+	_, u1 := e.phys(e.r1, func(r *wire.Req) {
+		r.ConnTag, r.Flags, r.TGTQPNHint, r.Move = dp.Leg.PeerTag, wire.FlagMove|wire.FlagReplacesTGT, u0.tgtQPN, 1
+	})
+	mv := l
+	mv.Flags, mv.Move, mv.INIQPN, mv.TGTQPNHint = wire.FlagMove, 1, u1.iniQPN, u1.tgtQPN
+	got := e.virt(e.r1, mv)
+	if !got.Accept {
+		t.Fatalf("the sender's own MOVE of L was refused %v after a forged no-op MOVE", got.Reject.Reason)
+	}
+	e.sender.Disconnect(u0.aid)
+	e.ev(e.r1.p, u0.pid, kernel.EventDisconnected)
+	e.r1.p.Disconnect(u0.pid)
+}
+
+// A MOVE back to a TGT the leg left that we still hold is refused whatever
+// its generation says: a replay whose 4 generation bytes were changed
+// would put the leg back, and its sender's messages through its current
+// TGT would be dropped after the next drain (found by review).
+func TestAcceptorMoveBackToHeldTGTRefused(t *testing.T) {
+	e := newEnv(t)
+	dp, u1 := e.phys(e.r1, nil) // leg P, TGT1
+	l1, l2 := e.virtReq(u1), e.virtReq(u1)
+	d1 := e.virt(e.r1, l1)
+	wantAccept(t, d1)
+	wantAccept(t, e.virt(e.r1, l2))
+	gens := map[uint32]uint32{}
+	gen := func(tag uint32) uint32 { gens[tag]++; return gens[tag] }
+	recovery := func(from rawUplink, legs ...wire.Req) (rawUplink, []wire.Req) {
+		_, u := e.phys(e.r1, func(r *wire.Req) {
+			r.ConnTag, r.Flags, r.TGTQPNHint = dp.Leg.PeerTag, wire.FlagMove|wire.FlagReplacesTGT, from.tgtQPN
+			r.Move = gen(r.ConnTag)
+		})
+		var moves []wire.Req
+		for _, l := range legs {
+			mv := l
+			mv.Flags, mv.INIQPN, mv.TGTQPNHint, mv.Move = wire.FlagMove, u.iniQPN, u.tgtQPN, gen(l.ConnTag)
+			wantAccept(t, e.virt(e.r1, mv))
+			moves = append(moves, mv)
+		}
+		e.sender.Disconnect(from.aid)
+		e.ev(e.r1.p, from.pid, kernel.EventDisconnected)
+		e.r1.p.Disconnect(from.pid)
+		return u, moves
+	}
+	u2, first := recovery(u1, l1, l2) // both legs to TGT2 (L1 generation 1)
+	u3, _ := recovery(u2, l1)         // L1 to TGT3 (generation 2); L2 keeps TGT2 held
+	replay := first[0]
+	replay.Move = 3 // edited
+	d := e.virt(e.r1, replay)
+	if tgt, _ := e.r1.acc.LegTGT(d1.Leg); d.Accept || tgt != u3.tgtQPN {
+		t.Fatalf("edited replay: accept=%v, L1 on %#x (TGT2 %#x), want REJECT and TGT3 %#x", d.Accept, tgt, u2.tgtQPN, u3.tgtQPN)
+	}
+}

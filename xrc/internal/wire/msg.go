@@ -23,9 +23,9 @@ type Req struct {
 	MaxMessage uint32
 	// Move is the leg's move generation: 0 on the request that makes the
 	// leg, and on each MOVE of it one more than on the last (a request
-	// asked again, after BUSY_RETRY or a timeout, keeps its number). The
-	// acceptor takes a MOVE only past the generation it last took, so a
-	// late or replayed MOVE cannot put the leg back on a TGT it left.
+	// asked again may keep its number). The acceptor takes a MOVE only
+	// past the generation it last took, so a late or replayed MOVE cannot
+	// put the leg back on a TGT it left.
 	Move   uint32
 	appLen uint8
 	app    [MaxVirtReqApp]byte
