@@ -15,20 +15,9 @@ import (
 // as sends to a node that is off do". The waiting send used to stay until
 // some other kernel call ran retryRNR (found by review).
 func TestModelFailDeviceEndsRNRWaits(t *testing.T) {
-	f := NewFabric(ReuseLIFO)
-	a := f.AddNode(addrA, NodeConfig{})
-	b := f.AddNode(addrB, NodeConfig{SRQReceives: 1})
-	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
-	k := physLink(t, sa, sb, listen(t, sb.p, kernel.ExchangeXRC))
-	ok(t, sa.p.PostSend(k.ini, []kernel.SendWR{
-		{WRID: 1, RemoteSRQN: sb.srqn, Payload: []byte{1}},
-		{WRID: 2, RemoteSRQN: sb.srqn, Payload: []byte{2}}, // no receive left: waits (RNR)
-	}))
-	var cs [4]kernel.SendCompletion
-	if n := must[int](t)(sa.p.PollSend(ctxT(t), k.ini, cs[:])); n != 1 || cs[0].WRID != 1 {
-		t.Fatalf("%+v", cs[:n])
-	}
+	_, b, sa, k := sendWaitingForReceive(t, NodeConfig{})
 	b.FailDevice()
+	var cs [4]kernel.SendCompletion
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	n, err := sa.p.PollSend(ctx, k.ini, cs[:])
@@ -38,6 +27,27 @@ func TestModelFailDeviceEndsRNRWaits(t *testing.T) {
 	if cs[0].WRID != 2 || cs[0].Status != verbs.WCRetryExcErr {
 		t.Fatalf("%+v", cs[:n])
 	}
+}
+
+// sendWaitingForReceive links node a (configured as ca) to node b, whose
+// SRQ takes one receive, and posts two sends on the INI: the first is
+// delivered and completes, the second waits for a receive (RNR).
+func sendWaitingForReceive(t *testing.T, ca NodeConfig) (a, b *Node, sa *side, k link) {
+	t.Helper()
+	f := NewFabric(ReuseLIFO)
+	a = f.AddNode(addrA, ca)
+	b = f.AddNode(addrB, NodeConfig{SRQReceives: 1})
+	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
+	k = physLink(t, sa, sb, listen(t, sb.p, kernel.ExchangeXRC))
+	ok(t, sa.p.PostSend(k.ini, []kernel.SendWR{
+		{WRID: 1, RemoteSRQN: sb.srqn, Payload: []byte{1}},
+		{WRID: 2, RemoteSRQN: sb.srqn, Payload: []byte{2}}, // no receive left: waits (RNR)
+	}))
+	var cs [4]kernel.SendCompletion
+	if n := must[int](t)(sa.p.PollSend(ctxT(t), k.ini, cs[:])); n != 1 || cs[0].WRID != 1 {
+		t.Fatalf("%+v", cs[:n])
+	}
+	return a, b, sa, k
 }
 
 // FailDevice: "the node sends nothing and answers nothing, as after
@@ -146,20 +156,9 @@ func TestModelInitNeedsAConnectingID(t *testing.T) {
 // queue slot, so that the queue fills. The model used to fail such sends with WCRetryExcErr, as to a node that is
 // off, and flush them: completions a dead device never writes.
 func TestModelFailedDeviceSendsNeverComplete(t *testing.T) {
-	f := NewFabric(ReuseNever)
-	a := f.AddNode(addrA, NodeConfig{SendQueueDepth: 8})
-	b := f.AddNode(addrB, NodeConfig{SRQReceives: 1})
-	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
-	k := physLink(t, sa, sb, listen(t, sb.p, kernel.ExchangeXRC))
-	ok(t, sa.p.PostSend(k.ini, []kernel.SendWR{
-		{WRID: 1, RemoteSRQN: sb.srqn, Payload: []byte{1}},
-		{WRID: 2, RemoteSRQN: sb.srqn, Payload: []byte{2}}, // no receive left: waits (RNR)
-	}))
-	var cs [8]kernel.SendCompletion
-	if n := must[int](t)(sa.p.PollSend(ctxT(t), k.ini, cs[:])); n != 1 || cs[0].WRID != 1 {
-		t.Fatalf("%+v", cs[:n])
-	}
+	a, _, sa, k := sendWaitingForReceive(t, NodeConfig{SendQueueDepth: 8})
 	a.FailDevice()
+	var cs [8]kernel.SendCompletion
 	noCompletion := func(when string) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -171,7 +170,7 @@ func TestModelFailedDeviceSendsNeverComplete(t *testing.T) {
 	noCompletion("the send that waited for a receive")
 	posted := 0
 	for ; posted < 16; posted++ {
-		err := sa.p.PostSend(k.ini, []kernel.SendWR{{WRID: uint64(10 + posted), RemoteSRQN: sb.srqn, Payload: []byte{3}}})
+		err := sa.p.PostSend(k.ini, []kernel.SendWR{{WRID: uint64(10 + posted), RemoteSRQN: 1, Payload: []byte{3}}})
 		if err != nil {
 			if !isErrno(err, syscall.ENOMEM) {
 				t.Fatalf("post %d on the failed device: %v, want success, then ENOMEM once the queue is full", posted, err)
