@@ -14,7 +14,8 @@ import (
 // behind a Send without one that is blocked on credits. Uncontended it
 // costs a TryLock and an atomic load, which keeps the per-message path as
 // cheap as with a plain mutex (a channel operation costs several mutex
-// round trips under emulation).
+// round trips under emulation). Make one with New: the zero Turn has no
+// wake-up channel, and its waiters would wait until their contexts end.
 type Turn struct {
 	mu      sync.Mutex
 	waiters atomic.Int32
