@@ -322,6 +322,7 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 		sendWRs.put(wrs)
 	}()
 	wrs[0] = kernel.SendWR{WRID: wrid, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: frame}
+post:
 	for bare := 0; ; {
 		err := e.k.PostSend(q.qp, wrs[:])
 		if err == nil {
@@ -353,29 +354,47 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 			continue
 		}
 		room := e.awaitRoomLocked(q)
+		woken := c.credited // Close and CloseWrite wake it (wakeSendersLocked)
 		e.mu.Unlock()
-		select {
-		case <-room:
-			e.mu.Lock()
-			if taken, err := c.unpostedLocked(q, wrid); taken {
+		closed := false
+	wait:
+		for {
+			select {
+			case <-room:
+				e.mu.Lock()
+				if taken, err := c.unpostedLocked(q, wrid); taken {
+					e.mu.Unlock()
+					return true, err
+				}
+				again := u.cur == q && u.state == upUp
+				polls = q.polls
 				e.mu.Unlock()
-				return true, err
+				if again {
+					continue post
+				}
+				return true, nil // the INI failed: its recovery posts the frame
+			case <-woken:
+				e.mu.Lock()
+				if taken, err := c.unpostedLocked(q, wrid); taken {
+					e.mu.Unlock()
+					return true, err
+				}
+				closed = c.userClosed || c.writeClosed
+				woken = c.credited
+				e.mu.Unlock()
+				if closed {
+					break wait
+				}
+			case <-c.done:
+				e.mu.Lock()
+				taken, err := c.unpostedLocked(q, wrid)
+				e.mu.Unlock()
+				return taken, err // taken: the connection ended
+			case <-e.ctx.Done():
+				return true, &OpError{"send", c.raddr.String(), ErrClosed}
+			case <-ctx.Done():
+				break wait
 			}
-			again := u.cur == q && u.state == upUp
-			polls = q.polls
-			e.mu.Unlock()
-			if again {
-				continue
-			}
-			return true, nil // the INI failed: its recovery posts the frame
-		case <-c.done:
-			e.mu.Lock()
-			taken, err := c.unpostedLocked(q, wrid)
-			e.mu.Unlock()
-			return taken, err // taken: the connection ended
-		case <-e.ctx.Done():
-			return true, &OpError{"send", c.raddr.String(), ErrClosed}
-		case <-ctx.Done():
 		}
 		e.mu.Lock()
 		if !c.lastIsLocked(q, wrid) {
@@ -387,8 +406,14 @@ func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, f
 		c.out.DropLast()
 		c.sendSeq--
 		c.sent--
+		if int32(c.sent-c.acked) < 0 {
+			c.acked = c.sent // a peer's count took it for sent: never past what was
+		}
 		c.wakeSendersLocked()
 		e.mu.Unlock()
+		if closed {
+			return false, &OpError{"send", c.raddr.String(), ErrClosed}
+		}
 		return false, ctx.Err()
 	}
 }
