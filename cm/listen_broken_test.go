@@ -24,7 +24,7 @@ func TestBrokenListenerAcceptEndsServe(t *testing.T) {
 	l.closeOnce.Do(func() { close(l.done) }) // what the loop's go l.Close() does first
 
 	_, err := l.NetListener().Accept()
-	var ne net.Error
+	var ne interface{ Temporary() bool } // what http.Server.Serve asks of an Accept error
 	if !errors.As(err, &ne) || ne.Temporary() {
 		t.Errorf("Accept on a listener that closed itself: %v, temporary; want a permanent error", err)
 	}
