@@ -12,6 +12,8 @@ export DEBIAN_FRONTEND=noninteractive
 # The VM scripts' cache and run dirs (test/vm/rxe-vm.sh's -w); the scripts here keep their logs
 # and run dirs under it too. Absolute, and exported so that test/vm/*.sh resolve it the same.
 VM_WORK=$(realpath -m "${GOXRC_VM_WORK:-/var/cache/goxrc-vm}")
+# As test/vm/rxe-vm.sh demands, but before any script here makes or prunes dirs under it.
+[[ $VM_WORK != *[[:space:],:]* ]] || { echo "ERROR: GOXRC_VM_WORK must not contain spaces, commas or colons: $VM_WORK" >&2; exit 1; }
 export GOXRC_VM_WORK=$VM_WORK
 export GOFLAGS=${GOFLAGS:--buildvcs=false}
 
@@ -45,6 +47,7 @@ install_packages() {
   done
   if [[ ${#missing[@]} == 0 ]]; then say "Debian packages: all ${#PACKAGES[@]} present"; return; fi
   say "installing Debian packages: ${missing[*]}"
+  dpkg --configure -a || true   # an install cut short before (^C, CI's limit) blocks apt-get until this
   apt-get install -y --no-install-recommends "${missing[@]}" ||
     { apt-get update && apt-get install -y --no-install-recommends "${missing[@]}"; } ||
     die "apt-get install ${missing[*]} failed"
@@ -84,6 +87,10 @@ ensure_go() {
     if version_ge "$v" "$GO_MIN"; then
       export PATH=$(dirname "$g"):$PATH; say "Go: $g (go$v)"; return
     fi
+  done
+  for g in "$(command -v go || true)" /usr/local/go/bin/go /usr/lib/go/bin/go; do
+    [[ -x $g ]] || continue
+    v=$(go_version "$g")
     if version_ge "$v" 1.21; then        # go >= 1.21 fetches newer toolchains itself
       export PATH=$(dirname "$g"):$PATH GOTOOLCHAIN=$GO_TOOLCHAIN
       go version >/dev/null || die "GOTOOLCHAIN=$GO_TOOLCHAIN: download through the Go module proxy failed"

@@ -27,7 +27,7 @@ GUEST_SKIPS='^(TestTwoNodes|TestXRCDeviceCM|TestXRCRealSkipsWithoutXRC|TestReal[
 # passed, since an oops or a WARN in rxe or the CM may leave the tests' results meaningless.
 KERNEL_TROUBLE='Oops|BUG:|WARNING:|Call Trace|general protection|soft lockup|blocked for more than'
 VM_TEST_TIMEOUT=${GOXRC_VM_TEST_TIMEOUT:-8m}   # -test.timeout for each binary in the VM
-VM_TIMEOUT=${GOXRC_VM_TIMEOUT:-900}            # hard limit for the whole VM run, seconds
+VM_TIMEOUT=${GOXRC_VM_TIMEOUT:-1500}           # hard limit for the whole VM run, seconds (it takes 630-690)
 
 source "$(dirname "$0")/lib.sh"
 need_root "$@"
@@ -35,7 +35,7 @@ cd "$REPO"
 START=$SECONDS
 LOGS=$(mkdir -p "$VM_WORK/test-logs" && mktemp -d "$VM_WORK/test-logs/$(date +%Y%m%d-%H%M%S)-XXXX")
 # Keep the last 10 runs' logs; each holds its test binaries (about 64 MB).
-ls -d "$VM_WORK"/test-logs/*/ 2>/dev/null | sort | head -n -10 | xargs -r rm -rf
+ls -d "$VM_WORK"/test-logs/*/ 2>/dev/null | sort | head -n -10 | xargs -r -d '\n' rm -rf
 # Stopped early (CI's limit, ^C), leave no guest running: qemu runs in its own process group.
 kill_guests() { # a qemu whose pid file is left (only qemu's own: pids are reused)
   local q pid

@@ -37,6 +37,7 @@ done
 if [[ -z $OUT ]]; then
   WORK=$(realpath -m "${GOXRC_VM_WORK:-/var/cache/goxrc-vm}")   # as test/vm/rxe-vm.sh
   mkdir -p "$WORK/pairs"
+  { ls -1d "$WORK"/pairs/*/ 2>/dev/null || true; } | head -n -30 | xargs -r -d '\n' rm -rf   # keep the last 30, as rxe-vm.sh its runs
   OUT=$(mktemp -d "$WORK/pairs/$(date +%Y%m%d-%H%M%S)-XXXX")
 fi
 mkdir -p "$OUT"/{a,b,sync} && OUT=$(realpath "$OUT")
@@ -71,9 +72,10 @@ BRC=0; wait "$BPID" || BRC=$?
 # A has nothing left to talk to: stop it if it still runs.
 if kill -0 "$APID" 2>/dev/null; then
   : > "$SYNC/b-done"
-  for ((i = 0; i < 100; i++)); do kill -0 "$APID" 2>/dev/null || break; sleep 0.1; done
+  for ((i = 0; i < 300; i++)); do kill -0 "$APID" 2>/dev/null || break; sleep 0.1; done
+  # Not asked for by B: A did not end on its own (a hung server, say), which is A's failure.
   if kill -0 "$APID" 2>/dev/null && [[ -s $OUT/a/qemu.pid ]] && kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null; then
-    KILLED=1
+    log "node A still ran 30 s after B was done: killed (A's failure)"
   fi
 fi
 ARC=0; wait "$APID" || ARC=$?

@@ -107,6 +107,7 @@ ensure_packages() {
   [[ ${#missing[@]} == 0 ]] && return
   log "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  dpkg --configure -a >&2 || true   # an install cut short before blocks apt-get until this
   apt-get install -y --no-install-recommends "${missing[@]}" >&2 ||
     { apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2; }
 }
