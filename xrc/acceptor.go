@@ -57,7 +57,7 @@ type acceptedLeg struct {
 	RevTag          uint32 // FlagOneExchange: the sender's receive tag for our reverse leg, else 0
 	Physical        bool
 	cached          []byte      // VIRT: the ACCEPT, for SIDR retransmissions
-	moveGen         uint32      // the move generation of the request we last took (0: the leg's first)
+	moveGen         uint32      // the generation of the last MOVE that moved the leg (0: none yet)
 	prev            []prevTGT   // TGTs the leg moved away from (newest last, at most 4)
 	used            atomic.Bool // a message came through it: its sender has our ACCEPT
 }
