@@ -114,7 +114,9 @@ type Node struct{ n *model.Node }
 // Addr is the node's address.
 func (n *Node) Addr() netip.Addr { return n.n.Addr() }
 
-// Process starts a process on the node.
+// Process starts a process on the node. It lives until Kill or the node's
+// PowerOff, however many engines ran on it and closed: the node keeps it,
+// so a test that starts processes kills them when it is done with them.
 func (n *Node) Process() *Process { return &Process{p: n.n.NewProcess(), n: n} }
 
 // PowerOff takes the node off the fabric as a power cut does: its processes
