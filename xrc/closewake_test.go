@@ -113,6 +113,9 @@ func TestEndpointAcceptAfterOwnProcessKilled(t *testing.T) {
 	for range 2 {
 		select {
 		case err := <-errc:
+			if err == nil {
+				t.Fatal("a blocked call on a killed process's endpoint returned no error")
+			}
 			t.Logf("woke: %v", err)
 		case <-time.After(2 * time.Second):
 			t.Fatal("a blocked call on a killed process's endpoint still waits 2 s later")

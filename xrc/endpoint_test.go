@@ -515,20 +515,24 @@ func manyDialsClosing(t *testing.T, nodes, procs int, bothWays bool, kill int) {
 					checkErr(p.Addr(), from, err, "accepted connection from %v without a message", from)
 					return
 				}
+				msg := string(buf[:n])
 				mu.Lock()
-				got[string(buf[:n])]++
+				got[msg]++
 				if both {
 					live++
 				}
 				mu.Unlock()
-				if _, err := c.Recv(ctx, buf); err != io.EOF {
-					checkErr(p.Addr(), from, err, "after %q: want io.EOF", buf[:n])
+				// checkErr passes a nil error: a second message is reported here.
+				if n, err := c.Recv(ctx, buf); err == nil {
+					t.Errorf("after %q: another message %q, want io.EOF", msg, buf[:n])
+				} else if err != io.EOF {
+					checkErr(p.Addr(), from, err, "after %q: want io.EOF", msg)
 				}
 				if answer {
 					// The dialer may have closed: the answer may fail
 					// (its reader, after CloseWrite, checks it gets EOF).
 					if err := c.Send(ctx, []byte("bye")); err != nil && !errors.Is(err, ErrPeerClosed) && !errors.Is(err, ErrPeerGone) {
-						checkErr(p.Addr(), from, err, "answer to %q", buf[:n])
+						checkErr(p.Addr(), from, err, "answer to %q", msg)
 					}
 				}
 			})
