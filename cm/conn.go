@@ -521,8 +521,9 @@ var errNoRoom = errors.New("no send slot or credit")
 
 // flushWait bounds how long release lets a one-sided request's caller wait
 // for its flushed completion (it comes within microseconds of the QP's move
-// to the error state) before it stops all rounds.
-const flushWait = time.Second
+// to the error state) before it stops all rounds. A variable for tests,
+// which stretch it so that a release nothing woke shows as a hang.
+var flushWait = time.Second
 
 // epoch makes lastYield monotonic.
 var epoch = time.Now()
