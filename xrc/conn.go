@@ -549,6 +549,14 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 // take no credit and no number: the engine, not the application, consumes
 // them, and a second copy changes nothing. A FIN takes the connection's
 // turn to post, so that it follows every data frame posted before it.
+//
+// As for data frames (Conn.resend), a completion in error counts a try only
+// when the INI it was posted on failed (iniQP.erred): a flush by a rebuild
+// for a TGT_GONE, a DREQ or a full send queue does not, or a dial to a liar
+// would use up the tries of a FIN held behind a slow receiver's window
+// (TestLiarDialKeepsQueuedFIN). Each flushed post waits for the uplink's
+// next recovery (the loop waits until it is up again), so what bounds the
+// frame then is what bounds the rebuilds, ctx and the connection's end.
 func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 	e := c.e
 	for try := 0; try < maxTries; try++ {
@@ -577,7 +585,7 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 			}
 		}
 		ch := statusChans.get(newStatusChan)
-		res, room := c.post(kind, p, ch)
+		res, room, q := c.post(kind, p, ch)
 		if kind == kindFIN {
 			c.endTurn()
 		}
@@ -611,6 +619,14 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 				return &OpError{"send", c.raddr.String(), errSRQGone}
 			}
 			// Flushed or retries exhausted: the uplink recovers; again.
+			// Only a post on an INI that failed counts (the poller set
+			// erred before it sent the status).
+			e.mu.Lock()
+			erred := q.erred
+			e.mu.Unlock()
+			if !erred {
+				try--
+			}
 		case <-e.ctx.Done():
 			// The endpoint is closing: its completion pollers are
 			// gone, so no completion will come.
@@ -675,18 +691,19 @@ const (
 )
 
 // post posts one internal frame (FIN, credits, keepalive) on the uplink's
-// current INI; ch (if not nil) gets the completion status. A full send
-// queue (ENOMEM) is no error of the INI: the caller waits on room, closed
-// once the INI's poller has taken completions, and posts again.
-func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult, room <-chan struct{}) {
+// current INI, which it returns as q (nil when it did not get that far);
+// ch (if not nil) gets the completion status. A full send queue (ENOMEM) is no error of the INI: the
+// caller waits on room, closed once the INI's poller has taken completions,
+// and posts again.
+func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult, room <-chan struct{}, q *iniQP) {
 	e := c.e
 	e.mu.Lock()
 	u := c.up
 	if !c.sendUp || c.sendDone && kind != kindFIN || c.err != nil || u == nil || u.state != upUp || c.unmoved || c.finHeldLocked(kind) {
 		e.mu.Unlock()
-		return postFailed, nil
+		return postFailed, nil, nil
 	}
-	q := u.cur
+	q = u.cur
 	q.nextWR++
 	wr := kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag}
 	q.waiters[wr.WRID] = waiter{c: c, ch: ch}
@@ -718,17 +735,17 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		}
 		if errors.Is(err, syscall.ENOMEM) && mine {
 			if q.polls != polls {
-				return postFull, roomNow // polled meanwhile: a slot is free, no failed try
+				return postFull, roomNow, q // polled meanwhile: a slot is free, no failed try
 			}
 			if len(q.waiters) == 0 {
-				return postFailed, nil // nothing posted holds the queue: again (a try)
+				return postFailed, nil, q // nothing posted holds the queue: again (a try)
 			}
-			return postFull, e.awaitRoomLocked(q)
+			return postFull, e.awaitRoomLocked(q), q
 		}
 		e.failINILocked(u, q)
-		return postFailed, nil
+		return postFailed, nil, q
 	}
-	return posted, nil
+	return posted, nil, q
 }
 
 // roomNow is a wait for room that is over at once.

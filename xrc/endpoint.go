@@ -1081,7 +1081,7 @@ func (e *Endpoint) postFirstFrame(ctx context.Context, c *Conn) bool {
 		return false
 	}
 	for try := 0; try < maxTries; try++ {
-		res, room := c.post(kindHeartbeat, nil, nil)
+		res, room, _ := c.post(kindHeartbeat, nil, nil)
 		switch res {
 		case posted:
 			return true
@@ -1605,7 +1605,7 @@ func (e *Endpoint) janitor() {
 			c.fail(deadErr[i])
 		}
 		for _, c := range beat {
-			if res, room := c.post(kindHeartbeat, nil, nil); res == postFull {
+			if res, room, _ := c.post(kindHeartbeat, nil, nil); res == postFull {
 				e.mu.Lock()
 				if !c.beatWaits {
 					c.beatWaits = true // (the spawn fails only as the endpoint closes)
@@ -1636,7 +1636,7 @@ func (e *Endpoint) keepaliveWhenRoom(c *Conn, room <-chan struct{}) {
 			return
 		}
 		var res postResult
-		if res, room = c.post(kindHeartbeat, nil, nil); res != postFull {
+		if res, room, _ = c.post(kindHeartbeat, nil, nil); res != postFull {
 			return // posted, or the leg or INI is down (recovery resends)
 		}
 	}

@@ -39,7 +39,7 @@ func liarStream(t *testing.T, lies int32) {
 	w.f.AddNode("10.0.94.2", memfabric.NodeConfig{SRQReceives: 2})
 	s := w.endpoint("10.0.94.1", 7000, longTimers)
 	countedTags(s.Endpoint)
-	r1 := w.wrappedEndpoint("10.0.94.2", 7001, func(k kernel.Kernel) kernel.Kernel { return &slowPoll{k} }, longTimers)
+	r1 := w.wrappedEndpoint("10.0.94.2", 7001, func(k kernel.Kernel) kernel.Kernel { return &slowPoll{k, time.Millisecond} }, longTimers)
 	r0 := w.endpoint("10.0.94.2", 7000, longTimers)
 	s1, c1 := pair(t, s, r1)
 	pair(t, s, r0)

@@ -31,10 +31,13 @@ func (g *holdEstablish) Establish(id kernel.ID) error {
 
 // slowPoll is a receiver that takes a while over each batch it polls (a
 // busy process): its SRQ's few receives run out, and senders wait (RNR).
-type slowPoll struct{ kernel.Kernel }
+type slowPoll struct {
+	kernel.Kernel
+	d time.Duration // each poll's pause
+}
 
 func (g *slowPoll) PollRecv(ctx context.Context, s kernel.SRQ, out []kernel.RecvCompletion) (int, error) {
-	time.Sleep(time.Millisecond)
+	time.Sleep(g.d)
 	return g.Kernel.PollRecv(ctx, s, out)
 }
 
@@ -52,7 +55,7 @@ func TestRecoveryOldINISendsNothingAfterMove(t *testing.T) {
 	g := &holdEstablish{entered: make(chan struct{}), hold: 300 * time.Millisecond}
 	s := w.wrappedEndpoint("10.0.88.1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
 	countedTags(s.Endpoint)
-	r1 := w.wrappedEndpoint("10.0.88.2", 7001, func(k kernel.Kernel) kernel.Kernel { return &slowPoll{k} }, longTimers)
+	r1 := w.wrappedEndpoint("10.0.88.2", 7001, func(k kernel.Kernel) kernel.Kernel { return &slowPoll{k, time.Millisecond} }, longTimers)
 	r0 := w.endpoint("10.0.88.2", 7000, longTimers)
 	s1, c1 := pair(t, s, r1) // PHYS: r1 creates the TGT, and its leg moves first (tag order)
 	pair(t, s, r0)           // VIRT: r0 shares the TGT, which lives on after r1 moves
