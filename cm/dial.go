@@ -34,7 +34,14 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 }
 
 // dialFamily is Dial of an address of family ("ip": either, "ip4" or "ip6").
-func dialFamily(ctx context.Context, family, address string, opts []Option) (*Conn, error) {
+func dialFamily(ctx context.Context, family, address string, opts []Option) (_ *Conn, err error) {
+	defer func() {
+		if err != nil {
+			// Every failed Dial, also one refused before it tried (its
+			// options, its local address), as DialContext's bad network.
+			globalStats.dialErrors.Add(1)
+		}
+	}()
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, &OpError{Op: "dial", Addr: address, Err: err}
@@ -68,12 +75,7 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (*Co
 			return dialXRC(ctx, dst, cfg, site)
 		}
 	}
-	c, err := dial(ctx, family, address, cfg, try)
-	if err != nil {
-		globalStats.dialErrors.Add(1)
-		return nil, err
-	}
-	return c, nil
+	return dial(ctx, family, address, cfg, try)
 }
 
 // dial resolves address and tries its addresses in turn until one

@@ -25,7 +25,7 @@ type Stats struct {
 
 // Stats returns the connection's counters.
 func (c *Conn) Stats() Stats {
-	return Stats{
+	s := Stats{
 		MessagesSent:     c.stats.msgsSent.Load(),
 		MessagesReceived: c.stats.msgsRecv.Load(),
 		BytesSent:        c.stats.bytesSent.Load(),
@@ -34,6 +34,11 @@ func (c *Conn) Stats() Stats {
 		Keepalives:       c.stats.keepalives.Load(),
 		Errors:           c.stats.errors.Load(),
 	}
+	if c.x != nil {
+		// Over XRC the engine sends the connection's credit frames.
+		s.CreditFrames = c.x.CreditFrames()
+	}
+	return s
 }
 
 // ProcessStats are counters of every connection in this process. GlobalStats

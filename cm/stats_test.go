@@ -3,6 +3,7 @@ package cm
 import (
 	"context"
 	"io"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -65,4 +66,63 @@ func TestStatsXRCFailureCounted(t *testing.T) {
 	_, err = s.Recv(ctx, make([]byte, 64))
 	require.ErrorIs(t, err, ErrClosed)
 	require.Zero(t, s.Stats().Errors, "Close is the caller's")
+}
+
+// An XRC connection's credit frames are its Stats.CreditFrames, as an RC
+// one's: the engine sent them for it while the Conn counted none.
+func TestXRCConnCountsCreditFrames(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	const depth, count = 4, 20
+	opts := []Option{WithQueueDepth(depth)}
+	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), opts, opts)
+	errc := make(chan error, 1)
+	go func() {
+		for range count {
+			if err := c.Send(ctx, []byte("x")); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	buf := make([]byte, 64)
+	for range count {
+		_, err := s.Recv(ctx, buf)
+		require.NoError(t, err)
+	}
+	require.NoError(t, <-errc)
+	// The sender holds at most a window of unreturned credits: the
+	// messages past the first window came on credits the receiver sent
+	// back, each frame at most a window's worth. (The count follows each
+	// frame's post: wait a little for the last.)
+	minFrames := uint64((count - depth + depth - 1) / depth)
+	require.Eventually(t, func() bool { return s.Stats().CreditFrames >= minFrames }, 5*time.Second, time.Millisecond,
+		"the receiver returned credits for %d messages over a %d-message window in %d frames", count, depth, s.Stats().CreditFrames)
+	require.Zero(t, c.Stats().CreditFrames, "the sender read nothing: it owes no credits")
+}
+
+// Every failed Dial counts in DialErrors, also one refused before it tried
+// a connection (its options, its local address), as DialContext counts one
+// with an unknown network. Those Dials failed and counted nothing.
+func TestEveryFailedDialCounted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := memfabric.New()
+	cli := f.Node("10.1.0.2").Process()
+	dom := WithDomainPath(filepath.Join(t.TempDir(), "xrc"))
+	before := GlobalStats().DialErrors
+	d := &Dialer{Options: []Option{WithFabric(cli), dom}}
+	_, err := d.DialContext(ctx, "udp", "10.1.0.1:1")
+	require.Error(t, err)
+	_, err = Dial(ctx, "10.1.0.1:1", WithFabric(cli), dom, WithMessageSize(-1))
+	require.Error(t, err)
+	_, err = Dial(ctx, "10.1.0.1:1", WithFabric(cli), dom, WithLocalAddr("10.1.0.9"))
+	require.Error(t, err)
+	_, err = Dial(ctx, "10.1.0.1:1", WithFabric(&memfabric.Process{}), dom)
+	require.Error(t, err)
+	_, err = Dial(ctx, "10.1.0.1:1", WithFabric(cli), dom) // no listener there
+	require.Error(t, err)
+	require.Equal(t, uint64(5), GlobalStats().DialErrors-before, "five Dials failed")
 }

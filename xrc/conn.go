@@ -68,6 +68,9 @@ type Conn struct {
 	returning  bool                // returnCredits is running
 	beatWaits  bool                // a keepalive waits for room in a full send queue (keepaliveWhenRoom)
 	returnFn   func()              // c.returnCredits, made once: a method value allocates
+	// creditFrames counts the credit frames sent (CreditFrames); atomic,
+	// read without e.mu.
+	creditFrames atomic.Uint64
 
 	// receiving leg
 	recvLeg      *acceptedLeg
@@ -135,6 +138,10 @@ func (c *Conn) MaxMessageSize() int {
 // MaxRecvSize is the largest message c may receive: what our endpoint
 // takes (its Config.MaxMessageSize). A Recv buffer of this size always fits.
 func (c *Conn) MaxRecvSize() int { return c.e.cfg.MaxMessageSize }
+
+// CreditFrames is the number of credit frames (flow control) sent on c:
+// its share of Stats.CreditFrames.
+func (c *Conn) CreditFrames() uint64 { return c.creditFrames.Load() }
 
 func (c *Conn) failed() bool { return c.err != nil }
 
@@ -855,6 +862,7 @@ func (c *Conn) returnCredits() {
 			return
 		}
 		e.creditSent.Add(1)
+		c.creditFrames.Add(1)
 	}
 }
 
