@@ -156,3 +156,59 @@ func testDomainFileForeignOwner(t *testing.T, base string) {
 		t.Errorf("directory of uid 65534: %+v %v", d, err)
 	}
 }
+
+// A domain directory that is a symbolic link is refused however the path is
+// written: with a trailing "/" or "/." the kernel follows the link in spite
+// of O_NOFOLLOW, and the link's target became the domain directory.
+func TestOpenDomainFileRefusesLinkedDirWithTrailingSlash(t *testing.T) {
+	base := t.TempDir()
+	target := filepath.Join(base, "target")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(base, "goxrc")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{link, link + "/", link + "//", link + "/."} {
+		if d, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+			t.Errorf("%q: %+v %v, want ErrDomainFile", dir, d, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(target, DomainFileName)); !os.IsNotExist(err) {
+		t.Errorf("a domain file was made in the link's target: %v", err)
+	}
+	// A plain directory written so still works.
+	dir := filepath.Join(base, "plain")
+	d1, err := OpenDomainFile(dir + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2, err := OpenDomainFile(dir); err != nil || d2 != d1 {
+		t.Fatalf("%+v %v, want %+v", d2, err, d1)
+	}
+}
+
+// What stands in the domain directory's place, a dangling symbolic link or
+// a file, is refused as ErrDomainFile says, as a link to a directory is: it
+// was a bare "mkdir: file exists" (or "not a directory") that matched no
+// sentinel and did not say what was wrong.
+func TestOpenDomainFileDanglingLinkOrFileInPlace(t *testing.T) {
+	base := t.TempDir()
+	dangling := filepath.Join(base, "dangling")
+	if err := os.Symlink(filepath.Join(base, "nowhere"), dangling); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(base, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{dangling, file} {
+		if d, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+			t.Errorf("%s: %+v %v, want ErrDomainFile", dir, d, err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(base, "nowhere")); !os.IsNotExist(err) {
+		t.Errorf("the link's target was made: %v", err)
+	}
+}

@@ -6,13 +6,22 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
 func openDomainFile(dir string) (DomainFile, error) {
+	// A trailing "/" or "/." makes the kernel follow a symbolic link in
+	// the last component despite O_NOFOLLOW.
+	dir = filepath.Clean(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		if _, lerr := os.Lstat(dir); lerr == nil {
+			// Something else is in its place: a dangling symbolic link
+			// (planted in /tmp, say) or a file.
+			return DomainFile{}, fmt.Errorf("%w: %s: %w (it must be a directory, not a symbolic link)", ErrDomainFile, dir, err)
+		}
 		return DomainFile{}, err
 	}
 	// The directory and the file are the domain's only access control, and

@@ -2,7 +2,12 @@ package xrc
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
 	"testing"
+
+	"github.com/goxrc/goxrc/internal/kernel"
 )
 
 // addrDomain is what p has learned of the domain of the process at addr's
@@ -118,4 +123,51 @@ func TestDomainLearnedFromVirtAccept(t *testing.T) {
 				ea.OneExchange-sa.OneExchange, ep.OneExchange-sp.OneExchange, ea.VirtReqs-sa.VirtReqs)
 		}
 	}
+}
+
+// replacingKernel runs before once, just before the first OpenXRCD.
+type replacingKernel struct {
+	kernel.Kernel
+	once   *sync.Once
+	before func()
+}
+
+func (k replacingKernel) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, error) {
+	k.once.Do(k.before)
+	return k.Kernel.OpenXRCD(path, flags)
+}
+
+// The kernel opens the domain file by path after the engine read its id:
+// a file replaced in between (unlinked, and made anew by another process)
+// put the endpoint in the new file's XRCD under the old file's id. A peer
+// that knew that id from another process of the node sent into the old
+// domain's TGT, and every dial to the endpoint failed with TGT_GONE.
+func TestEndpointDomainFileReplacedWhileOpening(t *testing.T) {
+	w := newWorld(t)
+	old := w.endpoint("10.1.0.1", 7000)
+	dir := w.dirs["10.1.0.1"]
+	a := w.wrappedEndpoint("10.1.0.1", 7001, func(k kernel.Kernel) kernel.Kernel {
+		return replacingKernel{k, new(sync.Once), func() {
+			if err := os.Remove(filepath.Join(dir, DomainFileName)); err != nil {
+				t.Error(err)
+			}
+			if _, err := OpenDomainFile(dir); err != nil { // another process
+				t.Error(err)
+			}
+		}}
+	})
+	d, err := OpenDomainFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.dom.ID != d.ID || old.dom.ID == d.ID {
+		t.Errorf("domain ids: endpoint %x, its file %x, the old file's %x", a.dom.ID, d.ID, old.dom.ID)
+	}
+	r := w.endpoint("10.1.0.2", 7000)
+	ro, oldc := pair(t, r, old) // r learns the old domain and has an uplink into it
+	roundTrip(t, ro, oldc, []byte("to the old domain"))
+	ra, ac := pair(t, r, a)
+	roundTrip(t, ra, ac, []byte("to the new domain"))
+	roundTrip(t, ac, ra, []byte("back"))
+	roundTrip(t, ro, oldc, []byte("to the old domain again"))
 }

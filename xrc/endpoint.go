@@ -276,8 +276,26 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 			}
 		}
 	}()
-	if e.xrcd, err = k.OpenXRCD(e.dom.Path, kernel.XRCDCreate); err != nil {
-		return nil, err
+	// The kernel opens the file again, by path: if another process replaced
+	// it since we read its id, the XRCD is the new file's, which our id
+	// would misname on the wire (peers would send into the old domain's
+	// TGTs). Read the id again and take the one of the file opened.
+	for try := 0; ; try++ {
+		if e.xrcd, err = k.OpenXRCD(e.dom.Path, kernel.XRCDCreate); err != nil {
+			return nil, err
+		}
+		again, err := OpenDomainFile(cfg.DomainDir)
+		if err != nil {
+			return nil, err
+		}
+		if again.ID == e.dom.ID {
+			break
+		}
+		k.CloseXRCD(e.xrcd)
+		e.xrcd, e.dom = 0, again
+		if try == 3 {
+			return nil, fmt.Errorf("%w: %s: replaced again and again while the domain was being opened", ErrDomainFile, e.dom.Path)
+		}
 	}
 	if e.srq, e.srqn, err = k.CreateSRQ(e.xrcd, frameSize(cfg.MaxMessageSize)); err != nil {
 		return nil, err
