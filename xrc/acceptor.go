@@ -59,6 +59,7 @@ type acceptedLeg struct {
 	cached          []byte      // VIRT: the ACCEPT, for SIDR retransmissions
 	moveGen         uint32      // the generation of the last MOVE that moved the leg (0: none yet)
 	prev            []prevTGT   // TGTs the leg moved away from (newest last, at most 4)
+	left            []*downlink // every TGT the leg moved away from that we still hold: no MOVE goes back to one
 	used            atomic.Bool // a message came through it: its sender has our ACCEPT
 }
 
@@ -308,11 +309,13 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 			return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 		}
 		if moving != nil {
-			if slices.ContainsFunc(moving.prev, func(p prevTGT) bool { return p.dl == dl }) {
+			if slices.Contains(moving.left, dl) {
 				// A TGT the leg has left, still held: whatever its
 				// generation says (a replay whose generation was
 				// changed), a sender never moves a leg back to a TGT
-				// an older INI reached.
+				// an older INI reached. Not only the TGTs in prev,
+				// which forgets them once the SRQ drains: another leg
+				// may keep our handle on one long after.
 				return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 			}
 			return a.move(moving, dl, req, false, false)
@@ -416,6 +419,12 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 		l.cached = buf[:n]
 	}
 	if old != dl { // else a MOVE onto the link the leg is on: nothing to count
+		// Only those we still hold: a bound, and one we let go of can
+		// never be named again (its number is another QP's).
+		l.left = slices.DeleteFunc(l.left, func(x *downlink) bool { return a.byTGT[x.TGTQPN] != x })
+		if !slices.Contains(l.left, old) {
+			l.left = append(l.left, old)
+		}
 		dl.count++
 		old.count--
 		a.maybeDropLocked(old)

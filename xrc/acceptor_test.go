@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -944,4 +945,43 @@ func TestAcceptorNoOpMoveAdvancesNothing(t *testing.T) {
 	e.sender.Disconnect(u0.aid)
 	e.ev(e.r1.p, u0.pid, kernel.EventDisconnected)
 	e.r1.p.Disconnect(u0.pid)
+}
+
+// TestAcceptorMoveBackToHeldTGTAfterPrune: xrc-protocol.md says a MOVE
+// back to a TGT the leg left is refused whatever its generation "while we
+// hold the TGT the leg left". The acceptor checks only the TGTs the leg
+// still remembers (its last maxPrev, forgotten once the SRQ drains past the
+// move): a leg moved five times, with drains between, forgets the first
+// TGT while our handle on it lives on for another leg of the same sender,
+// and a MOVE back to it with a larger generation is taken.
+func TestAcceptorMoveBackToHeldTGTAfterPrune(t *testing.T) {
+	e := newEnv(t)
+	var drains, polls atomic.Uint64
+	e.r2.acc.cfg.Drains, e.r2.acc.cfg.Polls = drains.Load, polls.Load
+	var ups []rawUplink
+	for range 6 {
+		_, u := e.phys(e.r1, nil)
+		ups = append(ups, u)
+	}
+	// Another leg of the sender keeps r2's handle on the first TGT.
+	wantAccept(t, e.virt(e.r2, e.virtReq(ups[0])))
+	req := e.virtReq(ups[0])
+	wantAccept(t, e.virt(e.r2, req))
+	for i := 1; i < len(ups); i++ {
+		polls.Add(1)
+		drains.Add(2) // the SRQ drained past the last move
+		mv := req
+		mv.Flags, mv.Move = wire.FlagMove, uint32(i)
+		mv.INIQPN, mv.TGTQPNHint = ups[i].iniQPN, ups[i].tgtQPN
+		wantAccept(t, e.virt(e.r2, mv))
+	}
+	if e.r2.acc.LocalCount(ups[0].tgtQPN) == 0 {
+		t.Fatal("r2 holds no handle on the first TGT")
+	}
+	back := req
+	back.Flags, back.Move = wire.FlagMove, 1000
+	d := e.virt(e.r2, back)
+	if d.Accept {
+		t.Fatalf("a MOVE back to the first TGT, which r2 still holds, was taken (moved=%v)", d.Moved)
+	}
 }

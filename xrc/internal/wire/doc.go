@@ -4,7 +4,7 @@
 // Every message starts with an 8-byte header, network byte order:
 //
 //	0  magic    uint16  0x5852 ("XR")
-//	2  version  uint8   2 (a REJECT always carries 1: its layout is frozen)
+//	2  version  uint8   3 (a REJECT always carries 1: its layout is frozen)
 //	3  type     uint8   PHYS_REQ=1 VIRT_REQ=2 ACCEPT=3 REJECT=4 FIN=5
 //	4  flags    uint8   REQ: RECIPROCAL=1 REPLACES_TGT=2 MOVE=4 ONE_EXCHANGE=8;
 //	                    ACCEPT: REVERSE=8; FIN: HALF=1
@@ -15,8 +15,9 @@
 //
 //	REQ    conn tag u32, peer tag u32, incarnation u64, INI QPN u24,
 //	       TGT QPN hint u24, domain hint u64, sender SRQN u24, reply port u16
-//	       (never 0), credits u16, max message u32, app length u8, app data
-//	       (fixed part 50 bytes)
+//	       (never 0), credits u16, max message u32, move u32 (the leg's
+//	       move generation: non-zero exactly with MOVE), app length u8, app
+//	       data (fixed part 54 bytes)
 //	ACCEPT tag echo u32, acceptor tag u32, incarnation u64, TGT QPN u24,
 //	       SRQN u24, domain id u64, credits u16, max message u32, app length
 //	       u8 (fixed part 45), with REVERSE the reverse leg (tag u32, INI QPN

@@ -3,10 +3,13 @@ package wire
 import (
 	"bytes"
 	"fmt"
+	"os"
+	"regexp"
+	"strconv"
 	"testing"
 )
 
-// The spec oracle: what docs/xrc-protocol.md ("Private data, version 2")
+// The spec oracle: what docs/xrc-protocol.md ("Private data, version 3")
 // says a message must be, written out here from the document, with its
 // numbers, without the codec's validate, constants or helpers. The decode
 // fuzzers run it on every input a decoder accepts (the encode fuzzers on
@@ -66,8 +69,10 @@ func (s specCheck) frame(typ, flags byte, fixed, budget, carrier int) int {
 	b := s.b
 	s.must(len(b) >= 8, "shorter than the 8-byte header")
 	s.must(b[0] == 0x58 && b[1] == 0x52, "magic not 0x5852")
-	if typ != 4 { // "any version's REJECT decodes"
+	if typ != 4 {
 		s.must(b[2] == 3, "version not 3")
+	} else { // "a REJECT of any version but 0 decodes"
+		s.must(b[2] != 0, "REJECT of version 0")
 	}
 	s.must(b[3] == typ, "wrong type")
 	s.must(b[4]&^flags == 0, "a flag not defined for the type")
@@ -419,5 +424,65 @@ func TestSpecOracle(t *testing.T) {
 		if specFIN(b, nil) == nil {
 			t.Errorf("FIN with %s passed the oracle", m.name)
 		}
+	}
+}
+
+// TestPackageDocMatchesLayout checks the layout the package documentation
+// (doc.go) states against the codec: the version in the header, the REQ's
+// move generation and each fixed size. doc.go described version 2 after
+// version 3 had added the move generation to REQ.
+func TestPackageDocMatchesLayout(t *testing.T) {
+	b, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	num := func(re string) int {
+		t.Helper()
+		m := regexp.MustCompile(re).FindStringSubmatch(doc)
+		if m == nil {
+			t.Fatalf("doc.go: no match for %q", re)
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	if v := num(`version\s+uint8\s+(\d+)`); v != int(Version) {
+		t.Errorf("doc.go says version %d, the codec speaks %d", v, Version)
+	}
+	if !regexp.MustCompile(`max message u32,\s+move u32`).MatchString(doc) {
+		t.Error("doc.go's REQ has no move generation after max message")
+	}
+	for _, c := range []struct {
+		re   string
+		want int
+	}{
+		{`\(fixed part (\d+) bytes\)`, reqFixed},
+		{`\(fixed part (\d+)\), with REVERSE`, acceptFixed},
+		{`app data \((\d+)\)`, rejectFixed},
+	} {
+		if got := num(c.re); got != c.want {
+			t.Errorf("doc.go: %q gives %d bytes, the codec %d", c.re, got, c.want)
+		}
+	}
+}
+
+// TestSpecOracleRejectVersionZero: the document lets a REJECT of any version
+// but 0 decode, and the oracle must hold the "but 0" too, or
+// FuzzDecodeReject would pass a decoder that took version 0.
+func TestSpecOracleRejectVersionZero(t *testing.T) {
+	r := Reject{Tag: 1, Reason: RejectVersion, MinVersion: 1, MaxVersion: 1}
+	b := make([]byte, BudgetREJ)
+	if _, err := r.Encode(b); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []byte{1, 2, Version, 200} {
+		b[2] = v
+		if err := specReject(b, nil); err != nil {
+			t.Errorf("REJECT of version %d refused by the oracle: %v", v, err)
+		}
+	}
+	b[2] = 0
+	if specReject(b, nil) == nil {
+		t.Error("REJECT of version 0 passed the oracle")
 	}
 }
