@@ -678,7 +678,7 @@ func (e *Endpoint) die(err error) {
 
 // Stats counts an endpoint's objects.
 type Stats struct {
-	Uplinks       int    // INI QPs (one per remote node and domain)
+	Uplinks       int    // INI QPs: one per remote node and domain, and those a recovery retired, until destroyed
 	Downlinks     int    // TGT handles (one per remote sender, shared by its legs)
 	LocalCounts   int    // receiving legs counted over the downlinks
 	QPs           int    // Uplinks + Downlinks: the QPs this process holds
