@@ -17,7 +17,8 @@ import (
 // closes the context when no id is left on the device and it notices the
 // device is gone: destroy the PDs, CQs, QPs and other objects made on the
 // wrapper before the last id on a removed device (package cm does), or
-// their Close uses a freed context. verbs requires
+// their Close uses a freed context; so with the wrapper itself once its
+// AsyncEvents were asked for (their reader reads the context until Close). verbs requires
 // the objects one QP uses (PD, CQs, SRQ) to come from one wrapper, so take
 // the wrapper once per device, for instance from the listener or the first
 // id, and reuse it for every id on that device.
