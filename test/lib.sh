@@ -40,6 +40,10 @@ median_range() {
   sort -g | awk -v f="$1" '{v[NR]=$1} END {if (NR == 0) print "n/a"; else {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2; printf f "\n", m, v[1], v[NR]}}'
 }
 
+# A fresh machine's unattended-upgrades may hold dpkg's lock for minutes: apt-get waits for it
+# (apt >= 1.9.11; bookworm has 2.6) instead of failing at once.
+APT_WAIT=(-o DPkg::Lock::Timeout=600)
+
 install_packages() {
   local missing=() p
   for p in "${PACKAGES[@]}"; do
@@ -48,8 +52,8 @@ install_packages() {
   if [[ ${#missing[@]} == 0 ]]; then say "Debian packages: all ${#PACKAGES[@]} present"; return; fi
   say "installing Debian packages: ${missing[*]}"
   dpkg --configure -a || true   # an install cut short before (^C, CI's limit) blocks apt-get until this
-  apt-get install -y --no-install-recommends "${missing[@]}" ||
-    { apt-get update && apt-get install -y --no-install-recommends "${missing[@]}"; } ||
+  apt-get "${APT_WAIT[@]}" install -y --no-install-recommends "${missing[@]}" ||
+    { apt-get "${APT_WAIT[@]}" update && apt-get "${APT_WAIT[@]}" install -y --no-install-recommends "${missing[@]}"; } ||
     die "apt-get install ${missing[*]} failed"
 }
 
@@ -100,7 +104,7 @@ ensure_go() {
   cand=$(apt-cache policy golang-go 2>/dev/null | sed -n 's/ *Candidate: \([0-9]*:\)\{0,1\}\([0-9.]*\).*/\2/p')
   if [[ -n $cand ]] && version_ge "$cand" "$GO_MIN"; then
     say "installing Debian's golang-go $cand"
-    apt-get install -y --no-install-recommends golang-go || die "apt-get install golang-go failed"
+    apt-get "${APT_WAIT[@]}" install -y --no-install-recommends golang-go || die "apt-get install golang-go failed"
     export PATH=/usr/lib/go/bin:$PATH; return
   fi
   # Debian bookworm's golang-go is 1.19: too old for this module (go 1.26) and for GOTOOLCHAIN.

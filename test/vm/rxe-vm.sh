@@ -108,8 +108,10 @@ ensure_packages() {
   log "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   dpkg --configure -a >&2 || true   # an install cut short before blocks apt-get until this
-  apt-get install -y --no-install-recommends "${missing[@]}" >&2 ||
-    { apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2; }
+  # -o DPkg::Lock::Timeout: wait for a fresh machine's unattended-upgrades instead of failing
+  apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}" >&2 ||
+    { apt-get -o DPkg::Lock::Timeout=600 update >&2 &&
+      apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}" >&2; }
 }
 
 # Debian's kernel package, extracted under WORK/kernel/<abi>. When the pinned ABI has left
@@ -122,7 +124,7 @@ ensure_kernel() {
   fi
   if [[ ! -f $KROOT/boot/vmlinuz-$KVER ]]; then
     local pkg=linux-image-$KVER-unsigned
-    apt-cache show "$pkg" >/dev/null 2>&1 || apt-get update >&2 || true
+    apt-cache show "$pkg" >/dev/null 2>&1 || apt-get -o DPkg::Lock::Timeout=600 update >&2 || true
     if ! apt-cache show "$pkg" >/dev/null 2>&1; then
       KVER=$(apt-cache depends linux-image-amd64 | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1)
       [[ -n $KVER ]] || die "neither $pkg nor linux-image-amd64 is available"
