@@ -5,7 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 )
@@ -170,4 +173,43 @@ func TestEndpointDomainFileReplacedWhileOpening(t *testing.T) {
 	roundTrip(t, ra, ac, []byte("to the new domain"))
 	roundTrip(t, ac, ra, []byte("back"))
 	roundTrip(t, ro, oldc, []byte("to the old domain again"))
+}
+
+// failingAccept fails the kernel's Accept (EIO) while armed.
+type failingAccept struct {
+	kernel.Kernel
+	armed atomic.Bool
+}
+
+func (k *failingAccept) Accept(id kernel.ID, qpNum uint32, privateData []byte) error {
+	if k.armed.Load() {
+		return syscall.EIO
+	}
+	return k.Kernel.Accept(id, qpNum, privateData)
+}
+
+// Stats.OneExchange counts reverse legs set up inside the forward leg's
+// exchange: an acceptor whose ACCEPT (carrying the reverse leg) the kernel
+// failed set none up, and counted one.
+func TestOneExchangeNotCountedWhenAcceptFails(t *testing.T) {
+	w := newWorld(t)
+	fa := &failingAccept{}
+	a := w.wrappedEndpoint("10.0.61.1", 7000, func(k kernel.Kernel) kernel.Kernel { fa.Kernel = k; return fa })
+	p1 := w.endpoint("10.0.61.2", 7000)
+	p2 := w.endpoint("10.0.61.2", 7001) // p1's node and domain
+	pair(t, p1, a)
+	pair(t, p2, a)
+	before := a.Stats()
+	pair(t, p2, a)
+	if n := a.Stats().OneExchange - before.OneExchange; n != 1 {
+		t.Fatalf("setup: a dial from p2 took %d one-exchange reverse legs at a, want 1", n)
+	}
+	before = a.Stats()
+	fa.armed.Store(true)
+	_, err := p2.Dial(ctxT(t, time.Second), a.Addr().String())
+	fa.armed.Store(false)
+	t.Logf("dial with a's ACCEPT failing: %v", err)
+	if n := a.Stats().OneExchange - before.OneExchange; n != 0 {
+		t.Fatalf("a counted %d one-exchange reverse legs for ACCEPTs that never went", n)
+	}
 }

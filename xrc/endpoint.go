@@ -941,8 +941,10 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 	c.recvLeg, c.recvTag, c.lastSeen = leg, leg.Tag, time.Now()
 	e.recv[leg.Tag] = c
 	pd := d.PrivateData
+	reverse := false // the ACCEPT carries the reverse leg
 	if !phys && leg.RevTag != 0 {
-		if b, ok := e.bindReverseLocked(c, leg); ok {
+		var b []byte
+		if b, reverse = e.bindReverseLocked(c, leg); reverse {
 			pd = b
 		}
 	}
@@ -951,6 +953,9 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		e.k.DestroyID(ev.ID)
 		c.fail(err)
 		return
+	}
+	if reverse {
+		e.oneExchange.Add(1) // once the ACCEPT went: not for one the kernel failed
 	}
 	if phys {
 		e.watchPassive(ev.ID, d.Downlink, c, leg)
@@ -1004,7 +1009,6 @@ func (e *Endpoint) bindReverseLocked(c *Conn, leg *acceptedLeg) ([]byte, bool) {
 	c.sendWindow, c.sendMax = uint32(leg.PeerCredits), int(leg.PeerMaxMessage)
 	c.sendUp, c.lastSent = true, time.Now()
 	c.awaitFirst = true
-	e.oneExchange.Add(1)
 	return b, true
 }
 
