@@ -61,7 +61,8 @@ type Config struct {
 	Addr string
 	// DomainDir is the private directory of the node's domain file; every
 	// process that uses the same directory on a node shares one XRC domain.
-	// Default: goxrc-<uid> in the system temporary directory.
+	// Default: goxrc-<euid> in the system temporary directory (the effective
+	// uid, which must own the directory).
 	DomainDir string
 	// Heartbeat is how often an idle sending leg sends a keepalive.
 	// 0 or less means DefaultHeartbeat.
@@ -245,7 +246,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 		return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("receive window %d outside 1..%d", cfg.RecvWindow, math.MaxUint16)}
 	}
 	if cfg.DomainDir == "" {
-		cfg.DomainDir = filepath.Join(os.TempDir(), fmt.Sprintf("goxrc-%d", os.Getuid()))
+		cfg.DomainDir = filepath.Join(os.TempDir(), fmt.Sprintf("goxrc-%d", os.Geteuid())) // the owner checkOwned wants
 	}
 	ap, err := netip.ParseAddrPort(cfg.Addr)
 	if err != nil {
