@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -31,9 +32,10 @@ var ErrDomainFile = errors.New("xrc: bad domain file")
 // directory with O_CREAT|O_EXCL, so concurrent processes agree on one file
 // and one id, and later processes read it. Permissions are the only access
 // control on an XRC domain (anyone who can open the file can open any TGT in
-// it), so a directory or file readable by others is refused.
+// it), so a directory or file readable by others is refused. It waits for
+// the lock as long as another process holds it.
 func OpenDomainFile(dir string) (DomainFile, error) {
-	return openDomainFile(dir)
+	return openDomainFile(context.Background(), dir)
 }
 
 func newDomainID() (uint64, error) {

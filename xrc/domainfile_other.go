@@ -2,8 +2,12 @@
 
 package xrc
 
-import "github.com/goxrc/goxrc/verbs"
+import (
+	"context"
 
-func openDomainFile(dir string) (DomainFile, error) {
+	"github.com/goxrc/goxrc/verbs"
+)
+
+func openDomainFile(_ context.Context, dir string) (DomainFile, error) {
 	return DomainFile{}, &verbs.OpError{Op: "xrc.OpenDomainFile", Addr: dir, Err: verbs.ErrNotSupported}
 }

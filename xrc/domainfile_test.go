@@ -3,11 +3,17 @@
 package xrc
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 func TestOpenDomainFileCreatesOnceAndReuses(t *testing.T) {
@@ -211,4 +217,61 @@ func TestOpenDomainFileDanglingLinkOrFileInPlace(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(base, "nowhere")); !os.IsNotExist(err) {
 		t.Errorf("the link's target was made: %v", err)
 	}
+}
+
+// A process of the same user that holds the domain directory's lock (one
+// stopped with it held, say) must not hold NewEndpoint past its context.
+func TestNewEndpointDomainLockHonoursContext(t *testing.T) {
+	dir := t.TempDir() + "/goxrc"
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if err := unix.Flock(int(holder.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	p := memfabric.New().Node("10.0.0.1").Process()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	type result struct {
+		e   *Endpoint
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		e, err := NewEndpoint(ctx, Config{Process: p, Addr: "10.0.0.1:0", DomainDir: dir})
+		done <- result{e, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(5 * time.Second):
+		// Let the stuck call finish so that it leaks nothing.
+		unix.Flock(int(holder.Fd()), unix.LOCK_UN)
+		if r := <-done; r.e != nil {
+			r.e.Close()
+		}
+		t.Fatal("NewEndpoint still waits for the domain directory's lock 5 s after its context ended")
+	}
+	if r.e != nil {
+		r.e.Close()
+		t.Fatal("NewEndpoint succeeded while another process held the domain lock")
+	}
+	if !errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatalf("NewEndpoint: %v, want an error matching context.DeadlineExceeded", r.err)
+	}
+	if n := p.Handles(); n != 0 {
+		t.Errorf("%d kernel handles left", n)
+	}
+	// Once the lock is free, an endpoint opens.
+	unix.Flock(int(holder.Fd()), unix.LOCK_UN)
+	e, err := NewEndpoint(context.Background(), Config{Process: p, Addr: "10.0.0.1:0", DomainDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
 }

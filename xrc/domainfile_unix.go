@@ -3,16 +3,18 @@
 package xrc
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-func openDomainFile(dir string) (DomainFile, error) {
+func openDomainFile(ctx context.Context, dir string) (DomainFile, error) {
 	// A trailing "/" or "/." makes the kernel follow a symbolic link in
 	// the last component despite O_NOFOLLOW.
 	dir = filepath.Clean(dir)
@@ -37,8 +39,8 @@ func openDomainFile(dir string) (DomainFile, error) {
 		return DomainFile{}, err
 	}
 	// One lock for create-or-read: a reader never sees a half-written file.
-	if err := flock(d, syscall.LOCK_EX); err != nil {
-		return DomainFile{}, &os.PathError{Op: "flock", Path: dir, Err: err}
+	if err := lockDir(ctx, d, dir); err != nil {
+		return DomainFile{}, err
 	}
 	defer flock(d, syscall.LOCK_UN)
 
@@ -113,6 +115,28 @@ func writeDomainID(f *os.File, path string) (DomainFile, error) {
 		return DomainFile{}, err
 	}
 	return DomainFile{Path: path, ID: id}, nil
+}
+
+// lockDir takes d's exclusive lock, waiting until ctx ends. It polls with
+// LOCK_NB: a blocking flock cannot be interrupted, and another process of
+// the user (a stopped one, say) may hold the lock for ever.
+func lockDir(ctx context.Context, d *os.File, dir string) error {
+	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
+		err := flock(d, syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if err != syscall.EWOULDBLOCK {
+			return &os.PathError{Op: "flock", Path: dir, Err: err}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("xrc: waiting for the lock of domain directory %s, which another process holds: %w", dir, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 func flock(f *os.File, how int) error {

@@ -263,7 +263,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{},
 		pending: map[uint32]*Conn{}, sendTags: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
 		passive: map[kernel.ID]struct{}{}, acceptq: make(chan *Conn, acceptBacklog), acceptStop: make(chan struct{}), dead: make(chan struct{}), closeDone: make(chan struct{})}
-	if e.dom, err = OpenDomainFile(cfg.DomainDir); err != nil {
+	if e.dom, err = openDomainFile(ctx, cfg.DomainDir); err != nil {
 		return nil, err
 	}
 	e.devFatal = k.DeviceFatal()
@@ -285,7 +285,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 		if e.xrcd, err = k.OpenXRCD(e.dom.Path, kernel.XRCDCreate); err != nil {
 			return nil, err
 		}
-		again, err := OpenDomainFile(cfg.DomainDir)
+		again, err := openDomainFile(ctx, cfg.DomainDir)
 		if err != nil {
 			return nil, err
 		}
