@@ -216,6 +216,21 @@ func (s *sweepEnv) dial(a, b *proc) (*Conn, error) {
 	return c, err
 }
 
+// dialSend dials b from a and, if the dial worked, sends three messages
+// (their errors are the kill's business) and, with close, closes.
+func (s *sweepEnv) dialSend(a, b *proc, close bool) {
+	c, err := s.dial(a, b)
+	if err != nil {
+		return
+	}
+	for range 3 {
+		c.Send(ctxT(s.t, 2*time.Second), []byte("hello"))
+	}
+	if close {
+		c.Close()
+	}
+}
+
 func (s *sweepEnv) alive(name string) bool {
 	return !s.dead[name] && (name != s.victim || s.ka == nil || !s.ka.killed.Load())
 }
@@ -368,12 +383,7 @@ func scDial(s *sweepEnv) {
 	b := s.ep("B", "10.0.0.2", 7000)
 	s.serve(b)
 	s.arm()
-	if c, err := s.dial(a, b); err == nil {
-		for i := 0; i < 3; i++ {
-			c.Send(ctxT(s.t, 2*time.Second), []byte("hello"))
-		}
-		c.Close()
-	}
+	s.dialSend(a, b, true)
 	s.finish()
 }
 
@@ -405,12 +415,7 @@ func scDial2(s *sweepEnv) {
 	c1, d1 := s.pairKeep(a, b)
 	s.serve(b)
 	s.arm()
-	if c, err := s.dial(a, b); err == nil {
-		for i := 0; i < 3; i++ {
-			c.Send(ctxT(s.t, 2*time.Second), []byte("hello"))
-		}
-		c.Close()
-	}
+	s.dialSend(a, b, true)
 	s.works("A", "B", c1, d1)
 	s.finish()
 }
@@ -424,12 +429,7 @@ func scShare(s *sweepEnv) {
 	c1, d1 := s.pairKeep(a, b1)
 	s.serve(b2)
 	s.arm()
-	if c, err := s.dial(a, b2); err == nil {
-		for i := 0; i < 3; i++ {
-			c.Send(ctxT(s.t, 2*time.Second), []byte("hello"))
-		}
-		c.Close()
-	}
+	s.dialSend(a, b2, true)
 	s.works("A", "B1", c1, d1)
 	s.finish()
 }
@@ -443,12 +443,7 @@ func scShareRev(s *sweepEnv) {
 	c1, d1 := s.pairKeep(a1, b)
 	s.serve(b)
 	s.arm()
-	if c, err := s.dial(a2, b); err == nil {
-		for i := 0; i < 3; i++ {
-			c.Send(ctxT(s.t, 2*time.Second), []byte("hello"))
-		}
-		c.Close()
-	}
+	s.dialSend(a2, b, true)
 	s.works("A1", "B", c1, d1)
 	s.finish()
 }
@@ -520,11 +515,7 @@ func scConcurrent(s *sweepEnv) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if c, err := s.dial(a, b); err == nil {
-				for i := 0; i < 3; i++ {
-					c.Send(ctxT(s.t, 2*time.Second), []byte("hello"))
-				}
-			}
+			s.dialSend(a, b, false)
 		}()
 	}
 	wg.Wait()
@@ -543,11 +534,7 @@ func scOneEx(s *sweepEnv) {
 	c2, d2 := s.pairKeep(a2, c)
 	s.serve(b)
 	s.arm()
-	if c, err := s.dial(a2, b); err == nil {
-		for i := 0; i < 3; i++ {
-			c.Send(ctxT(s.t, 2*time.Second), []byte("hello"))
-		}
-	}
+	s.dialSend(a2, b, false)
 	s.works("A1", "B", c1, d1)
 	s.works("A2", "C", c2, d2)
 	s.finish()
