@@ -361,13 +361,16 @@ func (q *queue[T]) close() {
 // poll waits until q (found by lookup under the lock) has items, and moves
 // up to len(out) of them into out. A poll whose deadline passes while
 // stalled (under the lock) holds returns EINTR, not the deadline's error,
-// which says the queue was found empty: a paused process's is not.
+// which says the queue was found empty: a paused process's is not. Ended by
+// its context, it looks once more (lookup again: the pause may have ended
+// since), so that it returns the deadline's error only for a queue it found
+// empty.
 func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*queue[T], error), stalled func() bool, out []T) (int, error) {
 	if len(out) == 0 {
 		return 0, opErr(op, syscall.EINVAL)
 	}
 	f := p.n.f
-	for {
+	for ended := false; ; {
 		f.mu.Lock()
 		q, err := lookup()
 		if err != nil {
@@ -388,6 +391,14 @@ func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*que
 			f.mu.Unlock()
 			return k, nil
 		}
+		if ended {
+			held := stalled != nil && ctx.Err() == context.DeadlineExceeded && stalled()
+			f.mu.Unlock()
+			if held {
+				return 0, opErr(op, syscall.EINTR)
+			}
+			return 0, ctx.Err()
+		}
 		wake, closed := q.wake, q.closed
 		f.mu.Unlock()
 		select {
@@ -395,13 +406,7 @@ func poll[T any](ctx context.Context, p *Process, op string, lookup func() (*que
 		case <-closed:
 		case <-p.done:
 		case <-ctx.Done():
-			f.mu.Lock()
-			held := stalled != nil && ctx.Err() == context.DeadlineExceeded && stalled()
-			f.mu.Unlock()
-			if held {
-				return 0, opErr(op, syscall.EINTR)
-			}
-			return 0, ctx.Err()
+			ended = true
 		}
 	}
 }
