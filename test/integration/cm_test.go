@@ -807,6 +807,62 @@ func TestCMDialDeadline(t *testing.T) {
 	require.Less(t, time.Since(start), 5*time.Second)
 }
 
+// TestCMDialContextAtConnect: a Dial whose REQ is never answered (a
+// listener that neither accepts nor rejects) ends with its context, well
+// before its handshake timeout: a deadline is a net.Error whose Timeout is
+// true, a cancel is context.Canceled, and neither leaves a QP, CQ, MR or CM
+// id behind. (TestCMDialDeadline ends at address resolution.)
+func TestCMDialContextAtConnect(t *testing.T) {
+	dev, ip := softroce.Device(t)
+	silent := rdmacmListen(t, rdmacmChannel(t), rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(ip, 0))
+	addr := netip.AddrPortFrom(ip, silent.LocalAddr().Port()).String()
+	base := baseline(t, dev)
+	for _, how := range []string{"deadline", "cancel"} {
+		ctx, cancel := context.WithCancel(cmCtx(t, 60*time.Second))
+		if how == "deadline" {
+			// Long enough for the REQ to go out under emulation.
+			ctx, cancel = context.WithTimeout(ctx, 3*time.Second)
+		}
+		dialed := make(chan error, 1)
+		go func() {
+			c, err := cm.Dial(ctx, addr, cm.WithHandshakeTimeout(60*time.Second))
+			if c != nil {
+				c.Close()
+			}
+			dialed <- err
+		}()
+		req, err := silent.WaitEvent(cmCtx(t, 10*time.Second), rdmacm.EventConnectRequest)
+		require.NoError(t, err, "%s: the Dial's request", how)
+		select {
+		case err := <-dialed:
+			t.Fatalf("%s: the Dial ended before its context, its REQ unanswered: %v", how, err)
+		default:
+		}
+		if how == "cancel" {
+			cancel()
+		}
+		select {
+		case err = <-dialed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Dial still waiting 10 s after its context ended (handshake timeout 60 s)", how)
+		}
+		cancel()
+		var oe *cm.OpError
+		require.ErrorAs(t, err, &oe, "%s", how)
+		require.Equal(t, "dial", oe.Op)
+		if how == "deadline" {
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			var ne net.Error
+			require.ErrorAs(t, err, &ne)
+			require.True(t, ne.Timeout(), "%v", err)
+		} else {
+			require.ErrorIs(t, err, context.Canceled)
+		}
+		require.NoError(t, req.ID.Close())
+	}
+	waitObjects(t, base, 10*time.Second)
+}
+
 func TestCMDialNoListener(t *testing.T) {
 	_, addr := softroce.Device(t)
 	_, err := cm.Dial(cmCtx(t, 10*time.Second), netip.AddrPortFrom(addr, 1).String())
