@@ -54,13 +54,15 @@ struct goxrc_wc {
 	uint8_t pad;
 };
 
-// goxrc_async is a copied ibv_async_event.
+// goxrc_async is a copied ibv_async_event, and the event itself until it is
+// acked (goxrc_ack_async).
 struct goxrc_async {
 	uint32_t type;
 	uint32_t qp_num;
 	struct ibv_srq *srq;
 	struct ibv_cq *cq;
 	uint32_t port;
+	struct ibv_async_event ev;
 };
 
 // The post helpers take the QP (or SRQ) and the work-request arrays as
@@ -243,8 +245,10 @@ static inline int goxrc_get_any_cq_events(struct ibv_comp_channel *ch, struct ib
 	return got;
 }
 
-// goxrc_get_async reads one async event, copies it and acks it. Returns 1 when
-// an event was copied, 0 when none is queued, -1 on error.
+// goxrc_get_async reads one async event and copies it, unacked: until
+// goxrc_ack_async, the destroy of its CQ or SRQ waits, so their addresses
+// cannot be taken by new ones. Returns 1 when an event was copied, 0 when
+// none is queued, -1 on error.
 static inline int goxrc_get_async(struct ibv_context *ctx, struct goxrc_async *out) {
 	struct ibv_async_event ev;
 	if (ibv_get_async_event(ctx, &ev)) {
@@ -253,6 +257,7 @@ static inline int goxrc_get_async(struct ibv_context *ctx, struct goxrc_async *o
 		return -1;
 	}
 	memset(out, 0, sizeof(*out));
+	out->ev = ev;
 	out->type = ev.event_type;
 	switch (ev.event_type) {
 	case IBV_EVENT_QP_FATAL:
@@ -284,9 +289,10 @@ static inline int goxrc_get_async(struct ibv_context *ctx, struct goxrc_async *o
 	default:
 		break;
 	}
-	ibv_ack_async_event(&ev);
 	return 1;
 }
+
+static inline void goxrc_ack_async(struct goxrc_async *a) { ibv_ack_async_event(&a->ev); }
 
 static inline int goxrc_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr) {
 	return ibv_query_port(ctx, port, attr);

@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/goxrc/goxrc/internal/cbridge"
+	"github.com/goxrc/goxrc/internal/faults"
 	"github.com/goxrc/goxrc/internal/fdpoll"
 )
 
@@ -485,7 +486,16 @@ func (r *registry) pumpAsync(p *asyncPump) {
 				readErr = errnoOr(err, syscall.EIO)
 				return true
 			}
+			// Looked up before the ack: the CQ or SRQ it names cannot
+			// be destroyed until then, nor its address taken by a new one
+			// that the event would then be reported for.
+			if err := faults.Check("ibv_get_async_event"); err != nil {
+				C.goxrc_ack_async(&raw)
+				readErr = err
+				return true
+			}
 			ev := p.c.convertAsync(&raw)
+			C.goxrc_ack_async(&raw)
 			r.asyncMu.Lock()
 			subs = subs[:0]
 			for s := range p.subs {

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/faults"
 	"github.com/goxrc/goxrc/internal/objtrace"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
@@ -754,6 +755,72 @@ func TestVerbsSRQAndLimitEvent(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no SRQ limit event")
 	}
+}
+
+// TestVerbsAsyncEventNamesItsOwnSRQ: an SRQ destroyed just as the device
+// reports an event for it, and a new SRQ made at once (the allocator hands
+// it the freed memory), must not get the event. The event was acked as it
+// was read and looked up by address only then: the destroy went through in
+// between, the new SRQ took the address, and the event named it. cm fails
+// the connections of a CQ that an EventCQErr names in the same way.
+func TestVerbsAsyncEventNamesItsOwnSRQ(t *testing.T) {
+	ctx := openRXE(t)
+	events := ctx.AsyncEvents()
+	require.NotNil(t, events)
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	cleanupClose(t, pd)
+	init := verbs.SRQInit{MaxWR: 16, MaxSGE: 1}
+	old, err := pd.CreateSRQ(init)
+	require.NoError(t, err)
+	cleanupClose(t, old)
+	p := newRCPair(t, ctx, old, pd)
+	recvs := make([]verbs.RecvWR, 4)
+	for i := range recvs {
+		recvs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{p.peerMR.SGE(i*256, 256)}}
+	}
+	require.NoError(t, old.PostRecv(recvs))
+	require.NoError(t, old.Arm(2))
+
+	// Between reading the event and looking it up: destroy the SRQ (its
+	// QPs first) and make another. The destroy may wait for the event's
+	// ack, so it runs on its own, given a while.
+	var fresh *verbs.SRQ
+	replaced := make(chan error, 1)
+	var once sync.Once
+	defer faults.Set(func(op string) error {
+		if op == "ibv_get_async_event" {
+			once.Do(func() {
+				go func() {
+					err := errors.Join(p.a.Close(), p.b.Close(), old.Close())
+					if err == nil {
+						fresh, err = pd.CreateSRQ(init)
+					}
+					replaced <- err
+				}()
+				select {
+				case err := <-replaced:
+					replaced <- err
+				case <-time.After(500 * time.Millisecond):
+				}
+			})
+		}
+		return nil
+	})()
+	for i := range 3 {
+		require.NoError(t, p.a.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled, Inline: []byte("limit")}}))
+	}
+	var ev verbs.AsyncEvent
+	select {
+	case ev = <-events:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no SRQ limit event")
+	}
+	require.NoError(t, <-replaced)
+	cleanupClose(t, fresh)
+	require.Equal(t, verbs.EventSRQLimitReached, ev.Type)
+	require.False(t, ev.SRQ == fresh, "the event named the SRQ made after the destroy of its own")
+	require.Same(t, old, ev.SRQ)
 }
 
 // requireEventsEnd: the async events channel of a closed wrapper is closed.
