@@ -429,13 +429,29 @@ func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire
 		return fail(&OpError{"connect", raddr.String(), errBadAccept})
 	}
 	if err := k.TransitionQP(qp, verbs.QPStateRTS, id); err != nil {
+		err = e.afterResponseErr(ctx, raddr, id, err)
 		k.Reject(id, nil)
 		return fail(err)
 	}
 	if err := k.Establish(id); err != nil {
-		return fail(err)
+		return fail(e.afterResponseErr(ctx, raddr, id, err))
 	}
 	return &iniQP{qp: qp, num: num, aid: id, tgt: acc.TGTQPN, waiters: map[uint64]waiter{}, room: make(chan struct{})}, acc, nil
+}
+
+// afterResponseErr names the failure (err) of our INI's move to RTS or of
+// the RTU after the acceptor's CONNECT_RESPONSE. The CM refuses both, with
+// a bare EINVAL, once the acceptor's REJ has ended the exchange: its
+// process died after it accepted (its kernel rejects for it) or it gave up
+// on us. That REJ, read from id, makes it ErrPeerGone, as the acceptor's
+// death is at any later step.
+func (e *Endpoint) afterResponseErr(ctx context.Context, raddr netip.AddrPort, id kernel.ID, err error) error {
+	ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond) // the REJ's event follows its state change
+	defer cancel()
+	if ev, evErr := e.k.Event(ctx, id); evErr == nil && ev.Type == kernel.EventRejected {
+		return fmt.Errorf("%w: it ended the exchange after its ACCEPT: %w", ErrPeerGone, rejectErr(raddr, ev))
+	}
+	return err
 }
 
 // virtLink asks for a leg over an existing uplink with a SIDR exchange.
