@@ -275,3 +275,21 @@ func TestNewEndpointDomainLockHonoursContext(t *testing.T) {
 	}
 	e.Close()
 }
+
+// An empty directory name is an error, as it was before the name was
+// cleaned: filepath.Clean makes "" the working directory ("."), and a
+// private working directory (a home directory of mode 0700, say) became
+// the domain directory, the domain file made in it.
+func TestOpenDomainFileRefusesEmptyDir(t *testing.T) {
+	wd := filepath.Join(t.TempDir(), "wd")
+	if err := os.Mkdir(wd, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(wd)
+	if d, err := OpenDomainFile(""); err == nil {
+		t.Errorf("OpenDomainFile(\"\"): %+v, want an error", d)
+	}
+	if _, err := os.Lstat(filepath.Join(wd, DomainFileName)); !os.IsNotExist(err) {
+		t.Errorf("a domain file was made in the working directory: %v", err)
+	}
+}

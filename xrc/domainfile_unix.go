@@ -15,6 +15,11 @@ import (
 )
 
 func openDomainFile(ctx context.Context, dir string) (DomainFile, error) {
+	if dir == "" {
+		// Clean would make it ".": the working directory, which is no
+		// domain directory anyone named.
+		return DomainFile{}, fmt.Errorf("%w: no directory named", ErrDomainFile)
+	}
 	// A trailing "/" or "/." makes the kernel follow a symbolic link in
 	// the last component despite O_NOFOLLOW.
 	dir = filepath.Clean(dir)
