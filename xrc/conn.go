@@ -612,6 +612,11 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 		case postFailed:
 			// Not reused: a poller flushing the INI may have taken its
 			// waiter and still send to it.
+			if q == nil {
+				// Nothing posted: the leg or uplink changed while we
+				// waited for the turn (the next look waits or fails).
+				try--
+			}
 			continue
 		}
 		select {
@@ -629,8 +634,13 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 			// Only a post on an INI that failed counts (the poller set
 			// erred before it sent the status).
 			e.mu.Lock()
-			erred := q.erred
+			erred, closing := q.erred, e.closed
 			e.mu.Unlock()
+			if closing {
+				// A closing endpoint rebuilds no uplink: a post again
+				// would go to the same failed INI.
+				return &OpError{"send", c.raddr.String(), ErrClosed}
+			}
 			if !erred {
 				try--
 			}

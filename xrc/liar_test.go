@@ -255,3 +255,92 @@ func TestFrameFailingEveryPostEndsConn(t *testing.T) {
 		})
 	}
 }
+
+// A FIN that, once it has its send turn, finds its leg unmoved (a recovery
+// began while a Send held the turn) posts nothing: that is no try. It
+// counted as one, so enough recoveries under a busy sender failed
+// CloseWrite with errRetries, though no post had failed (found by review).
+// Each round: the leg goes unmoved, the held turn is let go (the FIN, if it
+// waits for it, finds nothing to post on), the turn is taken back, the leg
+// moved.
+func TestFINFindingLegUnmovedAfterTurnIsNoTry(t *testing.T) {
+	w := newWorld(t)
+	a := w.endpoint("10.0.96.1", 7000, longTimers)
+	b := w.endpoint("10.0.96.2", 7000, longTimers)
+	ca, cb := pair(t, a, b)
+	roundTrip(t, ca, cb, []byte("before"))
+	setUnmoved := func(v bool) {
+		a.mu.Lock()
+		ca.unmoved = v
+		ca.up.pokeLocked()
+		a.mu.Unlock()
+	}
+	ca.turn <- struct{}{} // a Send's turn
+	done := make(chan error, 1)
+	go func() { done <- ca.CloseWrite() }()
+	for i := range 20 * maxTries {
+		// The FIN, woken by the last poke, passes the check of the leg
+		// and waits for the turn.
+		time.Sleep(200 * time.Microsecond)
+		setUnmoved(true)
+		ca.endTurn()
+		ca.turn <- struct{}{}
+		setUnmoved(false)
+		select {
+		case err := <-done:
+			t.Fatalf("round %d: CloseWrite ended with the turn held: %v", i, err)
+		default:
+		}
+	}
+	ca.endTurn()
+	if err := <-done; err != nil {
+		t.Fatalf("CloseWrite: %v", err)
+	}
+	if _, err := cb.Recv(ctxT(t, 5*time.Second), make([]byte, 16)); err != io.EOF {
+		t.Fatalf("the peer after our FIN: %v, want io.EOF", err)
+	}
+}
+
+// flushingSends counts posts and, once armed, flushes every send, as an INI
+// in the error state does.
+type flushingSends struct {
+	kernel.Kernel
+	armed atomic.Bool
+	posts atomic.Int64
+}
+
+func (f *flushingSends) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	if f.armed.Load() {
+		f.posts.Add(1)
+	}
+	return f.Kernel.PostSend(q, wrs)
+}
+
+func (f *flushingSends) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
+	n, err := f.Kernel.PollSend(ctx, q, out)
+	if f.armed.Load() {
+		for i := range out[:n] {
+			out[i].Status = verbs.WCWRFlushErr
+		}
+	}
+	return n, err
+}
+
+// The endpoint's Close sends each connection's FIN; one flushed then (its
+// INI failed as the peer went) is not sent again: the closing endpoint
+// rebuilds no uplink, so every post went to the same failed INI and was
+// flushed at once, not counted as a try, until Close's second ran out (a
+// busy loop; found by review).
+func TestClosingEndpointDoesNotRepostFlushedFIN(t *testing.T) {
+	w := newWorld(t)
+	fs := &flushingSends{}
+	s := w.wrappedEndpoint("10.0.97.1", 7000, func(k kernel.Kernel) kernel.Kernel { fs.Kernel = k; return fs }, longTimers)
+	r := w.endpoint("10.0.97.2", 7000, longTimers)
+	sc, rc := pair(t, s, r)
+	roundTrip(t, sc, rc, []byte("before"))
+	fs.armed.Store(true)
+	s.Close()
+	if n := fs.posts.Load(); n > maxTries {
+		t.Fatalf("the closing endpoint posted %d times to a flushing INI (the FIN's tries are %d)", n, maxTries)
+	}
+}
