@@ -61,7 +61,7 @@
 // (unless cm cannot watch it for removal: an address that librdmacm binds
 // to another device first, one address on two devices); CloseIdleDevices
 // closes idle devices at once. Buffers over 1 MiB (the
-// default sizes take about 8.5 MiB a side) are registrations of their own;
+// default sizes take 9 MiB a side) are registrations of their own;
 // a closed connection's are kept for the next connection of its sizes for
 // ten seconds, up to 128 MiB a device (ProcessStats.BufferBytesKept). The
 // lock limit (RLIMIT_MEMLOCK) is the process's: where the kernel refuses a

@@ -24,7 +24,7 @@ const (
 	// smaller of the two sides' depths.
 	DefaultQueueDepth = 64
 	// DefaultMessageSize is the largest message a connection carries.
-	// At the defaults a connection registers about 8.5 MiB a side (a
+	// At the defaults a connection registers 9 MiB a side (a
 	// send and a receive buffer per message in flight), pinned memory that
 	// a process without CAP_IPC_LOCK needs RLIMIT_MEMLOCK room for.
 	DefaultMessageSize = 64 << 10

@@ -15,7 +15,7 @@ import (
 // Connection buffers come from a per-device pool instead of a registration
 // of their own: mapping, pinning, zeroing and registering memory, and undoing
 // it all on close, cost more system time than the rest of a connection's
-// setup (at the default sizes, about 8.5 MiB a side, some four times the
+// setup (at the default sizes, 9 MiB a side, some four times the
 // rest under emulation: BenchmarkCMDialChurn). The pool registers large
 // chunks and carves them into blocks of one size; a freed block waits for
 // the next connection of that size. Chunks stay registered while the device cache
@@ -46,7 +46,7 @@ const (
 	minChunkSize = 64 << 10
 	maxChunkSize = 4 << 20
 	// A freed registration of its own is kept this long, and kept ones
-	// total at most bigCacheBytes (sixteen connections' buffers at the
+	// total at most bigCacheBytes (fourteen connections' buffers at the
 	// default sizes).
 	bigIdle       = 10 * time.Second
 	bigCacheBytes = 128 << 20
