@@ -648,6 +648,14 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 			// The endpoint is closing: its completion pollers are
 			// gone, so no completion will come.
 			return &OpError{"send", c.raddr.String(), ErrClosed}
+		case <-c.done:
+			// Ended: nothing waits for this frame, whose completion may
+			// not come for as long as its INI waits behind a stalled
+			// receiver.
+			e.mu.Lock()
+			err := cmp.Or(c.err, ErrClosed)
+			e.mu.Unlock()
+			return &OpError{"send", c.raddr.String(), err}
 		case <-ctx.Done():
 			return ctx.Err()
 		}

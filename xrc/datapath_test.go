@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -416,5 +418,56 @@ func TestDataPathPausedReceiverKilled(t *testing.T) {
 	}
 	if st := x.s.Stats(); st.Recoveries != 1 || st.LegsMoved != 1 {
 		t.Fatalf("sender %+v, want one recovery moving the live leg", st)
+	}
+}
+
+// creditReturners counts the goroutines sending credit frames.
+func creditReturners() int {
+	buf := make([]byte, 1<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), "xrc.(*Conn).returnCredits")
+}
+
+// A credit frame that waits at a stalled INI (its receiver paused, RNR
+// retried for ever) is given up when its connection ends: its sender went
+// on waiting for the completion, one goroutine per such connection, until
+// the endpoint closed or the INI went (here another connection keeps it).
+func TestCreditFrameGivenUpWhenConnEnds(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.3.2", memfabric.NodeConfig{SRQReceives: 4})
+	quick := func(c *Config) {
+		c.Heartbeat, c.IdleTimeout, c.HandshakeTimeout = 50*time.Millisecond, 500*time.Millisecond, 300*time.Millisecond
+	}
+	s := w.endpoint("10.0.3.1", 7000, quick)
+	b := w.endpoint("10.0.3.2", 7000, longTimers) // sends nothing of its own: s finds it idle
+	toB, atB := pair(t, s, b)
+	// Another process of b's node, whose keepalives keep its connection,
+	// and so the INI, up.
+	a := w.endpoint("10.0.3.2", 7100, func(c *Config) { c.Heartbeat, c.IdleTimeout = 50*time.Millisecond, time.Hour })
+	toA, _ := pair(t, s, a)
+	ctx := ctxT(t, 10*time.Second)
+	b.p.PauseReceives()
+	defer b.p.ResumeReceives()
+	if err := sendSeq(ctx, toB, 0, 12); err != nil { // 4 land, the rest wait at s's INI
+		t.Fatal(err)
+	}
+	k := int(creditThreshold(DefaultRecvWindow)) + 1
+	if err := sendSeq(ctx, atB, 0, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := recvSeq(ctx, toB, 0, k, nil); err != nil { // taken: credits are due
+		t.Fatal(err)
+	}
+	eventually(t, "a credit frame waiting behind the stalled INI", func() (bool, string) {
+		return creditReturners() == 1, fmt.Sprint(creditReturners())
+	})
+	eventually(t, "the connection ended by the idle timeout", func() (bool, string) {
+		err := connErr(toB)
+		return err != nil, fmt.Sprint(err)
+	})
+	eventually(t, "the credit frame given up", func() (bool, string) {
+		return creditReturners() == 0, fmt.Sprint(creditReturners(), " still waiting")
+	})
+	if err := connErr(toA); err != nil {
+		t.Fatalf("the connection keeping the INI: %v", err)
 	}
 }
