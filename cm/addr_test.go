@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/internal/fakedns"
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 func TestResolveAddrs(t *testing.T) {
@@ -103,7 +102,7 @@ func TestDialEachTriesAddressesInTurn(t *testing.T) {
 // does it over soft-RoCE in the VM.
 func TestNamesResolvedByWithResolver(t *testing.T) {
 	ctx := ctxT(t)
-	f := memfabric.New()
+	f := newFabric(t)
 	server, client := f.Node("10.1.0.1"), f.Node("10.1.0.2")
 	r := fakedns.Resolver(map[string][]netip.Addr{
 		"server.test": {netip.MustParseAddr("10.1.0.1")},
@@ -154,7 +153,7 @@ func TestNamesResolvedByWithResolver(t *testing.T) {
 // or a family the dial cannot use fails with a clear error.
 func TestWithLocalAddr(t *testing.T) {
 	ctx := ctxT(t)
-	f := memfabric.New()
+	f := newFabric(t)
 	server, client := f.Node("10.1.0.1"), f.Node("10.1.0.2")
 	r := fakedns.Resolver(map[string][]netip.Addr{
 		"dual.test": {netip.MustParseAddr("fd00::1"), netip.MustParseAddr("10.1.0.1")},
@@ -251,7 +250,7 @@ func TestResolveAddrsFamilies(t *testing.T) {
 // for "tcp" addresses, an error for networks it does not serve.
 func TestDialerDialContext(t *testing.T) {
 	ctx := ctxT(t)
-	f := memfabric.New()
+	f := newFabric(t)
 	server, client := f.Node("10.1.0.1"), f.Node("10.1.0.2")
 	r := fakedns.Resolver(map[string][]netip.Addr{"server.test": {netip.MustParseAddr("10.1.0.1")}})
 	l, err := Listen(ctx, "10.1.0.1:7471", WithFabric(server.Process()), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))

@@ -21,7 +21,7 @@ import (
 func closingListener(t *testing.T) (ctx context.Context, f *memfabric.Fabric, l *Listener, srv *memfabric.Process, dopts []Option) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
-	f = memfabric.New()
+	f = newFabric(t)
 	srv = f.Node("10.1.0.1").Process()
 	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "s")))
 	require.NoError(t, err)
@@ -137,7 +137,7 @@ func TestFabricHTTPShutdownWaitsForRequest(t *testing.T) {
 func listenerWithConn(t *testing.T) (ctx context.Context, f *memfabric.Fabric, l *Listener, lopts, dopts []Option, c0, s0 *Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
-	f = memfabric.New()
+	f = newFabric(t)
 	lopts = []Option{WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")), WithMessageSize(256)}
 	dopts = []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")), WithMessageSize(256)}
 	l, err := Listen(ctx, "10.1.0.1:0", lopts...)

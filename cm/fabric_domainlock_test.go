@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // A same-user process that holds the domain directory's lock (stopped with
@@ -30,7 +28,7 @@ func TestFabricDomainLockHonoursContext(t *testing.T) {
 	if err := unix.Flock(int(holder.Fd()), unix.LOCK_EX); err != nil {
 		t.Fatal(err)
 	}
-	n := memfabric.New().Node("10.7.0.1")
+	n := newFabric(t).Node("10.7.0.1")
 	p := n.Process()
 	defer p.Kill()
 	for _, op := range []string{"listen", "dial"} {

@@ -27,7 +27,7 @@ import (
 func TestFabricRawJoiningSharedEndpointRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
 	dom := filepath.Join(t.TempDir(), "xrc")
 	c, _ := fabricPair(ctx, t, srv, cli, nil, []Option{WithDomainPath(dom)}) // opens cli's shared dialer endpoint
@@ -46,7 +46,7 @@ func TestFabricRawJoiningSharedEndpointRefused(t *testing.T) {
 func TestFabricXRCOffJoiningSharedEndpointRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
 	dom := filepath.Join(t.TempDir(), "xrc")
 	c, _ := fabricPair(ctx, t, srv, cli, nil, []Option{WithDomainPath(dom)}) // opens cli's shared dialer endpoint
@@ -62,7 +62,7 @@ func TestFabricXRCOffJoiningSharedEndpointRefused(t *testing.T) {
 func TestFabricKernelHandlesCountedOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	p := f.Node("10.1.0.1").Process()
 	dom := filepath.Join(t.TempDir(), "xrc")
 	before := GlobalStats().XRCKernelHandles
@@ -84,7 +84,7 @@ type noHandles struct{ kernel.Kernel }
 func TestFabricKernelHandlesUnknownNotNegative(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	k, ok := kernel.Unwrap(f.Node("10.1.0.1").Process())
 	require.True(t, ok)
 	fake := &memfabric.Process{} // memfabric's unwrapper declines it (no model process)
@@ -111,7 +111,7 @@ func TestFabricKernelHandlesUnknownNotNegative(t *testing.T) {
 func TestFabricDialBackToDialerRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
 	_, s := fabricPair(ctx, t, srv, cli, nil, nil)
 	back, err := Dial(ctx, s.RemoteAddr().String(), WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "x")),
@@ -138,7 +138,7 @@ func TestFabricDialBackToDialerRefused(t *testing.T) {
 func TestFabricCloseLastConnKeepsData(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
 	opts := []Option{WithQueueDepth(8)}
 	c, s := fabricPair(ctx, t, srv, cli, opts, opts)
@@ -176,7 +176,7 @@ func (s slowKernel) DestroySRQ(h kernel.SRQ) error {
 func TestFabricDialerCloseBlocksNoOtherSite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	k, _ := kernel.Unwrap(f.Node("10.1.0.3").Process())
 	slow := &memfabric.Process{}
 	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
@@ -210,7 +210,7 @@ func TestFabricDialerCloseBlocksNoOtherSite(t *testing.T) {
 func TestFabricSharedEndpointChurn(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
 	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "l")))
 	require.NoError(t, err)
@@ -340,7 +340,7 @@ func (r *removable) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.Rec
 func TestFabricDeadSharedEndpointReplaced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	l := holdingListener(ctx, t, f.Node("10.1.0.1").Process())
 	k, _ := kernel.Unwrap(f.Node("10.1.0.2").Process())
 	rk, fake := removableProcess(k)
@@ -369,7 +369,7 @@ func TestFabricDeadSharedEndpointReplaced(t *testing.T) {
 func TestFabricAcceptAfterDeviceRemovalIsNotPeerGone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	k, _ := kernel.Unwrap(f.Node("10.1.0.1").Process())
 	rk, fake := removableProcess(k)
 	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(fake), WithDomainPath(filepath.Join(t.TempDir(), "l")))
@@ -397,7 +397,7 @@ func TestFabricAcceptAfterDeviceRemovalIsNotPeerGone(t *testing.T) {
 func TestFabricXRCDeviceFatal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(f.Node("10.1.0.1").Process()), WithXRC(XRCRequire),
 		WithDomainPath(filepath.Join(t.TempDir(), "l")))
 	require.NoError(t, err)
@@ -431,7 +431,7 @@ func TestFabricXRCDeviceFatal(t *testing.T) {
 func TestFabricDialRefusedError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	f.Node("10.1.0.1").Process()
 	start := time.Now()
 	_, err := Dial(ctx, "10.1.0.1:7471", WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "d")))
@@ -470,7 +470,7 @@ func holdingListener(ctx context.Context, t *testing.T, p *memfabric.Process) *L
 func TestFabricDialBadAcceptIsProtocolError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	k, ok := kernel.Unwrap(f.Node("10.1.0.1").Process())
 	require.True(t, ok)
 	defer k.Close()
@@ -524,7 +524,7 @@ func (s stuckOpen) OpenXRCD(path string, flags kernel.XRCDFlags) (kernel.XRCD, e
 func TestFabricDialerOpenBlocksNoOne(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	k, _ := kernel.Unwrap(f.Node("10.1.0.3").Process())
 	stuck := stuckOpen{k, make(chan struct{}), make(chan struct{}), new(sync.Once)}
 	var opened sync.Once
@@ -606,7 +606,7 @@ func TestFabricRecvBufferOfMaxRecvSizeFits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dir := t.TempDir()
-	f := memfabric.New()
+	f := newFabric(t)
 	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(dir, "s")), WithMessageSize(4096))
 	require.NoError(t, err)
 	defer l.Close()
@@ -638,7 +638,7 @@ func TestFabricNetConnConformance(t *testing.T) {
 	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		f := memfabric.New()
+		f := newFabric(t)
 		l, err := Listen(ctx, "10.9.0.1:0", WithFabric(f.Node("10.9.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")))
 		if err != nil {
 			return nil, nil, nil, err
@@ -686,7 +686,7 @@ func TestFabricZeroProcessRefused(t *testing.T) {
 func TestFabricOneSidedNilRegionIsNotSupported(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
 	c, _ := fabricPair(ctx, t, srv, cli, nil, nil)
 	require.ErrorIs(t, c.WriteRemote(ctx, nil, 0, 8, RemoteRegion{Len: 64}, 0), ErrNotSupported)

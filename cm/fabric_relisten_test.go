@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // A Listen racing the close that the last connection of a closed XRC
@@ -48,7 +46,7 @@ func TestFabricRelistenDuringLastClose(t *testing.T) {
 func TestFabricAcceptAfterLastReference(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")))
 	require.NoError(t, err)
 	require.NoError(t, l.Close())
@@ -64,7 +62,7 @@ func TestFabricAcceptAfterLastReference(t *testing.T) {
 func TestFabricRelistenStress(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv := f.Node("10.1.0.1").Process()
 	lopts := []Option{WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "s")), WithMessageSize(256), WithHandshakeTimeout(2 * time.Second)}
 	dopts := []Option{WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")), WithMessageSize(256), WithHandshakeTimeout(2 * time.Second)}
@@ -181,7 +179,7 @@ func TestFabricRelistenUnspecifiedTakesOver(t *testing.T) {
 		t.Run(tc.first+"_"+tc.again, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			f := memfabric.New()
+			f := newFabric(t)
 			p := f.Node("10.1.0.1").Process()
 			lopts := []Option{WithFabric(p), WithDomainPath(filepath.Join(t.TempDir(), "s"))}
 			l, err := Listen(ctx, tc.first, lopts...)

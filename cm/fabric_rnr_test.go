@@ -25,7 +25,7 @@ import (
 func TestFabricHTTPWithFewReceives(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srvNode := f.AddNode("10.1.5.1", memfabric.NodeConfig{SRQReceives: 2})
 	cliNode := f.AddNode("10.1.5.2", memfabric.NodeConfig{SRQReceives: 2})
 	opts := []Option{WithMessageSize(1024), WithQueueDepth(16)}

@@ -26,7 +26,7 @@ import (
 func TestFabricXRCSharesOneUplink(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	serverNode, clientNode := f.Node("10.1.0.1"), f.Node("10.1.0.2")
 	domain := filepath.Join(t.TempDir(), "xrc")
 	const servers = 3
@@ -96,7 +96,7 @@ func TestFabricXRCSharesOneUplink(t *testing.T) {
 func TestFabricXRCCloseWrite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(f.Node("10.1.0.1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "a")),
 		WithMessageSize(256), WithQueueDepth(4))
 	require.NoError(t, err)
@@ -119,7 +119,7 @@ func TestFabricXRCCloseWrite(t *testing.T) {
 
 func TestFabricRejectsWhatXRCCannotDo(t *testing.T) {
 	ctx := context.Background()
-	p := memfabric.New().Node("10.1.0.1").Process()
+	p := newFabric(t).Node("10.1.0.1").Process()
 	_, err := Listen(ctx, "10.1.0.1:0", WithFabric(p), WithXRC(XRCOff), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
 	require.ErrorContains(t, err, "XRC connections only")
 	_, err = Listen(ctx, "10.1.0.1:0", WithFabric(p), WithRawMessages(), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
@@ -133,7 +133,7 @@ func TestFabricRejectsWhatXRCCannotDo(t *testing.T) {
 func TestFabricPeerKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv, clientNode := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2")
 	c, _ := fabricPair(ctx, t, srv, clientNode.Process(), nil, nil)
 	srv.Kill()
@@ -148,7 +148,7 @@ func TestFabricPeerKilled(t *testing.T) {
 // call of the same release does nothing), and the last one closes it.
 func TestXRCDialerRefcount(t *testing.T) {
 	ctx := context.Background()
-	f := memfabric.New()
+	f := newFabric(t)
 	cfg, err := newConfig([]Option{WithDomainPath(filepath.Join(t.TempDir(), "xrc"))})
 	require.NoError(t, err)
 	cfg.fabric = f.Node("10.1.0.1").Process()
@@ -229,7 +229,7 @@ func TestXRCUnboundListener(t *testing.T) {
 func TestFabricXRCFlowControl(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	const depth = 2
 	opts := []Option{WithQueueDepth(depth)}
 	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), opts, opts)
@@ -270,7 +270,7 @@ func TestFabricXRCFlowControl(t *testing.T) {
 func TestFabricXRCMessageSizes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(),
 		[]Option{WithMessageSize(1000)}, []Option{WithMessageSize(4000)})
 
@@ -316,7 +316,7 @@ func fabricPair(ctx context.Context, t *testing.T, srv, cli *memfabric.Process, 
 func TestFabricDialsOfOtherSizesGetTheirOwnEndpoint(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
 	l, err := Listen(ctx, "10.1.0.1:0", WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
 	require.NoError(t, err)
@@ -366,7 +366,7 @@ func TestFabricDialsOfOtherSizesGetTheirOwnEndpoint(t *testing.T) {
 func TestFabricShortBufferKeepsMessage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), []Option{WithMessageSize(16)}, nil)
 	require.NoError(t, c.Send(ctx, make([]byte, 40))) // the engine's floor is 64 bytes
 	_, err := s.Recv(ctx, make([]byte, 16))

@@ -435,6 +435,7 @@ type fakeOpts struct {
 // would after the handshake.
 func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 	t.Helper()
+	checkGoroutines(t)
 	for i := range o.depth {
 		if o.depth[i] == 0 {
 			o.depth[i] = 8

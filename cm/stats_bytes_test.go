@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // Stats' BytesSent and BytesReceived count the payload bytes of every
@@ -48,7 +46,7 @@ func TestStatsBytesCounted(t *testing.T) {
 	t.Run("xrc", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		f := memfabric.New()
+		f := newFabric(t)
 		c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), nil, nil)
 		check(t, c, s)
 	})

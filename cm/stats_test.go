@@ -48,7 +48,7 @@ func TestStatsPeerDeathCounted(t *testing.T) {
 func TestStatsXRCFailureCounted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	srv := f.Node("10.1.0.1").Process()
 	c, s := fabricPair(ctx, t, srv, f.Node("10.1.0.2").Process(), nil, nil)
 	short, cancelShort := context.WithTimeout(ctx, 10*time.Millisecond)
@@ -73,7 +73,7 @@ func TestStatsXRCFailureCounted(t *testing.T) {
 func TestXRCConnCountsCreditFrames(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	const depth, count = 4, 20
 	opts := []Option{WithQueueDepth(depth)}
 	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), opts, opts)
@@ -109,7 +109,7 @@ func TestXRCConnCountsCreditFrames(t *testing.T) {
 func TestEveryFailedDialCounted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	cli := f.Node("10.1.0.2").Process()
 	dom := WithDomainPath(filepath.Join(t.TempDir(), "xrc"))
 	before := GlobalStats().DialErrors

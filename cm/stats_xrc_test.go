@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // GlobalStats shows the XRC engine's uplinks, downlinks, local counts, QPs
@@ -21,7 +19,7 @@ func TestGlobalStatsXRCCounts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	before := GlobalStats()
-	f := memfabric.New()
+	f := newFabric(t)
 	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), nil, nil)
 	got := GlobalStats()
 	require.Equal(t, 2, got.XRCUplinks-before.XRCUplinks, "one INI each way")

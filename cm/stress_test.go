@@ -863,7 +863,8 @@ func stressLeftovers() []string {
 	n := runtime.Stack(buf, true)
 	var left []string
 	for _, g := range strings.Split(string(buf[:n]), "\n\n") {
-		if strings.Contains(g, "cm.stressLeftovers") || strings.Contains(g, "testing.tRunner") && strings.Contains(g, "cm.runStress") && !strings.Contains(g, "runStress.func") {
+		// The main goroutine runs the tests from TestMain.
+		if strings.Contains(g, "cm.stressLeftovers") || strings.Contains(g, "cm.TestMain(") || strings.Contains(g, "testing.tRunner") && strings.Contains(g, "cm.runStress") && !strings.Contains(g, "runStress.func") {
 			continue
 		}
 		if strings.Contains(g, "goxrc/cm.") && !strings.Contains(g, "cm.TestConnStressRandomized") {

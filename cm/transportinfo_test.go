@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // Conn.Transport says what carries a connection, and the net.Conn adapter
@@ -20,7 +18,7 @@ func TestConnTransportAndAdapterConn(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	x, xPeer := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), nil, nil)
 	require.Equal(t, TransportXRC, x.Transport())
 	require.Equal(t, TransportXRC, xPeer.Transport())

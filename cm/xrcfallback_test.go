@@ -73,7 +73,7 @@ func rawListener(t *testing.T, p *memfabric.Process, addr netip.AddrPort, ex ker
 func TestXRCPreferRCListenerFallsBack(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	rcNode := f.Node("10.1.0.1").Process()
 	rc := netip.MustParseAddrPort("10.1.0.1:7471")
 	requests := rawListener(t, rcNode, rc, kernel.ExchangeRC)
@@ -109,7 +109,7 @@ func TestXRCPreferRCListenerFallsBack(t *testing.T) {
 func TestXRCPreferRCListenerFallsBackOverUplink(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	node := f.Node("10.1.0.1")
 	xl, err := Listen(ctx, "10.1.0.1:7000", WithFabric(node.Process()), WithDomainPath(filepath.Join(t.TempDir(), "l")))
 	require.NoError(t, err)
@@ -151,7 +151,7 @@ func TestXRCPreferRCListenerFallsBackOverUplink(t *testing.T) {
 func TestXRCPreferNoFallbackWithoutSignal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	peer := f.Node("10.1.0.1")
 	dialOnly, err := xrc.NewEndpoint(ctx, xrc.Config{Process: peer.Process(), Addr: "10.1.0.1:7001",
 		DomainDir: filepath.Join(t.TempDir(), "p"), DialOnly: true})
@@ -230,7 +230,7 @@ func TestPeerWithoutXRC(t *testing.T) {
 func TestXRCPreferRemembersRefusal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := memfabric.New()
+	f := newFabric(t)
 	rcNode := f.Node("10.1.0.1").Process()
 	rc := netip.MustParseAddrPort("10.1.0.1:7471")
 	rc2 := netip.MustParseAddrPort("10.1.0.1:7472")
