@@ -60,12 +60,19 @@ type options struct {
 	// fabricSizes: -nodes, -procs or -clients was given (they size the
 	// in-memory fabric, and mean nothing without it).
 	fabricSizes bool
-	progress    time.Duration
-	busyPoll    time.Duration
+	// addrGiven: -addr or -local was given (the in-memory fabric has its
+	// own addresses, and dials none of them).
+	addrGiven bool
+	progress  time.Duration
+	busyPoll  time.Duration
 }
 
 func main() {
-	o, cpuProfile, _ := parseFlags(flag.CommandLine, os.Args[1:]) // CommandLine exits on an error
+	o, cpuProfile, err := parseFlags(flag.CommandLine, os.Args[1:]) // CommandLine exits on a flag's error
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "client:", err)
+		os.Exit(2)
+	}
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err == nil {
@@ -127,6 +134,11 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, "", err
 	}
+	// Parsing stops at the first argument that is not a flag: the flags
+	// after it would be dropped without a word (client 10.0.0.1:7471 -json).
+	if fs.NArg() > 0 {
+		return o, "", fmt.Errorf("unexpected argument %q: every setting is a flag (-addr ip:port, -mode ...)", fs.Arg(0))
+	}
 	sizeSet := false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
@@ -134,6 +146,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 			sizeSet = true
 		case "nodes", "procs", "clients":
 			o.fabricSizes = true
+		case "addr", "local":
+			o.addrGiven = true
 		}
 	})
 	if o.raw && !sizeSet {
@@ -156,6 +170,8 @@ func (o options) check() error {
 		return errors.New("-size and -warmup must be 0 or more, -count and -conns 1 or more, -depth 2 or more")
 	case (o.fabric || o.fabricSizes) && o.mode != "xrc":
 		return fmt.Errorf("-fabric, -nodes, -procs and -clients are for -mode xrc, not -mode %s", o.mode)
+	case o.fabric && o.addrGiven:
+		return errors.New("-fabric runs its servers in this program: -addr and -local name a device's servers, not the fabric's")
 	case o.fabricSizes && !o.fabric:
 		return errors.New("-nodes, -procs and -clients size the in-memory fabric: they need -fabric")
 	case o.mode == "xrc" && o.fabric && (o.nodes < 1 || o.nodes > 254 || o.procs < 1 || o.clients < 1):
@@ -297,7 +313,9 @@ func rawExchange(ctx context.Context, c *cm.Conn, size int, text io.Writer) erro
 func latency(ctx context.Context, c *cm.Conn, o options, r *result, p *progress) error {
 	msg := make([]byte, o.size)
 	buf := make([]byte, o.size)
-	rtts := make([]time.Duration, 0, o.count)
+	// -count is the user's: a huge one must run (until interrupted), not
+	// fail to allocate its samples up front.
+	rtts := make([]time.Duration, 0, min(o.count, 1<<20))
 	// One clock read per round trip, each ending one and starting the
 	// next: a read costs half a microsecond under emulation.
 	prev := time.Now()

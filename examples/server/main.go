@@ -60,6 +60,12 @@ func main() {
 	preferXRC := flag.Bool("xrc", false, "prefer XRC; on a device without it, log why RC is used (an XRC listener serves one device: give a device's -addr or -device)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run (until the server stops) to this file")
 	flag.Parse()
+	// Parsing stops at the first argument that is not a flag: the flags
+	// after it would be dropped without a word (server 10.0.0.1:7471 -count 1).
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "server: unexpected argument %q: every setting is a flag (-addr ip:port, ...)\n", flag.Arg(0))
+		os.Exit(2)
+	}
 	if *count < 0 || *idle < 0 || *keepalive < 0 {
 		fmt.Fprintln(os.Stderr, "server: -count, -idle and -keepalive must not be negative")
 		os.Exit(2)
