@@ -157,6 +157,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 }
 
 // check refuses flags that cannot make a run, before anything is dialed.
+// maxConns bounds -conns (connect mode).
+const maxConns = 1 << 16
+
 func (o options) check() error {
 	switch o.mode {
 	case "echo", "latency", "bandwidth", "connect", "xrc":
@@ -168,6 +171,10 @@ func (o options) check() error {
 		return fmt.Errorf("-raw runs one exchange (-mode echo) or dials a plain librdmacm server (-mode connect), not -mode %s", o.mode)
 	case o.size < 0 || o.count < 1 || o.warmup < 0 || o.conns < 1 || o.depth < 2:
 		return errors.New("-size and -warmup must be 0 or more, -count and -conns 1 or more, -depth 2 or more")
+	case o.conns > maxConns:
+		// Each is a dial in flight at once, with its QP and buffers: far
+		// past any device's limit, and a slice of them before the first.
+		return fmt.Errorf("-conns %d: at most %d", o.conns, maxConns)
 	case (o.fabric || o.fabricSizes) && o.mode != "xrc":
 		return fmt.Errorf("-fabric, -nodes, -procs and -clients are for -mode xrc, not -mode %s", o.mode)
 	case o.fabric && o.addrGiven:

@@ -21,6 +21,7 @@ func TestOptionsCheck(t *testing.T) {
 		"raw latency":       func(o *options) { o.raw, o.mode = true, "latency" },
 		"no connections":    func(o *options) { o.mode, o.conns = "connect", 0 },
 		"negative conns":    func(o *options) { o.mode, o.conns = "connect", -1 },
+		"huge conns":        func(o *options) { o.mode, o.conns = "connect", 1<<40 },
 		"no messages":       func(o *options) { o.count = 0 },
 		"negative size":     func(o *options) { o.size = -1 },
 		"depth 1":           func(o *options) { o.depth = 1 },
