@@ -44,6 +44,19 @@ median_range() {
 # (apt >= 1.9.11; bookworm has 2.6) instead of failing at once.
 APT_WAIT=(-o DPkg::Lock::Timeout=600)
 
+# dpkg_configure finishes an install cut short before. dpkg does not wait for its lock as apt-get
+# does (APT_WAIT): while another process (unattended-upgrades) holds it, try again, for up to
+# 600 s. Any other failure is apt-get's to report.
+dpkg_configure() {
+  local i out
+  for ((i = 0; i < 600; i++)); do
+    out=$(dpkg --configure -a 2>&1) && return 0
+    [[ $out == *lock* ]] || { printf '%s\n' "$out" >&2; return 0; }
+    ((i % 30)) || say "dpkg: waiting for another process's dpkg lock"
+    sleep 1
+  done
+}
+
 install_packages() {
   local missing=() p
   for p in "${PACKAGES[@]}"; do
@@ -51,7 +64,7 @@ install_packages() {
   done
   if [[ ${#missing[@]} == 0 ]]; then say "Debian packages: all ${#PACKAGES[@]} present"; return; fi
   say "installing Debian packages: ${missing[*]}"
-  dpkg --configure -a || true   # an install cut short before (^C, CI's limit) blocks apt-get until this
+  dpkg_configure   # an install cut short before (^C, CI's limit) blocks apt-get until this
   apt-get "${APT_WAIT[@]}" install -y --no-install-recommends "${missing[@]}" ||
     { apt-get "${APT_WAIT[@]}" update && apt-get "${APT_WAIT[@]}" install -y --no-install-recommends "${missing[@]}"; } ||
     die "apt-get install ${missing[*]} failed"
