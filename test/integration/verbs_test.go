@@ -711,13 +711,21 @@ func TestVerbsRCLoopback(t *testing.T) {
 	})
 }
 
-func TestVerbsSRQAndLimitEvent(t *testing.T) {
+// asyncEventsAndPD opens the soft-RoCE device with its async events and a
+// PD, closed at the end.
+func asyncEventsAndPD(t *testing.T) (*verbs.Context, <-chan verbs.AsyncEvent, *verbs.PD) {
+	t.Helper()
 	ctx := openRXE(t)
 	events := ctx.AsyncEvents()
 	require.NotNil(t, events)
 	pd, err := ctx.AllocPD()
 	require.NoError(t, err)
 	cleanupClose(t, pd)
+	return ctx, events, pd
+}
+
+func TestVerbsSRQAndLimitEvent(t *testing.T) {
+	ctx, events, pd := asyncEventsAndPD(t)
 	srq, err := pd.CreateSRQ(verbs.SRQInit{MaxWR: 16, MaxSGE: 1})
 	require.NoError(t, err)
 	cleanupClose(t, srq) // after the QPs: cleanups run in reverse
@@ -764,12 +772,7 @@ func TestVerbsSRQAndLimitEvent(t *testing.T) {
 // between, the new SRQ took the address, and the event named it. cm fails
 // the connections of a CQ that an EventCQErr names in the same way.
 func TestVerbsAsyncEventNamesItsOwnSRQ(t *testing.T) {
-	ctx := openRXE(t)
-	events := ctx.AsyncEvents()
-	require.NotNil(t, events)
-	pd, err := ctx.AllocPD()
-	require.NoError(t, err)
-	cleanupClose(t, pd)
+	ctx, events, pd := asyncEventsAndPD(t)
 	init := verbs.SRQInit{MaxWR: 16, MaxSGE: 1}
 	old, err := pd.CreateSRQ(init)
 	require.NoError(t, err)
