@@ -8,7 +8,6 @@ GO_MIN=1.26                # go.mod says go 1.26
 PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
           libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc
           gcc libc6-dev pkg-config ca-certificates curl unzip xz-utils)
-export DEBIAN_FRONTEND=noninteractive
 # The VM scripts' cache and run dirs (test/vm/rxe-vm.sh's -w); the scripts here keep their logs
 # and run dirs under it too. Absolute, and exported so that test/vm/*.sh resolve it the same.
 VM_WORK=$(realpath -m "${GOXRC_VM_WORK:-/var/cache/goxrc-vm}")
@@ -40,35 +39,8 @@ median_range() {
   sort -g | awk -v f="$1" '{v[NR]=$1} END {if (NR == 0) print "n/a"; else {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2; printf f "\n", m, v[1], v[NR]}}'
 }
 
-# A fresh machine's unattended-upgrades may hold dpkg's lock for minutes: apt-get waits for it
-# (apt >= 1.9.11; bookworm has 2.6) instead of failing at once.
-APT_WAIT=(-o DPkg::Lock::Timeout=600)
-
-# dpkg_configure finishes an install cut short before. dpkg does not wait for its lock as apt-get
-# does (APT_WAIT): while another process (unattended-upgrades) holds it, try again, for up to
-# 600 s. Any other failure is apt-get's to report.
-dpkg_configure() {
-  local i out
-  for ((i = 0; i < 600; i++)); do
-    out=$(dpkg --configure -a 2>&1) && return 0
-    [[ $out == *lock* ]] || { printf '%s\n' "$out" >&2; return 0; }
-    ((i % 30)) || say "dpkg: waiting for another process's dpkg lock"
-    sleep 1
-  done
-}
-
-install_packages() {
-  local missing=() p
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-  done
-  if [[ ${#missing[@]} == 0 ]]; then say "Debian packages: all ${#PACKAGES[@]} present"; return; fi
-  say "installing Debian packages: ${missing[*]}"
-  dpkg_configure   # an install cut short before (^C, CI's limit) blocks apt-get until this
-  apt-get "${APT_WAIT[@]}" install -y --no-install-recommends "${missing[@]}" ||
-    { apt-get "${APT_WAIT[@]}" update && apt-get "${APT_WAIT[@]}" install -y --no-install-recommends "${missing[@]}"; } ||
-    die "apt-get install ${missing[*]} failed"
-}
+source "$REPO/test/apt.sh"
+install_packages() { apt_install "${PACKAGES[@]}" || die "apt-get install failed"; }
 
 # version_ge A B: is Go version A (1.26.8, 1.19) >= B?
 version_ge() { [[ $(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1) == "$2" ]]; }
@@ -117,7 +89,7 @@ ensure_go() {
   cand=$(apt-cache policy golang-go 2>/dev/null | sed -n 's/ *Candidate: \([0-9]*:\)\{0,1\}\([0-9.]*\).*/\2/p')
   if [[ -n $cand ]] && version_ge "$cand" "$GO_MIN"; then
     say "installing Debian's golang-go $cand"
-    apt-get "${APT_WAIT[@]}" install -y --no-install-recommends golang-go || die "apt-get install golang-go failed"
+    while_locked apt-get "${APT_WAIT[@]}" install -y --no-install-recommends golang-go >&2 || die "apt-get install golang-go failed"
     export PATH=/usr/lib/go/bin:$PATH; return
   fi
   # Debian bookworm's golang-go is 1.19: too old for this module (go 1.26) and for GOTOOLCHAIN.

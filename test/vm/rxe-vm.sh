@@ -99,20 +99,8 @@ if [[ -n $NIC ]]; then
   NICARGS=(-netdev "stream,id=n0,server=$NIC_SERVER,addr.type=unix,addr.path=$NIC_SOCK" -device "virtio-net-pci,netdev=n0,mac=$NIC_MAC")
 fi
 
-ensure_packages() {
-  local missing=() p
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-  done
-  [[ ${#missing[@]} == 0 ]] && return
-  log "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  dpkg --configure -a >&2 || true   # an install cut short before blocks apt-get until this
-  # -o DPkg::Lock::Timeout: wait for a fresh machine's unattended-upgrades instead of failing
-  apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}" >&2 ||
-    { apt-get -o DPkg::Lock::Timeout=600 update >&2 &&
-      apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}" >&2; }
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../apt.sh"
+ensure_packages() { apt_install "${PACKAGES[@]}" || die "apt-get install failed"; }
 
 # Debian's kernel package, extracted under WORK/kernel/<abi>. When the pinned ABI has left
 # the mirror, whatever linux-image-amd64 depends on now is used.
@@ -124,7 +112,7 @@ ensure_kernel() {
   fi
   if [[ ! -f $KROOT/boot/vmlinuz-$KVER ]]; then
     local pkg=linux-image-$KVER-unsigned
-    apt-cache show "$pkg" >/dev/null 2>&1 || apt-get -o DPkg::Lock::Timeout=600 update >&2 || true
+    apt-cache show "$pkg" >/dev/null 2>&1 || while_locked apt-get "${APT_WAIT[@]}" update >&2 || true
     if ! apt-cache show "$pkg" >/dev/null 2>&1; then
       KVER=$(apt-cache depends linux-image-amd64 | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1)
       [[ -n $KVER ]] || die "neither $pkg nor linux-image-amd64 is available"
@@ -139,7 +127,7 @@ ensure_kernel() {
     log "downloading $pkg"
     local tmp=$WORK/kernel/$KVER/tmp
     rm -rf "$tmp" && mkdir -p "$tmp/root" && chmod 777 "$tmp"   # apt downloads as _apt
-    (cd "$tmp" && apt-get download "$pkg" >&2)
+    (cd "$tmp" && while_locked apt-get download "$pkg" >&2)
     dpkg-deb -x "$tmp"/*.deb "$tmp/root"
     rm -rf "$KROOT" && mv "$tmp/root" "$KROOT" && rm -rf "$tmp"
   fi
