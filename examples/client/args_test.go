@@ -1,9 +1,16 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // An argument that is not a flag ends flag parsing: the flags after it were
@@ -41,6 +48,124 @@ func TestFabricRefusesAddr(t *testing.T) {
 		}
 		if err := o.check(); (err == nil) != ok {
 			t.Errorf("%s: check %v", args, err)
+		}
+	}
+}
+
+// A flag the run does not use was ignored without a word: client -mode
+// connect -size 65536 -depth 128 timed dials of 64-byte, depth-2
+// connections; -mode xrc -fabric -busypoll 0 changed nothing; -warmup
+// outside latency, -count with -raw, in connect or xrc mode, and -conns
+// outside connect did nothing. Each is refused, naming the flag and the run.
+func TestIgnoredFlagRefused(t *testing.T) {
+	for _, tc := range []struct{ args, flag, run string }{
+		{"-mode connect -size 65536", "size", "connect"},
+		{"-mode connect -depth 128", "depth", "connect"},
+		{"-mode connect -busypoll 0", "busypoll", "connect"},
+		{"-mode connect -count 5", "count", "connect"},
+		{"-mode connect -warmup 5", "warmup", "connect"},
+		{"-mode connect -raw -size 16", "size", "connect"},
+		{"-mode xrc -fabric -busypoll 0", "busypoll", "xrc -fabric"},
+		{"-mode xrc -fabric -count 5", "count", "xrc -fabric"},
+		{"-mode xrc -fabric -warmup 5", "warmup", "xrc -fabric"},
+		{"-mode xrc -fabric -conns 5", "conns", "xrc -fabric"},
+		{"-mode xrc -count 5", "count", "xrc"},
+		{"-mode xrc -warmup 5", "warmup", "xrc"},
+		{"-mode xrc -conns 5", "conns", "xrc"},
+		{"-mode echo -warmup 5", "warmup", "echo"},
+		{"-mode echo -conns 5", "conns", "echo"},
+		{"-raw -count 5", "count", "echo -raw"},
+		{"-raw -warmup 5", "warmup", "echo -raw"},
+		{"-raw -conns 5", "conns", "echo -raw"},
+		{"-mode latency -conns 5", "conns", "latency"},
+		{"-mode bandwidth -warmup 5", "warmup", "bandwidth"},
+		{"-mode bandwidth -conns 5", "conns", "bandwidth"},
+	} {
+		o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), strings.Fields(tc.args))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "-" + tc.flag + " has no effect in -mode " + tc.run
+		if err := o.check(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: check %v, want %q", tc.args, err, want)
+		}
+	}
+}
+
+// Refusing ignored flags must not refuse a flag a run uses: the command
+// lines of test/run-demo.sh and test/bench.sh, and each run with every flag
+// it uses given.
+func TestUsedFlagsAccepted(t *testing.T) {
+	common := " -json -progress 1s -cpuprofile p -mode "
+	for _, args := range []string{
+		"-addr 10.0.0.1:7471 -mode connect -conns 50",
+		"-addr 10.0.0.1:7471 -mode connect -raw -conns 100 -json -progress 0",
+		"-mode xrc -fabric -nodes 2 -procs 4 -clients 4",
+		"-mode xrc -addr 10.0.0.1:7474",
+		"-addr 10.0.0.1:7472 -raw -size 16",
+		"-addr 10.0.0.1:7471 -depth 128 -mode bandwidth -size 4096 -count 2000 -busypoll 20ms -json -progress 0",
+		"-addr 10.0.0.1:7471 -local 10.0.0.2 -size 8 -depth 4 -busypoll 0 -count 5" + common + "echo",
+		"-addr 10.0.0.1:7471 -local 10.0.0.2 -size 8 -depth 4 -busypoll 0 -raw" + common + "echo",
+		"-addr 10.0.0.1:7471 -local 10.0.0.2 -size 8 -depth 4 -busypoll 0 -count 5 -warmup 0" + common + "latency",
+		"-addr 10.0.0.1:7471 -local 10.0.0.2 -size 8 -depth 4 -busypoll 0 -count 5" + common + "bandwidth",
+		"-addr 10.0.0.1:7471 -local 10.0.0.2 -conns 3 -raw" + common + "connect",
+		"-addr 10.0.0.1:7471,10.0.0.3:7471 -local 10.0.0.2 -size 8 -depth 4 -busypoll 0" + common + "xrc",
+		"-fabric -nodes 1 -procs 1 -clients 1 -size 8 -depth 4" + common + "xrc",
+	} {
+		o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), strings.Fields(args))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := o.check(); err != nil {
+			t.Errorf("%s: %v", args, err)
+		}
+	}
+}
+
+// Every flag has its entry in flagRuns (a flag without one would never be
+// refused), and each has a bit in options.given.
+func TestFlagRunsComplete(t *testing.T) {
+	fs := flag.NewFlagSet("client", flag.ContinueOnError)
+	parseFlags(fs, nil)
+	fs.VisitAll(func(f *flag.Flag) {
+		if flagBit(f.Name) == 0 {
+			t.Errorf("-%s: not in flagRuns", f.Name)
+		}
+	})
+	if len(flagRuns) > 32 {
+		t.Errorf("%d flags: options.given has 32 bits", len(flagRuns))
+	}
+}
+
+// main refused its flags only after -cpuprofile had created its file: a
+// refused command line (client -cpuprofile cpu.out -mode bogus, or one
+// giving a flag its run ignores) truncated the profile of an earlier run.
+// The test runs main in a child process (this test binary, asked by the
+// environment).
+func TestRefusalKeepsProfile(t *testing.T) {
+	if args, ok := os.LookupEnv("GOXRC_CLIENT_ARGS"); ok {
+		os.Args = append([]string{"client"}, strings.Fields(args)...)
+		main()
+		os.Exit(0)
+	}
+	for args, why := range map[string]string{"-mode bogus": `unknown mode "bogus"`, "-mode connect -depth 8": "-depth has no effect"} {
+		prof := filepath.Join(t.TempDir(), "cpu.out")
+		if err := os.WriteFile(prof, []byte("an earlier run's profile"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestRefusalKeepsProfile$")
+		cmd.Env = append(os.Environ(), "GOXRC_CLIENT_ARGS=-cpuprofile "+prof+" "+args)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		cancel()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(stderr.String(), why) {
+			t.Errorf("%s: %v, stderr %q; want exit status 2, %s", args, err, stderr.String(), why)
+		}
+		if b, _ := os.ReadFile(prof); string(b) != "an earlier run's profile" {
+			t.Errorf("%s: refused, yet -cpuprofile's file was rewritten (%d bytes)", args, len(b))
 		}
 	}
 }

@@ -8,8 +8,9 @@
 //     sink and prints MB/s, in 10^6 bytes (ib_send_bw's MB is 2^20 bytes);
 //   - connect: opens -conns connections at once and prints the time per
 //     connection (as cmtime's connect step does);
-//   - xrc: with -fabric, server and client processes on an in-memory XRC
-//     fabric, and the QPs each node holds against what RC would need;
+//   - xrc: with -fabric, -clients client processes connected to -nodes
+//     server nodes of -procs processes each on an in-memory XRC fabric,
+//     and the QPs each node holds against what RC would need;
 //     without it, connections to the -addr servers (comma-separated) with
 //     XRC preferred, each printed with the transport it got (on a device
 //     without XRC, RC, and the log says why).
@@ -17,6 +18,15 @@
 // With -raw it sends one plain librdmacm message, of 16 bytes unless -size
 // is given, and waits for one reply: what rdma-core's rdma_server example
 // takes (one 16-byte receive) and answers (a buffer of its own, not an echo).
+//
+// The xrc mode echoes one message of -size bytes on each connection, with
+// -fabric too (over the fabric, up to 1 MiB). A flag that the run does not
+// use is refused, naming the flag and the modes it is for: -count outside
+// echo (without -raw), latency and bandwidth, -warmup outside latency,
+// -conns outside connect, -size, -depth and -busypoll in connect mode
+// (which dials with a queue depth of 2 and 64-byte messages and sends
+// nothing), -busypoll, -addr and -local with -fabric, -nodes, -procs and
+// -clients without it, -raw outside echo and connect.
 //
 //	client -addr 10.77.0.1:7471 -mode latency -size 64 -count 10000
 //	client -addr 10.77.0.1:7471 -mode bandwidth -size 65536 -count 2000 -json
@@ -34,6 +44,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -57,18 +68,18 @@ type options struct {
 	nodes   int
 	procs   int
 	clients int
-	// fabricSizes: -nodes, -procs or -clients was given (they size the
-	// in-memory fabric, and mean nothing without it).
-	fabricSizes bool
-	// addrGiven: -addr or -local was given (the in-memory fabric has its
-	// own addresses, and dials none of them).
-	addrGiven bool
-	progress  time.Duration
-	busyPoll  time.Duration
+	// given has the bit of each flag given on the command line (flagBit):
+	// check refuses those the run ignores.
+	given    uint32
+	progress time.Duration
+	busyPoll time.Duration
 }
 
 func main() {
 	o, cpuProfile, err := parseFlags(flag.CommandLine, os.Args[1:]) // CommandLine exits on a flag's error
+	if err == nil {
+		err = o.check() // before -cpuprofile's file is created, or truncated
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
 		os.Exit(2)
@@ -83,11 +94,6 @@ func main() {
 			os.Exit(1)
 		}
 		defer pprof.StopCPUProfile()
-	}
-
-	if err := o.check(); err != nil {
-		fmt.Fprintln(os.Stderr, "client:", err)
-		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -114,22 +120,22 @@ const rawSize = 16
 // options and the -cpuprofile path.
 func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 	var o options
-	fs.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port (xrc mode without -fabric: a comma-separated list)")
+	fs.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port (xrc mode without -fabric: a comma-separated list; not with -fabric)")
 	fs.StringVar(&o.mode, "mode", "echo", "echo, latency, bandwidth, connect or xrc")
-	fs.IntVar(&o.size, "size", 64, "message size, bytes (with -raw the default is 16, the one receive rdma-core's rdma_server posts)")
-	fs.IntVar(&o.count, "count", 1000, "messages (echo, latency, bandwidth)")
-	fs.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run")
+	fs.IntVar(&o.size, "size", 64, "message size, bytes (with -raw the default is 16, the one receive rdma-core's rdma_server posts; not in connect mode)")
+	fs.IntVar(&o.count, "count", 1000, "messages (echo without -raw, latency, bandwidth)")
+	fs.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run (latency mode)")
 	fs.IntVar(&o.conns, "conns", 100, "connections (connect mode)")
-	fs.IntVar(&o.depth, "depth", 64, "queue depth, 2 or more (-mode connect dials with 2 and 64-byte messages)")
+	fs.IntVar(&o.depth, "depth", 64, "queue depth, 2 or more (not in connect mode: it dials with 2 and 64-byte messages)")
 	fs.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message of -size bytes and wait for one reply (rdma-core's rdma_server answers with a buffer of its own, not an echo); connect mode: dial a plain librdmacm server such as cmtime -b")
-	fs.StringVar(&o.local, "local", "", "dial from this IP, an address of an RDMA device's netdev (default: the route's)")
+	fs.StringVar(&o.local, "local", "", "dial from this IP, an address of an RDMA device's netdev (default: the route's; not with -fabric)")
 	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
 	fs.BoolVar(&o.fabric, "fabric", false, "xrc mode: run servers and clients on an in-memory XRC fabric in this program")
 	fs.IntVar(&o.nodes, "nodes", 2, "xrc mode with -fabric: server nodes")
 	fs.IntVar(&o.procs, "procs", 4, "xrc mode with -fabric: server processes per node")
 	fs.IntVar(&o.clients, "clients", 4, "xrc mode with -fabric: client processes")
 	fs.DurationVar(&o.progress, "progress", 2*time.Second, "interval of the progress line on stderr (0: none)")
-	fs.DurationVar(&o.busyPoll, "busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
+	fs.DurationVar(&o.busyPoll, "busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping (not in connect mode or with -fabric)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	if err := fs.Parse(args); err != nil {
 		return o, "", err
@@ -139,21 +145,104 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 	if fs.NArg() > 0 {
 		return o, "", fmt.Errorf("unexpected argument %q: every setting is a flag (-addr ip:port, -mode ...)", fs.Arg(0))
 	}
-	sizeSet := false
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "size":
-			sizeSet = true
-		case "nodes", "procs", "clients":
-			o.fabricSizes = true
-		case "addr", "local":
-			o.addrGiven = true
-		}
-	})
-	if o.raw && !sizeSet {
+	fs.Visit(func(f *flag.Flag) { o.given |= flagBit(f.Name) })
+	if o.raw && o.given&flagBit("size") == 0 {
 		o.size = rawSize
 	}
 	return o, *cpuProfile, nil
+}
+
+// The runs a flag can be used in: the modes, with -raw and -fabric
+// splitting echo and xrc (runKind).
+const (
+	runEcho      = "echo"
+	runRaw       = "echo -raw"
+	runLatency   = "latency"
+	runBandwidth = "bandwidth"
+	runConnect   = "connect"
+	runXRC       = "xrc"
+	runFabric    = "xrc -fabric"
+)
+
+// flagRuns says which runs use each flag (nil: every run). A flag given to
+// a run that ignores it is refused: the run would measure something other
+// than what was asked, without a word. Every flag of parseFlags is here
+// (TestFlagRunsComplete); its index is its bit in options.given.
+var flagRuns = []struct {
+	name string
+	runs []string
+}{
+	{"addr", []string{runEcho, runRaw, runLatency, runBandwidth, runConnect, runXRC}},
+	{"local", []string{runEcho, runRaw, runLatency, runBandwidth, runConnect, runXRC}},
+	{"size", []string{runEcho, runRaw, runLatency, runBandwidth, runXRC, runFabric}},
+	{"depth", []string{runEcho, runRaw, runLatency, runBandwidth, runXRC, runFabric}},
+	// The fabric's connections do not poll (cm.WithFabric), and connect
+	// mode's make no Send or Recv.
+	{"busypoll", []string{runEcho, runRaw, runLatency, runBandwidth, runXRC}},
+	{"count", []string{runEcho, runLatency, runBandwidth}},
+	{"warmup", []string{runLatency}},
+	{"conns", []string{runConnect}},
+	{"raw", []string{runRaw, runConnect}},
+	{"fabric", []string{runFabric}},
+	{"nodes", []string{runFabric}},
+	{"procs", []string{runFabric}},
+	{"clients", []string{runFabric}},
+	{"mode", nil},
+	{"json", nil},
+	{"progress", nil},
+	{"cpuprofile", nil},
+}
+
+// runNotes say why a run ignores what it does, where that is not plain.
+var runNotes = map[string]string{
+	runConnect: " (it dials with a queue depth of 2 and 64-byte messages, and sends nothing)",
+	runFabric:  " (it runs on an in-memory fabric in this program)",
+}
+
+func flagBit(name string) uint32 {
+	for i, f := range flagRuns {
+		if f.name == name {
+			return 1 << i
+		}
+	}
+	return 0
+}
+
+// runKind names the run o asks for, as flagRuns does.
+func (o options) runKind() string {
+	switch {
+	case o.mode == "echo" && o.raw:
+		return runRaw
+	case o.mode == "xrc" && o.fabric:
+		return runFabric
+	}
+	return o.mode
+}
+
+// ignoredFlag refuses the first flag given that o's run does not use. A
+// boolean flag that is set was given (its default is false), whether or
+// not parseFlags saw it.
+func (o options) ignoredFlag() error {
+	given, run := o.given, o.runKind()
+	if o.raw {
+		given |= flagBit("raw")
+	}
+	if o.fabric {
+		given |= flagBit("fabric")
+	}
+	for _, f := range flagRuns {
+		if given&flagBit(f.name) == 0 || f.runs == nil || slices.Contains(f.runs, run) {
+			continue
+		}
+		last := len(f.runs) - 1
+		uses := strings.Join(f.runs[:last], ", ")
+		if last > 0 {
+			uses += " or "
+		}
+		uses += f.runs[last]
+		return fmt.Errorf("-%s has no effect in -mode %s%s: it is for -mode %s", f.name, run, runNotes[run], uses)
+	}
+	return nil
 }
 
 // check refuses flags that cannot make a run, before anything is dialed.
@@ -166,21 +255,16 @@ func (o options) check() error {
 	default:
 		return fmt.Errorf("unknown mode %q: echo, latency, bandwidth, connect or xrc", o.mode)
 	}
+	if err := o.ignoredFlag(); err != nil {
+		return err
+	}
 	switch {
-	case o.raw && o.mode != "echo" && o.mode != "connect":
-		return fmt.Errorf("-raw runs one exchange (-mode echo) or dials a plain librdmacm server (-mode connect), not -mode %s", o.mode)
 	case o.size < 0 || o.count < 1 || o.warmup < 0 || o.conns < 1 || o.depth < 2:
 		return errors.New("-size and -warmup must be 0 or more, -count and -conns 1 or more, -depth 2 or more")
 	case o.conns > maxConns:
 		// Each is a dial in flight at once, with its QP and buffers: far
 		// past any device's limit, and a slice of them before the first.
 		return fmt.Errorf("-conns %d: at most %d", o.conns, maxConns)
-	case (o.fabric || o.fabricSizes) && o.mode != "xrc":
-		return fmt.Errorf("-fabric, -nodes, -procs and -clients are for -mode xrc, not -mode %s", o.mode)
-	case o.fabric && o.addrGiven:
-		return errors.New("-fabric runs its servers in this program: -addr and -local name a device's servers, not the fabric's")
-	case o.fabricSizes && !o.fabric:
-		return errors.New("-nodes, -procs and -clients size the in-memory fabric: they need -fabric")
 	case o.mode == "xrc" && o.fabric && (o.nodes < 1 || o.nodes > 254 || o.procs < 1 || o.clients < 1):
 		return errors.New("xrc mode: -nodes must be 1 to 254, -procs and -clients 1 or more")
 	}

@@ -29,8 +29,8 @@ func TestOptionsCheck(t *testing.T) {
 		"negative procs":    func(o *options) { o.mode, o.fabric, o.procs = "xrc", true, -1 },
 		"no fabric clients": func(o *options) { o.mode, o.fabric, o.clients = "xrc", true, 0 },
 		"fabric in echo":    func(o *options) { o.fabric = true },
-		"nodes in latency":  func(o *options) { o.mode, o.fabricSizes = "latency", true },
-		"procs sans fabric": func(o *options) { o.mode, o.fabricSizes = "xrc", true },
+		"nodes in latency":  func(o *options) { o.mode, o.given = "latency", flagBit("nodes") },
+		"procs sans fabric": func(o *options) { o.mode, o.given = "xrc", flagBit("procs") },
 	} {
 		o := ok
 		mod(&o)
@@ -45,7 +45,7 @@ func TestOptionsCheck(t *testing.T) {
 func TestXRCDemoOnFabric(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	o := options{mode: "xrc", fabric: true, nodes: 2, procs: 3, clients: 2, json: true, size: 64, count: 1, conns: 1, depth: 1}
+	o := options{mode: "xrc", fabric: true, nodes: 2, procs: 3, clients: 2, json: true, size: 64, count: 1, conns: 1, depth: 64}
 	r, err := run(ctx, o)
 	if err != nil {
 		t.Fatal(err)

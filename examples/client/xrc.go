@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -25,29 +26,33 @@ import (
 // device with XRC preferred and prints the transport each connection got:
 // on a device without XRC (soft-RoCE), RC, and the log says why.
 func xrcDemo(ctx context.Context, o options) (r result, err error) {
-	r = result{Mode: "xrc", Addr: o.addr}
+	r = result{Mode: "xrc", Addr: o.addr, Size: o.size}
 	start := time.Now()
 	defer func() { r.Seconds = time.Since(start).Seconds() }()
 	out := o.text()
+	sized := []cm.Option{cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth)}
 	if !o.fabric {
 		logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		addrs := strings.Split(o.addr, ",")
+		p := newProgress(o.progress, "xrc", len(addrs))
+		defer p.stop()
 		for _, a := range addrs {
-			c, err := cm.Dial(ctx, a, o.dialOptions(cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger),
-				cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth), cm.WithBusyPoll(o.busyPoll))...)
+			c, err := cm.Dial(ctx, a, o.dialOptions(append(sized, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger),
+				cm.WithBusyPoll(o.busyPoll))...)...)
 			if err != nil {
 				return r, err
 			}
 			fmt.Fprintf(out, "%s: connected over %v\n", a, c.Transport())
 			err = greet(ctx, c, "echo") // examples/server's echo mode
 			if err == nil {
-				err = exchange(ctx, c, "hello over whatever the device allows")
+				err = exchange(ctx, c, "hello over whatever the device allows", o.size)
 			}
 			c.Close()
 			if err != nil {
 				return r, err
 			}
 			r.Count++
+			p.add(1)
 		}
 		return r, nil
 	}
@@ -68,7 +73,7 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 		servers = append(servers, node)
 		domain := filepath.Join(tmp, fmt.Sprintf("node%d", n))
 		for p := 0; p < o.procs; p++ {
-			l, err := cm.Listen(ctx, node.Addr().String()+":0", cm.WithFabric(node.Process()), cm.WithDomainPath(domain))
+			l, err := cm.Listen(ctx, node.Addr().String()+":0", append(sized, cm.WithFabric(node.Process()), cm.WithDomainPath(domain))...)
 			if err != nil {
 				return r, err
 			}
@@ -86,22 +91,26 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 			c.Close()
 		}
 	}()
+	p := newProgress(o.progress, "xrc", o.clients*len(addrs))
+	defer p.stop()
 	for i := 0; i < o.clients; i++ {
 		proc := clientNode.Process()
 		for _, a := range addrs {
-			c, err := cm.Dial(ctx, a, cm.WithFabric(proc), cm.WithDomainPath(clientDomain))
+			c, err := cm.Dial(ctx, a, append(sized, cm.WithFabric(proc), cm.WithDomainPath(clientDomain))...)
 			if err != nil {
 				return r, err
 			}
 			conns = append(conns, c)
-			if err := exchange(ctx, c, fmt.Sprintf("client %d to %s", i, a)); err != nil {
+			if err := exchange(ctx, c, fmt.Sprintf("client %d to %s", i, a), o.size); err != nil {
 				return r, err
 			}
 			r.Count++
+			p.add(1)
 		}
 	}
-	fmt.Fprintf(out, "%d client processes on one node, %d server nodes with %d processes each: %d connections, all echoed\n",
-		o.clients, o.nodes, o.procs, len(conns))
+	p.stop()
+	fmt.Fprintf(out, "%d client processes on one node, %d server nodes with %d processes each: %d connections, all echoed (%d bytes each way)\n",
+		o.clients, o.nodes, o.procs, len(conns), o.size)
 	fmt.Fprintf(out, "%-10s %5s %5s %12s %9s %21s\n", "node", "INIs", "TGTs", "TGT handles", "XRC QPs", "RC would need (QPs)")
 	show := func(name string, s memfabric.NodeStats, rc int) {
 		fmt.Fprintf(out, "%-10s %5d %5d %12d %9d %21d\n", name, s.INIs, s.TGTs, s.TGTHandles, s.QPs(), rc)
@@ -113,17 +122,23 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 	return r, nil
 }
 
-func exchange(ctx context.Context, c *cm.Conn, msg string) error {
-	if err := c.Send(ctx, []byte(msg)); err != nil {
+// exchange sends a message of size bytes, label cut or padded to it, and
+// checks its echo.
+func exchange(ctx context.Context, c *cm.Conn, label string, size int) error {
+	msg := make([]byte, size)
+	for i := copy(msg, label); i < size; i++ {
+		msg[i] = byte(i)
+	}
+	if err := c.Send(ctx, msg); err != nil {
 		return err
 	}
-	buf := make([]byte, len(msg)+64)
+	buf := make([]byte, size+64)
 	n, err := c.Recv(ctx, buf)
 	if err != nil {
 		return err
 	}
-	if string(buf[:n]) != msg {
-		return fmt.Errorf("echo %q, want %q", buf[:n], msg)
+	if !bytes.Equal(buf[:n], msg) {
+		return fmt.Errorf("%s: echo of %d bytes differs from the %d sent", label, n, size)
 	}
 	return nil
 }
@@ -137,7 +152,7 @@ func serveEcho(ctx context.Context, l *cm.Listener, n int) {
 		}
 		go func() {
 			defer c.Close()
-			buf := make([]byte, 4096)
+			buf := make([]byte, c.MaxRecvSize())
 			for {
 				k, err := c.Recv(ctx, buf)
 				if err != nil || c.Send(ctx, buf[:k]) != nil {

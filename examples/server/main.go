@@ -13,6 +13,9 @@
 // vanishes is let go once a keepalive probe finds it gone (-keepalive); one
 // that stays connected and silent is let go after -idle, if given.
 //
+// With -raw, -keepalive and -xrc are refused: raw connections send no
+// probes, and raw messages are plain sends on RC.
+//
 // With -xrc it prefers XRC: an XRC listener serves one device, so -addr
 // must be that device's address (or -device name it). On a device with XRC
 // it serves RC clients (those without -xrc, or on devices without XRC) on
@@ -52,18 +55,22 @@ func main() {
 	raw := flag.Bool("raw", false, "plain librdmacm messages (no goxrc framing); echo each one")
 	count := flag.Int("count", 0, "exit after serving this many connections (0: run until interrupted)")
 	idle := flag.Duration("idle", 0, "close a connection that sends nothing for this long (0: never)")
-	keepalive := flag.Duration("keepalive", 10*time.Second, "probe an idle client this often, so one whose node vanished is let go (0: off)")
+	keepalive := flag.Duration("keepalive", 10*time.Second, "probe an idle client this often, so one whose node vanished is let go (0: off; not with -raw)")
 	asJSON := flag.Bool("json", false, "print one JSON object per connection")
 	verbose := flag.Bool("v", false, "log connection events")
 	busyPoll := flag.Duration("busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
 	device := flag.String("device", "", "RDMA device to serve (e.g. rxe0); with an unspecified -addr, listen on its address only")
-	preferXRC := flag.Bool("xrc", false, "prefer XRC; on a device without it, log why RC is used (an XRC listener serves one device: give a device's -addr or -device)")
+	preferXRC := flag.Bool("xrc", false, "prefer XRC; on a device without it, log why RC is used (an XRC listener serves one device: give a device's -addr or -device; not with -raw)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run (until the server stops) to this file")
 	flag.Parse()
 	// Parsing stops at the first argument that is not a flag: the flags
 	// after it would be dropped without a word (server 10.0.0.1:7471 -count 1).
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "server: unexpected argument %q: every setting is a flag (-addr ip:port, ...)\n", flag.Arg(0))
+		os.Exit(2)
+	}
+	if err := ignoredFlag(flag.CommandLine, *raw); err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
 		os.Exit(2)
 	}
 	if *count < 0 || *idle < 0 || *keepalive < 0 {
@@ -143,6 +150,26 @@ func main() {
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
+}
+
+// framedOnly lists the flags that only framed connections (those without
+// -raw) use, and why; every other flag is used with and without -raw.
+// Given with -raw, they are refused: the server ran as if they were not
+// given (-keepalive without a word, -xrc with a log line).
+var framedOnly = map[string]string{
+	"keepalive": "raw connections send no probes",
+	"xrc":       "raw messages are plain sends on RC",
+}
+
+// ignoredFlag refuses a flag given in fs that a -raw server does not use.
+func ignoredFlag(fs *flag.FlagSet, raw bool) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if why, ok := framedOnly[f.Name]; ok && raw && err == nil {
+			err = fmt.Errorf("-%s has no effect with -raw: %s", f.Name, why)
+		}
+	})
+	return err
 }
 
 type result struct {
