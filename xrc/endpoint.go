@@ -919,8 +919,15 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		// The reverse leg of one of our dials: it must name a dial of
 		// ours still waiting, to the node it comes from.
 		c = e.pending[leg.Reciprocal]
-		if c == nil || c.recvLeg != nil || !sameNode(c.raddr.Addr(), ev.Remote.Addr()) ||
-			(c.peerInc != 0 && c.peerInc != leg.PeerIncarnation) {
+		ours := c != nil && c.recvLeg == nil && sameNode(c.raddr.Addr(), ev.Remote.Addr())
+		if ours && c.peerInc != 0 && c.peerInc != leg.PeerIncarnation {
+			// Its ACCEPT came from another incarnation: the dial cannot
+			// complete. It fails now, as checkReadyLocked fails it where
+			// this request comes first, not at its deadline.
+			c.failLocked(errIncarnation)
+			ours = false
+		}
+		if !ours {
 			e.mu.Unlock()
 			e.acc.Release(leg)
 			e.reject(ev, wire.RejectBadRequest, leg.PeerTag)

@@ -520,70 +520,115 @@ func TestDialRefusesAcceptNotAnsweringIt(t *testing.T) {
 // them), then cut bytes cut off the end. Whatever comes: no panic; the dial
 // succeeds only if it decodes to an ACCEPT that answers it (the tag echoed,
 // the TGT, and over a VIRT the domain, as the acceptor's own answer has
-// them), and a dial that fails keeps nothing (connections, INIs and kernel
-// handles as before).
+// them); a dial that fails, fails as a broken protocol, a peer gone or a
+// refusal, not by running to its deadline (which, without one of the
+// caller's, is HandshakeTimeout), and keeps nothing (connections, INIs and
+// kernel handles as before).
 func FuzzDialAccept(f *testing.F) {
 	f.Add([]byte{}, uint8(0), false)
 	f.Add([]byte{}, uint8(0), true)
 	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 1}, uint8(0), true)
 	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, uint8(0), false)
 	f.Add([]byte{0xff}, uint8(3), true)
-	f.Fuzz(func(t *testing.T, mask []byte, cut uint8, virt bool) {
-		w := newWorld(t)
-		var armed atomic.Bool
-		var mu sync.Mutex
-		var honest, sent []byte // the acceptor's answer, and what went instead
-		a := w.endpoint("10.0.73.1", 7000)
-		b := w.wrappedEndpoint("10.0.73.2", 7000, func(k kernel.Kernel) kernel.Kernel {
-			return replaceAccept{k, &armed, func(real []byte) []byte {
-				out := append([]byte(nil), real...)
-				for i, m := range mask {
-					if i < len(out) {
-						out[i] ^= m
-					} else {
-						out = append(out, m)
-					}
+	f.Add(otherIncarnation, uint8(0), true)
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, uint8(0), true) // and another SRQN
+	f.Fuzz(dialAltered)
+}
+
+// otherIncarnation flips a bit of the ACCEPT's incarnation.
+var otherIncarnation = []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}
+
+// An ACCEPT from another incarnation than the acceptor's own is refused
+// over an uplink in use, wherever the acceptor's reciprocal request for the
+// reverse leg (which names its real incarnation) falls: before the ACCEPT
+// is read, the dial failed at once; after it, the request was refused and
+// the dial waited for a reverse leg that could no longer come, to its
+// deadline. The order is a race (about half the dials); 20 dials.
+func TestDialAcceptOtherIncarnation(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		dialAltered(t, otherIncarnation, 0, true)
+	}
+}
+
+func dialAltered(t *testing.T, mask []byte, cut uint8, virt bool) {
+	w := newWorld(t)
+	var armed atomic.Bool
+	var mu sync.Mutex
+	var honest, sent []byte // the acceptor's answer, and what went instead
+	var other uint32        // the tag of the uplink's other connection, whose answers stay honest
+	a := w.endpoint("10.0.73.1", 7000)
+	b := w.wrappedEndpoint("10.0.73.2", 7000, func(k kernel.Kernel) kernel.Kernel {
+		return replaceAccept{k, &armed, func(real []byte) []byte {
+			var acc wire.Accept
+			if wire.DecodeAccept(real, &acc) == nil && acc.TagEcho == other {
+				// A MOVE of the other connection (a dial's send to a
+				// lying SRQN breaks the INI they share): altered, it
+				// would fail that connection, rightly.
+				return real
+			}
+			out := append([]byte(nil), real...)
+			for i, m := range mask {
+				if i < len(out) {
+					out[i] ^= m
+				} else {
+					out = append(out, m)
 				}
-				out = out[:len(out)-min(int(cut), len(out))]
-				mu.Lock()
-				defer mu.Unlock()
-				honest, sent = real, out
-				return out
-			}}
-		})
+			}
+			out = out[:len(out)-min(int(cut), len(out))]
+			mu.Lock()
+			defer mu.Unlock()
+			honest, sent = real, out
+			return out
+		}}
+	})
+	var ca, cb *Conn
+	if virt {
+		ca, cb = pair(t, a, b)
+		a.mu.Lock()
+		other = ca.sendTag
+		a.mu.Unlock()
+	}
+	// The uplink's other connection stays up, whatever the dial's ACCEPT.
+	defer func() {
+		if ca != nil && !t.Failed() {
+			armed.Store(false)
+			roundTrip(t, ca, cb, []byte("still up"))
+			roundTrip(t, cb, ca, []byte("still up"))
+		}
+	}()
+	before, handles := a.Stats(), a.p.Handles()
+	armed.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := a.Dial(ctx, b.Addr().String())
+	mu.Lock()
+	h, s := honest, sent
+	mu.Unlock()
+	if err == nil {
+		// As the dialer got them: the kernel pads private data with
+		// zeros to the carrier's size (a CM REP's 196 bytes, a SIDR
+		// REP's 136), and refuses more.
+		carrier := 196
 		if virt {
-			pair(t, a, b)
+			carrier = 136
 		}
-		before, handles := a.Stats(), a.p.Handles()
-		armed.Store(true)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		c, err := a.Dial(ctx, b.Addr().String())
-		mu.Lock()
-		h, s := honest, sent
-		mu.Unlock()
-		if err == nil {
-			// As the dialer got them: the kernel pads private data with
-			// zeros to the carrier's size (a CM REP's 196 bytes, a SIDR
-			// REP's 136), and refuses more.
-			carrier := 196
-			if virt {
-				carrier = 136
-			}
-			s = append(s[:len(s):len(s)], make([]byte, max(0, carrier-len(s)))...)
-			var want, got wire.Accept
-			if h == nil || wire.DecodeAccept(h, &want) != nil || wire.DecodeAccept(s, &got) != nil ||
-				got.TagEcho != want.TagEcho || got.TGTQPN != want.TGTQPN || virt && got.DomainID != want.DomainID {
-				t.Fatalf("dial took ACCEPT %x, the honest one %x", s, h)
-			}
-			c.Close()
-			return
+		s = append(s[:len(s):len(s)], make([]byte, max(0, carrier-len(s)))...)
+		var want, got wire.Accept
+		if h == nil || wire.DecodeAccept(h, &want) != nil || wire.DecodeAccept(s, &got) != nil ||
+			got.TagEcho != want.TagEcho || got.TGTQPN != want.TGTQPN || virt && got.DomainID != want.DomainID {
+			t.Fatalf("dial took ACCEPT %x, the honest one %x", s, h)
 		}
-		eventuallyWithin(t, 5*time.Second, "the dial's resources released", func() (bool, string) {
-			st := a.Stats()
-			return st.Conns == before.Conns && st.Uplinks == before.Uplinks && a.p.Handles() == handles,
-				fmt.Sprintf("%v: conns %d (%d before), INIs %d (%d), handles %d (%d)", err, st.Conns, before.Conns, st.Uplinks, before.Uplinks, a.p.Handles(), handles)
-		})
+		c.Close()
+		return
+	}
+	if errors.Is(err, context.DeadlineExceeded) ||
+		!errors.Is(err, ErrProtocol) && !errors.Is(err, ErrPeerGone) && !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial answered by ACCEPT %x (the honest one %x): %v", s, h, err)
+	}
+	eventuallyWithin(t, 5*time.Second, "the dial's resources released", func() (bool, string) {
+		st := a.Stats()
+		return st.Conns == before.Conns && st.Uplinks == before.Uplinks && a.p.Handles() == handles,
+			fmt.Sprintf("%v: conns %d (%d before), INIs %d (%d), handles %d (%d)", err, st.Conns, before.Conns, st.Uplinks, before.Uplinks, a.p.Handles(), handles)
 	})
 }
 
