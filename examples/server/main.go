@@ -196,7 +196,7 @@ func serve(ctx context.Context, c *cm.Conn, raw bool, idle time.Duration) result
 	}
 	buf := make([]byte, c.MaxRecvSize())
 	var err error
-	var request int // the mode request's bytes: not counted
+	request := -1 // the mode request's bytes: not counted (-1: none came)
 	if raw {
 		err = echo(ctx, c, buf)
 	} else {
@@ -206,7 +206,7 @@ func serve(ctx context.Context, c *cm.Conn, raw bool, idle time.Duration) result
 	<-stopped // idled is final: the watchdog may not close c after a clean end
 	st := c.Stats()
 	r.Messages, r.Bytes, r.Seconds = st.MessagesReceived, st.BytesReceived, time.Since(start).Seconds()
-	if request > 0 {
+	if request >= 0 { // an empty request is a message too
 		r.Messages--
 		r.Bytes -= uint64(request)
 	}
@@ -246,11 +246,11 @@ func watchIdle(c *cm.Conn, idle time.Duration, stop <-chan struct{}, idled *atom
 }
 
 // handle reads the client's first message, "echo" or "sink N", and serves
-// it. It returns the mode and the request's length (0 if none came).
+// it. It returns the mode and the request's length (-1 if none came).
 func handle(ctx context.Context, c *cm.Conn, buf []byte) (string, int, error) {
 	n, err := c.Recv(ctx, buf)
 	if err != nil {
-		return "?", 0, err
+		return "?", -1, err
 	}
 	f := strings.Fields(string(buf[:n]))
 	switch {
