@@ -86,6 +86,9 @@ func FuzzParseHello(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHello(b)
 		if err != nil {
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("refused with %v, not ErrProtocol", err)
+			}
 			return
 		}
 		// Anything accepted re-encodes to the same meaningful bytes.
@@ -100,6 +103,9 @@ func FuzzParseFrame(f *testing.F) {
 	f.Fuzz(func(t *testing.T, imm uint32, hasImm bool, n int, seq uint16, maxPayload, maxCredits int) {
 		h, err := parseFrame(imm, hasImm, n, seq, maxPayload, maxCredits)
 		if err != nil {
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("refused with %v, not ErrProtocol", err)
+			}
 			return
 		}
 		// Whatever is accepted is well-formed, within the connection's

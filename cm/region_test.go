@@ -3,6 +3,7 @@ package cm
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"math"
 	"net"
@@ -32,16 +33,25 @@ func TestRemoteRegionRejectsHostileDescriptors(t *testing.T) {
 	require.ErrorIs(t, err, ErrProtocol)
 }
 
-// FuzzUnmarshalRemoteRegion: a descriptor from a peer either fails to
-// decode or decodes to a region that does not wrap and marshals back to
-// the same bytes.
+// FuzzUnmarshalRemoteRegion: a descriptor from a peer is refused, with
+// ErrProtocol, exactly when it has the wrong length or its range wraps;
+// otherwise it decodes to a region that marshals back to the same bytes.
 func FuzzUnmarshalRemoteRegion(f *testing.F) {
 	f.Add(RemoteRegion{Addr: 0x7f00_0000_1000, Len: 8192, RKey: 7}.Marshal())
 	f.Add(RemoteRegion{Addr: math.MaxUint64, Len: 1}.Marshal())
+	f.Add(RemoteRegion{Addr: math.MaxUint64, Len: 0}.Marshal())
 	f.Add([]byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := UnmarshalRemoteRegion(b)
 		if err != nil {
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("%x refused with %v, not ErrProtocol", b, err)
+			}
+			if len(b) == RemoteRegionLen {
+				if a, n := binary.BigEndian.Uint64(b), binary.BigEndian.Uint32(b[8:]); a+uint64(n) >= a {
+					t.Fatalf("%x refused (%v), but it is a region that does not wrap", b, err)
+				}
+			}
 			return
 		}
 		if r.Addr+uint64(r.Len) < r.Addr {

@@ -2,7 +2,10 @@ package xrc
 
 import (
 	"errors"
+	"net"
 	"net/netip"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -78,7 +81,11 @@ func FuzzReverseLeg(f *testing.F) {
 
 // FuzzRejectErr: whatever a REJECTED or UNREACHABLE event carries, rejectErr
 // (uplink.go) takes a reason, detail and domain from a valid REJECT only,
-// and calls it RejectNoListener only for the CM's own no-listener statuses.
+// and calls it RejectNoListener only for the CM's own no-listener statuses
+// (a peer's REJECT cannot pass for the CM's reasons). The error is what
+// RejectError documents to a caller: for the peer's address; a refusal
+// (Status >= 0) matches ECONNREFUSED and says its reason; an unanswered
+// request (Status < 0) matches its errno; only -ETIMEDOUT is a Timeout.
 func FuzzRejectErr(f *testing.F) {
 	good := wire.Reject{Tag: 3, Reason: wire.RejectDomainMismatch, MinVersion: 1, MaxVersion: 2, DomainID: 77}
 	b := make([]byte, wire.BudgetREJ)
@@ -86,19 +93,34 @@ func FuzzRejectErr(f *testing.F) {
 	f.Add(true, int32(kernel.RejConsumerDefined), b)
 	f.Add(true, int32(kernel.RejInvalidServiceID), make([]byte, wire.BudgetREJ))
 	f.Add(false, int32(kernel.SIDRNoListener), []byte(nil))
+	f.Add(false, -int32(syscall.ETIMEDOUT), []byte(nil))
+	f.Add(false, -int32(syscall.ECONNREFUSED), b)
 	f.Fuzz(func(t *testing.T, rej bool, status int32, pd []byte) {
 		ev := kernel.Event{Type: kernel.EventUnreachable, Status: int(status), PrivateData: pd}
 		if rej {
 			ev.Type = kernel.EventRejected
 		}
-		err := rejectErr(netip.MustParseAddrPort("10.0.0.9:7000"), ev)
+		raddr := netip.MustParseAddrPort("10.0.0.9:7000")
+		err := rejectErr(raddr, ev)
 		var re *RejectError
-		if !errors.As(err, &re) || re.Status != ev.Status {
+		if !errors.As(err, &re) || re.Status != ev.Status || re.Addr != raddr.String() {
 			t.Fatalf("%v", err)
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || ne.Timeout() != (ev.Status == -int(syscall.ETIMEDOUT)) {
+			t.Fatalf("%v: Timeout %v for status %d", err, ne != nil && ne.Timeout(), ev.Status)
+		}
+		if ev.Status >= 0 && (!errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), re.Reason.String())) {
+			t.Fatalf("refusal %q (%+v): not ECONNREFUSED, or without its reason", err, re)
+		}
+		if ev.Status < 0 && (!errors.Is(err, syscall.Errno(-ev.Status)) ||
+			errors.Is(err, syscall.ECONNREFUSED) != (ev.Status == -int(syscall.ECONNREFUSED))) {
+			t.Fatalf("unanswered request %q: not (only) errno %d", err, -ev.Status)
 		}
 		var r wire.Reject
 		if wire.DecodeReject(pd, &r) == nil {
-			if re.Reason != RejectReason(r.Reason) || re.Detail != r.Detail || re.domain != r.DomainID {
+			if re.Reason != RejectReason(r.Reason) || re.Detail != r.Detail || re.domain != r.DomainID ||
+				re.Reason == RejectNoListener || re.Reason == RejectCM {
 				t.Fatalf("%+v from %+v", re, r)
 			}
 			return

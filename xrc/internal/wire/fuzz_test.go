@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 )
 
@@ -34,6 +35,15 @@ func FuzzDecodeReq(f *testing.F) {
 		}
 		var r Req
 		if err := DecodeReq(b, want, &r); err != nil {
+			// The acceptor answers a refused REQ with the error's reason:
+			// VERSION exactly for our magic with another version than 3
+			// (a peer of another version must learn our range), else
+			// BAD_REQUEST.
+			var de *DecodeError
+			other := len(b) >= 4 && b[0] == 0x58 && b[1] == 0x52 && b[2] != 3
+			if !errors.As(err, &de) || (de.RejectReason() == RejectVersion) != other {
+				t.Fatalf("%x refused with %v (a %T)", b, err, err)
+			}
 			return
 		}
 		if err := specReq(b, want, &r); err != nil {
