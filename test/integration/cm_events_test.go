@@ -89,6 +89,7 @@ func TestXRCRealSeamReadsAsyncEvents(t *testing.T) {
 	base := baseline(t, eventsDev)
 	p, err := real.Open(eventsDev, eventsVeth.Addr.Addr(), real.Options{})
 	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() }) // closed below; this on a failure
 	require.Zero(t, p.AsyncEventsRead())
 	require.NoError(t, netlink.LinkSetDown(netdev))
 	require.Eventually(t, func() bool { return p.AsyncEventsRead() >= 1 }, 20*time.Second, 20*time.Millisecond, "PORT_ERR read")
@@ -104,8 +105,10 @@ func dialAccept(t *testing.T, ctx context.Context, l *cm.Listener, opts ...cm.Op
 	t.Helper()
 	c, err := cm.Dial(ctx, l.Addr().String(), opts...)
 	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() }) // the caller closes both; this on a failure
 	s, err := l.Accept(ctx)
 	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
 	return c, s
 }
 

@@ -104,8 +104,10 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	accepted = acceptOne(t, ctx, l)
 	c2, err := cm.Dial(ctx, la.String(), cm.WithDevice(dev))
 	require.NoError(t, err)
+	defer c2.Close() // requireBothWays closes both; this on a failure
 	s2 := <-accepted
 	require.NotNil(t, s2)
+	defer s2.Close()
 	requireBothWays(t, c2, s2)
 
 	// A listener on the unspecified address: the kernel does not say
@@ -129,8 +131,10 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	accepted = acceptOne(t, ctx, l)
 	c4, err := cm.Dial(ctx, netip.AddrPortFrom(s3.RemoteAddr().(cm.Addr).Addr(), la.Port()).String())
 	require.NoError(t, err)
+	defer c4.Close() // requireBothWays closes both; this on a failure
 	s4 := <-accepted
 	require.NotNil(t, s4)
+	defer s4.Close()
 	requireBothWays(t, c4, s4)
 
 	// Without its zone a link-local address names no interface to bind.

@@ -210,6 +210,7 @@ func TestCMClientKilled(t *testing.T) {
 	ctx := cmCtx(t, 60*time.Second)
 	server, err := l.Accept(ctx)
 	require.NoError(t, err)
+	t.Cleanup(func() { server.Close() }) // a failure must not leave it to the leak checks of later tests
 	require.Equal(t, base.cm.ConnectionsOpen+1, cm.GlobalStats().ConnectionsOpen)
 	buf := make([]byte, 4096)
 	for i := 0; i < 100; i++ {
@@ -267,6 +268,7 @@ func rawConnectWith(t *testing.T, ch *rdmacm.EventChannel, addr string, cp rdmac
 	ctx := cmCtx(t, 10*time.Second)
 	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
 	require.NoError(t, err)
+	t.Cleanup(func() { id.Close() }) // the caller closes it; this on a failure
 	require.NoError(t, id.ResolveAddr(ctx, netip.AddrPort{}, netip.MustParseAddrPort(addr)))
 	require.NoError(t, id.ResolveRoute(ctx))
 	cp.QPNum, cp.RetryCount, cp.RNRRetryCount = rdmacmNextQPN(), 7, 7
@@ -286,6 +288,7 @@ func TestCMHandshakeGrantsReads(t *testing.T) {
 	l, addr := cmListen(t)
 	ch, err := rdmacm.NewEventChannel()
 	require.NoError(t, err)
+	t.Cleanup(func() { ch.Close() }) // closed below; this on a failure
 	before := cm.GlobalStats().AcceptErrors
 	id, _, err := rawConnectWith(t, ch, addr, rdmacm.ConnParam{PrivateData: goxrcHello(8, 4096), InitiatorDepth: 1})
 	var re *rdmacm.RejectError
@@ -322,6 +325,10 @@ func TestCMDialRefusesBadAnswers(t *testing.T) {
 	ch := rdmacmChannel(t)
 	l := rdmacmListen(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(ip, 0))
 	base := baseline(t, dev)
+	// After ctx's cancel (cleanups run last first): the acceptor of a
+	// failed round closes its id within this test.
+	var answering sync.WaitGroup
+	t.Cleanup(answering.Wait)
 	ctx := cmCtx(t, 60*time.Second)
 	good := rdmacm.ConnParam{PrivateData: goxrcHello(8, 4096), ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}
 	with := func(edit func(cp *rdmacm.ConnParam)) rdmacm.ConnParam {
@@ -347,7 +354,7 @@ func TestCMDialRefusesBadAnswers(t *testing.T) {
 		{"queue depth 65535", with(func(cp *rdmacm.ConnParam) { cp.PrivateData = goxrcHello(0xffff, 4096) }), "queue depth"},
 	} {
 		answered := make(chan rdmacm.EventType, 1)
-		go func() {
+		answering.Go(func() {
 			ev, err := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
 			if err != nil {
 				answered <- -1
@@ -362,7 +369,7 @@ func TestCMDialRefusesBadAnswers(t *testing.T) {
 			}
 			got, _ := ev.ID.Event(ctx) // the dialer's reject
 			answered <- got.Type
-		}()
+		})
 		conn, err := cm.Dial(ctx, netip.AddrPortFrom(ip, l.LocalAddr().Port()).String())
 		require.Nil(t, conn, c.name)
 		require.ErrorIs(t, err, cm.ErrProtocol, c.name)
@@ -379,6 +386,7 @@ func TestCMHandshakeNeverCompleted(t *testing.T) {
 	before := cm.GlobalStats().AcceptErrors
 	ch, err := rdmacm.NewEventChannel()
 	require.NoError(t, err)
+	t.Cleanup(func() { ch.Close() }) // closed below; this on a failure
 	id, ev, err := rawConnect(t, ch, addr, goxrcHello(8, 4096))
 	require.NoError(t, err, "the listener should answer a valid hello")
 	require.GreaterOrEqual(t, len(ev.PrivateData), 16)
@@ -400,13 +408,17 @@ func TestCMHandshakeNeverCompleted(t *testing.T) {
 	require.Equal(t, base.cm.ConnectionsOpen, cm.GlobalStats().ConnectionsOpen)
 	require.Equal(t, base.cm.QueuePairs, cm.GlobalStats().QueuePairs)
 
-	// The listener still serves proper dialers.
+	// The listener still serves proper dialers. The acceptor is waited
+	// for after ctx's cancel (cleanups run last first): on a failure its
+	// connection closes within this test.
+	var accepting sync.WaitGroup
+	t.Cleanup(accepting.Wait)
 	ctx := cmCtx(t, 20*time.Second)
-	go func() {
+	accepting.Go(func() {
 		if c, err := l.Accept(ctx); err == nil {
 			c.Close()
 		}
-	}()
+	})
 	c2, err := cm.Dial(ctx, addr)
 	require.NoError(t, err)
 	require.NoError(t, c2.Close())
@@ -426,6 +438,10 @@ func TestCMAcceptorGoneBeforeRTU(t *testing.T) {
 	ch := rdmacmChannel(t)
 	l := rdmacmListen(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(addr, 0))
 	base := baseline(t, dev) // the listener's id and channel close at the end
+	// After ctx's cancel (cleanups run last first): on a failure the
+	// acceptor's ids close within this test.
+	var serving sync.WaitGroup
+	t.Cleanup(serving.Wait)
 	ctx := cmCtx(t, 60*time.Second)
 	// The acceptor waits a little longer each round, so that its reject
 	// lands before our QP reaches RTS, between that and our RTU, or (its
@@ -433,7 +449,7 @@ func TestCMAcceptorGoneBeforeRTU(t *testing.T) {
 	const rounds = 12
 	delay := func(i int) time.Duration { return time.Duration(i) * 200 * time.Microsecond }
 	served := make(chan error, 1)
-	go func() {
+	serving.Go(func() {
 		for i := range rounds {
 			ev, err := l.WaitEvent(ctx, rdmacm.EventConnectRequest)
 			if err != nil {
@@ -452,8 +468,9 @@ func TestCMAcceptorGoneBeforeRTU(t *testing.T) {
 			}
 		}
 		served <- nil
-	}()
+	})
 	var closing sync.WaitGroup // each Close waits out a time-wait (2 s) where there is one
+	defer closing.Wait()       // also on a failure: the Closes report to t
 	for i := range rounds {
 		c, err := cm.Dial(ctx, l.LocalAddr().String(), cm.WithHandshakeTimeout(20*time.Second))
 		if err != nil {
@@ -462,6 +479,7 @@ func TestCMAcceptorGoneBeforeRTU(t *testing.T) {
 			t.Logf("round %d (acceptor gone after %v): Dial failed: %v", i, delay(i), err)
 			continue
 		}
+		defer c.Close() // closed in the background below; this on a failure
 		_, err = c.Recv(cmCtx(t, 5*time.Second), make([]byte, 64))
 		require.ErrorIs(t, err, cm.ErrPeerGone, "round %d: Recv on a connection the acceptor abandoned", i)
 		closing.Go(func() {
@@ -550,6 +568,7 @@ func TestCMGarbageHandshake(t *testing.T) {
 		before := cm.GlobalStats().AcceptErrors
 		ch, err := rdmacm.NewEventChannel()
 		require.NoError(t, err)
+		t.Cleanup(func() { ch.Close() }) // closed below; this on a failure
 		id, _, err := rawConnect(t, ch, addr, c.pd)
 		var re *rdmacm.RejectError
 		require.ErrorAs(t, err, &re, "%s: %v", c.name, err)
@@ -570,10 +589,14 @@ func TestCMNoLeaksAfterManyConnections(t *testing.T) {
 	dev, _ := softroce.Device(t)
 	base := baseline(t, dev)
 	l, addr := cmListen(t, cm.WithQueueDepth(4), cm.WithMessageSize(256))
+	// After ctx's cancel (cleanups run last first): the acceptor of a
+	// failed dial closes its connection within this test.
+	var accepting sync.WaitGroup
+	t.Cleanup(accepting.Wait)
 	ctx := cmCtx(t, 120*time.Second)
 	one := func(i int) error {
 		acc := make(chan error, 1)
-		go func() {
+		accepting.Go(func() {
 			c, err := l.Accept(ctx)
 			if err == nil {
 				buf := make([]byte, 256)
@@ -590,7 +613,7 @@ func TestCMNoLeaksAfterManyConnections(t *testing.T) {
 				err = errors.Join(err, c.Close())
 			}
 			acc <- err
-		}()
+		})
 		c, err := cm.Dial(ctx, addr, cm.WithQueueDepth(4), cm.WithMessageSize(256))
 		if err != nil {
 			return err
@@ -632,9 +655,13 @@ func TestCMRawServerWithRDMAClient(t *testing.T) {
 	}
 	l, addr := cmListen(t, cm.WithRawMessages(), cm.WithMessageSize(64), cm.WithQueueDepth(4))
 	port := addr[strings.LastIndexByte(addr, ':')+1:]
+	// After ctx's cancel (cleanups run last first): on a failure the
+	// server's connection closes within this test.
+	var serving sync.WaitGroup
+	t.Cleanup(serving.Wait)
 	ctx := cmCtx(t, 30*time.Second)
 	served := make(chan error, 1)
-	go func() {
+	serving.Go(func() {
 		c, err := l.Accept(ctx)
 		if err != nil {
 			served <- err
@@ -659,7 +686,7 @@ func TestCMRawServerWithRDMAClient(t *testing.T) {
 			}
 		}
 		served <- err
-	}()
+	})
 	out, err := exec.CommandContext(ctx, bin, "-s", ip.String(), "-p", port).CombinedOutput()
 	t.Logf("rdma_client: %s", strings.TrimSpace(string(out)))
 	require.NoError(t, err, "rdma_client failed")
@@ -682,8 +709,11 @@ func TestCMRawClientWithRDMAServer(t *testing.T) {
 	var out strings.Builder
 	srv.Stdout, srv.Stderr = &out, &out
 	require.NoError(t, srv.Start())
-	done := make(chan error, 1)
-	go func() { done <- srv.Wait() }()
+	done, exited := make(chan error, 1), make(chan struct{})
+	go func() { done <- srv.Wait(); close(exited) }()
+	// On a failure the process and its CM id and QP are gone before the
+	// next test (ctx's cancel would kill it only after this test).
+	t.Cleanup(func() { srv.Process.Kill(); <-exited })
 	var c *cm.Conn
 	for c == nil {
 		c, err = cm.Dial(ctx, addr, cm.WithRawMessages(), cm.WithMessageSize(64), cm.WithQueueDepth(4))

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -55,10 +56,16 @@ func cmHybridDevice(t *testing.T) (ip netip.Addr, base objects, done func()) {
 
 // echoAll accepts on l until it closes, echoes every message on each
 // connection, and reports each accepted connection's transport (the first
-// 16 not yet taken; later ones are dropped).
-func echoAll(ctx context.Context, l *cm.Listener) <-chan cm.Transport {
+// 16 not yet taken; later ones are dropped). When the test ends (before the
+// cleanups registered until now, such as the hybrid process's Close) l is
+// closed and the accepted connections are, within the test: a failure must
+// not leave them to close in a later test's leak check.
+func echoAll(t *testing.T, ctx context.Context, l *cm.Listener) <-chan cm.Transport {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); cancel(); wg.Wait() })
 	got := make(chan cm.Transport, 16)
-	go func() {
+	wg.Go(func() {
 		for {
 			c, err := l.Accept(ctx)
 			if err != nil {
@@ -68,7 +75,7 @@ func echoAll(ctx context.Context, l *cm.Listener) <-chan cm.Transport {
 			case got <- c.Transport():
 			default:
 			}
-			go func() {
+			wg.Go(func() {
 				defer c.Close()
 				buf := make([]byte, 256)
 				for {
@@ -77,9 +84,9 @@ func echoAll(ctx context.Context, l *cm.Listener) <-chan cm.Transport {
 						return
 					}
 				}
-			}()
+			})
 		}
-	}()
+	})
 	return got
 }
 
@@ -98,15 +105,17 @@ func TestCMXRCPreferListenerTakesRC(t *testing.T) {
 	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), xrcOpts...)
 	require.NoError(t, err)
 	addr := l.Addr().String()
-	accepted := echoAll(ctx, l)
+	accepted := echoAll(t, ctx, l) // closes l at the end too: the listeners and connections are closed below, at a failure there
 
 	rc, err := cm.Dial(ctx, addr, cm.WithLogger(logger))
 	require.NoError(t, err, "an XRCOff dial to an XRCPrefer listener")
+	t.Cleanup(func() { rc.Close() })
 	require.Equal(t, cm.TransportRC, rc.Transport())
 	require.Equal(t, cm.TransportRC, <-accepted)
 	exchange(t, ctx, rc, rc, "over RC")
 	x, err := cm.Dial(ctx, addr, xrcOpts...)
 	require.NoError(t, err, "an XRCPrefer dial to an XRCPrefer listener")
+	t.Cleanup(func() { x.Close() })
 	require.Equal(t, cm.TransportXRC, x.Transport())
 	require.Equal(t, cm.TransportXRC, <-accepted)
 	exchange(t, ctx, x, x, "over XRC")
@@ -126,8 +135,8 @@ func TestCMXRCPreferListenerTakesRC(t *testing.T) {
 	require.NoError(t, rl.Close())
 	l, err = cm.Listen(ctx, addr, xrcOpts...)
 	require.NoError(t, err, "an XRCPrefer listener takes the port back")
-	accepted = echoAll(ctx, l)
-	rc, err = cm.Dial(ctx, addr, cm.WithLogger(logger))
+	accepted = echoAll(t, ctx, l)
+	rc, err = cm.Dial(ctx, addr, cm.WithLogger(logger)) // the first rc closed: rc's cleanup closes this one
 	require.NoError(t, err)
 	require.Equal(t, cm.TransportRC, <-accepted)
 	exchange(t, ctx, rc, rc, "over RC again")
@@ -137,6 +146,7 @@ func TestCMXRCPreferListenerTakesRC(t *testing.T) {
 
 	req, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), append(xrcOpts, cm.WithXRC(cm.XRCRequire))...)
 	require.NoError(t, err)
+	t.Cleanup(func() { req.Close() })
 	_, err = cm.Dial(ctx, req.Addr().String(), cm.WithLogger(logger))
 	require.ErrorAs(t, err, &re, "an RC dial to an XRCRequire listener: %v", err)
 	require.ErrorIs(t, err, syscall.ECONNREFUSED)
@@ -163,12 +173,13 @@ func TestCMXRCPreferDialFallsBackToRC(t *testing.T) {
 	rcListen := func() (*cm.Listener, <-chan cm.Transport) {
 		l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), cm.WithLogger(logger))
 		require.NoError(t, err)
-		return l, echoAll(ctx, l)
+		return l, echoAll(t, ctx, l) // which closes l at the end too
 	}
 	dialRC := func(l *cm.Listener, accepted <-chan cm.Transport) {
 		t.Helper()
 		c, err := cm.Dial(ctx, l.Addr().String(), xrcOpts...)
 		require.NoError(t, err)
+		defer c.Close() // closed below; this on a failure
 		require.Equal(t, cm.TransportRC, c.Transport())
 		require.Equal(t, cm.TransportRC, <-accepted)
 		exchange(t, ctx, c, c, "fell back to RC")
@@ -183,9 +194,10 @@ func TestCMXRCPreferDialFallsBackToRC(t *testing.T) {
 
 	xl, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), xrcOpts...)
 	require.NoError(t, err)
-	xAccepted := echoAll(ctx, xl)
+	xAccepted := echoAll(t, ctx, xl)
 	x, err := cm.Dial(ctx, xl.Addr().String(), xrcOpts...)
 	require.NoError(t, err)
+	t.Cleanup(func() { x.Close() }) // closed below; this on a failure
 	require.Equal(t, cm.TransportXRC, x.Transport())
 	require.Equal(t, cm.TransportXRC, <-xAccepted)
 	uplinks := cm.GlobalStats().XRCUplinks
@@ -202,12 +214,13 @@ func TestCMXRCPreferDialFallsBackToRC(t *testing.T) {
 	require.NoError(t, rl.Close())
 	req, err := cm.Listen(ctx, addr, append(xrcOpts, cm.WithXRC(cm.XRCRequire))...)
 	require.NoError(t, err)
-	reqAccepted := echoAll(ctx, req)
+	reqAccepted := echoAll(t, ctx, req)
 	_, err = cm.Dial(ctx, addr, xrcOpts...)
 	var re *rdmacm.RejectError
 	require.ErrorAs(t, err, &re, "RC, on the remembered refusal: %v", err)
 	c, err := cm.Dial(ctx, addr, xrcOpts...)
 	require.NoError(t, err, "asked again")
+	t.Cleanup(func() { c.Close() })
 	require.Equal(t, cm.TransportXRC, c.Transport())
 	require.Equal(t, cm.TransportXRC, <-reqAccepted)
 	exchange(t, ctx, c, c, "XRC after all")
@@ -237,14 +250,17 @@ func TestCMXRCPreferListenerPortZeroRetries(t *testing.T) {
 	t.Cleanup(func() { os.WriteFile(rangeFile, old, 0o644) })
 	ch, err := rdmacm.NewEventChannel()
 	require.NoError(t, err)
+	t.Cleanup(func() { ch.Close() }) // both closed below; this on a failure
 	held, err := ch.CreateID(rdmacm.PortSpaceUDP, verbs.QPTypeUD)
 	require.NoError(t, err)
+	t.Cleanup(func() { held.Close() })
 	require.NoError(t, held.Bind(netip.AddrPortFrom(ip, 40000)))
 
 	opts := []cm.Option{cm.WithXRC(cm.XRCPrefer), cm.WithDomainPath(t.TempDir() + "/goxrc"), cm.WithLogger(cmTestLogger(t))}
 	for i := range 4 {
 		l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), opts...)
 		require.NoError(t, err, "listen %d", i)
+		t.Cleanup(func() { l.Close() }) // closed below; this on a failure
 		require.Equal(t, uint16(40001), netip.MustParseAddrPort(l.Addr().String()).Port(), "listen %d", i)
 		require.NoError(t, l.Close())
 		// The device stays open while idle, and the id that anchors it

@@ -212,6 +212,7 @@ func rdmacmConnectRC(t *testing.T, ch *rdmacm.EventChannel, l *rdmacm.ID, addr n
 
 func TestRDMACMBindDevice(t *testing.T) {
 	dev, ip := rdmacmEnv(t)
+	before := rdmacm.Counts() // an earlier test's leak is not this one's
 	ch := rdmacmChannel(t)
 	for _, k := range []struct {
 		ps rdmacm.PortSpace
@@ -221,6 +222,7 @@ func TestRDMACMBindDevice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		rdmacmClose(t, id) // closed below; this on a failure
 		if id.DeviceName() != "" {
 			t.Errorf("unbound id on device %q", id.DeviceName())
 		}
@@ -247,8 +249,8 @@ func TestRDMACMBindDevice(t *testing.T) {
 			t.Errorf("Listen after Close: %v", err)
 		}
 	}
-	if c := rdmacm.Counts(); c.IDs != 0 || c.Channels != 1 {
-		t.Errorf("counts %+v", c)
+	if c := rdmacm.Counts(); c.IDs != before.IDs || c.Channels != before.Channels+1 {
+		t.Errorf("counts %+v, before %+v", c, before)
 	}
 }
 
@@ -610,6 +612,7 @@ func TestRDMACMCloseSemantics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rdmacmClose(t, l) // closed below; this on a failure
 	if err := l.Bind(addr); err != nil {
 		t.Fatal(err)
 	}
@@ -654,10 +657,12 @@ func TestRDMACMCloseSemantics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { ch2.Close() }) // both closed below; this on a failure
 	id, err := ch2.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
 	if err != nil {
 		t.Fatal(err)
 	}
+	rdmacmClose(t, id)
 	if err := id.Bind(netip.AddrPortFrom(ip, 0)); err != nil {
 		t.Fatal(err)
 	}
@@ -762,7 +767,11 @@ func TestRDMACMConcurrent(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if err := <-srvErr; err != nil {
+	err := <-srvErr
+	for _, id := range srvIDs {
+		rdmacmClose(t, id) // closed below; this on the failure here
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	overtaken := 0

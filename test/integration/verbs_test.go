@@ -46,13 +46,19 @@ func openRXE(t testing.TB) *verbs.Context {
 }
 
 // requireNoVerbsLeaks checks, after every other cleanup of the test, that
-// every verbs object was released. Register it before creating anything.
+// every verbs object the test made was released: the counts are back to
+// those at its start. Objects an earlier test left are logged, not blamed on
+// this one (each later test failed for one leak; TestZZNothingLeaked reports
+// it). Register it before creating anything.
 func requireNoVerbsLeaks(t testing.TB) {
 	t.Helper()
 	cm.CloseIdleDevices() // an earlier test's, kept open while idle
-	require.True(t, verbs.Counts().IsZero(), "objects left over from an earlier test: %+v", verbs.Counts())
+	start := verbs.Counts()
+	if !start.IsZero() {
+		t.Logf("objects left over from an earlier test: %+v", start)
+	}
 	t.Cleanup(func() {
-		require.True(t, verbs.Counts().IsZero(), "leaked verbs objects: %+v\n%s", verbs.Counts(), objtrace.Report())
+		require.Equal(t, start, verbs.Counts(), "leaked verbs objects (the counts at the start first)\n%s", objtrace.Report())
 	})
 }
 
@@ -140,11 +146,14 @@ func TestVerbsOpenUnknownDevice(t *testing.T) {
 
 func TestVerbsObjectsLifecycle(t *testing.T) {
 	ctx := openRXE(t)
+	// Each is closed below, the cleanups on a failure before.
 	pd, err := ctx.AllocPD()
 	require.NoError(t, err)
+	cleanupClose(t, pd)
 
 	mr, err := pd.RegMR(10000, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
 	require.NoError(t, err)
+	cleanupClose(t, mr)
 	require.Len(t, mr.Bytes(), 10000)
 	require.Zero(t, mr.Addr()%uint64(os.Getpagesize()), "page aligned")
 	require.NotZero(t, mr.LKey())
@@ -158,8 +167,10 @@ func TestVerbsObjectsLifecycle(t *testing.T) {
 
 	ch, err := ctx.NewCompChannel()
 	require.NoError(t, err)
+	cleanupClose(t, ch)
 	cq, err := ctx.CreateCQ(16, ch, 0)
 	require.NoError(t, err)
+	cleanupClose(t, cq)
 	require.GreaterOrEqual(t, cq.CQE(), 16)
 	_, err = ctx.CreateCQ(16, ch, 0)
 	require.ErrorIs(t, err, syscall.EBUSY, "one CQ per channel")
@@ -167,6 +178,7 @@ func TestVerbsObjectsLifecycle(t *testing.T) {
 
 	srq, err := pd.CreateSRQ(verbs.SRQInit{MaxWR: 32, MaxSGE: 1})
 	require.NoError(t, err)
+	cleanupClose(t, srq)
 	num, err := srq.Num()
 	t.Logf("basic SRQ number on rxe: %d, %v", num, err)
 	if err != nil {
@@ -395,13 +407,16 @@ func TestVerbsSharedCompChannel(t *testing.T) {
 	cleanupClose(t, ch)
 	cqA, err := ctx.CreateCQ(16, ch, 0)
 	require.NoError(t, err)
+	cleanupClose(t, cqA) // closed below; this on a failure
 	cqB, err := ctx.CreateCQ(16, ch, 0)
 	require.NoError(t, err, "a shared channel takes many CQs")
+	cleanupClose(t, cqB)
 	_, err = cqA.Wait(context.Background(), make([]verbs.WorkCompletion, 1))
 	require.ErrorIs(t, err, syscall.EINVAL, "CQ.Wait on a shared channel")
 	require.ErrorIs(t, ch.Close(), syscall.EBUSY, "CQs still open")
 	private, err := ctx.NewCompChannel()
 	require.NoError(t, err)
+	cleanupClose(t, private)
 	_, err = private.GetEvents(context.Background(), make([]*verbs.CQ, 1))
 	require.ErrorIs(t, err, syscall.EINVAL, "GetEvents on a one-CQ channel")
 	require.NoError(t, private.Close())
@@ -686,24 +701,32 @@ func TestVerbsRCLoopback(t *testing.T) {
 		send := []verbs.SendWR{{ID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SGL: []verbs.SGE{p.mr.SGE(0, 32)}}}
 		inline := []verbs.SendWR{{ID: 3, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, Inline: []byte("0123456789")}}
 		wcs := p.wcs
+		// t.Fatal, not panic: AllocsPerRun runs this on the test's
+		// goroutine, and a panic would end every test after this one. A
+		// completion that never comes fails it too, not the binary's
+		// timeout.
 		roundTrip := func(s []verbs.SendWR) {
 			if err := p.b.PostRecv(recv); err != nil {
-				panic(err)
+				t.Fatal(err)
 			}
 			if err := p.a.PostSend(s); err != nil {
-				panic(err)
+				t.Fatal(err)
 			}
+			deadline := time.Now().Add(10 * time.Second)
 			for got := 0; got < 2; {
 				n, err := p.cq.Poll(wcs)
 				if err != nil {
-					panic(err)
+					t.Fatal(err)
 				}
 				for _, wc := range wcs[:n] {
 					if wc.Status != verbs.WCSuccess {
-						panic(wc.Err())
+						t.Fatal(wc.Err())
 					}
 				}
 				got += n
+				if n == 0 && time.Now().After(deadline) {
+					t.Fatalf("%d of 2 completions in 10 s", got)
+				}
 			}
 		}
 		require.Zero(t, testing.AllocsPerRun(200, func() { roundTrip(send) }), "PostRecv+PostSend+Poll allocate")
@@ -791,16 +814,21 @@ func TestVerbsAsyncEventNamesItsOwnSRQ(t *testing.T) {
 	var fresh *verbs.SRQ
 	replaced := make(chan error, 1)
 	var once sync.Once
+	// On a failure the replacement is waited for and fresh closed, in this
+	// test: not left to the leak checks of later ones. The once.Do there
+	// returns when the hook has started the replacement or never will.
+	var replacing sync.WaitGroup
+	t.Cleanup(func() { once.Do(func() {}); replacing.Wait(); fresh.Close() })
 	defer faults.Set(func(op string) error {
 		if op == "ibv_get_async_event" {
 			once.Do(func() {
-				go func() {
+				replacing.Go(func() {
 					err := errors.Join(p.a.Close(), p.b.Close(), old.Close())
 					if err == nil {
 						fresh, err = pd.CreateSRQ(init)
 					}
 					replaced <- err
-				}()
+				})
 				select {
 				case err := <-replaced:
 					replaced <- err
@@ -915,6 +943,7 @@ func TestVerbsUDLoopback(t *testing.T) {
 	ah2, err := pd.CreateAH(verbs.AHAttr{IsGlobal: true, PortNum: verbsPort,
 		GRH: verbs.GlobalRoute{DGID: gid.GID, SGIDIndex: uint8(gid.Index), HopLimit: 64}})
 	require.NoError(t, err)
+	cleanupClose(t, ah2) // closed below; this on a failure
 	started, posted := make(chan struct{}), make(chan error, 1)
 	var once sync.Once
 	start := func() { once.Do(func() { close(started) }) }
@@ -949,6 +978,7 @@ func TestVerbsCloseWakesWait(t *testing.T) {
 	cleanupClose(t, ch)
 	cq, err := ctx.CreateCQ(8, ch, 0)
 	require.NoError(t, err)
+	cleanupClose(t, cq) // closed below; this on a failure
 	done := make(chan error, 1)
 	go func() {
 		_, err := cq.Wait(context.Background(), make([]verbs.WorkCompletion, 4))
@@ -1100,21 +1130,29 @@ func BenchmarkVerbsSendRecv(b *testing.B) {
 func TestObjectTraceNamesCreators(t *testing.T) {
 	ctx := openRXE(t)
 	require.True(t, objtrace.Enabled(), "TestMain turns tracing on")
+	// Each is closed below, the cleanups on a failure before.
 	pd, err := ctx.AllocPD()
 	require.NoError(t, err)
+	cleanupClose(t, pd)
 	cc, err := ctx.NewCompChannel()
 	require.NoError(t, err)
+	cleanupClose(t, cc)
 	cq, err := ctx.CreateCQ(4, cc, 0)
 	require.NoError(t, err)
+	cleanupClose(t, cq)
 	mr, err := pd.RegMR(4096, verbs.AccessLocalWrite)
 	require.NoError(t, err)
+	cleanupClose(t, mr)
 	qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
 		Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	require.NoError(t, err)
+	cleanupClose(t, qp)
 	ch, err := rdmacm.NewEventChannel()
 	require.NoError(t, err)
+	cleanupClose(t, ch)
 	id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
 	require.NoError(t, err)
+	cleanupClose(t, id)
 
 	const here = "integration.TestObjectTraceNamesCreators "
 	made := []string{"verbs context", "PD", "completion channel", "CQ", "MR", "QP", "CM event channel", "CM id"}
@@ -1194,6 +1232,7 @@ func TestVerbsSRQNumAfterClose(t *testing.T) {
 	cleanupClose(t, pd)
 	srq, err := pd.CreateSRQ(verbs.SRQInit{MaxWR: 4, MaxSGE: 1})
 	require.NoError(t, err)
+	cleanupClose(t, srq) // closed below; this on a failure
 	_, err = srq.Num()
 	if !errors.Is(err, verbs.ErrNotSupported) {
 		require.NoError(t, err)
@@ -1219,6 +1258,6 @@ func TestVerbsAsyncErrBesideAsyncEvents(t *testing.T) {
 			}
 		}
 	}()
+	defer func() { <-done }() // also on a failure: a t.Error after the test ended panics
 	require.NotNil(t, ctx.AsyncEvents(), "%v", ctx.AsyncErr())
-	<-done
 }

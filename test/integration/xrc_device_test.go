@@ -39,6 +39,9 @@ func TestXRCDeviceEndpoint(t *testing.T) {
 	} {
 		what := fmt.Sprintf("Device %q Addr %s", cfg.Device, cfg.Addr)
 		ep, err := xrc.NewEndpoint(ctx, cfg)
+		if err == nil {
+			t.Cleanup(func() { ep.Close() }) // closed below; this on a failure
+		}
 		if noXRC == nil {
 			require.NoError(t, err, what)
 			require.Equal(t, ip, ep.Addr().Addr(), what)
@@ -83,11 +86,12 @@ func testCMOverXRC(t *testing.T, ip netip.Addr, base objects) {
 		opts := []cm.Option{cm.WithXRC(mode), cm.WithDomainPath(dir), cm.WithLogger(cmTestLogger(t))}
 		l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), opts...)
 		require.NoError(t, err, mode)
-		echoAll(ctx, l)
+		echoAll(t, ctx, l) // closes l at the end too: it and the connections are closed below, at a failure there
 		var conns []*cm.Conn
 		for i := range 3 {
 			c, err := cm.Dial(ctx, l.Addr().String(), opts...)
 			require.NoError(t, err, "%v dial %d", mode, i)
+			t.Cleanup(func() { c.Close() })
 			conns = append(conns, c)
 			require.Equal(t, cm.TransportXRC, c.Transport())
 			require.ErrorIs(t, c.SendWithImm(ctx, []byte("x"), 1), cm.ErrNotSupported)
