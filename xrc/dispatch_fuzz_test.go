@@ -1,10 +1,14 @@
 package xrc
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/verbs"
@@ -106,20 +110,133 @@ func FuzzFrameDispatch(f *testing.F) {
 	})
 }
 
+// deliverModel is what Endpoint.deliver should do with a message, written
+// from docs/xrc-protocol.md ("Data path", "Flow control"), the slow way: a
+// message is taken only if its receive succeeded, it has a payload, and its
+// tag names a live leg and it came through that leg's TGT, or through the
+// TGT the leg moved away from until the SRQ next drains and while no other
+// sender's TGT holds that number; or its tag is a reverse leg announced and
+// not registered yet, kept up to twice the window. Everything else is
+// counted in Stats.Dropped, and so is a taken frame that is malformed, data
+// after the peer's FIN, a credit frame whose body is not 4 bytes, a
+// keepalive with a body, a FIN naming other tags. A data number seen before
+// (or older than the window) counts as a duplicate; one a span or more
+// ahead, or one that finds the queue at twice the window, fails the
+// connection as an overrun (ErrProtocol), which ends its receiving leg: what
+// comes later for its tag is dropped. A full FIN ends the leg too.
+type deliverModel struct {
+	window                  int
+	registered, fin, failed bool
+	drained, otherHoldsOld  bool
+	q, early                [][]byte
+	earlyTGT                []uint32
+	seen                    *replayModel
+	dropped, dups, overruns uint64
+	consumed                bool // the last message reached the leg: a sign of life
+	kept                    bool
+}
+
+func (m *deliverModel) deliver(imm, tgt uint32, ok bool, p []byte, tag, early, legTGT, oldTGT, peerTag uint32) {
+	m.kept, m.consumed = false, false
+	switch {
+	case !ok || len(p) == 0:
+		m.dropped++
+	case imm == early:
+		if len(m.early) < 2*m.window {
+			m.early, m.earlyTGT, m.kept = append(m.early, p), append(m.earlyTGT, tgt), true
+		} else {
+			m.dropped++
+		}
+	case imm == tag && m.registered && (tgt == legTGT || tgt == oldTGT && !m.drained && !m.otherHoldsOld):
+		m.consumed = true
+		m.consume(p, tag, peerTag)
+	default:
+		m.dropped++
+	}
+}
+
+func (m *deliverModel) consume(p []byte, tag, peerTag uint32) {
+	body := p[1:]
+	switch p[0] {
+	case 'D':
+		if len(body) < 4 || m.fin {
+			m.dropped++
+			return
+		}
+		s := binary.BigEndian.Uint32(body)
+		if d := s - m.seen.next; int32(d) >= 0 && d >= m.seen.size {
+			m.overruns++
+			m.fail()
+			return
+		}
+		if !m.seen.take(s) {
+			m.dups++
+			return
+		}
+		if len(m.q) == 2*m.window {
+			m.overruns++
+			m.fail()
+			return
+		}
+		m.q, m.kept = append(m.q, p), true
+	case 'C':
+		if len(body) != 4 {
+			m.dropped++
+		}
+	case 'H':
+		if len(body) != 0 {
+			m.dropped++
+		}
+	case 'F':
+		var f wire.FIN
+		if wire.DecodeFIN(body, &f) != nil || f.Tag != tag || f.SenderTag != peerTag {
+			m.dropped++
+			return
+		}
+		m.fin = true
+		if !f.Half {
+			m.registered = false
+		}
+	default:
+		m.dropped++
+	}
+}
+
+func (m *deliverModel) fail() { m.failed, m.registered = true, false }
+
 // FuzzDeliver drives the receive loop's whole dispatch (Endpoint.deliver):
 // each message has a tag (the leg's, an unknown one, or the reserved tag
 // of a reverse leg not registered yet), a TGT (the leg's, a number it moved
-// away from, another sender's), a status and a payload. Whatever comes: no
-// panic; nothing through a TGT the leg never received through is queued;
-// the early list stays within its bound; nothing is kept for an unknown tag.
+// away from, another sender's, 0), a status and a payload; between messages
+// the SRQ may drain (the moved-from TGT is then refused) and another
+// sender's TGT may take the moved-from number. Whatever comes, deliver does
+// what deliverModel does: the same messages kept, in the queue in the same
+// order, the same counted as dropped, duplicates and overruns (exactly, so
+// nothing is dropped uncounted or counted twice), the connection failed and
+// ended and FIN'd alike; only a message that reached the leg counts as a
+// sign of life (lastSeen); and credit frames never move acked (nothing was
+// sent).
 func FuzzDeliver(f *testing.F) {
 	const tag, peerTag, early = 0x2222, 0x1111, 0x3333
 	const tgt, oldTGT, otherTGT = 0x50, 0x40, 0x60
+	fin := func(half bool) []byte {
+		b := make([]byte, 1+wire.FinLen)
+		b[0] = kindFIN
+		(&wire.FIN{Tag: tag, SenderTag: peerTag, Half: half}).Encode(b[1:])
+		return b
+	}
 	f.Add([]byte{0, 6, 'D', 0, 0, 0, 0, 'x', 0x11, 1, 'H', 0x20, 1, 'H', 0x04, 6, 'D', 0, 0, 0, 1, 'y'}, uint8(1))
 	f.Add([]byte{0x12, 6, 'D', 0, 0, 0, 0, 'x', 0x02, 0, 0x40, 3, 'C', 0, 0}, uint8(4))
+	f.Add([]byte{0x04, 5, 'D', 0, 0, 0, 0, 0x84, 5, 'D', 0, 0, 0, 1, 0x24, 5, 'D', 0, 0, 0, 2, 0x00, 5, 'D', 0, 0, 0, 3}, uint8(2))
+	msg := func(sel byte, p []byte) []byte { return append([]byte{sel, byte(len(p))}, p...) }
+	f.Add(slices.Concat(msg(0, fin(true)), msg(0, []byte{'D', 0, 0, 0, 0}), msg(0, []byte{'C', 0, 0, 0, 1}), msg(0, fin(false)), msg(0, []byte{'H'})), uint8(1))
+	f.Add([]byte{0, 5, 'D', 0, 0, 0, 0x40, 0, 5, 'D', 0, 0, 0, 0, 0, 5, 'D', 0, 0, 0, 1, 0, 5, 'D', 0, 0, 0, 2, 0, 1, 'H'}, uint8(0))
+	// Window 1: the third number in a row finds the queue full.
+	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0}), msg(0, []byte{'H', 'x'}), msg(0, []byte{'D', 0, 0, 0, 1}), msg(0, []byte{'D', 0, 0, 0, 2}), msg(0, []byte{'D', 0, 0, 0, 3})), uint8(0))
 	f.Fuzz(func(t *testing.T, msgs []byte, window uint8) {
+		drains := uint64(0)
 		e := &Endpoint{cfg: Config{RecvWindow: int(window%8) + 1}, conns: map[*Conn]struct{}{}, pending: map[uint32]*Conn{},
-			recv: map[uint32]*Conn{}, acc: newAcceptor(acceptorConfig{})}
+			recv: map[uint32]*Conn{}, acc: newAcceptor(acceptorConfig{Drains: func() uint64 { return drains }})}
 		dl := &downlink{TGTQPN: tgt, count: 2} // 2: a release never reaches the (absent) kernel
 		leg := &acceptedLeg{PeerIncarnation: 1, PeerTag: peerTag, Tag: tag, Downlink: dl, prev: []prevTGT{{num: oldTGT, dl: &downlink{TGTQPN: oldTGT, count: 1, prevs: 1}}}}
 		e.acc.legs[legKey{1, peerTag}] = leg
@@ -133,32 +250,75 @@ func FuzzDeliver(f *testing.F) {
 		d.earlyTag = early
 		e.recv[early] = d
 		e.mu.Unlock()
+		span := uint32(64) // "twice its receive window rounded up to a power of two, at least 64"
+		for span < uint32(2*e.cfg.RecvWindow) {
+			span *= 2
+		}
+		m := &deliverModel{window: e.cfg.RecvWindow, registered: true, seen: newReplayModel(span, 0)}
+		other := &downlink{TGTQPN: oldTGT, Incarnation: 2, count: 1}
+		past := time.Unix(1, 0)
 		for len(msgs) >= 2 {
 			sel, n := msgs[0], int(msgs[1])
 			msgs = msgs[2:]
 			n = min(n, len(msgs))
 			p := append([]byte(nil), msgs[:n]...)
 			msgs = msgs[n:]
+			if sel&0x80 != 0 { // the receive loop emptied the SRQ
+				drains++
+				m.drained = true
+			}
+			if sel&0x20 != 0 && !m.otherHoldsOld { // another sender's TGT got the number left
+				e.acc.byTGT[oldTGT] = other
+				m.otherHoldsOld = true
+			}
 			wc := kernel.RecvCompletion{Imm: []uint32{tag, early, 0x9999, 0}[sel&3], TGTQPN: []uint32{tgt, oldTGT, otherTGT, 0}[sel>>2&3], Payload: p}
 			if sel&0x40 != 0 {
 				wc.Status = verbs.WCLocLenErr
 			}
 			e.mu.Lock()
-			qBefore, earlyBefore := c.q.Len(), len(d.early)
+			c.lastSeen = past
 			e.mu.Unlock()
 			kept := e.deliver(&wc)
+			m.deliver(wc.Imm, wc.TGTQPN, wc.Status == verbs.WCSuccess, p, tag, early, tgt, oldTGT, peerTag)
+
 			e.mu.Lock()
-			switch {
-			case kept && wc.Imm == tag && (wc.TGTQPN == otherTGT || wc.TGTQPN == 0 || c.q.Len() != qBefore+1):
-				t.Fatalf("kept %x through TGT %#x (queue %d -> %d)", p, wc.TGTQPN, qBefore, c.q.Len())
-			case kept && wc.Imm == early && len(d.early) != earlyBefore+1:
-				t.Fatalf("kept early, list %d -> %d", earlyBefore, len(d.early))
-			case kept && wc.Imm != tag && wc.Imm != early:
-				t.Fatalf("kept a message for unknown tag %#x", wc.Imm)
-			case kept && wc.Status != verbs.WCSuccess:
-				t.Fatal("kept a failed receive")
-			case len(d.early) > maxQueued(e.cfg.RecvWindow) || c.q.Len() > maxQueued(e.cfg.RecvWindow):
-				t.Fatalf("early %d, queue %d over %d", len(d.early), c.q.Len(), maxQueued(e.cfg.RecvWindow))
+			where := func() string {
+				return fmt.Sprintf("message %x (tag %#x, TGT %#x, status %v, drained %v, old number taken %v)",
+					p, wc.Imm, wc.TGTQPN, wc.Status, m.drained, m.otherHoldsOld)
+			}
+			if kept != m.kept {
+				t.Fatalf("%s: kept %v, the model %v", where(), kept, m.kept)
+			}
+			if got := [3]uint64{e.dropped.Load(), e.duplicates.Load(), e.overruns.Load()}; got != [3]uint64{m.dropped, m.dups, m.overruns} {
+				t.Fatalf("%s: dropped, duplicates, overruns %v, the model %v", where(), got, [3]uint64{m.dropped, m.dups, m.overruns})
+			}
+			if c.q.Len() != len(m.q) {
+				t.Fatalf("%s: queue of %d, the model %d", where(), c.q.Len(), len(m.q))
+			}
+			for i := range m.q {
+				if !bytes.Equal(*c.q.At(i), m.q[i]) {
+					t.Fatalf("%s: queued #%d %x, the model %x", where(), i, *c.q.At(i), m.q[i])
+				}
+			}
+			if len(d.early) != len(m.early) {
+				t.Fatalf("%s: %d early, the model %d", where(), len(d.early), len(m.early))
+			}
+			for i, x := range d.early {
+				if x.tgt != m.earlyTGT[i] || !bytes.Equal(x.payload, m.early[i]) {
+					t.Fatalf("%s: early #%d %#x %x, the model %#x %x", where(), i, x.tgt, x.payload, m.earlyTGT[i], m.early[i])
+				}
+			}
+			if (c.err != nil) != m.failed || (c.err != nil && !errors.Is(c.err, ErrProtocol)) {
+				t.Fatalf("%s: connection error %v, the model failed %v", where(), c.err, m.failed)
+			}
+			if c.finRcvd != m.fin || (e.recv[tag] == c) != m.registered {
+				t.Fatalf("%s: FIN %v, registered %v; the model %v, %v", where(), c.finRcvd, e.recv[tag] == c, m.fin, m.registered)
+			}
+			if seen := !c.lastSeen.Equal(past); seen != m.consumed {
+				t.Fatalf("%s: counted as a sign of life %v, the model %v", where(), seen, m.consumed)
+			}
+			if c.acked != 0 || d.err != nil {
+				t.Fatalf("%s: acked %d with nothing sent; announced dial's error %v", where(), c.acked, d.err)
 			}
 			e.mu.Unlock()
 		}
