@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math"
 	"testing"
+
+	"github.com/goxrc/goxrc/internal/fuzzpick"
 )
 
 // Completeness and exact refusal for the framed connection's wire: the
@@ -15,24 +17,6 @@ import (
 // check that what is accepted is valid; these check that everything valid
 // is accepted, as it was sent, and that at every bound exactly the invalid
 // side is refused.
-
-// pickIn maps any x into lo..hi, at a bound one time in four.
-func pickIn(x, lo, hi uint64) uint64 {
-	if hi-lo < 16 {
-		return lo + x%(hi-lo+1)
-	}
-	switch x % 8 {
-	case 0:
-		return lo
-	case 1:
-		return lo + 1
-	case 2:
-		return hi - 1
-	case 3:
-		return hi
-	}
-	return lo + (x>>3)%(hi-lo+1)
-}
 
 // helloLayout writes h as hello.go's comment lays it out, big-endian.
 func helloLayout(h hello) []byte {
@@ -88,8 +72,8 @@ func FuzzHelloComplete(f *testing.F) {
 		f.Add(uint16(x), uint32(x), x, uint32(x))
 	}
 	f.Fuzz(func(t *testing.T, depth uint16, msg uint32, addr uint64, rkey uint32) {
-		h := hello{queueDepth: uint16(pickIn(uint64(depth), 2, 4000)), maxMessage: uint32(pickIn(uint64(msg), 1, 1<<30)),
-			probe: probeTarget{addr: pickIn(addr, 0, math.MaxUint64-8), rkey: rkey}}
+		h := hello{queueDepth: uint16(fuzzpick.Pick(uint64(depth), 2, 4000)), maxMessage: uint32(fuzzpick.Pick(uint64(msg), 1, 1<<30)),
+			probe: probeTarget{addr: fuzzpick.Pick(addr, 0, math.MaxUint64-8), rkey: rkey}}
 		if !checkHello(t, h) {
 			t.Fatalf("the generator made an invalid hello %+v", h)
 		}
@@ -179,15 +163,15 @@ func FuzzFrameComplete(f *testing.F) {
 	f.Fuzz(func(t *testing.T, sel uint8, credits, seq uint16, n, maxPayload uint32, maxCredits uint16) {
 		kind := frameKind(1 + sel%3)
 		starved, withImm := sel&4 != 0, sel&8 != 0 && kind == frameData
-		slots := int(pickIn(uint64(maxCredits), 2, 4000)) // the peer's queue depth
-		h := frameHeader{kind: kind, credits: uint16(pickIn(uint64(credits), 0, uint64(slots))), seq: seq}
+		slots := int(fuzzpick.Pick(uint64(maxCredits), 2, 4000)) // the peer's queue depth
+		h := frameHeader{kind: kind, credits: uint16(fuzzpick.Pick(uint64(credits), 0, uint64(slots))), seq: seq}
 		if starved {
 			h.flags |= flagStarved
 		}
-		maxP := int(pickIn(uint64(maxPayload), 1, 1<<30))
+		maxP := int(fuzzpick.Pick(uint64(maxPayload), 1, 1<<30))
 		size := 0
 		if kind == frameData {
-			size = int(pickIn(uint64(n), 0, uint64(maxP)))
+			size = int(fuzzpick.Pick(uint64(n), 0, uint64(maxP)))
 			if withImm {
 				h.flags |= flagImm
 				size += userImmLen

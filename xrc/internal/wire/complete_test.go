@@ -7,6 +7,8 @@ import (
 	"math"
 	"regexp"
 	"testing"
+
+	"github.com/goxrc/goxrc/internal/fuzzpick"
 )
 
 // Completeness and exact refusal. The decode fuzzers check that what a
@@ -213,30 +215,6 @@ func exactFIN(t *testing.T, f FIN) bool {
 		func(b []byte) error { return specFIN(b, nil) }, []int{FinLen}, DecodeFIN)
 }
 
-// pick maps any x into lo..hi: a small range (up to 16 values) x modulo
-// its size, a larger one at a bound one time in four (x%8 0 and 1 give lo
-// and lo+1, 2 and 3 hi-1 and hi), the rest spread over the range.
-func pick(x, lo, hi uint64) uint64 {
-	if hi-lo < 16 {
-		return lo + x%(hi-lo+1)
-	}
-	switch x % 8 {
-	case 0:
-		return lo
-	case 1:
-		return lo + 1
-	case 2:
-		return hi - 1
-	case 3:
-		return hi
-	}
-	span := hi - lo + 1
-	if span == 0 { // the whole of uint64
-		return x >> 3
-	}
-	return lo + (x>>3)%span
-}
-
 const u24, u32, u64 = 1<<24 - 1, math.MaxUint32, math.MaxUint64
 
 // The REQ flag sets the document allows: any of RECIPROCAL, REPLACES_TGT
@@ -255,25 +233,25 @@ func validReq(sel uint8, tag, peer uint32, inc uint64, ini, hint uint32, dom uin
 	if sel&1 != 0 {
 		r.Type, r.Flags, maxApp = TypeVirtReq, virtFlags[int(sel>>1)%len(virtFlags)], BudgetSIDRREQ-54
 	}
-	r.ConnTag = uint32(pick(uint64(tag), 1, u32))
+	r.ConnTag = uint32(fuzzpick.Pick(uint64(tag), 1, u32))
 	if r.Flags&(1|8) != 0 { // a peer tag exactly with RECIPROCAL or ONE_EXCHANGE
-		r.PeerTag = uint32(pick(uint64(peer), 1, u32))
+		r.PeerTag = uint32(fuzzpick.Pick(uint64(peer), 1, u32))
 	}
-	r.Incarnation = pick(inc, 1, u64)
-	r.INIQPN = uint32(pick(uint64(ini), 2, u24))
+	r.Incarnation = fuzzpick.Pick(inc, 1, u64)
+	r.INIQPN = uint32(fuzzpick.Pick(uint64(ini), 2, u24))
 	if r.Type == TypeVirtReq || r.Flags&2 != 0 { // VIRT and REPLACES_TGT need a hint
-		r.TGTQPNHint = uint32(pick(uint64(hint), 2, u24))
+		r.TGTQPNHint = uint32(fuzzpick.Pick(uint64(hint), 2, u24))
 	}
-	r.DomainHint = pick(dom, 0, u64)
+	r.DomainHint = fuzzpick.Pick(dom, 0, u64)
 	if r.Type == TypeVirtReq {
-		r.DomainHint = pick(dom, 1, u64)
+		r.DomainHint = fuzzpick.Pick(dom, 1, u64)
 	}
-	r.SRQN = uint32(pick(uint64(srqn), 0, u24))
-	r.ReplyPort = uint16(pick(uint64(port), 1, math.MaxUint16))
-	r.Credits = uint16(pick(uint64(credits), 1, math.MaxUint16))
-	r.MaxMessage = uint32(pick(uint64(maxMsg), 64, 1<<20))
+	r.SRQN = uint32(fuzzpick.Pick(uint64(srqn), 0, u24))
+	r.ReplyPort = uint16(fuzzpick.Pick(uint64(port), 1, math.MaxUint16))
+	r.Credits = uint16(fuzzpick.Pick(uint64(credits), 1, math.MaxUint16))
+	r.MaxMessage = uint32(fuzzpick.Pick(uint64(maxMsg), 64, 1<<20))
 	if r.Flags&4 != 0 { // a move generation exactly with MOVE
-		r.Move = uint32(pick(uint64(move), 1, u32))
+		r.Move = uint32(fuzzpick.Pick(uint64(move), 1, u32))
 	}
 	if err := r.SetApp(app[:min(len(app), maxApp)]); err != nil {
 		panic(err)
@@ -299,15 +277,15 @@ func FuzzReqComplete(f *testing.F) {
 
 func validAccept(rev bool, echo, atag uint32, inc uint64, tgt, srqn uint32, dom uint64, credits uint16, maxMsg uint32,
 	rtag, rini, rtgt uint32, rdom uint64, app []byte) Accept {
-	a := Accept{TagEcho: uint32(pick(uint64(echo), 1, u32)), AcceptorTag: uint32(pick(uint64(atag), 1, u32)),
-		Incarnation: pick(inc, 1, u64), TGTQPN: uint32(pick(uint64(tgt), 2, u24)), SRQN: uint32(pick(uint64(srqn), 0, u24)),
-		DomainID: pick(dom, 1, u64), Credits: uint16(pick(uint64(credits), 1, math.MaxUint16)),
-		MaxMessage: uint32(pick(uint64(maxMsg), 64, 1<<20))}
+	a := Accept{TagEcho: uint32(fuzzpick.Pick(uint64(echo), 1, u32)), AcceptorTag: uint32(fuzzpick.Pick(uint64(atag), 1, u32)),
+		Incarnation: fuzzpick.Pick(inc, 1, u64), TGTQPN: uint32(fuzzpick.Pick(uint64(tgt), 2, u24)), SRQN: uint32(fuzzpick.Pick(uint64(srqn), 0, u24)),
+		DomainID: fuzzpick.Pick(dom, 1, u64), Credits: uint16(fuzzpick.Pick(uint64(credits), 1, math.MaxUint16)),
+		MaxMessage: uint32(fuzzpick.Pick(uint64(maxMsg), 64, 1<<20))}
 	maxApp := 136 - 45
 	if rev { // "the whole still within 136 bytes (app data <= 73)"
 		a.Flags, maxApp = 8, 136-63
-		a.Rev = Reverse{Tag: uint32(pick(uint64(rtag), 1, u32)), INIQPN: uint32(pick(uint64(rini), 2, u24)),
-			TGTQPN: uint32(pick(uint64(rtgt), 2, u24)), DomainID: pick(rdom, 1, u64)}
+		a.Rev = Reverse{Tag: uint32(fuzzpick.Pick(uint64(rtag), 1, u32)), INIQPN: uint32(fuzzpick.Pick(uint64(rini), 2, u24)),
+			TGTQPN: uint32(fuzzpick.Pick(uint64(rtgt), 2, u24)), DomainID: fuzzpick.Pick(rdom, 1, u64)}
 	}
 	if err := a.SetApp(app[:min(len(app), maxApp)]); err != nil {
 		panic(err)
@@ -331,11 +309,11 @@ func FuzzAcceptComplete(f *testing.F) {
 }
 
 func validReject(tag uint32, reason, lo, hi uint8, detail uint32, dom uint64, app []byte) Reject {
-	r := Reject{Tag: tag, Reason: RejectReason(pick(uint64(reason), 1, 7)), Detail: detail, DomainID: dom}
-	r.MinVersion = uint8(pick(uint64(lo), 1, 255))
-	r.MaxVersion = uint8(pick(uint64(hi), uint64(r.MinVersion), 255))
+	r := Reject{Tag: tag, Reason: RejectReason(fuzzpick.Pick(uint64(reason), 1, 7)), Detail: detail, DomainID: dom}
+	r.MinVersion = uint8(fuzzpick.Pick(uint64(lo), 1, 255))
+	r.MaxVersion = uint8(fuzzpick.Pick(uint64(hi), uint64(r.MinVersion), 255))
 	if r.Reason == RejectDomainMismatch { // "carries the rejecter's domain id"
-		r.DomainID = pick(dom, 1, u64)
+		r.DomainID = fuzzpick.Pick(dom, 1, u64)
 	}
 	if err := r.SetApp(app[:min(len(app), 136-29)]); err != nil {
 		panic(err)
@@ -362,7 +340,7 @@ func FuzzFINComplete(f *testing.F) {
 	f.Add(uint32(0), uint32(0), false)
 	f.Add(uint32(3), uint32(2), true)
 	f.Fuzz(func(t *testing.T, tag, sender uint32, half bool) {
-		exactFIN(t, FIN{Tag: uint32(pick(uint64(tag), 1, u32)), SenderTag: uint32(pick(uint64(sender), 1, u32)), Half: half})
+		exactFIN(t, FIN{Tag: uint32(fuzzpick.Pick(uint64(tag), 1, u32)), SenderTag: uint32(fuzzpick.Pick(uint64(sender), 1, u32)), Half: half})
 	})
 }
 
