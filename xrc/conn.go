@@ -41,6 +41,17 @@ type Conn struct {
 	sendUp   bool
 	sendDone bool // FIN sent or leg dropped
 	finOut   bool // our FIN (not HALF) was posted: see recover
+	// firstDue: a one-exchange dial, whose acceptor's half completes at
+	// our first frame (Endpoint.consumeLocked), none of ours known to
+	// have arrived yet (a completion says so): a recovery sends a
+	// keepalive first (see resend). Not for an abandoned attempt, whose
+	// FIN is to be the first.
+	firstDue bool
+	// abandoned: Endpoint.abortDial gave the dial up and ends it with a
+	// FIN, which a one-exchange acceptor's half takes for an abandonment
+	// only as the first frame: no keepalive (the janitor's, waiting for
+	// room) goes before it, and no reverse leg is taken for it (onRequest).
+	abandoned bool
 	// unmoved: the uplink is UP on a rebuilt INI, but the recovery's MOVE
 	// of this leg is not answered yet (its receiver takes our messages
 	// through the old TGT only): nothing posts until it is (see recover).
@@ -497,7 +508,15 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		e.mu.Unlock()
 		return
 	}
-	wrs := make([]kernel.SendWR, 0, c.out.Len())
+	wrs := make([]kernel.SendWR, 0, c.out.Len()+1)
+	if c.firstDue {
+		// The first frame posted may have been flushed with the old INI:
+		// a FIN that went first would end the acceptor's half as an
+		// abandoned attempt, though Dial returned the connection.
+		q.nextWR++
+		q.waiters[q.nextWR] = waiter{c: c}
+		wrs = append(wrs, kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: keepaliveFrame})
+	}
 	for i := range c.out.Len() {
 		f := c.out.At(i)
 		delete(f.q.waiters, f.wrid)
@@ -550,6 +569,10 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		}
 	}
 }
+
+// keepaliveFrame is a keepalive's frame, for posts that send it as it is
+// (PostSend copies it).
+var keepaliveFrame = []byte{kindHeartbeat}
 
 // sendFrame sends one internal frame (FIN, credits) and waits for its
 // completion, sending it again across an uplink recovery. Internal frames
@@ -724,7 +747,7 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	e := c.e
 	e.mu.Lock()
 	u := c.up
-	if !c.sendUp || c.sendDone && kind != kindFIN || c.err != nil || u == nil || u.state != upUp || c.unmoved || c.finHeldLocked(kind) {
+	if !c.sendUp || (c.sendDone || c.abandoned) && kind != kindFIN || c.err != nil || u == nil || u.state != upUp || c.unmoved || c.finHeldLocked(kind) {
 		e.mu.Unlock()
 		return postFailed, nil, nil
 	}

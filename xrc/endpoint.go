@@ -917,9 +917,12 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 	var c *Conn
 	if leg.Reciprocal != 0 {
 		// The reverse leg of one of our dials: it must name a dial of
-		// ours still waiting, to the node it comes from.
+		// ours still waiting, to the node it comes from. Not one given
+		// up (at its deadline, or by Close), whose FIN may still be on
+		// its way: accepted, the leg would complete the dial, and the
+		// acceptor's Accept would return it.
 		c = e.pending[leg.Reciprocal]
-		ours := c != nil && c.recvLeg == nil && sameNode(c.raddr.Addr(), ev.Remote.Addr())
+		ours := c != nil && c.recvLeg == nil && !c.abandoned && !e.closed && sameNode(c.raddr.Addr(), ev.Remote.Addr())
 		if ours && c.peerInc != 0 && c.peerInc != leg.PeerIncarnation {
 			// Its ACCEPT came from another incarnation: the dial cannot
 			// complete. It fails now, as checkReadyLocked fails it where
@@ -1046,7 +1049,7 @@ func (e *Endpoint) takeReverse(c *Conn, acc *wire.Accept) {
 		return
 	}
 	c.recvLeg, c.recvTag, c.recvUp, c.lastSeen = leg, tag, true, time.Now()
-	c.revTaken = true
+	c.revTaken, c.firstDue = true, true
 	early := c.early
 	c.early, c.earlyTag = nil, 0
 	for _, m := range early {
@@ -1173,6 +1176,7 @@ func (e *Endpoint) dropEarlyLocked(c *Conn) {
 func (e *Endpoint) abortDial(c *Conn, err error) error {
 	e.mu.Lock()
 	fin := c.sendUp && !c.sendDone && c.err == nil
+	c.firstDue, c.abandoned = false, true // the FIN is to be the first frame
 	e.mu.Unlock()
 	if !fin || !e.spawn(func() {
 		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)

@@ -423,12 +423,26 @@ func (g *pollGate) set(hold, parked chan struct{}) {
 // which Accept never returns). Before, the wait watched only the connection
 // and the endpoint, and Dial waited past its deadline for as long as the
 // queue stayed full.
-func TestOneExchangeDialHonoursContext(t *testing.T) {
+func TestOneExchangeDialHonoursContext(t *testing.T) { dialHonoursContext(t, longTimers) }
+
+// The same with keepalives due while the first frame waits for room: the
+// janitor's keepalive for the dial's leg waits for room too, and was
+// posted, once there was some, before the FIN of the attempt given up (in
+// 7 to 9 rounds of 10), which the acceptor's half took for the dialer's
+// first frame: Accept returned the abandoned attempt, which read EOF.
+func TestOneExchangeAbandonedBeforeKeepaliveDue(t *testing.T) {
+	beat := func(c *Config) { c.Heartbeat, c.IdleTimeout = 20*time.Millisecond, time.Hour }
+	for i := range 3 { // the FIN and the keepalive race for the room
+		t.Run(fmt.Sprint(i), func(t *testing.T) { dialHonoursContext(t, beat) })
+	}
+}
+
+func dialHonoursContext(t *testing.T, timers func(*Config)) {
 	w := newWorld(t)
 	w.f.AddNode("10.0.62.1", memfabric.NodeConfig{SendQueueDepth: 1})
 	g := &pollGate{}
-	a := w.wrappedEndpoint("10.0.62.1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
-	b := w.endpoint("10.0.62.2", 7000, longTimers)
+	a := w.wrappedEndpoint("10.0.62.1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, timers)
+	b := w.endpoint("10.0.62.2", 7000, timers)
 	c1, d1 := pair(t, a, b) // live uplinks both ways: a's next dial to b takes one exchange
 	hold, parked := make(chan struct{}), make(chan struct{})
 	g.set(hold, parked)

@@ -577,6 +577,9 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			q.roomLocked() // polled: a slot is free
 			w, ok := q.waiters[wc.WRID]
 			delete(q.waiters, wc.WRID)
+			if ok && wc.Status == verbs.WCSuccess {
+				w.c.firstDue = false // the receiver has had a frame of ours
+			}
 			if ok && w.data && wc.Status == verbs.WCSuccess {
 				w.c.completedLocked(w.seq)
 			}

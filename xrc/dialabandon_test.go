@@ -1,0 +1,155 @@
+package xrc
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+// holdReciprocal, once armed, holds the next reciprocal VIRT_REQ (the
+// acceptor's request for a dial's reverse leg) until release is closed:
+// its sender is slow to make it, or it is slow to arrive.
+type holdReciprocal struct {
+	kernel.Kernel
+	armed   atomic.Bool
+	held    chan struct{} // closed when the request waits
+	release chan struct{}
+}
+
+func (k *holdReciprocal) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpn uint32, pd []byte) (kernel.ID, error) {
+	var r wire.Req
+	if ex == kernel.ExchangeSIDR && wire.DecodeReq(pd, wire.TypeVirtReq, &r) == nil && r.Flags&wire.FlagReciprocal != 0 &&
+		k.armed.CompareAndSwap(true, false) {
+		close(k.held)
+		<-k.release
+	}
+	return k.Kernel.Connect(ctx, dst, ex, qpn, pd)
+}
+
+// holdFIN, once armed, holds the next FIN's post until release is closed:
+// the FIN waits for room in the INI's send queue, or for its uplink's
+// recovery.
+type holdFIN struct {
+	kernel.Kernel
+	armed   atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (k *holdFIN) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	if len(wrs) == 1 && len(wrs[0].Payload) > 0 && wrs[0].Payload[0] == kindFIN && k.armed.CompareAndSwap(true, false) {
+		close(k.held)
+		<-k.release
+	}
+	return k.Kernel.PostSend(q, wrs)
+}
+
+// A dial whose reverse leg comes by its own exchange, given up at its
+// deadline: its FIN ends the acceptor's half, and until the FIN has gone
+// the dial is not failed. The acceptor's reciprocal request that arrives
+// meanwhile was accepted, and completed the acceptor's half: Accept
+// returned a connection whose dialer had failed (reading EOF once the FIN
+// came). It is refused now, and the acceptor's half ends with it.
+func TestDialAbandonedRefusesReciprocal(t *testing.T) {
+	w := newWorld(t)
+	fk := &holdFIN{held: make(chan struct{}), release: make(chan struct{})}
+	rk := &holdReciprocal{held: make(chan struct{}), release: make(chan struct{})}
+	a := w.wrappedEndpoint("10.0.56.1", 7000, func(k kernel.Kernel) kernel.Kernel { fk.Kernel = k; return fk })
+	b := w.wrappedEndpoint("10.0.56.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
+	pair(t, a, b)
+	rk.armed.Store(true)
+	fk.armed.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := a.dialOnce(ctx, b.Addr(), true) // the reverse leg by its own exchange, as Dial's second attempt asks
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial: %v, want its deadline", err)
+	}
+	for _, ch := range []chan struct{}{rk.held, fk.held} {
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			t.Fatal("setup: the reciprocal request or the FIN never came")
+		}
+	}
+	close(rk.release) // the reciprocal request arrives while the FIN waits
+	eventually(t, "the acceptor's reciprocal request answered", func() (bool, string) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for c := range b.conns {
+			if c.inbound && !c.isReady && c.err == nil {
+				return false, "its half still waits for the reverse leg"
+			}
+		}
+		return true, ""
+	})
+	close(fk.release)
+	if c, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
+		t.Fatalf("Accept returned a connection from %v, whose Dial failed", c.RemoteAddr())
+	}
+}
+
+// The same for a dial the endpoint's Close gives up: Close sends the FIN
+// of each connection not up yet before it fails it, and a reciprocal
+// request that arrived meanwhile was accepted, completing the dial: Dial
+// returned a connection after Close had begun (which Close then failed),
+// and the acceptor's Accept returned it too.
+func TestEndpointCloseRefusesReciprocal(t *testing.T) {
+	w := newWorld(t)
+	fk := &holdFIN{held: make(chan struct{}), release: make(chan struct{})}
+	rk := &holdReciprocal{held: make(chan struct{}), release: make(chan struct{})}
+	a := w.wrappedEndpoint("10.0.57.1", 7000, func(k kernel.Kernel) kernel.Kernel { fk.Kernel = k; return fk })
+	b := w.wrappedEndpoint("10.0.57.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
+	pair(t, a, b)
+	rk.armed.Store(true)
+	type result struct {
+		c   *Conn
+		err error
+	}
+	dialed := make(chan result, 1)
+	go func() {
+		c, err := a.dialOnce(ctxT(t, 5*time.Second), b.Addr(), true)
+		dialed <- result{c, err}
+	}()
+	select {
+	case <-rk.held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("setup: the reciprocal request never came")
+	}
+	fk.armed.Store(true)
+	closed := make(chan struct{})
+	go func() {
+		a.Close()
+		close(closed)
+	}()
+	select {
+	case <-fk.held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("setup: Close sent no FIN")
+	}
+	close(rk.release) // the reciprocal request arrives while Close's FIN waits
+	eventually(t, "the acceptor's reciprocal request answered", func() (bool, string) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for c := range b.conns {
+			if c.inbound && !c.isReady && c.err == nil {
+				return false, "its half still waits for the reverse leg"
+			}
+		}
+		return true, ""
+	})
+	close(fk.release)
+	<-closed
+	if r := <-dialed; !errors.Is(r.err, ErrClosed) {
+		t.Errorf("dial ended by Close: %v (a connection: %v); want ErrClosed", r.err, r.c != nil)
+	}
+	if c, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
+		t.Errorf("Accept returned a connection from %v, whose dialer closed before it was up", c.RemoteAddr())
+	}
+}
