@@ -79,16 +79,7 @@ func TestDialAbandonedRefusesReciprocal(t *testing.T) {
 		}
 	}
 	close(rk.release) // the reciprocal request arrives while the FIN waits
-	eventually(t, "the acceptor's reciprocal request answered", func() (bool, string) {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		for c := range b.conns {
-			if c.inbound && !c.isReady && c.err == nil {
-				return false, "its half still waits for the reverse leg"
-			}
-		}
-		return true, ""
-	})
+	reciprocalAnswered(t, b)
 	close(fk.release)
 	if c, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
 		t.Fatalf("Accept returned a connection from %v, whose Dial failed", c.RemoteAddr())
@@ -134,6 +125,21 @@ func TestEndpointCloseRefusesReciprocal(t *testing.T) {
 		t.Fatal("setup: Close sent no FIN")
 	}
 	close(rk.release) // the reciprocal request arrives while Close's FIN waits
+	reciprocalAnswered(t, b)
+	close(fk.release)
+	<-closed
+	if r := <-dialed; !errors.Is(r.err, ErrClosed) {
+		t.Errorf("dial ended by Close: %v (a connection: %v); want ErrClosed", r.err, r.c != nil)
+	}
+	if c, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
+		t.Errorf("Accept returned a connection from %v, whose dialer closed before it was up", c.RemoteAddr())
+	}
+}
+
+// reciprocalAnswered waits until no inbound half of b waits for its reverse
+// leg: b's reciprocal request was answered.
+func reciprocalAnswered(t *testing.T, b *proc) {
+	t.Helper()
 	eventually(t, "the acceptor's reciprocal request answered", func() (bool, string) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -144,12 +150,4 @@ func TestEndpointCloseRefusesReciprocal(t *testing.T) {
 		}
 		return true, ""
 	})
-	close(fk.release)
-	<-closed
-	if r := <-dialed; !errors.Is(r.err, ErrClosed) {
-		t.Errorf("dial ended by Close: %v (a connection: %v); want ErrClosed", r.err, r.c != nil)
-	}
-	if c, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
-		t.Errorf("Accept returned a connection from %v, whose dialer closed before it was up", c.RemoteAddr())
-	}
 }

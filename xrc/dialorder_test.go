@@ -37,12 +37,7 @@ func (k *flushFirst) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
 	}
 	e := k.e
 	e.mu.Lock()
-	var u *uplink
-	for _, x := range e.uplinks {
-		if x.cur != nil && x.cur.qp == q {
-			u = x
-		}
-	}
+	u := e.uplinkOnLocked(q)
 	if u == nil {
 		e.mu.Unlock()
 		return k.Kernel.PostSend(q, wrs)

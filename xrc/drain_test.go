@@ -94,6 +94,16 @@ func TestMovedLegKeepsMessageQueuedBeforeMove(t *testing.T) {
 	}
 }
 
+// uplinkOnLocked is the uplink whose current INI is q, or nil.
+func (e *Endpoint) uplinkOnLocked(q kernel.QP) *uplink {
+	for _, u := range e.uplinks {
+		if u.cur != nil && u.cur.qp == q {
+			return u
+		}
+	}
+	return nil
+}
+
 // recoverFirst, once armed, makes the next keepalive post find its INI
 // replaced: it starts the uplink's recovery itself and returns EIO only
 // once the uplink is UP again on a new INI (the post went to the old one,
@@ -110,12 +120,7 @@ func (k *recoverFirst) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
 	}
 	e := k.e
 	e.mu.Lock()
-	var u *uplink
-	for _, x := range e.uplinks {
-		if x.cur != nil && x.cur.qp == q {
-			u = x
-		}
-	}
+	u := e.uplinkOnLocked(q)
 	if u == nil {
 		e.mu.Unlock()
 		return k.Kernel.PostSend(q, wrs)
