@@ -32,14 +32,9 @@ func (k *flushFirst) TransitionQP(q kernel.QP, to verbs.QPState, via kernel.ID) 
 }
 
 func (k *flushFirst) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
-	if len(wrs) != 1 || len(wrs[0].Payload) != 1 || wrs[0].Payload[0] != kindHeartbeat || !k.armed.CompareAndSwap(true, false) {
-		return k.Kernel.PostSend(q, wrs)
-	}
 	e := k.e
-	e.mu.Lock()
-	u := e.uplinkOnLocked(q)
+	u := e.armedKeepaliveLocked(&k.armed, q, wrs)
 	if u == nil {
-		e.mu.Unlock()
 		return k.Kernel.PostSend(q, wrs)
 	}
 	k.target.Store(uint64(q))

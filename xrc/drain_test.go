@@ -94,13 +94,21 @@ func TestMovedLegKeepsMessageQueuedBeforeMove(t *testing.T) {
 	}
 }
 
-// uplinkOnLocked is the uplink whose current INI is q, or nil.
-func (e *Endpoint) uplinkOnLocked(q kernel.QP) *uplink {
+// armedKeepaliveLocked is for kernel wrappers that act once, on a
+// keepalive: if wrs is one keepalive and armed was set (it is cleared), it
+// locks e.mu and returns the uplink whose current INI is q; otherwise
+// (also when no uplink has q) nil, e.mu not held.
+func (e *Endpoint) armedKeepaliveLocked(armed *atomic.Bool, q kernel.QP, wrs []kernel.SendWR) *uplink {
+	if len(wrs) != 1 || len(wrs[0].Payload) != 1 || wrs[0].Payload[0] != kindHeartbeat || !armed.CompareAndSwap(true, false) {
+		return nil
+	}
+	e.mu.Lock()
 	for _, u := range e.uplinks {
 		if u.cur != nil && u.cur.qp == q {
 			return u
 		}
 	}
+	e.mu.Unlock()
 	return nil
 }
 
@@ -115,14 +123,9 @@ type recoverFirst struct {
 }
 
 func (k *recoverFirst) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
-	if len(wrs) != 1 || len(wrs[0].Payload) != 1 || wrs[0].Payload[0] != kindHeartbeat || !k.armed.CompareAndSwap(true, false) {
-		return k.Kernel.PostSend(q, wrs)
-	}
 	e := k.e
-	e.mu.Lock()
-	u := e.uplinkOnLocked(q)
+	u := e.armedKeepaliveLocked(&k.armed, q, wrs)
 	if u == nil {
-		e.mu.Unlock()
 		return k.Kernel.PostSend(q, wrs)
 	}
 	old := u.cur

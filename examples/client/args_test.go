@@ -42,11 +42,8 @@ func TestFabricRefusesAddr(t *testing.T) {
 		"-mode xrc -addr 10.0.0.5:7471":         true,
 		"-mode xrc -fabric":                     true,
 	} {
-		o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), strings.Fields(args))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := o.check(); (err == nil) != ok {
+		err := checkArgs(t, args)
+		if (err == nil) != ok {
 			t.Errorf("%s: check %v", args, err)
 		}
 	}
@@ -81,12 +78,9 @@ func TestIgnoredFlagRefused(t *testing.T) {
 		{"-mode bandwidth -warmup 5", "warmup", "bandwidth"},
 		{"-mode bandwidth -conns 5", "conns", "bandwidth"},
 	} {
-		o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), strings.Fields(tc.args))
-		if err != nil {
-			t.Fatal(err)
-		}
+		err := checkArgs(t, tc.args)
 		want := "-" + tc.flag + " has no effect in -mode " + tc.run
-		if err := o.check(); err == nil || !strings.Contains(err.Error(), want) {
+		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: check %v, want %q", tc.args, err, want)
 		}
 	}
@@ -112,11 +106,8 @@ func TestUsedFlagsAccepted(t *testing.T) {
 		"-addr 10.0.0.1:7471,10.0.0.3:7471 -local 10.0.0.2 -size 8 -depth 4 -busypoll 0" + common + "xrc",
 		"-fabric -nodes 1 -procs 1 -clients 1 -size 8 -depth 4" + common + "xrc",
 	} {
-		o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), strings.Fields(args))
+		err := checkArgs(t, args)
 		if err != nil {
-			t.Fatal(err)
-		}
-		if err := o.check(); err != nil {
 			t.Errorf("%s: %v", args, err)
 		}
 	}
@@ -168,4 +159,15 @@ func TestRefusalKeepsProfile(t *testing.T) {
 			t.Errorf("%s: refused, yet -cpuprofile's file was rewritten (%d bytes)", args, len(b))
 		}
 	}
+}
+
+// checkArgs parses a command line (no program name) and checks it, as main
+// does; a flag that does not parse fails t.
+func checkArgs(t *testing.T, args string) error {
+	t.Helper()
+	o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), strings.Fields(args))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o.check()
 }

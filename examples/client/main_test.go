@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"io"
-	"strings"
 	"testing"
 	"time"
 
@@ -110,11 +109,8 @@ func TestParseFlagsDefaults(t *testing.T) {
 		"-mode latency -fabric":      false,
 		"-mode xrc -fabric -procs 2": true,
 	} {
-		o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), strings.Fields(args))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := o.check(); (err == nil) != ok {
+		err := checkArgs(t, args)
+		if (err == nil) != ok {
 			t.Errorf("%s: check %v", args, err)
 		}
 	}
