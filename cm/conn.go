@@ -205,9 +205,8 @@ type Conn struct {
 	unsignaled  int            // sends posted since the last signaled one
 	ready       ring.Ring[readyMsg]
 	polling     bool
-	waiters     int           // goroutines waiting for the leader's round
+	waiting     waitList      // goroutines waiting for the leader's round to end
 	rounds      atomic.Uint64 // progress rounds ended (see progress); changed under mu
-	wake        chan struct{} // one token per waiter at the end of a round
 	err         error         // sticky: the connection is broken
 	broke       bool          // err is a failure (counted in Stats.Errors), not an orderly end
 	peerFin     bool
@@ -263,7 +262,6 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		cbuf:     make([]completion, p.sendSlots+p.recvSlots+1),
 		// At most one Send, one Recv, one one-sided operation and Close
 		// wait at a time (each serialises its callers).
-		wake:      make(chan struct{}, 8),
 		inFlight:  ring.Make[int](p.sendSlots),
 		deferred:  make([]int, 0, p.recvSlots),
 		flushBuf:  make([]int, 0, p.recvSlots),
@@ -833,14 +831,16 @@ func (c *Conn) progress(ctx context.Context, seen uint64) error {
 // c.mu. It spares a receiver that waits one lock round trip.
 func (c *Conn) progressLocked(ctx context.Context) error {
 	if c.polling {
-		c.waiters++
+		wake := c.waiting.join()
 		c.mu.Unlock()
-		// A token left over from a waiter that gave up only makes this
-		// round end early: callers recheck their condition and come back.
 		select {
-		case <-c.wake:
+		case <-wake:
+			woken(wake)
 			return nil
 		case <-ctx.Done():
+			c.mu.Lock()
+			c.waiting.leave(wake)
+			c.mu.Unlock()
 			return ctx.Err()
 		}
 	}
@@ -927,7 +927,7 @@ func (c *Conn) endRound(n int, err error) error {
 	}
 	c.polling = false
 	c.rounds.Add(1)
-	c.wakeWaitersLocked()
+	c.waiting.wakeAll()
 	c.mu.Unlock()
 	if held {
 		if flush {
@@ -984,7 +984,7 @@ func (c *Conn) reap() {
 		c.mu.Unlock()
 		return
 	}
-	if c.polling || c.waiters > 0 {
+	if c.polling || c.waiting.len() > 0 {
 		// A caller's round takes what there is now; what comes after
 		// it returns is ours again (a Recv that timed out and an
 		// application gone quiet: found by review).
@@ -1005,37 +1005,21 @@ func (c *Conn) reap() {
 	c.mu.Unlock()
 }
 
-// wakeWaitersLocked wakes every caller waiting for a round to end (or for
-// what release waits for); c.mu is held.
-func (c *Conn) wakeWaitersLocked() {
-	for ; c.waiters > 0; c.waiters-- {
-		select {
-		case c.wake <- struct{}{}:
-		default: // full of stale tokens: every waiter wakes anyway
-		}
-	}
-}
-
 // awaitLocked waits, c.mu held, while cond holds, until by: a round's end,
-// or a one-sided operation's return, wakes it to look again. Tokens are not
-// addressed: waiting again, it may take one a round ended with for another
-// waiter, whose turn then comes with the next round's end. Release stops
-// rounds, so it hands out what it may have taken when it is done: a
-// one-sided operation waited for ever behind a release that had taken its
-// token (found by the stress test).
+// or a one-sided operation's return, wakes it to look again.
 func (c *Conn) awaitLocked(by time.Time, cond func() bool) {
 	for cond() && time.Now().Before(by) {
-		c.waiters++
+		wake := c.waiting.join()
 		c.mu.Unlock()
 		t := time.NewTimer(time.Until(by))
 		select {
-		case <-c.wake:
+		case <-wake:
 		case <-t.C:
 		}
 		t.Stop()
 		c.mu.Lock()
+		c.waiting.leave(wake)
 	}
-	c.wakeWaitersLocked()
 }
 
 // gotRecv reports whether the first n completions of the round include a

@@ -102,7 +102,7 @@ func connState(c *Conn) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return fmt.Sprintf("credits %d pending %d deferred %d peerStarved %v creditsDue %v freeSend %d inFlight %d unsignaled %d ready %d polling %v waiters %d sigEvery %d recvBatch %d recvSlots %d peerSlots %d",
-		c.credits, c.pending, len(c.deferred), c.peerStarved, c.creditsDue.Load(), len(c.freeSend), c.inFlight.Len(), c.unsignaled, c.ready.Len(), c.polling, c.waiters, c.sigEvery, c.recvBatch, c.recvSlots, c.peerSlots)
+		c.credits, c.pending, len(c.deferred), c.peerStarved, c.creditsDue.Load(), len(c.freeSend), c.inFlight.Len(), c.unsignaled, c.ready.Len(), c.polling, c.waiting.len(), c.sigEvery, c.recvBatch, c.recvSlots, c.peerSlots)
 }
 
 // TestQueueDepthBelowTwoRefused: neither our options nor a peer's handshake

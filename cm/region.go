@@ -228,7 +228,7 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 func (c *Conn) oneSidedReturned() {
 	c.mu.Lock()
 	c.rdmaWaiting = false
-	c.wakeWaitersLocked()
+	c.waiting.wakeAll()
 	c.mu.Unlock()
 }
 

@@ -97,7 +97,7 @@ func TestReleasePostFailsDuringRelease(t *testing.T) {
 }
 
 // slowErr is a permanent poll error whose Is method is slow: it widens the
-// window between the round's end (tokens sent) and cqBroken = true.
+// window between the round's end (waiters woken) and cqBroken = true.
 type slowErr struct{}
 
 func (slowErr) Error() string { return "ibv_poll_cq: input/output error" }
@@ -112,13 +112,13 @@ type brokenAfterRelease struct {
 
 func (e brokenAfterRelease) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
 	e.c.mu.Lock()
-	failed, waiting := e.c.err != nil, e.c.waiters > 0
+	failed, waiting := e.c.err != nil, e.c.waiting.len() > 0
 	e.c.mu.Unlock()
 	if block && failed {
 		for !waiting { // release is in its flushWait loop
 			time.Sleep(time.Millisecond)
 			e.c.mu.Lock()
-			waiting = e.c.waiters > 0
+			waiting = e.c.waiting.len() > 0
 			e.c.mu.Unlock()
 		}
 		return 0, slowErr{}
@@ -127,10 +127,10 @@ func (e brokenAfterRelease) poll(ctx context.Context, cs []completion, spin time
 }
 
 // The round whose poll failed for good says so before it wakes anyone (it
-// set cqBroken after sending its tokens; release, woken by one, could still
+// set cqBroken after waking its waiters; release, woken by one, could still
 // see the CQ whole, wait again, and no round ran any more: the whole
 // flushWait).
-func TestReleaseCQBrokenBeforeTokens(t *testing.T) {
+func TestReleaseCQBrokenBeforeWake(t *testing.T) {
 	longFlushWait(t)
 	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
 	a.t = brokenAfterRelease{flushHold: h, c: a}
@@ -149,5 +149,5 @@ func TestReleaseCQBrokenBeforeTokens(t *testing.T) {
 func TestReleaseCQBrokenControl(t *testing.T) {
 	slowIs = 0
 	defer func() { slowIs = 20 * time.Millisecond }()
-	TestReleaseCQBrokenBeforeTokens(t)
+	TestReleaseCQBrokenBeforeWake(t)
 }
