@@ -936,6 +936,19 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 			e.reject(ev, wire.RejectBadRequest, leg.PeerTag)
 			return
 		}
+		if !c.sendUp {
+			// Our forward leg is not bound yet (its ACCEPT unread, or
+			// its uplink recovering): the dial may still give up before
+			// it is, and then has no leg to send its FIN on. Accepted,
+			// this leg would complete the acceptor's half, which its
+			// Accept returns, silent to the idle timeout. The acceptor
+			// asks again (openLeg); once bound, a dial given up sends
+			// its FIN (abortDial) and refuses the leg (abandoned).
+			e.mu.Unlock()
+			e.acc.Release(leg)
+			e.reject(ev, wire.RejectBusyRetry, leg.PeerTag)
+			return
+		}
 	} else {
 		if e.closed || len(e.conns) >= 1<<20 || e.unaccepted >= acceptBacklog {
 			e.mu.Unlock()

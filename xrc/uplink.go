@@ -168,6 +168,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	var moving bool
 	var last error   // the last failure, for errLegTries
 	var rebuilt bool // a TGT_GONE rebuilt the uplink (once free of an attempt)
+	var busy int     // a reverse leg's BUSY_RETRYs (see below)
 	for attempt := 0; attempt < 16; attempt++ {
 		e.mu.Lock()
 		if e.closed || c.failed() {
@@ -205,6 +206,17 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				e.removeUplinkLocked(u)
 				e.mu.Unlock()
 				last = err
+				if peerTag != 0 && busyReject(err) {
+					// Our reverse leg, which its dialer takes only once
+					// its forward leg is bound (see onRequest): ask again
+					// shortly. No failed attempt: ctx bounds the waits.
+					if err := staleWait(ctx, min(busy, 4)); err != nil {
+						return err
+					}
+					busy++
+					attempt--
+					continue
+				}
 				if staleReject(err) && attempt < 15 {
 					// The peer still holds a connection from this node on
 					// our INI's number (an earlier process's, whose number
@@ -327,6 +339,16 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		var rj *RejectError
 		if errors.As(err, &rj) {
 			switch rj.Reason {
+			case RejectBusyRetry:
+				if peerTag != 0 { // as for a PHYS_REQ above
+					e.mu.Unlock()
+					if err := staleWait(ctx, min(busy, 4)); err != nil {
+						return err
+					}
+					busy++
+					attempt--
+					continue
+				}
 			case RejectDomainMismatch:
 				// Another domain on that node: use (or make) its uplink.
 				if rj.domain != 0 && rj.domain != u.dom {
@@ -503,8 +525,8 @@ func (e *Endpoint) destroyLater(id kernel.ID) {
 }
 
 // staleWait waits before a request is sent again after the CM's
-// stale-connection reject (see openLeg) or, for a recovery's MOVE, a
-// BUSY_RETRY (see moveAgain): longer at each try.
+// stale-connection reject (see openLeg) or, for a recovery's MOVE or a
+// reverse leg (openLeg), a BUSY_RETRY (see moveAgain): longer at each try.
 func staleWait(ctx context.Context, try int) error {
 	select {
 	case <-time.After(time.Duration(try+1) * 10 * time.Millisecond):
@@ -519,8 +541,13 @@ func staleWait(ctx context.Context, try int) error {
 // BUSY_RETRY from a receiver that may register the leg in a moment (a
 // reverse leg whose ACCEPT it has not read yet; see Endpoint.onRequest).
 func moveAgain(err error) bool {
+	return staleReject(err) || busyReject(err)
+}
+
+// busyReject reports whether err is a peer's REJECT(BUSY_RETRY).
+func busyReject(err error) bool {
 	var rj *RejectError
-	return staleReject(err) || errors.As(err, &rj) && rj.Reason == RejectBusyRetry
+	return errors.As(err, &rj) && rj.Reason == RejectBusyRetry
 }
 
 // staleReject reports whether err is the CM's stale-connection reject

@@ -1,0 +1,140 @@
+package xrc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+)
+
+// recoverDuringAccept, once armed, fails every INI of e as the answer to
+// the next SIDR exchange arrives (a dial's forward ACCEPT read while its
+// uplink recovers), and holds the recovery's PHYS_REQ until release is
+// closed.
+type recoverDuringAccept struct {
+	kernel.Kernel
+	e       *Endpoint
+	armed   atomic.Bool
+	hold    atomic.Bool
+	release chan struct{}
+	sidr    atomic.Uint64
+}
+
+func (k *recoverDuringAccept) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpn uint32, pd []byte) (kernel.ID, error) {
+	if ex == kernel.ExchangeXRC && k.hold.Load() {
+		<-k.release
+	}
+	id, err := k.Kernel.Connect(ctx, dst, ex, qpn, pd)
+	if err == nil && ex == kernel.ExchangeSIDR && k.armed.CompareAndSwap(true, false) {
+		k.sidr.Store(uint64(id))
+	}
+	return id, err
+}
+
+func (k *recoverDuringAccept) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
+
+func (k *recoverDuringAccept) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
+	ev, err := k.Kernel.Event(ctx, id)
+	if err == nil && uint64(id) != 0 && k.sidr.CompareAndSwap(uint64(id), 0) {
+		e := k.e
+		e.mu.Lock()
+		for _, u := range e.uplinks {
+			if u.cur != nil {
+				k.hold.Store(true)
+				e.failINILocked(u, u.cur)
+			}
+		}
+		e.mu.Unlock()
+	}
+	return ev, err
+}
+
+// twoExchangeInRecovery starts a dial from a to b whose reverse leg comes by
+// its own exchange, and whose forward ACCEPT is read while a's uplink
+// recovers: the recovery waits for release. c and d are a connection
+// made before, which the recovery moves.
+func twoExchangeInRecovery(t *testing.T, w *world, ip string) (a, b *proc, c, d *Conn, release func()) {
+	g := &recoverDuringAccept{release: make(chan struct{})}
+	a = w.wrappedEndpoint(ip+".1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g })
+	g.e = a.Endpoint
+	b = w.endpoint(ip+".2", 7000)
+	release = sync.OnceFunc(func() { close(g.release) })
+	t.Cleanup(release) // before the endpoints close
+	c, d = pair(t, a, b)
+	g.armed.Store(true)
+	return a, b, c, d, release
+}
+
+// A dial whose reverse leg comes by its own exchange reads its forward
+// ACCEPT while its uplink recovers, and waits to move its leg. The
+// acceptor's reciprocal request came meanwhile and was accepted, which
+// completed the acceptor's half: then the dial's deadline passed before its
+// forward leg was bound, and it failed without a FIN (it had no leg to
+// send one on). Accept returned a connection whose dialer was gone, silent
+// until its idle timeout or the old link's DREQ. The dialer now refuses a
+// reciprocal request (BUSY_RETRY) until its forward leg is bound, and the
+// acceptor asks again: a dial given up before finds none of its own, the
+// acceptor's half ends, and Accept never returns it.
+func TestTwoExchangeDialGivenUpInRecoveryLeavesNoHalfConn(t *testing.T) {
+	w := newWorld(t)
+	a, b, c0, d0, release := twoExchangeInRecovery(t, w, "10.0.94")
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	c, err := a.dialOnce(ctx, b.Addr(), true)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial: %v (a connection: %v), want its deadline: the recovery is held", err, c != nil)
+	}
+	if d, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
+		start := time.Now()
+		_, rerr := d.Recv(ctxT(t, 3*time.Second), make([]byte, 8))
+		t.Fatalf("the dial failed, yet Accept returned a connection, whose Recv says %v after %v", rerr, time.Since(start))
+	}
+	release() // (held this long, the recovery may fail c0's leg)
+	c0.Close()
+	d0.Close()
+	requireReleased(t, w, a, b)
+}
+
+// The same dial, whose recovery ends within its deadline: the reciprocal
+// request refused while the forward leg waited comes again, and the
+// connection is up both ways.
+func TestTwoExchangeDialWaitsOutRecovery(t *testing.T) {
+	w := newWorld(t)
+	a, b, c0, d0, release := twoExchangeInRecovery(t, w, "10.0.95")
+	rejected := a.Stats().Rejected
+	type result struct {
+		c   *Conn
+		err error
+	}
+	dialed := make(chan result, 1)
+	go func() {
+		c, err := a.dialOnce(ctxT(t, 5*time.Second), b.Addr(), true)
+		dialed <- result{c, err}
+	}()
+	eventually(t, "the reciprocal request refused while the forward leg waits", func() (bool, string) {
+		n := a.Stats().Rejected
+		return n > rejected, fmt.Sprintf("%d rejected", n)
+	})
+	release()
+	r := <-dialed
+	if r.err != nil {
+		t.Fatalf("dial: %v", r.err)
+	}
+	d, err := b.Accept(ctxT(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("accept: %v", err)
+	}
+	roundTrip(t, r.c, d, []byte("forward"))
+	roundTrip(t, d, r.c, []byte("reverse"))
+	r.c.Close()
+	d.Close()
+	c0.Close()
+	d0.Close()
+	requireReleased(t, w, a, b)
+}
