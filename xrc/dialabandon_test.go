@@ -99,15 +99,7 @@ func TestEndpointCloseRefusesReciprocal(t *testing.T) {
 	b := w.wrappedEndpoint("10.0.57.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
 	pair(t, a, b)
 	rk.armed.Store(true)
-	type result struct {
-		c   *Conn
-		err error
-	}
-	dialed := make(chan result, 1)
-	go func() {
-		c, err := a.dialOnce(ctxT(t, 5*time.Second), b.Addr(), true)
-		dialed <- result{c, err}
-	}()
+	dialed := dialLater(t, a, b)
 	select {
 	case <-rk.held:
 	case <-time.After(5 * time.Second):
@@ -150,4 +142,21 @@ func reciprocalAnswered(t *testing.T, b *proc) {
 		}
 		return true, ""
 	})
+}
+
+// dialResult is what a dial in the background returned.
+type dialResult struct {
+	c   *Conn
+	err error
+}
+
+// dialLater starts a's dial to b (one attempt, within 5 s) in the
+// background; its result comes on the channel.
+func dialLater(t *testing.T, a, b *proc) <-chan dialResult {
+	dialed := make(chan dialResult, 1)
+	go func() {
+		c, err := a.dialOnce(ctxT(t, 5*time.Second), b.Addr(), true)
+		dialed <- dialResult{c, err}
+	}()
+	return dialed
 }

@@ -108,15 +108,7 @@ func TestTwoExchangeDialWaitsOutRecovery(t *testing.T) {
 	w := newWorld(t)
 	a, b, c0, d0, release := twoExchangeInRecovery(t, w, "10.0.95")
 	rejected := a.Stats().Rejected
-	type result struct {
-		c   *Conn
-		err error
-	}
-	dialed := make(chan result, 1)
-	go func() {
-		c, err := a.dialOnce(ctxT(t, 5*time.Second), b.Addr(), true)
-		dialed <- result{c, err}
-	}()
+	dialed := dialLater(t, a, b)
 	eventually(t, "the reciprocal request refused while the forward leg waits", func() (bool, string) {
 		n := a.Stats().Rejected
 		return n > rejected, fmt.Sprintf("%d rejected", n)
