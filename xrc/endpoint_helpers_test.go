@@ -171,7 +171,7 @@ func checkGoroutines(t *testing.T) {
 		deadline := time.Now().Add(3 * time.Second)
 		for runtime.NumGoroutine() > before {
 			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
+				buf := make([]byte, 1<<20) // every goroutine of every open world
 				n := runtime.Stack(buf, true)
 				var ours []string
 				for _, g := range strings.Split(string(buf[:n]), "\n\n") {
