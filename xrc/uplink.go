@@ -210,7 +210,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 					// Our reverse leg, which its dialer takes only once
 					// its forward leg is bound (see onRequest): ask again
 					// shortly. No failed attempt: ctx bounds the waits.
-					if err := staleWait(ctx, min(busy, 4)); err != nil {
+					if err := busyWait(ctx, busy); err != nil {
 						return err
 					}
 					busy++
@@ -342,7 +342,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			case RejectBusyRetry:
 				if peerTag != 0 { // as for a PHYS_REQ above
 					e.mu.Unlock()
-					if err := staleWait(ctx, min(busy, 4)); err != nil {
+					if err := busyWait(ctx, busy); err != nil {
 						return err
 					}
 					busy++
@@ -525,8 +525,8 @@ func (e *Endpoint) destroyLater(id kernel.ID) {
 }
 
 // staleWait waits before a request is sent again after the CM's
-// stale-connection reject (see openLeg) or, for a recovery's MOVE or a
-// reverse leg (openLeg), a BUSY_RETRY (see moveAgain): longer at each try.
+// stale-connection reject (see openLeg) or, for a recovery's MOVE, a
+// BUSY_RETRY (see moveAgain): longer at each try.
 func staleWait(ctx context.Context, try int) error {
 	select {
 	case <-time.After(time.Duration(try+1) * 10 * time.Millisecond):
@@ -534,6 +534,25 @@ func staleWait(ctx context.Context, try int) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// busyWait waits before a reverse leg refused BUSY_RETRY is asked for
+// again (see openLeg): 1 ms at first, doubling to 50 ms. Its dialer
+// usually binds its forward leg a moment after the refusal (the request
+// overtook its read of the ACCEPT), and a first wait of 10 ms would cost
+// such a dial more than its whole exchange; one that waits out a recovery
+// is asked every 50 ms.
+func busyWait(ctx context.Context, try int) error {
+	select {
+	case <-time.After(busyDelay(try)):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func busyDelay(try int) time.Duration {
+	return min(time.Millisecond<<min(try, 6), 50*time.Millisecond)
 }
 
 // moveAgain reports whether a recovery's MOVE is worth asking again: the
