@@ -256,12 +256,10 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		t: t, laddr: laddr, raddr: raddr, raw: p.raw, log: p.log, logInfo: p.logInfo,
 		maxSend: p.maxSend, maxRecv: p.maxRecv, peerSlots: p.peerSlots,
 		recvSlots: p.recvSlots, timeout: p.timeout, busyPoll: p.busyPoll, keepalive: p.keepalive,
-		credits:  p.peerSlots,
-		freeSend: make([]int, 0, p.sendSlots),
-		ready:    ring.Make[readyMsg](p.recvSlots),
-		cbuf:     make([]completion, p.sendSlots+p.recvSlots+1),
-		// At most one Send, one Recv, one one-sided operation and Close
-		// wait at a time (each serialises its callers).
+		credits:   p.peerSlots,
+		freeSend:  make([]int, 0, p.sendSlots),
+		ready:     ring.Make[readyMsg](p.recvSlots),
+		cbuf:      make([]completion, p.sendSlots+p.recvSlots+1),
 		inFlight:  ring.Make[int](p.sendSlots),
 		deferred:  make([]int, 0, p.recvSlots),
 		flushBuf:  make([]int, 0, p.recvSlots),

@@ -58,11 +58,7 @@ func (k *holdFIN) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
 // came). It is refused now, and the acceptor's half ends with it.
 func TestDialAbandonedRefusesReciprocal(t *testing.T) {
 	w := newWorld(t)
-	fk := &holdFIN{held: make(chan struct{}), release: make(chan struct{})}
-	rk := &holdReciprocal{held: make(chan struct{}), release: make(chan struct{})}
-	a := w.wrappedEndpoint("10.0.56.1", 7000, func(k kernel.Kernel) kernel.Kernel { fk.Kernel = k; return fk })
-	b := w.wrappedEndpoint("10.0.56.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
-	pair(t, a, b)
+	a, b, fk, rk := holdingPair(t, w, "10.0.56")
 	rk.armed.Store(true)
 	fk.armed.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -93,11 +89,7 @@ func TestDialAbandonedRefusesReciprocal(t *testing.T) {
 // and the acceptor's Accept returned it too.
 func TestEndpointCloseRefusesReciprocal(t *testing.T) {
 	w := newWorld(t)
-	fk := &holdFIN{held: make(chan struct{}), release: make(chan struct{})}
-	rk := &holdReciprocal{held: make(chan struct{}), release: make(chan struct{})}
-	a := w.wrappedEndpoint("10.0.57.1", 7000, func(k kernel.Kernel) kernel.Kernel { fk.Kernel = k; return fk })
-	b := w.wrappedEndpoint("10.0.57.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
-	pair(t, a, b)
+	a, b, fk, rk := holdingPair(t, w, "10.0.57")
 	rk.armed.Store(true)
 	dialed := dialLater(t, a, b)
 	select {
@@ -159,4 +151,16 @@ func dialLater(t *testing.T, a, b *proc) <-chan dialResult {
 		dialed <- dialResult{c, err}
 	}()
 	return dialed
+}
+
+// holdingPair makes a (whose FINs fk can hold) and b (whose reciprocal
+// requests rk can hold) on ip.1 and ip.2, with a connection between them
+// (the uplinks both ways); neither is armed.
+func holdingPair(t *testing.T, w *world, ip string) (a, b *proc, fk *holdFIN, rk *holdReciprocal) {
+	fk = &holdFIN{held: make(chan struct{}), release: make(chan struct{})}
+	rk = &holdReciprocal{held: make(chan struct{}), release: make(chan struct{})}
+	a = w.wrappedEndpoint(ip+".1", 7000, func(k kernel.Kernel) kernel.Kernel { fk.Kernel = k; return fk })
+	b = w.wrappedEndpoint(ip+".2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
+	pair(t, a, b)
+	return a, b, fk, rk
 }

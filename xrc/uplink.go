@@ -169,7 +169,17 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	var last error   // the last failure, for errLegTries
 	var rebuilt bool // a TGT_GONE rebuilt the uplink (once free of an attempt)
 	var busy int     // a reverse leg's BUSY_RETRYs (see below)
-	for attempt := 0; attempt < 16; attempt++ {
+	var attempt int
+	// askAgain waits before our reverse leg, which its dialer takes only
+	// once its forward leg is bound (see onRequest), is asked for again.
+	// Not a failed attempt: ctx bounds the waits.
+	askAgain := func() error {
+		err := sleepCtx(ctx, busyDelay(busy))
+		busy++
+		attempt--
+		return err
+	}
+	for ; attempt < 16; attempt++ {
 		e.mu.Lock()
 		if e.closed || c.failed() {
 			e.mu.Unlock()
@@ -207,14 +217,9 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				e.mu.Unlock()
 				last = err
 				if peerTag != 0 && busyReject(err) {
-					// Our reverse leg, which its dialer takes only once
-					// its forward leg is bound (see onRequest): ask again
-					// shortly. No failed attempt: ctx bounds the waits.
-					if err := busyWait(ctx, busy); err != nil {
+					if err := askAgain(); err != nil {
 						return err
 					}
-					busy++
-					attempt--
 					continue
 				}
 				if staleReject(err) && attempt < 15 {
@@ -342,11 +347,9 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			case RejectBusyRetry:
 				if peerTag != 0 { // as for a PHYS_REQ above
 					e.mu.Unlock()
-					if err := busyWait(ctx, busy); err != nil {
+					if err := askAgain(); err != nil {
 						return err
 					}
-					busy++
-					attempt--
 					continue
 				}
 			case RejectDomainMismatch:
@@ -528,31 +531,27 @@ func (e *Endpoint) destroyLater(id kernel.ID) {
 // stale-connection reject (see openLeg) or, for a recovery's MOVE, a
 // BUSY_RETRY (see moveAgain): longer at each try.
 func staleWait(ctx context.Context, try int) error {
-	select {
-	case <-time.After(time.Duration(try+1) * 10 * time.Millisecond):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sleepCtx(ctx, time.Duration(try+1)*10*time.Millisecond)
 }
 
-// busyWait waits before a reverse leg refused BUSY_RETRY is asked for
-// again (see openLeg): 1 ms at first, doubling to 50 ms. Its dialer
+// busyDelay is the wait before a reverse leg refused BUSY_RETRY is asked
+// for again (see openLeg): 1 ms at first, doubling to 50 ms. Its dialer
 // usually binds its forward leg a moment after the refusal (the request
 // overtook its read of the ACCEPT), and a first wait of 10 ms would cost
 // such a dial more than its whole exchange; one that waits out a recovery
 // is asked every 50 ms.
-func busyWait(ctx context.Context, try int) error {
+func busyDelay(try int) time.Duration {
+	return min(time.Millisecond<<min(try, 6), 50*time.Millisecond)
+}
+
+// sleepCtx waits d, or returns ctx's error if it ends first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
 	select {
-	case <-time.After(busyDelay(try)):
+	case <-time.After(d):
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func busyDelay(try int) time.Duration {
-	return min(time.Millisecond<<min(try, 6), 50*time.Millisecond)
 }
 
 // moveAgain reports whether a recovery's MOVE is worth asking again: the
