@@ -73,14 +73,14 @@ func twoExchangeInRecovery(t *testing.T, w *world, ip string) (a, b *proc, c, d 
 
 // A dial whose reverse leg comes by its own exchange reads its forward
 // ACCEPT while its uplink recovers, and waits to move its leg. The
-// acceptor's reciprocal request came meanwhile and was accepted, which
-// completed the acceptor's half: then the dial's deadline passed before its
-// forward leg was bound, and it failed without a FIN (it had no leg to
-// send one on). Accept returned a connection whose dialer was gone, silent
-// until its idle timeout or the old link's DREQ. The dialer now refuses a
-// reciprocal request (BUSY_RETRY) until its forward leg is bound, and the
-// acceptor asks again: a dial given up before finds none of its own, the
-// acceptor's half ends, and Accept never returns it.
+// acceptor's reciprocal request comes meanwhile and is taken. The dial's
+// deadline then passes before its forward leg is bound, and it fails
+// without a FIN (it has no leg to send one on). Until protocol version 4
+// the taken reciprocal leg completed the acceptor's half, and Accept
+// returned a connection whose dialer was gone, silent until its idle
+// timeout or the old link's DREQ (stop 51 refused the reciprocal request
+// until the leg was bound instead). Now the acceptor's half is up only at
+// the dialer's first frame, which a dial given up never sends.
 func TestTwoExchangeDialGivenUpInRecoveryLeavesNoHalfConn(t *testing.T) {
 	w := newWorld(t)
 	a, b, c0, d0, release := twoExchangeInRecovery(t, w, "10.0.94")
@@ -102,17 +102,21 @@ func TestTwoExchangeDialGivenUpInRecoveryLeavesNoHalfConn(t *testing.T) {
 }
 
 // The same dial, whose recovery ends within its deadline: the reciprocal
-// request refused while the forward leg waited comes again, and the
-// connection is up both ways.
+// leg, taken while the forward leg waited, is refused nothing; the
+// acceptor's half waits for the dialer's first frame, and the connection
+// is up both ways.
 func TestTwoExchangeDialWaitsOutRecovery(t *testing.T) {
 	w := newWorld(t)
 	a, b, c0, d0, release := twoExchangeInRecovery(t, w, "10.0.95")
-	rejected := a.Stats().Rejected
+	before := a.Stats()
 	dialed := dialLater(t, a, b)
-	eventually(t, "the reciprocal request refused while the forward leg waits", func() (bool, string) {
-		n := a.Stats().Rejected
-		return n > rejected, fmt.Sprintf("%d rejected", n)
+	eventually(t, "the reciprocal leg taken while the forward leg waits", func() (bool, string) {
+		st := a.Stats()
+		return st.LocalCounts > before.LocalCounts, fmt.Sprintf("%+v", st)
 	})
+	if d, err := b.Accept(ctxT(t, 100*time.Millisecond)); err == nil {
+		t.Fatalf("Accept returned %v before the dialer's forward leg was bound", d.RemoteAddr())
+	}
 	release()
 	r := <-dialed
 	if r.err != nil {
@@ -121,6 +125,9 @@ func TestTwoExchangeDialWaitsOutRecovery(t *testing.T) {
 	d, err := b.Accept(ctxT(t, 5*time.Second))
 	if err != nil {
 		t.Fatalf("accept: %v", err)
+	}
+	if got := a.Stats().Rejected; got != before.Rejected {
+		t.Errorf("the dialer refused %d requests", got-before.Rejected)
 	}
 	roundTrip(t, r.c, d, []byte("forward"))
 	roundTrip(t, d, r.c, []byte("reverse"))
@@ -132,16 +139,16 @@ func TestTwoExchangeDialWaitsOutRecovery(t *testing.T) {
 }
 
 // acceptReadLate holds, once armed, the read of the answer to e's next
-// SIDR exchange (a dial's forward ACCEPT) until e has refused a request:
-// the acceptor's reciprocal request overtakes the dialer's read of its
-// ACCEPT, as it often does on a healthy uplink.
+// SIDR exchange (a dial's forward ACCEPT) until e has taken a request: the
+// acceptor's reciprocal request overtakes the dialer's read of its ACCEPT,
+// as it often does on a healthy uplink.
 type acceptReadLate struct {
 	kernel.Kernel
-	armed   atomic.Bool
-	sidr    atomic.Uint64
-	watch   atomic.Bool // from the arming on (pair's own dial may be refused too)
-	refused chan struct{}
-	once    sync.Once
+	armed atomic.Bool
+	sidr  atomic.Uint64
+	watch atomic.Bool // from the arming on (pair's own legs are taken too)
+	taken chan struct{}
+	once  sync.Once
 }
 
 func (k *acceptReadLate) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
@@ -158,31 +165,31 @@ func (k *acceptReadLate) Event(ctx context.Context, id kernel.ID) (kernel.Event,
 	ev, err := k.Kernel.Event(ctx, id)
 	if err == nil && uint64(id) != 0 && k.sidr.CompareAndSwap(uint64(id), 0) {
 		select {
-		case <-k.refused:
-		case <-time.After(time.Second): // not refused: the test says so
+		case <-k.taken:
+		case <-time.After(time.Second): // not taken: the test says so
 		}
 	}
 	return ev, err
 }
 
-func (k *acceptReadLate) Reject(id kernel.ID, pd []byte) error {
+func (k *acceptReadLate) Accept(id kernel.ID, qpn uint32, pd []byte) error {
+	err := k.Kernel.Accept(id, qpn, pd)
 	if k.watch.Load() {
-		k.once.Do(func() { close(k.refused) })
+		k.once.Do(func() { close(k.taken) })
 	}
-	return k.Kernel.Reject(id, pd)
+	return err
 }
 
 // A two-exchange dial over healthy uplinks whose acceptor's reciprocal
 // request comes before the dialer has read its ACCEPT (the two race on
-// every such dial; in the model the request wins most of them) is refused
-// BUSY_RETRY, the acceptor asks again, and the connection comes up both
-// ways. The dialer binds its forward leg a moment after the refusal, so
-// the acceptor's first wait is short (busyDelay): at 10 ms, as for a
-// stale reject, such a dial took several times as long (300 dials in the
-// model: 2.7 s against 0.15 s before the refusals; 0.38 s with it).
-func TestTwoExchangeReciprocalOvertakingAcceptAskedAgain(t *testing.T) {
+// every such dial; in the model the request wins most of them) has its
+// reverse leg taken at once, and the connection comes up both ways. In
+// stop 51 the dialer refused such a request (BUSY_RETRY) and the acceptor
+// asked again after a millisecond or more: a refusal counted in
+// Stats.Rejected and a new TGT handle made and released on every such dial.
+func TestTwoExchangeReciprocalOvertakingAcceptTaken(t *testing.T) {
 	w := newWorld(t)
-	g := &acceptReadLate{refused: make(chan struct{})}
+	g := &acceptReadLate{taken: make(chan struct{})}
 	a := w.wrappedEndpoint("10.0.96.1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g })
 	b := w.endpoint("10.0.96.2", 7000)
 	c0, d0 := pair(t, a, b) // the uplinks both ways, healthy
@@ -198,8 +205,13 @@ func TestTwoExchangeReciprocalOvertakingAcceptAskedAgain(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("dial: %v", r.err)
 	}
-	if a.Stats().Rejected == rejected {
-		t.Fatal("the dialer refused no request: the reciprocal request did not overtake its ACCEPT")
+	if got := a.Stats().Rejected; got != rejected {
+		t.Fatalf("the dialer refused %d requests", got-rejected)
+	}
+	select {
+	case <-g.taken:
+	default:
+		t.Fatal("the dialer took no request while its ACCEPT was unread")
 	}
 	roundTrip(t, r.c, d, []byte("forward"))
 	roundTrip(t, d, r.c, []byte("reverse"))
@@ -207,18 +219,4 @@ func TestTwoExchangeReciprocalOvertakingAcceptAskedAgain(t *testing.T) {
 		c.Close()
 	}
 	requireReleased(t, w, a, b)
-}
-
-// The acceptor asks again for a refused reverse leg at once, then less and
-// less often: 1 ms, doubling to 50 ms.
-func TestBusyDelay(t *testing.T) {
-	want := []time.Duration{1, 2, 4, 8, 16, 32, 50, 50, 50}
-	for try, ms := range want {
-		if got := busyDelay(try); got != ms*time.Millisecond {
-			t.Errorf("try %d: %v, want %v", try, got, ms*time.Millisecond)
-		}
-	}
-	if got := busyDelay(1 << 20); got != 50*time.Millisecond {
-		t.Errorf("try 2^20: %v, want 50ms", got)
-	}
 }

@@ -936,19 +936,6 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 			e.reject(ev, wire.RejectBadRequest, leg.PeerTag)
 			return
 		}
-		if !c.sendUp {
-			// Our forward leg is not bound yet (its ACCEPT unread, or
-			// its uplink recovering): the dial may still give up before
-			// it is, and then has no leg to send its FIN on. Accepted,
-			// this leg would complete the acceptor's half, which its
-			// Accept returns, silent to the idle timeout. The acceptor
-			// asks again (openLeg); once bound, a dial given up sends
-			// its FIN (abortDial) and refuses the leg (abandoned).
-			e.mu.Unlock()
-			e.acc.Release(leg)
-			e.reject(ev, wire.RejectBusyRetry, leg.PeerTag)
-			return
-		}
 	} else {
 		if e.closed || len(e.conns) >= 1<<20 || e.unaccepted >= acceptBacklog {
 			e.mu.Unlock()
@@ -957,7 +944,9 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 			return
 		}
 		c = e.newConnLocked(netip.AddrPortFrom(ev.Remote.Addr(), leg.ReplyPort))
-		c.inbound = true
+		// Up only at the dialer's first frame, whichever way its
+		// reverse leg goes (see consumeLocked).
+		c.inbound, c.awaitFirst = true, true
 		c.peerInc = leg.PeerIncarnation
 		c.unaccepted = true
 		e.unaccepted++
@@ -1032,7 +1021,6 @@ func (e *Endpoint) bindReverseLocked(c *Conn, leg *acceptedLeg) ([]byte, bool) {
 	c.peerTag, c.peerSRQN, c.peerInc = leg.RevTag, leg.PeerSRQN, leg.PeerIncarnation
 	c.sendWindow, c.sendMax = uint32(leg.PeerCredits), int(leg.PeerMaxMessage)
 	c.sendUp, c.lastSent = true, time.Now()
-	c.awaitFirst = true
 	return b, true
 }
 
@@ -1089,24 +1077,28 @@ func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) error {
 	took, err := c.revTaken, c.revErr
 	if !took {
 		e.dropEarlyLocked(c)
+		// The reciprocal leg comes later; our first frame goes now,
+		// as when the ACCEPT carried the reverse leg.
+		c.firstDue = true
 	}
 	e.mu.Unlock()
 	if err != nil {
 		return e.abortDial(c, err)
 	}
-	if took {
-		// Our first frame on the forward leg completes the acceptor's
-		// half (see consumeLocked); a lost one is made up for by the
-		// next frame, a keepalive at the latest. So a full send queue is
-		// waited out rather than taken for a loss: the acceptor's Accept
-		// would wait a heartbeat for the next one. The wait honours the
-		// dial's context (an INI stalled behind a receiver that stopped
-		// draining its SRQ frees no room: rnr_retry 7 retries for ever);
-		// given up, the dial ends as above, with a FIN that goes once
-		// there is room, as the acceptor's half's first frame.
-		if !e.postFirstFrame(ctx, c) && ctx.Err() != nil {
-			return e.abortDial(c, ctx.Err())
-		}
+	// Our first frame on the forward leg completes the acceptor's half
+	// (see consumeLocked), whichever way the reverse leg goes: a dial
+	// that gives up before its leg is bound sends nothing, and the
+	// acceptor's half never comes up, though its reciprocal leg may
+	// have been taken. A lost first frame is made up for by the next, a
+	// keepalive at the latest. So a full send queue is waited out rather
+	// than taken for a loss: the acceptor's Accept would wait a
+	// heartbeat for the next one. The wait honours the dial's context
+	// (an INI stalled behind a receiver that stopped draining its SRQ
+	// frees no room: rnr_retry 7 retries for ever); given up, the dial
+	// ends as above, with a FIN that goes once there is room, as the
+	// acceptor's half's first frame.
+	if !e.postFirstFrame(ctx, c) && ctx.Err() != nil {
+		return e.abortDial(c, ctx.Err())
 	}
 	return nil
 }

@@ -95,7 +95,7 @@ func TestEndpointHostileRequests(t *testing.T) {
 		{"SIDR empty", r, kernel.ExchangeSIDR, nil, wire.RejectBadRequest, 0},
 		{"SIDR truncated", r, kernel.ExchangeSIDR, encodeReq(t, virt)[:30], wire.RejectBadRequest, 0},
 		{"SIDR declared length over budget", r, kernel.ExchangeSIDR, mutb(encodeReq(t, virt), func(b []byte) []byte { b[6], b[7] = 0, 200; return b }), wire.RejectBadRequest, 0},
-		{"SIDR version 3", r, kernel.ExchangeSIDR, mutb(encodeReq(t, virt), func(b []byte) []byte { b[2] = wire.Version + 1; return b }), wire.RejectVersion, 0},
+		{"SIDR next version", r, kernel.ExchangeSIDR, mutb(encodeReq(t, virt), func(b []byte) []byte { b[2] = wire.Version + 1; return b }), wire.RejectVersion, 0},
 		{"SIDR PHYS_REQ type", r, kernel.ExchangeSIDR, encodeReq(t, phys), wire.RejectBadRequest, 0},
 		{"foreign domain id", r, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) { q.DomainHint = dom ^ 0x5a5a })), wire.RejectDomainMismatch, dom},
 		{"hint names another sender's TGT (held here)", r, kernel.ExchangeSIDR, encodeReq(t, virt), wire.RejectTGTGone, 0},
@@ -228,6 +228,7 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 	if err := k.Establish(id); err != nil {
 		t.Fatal(err)
 	}
+	sendFirstFrame(t, p, ini, acc1)
 	if _, err := r.Accept(ctxT(t, 2*time.Second)); err != nil {
 		t.Fatalf("accept of leg 1: %v", err)
 	}
@@ -238,6 +239,11 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 	if first.Type != kernel.EventEstablished {
 		t.Fatalf("VIRT_REQ: %v", first.Type)
 	}
+	var acc2 wire.Accept
+	if err := wire.DecodeAccept(first.PrivateData, &acc2); err != nil {
+		t.Fatal(err)
+	}
+	sendFirstFrame(t, p, ini, acc2)
 	c2, err := r.Accept(ctxT(t, 2*time.Second))
 	if err != nil {
 		t.Fatalf("accept of leg 2: %v", err)
@@ -271,10 +277,6 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 		t.Fatalf("the replay made a connection: %v", c.RemoteAddr())
 	}
 	// Leg 2 is live: a message with its tag arrives on its connection.
-	var acc2 wire.Accept
-	if err := wire.DecodeAccept(first.PrivateData, &acc2); err != nil {
-		t.Fatal(err)
-	}
 	if err := k.PostSend(ini, []kernel.SendWR{{WRID: 1, RemoteSRQN: acc2.SRQN, Imm: acc2.AcceptorTag, Payload: []byte("D\x00\x00\x00\x00hello leg 2")}}); err != nil {
 		t.Fatal(err)
 	}

@@ -168,18 +168,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	var moving bool
 	var last error   // the last failure, for errLegTries
 	var rebuilt bool // a TGT_GONE rebuilt the uplink (once free of an attempt)
-	var busy int     // a reverse leg's BUSY_RETRYs (see below)
-	var attempt int
-	// askAgain waits before our reverse leg, which its dialer takes only
-	// once its forward leg is bound (see onRequest), is asked for again.
-	// Not a failed attempt: ctx bounds the waits.
-	askAgain := func() error {
-		err := sleepCtx(ctx, busyDelay(busy))
-		busy++
-		attempt--
-		return err
-	}
-	for ; attempt < 16; attempt++ {
+	for attempt := 0; attempt < 16; attempt++ {
 		e.mu.Lock()
 		if e.closed || c.failed() {
 			e.mu.Unlock()
@@ -216,12 +205,6 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				e.removeUplinkLocked(u)
 				e.mu.Unlock()
 				last = err
-				if peerTag != 0 && busyReject(err) {
-					if err := askAgain(); err != nil {
-						return err
-					}
-					continue
-				}
 				if staleReject(err) && attempt < 15 {
 					// The peer still holds a connection from this node on
 					// our INI's number (an earlier process's, whose number
@@ -344,14 +327,6 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		var rj *RejectError
 		if errors.As(err, &rj) {
 			switch rj.Reason {
-			case RejectBusyRetry:
-				if peerTag != 0 { // as for a PHYS_REQ above
-					e.mu.Unlock()
-					if err := askAgain(); err != nil {
-						return err
-					}
-					continue
-				}
 			case RejectDomainMismatch:
 				// Another domain on that node: use (or make) its uplink.
 				if rj.domain != 0 && rj.domain != u.dom {
@@ -532,16 +507,6 @@ func (e *Endpoint) destroyLater(id kernel.ID) {
 // BUSY_RETRY (see moveAgain): longer at each try.
 func staleWait(ctx context.Context, try int) error {
 	return sleepCtx(ctx, time.Duration(try+1)*10*time.Millisecond)
-}
-
-// busyDelay is the wait before a reverse leg refused BUSY_RETRY is asked
-// for again (see openLeg): 1 ms at first, doubling to 50 ms. Its dialer
-// usually binds its forward leg a moment after the refusal (the request
-// overtook its read of the ACCEPT), and a first wait of 10 ms would cost
-// such a dial more than its whole exchange; one that waits out a recovery
-// is asked every 50 ms.
-func busyDelay(try int) time.Duration {
-	return min(time.Millisecond<<min(try, 6), 50*time.Millisecond)
 }
 
 // sleepCtx waits d, or returns ctx's error if it ends first.

@@ -58,7 +58,7 @@ func layoutReq(r *Req) ([]byte, bool) {
 		return nil, false
 	}
 	var l layout
-	l.header(3, byte(r.Type), r.Flags)
+	l.header(4, byte(r.Type), r.Flags)
 	l.put(4, uint64(r.ConnTag))
 	l.put(4, uint64(r.PeerTag))
 	l.put(8, r.Incarnation)
@@ -77,7 +77,7 @@ func layoutReq(r *Req) ([]byte, bool) {
 
 func layoutAccept(a *Accept) ([]byte, bool) {
 	var l layout
-	l.header(3, 3, a.Flags)
+	l.header(4, 3, a.Flags)
 	l.put(4, uint64(a.TagEcho))
 	l.put(4, uint64(a.AcceptorTag))
 	l.put(8, a.Incarnation)
@@ -120,7 +120,7 @@ func layoutFIN(f *FIN) ([]byte, bool) {
 	if f.Half {
 		fl = 1
 	}
-	l.header(3, 5, fl)
+	l.header(4, 5, fl)
 	l.put(4, uint64(f.Tag))
 	l.put(4, uint64(f.SenderTag))
 	return l.done()

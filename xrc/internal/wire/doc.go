@@ -4,7 +4,7 @@
 // Every message starts with an 8-byte header, network byte order:
 //
 //	0  magic    uint16  0x5852 ("XR")
-//	2  version  uint8   3 (a REJECT always carries 1: its layout is frozen)
+//	2  version  uint8   4 (a REJECT always carries 1: its layout is frozen)
 //	3  type     uint8   PHYS_REQ=1 VIRT_REQ=2 ACCEPT=3 REJECT=4 FIN=5
 //	4  flags    uint8   REQ: RECIPROCAL=1 REPLACES_TGT=2 MOVE=4 ONE_EXCHANGE=8;
 //	                    ACCEPT: REVERSE=8; FIN: HALF=1

@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// The spec oracle: what docs/xrc-protocol.md ("Private data, version 3")
+// The spec oracle: what docs/xrc-protocol.md ("Private data, version 4")
 // says a message must be, written out here from the document, with its
 // numbers, without the codec's validate, constants or helpers. The decode
 // fuzzers run it on every input a decoder accepts (the encode fuzzers on
@@ -60,7 +60,7 @@ func runSpec(b []byte, check func(s specCheck)) (err error) {
 }
 
 // frame checks the header and framing ("Header, 8 bytes: magic 0x5852,
-// version 3, type, flags, reserved 0, total length"; "The kernel pads
+// version 4, type, flags, reserved 0, total length"; "The kernel pads
 // received private data with zeros to the carrier's maximum; decoding reads
 // the header's length, requires the padding to be zero") and returns the
 // declared length. fixed is the type's fixed size, budget the most the
@@ -70,7 +70,7 @@ func (s specCheck) frame(typ, flags byte, fixed, budget, carrier int) int {
 	s.must(len(b) >= 8, "shorter than the 8-byte header")
 	s.must(b[0] == 0x58 && b[1] == 0x52, "magic not 0x5852")
 	if typ != 4 {
-		s.must(b[2] == 3, "version not 3")
+		s.must(b[2] == 4, "version not 4")
 	} else { // "a REJECT of any version but 0 decodes"
 		s.must(b[2] != 0, "REJECT of version 0")
 	}

@@ -12,11 +12,15 @@ const Magic uint16 = 0x5852
 // Version is the protocol version this package speaks. MinVersion..MaxVersion
 // is the range it accepts (sent back in REJECT(VERSION)).
 // Version 2 added the receivers' largest message to REQ and ACCEPT;
-// version 3 the move generation to REQ.
+// version 3 the move generation to REQ; version 4 changed no layout: a
+// dialer's first frame on its forward leg completes the acceptor's half
+// whichever way the reverse leg comes (with version 3 only one-exchange
+// dials sent it, and a version-3 dialer's two-exchange connections would
+// never come up at a version-4 acceptor).
 const (
-	Version    uint8 = 3
-	MinVersion uint8 = 3
-	MaxVersion uint8 = 3
+	Version    uint8 = 4
+	MinVersion uint8 = 4
+	MaxVersion uint8 = 4
 )
 
 // rejectVersion is the version a REJECT's header carries, whatever the

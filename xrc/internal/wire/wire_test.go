@@ -27,7 +27,7 @@ func TestReqRoundTripAndLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []byte{0x58, 0x52, 3, 1, 4, 0, 0, 56,
+	want := []byte{0x58, 0x52, 4, 1, 4, 0, 0, 56,
 		0xA1, 0xB2, 0xC3, 0xD4, 0, 0, 0, 0,
 		1, 2, 3, 4, 5, 6, 7, 8,
 		0x12, 0x34, 0x56, 0, 0, 0,
@@ -282,7 +282,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"all zero (kernel reject)", func(b []byte) []byte { return make([]byte, len(b)) }, ReasonMagic, RejectBadRequest},
 		{"magic", func(b []byte) []byte { b[0] ^= 1; return b }, ReasonMagic, RejectBadRequest},
 		{"version 1", func(b []byte) []byte { b[2] = 1; return b }, ReasonVersion, RejectVersion},
-		{"version 4 short", func(b []byte) []byte { b[2] = 4; return b[:4] }, ReasonVersion, RejectVersion},
+		{"version 3 (the last)", func(b []byte) []byte { b[2] = 3; return b }, ReasonVersion, RejectVersion},
+		{"next version short", func(b []byte) []byte { b[2] = Version + 1; return b[:4] }, ReasonVersion, RejectVersion},
 		{"type", func(b []byte) []byte { b[3] = byte(TypePhysReq); return b }, ReasonType, RejectBadRequest},
 		{"reserved", func(b []byte) []byte { b[5] = 1; return b }, ReasonReserved, RejectBadRequest},
 		{"length zero", func(b []byte) []byte { b[6], b[7] = 0, 0; return b }, ReasonLength, RejectBadRequest},
