@@ -38,6 +38,13 @@ const (
 	userImmLen = 4
 )
 
+// A frame returns the receives reposted since our last return. Each frame a
+// peer sends costs it a credit, so an honest peer's frames keep that count
+// within our queue depth (one that ignores credits only gets fewer back):
+// this fails to compile if the depth's limit outgrows what the header
+// carries, which imm would silently cut.
+const _ = uint(maxFrameCredits - maxQueueDepth)
+
 type frameHeader struct {
 	kind    frameKind
 	flags   uint8

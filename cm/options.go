@@ -14,7 +14,7 @@ import (
 // for in its handshake.
 const (
 	minQueueDepth  = 2    // see WithQueueDepth
-	maxQueueDepth  = 4000 // credits travel in 12 bits
+	maxQueueDepth  = 4000 // credits travel in 12 bits (checked in frame.go)
 	minMessageSize = 1
 	maxMessageSize = 1 << 30
 
