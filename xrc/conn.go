@@ -41,14 +41,19 @@ type Conn struct {
 	sendUp   bool
 	sendDone bool // FIN sent or leg dropped
 	finOut   bool // our FIN (not HALF) was posted: see recover
-	// firstDue: a one-exchange dial, whose acceptor's half completes at
-	// our first frame (Endpoint.consumeLocked), none of ours known to
-	// have arrived yet (a completion says so): a recovery sends a
-	// keepalive first (see resend). Not for an abandoned attempt, whose
-	// FIN is to be the first.
+	// firstDue: a dial, whose acceptor's half completes at our first
+	// frame (Endpoint.consumeLocked), none of ours known to have arrived
+	// yet (a completion says so): a recovery sends a keepalive first
+	// (see resend). Not for an abandoned attempt, whose FIN is to be the
+	// first.
 	firstDue bool
+	// firstHeld: a dial whose reverse leg comes by the acceptor's
+	// reciprocal request, not up yet: our first frame waits until it is
+	// (Endpoint.dialUp), and our keepalives go as credit frames, which
+	// show the leg alive but are no first frame (see post).
+	firstHeld bool
 	// abandoned: Endpoint.abortDial gave the dial up and ends it with a
-	// FIN, which a one-exchange acceptor's half takes for an abandonment
+	// FIN, which the acceptor's half takes for an abandonment
 	// only as the first frame: no keepalive (the janitor's, waiting for
 	// room) goes before it, and no reverse leg is taken for it (onRequest).
 	abandoned bool
@@ -107,7 +112,7 @@ type Conn struct {
 	early        []earlyMsg        // messages for earlyTag that came before the registration
 	revErr       error             // why the reverse leg in the forward ACCEPT could not be registered
 	revTaken     bool              // the reverse leg in the forward ACCEPT is registered
-	awaitFirst   bool              // inbound, its reverse leg in our ACCEPT: up at the dialer's first frame (see Endpoint.consumeLocked)
+	awaitFirst   bool              // inbound: up at the dialer's first frame (see Endpoint.consumeLocked)
 	q            ring.Ring[[]byte] // data frames (kind and number included) for Recv (made with the first, maxQueued long)
 	seen         replayWindow      // data sequence numbers taken (made with the first message)
 	wakeCh       chan struct{}
@@ -751,10 +756,18 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		e.mu.Unlock()
 		return postFailed, nil, nil
 	}
+	probe := kind == kindHeartbeat && c.firstHeld
+	if probe {
+		// A dial not up yet (firstHeld): a keepalive would complete the
+		// acceptor's half. A credit frame of no credits goes instead: it
+		// finds a receiver that is gone as a keepalive does, and its
+		// receiver takes it for no first frame (Endpoint.consumeLocked).
+		kind, p = kindCredit, heldProbe[:]
+	}
 	q = u.cur
 	q.nextWR++
 	wr := kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag}
-	q.waiters[wr.WRID] = waiter{c: c, ch: ch}
+	q.waiters[wr.WRID] = waiter{c: c, ch: ch, probe: probe}
 	before, sent := c.lastSent, time.Now()
 	c.lastSent = sent
 	polls := q.polls
@@ -795,6 +808,10 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	}
 	return posted, nil, q
 }
+
+// heldProbe is the body of the credit frame a dial not up yet sends for a
+// keepalive (see post): a count of 0, which credits nothing.
+var heldProbe [creditLen]byte
 
 // roomNow is a wait for room that is over at once.
 var roomNow = func() <-chan struct{} { ch := make(chan struct{}); close(ch); return ch }()

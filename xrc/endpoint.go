@@ -811,7 +811,7 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 	}
 	select {
 	case <-c.ready:
-		return c, nil
+		return e.dialUp(ctx, c, address)
 	case <-c.done:
 		select {
 		case <-c.ready:
@@ -824,7 +824,7 @@ func (e *Endpoint) dialOnce(ctx context.Context, raddr netip.AddrPort, twoExchan
 	case <-ctx.Done():
 		select {
 		case <-c.ready:
-			return c, nil // up as the deadline passed: the acceptor has it too
+			return e.dialUp(ctx, c, address) // up as the deadline passed
 		default:
 		}
 		// The acceptor may have taken the first frame already: the
@@ -1074,19 +1074,28 @@ func (e *Endpoint) takeReverse(c *Conn, acc *wire.Accept) {
 // it. So does a dial whose context ends before its first frame is posted.
 func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) error {
 	e.mu.Lock()
-	took, err := c.revTaken, c.revErr
+	took, err, up := c.revTaken, c.revErr, c.isReady
 	if !took {
 		e.dropEarlyLocked(c)
-		// The reciprocal leg comes later; our first frame goes now,
-		// as when the ACCEPT carried the reverse leg.
-		c.firstDue = true
+		// The reciprocal leg comes later, and our first frame once it
+		// is up (dialUp): until then the dial may still fail (its
+		// deadline passing as we answer that request), and after a
+		// first frame its FIN would be a close to the acceptor's half,
+		// which that leg's ACCEPT or RTU then completes. The post below
+		// sends a keepalive as a credit frame (see Conn.post): it finds
+		// an acceptor that died meanwhile.
+		c.firstHeld = true
 	}
 	e.mu.Unlock()
 	if err != nil {
 		return e.abortDial(c, err)
 	}
-	// Our first frame on the forward leg completes the acceptor's half
-	// (see consumeLocked), whichever way the reverse leg goes: a dial
+	if !took && up {
+		return nil // its reciprocal leg came first: dialUp sends the first frame at once
+	}
+	// Our first frame on the forward leg (here, if the reverse leg is
+	// still to come, its stand-in) completes the acceptor's half (see
+	// consumeLocked), whichever way the reverse leg goes: a dial
 	// that gives up before its leg is bound sends nothing, and the
 	// acceptor's half never comes up, though its reciprocal leg may
 	// have been taken. A lost first frame is made up for by the next, a
@@ -1101,6 +1110,22 @@ func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) error {
 		return e.abortDial(c, ctx.Err())
 	}
 	return nil
+}
+
+// dialUp returns the dial c, now up both ways. One whose reverse leg came
+// by the acceptor's reciprocal request sends its first frame now (see
+// finishReverse); given up before it is posted, the dial's FIN is the
+// first frame, as in finishReverse.
+func (e *Endpoint) dialUp(ctx context.Context, c *Conn, address string) (*Conn, error) {
+	e.mu.Lock()
+	held := c.firstHeld
+	c.firstHeld = false
+	c.firstDue = c.firstDue || held
+	e.mu.Unlock()
+	if held && !e.postFirstFrame(ctx, c) && ctx.Err() != nil {
+		return nil, &OpError{"dial", address, e.abortDial(c, ctx.Err())}
+	}
+	return c, nil
 }
 
 // postFirstFrame posts c's first frame on its forward leg, waiting for
@@ -1513,13 +1538,24 @@ type earlyMsg struct {
 // already checked). It reports whether it kept p (a data message, queued
 // for Recv); the caller gives back any other.
 //
-// An inbound connection whose reverse leg rode our ACCEPT is up only once
-// its dialer's first frame comes (a keepalive it sends at once): the
-// dialer may yet abandon the attempt (see Dial), and then its first frame
-// is a FIN. Such a connection ends here, never seen by Accept.
+// An inbound connection is up only once its dialer's first frame comes (a
+// keepalive it sends once its reverse leg is up): the dialer may yet
+// abandon the attempt (see Dial), and then its first frame is a FIN. Such a
+// connection ends here, never seen by Accept. A credit frame is no first
+// frame: a dial waiting for our reciprocal request's answer sends its
+// keepalives so (Conn.firstHeld). Once that leg is up here, they no
+// longer count as signs of life: the first frame is due.
 func (e *Endpoint) consumeLocked(c *Conn, leg *acceptedLeg, p []byte) bool {
 	if !c.awaitFirst {
 		return e.consumeFrameLocked(c, leg, p)
+	}
+	if p[0] == kindCredit {
+		seen := c.lastSeen
+		kept := e.consumeFrameLocked(c, leg, p)
+		if c.sendUp {
+			c.lastSeen = seen
+		}
+		return kept
 	}
 	c.awaitFirst = false
 	var f wire.FIN

@@ -131,6 +131,9 @@ type waiter struct {
 	ch   chan verbs.WCStatus // internal frames: the sender's; nil: fire and forget (keepalives)
 	seq  uint32              // data frames: the number
 	data bool
+	// probe: a dial's keepalive before its reverse leg is up, which
+	// the receiver takes for no first frame (see Conn.post).
+	probe bool
 }
 
 func (u *uplink) setState(s upState) {
@@ -587,7 +590,7 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			q.roomLocked() // polled: a slot is free
 			w, ok := q.waiters[wc.WRID]
 			delete(q.waiters, wc.WRID)
-			if ok && wc.Status == verbs.WCSuccess {
+			if ok && wc.Status == verbs.WCSuccess && !w.probe {
 				w.c.firstDue = false // the receiver has had a frame of ours
 			}
 			if ok && w.data && wc.Status == verbs.WCSuccess {
