@@ -67,19 +67,12 @@ func TestDialAbandonedRefusesReciprocal(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("dial: %v, want its deadline", err)
 	}
-	for _, ch := range []chan struct{}{rk.held, fk.held} {
-		select {
-		case <-ch:
-		case <-time.After(5 * time.Second):
-			t.Fatal("setup: the reciprocal request or the FIN never came")
-		}
-	}
+	awaitSetup(t, rk.held, "the reciprocal request never came")
+	awaitSetup(t, fk.held, "the FIN never came")
 	close(rk.release) // the reciprocal request arrives while the FIN waits
 	reciprocalAnswered(t, b)
 	close(fk.release)
-	if c, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
-		t.Fatalf("Accept returned a connection from %v, whose Dial failed", c.RemoteAddr())
-	}
+	requireNoHalfConn(t, b)
 }
 
 // The same for a dial the endpoint's Close gives up: Close sends the FIN
@@ -92,22 +85,14 @@ func TestEndpointCloseRefusesReciprocal(t *testing.T) {
 	a, b, fk, rk := holdingPair(t, w, "10.0.57")
 	rk.armed.Store(true)
 	dialed := dialLater(t, a, b)
-	select {
-	case <-rk.held:
-	case <-time.After(5 * time.Second):
-		t.Fatal("setup: the reciprocal request never came")
-	}
+	awaitSetup(t, rk.held, "the reciprocal request never came")
 	fk.armed.Store(true)
 	closed := make(chan struct{})
 	go func() {
 		a.Close()
 		close(closed)
 	}()
-	select {
-	case <-fk.held:
-	case <-time.After(5 * time.Second):
-		t.Fatal("setup: Close sent no FIN")
-	}
+	awaitSetup(t, fk.held, "Close sent no FIN")
 	close(rk.release) // the reciprocal request arrives while Close's FIN waits
 	reciprocalAnswered(t, b)
 	close(fk.release)
@@ -151,6 +136,28 @@ func dialLater(t *testing.T, a, b *proc) <-chan dialResult {
 		dialed <- dialResult{c, err}
 	}()
 	return dialed
+}
+
+// awaitSetup waits for a held call's signal; what says which step of the
+// test's set-up never came.
+func awaitSetup(t *testing.T, held <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("setup: " + what)
+	}
+}
+
+// requireNoHalfConn checks that b's Accept returns nothing: the dial
+// failed, and its half at b must end without reaching Accept.
+func requireNoHalfConn(t *testing.T, b *proc) {
+	t.Helper()
+	if d, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
+		start := time.Now()
+		_, rerr := d.Recv(ctxT(t, 3*time.Second), make([]byte, 8))
+		t.Fatalf("the dial failed, yet Accept returned a connection from %v, whose Recv says %v after %v", d.RemoteAddr(), rerr, time.Since(start))
+	}
 }
 
 // holdingPair makes a (whose FINs fk can hold) and b (whose reciprocal

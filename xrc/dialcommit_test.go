@@ -53,29 +53,10 @@ func TestDialGivenUpAsReciprocalIsAnsweredLeavesNoHalfConn(t *testing.T) {
 		}
 	})
 	g.armed.Store(true) // b dials nothing but its reciprocal request
-	ctx, cancel := context.WithCancel(context.Background())
-	dialed := make(chan error, 1)
-	go func() {
-		c, err := a.Dial(ctx, b.Addr().String())
-		if c != nil {
-			c.Close()
-		}
-		dialed <- err
-	}()
-	select {
-	case <-g.held:
-	case <-time.After(5 * time.Second):
-		t.Fatal("setup: the acceptor sent no RTU")
-	}
-	cancel() // the dial's deadline, as the RTU is on its way
-	if err := <-dialed; !errors.Is(err, context.Canceled) {
-		t.Fatalf("dial: %v, want its context's end", err)
-	}
+	// The dial's deadline, as the RTU is on its way.
+	dialCancelledAt(t, a, b, g.held, "the acceptor sent no RTU")
 	close(g.release)
-	if d, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
-		_, rerr := d.Recv(ctxT(t, time.Second), make([]byte, 8))
-		t.Fatalf("the dial failed, yet Accept returned a connection, whose Recv says %v", rerr)
-	}
+	requireNoHalfConn(t, b)
 	requireReleased(t, w, a, b)
 }
 
@@ -90,11 +71,7 @@ func TestReciprocalSlowerThanIdleTimeout(t *testing.T) {
 	a, b, _, rk := holdingPair(t, w, "10.0.98")
 	rk.armed.Store(true)
 	dialed := dialLater(t, a, b)
-	select {
-	case <-rk.held:
-	case <-time.After(5 * time.Second):
-		t.Fatal("setup: the reciprocal request never came")
-	}
+	awaitSetup(t, rk.held, "the reciprocal request never came")
 	time.Sleep(testIdle + 10*testHeartbeat) // the request's slowness: past the idle timeout
 	close(rk.release)
 	r := <-dialed
@@ -148,6 +125,19 @@ func TestDialGivenUpAsReciprocalIsTakenLeavesNoHalfConn(t *testing.T) {
 	})
 	c0, d0 := pair(t, a, b)
 	g.armed.Store(true)
+	dialCancelledAt(t, a, b, g.held, "the reciprocal request never came")
+	close(g.release)
+	requireNoHalfConn(t, b)
+	c0.Close()
+	d0.Close()
+	requireReleased(t, w, a, b)
+}
+
+// dialCancelledAt dials b from a with the reverse leg by its own exchange,
+// cancels the dial's context once held is closed, and checks the dial
+// fails with it.
+func dialCancelledAt(t *testing.T, a, b *proc, held <-chan struct{}, what string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	dialed := make(chan error, 1)
 	go func() {
@@ -157,21 +147,9 @@ func TestDialGivenUpAsReciprocalIsTakenLeavesNoHalfConn(t *testing.T) {
 		}
 		dialed <- err
 	}()
-	select {
-	case <-g.held:
-	case <-time.After(5 * time.Second):
-		t.Fatal("setup: the reciprocal request never came")
-	}
+	awaitSetup(t, held, what)
 	cancel()
 	if err := <-dialed; !errors.Is(err, context.Canceled) {
 		t.Fatalf("dial: %v, want its context's end", err)
 	}
-	close(g.release)
-	if d, err := b.Accept(ctxT(t, 300*time.Millisecond)); err == nil {
-		_, rerr := d.Recv(ctxT(t, time.Second), make([]byte, 8))
-		t.Fatalf("the dial failed, yet Accept returned a connection, whose Recv says %v", rerr)
-	}
-	c0.Close()
-	d0.Close()
-	requireReleased(t, w, a, b)
 }
