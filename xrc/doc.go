@@ -26,7 +26,9 @@
 // local use count over it.
 //
 // A Conn is bidirectional: the dialer's leg and the acceptor's reverse
-// leg, each one way; Dial and Accept return once both are up. When the
+// leg, each one way; Dial returns once both are up, and Accept once the
+// dialer's first frame on its leg says it has taken the connection (a
+// dial given up before sends its FIN first, and Accept never sees it). When the
 // acceptor already has a live uplink to the dialer's node, the reverse leg
 // rides the forward leg's ACCEPT and the dialer registers it itself (one SIDR
 // exchange per connection); otherwise the acceptor opens it with a
