@@ -156,6 +156,11 @@ type decision struct {
 	Replaced    *acceptedLeg // released: our answer to an earlier copy of this PHYS_REQ (see physical)
 	UnknownMove bool         // a rejected MOVE of a leg we do not hold (see Endpoint.onRequest)
 	moveKey     legKey       // with UnknownMove: the leg the MOVE names
+	// RefusedDial, on a rejection of a reciprocal request (not a MOVE):
+	// the dial of ours it asked the reverse leg of (its peer tag), and
+	// refusedInc its sender's incarnation (see Endpoint.reverseRefused).
+	RefusedDial uint32
+	refusedInc  uint64
 }
 
 // Decide answers a CONNECT_REQUEST event from the XRC listener (PHYS_REQ) or
@@ -187,10 +192,16 @@ func (a *acceptor) Decide(e kernel.Event) decision {
 		}
 		return a.reject(0, reason, 0, nil)
 	}
+	var d decision
 	if want == wire.TypePhysReq {
-		return a.physical(e, &req)
+		d = a.physical(e, &req)
+	} else {
+		d = a.virtual(e, &req)
 	}
-	return a.virtual(e, &req)
+	if !d.Accept && req.Flags&(wire.FlagReciprocal|wire.FlagMove) == wire.FlagReciprocal {
+		d.RefusedDial, d.refusedInc = req.PeerTag, req.Incarnation
+	}
+	return d
 }
 
 func (a *acceptor) physical(e kernel.Event, req *wire.Req) (d decision) {

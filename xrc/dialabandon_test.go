@@ -138,6 +138,23 @@ func dialLater(t *testing.T, a, b *proc) <-chan dialResult {
 	return dialed
 }
 
+// upBothWays takes the dial dialLater made and b's Accept of it, and checks
+// a message each way.
+func upBothWays(t *testing.T, dialed <-chan dialResult, b *proc) (c, d *Conn) {
+	t.Helper()
+	r := <-dialed
+	if r.err != nil {
+		t.Fatalf("dial: %v", r.err)
+	}
+	d, err := b.Accept(ctxT(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("accept: %v", err)
+	}
+	roundTrip(t, r.c, d, []byte("forward"))
+	roundTrip(t, d, r.c, []byte("reverse"))
+	return r.c, d
+}
+
 // awaitSetup waits for a held call's signal; what says which step of the
 // test's set-up never came.
 func awaitSetup(t *testing.T, held <-chan struct{}, what string) {

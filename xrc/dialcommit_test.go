@@ -74,17 +74,8 @@ func TestReciprocalSlowerThanIdleTimeout(t *testing.T) {
 	awaitSetup(t, rk.held, "the reciprocal request never came")
 	time.Sleep(testIdle + 10*testHeartbeat) // the request's slowness: past the idle timeout
 	close(rk.release)
-	r := <-dialed
-	if r.err != nil {
-		t.Fatalf("dial: %v", r.err)
-	}
-	d, err := b.Accept(ctxT(t, 5*time.Second))
-	if err != nil {
-		t.Fatalf("accept: %v", err)
-	}
-	roundTrip(t, r.c, d, []byte("forward"))
-	roundTrip(t, d, r.c, []byte("reverse"))
-	r.c.Close()
+	c, d := upBothWays(t, dialed, b)
+	c.Close()
 	d.Close()
 }
 

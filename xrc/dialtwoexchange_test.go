@@ -114,20 +114,11 @@ func TestTwoExchangeDialWaitsOutRecovery(t *testing.T) {
 		t.Fatalf("Accept returned %v before the dialer's forward leg was bound", d.RemoteAddr())
 	}
 	release()
-	r := <-dialed
-	if r.err != nil {
-		t.Fatalf("dial: %v", r.err)
-	}
-	d, err := b.Accept(ctxT(t, 5*time.Second))
-	if err != nil {
-		t.Fatalf("accept: %v", err)
-	}
+	c, d := upBothWays(t, dialed, b)
 	if got := a.Stats().Rejected; got != before.Rejected {
 		t.Errorf("the dialer refused %d requests", got-before.Rejected)
 	}
-	roundTrip(t, r.c, d, []byte("forward"))
-	roundTrip(t, d, r.c, []byte("reverse"))
-	r.c.Close()
+	c.Close()
 	d.Close()
 	c0.Close()
 	d0.Close()

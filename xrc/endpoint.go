@@ -896,6 +896,9 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		e.rejected.Add(1)
 		e.k.Reject(ev.ID, d.PrivateData)
 		e.k.DestroyID(ev.ID)
+		if d.RefusedDial != 0 {
+			e.reverseRefused(d, ev.Remote.Addr())
+		}
 		return
 	}
 	phys := ev.Exchange == kernel.ExchangeXRC
@@ -921,16 +924,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		// up (at its deadline, or by Close), whose FIN may still be on
 		// its way: accepted, the leg would complete the dial, and the
 		// acceptor's Accept would return it.
-		c = e.pending[leg.Reciprocal]
-		ours := c != nil && c.recvLeg == nil && !c.abandoned && !e.closed && sameNode(c.raddr.Addr(), ev.Remote.Addr())
-		if ours && c.peerInc != 0 && c.peerInc != leg.PeerIncarnation {
-			// Its ACCEPT came from another incarnation: the dial cannot
-			// complete. It fails now, as checkReadyLocked fails it where
-			// this request comes first, not at its deadline.
-			c.failLocked(errIncarnation)
-			ours = false
-		}
-		if !ours {
+		if c = e.reverseDialLocked(leg.Reciprocal, ev.Remote.Addr(), leg.PeerIncarnation); c == nil {
 			e.mu.Unlock()
 			e.acc.Release(leg)
 			e.reject(ev, wire.RejectBadRequest, leg.PeerTag)
@@ -976,6 +970,49 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 	}
 	e.k.DestroyID(ev.ID)
 	e.recvLegUp(c)
+}
+
+// reverseDialLocked returns the dial of ours that a request for a reverse
+// leg names (tag, the request's peer tag), from node by incarnation inc:
+// one still waiting for its reverse leg, to that node. Not one given up
+// (at its deadline, or by Close), whose FIN may still be on its way. One
+// whose ACCEPT came from another incarnation cannot complete: it fails
+// now, as checkReadyLocked fails it where the request comes first, not
+// at its deadline.
+func (e *Endpoint) reverseDialLocked(tag uint32, node netip.Addr, inc uint64) *Conn {
+	c := e.pending[tag]
+	if c == nil || c.recvLeg != nil || c.abandoned || e.closed || !sameNode(c.raddr.Addr(), node) {
+		return nil
+	}
+	if c.peerInc != 0 && c.peerInc != inc {
+		c.failLocked(errIncarnation)
+		return nil
+	}
+	return c
+}
+
+// reverseRefused fails the dial of ours whose reverse leg we have just
+// refused (d), unless the acceptor asks again: it does after TGT_GONE
+// (rebuilding its uplink) and DOMAIN_MISMATCH (learning our domain), and
+// its half fails on any other refusal. Until then the dial heard nothing,
+// and waited to its deadline (TestDialReverseLegRefusedFailsAtOnce). As a
+// taken leg does, only a request from the dialed node naming the dial
+// decides its fate. No FIN: the acceptor's half ends with its refused
+// request (else, never up, at its idle timeout).
+func (e *Endpoint) reverseRefused(d decision, from netip.Addr) {
+	r := d.Reject
+	if r.Reason == wire.RejectTGTGone || r.Reason == wire.RejectDomainMismatch {
+		return
+	}
+	err := fmt.Errorf("%w: %v", errReverseRefused, r.Reason)
+	if r.Reason == wire.RejectBusyRetry && r.Detail != 0 { // the kernel's errno (acceptor.physical)
+		err = fmt.Errorf("%w: %v: %w", errReverseRefused, r.Reason, syscall.Errno(r.Detail))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := e.reverseDialLocked(d.RefusedDial, from, d.refusedInc); c != nil {
+		c.failLocked(err)
+	}
 }
 
 // readingAcceptFrom reports whether a dial of ours to node announced a

@@ -58,6 +58,9 @@ var (
 	errReverseGone = errors.New("xrc: the TGT the peer's reverse leg (in its ACCEPT) names is not its own")
 	// errReverseDomain: the reverse leg is into another domain than ours.
 	errReverseDomain = errors.New("xrc: the peer's reverse leg (in its ACCEPT) is into another domain than ours")
+	// errReverseRefused: we refused the peer's request for the dial's
+	// reverse leg, which it does not ask again.
+	errReverseRefused = errors.New("xrc: this endpoint refused the peer's request for the dial's reverse leg")
 )
 
 // RejectReason is why a peer refused a connection request.
