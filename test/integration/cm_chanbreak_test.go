@@ -34,7 +34,7 @@ func TestCMDialAfterChannelBroke(t *testing.T) {
 	t.Cleanup(func() { held.Close() }) // a failure must not leave it to the leak checks of later tests
 
 	unset := faults.Set(faults.FailOnce("rdma_get_cm_event", syscall.EIO))
-	_, err = cm.Dial(ctx, addr)
+	err = failureOf(cm.Dial(ctx, addr))
 	unset()
 	require.ErrorIs(t, err, syscall.EIO, "the dial whose events could not be read")
 

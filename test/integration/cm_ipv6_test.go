@@ -138,10 +138,10 @@ func TestCMIPv6LinkLocal(t *testing.T) {
 	requireBothWays(t, c4, s4)
 
 	// Without its zone a link-local address names no interface to bind.
-	_, err = cm.Listen(ctx, netip.AddrPortFrom(ll, 0).String())
+	err = failureOf(cm.Listen(ctx, netip.AddrPortFrom(ll, 0).String()))
 	require.ErrorIs(t, err, syscall.EINVAL)
 	require.ErrorContains(t, err, "needs its interface as a zone")
-	_, err = cm.Dial(ctx, netip.AddrPortFrom(ll.WithZone("no-such-if0"), la.Port()).String())
+	err = failureOf(cm.Dial(ctx, netip.AddrPortFrom(ll.WithZone("no-such-if0"), la.Port()).String()))
 	require.ErrorContains(t, err, `zone "no-such-if0"`)
 }
 

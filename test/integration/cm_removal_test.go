@@ -128,7 +128,7 @@ func removalChild(t *testing.T) {
 		}
 	}
 	go func() {
-		_, err := l.Accept(ctx)
+		err := failureOf(l.Accept(ctx))
 		results <- result{-1, "Accept", err}
 	}()
 	dialed := make(chan error, 1)
@@ -194,7 +194,7 @@ func removalChild(t *testing.T) {
 		require.NoError(t, servers[i].Close())
 	}
 	require.NoError(t, l.Close())
-	_, err = l.Accept(ctx)
+	err = failureOf(l.Accept(ctx))
 	require.ErrorIs(t, err, cm.ErrDeviceRemoved)
 	require.NoError(t, wild.Close())
 }

@@ -126,7 +126,7 @@ func TestCMXRCPreferListenerTakesRC(t *testing.T) {
 	require.NoError(t, rc.Close())
 
 	require.NoError(t, l.Close())
-	_, err = cm.Dial(ctx, addr, cm.WithLogger(logger))
+	err = failureOf(cm.Dial(ctx, addr, cm.WithLogger(logger)))
 	var re *rdmacm.RejectError
 	require.ErrorAs(t, err, &re, "an RC dial after Close: %v", err)
 	exchange(t, ctx, x, x, "the XRC connection stays")
@@ -147,7 +147,7 @@ func TestCMXRCPreferListenerTakesRC(t *testing.T) {
 	req, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String(), append(xrcOpts, cm.WithXRC(cm.XRCRequire))...)
 	require.NoError(t, err)
 	t.Cleanup(func() { req.Close() })
-	_, err = cm.Dial(ctx, req.Addr().String(), cm.WithLogger(logger))
+	err = failureOf(cm.Dial(ctx, req.Addr().String(), cm.WithLogger(logger)))
 	require.ErrorAs(t, err, &re, "an RC dial to an XRCRequire listener: %v", err)
 	require.ErrorIs(t, err, syscall.ECONNREFUSED)
 	require.NoError(t, req.Close())
@@ -215,7 +215,7 @@ func TestCMXRCPreferDialFallsBackToRC(t *testing.T) {
 	req, err := cm.Listen(ctx, addr, append(xrcOpts, cm.WithXRC(cm.XRCRequire))...)
 	require.NoError(t, err)
 	reqAccepted := echoAll(t, ctx, req)
-	_, err = cm.Dial(ctx, addr, xrcOpts...)
+	err = failureOf(cm.Dial(ctx, addr, xrcOpts...))
 	var re *rdmacm.RejectError
 	require.ErrorAs(t, err, &re, "RC, on the remembered refusal: %v", err)
 	c, err := cm.Dial(ctx, addr, xrcOpts...)
@@ -267,7 +267,7 @@ func TestCMXRCPreferListenerPortZeroRetries(t *testing.T) {
 		// holds a port of the two.
 		cm.CloseIdleDevices()
 	}
-	_, err = cm.Listen(ctx, netip.AddrPortFrom(ip, 40000).String(), opts...)
+	err = failureOf(cm.Listen(ctx, netip.AddrPortFrom(ip, 40000).String(), opts...))
 	require.ErrorIs(t, err, syscall.EADDRINUSE, "a fixed port taken in RDMA_PS_UDP")
 	require.NoError(t, held.Close())
 	require.NoError(t, ch.Close())

@@ -114,7 +114,7 @@ func testCMOverXRC(t *testing.T, ip netip.Addr, base objects) {
 		require.NoError(t, l.Close())
 		// Raw messages are RC only: XRCRequire refuses them, XRCPrefer
 		// dials over RC (here to the closed listener's free RC port).
-		_, err = cm.Dial(ctx, l.Addr().String(), append(opts, cm.WithRawMessages())...)
+		err = failureOf(cm.Dial(ctx, l.Addr().String(), append(opts, cm.WithRawMessages())...))
 		if mode == cm.XRCRequire {
 			require.ErrorIs(t, err, cm.ErrNotSupported, "raw messages over XRC")
 		} else {
