@@ -52,6 +52,10 @@ type Conn struct {
 	// (Endpoint.dialUp), and our keepalives go as credit frames, which
 	// show the leg alive but are no first frame (see post).
 	firstHeld bool
+	// keepalives counts the keepalives posted on our leg (not firstHeld's
+	// credit frames), less those whose post failed: any may have been
+	// the acceptor's first frame (see Endpoint.abortFirst).
+	keepalives int
 	// abandoned: Endpoint.abortDial gave the dial up and ends it with a
 	// FIN, which the acceptor's half takes for an abandonment
 	// only as the first frame: no keepalive (the janitor's, waiting for
@@ -521,6 +525,7 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		q.nextWR++
 		q.waiters[q.nextWR] = waiter{c: c}
 		wrs = append(wrs, kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: keepaliveFrame})
+		c.keepalives++
 	}
 	for i := range c.out.Len() {
 		f := c.out.At(i)
@@ -764,6 +769,9 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		// receiver takes it for no first frame (Endpoint.consumeLocked).
 		kind, p = kindCredit, heldProbe[:]
 	}
+	if kind == kindHeartbeat {
+		c.keepalives++
+	}
 	q = u.cur
 	q.nextWR++
 	wr := kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag}
@@ -788,6 +796,9 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		defer e.mu.Unlock()
 		_, mine := q.waiters[wr.WRID] // else a poller flushing the INI took the waiter
 		delete(q.waiters, wr.WRID)
+		if kind == kindHeartbeat {
+			c.keepalives-- // it did not go
+		}
 		if c.lastSent == sent {
 			// Nothing went: the janitor's next look sends a keepalive
 			// (it waited a whole heartbeat, and a busy INI's full queue

@@ -1144,7 +1144,7 @@ func (e *Endpoint) finishReverse(ctx context.Context, c *Conn) error {
 	// ends as above, with a FIN that goes once there is room, as the
 	// acceptor's half's first frame.
 	if !e.postFirstFrame(ctx, c) && ctx.Err() != nil {
-		return e.abortDial(c, ctx.Err())
+		return e.abortFirst(c, ctx.Err())
 	}
 	return nil
 }
@@ -1160,9 +1160,31 @@ func (e *Endpoint) dialUp(ctx context.Context, c *Conn, address string) (*Conn, 
 	c.firstDue = c.firstDue || held
 	e.mu.Unlock()
 	if held && !e.postFirstFrame(ctx, c) && ctx.Err() != nil {
-		return nil, &OpError{"dial", address, e.abortDial(c, ctx.Err())}
+		if err := e.abortFirst(c, ctx.Err()); err != nil {
+			return nil, &OpError{"dial", address, err}
+		}
 	}
 	return c, nil
+}
+
+// abortFirst is abortDial for a dial whose context ended before its own
+// first frame was posted, and returns nil, giving up nothing, where a
+// keepalive went first meanwhile (a recovery's resend, firstDue, or the
+// janitor's): that completed the acceptor's half, and a FIN after it would
+// close a connection Accept returns while Dial failed
+// (TestDialUpKeepaliveByRecoveryCommitsTheDial). The dial is up then, as
+// one up as its context ends (dialOnce).
+func (e *Endpoint) abortFirst(c *Conn, err error) error {
+	e.mu.Lock()
+	sent := c.keepalives > 0
+	if !sent {
+		c.firstDue, c.abandoned = false, true // from here no keepalive goes (post, resend)
+	}
+	e.mu.Unlock()
+	if sent {
+		return nil
+	}
+	return e.abortDial(c, err)
 }
 
 // postFirstFrame posts c's first frame on its forward leg, waiting for
