@@ -451,7 +451,7 @@ func dialHonoursContext(t *testing.T, timers func(*Config)) {
 	}
 	// c1's first frame goes as its Dial returns: its completion is polled
 	// before the gate closes, or it holds the queue's one slot ("one"
-	// below then waits for room for ever: 5 runs in 90 under load).
+	// below then waits for room for ever: 7 runs in 180 under load).
 	eventually(t, "a's sends all polled", func() (bool, string) { n := unpolled(); return n == 0, fmt.Sprint(n) })
 	hold, parked := make(chan struct{}), make(chan struct{})
 	g.set(hold, parked)
