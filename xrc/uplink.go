@@ -509,13 +509,8 @@ func (e *Endpoint) destroyLater(id kernel.ID) {
 // stale-connection reject (see openLeg) or, for a recovery's MOVE, a
 // BUSY_RETRY (see moveAgain): longer at each try.
 func staleWait(ctx context.Context, try int) error {
-	return sleepCtx(ctx, time.Duration(try+1)*10*time.Millisecond)
-}
-
-// sleepCtx waits d, or returns ctx's error if it ends first.
-func sleepCtx(ctx context.Context, d time.Duration) error {
 	select {
-	case <-time.After(d):
+	case <-time.After(time.Duration(try+1) * 10 * time.Millisecond):
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
