@@ -16,7 +16,7 @@ import (
 // acceptor's request for a dial's reverse leg) until release is closed:
 // its sender is slow to make it, or it is slow to arrive.
 type holdReciprocal struct {
-	kernel.Kernel
+	wrapper
 	armed   atomic.Bool
 	held    chan struct{} // closed when the request waits
 	release chan struct{}

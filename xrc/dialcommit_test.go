@@ -14,13 +14,11 @@ import (
 // until release is closed: an acceptor whose reciprocal PHYS_REQ has been
 // answered is slow to send the RTU (the REP's flight, scheduling).
 type holdRTU struct {
-	kernel.Kernel
+	wrapper
 	armed   atomic.Bool
 	held    chan struct{}
 	release chan struct{}
 }
-
-func (k *holdRTU) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
 
 func (k *holdRTU) Establish(id kernel.ID) error {
 	if k.armed.CompareAndSwap(true, false) {
@@ -83,13 +81,11 @@ func TestReciprocalSlowerThanIdleTimeout(t *testing.T) {
 // acceptor's reciprocal request) until release is closed: the dialer has
 // taken the leg, and its ACCEPT is on its way.
 type holdAccept struct {
-	kernel.Kernel
+	wrapper
 	armed   atomic.Bool
 	held    chan struct{}
 	release chan struct{}
 }
-
-func (k *holdAccept) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
 
 func (k *holdAccept) Accept(id kernel.ID, qpn uint32, pd []byte) error {
 	if k.armed.CompareAndSwap(true, false) {

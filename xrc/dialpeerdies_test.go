@@ -15,14 +15,12 @@ import (
 // the first Accept returns (its REP or SIDR REP is out) or, with onEst, as
 // the first ESTABLISHED event is read.
 type killWhen struct {
-	kernel.Kernel
+	wrapper
 	onEst  bool
 	armed  atomic.Bool
 	killed atomic.Bool
 	kill   func()
 }
-
-func (k *killWhen) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
 
 func (k *killWhen) fire() {
 	if k.armed.Load() && k.killed.CompareAndSwap(false, true) {
@@ -81,7 +79,7 @@ func TestDialAcceptorDiesBeforeReverseLeg(t *testing.T) {
 			a := w.endpoint("10.0.0.1", 7000, long)
 			var kw *killWhen
 			wrap := func(k kernel.Kernel) kernel.Kernel {
-				kw = &killWhen{Kernel: k, onEst: tc.onEst}
+				kw = &killWhen{wrapper: wrapper{k}, onEst: tc.onEst}
 				return kw
 			}
 			b, live, others := tc.setup(t, w, a, wrap, long)

@@ -18,7 +18,7 @@ import (
 // uplink recovers), and holds the recovery's PHYS_REQ until release is
 // closed.
 type recoverDuringAccept struct {
-	kernel.Kernel
+	wrapper
 	e       *Endpoint
 	armed   atomic.Bool
 	hold    atomic.Bool
@@ -36,8 +36,6 @@ func (k *recoverDuringAccept) Connect(ctx context.Context, dst netip.AddrPort, e
 	}
 	return id, err
 }
-
-func (k *recoverDuringAccept) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
 
 func (k *recoverDuringAccept) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
 	ev, err := k.Kernel.Event(ctx, id)
@@ -130,15 +128,13 @@ func TestTwoExchangeDialWaitsOutRecovery(t *testing.T) {
 // acceptor's reciprocal request overtakes the dialer's read of its ACCEPT,
 // as it often does on a healthy uplink.
 type acceptReadLate struct {
-	kernel.Kernel
+	wrapper
 	armed atomic.Bool
 	sidr  atomic.Uint64
 	watch atomic.Bool // from the arming on (pair's own legs are taken too)
 	taken chan struct{}
 	once  sync.Once
 }
-
-func (k *acceptReadLate) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
 
 func (k *acceptReadLate) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpn uint32, pd []byte) (kernel.ID, error) {
 	id, err := k.Kernel.Connect(ctx, dst, ex, qpn, pd)

@@ -14,14 +14,12 @@ import (
 // PHYS_REQ) until release is closed, and calls onKeepalive once after it
 // posts the next keepalive.
 type recoverAtDialUp struct {
-	kernel.Kernel
+	wrapper
 	hold        atomic.Bool
 	release     chan struct{}
 	watch       atomic.Bool
 	onKeepalive func()
 }
-
-func (k *recoverAtDialUp) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
 
 func (k *recoverAtDialUp) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpn uint32, pd []byte) (kernel.ID, error) {
 	if ex == kernel.ExchangeXRC && k.hold.CompareAndSwap(true, false) {

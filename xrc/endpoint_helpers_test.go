@@ -201,3 +201,10 @@ func sendErr(t *testing.T, c *Conn) error {
 	}
 	return nil
 }
+
+// wrapper is what a test's stand-in for the kernel (wrappedEndpoint)
+// embeds: the kernel it wraps, and that kernel's handle count, which the
+// endpoint's Stats reads.
+type wrapper struct{ kernel.Kernel }
+
+func (k wrapper) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }

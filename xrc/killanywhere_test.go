@@ -20,7 +20,7 @@ import (
 // op (before the call, or after it returns with after set). With n 0 it
 // only counts.
 type killAt struct {
-	kernel.Kernel
+	wrapper
 	op     string
 	n      int64
 	after  bool
@@ -56,8 +56,6 @@ func (k *killAt) count(op string) int64 {
 }
 
 var killOps = []string{"CreateINI", "CreateTGT", "OpenTGT", "DestroyQP", "QueryQP", "TransitionQP", "Connect", "Accept", "Reject", "Establish", "Disconnect", "DestroyID", "Event", "PostSend"}
-
-func (k *killAt) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
 
 func (k *killAt) CreateINI() (kernel.QP, uint32, error) {
 	k.hit("CreateINI", true)
@@ -154,7 +152,7 @@ func (s *sweepEnv) ep(name, ip string, port int, mod ...func(*Config)) *proc {
 	var wrap func(kernel.Kernel) kernel.Kernel
 	if name == cmp.Or(s.trig, s.victim) {
 		wrap = func(k kernel.Kernel) kernel.Kernel {
-			s.ka = &killAt{Kernel: k, op: s.op, n: s.n, after: s.after, kill: func() { s.procs[s.victim].p.Kill() }}
+			s.ka = &killAt{wrapper: wrapper{k}, op: s.op, n: s.n, after: s.after, kill: func() { s.procs[s.victim].p.Kill() }}
 			return s.ka
 		}
 	}

@@ -16,11 +16,9 @@ import (
 // failTGT, once armed, fails the next CreateTGT with ENOMEM: the node is
 // out of QPs as the acceptor's reciprocal PHYS_REQ comes.
 type failTGT struct {
-	kernel.Kernel
+	wrapper
 	armed atomic.Bool
 }
-
-func (k *failTGT) Handles() int { return k.Kernel.(interface{ Handles() int }).Handles() }
 
 func (k *failTGT) CreateTGT(d kernel.XRCD) (kernel.QP, uint32, error) {
 	if k.armed.CompareAndSwap(true, false) {

@@ -13,14 +13,12 @@ import (
 // timewaitGate holds back every TIMEWAIT_EXIT the engine reads until
 // release is closed, and tells seen of the first one.
 type timewaitGate struct {
-	kernel.Kernel
+	wrapper
 	seen, release chan struct{}
 	once          sync.Once
 }
 
 // Handles lets requireReleased read the engine's kernel handles through the gate.
-func (g *timewaitGate) Handles() int { return g.Kernel.(interface{ Handles() int }).Handles() }
-
 func (g *timewaitGate) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
 	ev, err := g.Kernel.Event(ctx, id)
 	if err == nil && ev.Type == kernel.EventTimewaitExit {
