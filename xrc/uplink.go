@@ -372,6 +372,9 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 // reference on u becomes the leg's.
 func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	if c.failed() || (c.peerInc != 0 && c.peerInc != acc.Incarnation) {
+		if c.inbound {
+			e.finAcceptedLocked(c, u, acc)
+		}
 		u.refs--
 		e.maybeTeardownLocked(u)
 		if c.err == nil {
@@ -386,6 +389,35 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	u.legs[c] = struct{}{}
 	c.checkReadyLocked()
 	return nil
+}
+
+// finAcceptedLocked ends the reverse leg that acc accepted for c, which
+// failed while its request was under way (bindLocked): the dialer took the
+// leg, and its Dial returns the connection, which heard nothing of us until
+// its idle timeout (TestReciprocalAnsweredToFailedHalf). One FIN, posted on
+// u's INI without a waiter: lost (a full send queue, the uplink going), it
+// leaves the dialer its idle timeout, or the DREQ of a link torn down.
+func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) {
+	q := u.cur
+	if q == nil || u.state != upUp {
+		return
+	}
+	b := make([]byte, 1+wire.FinLen)
+	b[0] = kindFIN
+	f := wire.FIN{Tag: acc.AcceptorTag, SenderTag: c.sendTag}
+	if _, err := f.Encode(b[1:]); err != nil {
+		return
+	}
+	q.nextWR++
+	wr := []kernel.SendWR{{WRID: q.nextWR, RemoteSRQN: acc.SRQN, Imm: acc.AcceptorTag, Payload: b}}
+	e.spawn(func() {
+		e.mu.Lock()
+		up := u.cur == q && u.state == upUp
+		e.mu.Unlock()
+		if up {
+			e.k.PostSend(q.qp, wr)
+		}
+	})
 }
 
 // physLink makes an INI and connects it with an XRC-typed CM exchange:

@@ -1,0 +1,79 @@
+package xrc
+
+import (
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/xrc/memfabric"
+)
+
+// A two-exchange dial whose acceptor's half fails while its reciprocal
+// request is on its way (here by its idle timeout: the dialer's keepalives
+// wait at its INI to the acceptor's node, which a stopped receiver there
+// stalls, and the request is slow). The dialer takes the reverse leg and
+// its Dial returns the connection; the acceptor, reading the ACCEPT for a
+// half that failed, sent nothing on the leg, and the dialer's connection
+// was silent until its idle timeout (a minute here), 3 runs in 3. A FIN on
+// the leg ends it now. (Where the acceptor's endpoint closes instead, the
+// dialer learns at once without it: its first frame or keepalive finds the
+// SRQ gone.)
+func TestReciprocalAnsweredToFailedHalf(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.101.2", memfabric.NodeConfig{SRQReceives: 4})
+	a := w.endpoint("10.0.101.1", 7000, func(c *Config) { c.IdleTimeout = time.Minute })
+	q := w.endpoint("10.0.101.1", 7001) // keeps b's uplink to a's node up
+	rk := &holdReciprocal{held: make(chan struct{}), release: make(chan struct{})}
+	b := w.wrappedEndpoint("10.0.101.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
+	p := w.endpoint("10.0.101.2", 7001, longTimers) // the receiver that stops
+	toP, _ := pair(t, a, p)
+	cq, dq := pair(t, q, b)
+	p.p.PauseReceives()
+	t.Cleanup(p.p.ResumeReceives) // before the endpoints close
+	ctx := ctxT(t, 10*time.Second)
+	if err := sendSeq(ctx, toP, 0, 12); err != nil { // 4 land, the rest wait at a's INI
+		t.Fatal(err)
+	}
+	rk.armed.Store(true)
+	dialed := dialLater(t, a, b)
+	awaitSetup(t, rk.held, "the reciprocal request never came")
+	halves := inboundHalves(b)
+	if len(halves) != 1 {
+		t.Fatalf("setup: %d halves at b", len(halves))
+	}
+	eventually(t, "b's half ended", func() (bool, string) {
+		err := connErr(halves[0])
+		return err != nil, ""
+	})
+	if err := connErr(halves[0]); !errors.Is(err, errIdle) {
+		t.Fatalf("setup: b's half ended with %v, not by its idle timeout", err)
+	}
+	close(rk.release)
+	r := <-dialed
+	if r.err != nil {
+		t.Fatalf("dial: %v", r.err)
+	}
+	if _, err := r.c.Recv(ctxT(t, 5*time.Second), make([]byte, 8)); err != io.EOF {
+		t.Fatalf("the dialer's connection, whose acceptor's half is gone: Recv says %v, want io.EOF", err)
+	}
+	p.p.ResumeReceives()
+	for _, c := range []*Conn{r.c, toP, cq, dq} {
+		c.Close()
+	}
+	requireReleased(t, w, a, b, p, q)
+}
+
+// inboundHalves returns b's inbound connections not up yet.
+func inboundHalves(b *proc) []*Conn {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []*Conn
+	for c := range b.conns {
+		if c.inbound && !c.isReady {
+			out = append(out, c)
+		}
+	}
+	return out
+}
