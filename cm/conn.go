@@ -131,7 +131,7 @@ type Conn struct {
 	releaseOnce sync.Once
 	releaseErr  error
 	graceful    chan struct{} // closed when the first Close has sent its FIN and drained
-	finDone     chan struct{} // closed when whoever claimed the FIN has posted it or given up
+	finBusy     chan struct{} // closed when the call posting our FIN has posted it or given up; under mu
 	freed       chan struct{} // closed when release has freed the transport (the QP is gone or reset)
 
 	sendTurn turn.Turn  // serialises senders
@@ -213,7 +213,7 @@ type Conn struct {
 	peerLeft    string // why the peer went, once the CM said so
 	closing     bool
 	writeClosed bool // CloseWrite: no more data frames
-	finSent     bool // our FIN is claimed (CloseWrite or Close), sent once
+	finPosted   bool // our FIN is posted (by CloseWrite or Close), once
 	rdmaDone    bool
 	rdmaErr     error
 	rdmaOut     bool // a one-sided request is (being) posted, its completion not handled
@@ -266,7 +266,6 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 		sigEvery:  sigInterval(p.sendSlots, p.raw),
 		recvBatch: repostBatch(min(p.recvSlots, p.peerSlots)),
 		graceful:  make(chan struct{}),
-		finDone:   make(chan struct{}),
 		freed:     make(chan struct{}),
 		sendTurn:  turn.New(),
 		recvTurn:  turn.New(),
@@ -1381,30 +1380,39 @@ func (c *Conn) release(ctx context.Context, vanished bool) error {
 	return c.releaseErr
 }
 
-// claimFin reports whether the caller is the one to send our FIN: Close
-// after CloseWrite sends none.
-func (c *Conn) claimFin() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	first := !c.finSent
-	c.finSent = true
-	return first
-}
-
-// sendFinOnce posts our FIN unless another call has claimed it; then it
-// waits (bounded by ctx) until that call has posted it or given up. Close
-// released the QP under a CloseWrite that waited for a credit for the FIN,
-// which was lost (the peer saw a disconnect without it, a failure).
+// sendFinOnce posts our FIN unless it is posted already. A call posting it
+// (CloseWrite, waiting for a credit) is waited for, bounded by ctx, and if
+// it gave up, this call tries in turn. Close released the QP under a
+// CloseWrite that waited for a credit for the FIN, which was lost (the peer
+// saw a disconnect without it, a failure); and after a CloseWrite that gave
+// up (its timeout passed, the peer frozen), Close sent no FIN, nor did
+// CloseWrite again, which returned nil.
 func (c *Conn) sendFinOnce(ctx context.Context) error {
-	if !c.claimFin() {
+	c.mu.Lock()
+	for c.finBusy != nil {
+		busy := c.finBusy
+		c.mu.Unlock()
 		select {
-		case <-c.finDone:
+		case <-busy:
 		case <-ctx.Done():
+			return ctx.Err()
 		}
+		c.mu.Lock()
+	}
+	if c.finPosted {
+		c.mu.Unlock()
 		return nil
 	}
-	defer close(c.finDone)
-	return c.sendFin(ctx)
+	busy := make(chan struct{})
+	c.finBusy = busy
+	c.mu.Unlock()
+	err := c.sendFin(ctx)
+	c.mu.Lock()
+	c.finPosted = err == nil
+	c.finBusy = nil
+	c.mu.Unlock()
+	close(busy)
+	return err
 }
 
 // sendFin posts our FIN, waiting for a send slot and a credit (a FIN may

@@ -149,3 +149,77 @@ func TestCreditReturnBeforePeersDisconnectNotCounted(t *testing.T) {
 	require.NoError(t, b.Close())
 	require.Equal(t, uint64(0), b.Stats().Errors, "a graceful close counted as a failure at the peer")
 }
+
+// frozenEnd is a fake end whose process is stopped (SIGSTOP, a long pause)
+// until thaw is closed: its polls find nothing, so it returns no credits.
+type frozenEnd struct {
+	*fakeEnd
+	thaw chan struct{}
+}
+
+func (e frozenEnd) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
+	select {
+	case <-e.thaw:
+		return e.fakeEnd.poll(ctx, cs, spin, block)
+	default:
+	}
+	if !block {
+		return 0, nil
+	}
+	select {
+	case <-e.thaw:
+		return e.fakeEnd.poll(ctx, cs, spin, block)
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// A CloseWrite that gave up waiting for a credit for its FIN (the peer was
+// frozen past the handshake timeout) posted no FIN: a later Close, or
+// CloseWrite again, must send it once there is room. Close sent none
+// (CloseWrite had claimed it), and CloseWrite again returned nil having
+// sent nothing: b, reading once thawed, saw a disconnect without a FIN (a
+// failure, not io.EOF), or, after the second CloseWrite, no end at all.
+func TestFinAfterCloseWriteGaveUp(t *testing.T) {
+	for _, then := range []string{"Close", "CloseWrite"} {
+		t.Run(then, func(t *testing.T) {
+			const depth = 4
+			a, b, w := fakePair(t, fakeOpts{depth: [2]int{depth, depth}, timeout: 100 * time.Millisecond})
+			thaw := make(chan struct{})
+			b.t = frozenEnd{w.ends[1], thaw}
+			ctx := ctxT(t)
+			// a's data takes all its credits but one, and a credit
+			// return for b's messages the last; frozen, b returns none.
+			for range depth {
+				require.NoError(t, a.Send(ctx, []byte("unread")))
+			}
+			buf := make([]byte, 256)
+			for range 3 {
+				require.NoError(t, b.Send(ctx, []byte("to a")))
+				_, err := a.Recv(ctx, buf)
+				require.NoError(t, err)
+			}
+			a.mu.Lock()
+			credits := a.credits
+			a.mu.Unlock()
+			require.Zero(t, credits, "setup: a should have no credit left")
+			require.ErrorIs(t, a.CloseWrite(), context.DeadlineExceeded, "no credit came for the FIN")
+
+			close(thaw)
+			readDone := make(chan error, 1)
+			go func() { readDone <- readAll(t, b) }()
+			if then == "Close" {
+				require.NoError(t, a.Close())
+			} else {
+				require.NoError(t, a.CloseWrite())
+			}
+			select {
+			case err := <-readDone:
+				require.ErrorIs(t, err, io.EOF, "b reads a's messages and then the end of stream")
+			case <-time.After(10 * time.Second):
+				t.Fatal("b read no end of stream")
+			}
+			require.Equal(t, uint64(0), b.Stats().Errors, "a graceful close counted as a failure at the peer")
+		})
+	}
+}
