@@ -123,6 +123,7 @@ type Conn struct {
 
 	userClosed  bool
 	writeClosed bool // CloseWrite: our data ended, the leg stays for credits
+	halfFINSent bool // CloseWrite's FIN went (one that gave up sent nothing)
 	closing     bool
 	closeDone   chan struct{} // closed when the close that set closing is done
 	isReady     bool
@@ -1061,7 +1062,7 @@ func (c *Conn) CloseWrite() error {
 	case err != nil:
 	case c.userClosed || c.closing:
 		err = ErrClosed
-	case c.writeClosed:
+	case c.halfFINSent:
 		e.mu.Unlock()
 		return nil
 	}
@@ -1069,12 +1070,21 @@ func (c *Conn) CloseWrite() error {
 		e.mu.Unlock()
 		return &OpError{"close write", c.raddr.String(), err}
 	}
+	// A CloseWrite whose FIN gave up (no room before its timeout) sent
+	// nothing: this one sends it (TestCloseWriteAgainAfterItsFINFoundNoRoom).
+	// Two at once may both send it, and a second copy changes nothing.
 	c.writeClosed = true
 	c.wakeSendersLocked() // a Send waiting for credits fails now
 	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
 	defer cancel()
-	return c.sendFIN(ctx, true)
+	if err := c.sendFIN(ctx, true); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	c.halfFINSent = true
+	e.mu.Unlock()
+	return nil
 }
 
 // sendFIN sends our FIN on the sending leg, after every data frame posted

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -236,5 +237,33 @@ func TestCreditTakenBackNeverPastSent(t *testing.T) {
 	a.mu.Unlock()
 	if int32(sentN-acked) < 0 {
 		t.Fatalf("acked %d is past sent %d: %d credits", acked, sentN, credits(s))
+	}
+}
+
+// A CloseWrite whose FIN found no room before its handshake timeout (the
+// receiver's node stalled) returns that error, and has sent nothing: a
+// second CloseWrite, once there is room, must send it. It returned nil
+// instead (found by review), and the peer, having read every message,
+// waited for an end of stream that came only with Close.
+func TestCloseWriteAgainAfterItsFINFoundNoRoom(t *testing.T) {
+	short := func(c *Config) { longTimers(c); c.HandshakeTimeout = 200 * time.Millisecond }
+	ctx := ctxT(t, 10*time.Second)
+	rw := sendsUntilRoomWait(t, ctx, short, 1)
+	if err := rw.s.CloseWrite(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("setup: CloseWrite with its FIN behind a full send queue: %v, want a deadline", err)
+	}
+	var f *failedSend
+	if err := <-rw.sent; !errors.As(err, &f) || !errors.Is(err, ErrClosed) {
+		t.Fatalf("setup: the Send waiting for room: %v, want ErrClosed", err)
+	}
+	rw.b.p.ResumeReceives()
+	if err := rw.s.CloseWrite(); err != nil {
+		t.Fatalf("CloseWrite again, with room: %v", err)
+	}
+	if err := recvSeq(ctx, rw.r, 0, f.i, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rw.r.Recv(ctxT(t, 5*time.Second), make([]byte, 64)); err != io.EOF {
+		t.Fatalf("after the last message: Recv says %v, want io.EOF", err)
 	}
 }
