@@ -1436,11 +1436,12 @@ func (c *Conn) sendFin(ctx context.Context) error {
 // CloseWrite ends this side's stream, as TCP's half-close does: the peer's
 // Recv returns io.EOF once it has read every message sent before, while
 // the peer's messages keep coming until its own Close or CloseWrite. Send
-// fails with ErrClosed from then on; Close still ends the connection. It
-// waits (bounded by the handshake timeout) only for room to post the end
-// of the stream, never for the peer. Raw connections (WithRawMessages)
-// have no end-of-stream frame: ErrNotSupported. XRC connections half-close
-// too (xrc.Conn.CloseWrite). CloseWrite is idempotent.
+// fails with ErrClosed from then on (one blocked on credits too); Close
+// still ends the connection. It waits (bounded by the handshake timeout)
+// only for room to post the end of the stream, never for the peer. Raw
+// connections (WithRawMessages) have no end-of-stream frame:
+// ErrNotSupported. XRC connections half-close too (xrc.Conn.CloseWrite).
+// CloseWrite is idempotent.
 func (c *Conn) CloseWrite() error {
 	if c == nil {
 		return ErrClosed
@@ -1463,6 +1464,10 @@ func (c *Conn) CloseWrite() error {
 	// before the FIN.
 	c.writeClosed = true
 	c.mu.Unlock()
+	// A Send waiting for credits sees that now: with none for the FIN
+	// either, nothing would complete to wake it
+	// (TestCloseWriteWakesBlockedSend).
+	c.t.interrupt()
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	if err := c.sendFinOnce(ctx); err != nil {

@@ -223,3 +223,39 @@ func TestFinAfterCloseWriteGaveUp(t *testing.T) {
 		})
 	}
 }
+
+// A Send blocked on credits when CloseWrite comes fails with ErrClosed, as
+// Sends after it do. With no credit left for the FIN either (the frozen
+// peer returns none), nothing completed to wake it, and it waited on until
+// its own context ended (found by review; XRC's CloseWrite woke it).
+func TestCloseWriteWakesBlockedSend(t *testing.T) {
+	const depth = 4
+	a, b, w := fakePair(t, fakeOpts{depth: [2]int{depth, depth}, timeout: 100 * time.Millisecond})
+	b.t = frozenEnd{w.ends[1], make(chan struct{})}
+	ctx := ctxT(t)
+	// a's data takes all its credits but one, and a credit return for b's
+	// messages the last (as in TestFinAfterCloseWriteGaveUp).
+	for range depth {
+		require.NoError(t, a.Send(ctx, []byte("unread")))
+	}
+	buf := make([]byte, 256)
+	for range 3 {
+		require.NoError(t, b.Send(ctx, []byte("to a")))
+		_, err := a.Recv(ctx, buf)
+		require.NoError(t, err)
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- a.Send(ctx, []byte("blocked")) }()
+	require.Eventually(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.polling
+	}, 5*time.Second, time.Millisecond, "setup: the Send never waited")
+	require.ErrorIs(t, a.CloseWrite(), context.DeadlineExceeded, "setup: a credit came for the FIN")
+	select {
+	case err := <-sent:
+		require.ErrorIs(t, err, ErrClosed, "the Send blocked when CloseWrite came")
+	case <-time.After(5 * time.Second):
+		t.Fatal("a Send blocked on credits still waits 5 s after CloseWrite")
+	}
+}
