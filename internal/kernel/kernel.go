@@ -220,7 +220,8 @@ type Kernel interface {
 	// Accept answers a CONNECT_REQUEST (qpNum: our TGT, or SIDR's qp_num). A
 	// failed accept rejects the peer.
 	Accept(id ID, qpNum uint32, privateData []byte) error
-	// Reject answers a CONNECT_REQUEST, or aborts after CONNECT_RESPONSE.
+	// Reject answers a CONNECT_REQUEST, or aborts a connect (before or
+	// after CONNECT_RESPONSE).
 	Reject(id ID, privateData []byte) error
 	// Establish sends the RTU after CONNECT_RESPONSE.
 	Establish(id ID) error

@@ -371,6 +371,21 @@ func (p *Process) Accept(h kernel.ID, qpNum uint32, pd []byte) error {
 	return opErr(op, syscall.EINVAL)
 }
 
+// rejectREQ is the REJ of an active id whose REQ is unanswered (a
+// destroy, an rdma_reject, or a failed rdma_establish: ib_send_cm_rej
+// allows REQ_SENT). The passive id, not yet accepted, goes IDLE, and its
+// event never reaches the process: ucma drops the events of a new
+// connection's id until rdma_accept gives it a context
+// (ucma_event_handler). Its Accept then fails.
+func (id *cmid) rejectREQ() {
+	if s := id.peer; s != nil {
+		s.leaveStale()
+		s.peer, s.state = nil, csIdle
+	}
+	id.peer = nil
+	id.state = csIdle
+}
+
 // rejectPeer answers a pending request (or aborts after the REP) with the
 // consumer-defined reject the kernel sends for rdma_reject, a failed accept
 // or a destroyed id.
@@ -409,7 +424,7 @@ func (p *Process) Reject(h kernel.ID, pd []byte) error {
 		if len(pd) > budgetSIDRREP {
 			return opErr(op, syscall.EINVAL) // the request stays pending
 		}
-	case csReqRcvd, csRepSent, csRepRcvd:
+	case csReqSent, csReqRcvd, csRepSent, csRepRcvd:
 		if len(pd) > budgetREJ {
 			return opErr(op, syscall.EINVAL)
 		}
@@ -418,6 +433,10 @@ func (p *Process) Reject(h kernel.ID, pd []byte) error {
 	}
 	if err := id.sendFails(op); err != nil {
 		return err
+	}
+	if id.state == csReqSent {
+		id.rejectREQ()
+		return nil
 	}
 	id.rejectPeer(pd)
 	return nil
@@ -430,6 +449,11 @@ func (p *Process) Establish(h kernel.ID) error {
 	id, err := lookup[*cmid](p, op, uint64(h))
 	if err != nil {
 		return err
+	}
+	if id.state == csReqSent && !p.n.failed {
+		// rdma_establish is the kernel's rdma_accept: its RTU is refused
+		// before the REP, and cma_rep_recv then rejects the request.
+		id.rejectREQ()
 	}
 	if id.state != csRepRcvd {
 		return opErr(op, syscall.EINVAL)
@@ -542,15 +566,7 @@ func (p *Process) destroyID(id *cmid) {
 			}
 		}
 	case csReqSent:
-		// cm_destroy_id sends REJ(IB_CM_REJ_TIMEOUT); the passive id,
-		// not yet accepted, goes IDLE, and its event never reaches the
-		// process: ucma drops the events of a new connection's id until
-		// rdma_accept gives it a context (ucma_event_handler). Its
-		// Accept then fails.
-		if s := id.peer; s != nil {
-			s.leaveStale()
-			s.peer, s.state = nil, csIdle
-		}
+		id.rejectREQ() // REJ(IB_CM_REJ_TIMEOUT)
 	case csReqRcvd, csRepSent, csRepRcvd, csSIDRReqRcvd:
 		id.rejectPeer(nil)
 	case csEstablished:
