@@ -782,6 +782,14 @@ func (a *acceptor) LegTGT(l *acceptedLeg) (uint32, bool) {
 	return l.Downlink.TGTQPN, true
 }
 
+// LegDownlink is the downlink the leg currently receives through (a MOVE
+// changes it).
+func (a *acceptor) LegDownlink(l *acceptedLeg) *downlink {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return l.Downlink
+}
+
 // LegAccepts reports whether a message that came through the TGT numbered
 // qpn may belong to the leg: the leg is registered and receives through that
 // TGT, or did before a MOVE (messages queued before the move). Such a
@@ -860,16 +868,20 @@ func (a *acceptor) LegsOn(dl *downlink) []*acceptedLeg {
 	defer a.mu.Unlock()
 	var out []*acceptedLeg
 	for _, l := range a.legs {
-		// Or the same TGT opened again by number after our handle on it
-		// went (another process of the node kept it): same sender
-		// incarnation, INI and node, and not a TGT a link of ours made.
-		o := l.Downlink
-		if o == dl || !o.Creator && o.TGTQPN == dl.TGTQPN && o.INIQPN == dl.INIQPN &&
-			o.Incarnation == dl.Incarnation && sameNode(o.Remote, dl.Remote) {
+		if onLink(l.Downlink, dl) {
 			out = append(out, l)
 		}
 	}
 	return out
+}
+
+// onLink reports whether downlink o belongs to the physical link that made
+// dl: it is dl, or the same TGT opened again by number after our handle on
+// it went (another process of the node kept it): same sender incarnation,
+// INI and node, and not a TGT a link of ours made.
+func onLink(o, dl *downlink) bool {
+	return o == dl || !o.Creator && o.TGTQPN == dl.TGTQPN && o.INIQPN == dl.INIQPN &&
+		o.Incarnation == dl.Incarnation && sameNode(o.Remote, dl.Remote)
 }
 
 // LocalCounts is the sum of this process's use counts over its TGT handles

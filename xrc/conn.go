@@ -1117,7 +1117,14 @@ func (c *Conn) failLocked(err error) {
 	}
 	c.err = err
 	c.dropSendLocked()
+	var dl *downlink // a failed leg's, for legFailedLocked; not a silent one's, whose sender may live
+	if c.recvLeg != nil && !c.recvReleased && err != errIdle {
+		dl = c.e.acc.LegDownlink(c.recvLeg)
+	}
 	c.releaseRecvLocked()
+	if dl != nil {
+		c.e.legFailedLocked(dl)
+	}
 	c.maybeFinishLocked()
 	c.wake()
 }

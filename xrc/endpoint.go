@@ -146,7 +146,7 @@ type Endpoint struct {
 	sendTags  map[uint32]*Conn          // live connections by their sending tag (newTagLocked)
 	recv      map[uint32]*Conn          // by our receive tag (the acceptor's tag)
 	conns     map[*Conn]struct{}
-	passive   map[kernel.ID]struct{} // physical links we accepted
+	passive   map[kernel.ID]*passiveLink // physical links we accepted
 	acceptq   chan *Conn
 	// refusing is set by StopAccepting (under mu, which checkReadyLocked
 	// holds; the acceptor reads it without): new inbound connections are
@@ -262,7 +262,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	}
 	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{},
 		pending: map[uint32]*Conn{}, sendTags: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
-		passive: map[kernel.ID]struct{}{}, acceptq: make(chan *Conn, acceptBacklog), acceptStop: make(chan struct{}), dead: make(chan struct{}), closeDone: make(chan struct{})}
+		passive: map[kernel.ID]*passiveLink{}, acceptq: make(chan *Conn, acceptBacklog), acceptStop: make(chan struct{}), dead: make(chan struct{}), closeDone: make(chan struct{})}
 	if e.dom, err = openDomainFile(ctx, cfg.DomainDir); err != nil {
 		return nil, err
 	}
@@ -625,7 +625,7 @@ func (e *Endpoint) release() {
 	ups := e.uplinks
 	e.uplinks = nil
 	passive := e.passive
-	e.passive = map[kernel.ID]struct{}{}
+	e.passive = map[kernel.ID]*passiveLink{}
 	e.mu.Unlock()
 	for id := range passive {
 		k.DestroyID(id)
@@ -1286,11 +1286,13 @@ func (e *Endpoint) abortDial(c *Conn, err error) error {
 // CM's word that the reply went unanswered, the link ends. dl is the
 // downlink the link made: its DREQ ends the legs still on it.
 func (e *Endpoint) watchPassive(id kernel.ID, dl *downlink, c *Conn, leg *acceptedLeg) {
+	live, end := context.WithCancel(e.ctx)
 	e.mu.Lock()
-	e.passive[id] = struct{}{}
+	e.passive[id] = &passiveLink{dl: dl, end: end}
 	e.mu.Unlock()
 	e.spawn(func() {
 		defer func() {
+			end()
 			e.mu.Lock()
 			_, mine := e.passive[id]
 			delete(e.passive, id)
@@ -1299,20 +1301,20 @@ func (e *Endpoint) watchPassive(id kernel.ID, dl *downlink, c *Conn, leg *accept
 				e.k.DestroyID(id)
 			}
 		}()
-		rtu, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+		rtu, cancel := context.WithTimeout(live, e.cfg.HandshakeTimeout)
 		defer cancel()
 		wait := rtu
 		for {
 			ev, err := e.k.Event(wait, id)
 			if err != nil {
-				if e.ctx.Err() == nil && c != nil { // no RTU in time
+				if live.Err() == nil && c != nil { // no RTU in time
 					c.fail(errNoRTU)
 				}
 				return
 			}
 			switch ev.Type {
 			case kernel.EventEstablished:
-				wait = e.ctx
+				wait = live
 				if c != nil {
 					e.recvLegUp(c)
 				}
@@ -1353,6 +1355,31 @@ func (e *Endpoint) watchPassive(id kernel.ID, dl *downlink, c *Conn, leg *accept
 			}
 		}
 	})
+}
+
+// passiveLink is a physical link we accepted: dl is the downlink it made,
+// end ends its watcher, which then destroys its CM id.
+type passiveLink struct {
+	dl  *downlink
+	end context.CancelFunc
+}
+
+// legFailedLocked ends the physical link of dl's sender once the failure of
+// a leg through dl (not its idle timeout, see failLocked) leaves none
+// through it: the sender is taken for dead. Its DREQ, which ends the link
+// otherwise, does not come from a sender that died without a word (its
+// node's power cut: our sends there fail, and our uplink to the node is not
+// rebuilt), and the CM id stayed until the endpoint closed. A link whose
+// legs all ended by their FINs, or went silent past the idle timeout, stays:
+// its sender may live, and open the TGT again through it (LegsOn), or end
+// it with its DREQ (TestEndpointDREQSparesReusedNumbers). Ending a
+// TGT-typed id sends nothing: a live sender is not disturbed.
+func (e *Endpoint) legFailedLocked(dl *downlink) {
+	for _, l := range e.passive {
+		if onLink(dl, l.dl) && len(e.acc.LegsOn(l.dl)) == 0 {
+			l.end()
+		}
+	}
 }
 
 // unbindRecvLocked takes leg, released, off c if c still receives on it
