@@ -11,10 +11,18 @@ import (
 
 // starveFin leaves a with no credit at all: its data took all but one, and a
 // credit return (for b's messages, which a read) took the last. a's FIN must
-// then wait for b to read and return credits.
-func starveFin(t *testing.T) (*Conn, *Conn) {
+// then wait for b to read and return credits. With thaw, b is frozen (see
+// frozenEnd) until thaw is closed, and the handshake timeout is short.
+func starveFin(t *testing.T, thaw chan struct{}) (*Conn, *Conn) {
 	const depth = 4
-	a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+	o := fakeOpts{depth: [2]int{depth, depth}}
+	if thaw != nil {
+		o.timeout = 100 * time.Millisecond
+	}
+	a, b, w := fakePair(t, o)
+	if thaw != nil {
+		b.t = frozenEnd{w.ends[1], thaw}
+	}
 	ctx := ctxT(t)
 	for range depth {
 		require.NoError(t, a.Send(ctx, []byte("unread")))
@@ -35,7 +43,7 @@ func starveFin(t *testing.T) (*Conn, *Conn) {
 // Close alone waits (bounded) for a credit to send its FIN: b, reading
 // late, gets its 4 messages and then io.EOF.
 func TestCloseAloneDeliversFinWhenCreditComesLate(t *testing.T) {
-	a, b := starveFin(t)
+	a, b := starveFin(t, nil)
 	readDone := make(chan error, 1)
 	go func() { time.Sleep(50 * time.Millisecond); readDone <- readAll(t, b) }()
 	require.NoError(t, a.Close())
@@ -49,7 +57,7 @@ func TestCloseAloneDeliversFinWhenCreditComesLate(t *testing.T) {
 // never went out, and b saw a disconnect without one: ErrPeerGone, counted
 // as a failure.
 func TestCloseDuringBlockedCloseWriteSendsFin(t *testing.T) {
-	a, b := starveFin(t)
+	a, b := starveFin(t, nil)
 	cw := make(chan error, 1)
 	go func() { cw <- a.CloseWrite() }()
 	time.Sleep(20 * time.Millisecond) // CloseWrite is waiting for a credit
@@ -183,26 +191,8 @@ func (e frozenEnd) poll(ctx context.Context, cs []completion, spin time.Duration
 func TestFinAfterCloseWriteGaveUp(t *testing.T) {
 	for _, then := range []string{"Close", "CloseWrite"} {
 		t.Run(then, func(t *testing.T) {
-			const depth = 4
-			a, b, w := fakePair(t, fakeOpts{depth: [2]int{depth, depth}, timeout: 100 * time.Millisecond})
 			thaw := make(chan struct{})
-			b.t = frozenEnd{w.ends[1], thaw}
-			ctx := ctxT(t)
-			// a's data takes all its credits but one, and a credit
-			// return for b's messages the last; frozen, b returns none.
-			for range depth {
-				require.NoError(t, a.Send(ctx, []byte("unread")))
-			}
-			buf := make([]byte, 256)
-			for range 3 {
-				require.NoError(t, b.Send(ctx, []byte("to a")))
-				_, err := a.Recv(ctx, buf)
-				require.NoError(t, err)
-			}
-			a.mu.Lock()
-			credits := a.credits
-			a.mu.Unlock()
-			require.Zero(t, credits, "setup: a should have no credit left")
+			a, b := starveFin(t, thaw)
 			require.ErrorIs(t, a.CloseWrite(), context.DeadlineExceeded, "no credit came for the FIN")
 
 			close(thaw)
@@ -229,21 +219,8 @@ func TestFinAfterCloseWriteGaveUp(t *testing.T) {
 // peer returns none), nothing completed to wake it, and it waited on until
 // its own context ended (found by review; XRC's CloseWrite woke it).
 func TestCloseWriteWakesBlockedSend(t *testing.T) {
-	const depth = 4
-	a, b, w := fakePair(t, fakeOpts{depth: [2]int{depth, depth}, timeout: 100 * time.Millisecond})
-	b.t = frozenEnd{w.ends[1], make(chan struct{})}
+	a, _ := starveFin(t, make(chan struct{}))
 	ctx := ctxT(t)
-	// a's data takes all its credits but one, and a credit return for b's
-	// messages the last (as in TestFinAfterCloseWriteGaveUp).
-	for range depth {
-		require.NoError(t, a.Send(ctx, []byte("unread")))
-	}
-	buf := make([]byte, 256)
-	for range 3 {
-		require.NoError(t, b.Send(ctx, []byte("to a")))
-		_, err := a.Recv(ctx, buf)
-		require.NoError(t, err)
-	}
 	sent := make(chan error, 1)
 	go func() { sent <- a.Send(ctx, []byte("blocked")) }()
 	require.Eventually(t, func() bool {
