@@ -1117,8 +1117,8 @@ func (c *Conn) failLocked(err error) {
 	}
 	c.err = err
 	c.dropSendLocked()
-	var dl *downlink // a failed leg's, for legFailedLocked; not a silent one's, whose sender may live
-	if c.recvLeg != nil && !c.recvReleased && err != errIdle {
+	var dl *downlink // a failed leg's, for legFailedLocked, if its sender is taken for dead
+	if c.recvLeg != nil && !c.recvReleased && senderDead(err) {
 		dl = c.e.acc.LegDownlink(c.recvLeg)
 	}
 	c.releaseRecvLocked()
@@ -1127,6 +1127,17 @@ func (c *Conn) failLocked(err error) {
 	}
 	c.maybeFinishLocked()
 	c.wake()
+}
+
+// senderDead reports whether a leg's failure with err takes its sender for
+// dead, so that the last leg's failure ends its physical link
+// (legFailedLocked): a peer gone, but not by its silence (it may live) nor
+// by a dial it gave up; nor a failure of ours (Close, a context, an
+// overrun, a full accept queue). A live sender may open the TGT again
+// through the link, and the link's DREQ ends that leg at its death
+// (TestEndpointLinkOutlivesLegOfLiveSender).
+func senderDead(err error) bool {
+	return errors.Is(err, ErrPeerGone) && !errors.Is(err, errIdle) && !errors.Is(err, errAbandoned)
 }
 
 // finLocked consumes the peer's FIN: our receiving leg ends (the local count

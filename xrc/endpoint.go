@@ -1365,7 +1365,7 @@ type passiveLink struct {
 }
 
 // legFailedLocked ends the physical link of dl's sender once the failure of
-// a leg through dl (not its idle timeout, see failLocked) leaves none
+// a leg through dl for its sender's death (senderDead) leaves none
 // through it: the sender is taken for dead. Its DREQ, which ends the link
 // otherwise, does not come from a sender that died without a word (its
 // node's power cut: our sends there fail, and our uplink to the node is not
