@@ -372,11 +372,10 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 // reference on u becomes the leg's.
 func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	if c.failed() || (c.peerInc != 0 && c.peerInc != acc.Incarnation) {
-		if c.inbound {
-			e.finAcceptedLocked(c, u, acc)
+		if !c.inbound || !e.finAcceptedLocked(c, u, acc) {
+			u.refs--
+			e.maybeTeardownLocked(u)
 		}
-		u.refs--
-		e.maybeTeardownLocked(u)
 		if c.err == nil {
 			c.failLocked(errIncarnation)
 		}
@@ -396,27 +395,35 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 // leg, and its Dial returns the connection, which heard nothing of us until
 // its idle timeout (TestReciprocalAnsweredToFailedHalf). One FIN, posted on
 // u's INI without a waiter: lost (a full send queue, the uplink going), it
-// leaves the dialer its idle timeout, or the DREQ of a link torn down.
-func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) {
+// leaves the dialer its idle timeout, or the DREQ of a link torn down. It
+// reports whether it took over the dial's reference on u, let go of once
+// the FIN is posted: let go of first, the last one tore u down before the
+// FIN went, and the DREQ went to the TGT's maker, which need not be the
+// dialer (TestReciprocalAnsweredToFailedHalfLastLeg).
+func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool {
 	q := u.cur
 	if q == nil || u.state != upUp {
-		return
+		return false
 	}
 	b := make([]byte, 1+wire.FinLen)
 	b[0] = kindFIN
 	f := wire.FIN{Tag: acc.AcceptorTag, SenderTag: c.sendTag}
 	if _, err := f.Encode(b[1:]); err != nil {
-		return
+		return false
 	}
 	q.nextWR++
 	wr := []kernel.SendWR{{WRID: q.nextWR, RemoteSRQN: acc.SRQN, Imm: acc.AcceptorTag, Payload: b}}
-	e.spawn(func() {
+	return e.spawn(func() {
 		e.mu.Lock()
 		up := u.cur == q && u.state == upUp
 		e.mu.Unlock()
 		if up {
 			e.k.PostSend(q.qp, wr)
 		}
+		e.mu.Lock()
+		u.refs--
+		e.maybeTeardownLocked(u)
+		e.mu.Unlock()
 	})
 }
 
