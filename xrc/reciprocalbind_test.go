@@ -20,11 +20,30 @@ import (
 // the leg ends it now. (Where the acceptor's endpoint closes instead, the
 // dialer learns at once without it: its first frame or keepalive finds the
 // SRQ gone.)
-func TestReciprocalAnsweredToFailedHalf(t *testing.T) {
+func TestReciprocalAnsweredToFailedHalf(t *testing.T) { reciprocalToFailedHalf(t, false) }
+
+// The same where the acceptor's uplink to the dialer's node has no other
+// leg by the time the ACCEPT comes (its last one, to q, ended, and q, which
+// made the TGT there, still holds it for that leg): the dial's reference
+// was the last, and letting it go tore the uplink down before the FIN was
+// posted, so nothing went, 3 runs in 3. The link's DREQ went to the TGT's
+// maker, q, not to the dialer, which opened the TGT by number: its
+// connection was silent until its idle timeout.
+func TestReciprocalAnsweredToFailedHalfLastLeg(t *testing.T) { reciprocalToFailedHalf(t, true) }
+
+// reciprocalToFailedHalf runs the two tests above; with lastLeg, b's leg to
+// q ends before the ACCEPT comes.
+func reciprocalToFailedHalf(t *testing.T, lastLeg bool) {
 	w := newWorld(t)
 	w.f.AddNode("10.0.101.2", memfabric.NodeConfig{SRQReceives: 4})
 	a := w.endpoint("10.0.101.1", 7000, func(c *Config) { c.IdleTimeout = time.Minute })
-	q := w.endpoint("10.0.101.1", 7001) // keeps b's uplink to a's node up
+	// q keeps b's uplink to a's node up; with lastLeg, q made the TGT that
+	// uplink reaches and keeps it, for b's leg, until its idle timeout.
+	q := w.endpoint("10.0.101.1", 7001, func(c *Config) {
+		if lastLeg {
+			c.IdleTimeout = 3 * time.Second
+		}
+	})
 	rk := &holdReciprocal{held: make(chan struct{}), release: make(chan struct{})}
 	b := w.wrappedEndpoint("10.0.101.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
 	p := w.endpoint("10.0.101.2", 7001, longTimers) // the receiver that stops
@@ -44,11 +63,21 @@ func TestReciprocalAnsweredToFailedHalf(t *testing.T) {
 		t.Fatalf("setup: %d halves at b", len(halves))
 	}
 	eventually(t, "b's half ended", func() (bool, string) {
-		err := connErr(halves[0])
-		return err != nil, ""
+		return connErr(halves[0]) != nil, ""
 	})
 	if err := connErr(halves[0]); !errors.Is(err, errIdle) {
 		t.Fatalf("setup: b's half ended with %v, not by its idle timeout", err)
+	}
+	if lastLeg {
+		q.p.PauseReceives() // nor does a FIN end that leg
+		t.Cleanup(q.p.ResumeReceives)
+		dq.Close()
+		b.mu.Lock()
+		refs := b.uplinks[0].refs
+		b.mu.Unlock()
+		if refs != 1 {
+			t.Fatalf("setup: b's uplink to a's node has %d references, want the dial's alone", refs)
+		}
 	}
 	close(rk.release)
 	r := <-dialed
@@ -59,6 +88,7 @@ func TestReciprocalAnsweredToFailedHalf(t *testing.T) {
 		t.Fatalf("the dialer's connection, whose acceptor's half is gone: Recv says %v, want io.EOF", err)
 	}
 	p.p.ResumeReceives()
+	q.p.ResumeReceives()
 	for _, c := range []*Conn{r.c, toP, cq, dq} {
 		c.Close()
 	}
@@ -76,64 +106,4 @@ func inboundHalves(b *proc) []*Conn {
 		}
 	}
 	return out
-}
-
-// The same where the acceptor's uplink to the dialer's node has no other
-// leg by the time the ACCEPT comes (its last one, to q, ended, and q, which
-// made the TGT there, still holds it for that leg): the dial's reference
-// was the last, and letting it go tore the uplink down before the FIN was
-// posted, so nothing went, 3 runs in 3. The link's DREQ went to the TGT's
-// maker, q, not to the dialer, which opened the TGT by number: its
-// connection was silent until its idle timeout.
-func TestReciprocalAnsweredToFailedHalfLastLeg(t *testing.T) {
-	w := newWorld(t)
-	w.f.AddNode("10.0.186.2", memfabric.NodeConfig{SRQReceives: 4})
-	a := w.endpoint("10.0.186.1", 7000, func(c *Config) { c.IdleTimeout = time.Minute })
-	// q made the TGT b's uplink to a's node reaches, and keeps it, for
-	// b's leg, until its idle timeout.
-	q := w.endpoint("10.0.186.1", 7001, func(c *Config) { c.IdleTimeout = 3 * time.Second })
-	rk := &holdReciprocal{held: make(chan struct{}), release: make(chan struct{})}
-	b := w.wrappedEndpoint("10.0.186.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
-	p := w.endpoint("10.0.186.2", 7001, longTimers) // the receiver that stops
-	toP, _ := pair(t, a, p)
-	cq, dq := pair(t, q, b)
-	p.p.PauseReceives()
-	t.Cleanup(p.p.ResumeReceives) // before the endpoints close
-	ctx := ctxT(t, 10*time.Second)
-	if err := sendSeq(ctx, toP, 0, 12); err != nil { // 4 land, the rest wait at a's INI
-		t.Fatal(err)
-	}
-	rk.armed.Store(true)
-	dialed := dialLater(t, a, b)
-	awaitSetup(t, rk.held, "the reciprocal request never came")
-	halves := inboundHalves(b)
-	if len(halves) != 1 {
-		t.Fatalf("setup: %d halves at b", len(halves))
-	}
-	eventually(t, "b's half ended", func() (bool, string) {
-		return connErr(halves[0]) != nil, ""
-	})
-	q.p.PauseReceives() // nor does a FIN end that leg
-	t.Cleanup(q.p.ResumeReceives)
-	dq.Close()
-	b.mu.Lock()
-	refs := b.uplinks[0].refs
-	b.mu.Unlock()
-	if refs != 1 {
-		t.Fatalf("setup: b's uplink to a's node has %d references, want the dial's alone", refs)
-	}
-	close(rk.release)
-	r := <-dialed
-	if r.err != nil {
-		t.Fatalf("dial: %v", r.err)
-	}
-	if _, err := r.c.Recv(ctxT(t, 5*time.Second), make([]byte, 8)); err != io.EOF {
-		t.Fatalf("the dialer's connection, whose acceptor's half is gone: Recv says %v, want io.EOF", err)
-	}
-	p.p.ResumeReceives()
-	q.p.ResumeReceives()
-	for _, c := range []*Conn{r.c, toP, cq} {
-		c.Close()
-	}
-	requireReleased(t, w, a, b, p, q)
 }
