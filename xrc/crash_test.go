@@ -332,8 +332,11 @@ func TestEndpointDeviceFatal(t *testing.T) {
 func TestEndpointDREQSparesReusedNumbers(t *testing.T) {
 	w := newWorld(t)
 	shortIdle := func(c *Config) { c.IdleTimeout = 300 * time.Millisecond }
+	// r keeps sa's link with no leg on it (it would end an idle timeout
+	// later, lingerLocked) for the DREQ under test.
+	lingering := func(c *Config) { c.linkLinger = time.Hour }
 	sa := w.endpoint("10.0.63.1", 7000, longTimers)
-	r := w.endpoint("10.0.63.2", 7000, shortIdle)
+	r := w.endpoint("10.0.63.2", 7000, shortIdle, lingering)
 	sc := w.endpoint("10.0.63.3", 7000, shortIdle)
 	upOf := func(p *proc) (ini, tgt uint32) {
 		p.mu.Lock()

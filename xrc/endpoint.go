@@ -92,6 +92,10 @@ type Config struct {
 	// made) and takes only the reverse legs of its own dials. Its address
 	// is every connection's local address, which a peer may dial back.
 	DialOnly bool
+
+	// linkLinger, for tests, replaces IdleTimeout as how long a physical
+	// link we accepted stays with no leg on it (see linger).
+	linkLinger time.Duration
 }
 
 // messageSize fills in MaxMessageSize's default and checks its range.
@@ -1315,6 +1319,11 @@ func (e *Endpoint) watchPassive(id kernel.ID, dl *downlink, c *Conn, leg *accept
 			switch ev.Type {
 			case kernel.EventEstablished:
 				wait = live
+				e.mu.Lock()
+				if l := e.passive[id]; l != nil {
+					l.up = true
+				}
+				e.mu.Unlock()
 				if c != nil {
 					e.recvLegUp(c)
 				}
@@ -1358,10 +1367,37 @@ func (e *Endpoint) watchPassive(id kernel.ID, dl *downlink, c *Conn, leg *accept
 }
 
 // passiveLink is a physical link we accepted: dl is the downlink it made,
-// end ends its watcher, which then destroys its CM id.
+// end ends its watcher, which then destroys its CM id. up: its RTU came;
+// bare: since when no leg is on it (zero: one is, or not looked at yet).
 type passiveLink struct {
-	dl  *downlink
-	end context.CancelFunc
+	dl   *downlink
+	end  context.CancelFunc
+	up   bool
+	bare time.Time
+}
+
+// lingerLocked ends the established physical links that had no leg on them
+// for an idle timeout. Their sender is silent to us as an idle leg's is:
+// it may live, and send its next leg through the link, or be dead without
+// a word (its node's power cut after its legs ended by FIN or idle
+// timeout), and then no DREQ ever ends the link: its CM id stayed until the
+// endpoint closed. Ending a live sender's link disturbs nothing (a
+// TGT-typed id's end sends nothing, and legs do not need the link); its
+// later legs lose only the DREQ's early word of the sender's death, and end
+// at their idle timeout instead.
+func (e *Endpoint) lingerLocked(now time.Time) {
+	linger := cmp.Or(e.cfg.linkLinger, e.cfg.IdleTimeout)
+	for _, l := range e.passive {
+		switch {
+		case !l.up:
+		case len(e.acc.LegsOn(l.dl)) > 0:
+			l.bare = time.Time{}
+		case l.bare.IsZero():
+			l.bare = now
+		case now.Sub(l.bare) > linger:
+			l.end()
+		}
+	}
 }
 
 // legFailedLocked ends the physical link of dl's sender once the failure of
@@ -1370,10 +1406,11 @@ type passiveLink struct {
 // otherwise, does not come from a sender that died without a word (its
 // node's power cut: our sends there fail, and our uplink to the node is not
 // rebuilt), and the CM id stayed until the endpoint closed. A link whose
-// legs all ended by their FINs, or went silent past the idle timeout, stays:
-// its sender may live, and open the TGT again through it (LegsOn), or end
-// it with its DREQ (TestEndpointDREQSparesReusedNumbers). Ending a
-// TGT-typed id sends nothing: a live sender is not disturbed.
+// legs all ended by their FINs, or went silent past the idle timeout,
+// lingers (lingerLocked): its sender may live, and open the TGT again
+// through it (LegsOn), or end it with its DREQ
+// (TestEndpointDREQSparesReusedNumbers). Ending a TGT-typed id sends
+// nothing: a live sender is not disturbed.
 func (e *Endpoint) legFailedLocked(dl *downlink) {
 	for _, l := range e.passive {
 		if onLink(dl, l.dl) && len(e.acc.LegsOn(l.dl)) == 0 {
@@ -1761,6 +1798,7 @@ func (e *Endpoint) janitor() {
 				beat = append(beat, c)
 			}
 		}
+		e.lingerLocked(now)
 		e.mu.Unlock()
 		for i, c := range dead {
 			c.fail(deadErr[i])
