@@ -243,7 +243,7 @@ func (a *acceptor) physical(e kernel.Event, req *wire.Req) (d decision) {
 		// stale table held our new TGT's number; cm_rep_handler) and
 		// sends the REQ once more. Our first answer is void: its leg
 		// goes (and its TGT, at count 0), and this one is decided anew.
-		a.releaseLocked(moving)
+		a.releaseLocked(moving, true)
 		replaced, moving = moving, nil
 	}
 	var app []byte
@@ -622,14 +622,18 @@ func (a *acceptor) setLeg(k legKey, l *acceptedLeg) {
 	a.ours[l.Tag] = struct{}{}
 }
 
-func (a *acceptor) deleteLeg(k legKey) {
+// deleteLeg forgets the leg k; sent: its ACCEPT went out, so messages for
+// its tag may still come, and the tag is kept from reuse (tagSource.release).
+func (a *acceptor) deleteLeg(k legKey, sent bool) {
 	a.view.Lock()
 	l := a.legs[k]
 	delete(a.legs, k)
 	a.view.Unlock()
 	if l != nil {
 		delete(a.ours, l.Tag)
-		a.tags.release(l.Tag)
+		if sent {
+			a.tags.release(l.Tag)
+		}
 	}
 }
 
@@ -695,15 +699,26 @@ func (a *acceptor) reject(tag uint32, reason wire.RejectReason, detail uint32, a
 func (a *acceptor) Release(l *acceptedLeg) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.releaseLocked(l)
+	return a.releaseLocked(l, true)
 }
 
-func (a *acceptor) releaseLocked(l *acceptedLeg) error {
+// Withdraw releases a leg whose ACCEPT never went out (the endpoint refused
+// its request after Decide). Nothing can come for its tag, which is not
+// kept from reuse: retiredMax such refusals (a hostile peer's, or a burst
+// of BUSY_RETRYs) pushed the tags of legs just released, whose messages may
+// still be queued, out of that memory.
+func (a *acceptor) Withdraw(l *acceptedLeg) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.releaseLocked(l, false)
+}
+
+func (a *acceptor) releaseLocked(l *acceptedLeg, sent bool) error {
 	key := legKey{l.PeerIncarnation, l.PeerTag}
 	if a.legs[key] != l {
 		return nil // already released
 	}
-	a.deleteLeg(key)
+	a.deleteLeg(key, sent)
 	if l.used.Load() {
 		a.retired.add(key)
 	}

@@ -930,14 +930,14 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		// acceptor's Accept would return it.
 		if c = e.reverseDialLocked(leg.Reciprocal, ev.Remote.Addr(), leg.PeerIncarnation); c == nil {
 			e.mu.Unlock()
-			e.acc.Release(leg)
+			e.acc.Withdraw(leg)
 			e.reject(ev, wire.RejectBadRequest, leg.PeerTag)
 			return
 		}
 	} else {
 		if e.closed || len(e.conns) >= 1<<20 || e.unaccepted >= acceptBacklog {
 			e.mu.Unlock()
-			e.acc.Release(leg)
+			e.acc.Withdraw(leg)
 			e.reject(ev, wire.RejectBusyRetry, leg.PeerTag)
 			return
 		}
