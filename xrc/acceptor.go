@@ -890,6 +890,21 @@ func (a *acceptor) LegsOn(dl *downlink) []*acceptedLeg {
 	return out
 }
 
+// LegDownlinks returns the downlinks that registered legs receive through,
+// each once: the links that have a leg on them are those some of these are
+// on (onLink), found without a pass over every leg for each link.
+func (a *acceptor) LegDownlinks() []*downlink {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []*downlink
+	for _, l := range a.legs {
+		if !slices.Contains(out, l.Downlink) {
+			out = append(out, l.Downlink)
+		}
+	}
+	return out
+}
+
 // onLink reports whether downlink o belongs to the physical link that made
 // dl: it is dl, or the same TGT opened again by number after our handle on
 // it went (another process of the node kept it): same sender incarnation,

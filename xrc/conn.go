@@ -1198,6 +1198,7 @@ func (c *Conn) releaseRecvLocked() {
 	if c.e.recv[c.recvTag] == c {
 		delete(c.e.recv, c.recvTag)
 	}
+	c.e.legLeftLocked(c.recvLeg)
 	c.e.acc.Release(c.recvLeg)
 }
 

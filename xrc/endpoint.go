@@ -1386,16 +1386,36 @@ type passiveLink struct {
 // later legs lose only the DREQ's early word of the sender's death, and end
 // at their idle timeout instead.
 func (e *Endpoint) lingerLocked(now time.Time) {
+	if len(e.passive) == 0 {
+		return
+	}
 	linger := cmp.Or(e.cfg.linkLinger, e.cfg.IdleTimeout)
+	held := e.acc.LegDownlinks()
 	for _, l := range e.passive {
 		switch {
 		case !l.up:
-		case len(e.acc.LegsOn(l.dl)) > 0:
+		case slices.ContainsFunc(held, func(o *downlink) bool { return onLink(o, l.dl) }):
 			l.bare = time.Time{}
 		case l.bare.IsZero():
 			l.bare = now
 		case now.Sub(l.bare) > linger:
 			l.end()
+		}
+	}
+}
+
+// legLeftLocked restarts the linger of the physical link that l, a leg
+// about to be released, receives through. The janitor's looks, a tick
+// apart, miss a leg that came and went between two of them: the link ended
+// at the next look, just after its last leg, not an idle timeout after.
+func (e *Endpoint) legLeftLocked(l *acceptedLeg) {
+	if len(e.passive) == 0 {
+		return
+	}
+	dl := e.acc.LegDownlink(l)
+	for _, p := range e.passive {
+		if onLink(dl, p.dl) {
+			p.bare = time.Time{}
 		}
 	}
 }
