@@ -785,8 +785,15 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	defer cancel()
 	defer context.AfterFunc(e.ctx, cancel)()
 	c, err := e.dialOnce(ctx, raddr, false)
-	if (errors.Is(err, errReverseGone) || errors.Is(err, errReverseDomain)) && ctx.Err() == nil {
-		c, err = e.dialOnce(ctx, raddr, true)
+	if errors.Is(err, errReverseGone) || errors.Is(err, errReverseDomain) {
+		switch {
+		case ctx.Err() == nil:
+			c, err = e.dialOnce(ctx, raddr, true)
+		case caller.Err() != nil:
+			// No time left to ask again: the deadline is what failed
+			// the dial, not a refusal the caller cannot tell apart.
+			err = &OpError{"dial", raddr.String(), caller.Err()}
+		}
 	}
 	if err != nil && e.ctx.Err() != nil && caller.Err() == nil {
 		return nil, e.closedErr("dial")

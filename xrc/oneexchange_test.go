@@ -297,7 +297,8 @@ func nextVirtReq(t *testing.T, k kernel.Kernel, l kernel.ID) (kernel.ID, wire.Re
 // its node died after the acceptor looked (see Endpoint.Dial).
 type spoilReverse struct {
 	kernel.Kernel
-	spoil atomic.Int32
+	spoil   atomic.Int32
+	onSpoil func() // if set, called as the spoiled ACCEPT is read
 }
 
 func (s *spoilReverse) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
@@ -308,11 +309,46 @@ func (s *spoilReverse) Event(ctx context.Context, id kernel.ID) (kernel.Event, e
 		return ev, err
 	}
 	s.spoil.Add(-1)
+	if s.onSpoil != nil {
+		s.onSpoil()
+	}
 	acc.Rev.TGTQPN = 0xFFFF00
 	buf := make([]byte, wire.BudgetSIDRREP)
 	n, err := acc.Encode(buf)
 	ev.PrivateData = buf[:n]
 	return ev, err
+}
+
+// A dial whose context ends just as it reads a one-exchange ACCEPT whose
+// reverse leg it cannot take (its TGT gone: with time left it would ask
+// again by two exchanges) fails with its context's error, as a dial that
+// runs out of time anywhere else does. It failed with errReverseGone,
+// which a caller cannot tell from anything: not a deadline, a refusal or
+// a lost peer (found by cm's randomized dials with short deadlines under
+// -race, 3 seeds in 150).
+func TestOneExchangeDialEndsWithItsContext(t *testing.T) {
+	w := newWorld(t)
+	spoil := &spoilReverse{}
+	a := w.wrappedEndpoint("10.0.8.1", 7000, func(k kernel.Kernel) kernel.Kernel { spoil.Kernel = k; return spoil })
+	b := w.endpoint("10.0.8.2", 7000)
+	keepA, keepB := pair(t, a, b) // live uplinks both ways: the dial asks for one exchange
+	ctx, cancel := context.WithCancel(ctxT(t, 5*time.Second))
+	defer cancel()
+	spoil.onSpoil = cancel
+	spoil.spoil.Store(1)
+	_, err := a.Dial(ctx, b.Addr().String())
+	if spoil.spoil.Load() != 0 {
+		t.Fatal("the dial read no one-exchange ACCEPT to spoil")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("dial: %v, want its context's error (context.Canceled)", err)
+	}
+	keepA.Close()
+	keepB.Close()
+	eventually(t, "legs released", func() (bool, string) {
+		x, y := a.Stats(), b.Stats()
+		return x.LocalCounts == 0 && y.LocalCounts == 0 && x.Conns == 0 && y.Conns == 0, fmt.Sprintf("a %+v b %+v", x, y)
+	})
 }
 
 // A dial that abandons its one-exchange attempt (the reverse leg in the
