@@ -128,6 +128,28 @@ func TestFabricRejectsWhatXRCCannotDo(t *testing.T) {
 	require.Error(t, err, "nobody listens there")
 }
 
+// CloseWrite after the peer's Close reports the peer's end (ErrPeerGone),
+// as Send does then and as an RC connection's CloseWrite does, not
+// ErrClosed, which says the application closed the Conn: the engine closes
+// our side by itself at the peer's FIN, and CloseWrite took that close for
+// the application's. A proxy that half-closes after copying saw "use of
+// closed network connection" for a connection it never closed.
+func TestFabricCloseWriteAfterPeerClose(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := newFabric(t)
+	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), nil, nil)
+	require.NoError(t, s.Close())
+	_, err := c.Recv(ctx, make([]byte, c.MaxRecvSize()))
+	require.ErrorIs(t, err, io.EOF)
+	err = c.CloseWrite()
+	require.ErrorIs(t, err, ErrPeerGone)
+	require.NotErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, c.Send(ctx, []byte("x")), ErrPeerGone)
+	require.NoError(t, c.Close())
+	require.ErrorIs(t, c.CloseWrite(), ErrClosed, "after our own Close")
+}
+
 // A killed server process: the client's calls fail with ErrPeerGone, and
 // the client node's kernel objects go with its connection.
 func TestFabricPeerKilled(t *testing.T) {

@@ -1053,13 +1053,18 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 // after them, and our sending leg stays up, carrying the credit frames and
 // keepalives the peer's messages need, until Close (or the peer's FIN, which
 // ends the connection as ever). Send fails with ErrClosed from then on.
-// CloseWrite is idempotent.
+// CloseWrite is idempotent. After the peer's FIN (Recv's io.EOF) it returns
+// ErrPeerClosed, as Send does, until our own Close.
 func (c *Conn) CloseWrite() error {
 	e := c.e
 	e.mu.Lock()
 	err := c.err
 	switch {
 	case err != nil:
+	case c.peerClosed && !c.userClosed:
+		// The peer's FIN closes our side too (answerFINLocked): not
+		// ErrClosed, which says the application closed c. As Send.
+		err = ErrPeerClosed
 	case c.userClosed || c.closing:
 		err = ErrClosed
 	case c.halfFINSent:

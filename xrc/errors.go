@@ -14,8 +14,8 @@ import (
 var (
 	// ErrClosed is returned by operations on a closed Endpoint or Conn.
 	ErrClosed = net.ErrClosed
-	// ErrPeerClosed is returned by Send after the peer closed the connection
-	// (its FIN arrived); Recv returns io.EOF then.
+	// ErrPeerClosed is returned by Send and CloseWrite after the peer
+	// closed the connection (its FIN arrived); Recv returns io.EOF then.
 	ErrPeerClosed = errors.New("xrc: connection closed by peer")
 	// ErrMessageTooLong is returned by Send for a message over what the
 	// receiver takes (its Config.MaxMessageSize, learned when the leg was
