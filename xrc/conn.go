@@ -66,6 +66,13 @@ type Conn struct {
 	// through the old TGT only): nothing posts until it is (see recover).
 	unmoved  bool
 	lastSent time.Time
+	// lastQ, lastWR: the newest frame registered on our leg (a waiter on
+	// lastQ until its completion). While it waits, a keepalive would be
+	// queued behind it and show nothing it does not: the janitor sends
+	// none (under RNR waits, keepalives after keepalive filled the INI's
+	// send queue ahead of data).
+	lastQ  *iniQP
+	lastWR uint64
 	// moves numbers this leg's MOVEs (wire.Req.Move): each is one past
 	// the last, so that the receiver refuses a late or replayed one.
 	// Atomic: recoveries build their requests without e.mu.
@@ -325,6 +332,7 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 		q.nextWR++
 		wrid := q.nextWR
 		q.waiters[wrid] = waiter{c: c, seq: seq, data: true}
+		c.lastQ, c.lastWR = q, wrid
 		c.out.Push(outFrame{seq: seq, frame: frame, q: q, wrid: wrid, tries: 1})
 		c.lastSent = time.Now()
 		polls := q.polls
@@ -525,6 +533,7 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		// abandoned attempt, though Dial returned the connection.
 		q.nextWR++
 		q.waiters[q.nextWR] = waiter{c: c}
+		c.lastQ, c.lastWR = q, q.nextWR
 		wrs = append(wrs, kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: keepaliveFrame})
 		c.keepalives++
 	}
@@ -541,6 +550,7 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		q.nextWR++
 		f.q, f.wrid = q, q.nextWR
 		q.waiters[f.wrid] = waiter{c: c, seq: f.seq, data: true}
+		c.lastQ, c.lastWR = q, f.wrid
 		wrs = append(wrs, kernel.SendWR{WRID: f.wrid, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: f.frame})
 	}
 	polls := q.polls
@@ -777,6 +787,7 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	q.nextWR++
 	wr := kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag}
 	q.waiters[wr.WRID] = waiter{c: c, ch: ch, probe: probe}
+	c.lastQ, c.lastWR = q, wr.WRID
 	before, sent := c.lastSent, time.Now()
 	c.lastSent = sent
 	polls := q.polls
@@ -819,6 +830,17 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		return postFailed, nil, q
 	}
 	return posted, nil, q
+}
+
+// frameWaitingLocked reports whether the newest frame registered on c's leg
+// has not completed yet, on the INI a keepalive would go on (after a
+// recovery, one left on the old INI is no reason to wait).
+func (c *Conn) frameWaitingLocked() bool {
+	if c.lastQ == nil || c.up == nil || c.lastQ != c.up.cur {
+		return false
+	}
+	w, ok := c.lastQ.waiters[c.lastWR]
+	return ok && w.c == c
 }
 
 // heldProbe is the body of the credit frame a dial not up yet sends for a

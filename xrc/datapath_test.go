@@ -421,6 +421,43 @@ func TestDataPathPausedReceiverKilled(t *testing.T) {
 	}
 }
 
+// A sending leg whose newest frame waits at its INI (its receiver paused,
+// the SRQ full: RNR, retried for ever) posts no keepalive: one would wait
+// behind that frame, in order, and show the receiver nothing it does not.
+// They went a heartbeat apart and filled the INI's send queue: with
+// receivers that drained slower than the legs' keepalives came (a chaos run
+// under -race, SRQs of 3 receives), data, credit and first frames waited
+// behind hundreds of them, and traffic to the node stood still for seconds.
+func TestDataPathNoKeepaliveBehindWaitingFrame(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.2.1", memfabric.NodeConfig{SendQueueDepth: 4})
+	node := w.f.AddNode("10.0.2.2", memfabric.NodeConfig{SRQReceives: 1})
+	s := w.endpoint("10.0.2.1", 7000, func(c *Config) { c.Heartbeat, c.IdleTimeout = testHeartbeat, time.Hour })
+	b := w.endpoint("10.0.2.2", 7100, longTimers)
+	toB, atB := pair(t, s, b)
+	ctx := ctxT(t, 10*time.Second)
+	b.p.PauseReceives()
+	if err := sendSeq(ctx, toB, 0, 2); err != nil { // one lands, one waits at s's INI
+		t.Fatal(err)
+	}
+	if node.Stats().RNRNAKs == 0 {
+		t.Fatal("no message found b's SRQ without a receive: the test tested nothing")
+	}
+	// 20 heartbeats: keepalives a heartbeat apart would have taken the
+	// queue's 3 free slots and found it full.
+	time.Sleep(20 * testHeartbeat)
+	if st := s.Stats(); st.SendQueueFull != 0 {
+		t.Fatalf("sender %+v: keepalives queued behind the waiting message", st)
+	}
+	b.p.ResumeReceives()
+	if err := recvSeq(ctx, atB, 0, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Recoveries != 0 {
+		t.Fatalf("sender %+v, want no recovery", st)
+	}
+}
+
 // creditReturners counts the goroutines sending credit frames.
 func creditReturners() int {
 	buf := make([]byte, 1<<20)

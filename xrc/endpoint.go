@@ -1821,7 +1821,7 @@ func (e *Endpoint) janitor() {
 					continue
 				}
 			}
-			if c.sendUp && !c.sendDone && now.Sub(c.lastSent) >= e.cfg.Heartbeat {
+			if c.sendUp && !c.sendDone && now.Sub(c.lastSent) >= e.cfg.Heartbeat && !c.frameWaitingLocked() {
 				beat = append(beat, c)
 			}
 		}
