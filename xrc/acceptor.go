@@ -890,17 +890,44 @@ func (a *acceptor) LegsOn(dl *downlink) []*acceptedLeg {
 	return out
 }
 
-// LegDownlinks returns the downlinks that registered legs receive through,
-// each once: the links that have a leg on them are those some of these are
-// on (onLink), found without a pass over every leg for each link.
-func (a *acceptor) LegDownlinks() []*downlink {
+// LegDownlinks returns the downlinks that registered legs receive through.
+func (a *acceptor) LegDownlinks() map[*downlink]struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var out []*downlink
+	out := make(map[*downlink]struct{}, len(a.legs))
 	for _, l := range a.legs {
-		if !slices.Contains(out, l.Downlink) {
-			out = append(out, l.Downlink)
+		out[l.Downlink] = struct{}{}
+	}
+	return out
+}
+
+// linkNumbers is what onLink matches a TGT opened again by number on.
+type linkNumbers struct {
+	tgt, ini    uint32
+	incarnation uint64
+}
+
+// linksInUse reports, for each of links (downlinks that physical links
+// made), whether a downlink in held is on it (onLink), in one pass over
+// each: the janitor asks every half heartbeat under the endpoint's lock,
+// where a pass over held per link grows with links times senders (a
+// review).
+func linksInUse(links []*downlink, held map[*downlink]struct{}) []bool {
+	reopened := map[linkNumbers][]*downlink{}
+	for o := range held {
+		if !o.Creator {
+			k := linkNumbers{o.TGTQPN, o.INIQPN, o.Incarnation}
+			reopened[k] = append(reopened[k], o)
 		}
+	}
+	out := make([]bool, len(links))
+	for i, dl := range links {
+		if _, ok := held[dl]; ok {
+			out[i] = true
+			continue
+		}
+		out[i] = slices.ContainsFunc(reopened[linkNumbers{dl.TGTQPN, dl.INIQPN, dl.Incarnation}],
+			func(o *downlink) bool { return onLink(o, dl) })
 	}
 	return out
 }

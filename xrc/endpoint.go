@@ -1397,11 +1397,17 @@ func (e *Endpoint) lingerLocked(now time.Time) {
 		return
 	}
 	linger := cmp.Or(e.cfg.linkLinger, e.cfg.IdleTimeout)
-	held := e.acc.LegDownlinks()
+	links := make([]*passiveLink, 0, len(e.passive))
+	dls := make([]*downlink, 0, len(e.passive))
 	for _, l := range e.passive {
+		if l.up {
+			links, dls = append(links, l), append(dls, l.dl)
+		}
+	}
+	inUse := linksInUse(dls, e.acc.LegDownlinks())
+	for i, l := range links {
 		switch {
-		case !l.up:
-		case slices.ContainsFunc(held, func(o *downlink) bool { return onLink(o, l.dl) }):
+		case inUse[i]:
 			l.bare = time.Time{}
 		case l.bare.IsZero():
 			l.bare = now
