@@ -332,15 +332,26 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 		q.nextWR++
 		wrid := q.nextWR
 		q.waiters[wrid] = waiter{c: c, seq: seq, data: true}
-		c.lastQ, c.lastWR = q, wrid
 		c.out.Push(outFrame{seq: seq, frame: frame, q: q, wrid: wrid, tries: 1})
-		c.lastSent = time.Now()
+		sent := sentMark{before: c.lastSent, at: time.Now(), q: c.lastQ, wr: c.lastWR}
+		c.lastQ, c.lastWR, c.lastSent = q, wrid, sent.at
 		polls := q.polls
 		e.mu.Unlock()
-		taken, err := c.postData(ctx, u, q, wrid, frame, polls)
+		taken, err := c.postData(ctx, u, q, wrid, frame, polls, sent)
 		c.endTurn()
 		return taken, err
 	}
+}
+
+// sentMark is what a Send changed of its leg's last frame: lastSent
+// (before, at) and lastQ, lastWR (q, wr before it), for a Send that takes
+// its frame back to set them back, unless a frame posted since set them
+// anew. Repeated Sends taken back, each a heartbeat's delay of the leg's
+// keepalive, held it back for as long as they went on (a review).
+type sentMark struct {
+	before, at time.Time
+	q          *iniQP
+	wr         uint64
 }
 
 // postData posts c's newest kept frame as request wrid on q, during the
@@ -350,7 +361,7 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 // frame back with its number and credit (taken false). Any other error
 // fails the INI, and the recovery posts the frame. polls is q.polls as it
 // was before the first try (see iniQP.polls).
-func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, frame []byte, polls uint64) (taken bool, err error) {
+func (c *Conn) postData(ctx context.Context, u *uplink, q *iniQP, wrid uint64, frame []byte, polls uint64, sent sentMark) (taken bool, err error) {
 	e := c.e
 	wrs := sendWRs.get(newSendWRs)
 	defer func() {
@@ -437,11 +448,18 @@ post:
 			e.mu.Unlock()
 			return true, nil // a recovery took it over
 		}
-		// Never posted: take back its number and credit.
+		// Never posted: take back its number and credit, and its time:
+		// nothing went, so the janitor's keepalive is due as before it.
 		delete(q.waiters, wrid)
 		c.out.DropLast()
 		c.sendSeq--
 		c.sent--
+		if c.lastSent == sent.at {
+			c.lastSent = sent.before
+		}
+		if c.lastQ == q && c.lastWR == wrid {
+			c.lastQ, c.lastWR = sent.q, sent.wr // a frame before it may still wait
+		}
 		if int32(c.sent-c.acked) < 0 {
 			c.acked = c.sent // a peer's count took it for sent: never past what was
 		}
