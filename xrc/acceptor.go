@@ -909,9 +909,8 @@ type linkNumbers struct {
 
 // linksInUse reports, for each of links (downlinks that physical links
 // made), whether a downlink in held is on it (onLink), in one pass over
-// each: the janitor asks every half heartbeat under the endpoint's lock,
-// where a pass over held per link grows with links times senders (a
-// review).
+// each: the janitor asks under the endpoint's lock, where a pass over held
+// per link grows with links times senders (a review).
 func linksInUse(links []*downlink, held map[*downlink]struct{}) []bool {
 	reopened := map[linkNumbers][]*downlink{}
 	for o := range held {

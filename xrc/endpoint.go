@@ -94,7 +94,7 @@ type Config struct {
 	DialOnly bool
 
 	// linkLinger, for tests, replaces IdleTimeout as how long a physical
-	// link we accepted stays with no leg on it (see linger).
+	// link we accepted stays with no leg on it (see lingerLocked).
 	linkLinger time.Duration
 }
 
@@ -1418,9 +1418,10 @@ func (e *Endpoint) lingerLocked(now time.Time) {
 }
 
 // legLeftLocked restarts the linger of the physical link that l, a leg
-// about to be released, receives through. The janitor's looks, a tick
-// apart, miss a leg that came and went between two of them: the link ended
-// at the next look, just after its last leg, not an idle timeout after.
+// about to be released, receives through. The janitor's looks, a quarter
+// idle timeout apart, miss a leg that came and went between two of them:
+// the link ended at the next look, just after its last leg, not an idle
+// timeout after.
 func (e *Endpoint) legLeftLocked(l *acceptedLeg) {
 	if len(e.passive) == 0 {
 		return
