@@ -94,7 +94,7 @@ type Conn struct {
 	returned   uint32              // consumed, as the last credit frame we sent said
 	returning  bool                // returnCredits is running
 	beatWaits  bool                // a keepalive waits for room in a full send queue (keepaliveWhenRoom)
-	returnFn   func()              // c.returnCredits, made once: a method value allocates
+	returnFn   func()              // c.returnCredits and e.wg.Done, made once for spawnDone
 	// creditFrames counts the credit frames sent (CreditFrames); atomic,
 	// read without e.mu.
 	creditFrames atomic.Uint64
@@ -143,7 +143,10 @@ type Conn struct {
 func (e *Endpoint) newConnLocked(raddr netip.AddrPort) *Conn {
 	c := &Conn{e: e, raddr: raddr, wakeCh: make(chan struct{}, 1), ready: make(chan struct{}), done: make(chan struct{}),
 		credited: make(chan struct{}), turn: make(chan struct{}, 1), closeDone: make(chan struct{})}
-	c.returnFn = c.returnCredits
+	c.returnFn = func() {
+		defer e.wg.Done()
+		c.returnCredits()
+	}
 	e.conns[c] = struct{}{}
 	return c
 }
@@ -893,7 +896,7 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 			}
 			c.consumed++
 			if c.consumed-c.returned >= creditThreshold(e.cfg.RecvWindow) && !c.returning {
-				c.returning = e.spawn(c.returnFn)
+				c.returning = e.spawnDone(c.returnFn)
 			}
 			e.mu.Unlock()
 			n := copy(buf, frame[1+dataSeqLen:])

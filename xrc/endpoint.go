@@ -385,16 +385,23 @@ func (e *Endpoint) listen(ap netip.AddrPort) error {
 // did. Once Close waits, f does not run: the endpoint is going, and Close
 // fails every connection and releases what f would have watched.
 func (e *Endpoint) spawn(f func()) bool {
+	return e.spawnDone(func() {
+		defer e.wg.Done()
+		f()
+	})
+}
+
+// spawnDone is spawn for an f that calls e.wg.Done itself as it ends: made
+// once, it starts with no allocation (a credit return, once per half
+// window).
+func (e *Endpoint) spawnDone(f func()) bool {
 	e.spawnMu.Lock()
 	defer e.spawnMu.Unlock()
 	if e.spawnStopped {
 		return false
 	}
 	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		f()
-	}()
+	go f()
 	return true
 }
 
