@@ -346,15 +346,26 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 	}
 }
 
-// sentMark is what a Send changed of its leg's last frame: lastSent
-// (before, at) and lastQ, lastWR (q, wr before it), for a Send that takes
-// its frame back to set them back, unless a frame posted since set them
-// anew. Repeated Sends taken back, each a heartbeat's delay of the leg's
+// sentMark is what a Send (or an internal frame) changed of its leg's last
+// frame: lastSent (before, at) and lastQ, lastWR (q, wr before it), for a
+// frame that never went to set them back, unless a frame posted since set
+// them anew. Repeated Sends taken back, each a heartbeat's delay of the leg's
 // keepalive, held it back for as long as they went on (a review).
 type sentMark struct {
 	before, at time.Time
 	q          *iniQP
 	wr         uint64
+}
+
+// takeBackLocked sets c's last frame back to what it was before a frame,
+// request wr on q, that never went (m), unless a frame since set it anew.
+func (c *Conn) takeBackLocked(m sentMark, q *iniQP, wr uint64) {
+	if c.lastSent == m.at {
+		c.lastSent = m.before
+	}
+	if c.lastQ == q && c.lastWR == wr {
+		c.lastQ, c.lastWR = m.q, m.wr // a frame before it may still wait
+	}
 }
 
 // postData posts c's newest kept frame as request wrid on q, during the
@@ -457,12 +468,7 @@ post:
 		c.out.DropLast()
 		c.sendSeq--
 		c.sent--
-		if c.lastSent == sent.at {
-			c.lastSent = sent.before
-		}
-		if c.lastQ == q && c.lastWR == wrid {
-			c.lastQ, c.lastWR = sent.q, sent.wr // a frame before it may still wait
-		}
+		c.takeBackLocked(sent, q, wrid)
 		if int32(c.sent-c.acked) < 0 {
 			c.acked = c.sent // a peer's count took it for sent: never past what was
 		}
@@ -808,9 +814,8 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	q.nextWR++
 	wr := kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag}
 	q.waiters[wr.WRID] = waiter{c: c, ch: ch, probe: probe}
-	c.lastQ, c.lastWR = q, wr.WRID
-	before, sent := c.lastSent, time.Now()
-	c.lastSent = sent
+	mark := sentMark{before: c.lastSent, at: time.Now(), q: c.lastQ, wr: c.lastWR}
+	c.lastQ, c.lastWR, c.lastSent = q, wr.WRID, mark.at
 	polls := q.polls
 	e.mu.Unlock()
 	// PostSend copies the frame: it and the request array are reused.
@@ -832,12 +837,11 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		if kind == kindHeartbeat {
 			c.keepalives-- // it did not go
 		}
-		if c.lastSent == sent {
-			// Nothing went: the janitor's next look sends a keepalive
-			// (it waited a whole heartbeat, and a busy INI's full queue
-			// could drop keepalive after keepalive past the idle timeout).
-			c.lastSent = before
-		}
+		// Nothing went: the janitor's next look sends a keepalive (it
+		// waited a whole heartbeat, and a busy INI's full queue could drop
+		// keepalive after keepalive past the idle timeout), and waits for
+		// the frame before this one if that still waits.
+		c.takeBackLocked(mark, q, wr.WRID)
 		if errors.Is(err, syscall.ENOMEM) && mine {
 			if q.polls != polls {
 				return postFull, roomNow, q // polled meanwhile: a slot is free, no failed try

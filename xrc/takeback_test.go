@@ -12,16 +12,21 @@ import (
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
-// fullForData finds the send queue full (ENOMEM) for the data frames of the
-// leg whose receiver tag is tag, once armed.
-type fullForData struct {
+// fullFor finds the send queue full (ENOMEM) for the frames of a kind (data
+// unless set) of the leg whose receiver tag is tag, once armed.
+type fullFor struct {
 	wrapper
+	kind  byte
 	tag   atomic.Uint32
 	armed atomic.Bool
 }
 
-func (k *fullForData) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
-	if k.armed.Load() && len(wrs) == 1 && wrs[0].Imm == k.tag.Load() && len(wrs[0].Payload) > 0 && wrs[0].Payload[0] == kindData {
+func (k *fullFor) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	kind := k.kind
+	if kind == 0 {
+		kind = kindData
+	}
+	if k.armed.Load() && len(wrs) == 1 && wrs[0].Imm == k.tag.Load() && len(wrs[0].Payload) > 0 && wrs[0].Payload[0] == kind {
 		return syscall.ENOMEM
 	}
 	return k.wrapper.PostSend(q, wrs)
@@ -37,7 +42,7 @@ func (k *fullForData) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
 func TestDataPathSendTakenBackLeavesKeepaliveDue(t *testing.T) {
 	w := newWorld(t)
 	w.f.AddNode("10.0.191.2", memfabric.NodeConfig{SRQReceives: 1})
-	k := &fullForData{}
+	k := &fullFor{}
 	s := w.wrappedEndpoint("10.0.191.1", 7000, func(kk kernel.Kernel) kernel.Kernel { k.wrapper = wrapper{kk}; return k }, longTimers)
 	r := w.endpoint("10.0.191.2", 7000, longTimers)
 	x, _ := pair(t, s, r)
@@ -77,5 +82,48 @@ func TestDataPathSendTakenBackLeavesKeepaliveDue(t *testing.T) {
 		if after := lastOf(); after != before {
 			t.Fatalf("x's last frame %+v after a Send taken back, want %+v as before it", after, before)
 		}
+	}
+}
+
+// A keepalive whose post finds the send queue full goes later, and leaves
+// the leg's last frame as it was: the data frame still waiting before it.
+// It left the keepalive named there, gone from the queue's waiters, so the
+// janitor took the leg for one whose frames had all gone and queued
+// another keepalive behind the waiting frame.
+func TestDataPathFullKeepaliveLeavesLastFrame(t *testing.T) {
+	w := newWorld(t)
+	w.f.AddNode("10.0.192.2", memfabric.NodeConfig{SRQReceives: 1})
+	k := &fullFor{kind: kindHeartbeat}
+	s := w.wrappedEndpoint("10.0.192.1", 7000, func(kk kernel.Kernel) kernel.Kernel { k.wrapper = wrapper{kk}; return k }, longTimers)
+	r := w.endpoint("10.0.192.2", 7000, longTimers)
+	x, _ := pair(t, s, r)
+	y, _ := pair(t, s, r)
+	// r takes nothing: y's second message and x's waits at the INI.
+	r.p.PauseReceives()
+	ctx := ctxT(t, 5*time.Second)
+	for i := range 2 {
+		if err := y.Send(ctx, []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := x.Send(ctx, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	k.tag.Store(x.peerTag)
+	waiting := x.frameWaitingLocked()
+	s.mu.Unlock()
+	if !waiting {
+		t.Fatal("x's message does not wait at the INI; the test needs it to")
+	}
+	k.armed.Store(true)
+	if res, _, _ := x.post(kindHeartbeat, nil, nil); res == posted {
+		t.Fatal("the keepalive was posted into a full queue")
+	}
+	s.mu.Lock()
+	waiting = x.frameWaitingLocked()
+	s.mu.Unlock()
+	if !waiting {
+		t.Fatal("after a keepalive that did not go, x's waiting message is no longer its last frame: the janitor would queue a keepalive behind it")
 	}
 }
