@@ -246,6 +246,9 @@ func (l *Listener) Addr() net.Addr { return l.addr }
 
 // Accept waits for the next connection whose handshake has completed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	if l == nil {
+		return nil, ErrClosed // as the calls on a nil Conn
+	}
 	if l.xrcOnly() {
 		select {
 		case <-l.done:
@@ -487,6 +490,9 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 // path and handshake timeout takes that endpoint over meanwhile; one with
 // other options fails with EADDRINUSE. Close is idempotent.
 func (l *Listener) Close() error {
+	if l == nil {
+		return nil
+	}
 	var err error
 	l.closeOnce.Do(func() {
 		close(l.done)

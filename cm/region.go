@@ -110,6 +110,9 @@ var errRegionClosed = fmt.Errorf("local region: %w", ErrClosed)
 // descriptors only to peers trusted with the memory, and Close the region
 // to revoke access.
 func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
+	if c == nil {
+		return nil, ErrClosed // as the other calls on a nil Conn
+	}
 	if c.x != nil {
 		return nil, c.opErr("register memory", fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
 	}

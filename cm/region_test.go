@@ -291,3 +291,26 @@ func TestRegionCloseNil(t *testing.T) {
 	var r *Region
 	require.NotPanics(t, func() { require.NoError(t, r.Close()) })
 }
+
+// The calls that return an error take a nil Conn or Listener (a Dial or
+// Listen whose error went unchecked) for a closed one, as Send, Recv,
+// CloseWrite, WriteRemote and ReadRemote did: RegisterMemory, Accept and
+// the Listener's Close dereferenced it and panicked.
+func TestNilConnAndListenerCalls(t *testing.T) {
+	var c *Conn
+	var l *Listener
+	ctx := context.Background()
+	require.NotPanics(t, func() {
+		r, err := c.RegisterMemory(64, true)
+		require.ErrorIs(t, err, ErrClosed)
+		require.Nil(t, r)
+	})
+	require.NotPanics(t, func() {
+		got, err := l.Accept(ctx)
+		require.ErrorIs(t, err, ErrClosed)
+		require.Nil(t, got)
+	})
+	require.NotPanics(t, func() { require.NoError(t, l.Close()) })
+	require.NotPanics(t, func() { require.NoError(t, c.Close()) })
+	require.NotPanics(t, func() { require.ErrorIs(t, c.Send(ctx, []byte("x")), ErrClosed) })
+}
