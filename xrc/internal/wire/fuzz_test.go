@@ -36,11 +36,11 @@ func FuzzDecodeReq(f *testing.F) {
 		var r Req
 		if err := DecodeReq(b, want, &r); err != nil {
 			// The acceptor answers a refused REQ with the error's reason:
-			// VERSION exactly for our magic with another version than 3
+			// VERSION exactly for our magic with another version than 4
 			// (a peer of another version must learn our range), else
 			// BAD_REQUEST.
 			var de *DecodeError
-			other := len(b) >= 4 && b[0] == 0x58 && b[1] == 0x52 && b[2] != 3
+			other := len(b) >= 4 && b[0] == 0x58 && b[1] == 0x52 && b[2] != 4
 			if !errors.As(err, &de) || (de.RejectReason() == RejectVersion) != other {
 				t.Fatalf("%x refused with %v (a %T)", b, err, err)
 			}
