@@ -161,6 +161,9 @@ type decision struct {
 	// refusedInc its sender's incarnation (see Endpoint.reverseRefused).
 	RefusedDial uint32
 	refusedInc  uint64
+	// Aborted: the refused request was an ABORT, its sender's word that
+	// the dial's reverse leg will not come (wire.FlagAbort).
+	Aborted bool
 }
 
 // Decide answers a CONNECT_REQUEST event from the XRC listener (PHYS_REQ) or
@@ -193,9 +196,14 @@ func (a *acceptor) Decide(e kernel.Event) decision {
 		return a.reject(0, reason, 0, nil)
 	}
 	var d decision
-	if want == wire.TypePhysReq {
+	switch {
+	case req.Flags&wire.FlagAbort != 0:
+		// It makes nothing: refused, it fails the dial it names.
+		d = a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
+		d.Aborted = true
+	case want == wire.TypePhysReq:
 		d = a.physical(e, &req)
-	} else {
+	default:
 		d = a.virtual(e, &req)
 	}
 	if !d.Accept && req.Flags&(wire.FlagReciprocal|wire.FlagMove) == wire.FlagReciprocal {

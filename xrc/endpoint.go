@@ -1023,7 +1023,10 @@ func (e *Endpoint) reverseRefused(d decision, from netip.Addr) {
 		return
 	}
 	err := fmt.Errorf("%w: %v", errReverseRefused, r.Reason)
-	if r.Reason == wire.RejectBusyRetry && r.Detail != 0 { // the kernel's errno (acceptor.physical)
+	switch {
+	case d.Aborted:
+		err = errReverseAborted
+	case r.Reason == wire.RejectBusyRetry && r.Detail != 0: // the kernel's errno (acceptor.physical)
 		err = fmt.Errorf("%w: %v: %w", errReverseRefused, r.Reason, syscall.Errno(r.Detail))
 	}
 	e.mu.Lock()
@@ -1530,11 +1533,34 @@ func (e *Endpoint) recvLegUp(c *Conn) {
 			}
 			e.setSendTagLocked(c, e.newTagLocked())
 			e.mu.Unlock()
-			if err := e.openLeg(ctx, c, c.recvLeg.PeerTag); err != nil {
+			peer := c.recvLeg.PeerTag
+			if err := e.openLeg(ctx, c, peer); err != nil {
 				c.fail(err)
+				e.abortReverse(c, peer)
 			}
 		})
 	}
+}
+
+// abortReverse tells the dialer of c, an inbound connection whose reverse
+// leg (for the dialer's forward leg peer) failed to open, that it will not
+// come: an ABORT, so that the Dial fails now, not at its deadline. Best
+// effort, within the handshake timeout: a dialer that does not hear it
+// still fails at its deadline. Not while the endpoint closes: the dialer's
+// frames then find our SRQ gone. A dial already failed or given up answers
+// it as any stray request.
+func (e *Endpoint) abortReverse(c *Conn, peer uint32) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	req := e.req(c, wire.TypeVirtReq, peer)
+	e.mu.Unlock()
+	req.Flags |= wire.FlagAbort
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+	defer cancel()
+	e.virtLink(ctx, c.raddr, &req) // answered REJECT(BAD_REQUEST) either way
 }
 
 // recvLoop takes every message from the SRQ and hands it to its connection,

@@ -61,6 +61,9 @@ var (
 	// errReverseRefused: we refused the peer's request for the dial's
 	// reverse leg, which it does not ask again.
 	errReverseRefused = errors.New("xrc: this endpoint refused the peer's request for the dial's reverse leg")
+	// errReverseAborted: the peer's half of the connection failed before
+	// its reverse leg was up (its ABORT).
+	errReverseAborted = errors.New("xrc: the peer could not open the dial's reverse leg")
 )
 
 // RejectReason is why a peer refused a connection request.

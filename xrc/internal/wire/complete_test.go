@@ -219,10 +219,11 @@ const u24, u32, u64 = 1<<24 - 1, math.MaxUint32, math.MaxUint64
 
 // The REQ flag sets the document allows: any of RECIPROCAL, REPLACES_TGT
 // and MOVE on a PHYS_REQ; on a VIRT_REQ no REPLACES_TGT ("only PHYS may
-// carry it"), and ONE_EXCHANGE neither with RECIPROCAL nor with MOVE.
+// carry it"), ONE_EXCHANGE neither with RECIPROCAL nor with MOVE, and
+// ABORT with RECIPROCAL alone.
 var (
 	physFlags = []Flags{0, 1, 2, 4, 1 | 2, 1 | 4, 2 | 4, 1 | 2 | 4}
-	virtFlags = []Flags{0, 1, 4, 1 | 4, 8}
+	virtFlags = []Flags{0, 1, 4, 1 | 4, 8, 1 | 16}
 )
 
 // validReq builds a REQ the document allows from any inputs.
@@ -245,6 +246,9 @@ func validReq(sel uint8, tag, peer uint32, inc uint64, ini, hint uint32, dom uin
 	r.DomainHint = fuzzpick.Pick(dom, 0, u64)
 	if r.Type == TypeVirtReq {
 		r.DomainHint = fuzzpick.Pick(dom, 1, u64)
+	}
+	if r.Flags&16 != 0 { // ABORT names no QP and no domain
+		r.INIQPN, r.TGTQPNHint, r.DomainHint = 0, 0, 0
 	}
 	r.SRQN = uint32(fuzzpick.Pick(uint64(srqn), 0, u24))
 	r.ReplyPort = uint16(fuzzpick.Pick(uint64(port), 1, math.MaxUint16))
@@ -393,16 +397,19 @@ func TestEncodeBoundaries(t *testing.T) {
 		set(func(r *Req, v uint64) { r.Type = Type(v) }, 1, 2, 255)
 	}
 	// REQ: every flag byte, both types, with the fields the flags govern
-	// (peer tag, move generation, TGT hint, domain hint) zero or not.
+	// (peer tag, move generation, INI QPN, TGT hint, domain hint) zero or
+	// not.
 	for _, typ := range []Type{TypePhysReq, TypeVirtReq} {
 		for fl := range 256 {
 			for _, peer := range []uint32{0, 1} {
 				for _, move := range []uint32{0, 1} {
-					for _, hint := range []uint32{0, 1, 2} {
-						for _, dom := range []uint64{0, 1} {
-							r := Req{Type: typ, Flags: Flags(fl), ConnTag: 1, PeerTag: peer, Incarnation: 1, INIQPN: 2,
-								TGTQPNHint: hint, DomainHint: dom, ReplyPort: 1, Credits: 1, MaxMessage: 64, Move: move}
-							tally(exactReq(t, r))
+					for _, ini := range []uint32{0, 2} {
+						for _, hint := range []uint32{0, 1, 2} {
+							for _, dom := range []uint64{0, 1} {
+								r := Req{Type: typ, Flags: Flags(fl), ConnTag: 1, PeerTag: peer, Incarnation: 1, INIQPN: ini,
+									TGTQPNHint: hint, DomainHint: dom, ReplyPort: 1, Credits: 1, MaxMessage: 64, Move: move}
+								tally(exactReq(t, r))
+							}
 						}
 					}
 				}

@@ -74,7 +74,15 @@ func (r *Req) validate() check {
 	if r.Incarnation == 0 {
 		return bad("incarnation")
 	}
-	if !validQPN(r.INIQPN) {
+	abort := r.Flags&FlagAbort != 0
+	if abort && (r.Type != TypeVirtReq || r.Flags != FlagReciprocal|FlagAbort) {
+		return badFlags("abort but on a plain reciprocal VIRT_REQ")
+	}
+	if abort {
+		if r.INIQPN != 0 || r.TGTQPNHint != 0 || r.DomainHint != 0 {
+			return bad("abort naming a QP or domain")
+		}
+	} else if !validQPN(r.INIQPN) {
 		return bad("INI QPN")
 	}
 	if r.SRQN > maxQPN {
@@ -89,7 +97,7 @@ func (r *Req) validate() check {
 	if !validMessage(r.MaxMessage) {
 		return bad("max message")
 	}
-	if r.Type == TypeVirtReq {
+	if r.Type == TypeVirtReq && !abort {
 		if r.Flags&FlagReplacesTGT != 0 {
 			return badFlags("replaces TGT on VIRT_REQ")
 		}

@@ -103,7 +103,7 @@ func specReq(b []byte, want Type, r *Req) error {
 		if want == TypeVirtReq {
 			typ, budget = 2, 180
 		}
-		n := s.frame(typ, 1|2|4|8, 54, budget, budget)
+		n := s.frame(typ, 1|2|4|8|16, 54, budget, budget)
 		flags := b[4]
 		conn, peer, inc := be(b[8:12]), be(b[12:16]), be(b[16:24])
 		ini, hint, dom, srqn := be(b[24:27]), be(b[27:30]), be(b[30:38]), be(b[38:41])
@@ -115,17 +115,24 @@ func specReq(b []byte, want Type, r *Req) error {
 		s.must(port != 0, "reply port 0")
 		s.must(credits != 0, "credits 0")
 		s.must(maxMsg >= 64 && maxMsg <= 1<<20, "max message outside 64..1 MiB")
-		s.must(ini >= 2, "INI QPN below 2")
 		s.must(hint == 0 || hint >= 2, "TGT hint 1")
-		recip, replaces, move, one := flags&1 != 0, flags&2 != 0, flags&4 != 0, flags&8 != 0
+		recip, replaces, move, one, abort := flags&1 != 0, flags&2 != 0, flags&4 != 0, flags&8 != 0, flags&16 != 0
+		// "ABORT only on a VIRT_REQ with RECIPROCAL and no other flag, and
+		// then INI QPN, TGT hint and domain hint 0"
+		s.must(!abort || typ == 2 && flags == 1|16, "ABORT but on a VIRT_REQ with RECIPROCAL alone")
+		if abort {
+			s.must(ini == 0 && hint == 0 && dom == 0, "ABORT naming a QP or a domain")
+		} else {
+			s.must(ini >= 2, "INI QPN below 2")
+		}
 		s.must(!(recip && one), "RECIPROCAL with ONE_EXCHANGE")
 		s.must((peer != 0) == (recip || one), "a peer tag without RECIPROCAL or ONE_EXCHANGE, or one of them without a peer tag")
 		s.must(!one || (typ == 2 && !move), "ONE_EXCHANGE on a PHYS_REQ or with MOVE")
 		s.must(move == (gen != 0), "a move generation without MOVE, or MOVE without one")
 		if typ == 2 {
 			s.must(!replaces, "REPLACES_TGT on a VIRT_REQ")
-			s.must(hint != 0, "VIRT_REQ without a TGT hint")
-			s.must(dom != 0, "VIRT_REQ without a domain")
+			s.must(abort || hint != 0, "VIRT_REQ without a TGT hint")
+			s.must(abort || dom != 0, "VIRT_REQ without a domain")
 		} else if replaces {
 			s.must(hint != 0, "REPLACES_TGT without a TGT hint")
 		} else {

@@ -120,8 +120,14 @@ const (
 	// sender's node may answer with an ACCEPT flagged AcceptReverse instead of
 	// a reciprocal VIRT_REQ. Never with FlagReciprocal or FlagMove.
 	FlagOneExchange Flags = 1 << 3
+	// FlagAbort marks a reciprocal VIRT_REQ that makes no leg: the sender's
+	// reverse leg for the forward leg PeerTag will not come (its half of
+	// the connection failed), so the dial waiting for it fails now. Only
+	// with FlagReciprocal, naming no QP and no domain (INIQPN, TGTQPNHint
+	// and DomainHint 0).
+	FlagAbort Flags = 1 << 4
 
-	knownFlags = FlagReciprocal | FlagReplacesTGT | FlagMove | FlagOneExchange
+	knownFlags = FlagReciprocal | FlagReplacesTGT | FlagMove | FlagOneExchange | FlagAbort
 )
 
 // FINHalf is the only FIN flag: the sender's data ends (a half-close), and
