@@ -171,3 +171,25 @@ func checkArgs(t *testing.T, args string) error {
 	}
 	return o.check()
 }
+
+// A boolean flag given as false asks for nothing: client -mode latency
+// -raw=false (a script's -raw=$RAW) was refused, saying -raw has no effect
+// in latency mode, and -mode xrc -fabric=false that -fabric is for -mode
+// xrc -fabric. The server takes -raw=false (TestIgnoredFlagAccepts); the
+// client does too, and still refuses the flags when true.
+func TestFalseBoolFlagAccepted(t *testing.T) {
+	for args, ok := range map[string]bool{
+		"-mode latency -raw=false":                    true,
+		"-mode bandwidth -raw=false -fabric=false":    true,
+		"-mode xrc -fabric=false -addr 10.0.0.1:7471": true,
+		"-mode echo -fabric=false -raw=false":         true,
+		"-mode latency -raw=true":                     false,
+		"-mode echo -fabric=true":                     false,
+		"-mode xrc -fabric=false -nodes 2":            false,
+	} {
+		err := checkArgs(t, args)
+		if (err == nil) != ok {
+			t.Errorf("%s: check %v", args, err)
+		}
+	}
+}

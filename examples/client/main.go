@@ -10,7 +10,8 @@
 //     connection (as cmtime's connect step does);
 //   - xrc: with -fabric, -clients client processes connected to -nodes
 //     server nodes of -procs processes each on an in-memory XRC fabric,
-//     and the QPs each node holds against what RC would need;
+//     and the QPs each node holds against what RC would need (with -json,
+//     in "nodes");
 //     without it, connections to the -addr servers (comma-separated) with
 //     XRC preferred, each printed with the transport it got (on a device
 //     without XRC, RC, and the log says why).
@@ -220,10 +221,11 @@ func (o options) runKind() string {
 }
 
 // ignoredFlag refuses the first flag given that o's run does not use. A
-// boolean flag that is set was given (its default is false), whether or
-// not parseFlags saw it.
+// boolean flag counts as given when it is set (its default is false),
+// whether or not parseFlags saw it, and only then: -raw=false asks for no
+// raw run, so no run ignores it.
 func (o options) ignoredFlag() error {
-	given, run := o.given, o.runKind()
+	given, run := o.given&^(flagBit("raw")|flagBit("fabric")), o.runKind()
 	if o.raw {
 		given |= flagBit("raw")
 	}
@@ -261,6 +263,9 @@ func (o options) check() error {
 	switch {
 	case o.size < 0 || o.count < 1 || o.warmup < 0 || o.conns < 1 || o.depth < 2:
 		return errors.New("-size and -warmup must be 0 or more, -count and -conns 1 or more, -depth 2 or more")
+	case o.progress < 0 || o.busyPoll < 0:
+		// A negative -progress read as 0, and -busypoll failed at the dial.
+		return errors.New("-progress and -busypoll must not be negative")
 	case o.conns > maxConns:
 		// Each is a dial in flight at once, with its QP and buffers: far
 		// past any device's limit, and a slice of them before the first.
@@ -293,6 +298,20 @@ type result struct {
 	MBPerSec   float64 `json:"mb_per_s,omitempty"`
 	MsgsPerSec float64 `json:"msgs_per_s,omitempty"`
 	PerConnUS  float64 `json:"per_conn_us,omitempty"`
+	// Nodes is the xrc -fabric demo's table, so that -json carries what
+	// the demo shows and not only its time.
+	Nodes []qpRow `json:"nodes,omitempty"`
+}
+
+// qpRow is a node's row of the fabric demo's table: its XRC QPs against
+// the RC QPs its connections would need.
+type qpRow struct {
+	Node       string `json:"node"`
+	INIs       int    `json:"inis"`
+	TGTs       int    `json:"tgts"`
+	TGTHandles int    `json:"tgt_handles"`
+	XRCQPs     int    `json:"xrc_qps"`
+	RCQPs      int    `json:"rc_qps"`
 }
 
 func (r result) summary() string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,5 +114,25 @@ func TestParseFlagsDefaults(t *testing.T) {
 		if (err == nil) != ok {
 			t.Errorf("%s: check %v", args, err)
 		}
+	}
+}
+
+// A negative -progress was taken for 0 (no progress line) without a word,
+// and a negative -busypoll passed the checks and failed only at the dial
+// (exit status 1, as a run that failed); the other flags' negative values
+// are refused up front. Both are refused by check, naming the flag.
+func TestNegativeDurationsRefused(t *testing.T) {
+	for args, flag := range map[string]string{
+		"-mode xrc -fabric -progress -1s": "-progress",
+		"-mode latency -progress -1ns":    "-progress",
+		"-mode echo -busypoll -1us":       "-busypoll",
+	} {
+		err := checkArgs(t, args)
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: check %v, want %s refused", args, err, flag)
+		}
+	}
+	if err := checkArgs(t, "-progress 0 -busypoll 0"); err != nil {
+		t.Errorf("-progress 0 -busypoll 0: %v", err)
 	}
 }

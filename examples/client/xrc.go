@@ -113,7 +113,9 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 		o.clients, o.nodes, o.procs, len(conns), o.size)
 	fmt.Fprintf(out, "%-10s %5s %5s %12s %9s %21s\n", "node", "INIs", "TGTs", "TGT handles", "XRC QPs", "RC would need (QPs)")
 	show := func(name string, s memfabric.NodeStats, rc int) {
-		fmt.Fprintf(out, "%-10s %5d %5d %12d %9d %21d\n", name, s.INIs, s.TGTs, s.TGTHandles, s.QPs(), rc)
+		row := qpRow{Node: name, INIs: s.INIs, TGTs: s.TGTs, TGTHandles: s.TGTHandles, XRCQPs: s.QPs(), RCQPs: rc}
+		r.Nodes = append(r.Nodes, row)
+		fmt.Fprintf(out, "%-10s %5d %5d %12d %9d %21d\n", row.Node, row.INIs, row.TGTs, row.TGTHandles, row.XRCQPs, row.RCQPs)
 	}
 	show("client", clientNode.Stats(), o.clients*o.nodes*o.procs)
 	for i, n := range servers {
