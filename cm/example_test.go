@@ -32,8 +32,11 @@ func Example() {
 		}
 		defer c.Close()
 		buf := make([]byte, c.MaxRecvSize())
-		n, _ := c.Recv(ctx, buf)
-		c.Send(ctx, buf[:n])
+		n, err := c.Recv(ctx, buf)
+		if err != nil {
+			return
+		}
+		c.Send(ctx, buf[:n]) // a failure reaches the client's Recv
 	}()
 	c, err := cm.Dial(ctx, l.Addr().String())
 	if err != nil {
@@ -41,9 +44,16 @@ func Example() {
 		return
 	}
 	defer c.Close()
-	c.Send(ctx, []byte("hello"))
-	buf := make([]byte, 64)
-	n, _ := c.Recv(ctx, buf)
+	if err := c.Send(ctx, []byte("hello")); err != nil {
+		fmt.Println(err)
+		return
+	}
+	buf := make([]byte, c.MaxRecvSize())
+	n, err := c.Recv(ctx, buf)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	fmt.Println(string(buf[:n]))
 }
 
@@ -148,7 +158,10 @@ func ExampleConn_CloseWrite() {
 	}
 	conn := c.NetConn()
 	defer conn.Close()
-	conn.Write([]byte("request"))
+	if _, err := conn.Write([]byte("request")); err != nil {
+		fmt.Println(err)
+		return
+	}
 	if err := c.CloseWrite(); err != nil {
 		fmt.Println(err)
 		return

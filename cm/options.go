@@ -20,8 +20,8 @@ const (
 
 	// DefaultQueueDepth is how many messages a connection takes in
 	// before its sender waits: its receive buffers (a framed connection
-	// posts one more, for credit returns). A sender is held to the
-	// smaller of the two sides' depths.
+	// posts one more, for credit returns). On RC a sender is held to the
+	// smaller of the two sides' depths; over XRC to its receiver's.
 	DefaultQueueDepth = 64
 	// DefaultMessageSize is the largest message a connection carries.
 	// At the defaults a connection registers 9 MiB a side (a
@@ -164,7 +164,9 @@ func newConfig(opts []Option) (config, error) {
 // here and in a peer's handshake: at depth 1 a
 // data frame needs both of the peer's receive buffers, and two sides that
 // both keep sending can pass one credit back and forth in credit frames for
-// ever (TestConnEchoFloodNoDeadlock).
+// ever (TestConnEchoFloodNoDeadlock). Over XRC it bounds one direction
+// only: the messages this side holds received and not yet taken by Recv,
+// however deep the peer's own queue is (see the package documentation).
 func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } }
 
 // WithMessageSize sets the largest message payload (default

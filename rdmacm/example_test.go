@@ -38,7 +38,11 @@ func Example() {
 		return
 	}
 
-	c, _ := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	c, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer c.Close()
 	if err := c.ResolveAddr(ctx, netip.AddrPort{}, addr); err != nil {
 		fmt.Println(err)
@@ -60,14 +64,23 @@ func Example() {
 	}
 	srv := req.ID // ours now
 	defer srv.Close()
-	srv.Accept(rdmacm.ConnParam{QPNum: 0x654321, PrivateData: []byte("welcome")})
+	if err := srv.Accept(rdmacm.ConnParam{QPNum: 0x654321, PrivateData: []byte("welcome")}); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	resp, err := c.WaitEvent(ctx, rdmacm.EventConnectResponse)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	c.Establish()
-	srv.WaitEvent(ctx, rdmacm.EventEstablished)
+	if err := c.Establish(); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := srv.WaitEvent(ctx, rdmacm.EventEstablished); err != nil {
+		fmt.Println(err)
+		return
+	}
 	fmt.Printf("peer QP %#x, %d bytes of private data\n", resp.Conn.QPNum, len(resp.PrivateData))
 }

@@ -22,18 +22,38 @@ func Example() {
 	}
 	defer ctx.Close()
 
-	attr, _ := ctx.QueryDevice()
+	attr, err := ctx.QueryDevice()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	fmt.Printf("%s: max QPs %d, XRC %v\n", ctx.Name(), attr.MaxQP, attr.XRC())
 
-	pd, _ := ctx.AllocPD()
+	pd, err := ctx.AllocPD()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer pd.Close()
-	mr, _ := pd.RegMR(1<<20, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	mr, err := pd.RegMR(1<<20, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		fmt.Println(err) // ENOMEM: over RLIMIT_MEMLOCK (ulimit -l)
+		return
+	}
 	defer mr.Close()
 	copy(mr.Bytes(), "registered, outside the Go heap")
 
-	ch, _ := ctx.NewCompChannel()
+	ch, err := ctx.NewCompChannel()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer ch.Close()
-	cq, _ := ctx.CreateCQ(256, ch, 0)
+	cq, err := ctx.CreateCQ(256, ch, 0)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer cq.Close()
 
 	// QPs go here: pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, ...}),

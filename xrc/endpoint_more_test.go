@@ -226,36 +226,6 @@ func TestEndpointDialOnly(t *testing.T) {
 	}
 }
 
-// The exported fabric is all a user needs: no kernel types in sight.
-func ExampleNewEndpoint() {
-	f := memfabric.New()
-	ctx := context.Background()
-	srv, _ := NewEndpoint(ctx, Config{Process: f.Node("10.1.0.1").Process(), Addr: "10.1.0.1:7000"})
-	cli, _ := NewEndpoint(ctx, Config{Process: f.Node("10.1.0.2").Process(), Addr: "10.1.0.2:7000"})
-	defer srv.Close()
-	defer cli.Close()
-	go func() {
-		c, err := srv.Accept(ctx)
-		if err != nil {
-			return
-		}
-		buf := make([]byte, 64)
-		n, _ := c.Recv(ctx, buf)
-		c.Send(ctx, append([]byte("echo: "), buf[:n]...))
-	}()
-	c, err := cli.Dial(ctx, "10.1.0.1:7000")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	c.Send(ctx, []byte("hello"))
-	buf := make([]byte, 64)
-	n, _ := c.Recv(ctx, buf)
-	fmt.Println(string(buf[:n]))
-	c.Close()
-	// Output: echo: hello
-}
-
 // Close while dials are in flight: every dial ends (a connection, or an
 // error) and every Close of their connections returns, long before any
 // timeout; nothing panics (a spawn racing Close's Wait used to: "WaitGroup

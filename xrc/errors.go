@@ -19,7 +19,8 @@ var (
 	ErrPeerClosed = errors.New("xrc: connection closed by peer")
 	// ErrMessageTooLong is returned by Send for a message over what the
 	// receiver takes (its Config.MaxMessageSize, learned when the leg was
-	// set up).
+	// set up), and by Recv for a buffer too short for the next message
+	// (which stays queued).
 	ErrMessageTooLong = errors.New("xrc: message too long")
 	// ErrPeerGone reports a peer found dead: its receive queue vanished
 	// (a send to its SRQ failed), its sender went silent past the idle
