@@ -275,8 +275,11 @@ func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepaliv
 // A request beyond it is rejected at once, as a full TCP accept queue drops
 // SYNs: each one costs a QP and registered buffers before its dialer has
 // proved anything. It is also the backlog given to rdma_listen. Over XRC
-// the engine's own bound applies instead (256 inbound connections not yet
-// accepted; requests beyond are refused with BUSY_RETRY).
+// the engine's own bound applies to the handshakes (256 inbound connections
+// not yet accepted; requests beyond are refused with BUSY_RETRY); on a
+// listener that takes both transports (XRCPrefer on a device with XRC), its
+// XRC connections waiting for Accept hold places of this bound as well, so
+// that its RC requests are refused while they fill it.
 func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
 
 // maxBacklog bounds WithBacklog: the queue of connections waiting for
