@@ -180,6 +180,11 @@ func (s *streamConn) Write(p []byte) (int, error) {
 // connection, which waits for the CM's time-wait, goes on in the background
 // (a TCP socket's TIME_WAIT is the kernel's too), so that net/http, which
 // closes its connections one by one, does not wait a time-wait for each.
+// Where the peer vanished without a word, the wait for delivery lasts until
+// the device's retries run out (about 15 s on soft-RoCE; at most the
+// handshake timeout). A TCP socket's Close leaves that to the kernel, which
+// delivers after the process exits; here the data would die with the
+// process, so Close does not return before it is delivered or lost.
 func (s *streamConn) Close() error {
 	s.closed.Store(true)
 	err := s.c.close(true)
