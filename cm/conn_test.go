@@ -1112,6 +1112,35 @@ func TestNetConnAfterClose(t *testing.T) {
 	require.ErrorIs(t, err, net.ErrClosed)
 }
 
+// A zero-length Read returns (0, nil) at once whatever the read deadline,
+// as a TCP connection's does (its Write checks the deadline first, and so
+// does ours); ours returned a timeout past the deadline (a review).
+func TestNetConnZeroReadIgnoresDeadline(t *testing.T) {
+	_, b, _ := fakePair(t, fakeOpts{})
+	nb := b.NetConn()
+	tcp := tcpPair(t)
+	for _, c := range []net.Conn{nb, tcp} {
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(-time.Second)))
+		n, err := c.Read(nil)
+		require.NoError(t, err, "%T", c)
+		require.Zero(t, n)
+	}
+}
+
+// tcpPair is one end of a TCP connection on the loopback, for comparisons.
+func tcpPair(t *testing.T) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c
+}
+
 // RegisterMemory on a closed connection registers nothing (it did, and the
 // Region held the device for a connection that was gone).
 func TestConnRegisterMemoryAfterClose(t *testing.T) {

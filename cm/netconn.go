@@ -124,11 +124,11 @@ func (s *streamConn) Read(p []byte) (int, error) {
 	if s.closed.Load() {
 		return 0, s.opErr("read", nil, net.ErrClosed)
 	}
+	if len(p) == 0 {
+		return 0, nil // before the deadline, as a TCP connection's Read
+	}
 	if s.readDL.expired() {
 		return 0, s.opErr("read", nil, os.ErrDeadlineExceeded)
-	}
-	if len(p) == 0 {
-		return 0, nil
 	}
 	for s.off == s.n {
 		ctx, gen := s.readDL.context()
