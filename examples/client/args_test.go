@@ -193,3 +193,30 @@ func TestFalseBoolFlagAccepted(t *testing.T) {
 		}
 	}
 }
+
+// A client whose server's node vanished without a word waited for ever for
+// a reply or a report: it sent no keepalive probes (the server does,
+// -keepalive). It does by default now, except where no probe can go (-raw)
+// or nothing waits (connect mode), and the flag is refused there.
+func TestKeepaliveFlag(t *testing.T) {
+	for args, ok := range map[string]bool{
+		"-mode latency -keepalive 1s":     true,
+		"-mode bandwidth -keepalive 0":    true,
+		"-mode echo -raw -keepalive 1s":   false,
+		"-mode connect -keepalive 1s":     false,
+		"-mode xrc -fabric -keepalive 1s": false,
+		"-mode echo -raw":                 true, // the default is not given
+	} {
+		err := checkArgs(t, args)
+		if (err == nil) != ok {
+			t.Errorf("%s: check %v", args, err)
+		}
+	}
+	o, _, err := parseFlags(flag.NewFlagSet("client", flag.ContinueOnError), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, raw := len(o.dialOptions()), len(options{raw: true, keepalive: o.keepalive}.dialOptions()); o.keepalive <= 0 || n != 1 || raw != 1 {
+		t.Fatalf("default keepalive %v gives %d dial options (raw: %d), want the probe's alone (raw: the raw option alone)", o.keepalive, n, raw)
+	}
+}

@@ -24,10 +24,15 @@
 // -fabric too (over the fabric, up to 1 MiB). A flag that the run does not
 // use is refused, naming the flag and the modes it is for: -count outside
 // echo (without -raw), latency and bandwidth, -warmup outside latency,
-// -conns outside connect, -size, -depth and -busypoll in connect mode
-// (which dials with a queue depth of 2 and 64-byte messages and sends
-// nothing), -busypoll, -addr and -local with -fabric, -nodes, -procs and
-// -clients without it, -raw outside echo and connect.
+// -conns outside connect, -size, -depth, -busypoll and -keepalive in
+// connect mode (which dials with a queue depth of 2 and 64-byte messages
+// and sends nothing), -busypoll, -keepalive, -addr and -local with -fabric,
+// -nodes, -procs and -clients without it, -raw outside echo and connect,
+// -keepalive with -raw (raw connections send no probes).
+//
+// Every run but those probes the server every -keepalive (10 s) while it
+// waits on it, as the server probes its clients: a server whose node
+// vanished without a word fails the run once the probe's retries run out.
 //
 //	client -addr 10.77.0.1:7471 -mode latency -size 64 -count 10000
 //	client -addr 10.77.0.1:7471 -mode bandwidth -size 65536 -count 2000 -json
@@ -71,9 +76,10 @@ type options struct {
 	clients int
 	// given has the bit of each flag given on the command line (flagBit):
 	// check refuses those the run ignores.
-	given    uint32
-	progress time.Duration
-	busyPoll time.Duration
+	given     uint32
+	progress  time.Duration
+	busyPoll  time.Duration
+	keepalive time.Duration
 }
 
 func main() {
@@ -137,6 +143,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 	fs.IntVar(&o.clients, "clients", 4, "xrc mode with -fabric: client processes")
 	fs.DurationVar(&o.progress, "progress", 2*time.Second, "interval of the progress line on stderr (0: none)")
 	fs.DurationVar(&o.busyPoll, "busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping (not in connect mode or with -fabric)")
+	fs.DurationVar(&o.keepalive, "keepalive", 10*time.Second, "probe the server this often while waiting on it, so that a server whose node vanished fails the run (0: off; not with -raw, in connect mode or with -fabric)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	if err := fs.Parse(args); err != nil {
 		return o, "", err
@@ -180,6 +187,8 @@ var flagRuns = []struct {
 	// The fabric's connections do not poll (cm.WithFabric), and connect
 	// mode's make no Send or Recv.
 	{"busypoll", []string{runEcho, runRaw, runLatency, runBandwidth, runXRC}},
+	// Raw connections send no probes; connect mode makes no waits.
+	{"keepalive", []string{runEcho, runLatency, runBandwidth, runXRC}},
 	{"count", []string{runEcho, runLatency, runBandwidth}},
 	{"warmup", []string{runLatency}},
 	{"conns", []string{runConnect}},
@@ -263,9 +272,9 @@ func (o options) check() error {
 	switch {
 	case o.size < 0 || o.count < 1 || o.warmup < 0 || o.conns < 1 || o.depth < 2:
 		return errors.New("-size and -warmup must be 0 or more, -count and -conns 1 or more, -depth 2 or more")
-	case o.progress < 0 || o.busyPoll < 0:
+	case o.progress < 0 || o.busyPoll < 0 || o.keepalive < 0:
 		// A negative -progress read as 0, and -busypoll failed at the dial.
-		return errors.New("-progress and -busypoll must not be negative")
+		return errors.New("-progress, -busypoll and -keepalive must not be negative")
 	case o.conns > maxConns:
 		// Each is a dial in flight at once, with its QP and buffers: far
 		// past any device's limit, and a slice of them before the first.
@@ -477,6 +486,10 @@ func bandwidth(ctx context.Context, c *cm.Conn, o options, p *progress) error {
 func (o options) dialOptions(opts ...cm.Option) []cm.Option {
 	if o.raw {
 		opts = append(opts, cm.WithRawMessages()) // a plain librdmacm server (cmtime -b) sends no hello
+	} else if o.keepalive > 0 {
+		// Without probes a run blocked on a reply or report from a
+		// server whose node vanished without a word waits for ever.
+		opts = append(opts, cm.WithKeepalive(o.keepalive))
 	}
 	if o.local != "" {
 		opts = append(opts, cm.WithLocalAddr(o.local))

@@ -90,7 +90,8 @@ func TestParseFlagsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := options{addr: "10.77.0.1:7471", mode: "echo", size: 64, count: 1000, warmup: 100, conns: 100,
-		depth: 64, nodes: 2, procs: 4, clients: 4, progress: 2 * time.Second, busyPoll: cm.DefaultBusyPoll}
+		depth: 64, nodes: 2, procs: 4, clients: 4, progress: 2 * time.Second, busyPoll: cm.DefaultBusyPoll,
+		keepalive: 10 * time.Second}
 	if o != want || prof != "" {
 		t.Fatalf("defaults %+v, %q; want %+v, no profile", o, prof, want)
 	}
@@ -126,6 +127,7 @@ func TestNegativeDurationsRefused(t *testing.T) {
 		"-mode xrc -fabric -progress -1s": "-progress",
 		"-mode latency -progress -1ns":    "-progress",
 		"-mode echo -busypoll -1us":       "-busypoll",
+		"-mode latency -keepalive -1s":    "-keepalive",
 	} {
 		err := checkArgs(t, args)
 		if err == nil || !strings.Contains(err.Error(), flag) {
