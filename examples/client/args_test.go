@@ -216,7 +216,10 @@ func TestKeepaliveFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, raw := len(o.dialOptions()), len(options{raw: true, keepalive: o.keepalive}.dialOptions()); o.keepalive <= 0 || n != 1 || raw != 1 {
-		t.Fatalf("default keepalive %v gives %d dial options (raw: %d), want the probe's alone (raw: the raw option alone)", o.keepalive, n, raw)
+	raw, conn := o, o
+	raw.raw, conn.mode = true, "connect"
+	if n := len(o.dialOptions()); o.keepalive <= 0 || n != 1 || len(raw.dialOptions()) != 1 || len(conn.dialOptions()) != 0 {
+		t.Fatalf("default keepalive %v gives %d dial options (raw %d, connect %d), want the probe's alone (raw: the raw option alone; connect: none)",
+			o.keepalive, n, len(raw.dialOptions()), len(conn.dialOptions()))
 	}
 }

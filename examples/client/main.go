@@ -486,9 +486,10 @@ func bandwidth(ctx context.Context, c *cm.Conn, o options, p *progress) error {
 func (o options) dialOptions(opts ...cm.Option) []cm.Option {
 	if o.raw {
 		opts = append(opts, cm.WithRawMessages()) // a plain librdmacm server (cmtime -b) sends no hello
-	} else if o.keepalive > 0 {
+	} else if o.keepalive > 0 && o.mode != "connect" {
 		// Without probes a run blocked on a reply or report from a
 		// server whose node vanished without a word waits for ever.
+		// (Connect mode waits on nothing; its dials stay as timed.)
 		opts = append(opts, cm.WithKeepalive(o.keepalive))
 	}
 	if o.local != "" {
