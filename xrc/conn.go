@@ -365,6 +365,20 @@ func (c *Conn) takeBackLocked(m sentMark, q *iniQP, wr uint64) {
 	}
 	if c.lastQ == q && c.lastWR == wr {
 		c.lastQ, c.lastWR = m.q, m.wr // a frame before it may still wait
+		if w, ok := q.waiters[m.wr]; m.q == q && (!ok || w.c != c) {
+			// That frame went back too (a Send's and an internal
+			// frame's posts interleaved), or completed: the newest of
+			// ours still in the queue is the last, if any.
+			var newest uint64 // request ids start at 1
+			for id, w := range q.waiters {
+				if w.c == c && id < wr && id > newest {
+					newest = id
+				}
+			}
+			if newest != 0 {
+				c.lastWR = newest
+			}
+		}
 	}
 }
 

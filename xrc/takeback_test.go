@@ -3,6 +3,7 @@ package xrc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -125,5 +126,124 @@ func TestDataPathFullKeepaliveLeavesLastFrame(t *testing.T) {
 	s.mu.Unlock()
 	if !waiting {
 		t.Fatal("after a keepalive that did not go, x's waiting message is no longer its last frame: the janitor would queue a keepalive behind it")
+	}
+}
+
+// heldFull finds the send queue full (ENOMEM) for the frames of the leg
+// whose receiver tag is tag, once armed: at once for data, and for a
+// keepalive only once the test lets its post go on (entered says it is
+// held), so that a Send's take-back can fall inside it.
+type heldFull struct {
+	wrapper
+	tag       atomic.Uint32
+	armed     atomic.Bool
+	dataTries atomic.Int32
+	entered   chan struct{}
+	release   chan struct{}
+}
+
+func (k *heldFull) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	if k.armed.Load() && len(wrs) == 1 && wrs[0].Imm == k.tag.Load() && len(wrs[0].Payload) > 0 {
+		switch wrs[0].Payload[0] {
+		case kindData:
+			k.dataTries.Add(1)
+			return syscall.ENOMEM
+		case kindHeartbeat:
+			k.entered <- struct{}{}
+			<-k.release
+			return syscall.ENOMEM
+		}
+	}
+	return k.wrapper.PostSend(q, wrs)
+}
+
+// A Send and a keepalive that both find the send queue full and both go
+// later, their take-backs interleaved, leave the leg's last frame at the
+// frame before them that still waits. Each set it back to the frame it
+// had found there: the second to go back named the first, gone from the
+// queue's waiters, so the janitor took the leg for one whose frames had
+// all gone and could queue a keepalive behind the waiting message.
+func TestDataPathInterleavedTakeBacksLeaveLastFrame(t *testing.T) {
+	for i, keepaliveFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keepalive first %v", keepaliveFirst), func(t *testing.T) {
+			w := newWorld(t)
+			node := fmt.Sprintf("10.0.193.%d", 2*i+2)
+			w.f.AddNode(node, memfabric.NodeConfig{SRQReceives: 1})
+			k := &heldFull{entered: make(chan struct{}), release: make(chan struct{})}
+			s := w.wrappedEndpoint(fmt.Sprintf("10.0.193.%d", 2*i+1), 7000, func(kk kernel.Kernel) kernel.Kernel { k.wrapper = wrapper{kk}; return k }, longTimers)
+			r := w.endpoint(node, 7000, longTimers)
+			x, _ := pair(t, s, r)
+			y, _ := pair(t, s, r)
+			// r takes nothing: y's second message and x's wait at the INI.
+			r.p.PauseReceives()
+			ctx := ctxT(t, 5*time.Second)
+			for i := range 2 {
+				if err := y.Send(ctx, []byte{byte(i)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := x.Send(ctx, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			s.mu.Lock()
+			k.tag.Store(x.peerTag)
+			waiting := x.frameWaitingLocked()
+			s.mu.Unlock()
+			if !waiting {
+				t.Fatal("x's message does not wait at the INI; the test needs it to")
+			}
+			k.armed.Store(true)
+			beat := make(chan postResult, 1)
+			startBeat := func() {
+				go func() {
+					res, _, _ := x.post(kindHeartbeat, nil, nil)
+					beat <- res
+				}()
+				select {
+				case <-k.entered:
+				case <-ctx.Done():
+					t.Fatal("the keepalive never reached its post")
+				}
+			}
+			sendCtx, cancelSend := context.WithCancel(ctx)
+			defer cancelSend()
+			sent := make(chan error, 1)
+			startSend := func() {
+				go func() { sent <- x.Send(sendCtx, []byte("y")) }()
+				eventually(t, "the Send finds the queue full", func() (bool, string) {
+					return k.dataTries.Load() > 0, "no data post tried"
+				})
+			}
+			takeBackSend := func() {
+				cancelSend()
+				if err := <-sent; !errors.Is(err, context.Canceled) {
+					t.Fatalf("send into the full queue: %v, want its context's end", err)
+				}
+			}
+			takeBackBeat := func() {
+				close(k.release)
+				if res := <-beat; res == posted {
+					t.Fatal("the keepalive was posted into a full queue")
+				}
+			}
+			if keepaliveFirst {
+				startBeat()
+				startSend()
+				takeBackBeat()
+				takeBackSend()
+			} else {
+				startSend()
+				startBeat()
+				takeBackSend()
+				takeBackBeat()
+			}
+			s.mu.Lock()
+			waiting = x.frameWaitingLocked()
+			q, wr := x.lastQ, x.lastWR
+			s.mu.Unlock()
+			if !waiting {
+				t.Fatalf("after a Send and a keepalive that did not go, x's last frame is request %d on %p, not in the queue: the janitor would queue a keepalive behind its waiting message", wr, q)
+			}
+		})
 	}
 }
