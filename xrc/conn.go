@@ -657,6 +657,11 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 			e.mu.Unlock()
 			return &OpError{"send", c.raddr.String(), err}
 		}
+		if kind != kindFIN && c.finOut {
+			// A credit frame due when our FIN went: post refuses it.
+			e.mu.Unlock()
+			return &OpError{"send", c.raddr.String(), ErrClosed}
+		}
 		u := c.up
 		if u.state != upUp || c.unmoved || c.finHeldLocked(kind) {
 			ch := u.changed
@@ -809,7 +814,10 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	e := c.e
 	e.mu.Lock()
 	u := c.up
-	if !c.sendUp || (c.sendDone || c.abandoned) && kind != kindFIN || c.err != nil || u == nil || u.state != upUp || c.unmoved || c.finHeldLocked(kind) {
+	// Nothing follows our full FIN (finOut): its receiver lets the leg go
+	// on it, and with the leg perhaps the last handle on the TGT, where a
+	// later frame finds none and fails the INI: a recovery for nothing.
+	if !c.sendUp || (c.sendDone || c.abandoned || c.finOut) && kind != kindFIN || c.err != nil || u == nil || u.state != upUp || c.unmoved || c.finHeldLocked(kind) {
 		e.mu.Unlock()
 		return postFailed, nil, nil
 	}
