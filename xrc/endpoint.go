@@ -1536,7 +1536,13 @@ func (e *Endpoint) recvLegUp(c *Conn) {
 			peer := c.recvLeg.PeerTag
 			if err := e.openLeg(ctx, c, peer); err != nil {
 				c.fail(err)
-				e.abortReverse(c, peer)
+				var rj *RejectError
+				if !errors.As(err, &rj) || rj.Reason == RejectTGTGone || rj.Reason == RejectDomainMismatch {
+					// Else the dialer refused it, and that failed
+					// the dial there (reverseRefused): an ABORT could
+					// overtake its refusal's own failure of the dial.
+					e.abortReverse(c, peer)
+				}
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -42,7 +43,8 @@ func TestDialReverseLegRefusedFailsAtOnce(t *testing.T) {
 			w := newWorld(t)
 			g := &failTGT{}
 			a := w.wrappedEndpoint("10.0.99.1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g })
-			b := w.endpoint("10.0.99.2", 7000)
+			ab := &abortCount{}
+			b := w.wrappedEndpoint("10.0.99.2", 7000, func(k kernel.Kernel) kernel.Kernel { ab.Kernel = k; return ab })
 			var others []*Conn
 			if shared {
 				// a's uplink to b's node, kept by another process
@@ -69,8 +71,28 @@ func TestDialReverseLegRefusedFailsAtOnce(t *testing.T) {
 				c.Close()
 			}
 			requireReleased(t, w, a, b)
+			// After a refusal that failed the dial, b's ABORT could
+			// overtake that failure, naming the wrong reason (once in
+			// a CI run under -race): b sends none.
+			if n := ab.n.Load(); n != 0 {
+				t.Fatalf("the acceptor sent %d ABORTs for a reverse leg the dialer refused", n)
+			}
 		})
 	}
+}
+
+// abortCount counts the ABORTs its process sends.
+type abortCount struct {
+	wrapper
+	n atomic.Int32
+}
+
+func (k *abortCount) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
+	var r wire.Req
+	if ex == kernel.ExchangeSIDR && wire.DecodeReq(pd, wire.TypeVirtReq, &r) == nil && r.Flags&wire.FlagAbort != 0 {
+		k.n.Add(1)
+	}
+	return k.Kernel.Connect(ctx, dst, ex, qpNum, pd)
 }
 
 // A refused request that names a pending dial cannot fail it from another
