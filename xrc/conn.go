@@ -41,6 +41,12 @@ type Conn struct {
 	sendUp   bool
 	sendDone bool // FIN sent or leg dropped
 	finOut   bool // our FIN (not HALF) was posted: see recover
+	// internalPosts counts internal frames (credits, keepalives) between
+	// post's check and the end of their PostSend: our full FIN waits for
+	// them (postsIdle, closed when it falls to 0), or one could go after
+	// it, to a receiver that let the leg go at the FIN.
+	internalPosts int
+	postsIdle     chan struct{}
 	// firstDue: a dial, whose acceptor's half completes at our first
 	// frame (Endpoint.consumeLocked), none of ours known to have arrived
 	// yet (a completion says so): a recovery sends a keepalive first
@@ -821,6 +827,17 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		e.mu.Unlock()
 		return postFailed, nil, nil
 	}
+	if kind != kindFIN {
+		c.internalPosts++
+		defer c.internalPostDone()
+	} else if c.finOut && c.internalPosts > 0 {
+		if c.postsIdle == nil {
+			c.postsIdle = make(chan struct{})
+		}
+		idle := c.postsIdle
+		e.mu.Unlock()
+		return postFull, idle, nil
+	}
 	probe := kind == kindHeartbeat && c.firstHeld
 	if probe {
 		// A dial not up yet (firstHeld): a keepalive would complete the
@@ -877,6 +894,19 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 		return postFailed, nil, q
 	}
 	return posted, nil, q
+}
+
+// internalPostDone ends an internal frame's post (see internalPosts); post
+// defers it, and it runs without the endpoint's lock held.
+func (c *Conn) internalPostDone() {
+	e := c.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c.internalPosts--
+	if c.internalPosts == 0 && c.postsIdle != nil {
+		close(c.postsIdle)
+		c.postsIdle = nil
+	}
 }
 
 // frameWaitingLocked reports whether the newest frame registered on c's leg

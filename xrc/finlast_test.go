@@ -136,3 +136,74 @@ func TestCloseSendsNoCreditAfterFIN(t *testing.T) {
 		t.Fatalf("%d recoveries, want 0: %+v", st.Recoveries, st)
 	}
 }
+
+// heldKeepalive holds the keepalive posts of the leg whose receiver tag is
+// tag inside PostSend until released, and records the kinds posted on it.
+type heldKeepalive struct {
+	wrapper
+	tag     atomic.Uint32
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+	mu      sync.Mutex
+	kinds   []byte
+}
+
+func (k *heldKeepalive) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	if k.armed.Load() && len(wrs) == 1 && wrs[0].Imm == k.tag.Load() && len(wrs[0].Payload) > 0 {
+		kind := wrs[0].Payload[0]
+		if kind == kindHeartbeat {
+			k.entered <- struct{}{}
+			<-k.release
+		}
+		k.mu.Lock()
+		k.kinds = append(k.kinds, kind)
+		k.mu.Unlock()
+	}
+	return k.wrapper.PostSend(q, wrs)
+}
+
+func (k *heldKeepalive) posted() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return string(k.kinds)
+}
+
+// A keepalive already past post's check when Close sends our FIN goes
+// before the FIN, not after it: the FIN waits for it. It could be posted
+// after the FIN, to a receiver that let the leg go at the FIN and perhaps
+// its TGT with it, failing the INI (a review of 1af81bc, which closed the
+// gap for frames that came to post after the FIN).
+func TestCloseFINWaitsForKeepaliveUnderWay(t *testing.T) {
+	w := newWorld(t)
+	k := &heldKeepalive{entered: make(chan struct{}), release: make(chan struct{})}
+	s := w.wrappedEndpoint("10.0.194.1", 7000, func(kk kernel.Kernel) kernel.Kernel { k.wrapper = wrapper{kk}; return k }, longTimers)
+	r := w.endpoint("10.0.194.2", 7000, longTimers)
+	x, _ := pair(t, s, r)
+	s.mu.Lock()
+	k.tag.Store(x.peerTag)
+	s.mu.Unlock()
+	k.armed.Store(true)
+	go x.post(kindHeartbeat, nil, nil)
+	<-k.entered // past post's check, inside PostSend
+	closed := make(chan error, 1)
+	go func() { closed <- x.Close() }()
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) && k.posted() == "" {
+		time.Sleep(time.Millisecond)
+	}
+	if got := k.posted(); got != "" {
+		close(k.release)
+		t.Fatalf("posted %q while a keepalive was still under way: the FIN went before it", got)
+	}
+	close(k.release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if got := k.posted(); got != "HF" {
+		t.Fatalf("frames on the leg: %q, want %q (the keepalive, then the FIN)", got, "HF")
+	}
+	if st := s.Stats(); st.Recoveries != 0 {
+		t.Fatalf("%d recoveries", st.Recoveries)
+	}
+}
