@@ -93,36 +93,17 @@ func TestDataPathSendTakenBackLeavesKeepaliveDue(t *testing.T) {
 // another keepalive behind the waiting frame.
 func TestDataPathFullKeepaliveLeavesLastFrame(t *testing.T) {
 	w := newWorld(t)
-	w.f.AddNode("10.0.192.2", memfabric.NodeConfig{SRQReceives: 1})
 	k := &fullFor{kind: kindHeartbeat}
-	s := w.wrappedEndpoint("10.0.192.1", 7000, func(kk kernel.Kernel) kernel.Kernel { k.wrapper = wrapper{kk}; return k }, longTimers)
-	r := w.endpoint("10.0.192.2", 7000, longTimers)
-	x, _ := pair(t, s, r)
-	y, _ := pair(t, s, r)
-	// r takes nothing: y's second message and x's waits at the INI.
-	r.p.PauseReceives()
-	ctx := ctxT(t, 5*time.Second)
-	for i := range 2 {
-		if err := y.Send(ctx, []byte{byte(i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := x.Send(ctx, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
+	s, x := waitingMessage(t, w, "10.0.192.1", "10.0.192.2", func(kk kernel.Kernel) kernel.Kernel { k.wrapper = wrapper{kk}; return k })
 	s.mu.Lock()
 	k.tag.Store(x.peerTag)
-	waiting := x.frameWaitingLocked()
 	s.mu.Unlock()
-	if !waiting {
-		t.Fatal("x's message does not wait at the INI; the test needs it to")
-	}
 	k.armed.Store(true)
 	if res, _, _ := x.post(kindHeartbeat, nil, nil); res == posted {
 		t.Fatal("the keepalive was posted into a full queue")
 	}
 	s.mu.Lock()
-	waiting = x.frameWaitingLocked()
+	waiting := x.frameWaitingLocked()
 	s.mu.Unlock()
 	if !waiting {
 		t.Fatal("after a keepalive that did not go, x's waiting message is no longer its last frame: the janitor would queue a keepalive behind it")
@@ -167,32 +148,14 @@ func TestDataPathInterleavedTakeBacksLeaveLastFrame(t *testing.T) {
 	for i, keepaliveFirst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keepalive first %v", keepaliveFirst), func(t *testing.T) {
 			w := newWorld(t)
-			node := fmt.Sprintf("10.0.193.%d", 2*i+2)
-			w.f.AddNode(node, memfabric.NodeConfig{SRQReceives: 1})
 			k := &heldFull{entered: make(chan struct{}), release: make(chan struct{})}
-			s := w.wrappedEndpoint(fmt.Sprintf("10.0.193.%d", 2*i+1), 7000, func(kk kernel.Kernel) kernel.Kernel { k.wrapper = wrapper{kk}; return k }, longTimers)
-			r := w.endpoint(node, 7000, longTimers)
-			x, _ := pair(t, s, r)
-			y, _ := pair(t, s, r)
-			// r takes nothing: y's second message and x's wait at the INI.
-			r.p.PauseReceives()
-			ctx := ctxT(t, 5*time.Second)
-			for i := range 2 {
-				if err := y.Send(ctx, []byte{byte(i)}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := x.Send(ctx, []byte("x")); err != nil {
-				t.Fatal(err)
-			}
+			s, x := waitingMessage(t, w, fmt.Sprintf("10.0.193.%d", 2*i+1), fmt.Sprintf("10.0.193.%d", 2*i+2),
+				func(kk kernel.Kernel) kernel.Kernel { k.wrapper = wrapper{kk}; return k })
 			s.mu.Lock()
 			k.tag.Store(x.peerTag)
-			waiting := x.frameWaitingLocked()
 			s.mu.Unlock()
-			if !waiting {
-				t.Fatal("x's message does not wait at the INI; the test needs it to")
-			}
 			k.armed.Store(true)
+			ctx := ctxT(t, 5*time.Second)
 			beat := make(chan postResult, 1)
 			startBeat := func() {
 				go func() {
@@ -238,7 +201,7 @@ func TestDataPathInterleavedTakeBacksLeaveLastFrame(t *testing.T) {
 				takeBackBeat()
 			}
 			s.mu.Lock()
-			waiting = x.frameWaitingLocked()
+			waiting := x.frameWaitingLocked()
 			q, wr := x.lastQ, x.lastWR
 			s.mu.Unlock()
 			if !waiting {
@@ -246,4 +209,34 @@ func TestDataPathInterleavedTakeBacksLeaveLastFrame(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitingMessage makes s (its kernel wrapped by wrap) on sIP and a receiver
+// on rIP whose SRQ holds one receive, and two connections from s to it: y
+// fills that receive and queues a message behind it, and x one more, so
+// that x's newest frame waits at the INI (the receiver takes nothing).
+func waitingMessage(t *testing.T, w *world, sIP, rIP string, wrap func(kernel.Kernel) kernel.Kernel) (s *proc, x *Conn) {
+	t.Helper()
+	w.f.AddNode(rIP, memfabric.NodeConfig{SRQReceives: 1})
+	s = w.wrappedEndpoint(sIP, 7000, wrap, longTimers)
+	r := w.endpoint(rIP, 7000, longTimers)
+	x, _ = pair(t, s, r)
+	y, _ := pair(t, s, r)
+	r.p.PauseReceives()
+	ctx := ctxT(t, 5*time.Second)
+	for i := range 2 {
+		if err := y.Send(ctx, []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := x.Send(ctx, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	waiting := x.frameWaitingLocked()
+	s.mu.Unlock()
+	if !waiting {
+		t.Fatal("x's message does not wait at the INI; the test needs it to")
+	}
+	return s, x
 }
