@@ -943,9 +943,28 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		// its way: accepted, the leg would complete the dial, and the
 		// acceptor's Accept would return it.
 		if c = e.reverseDialLocked(leg.Reciprocal, ev.Remote.Addr(), leg.PeerIncarnation); c == nil {
+			// A dial given up whose FIN is still to go: the refusal
+			// ends the acceptor's half, which lets the forward leg go,
+			// perhaps the last on its TGT, and the FIN would find no
+			// TGT and fail our uplink. Refuse once the FIN has gone.
+			var fin <-chan struct{}
+			if p := e.pending[leg.Reciprocal]; p != nil && p.abandoned && p.sendUp && !p.sendDone {
+				fin = p.done
+			}
 			e.mu.Unlock()
-			e.acc.Withdraw(leg)
-			e.reject(ev, wire.RejectBadRequest, leg.PeerTag)
+			refuse := func() {
+				e.acc.Withdraw(leg)
+				e.reject(ev, wire.RejectBadRequest, leg.PeerTag)
+			}
+			if fin == nil || !e.spawn(func() {
+				select {
+				case <-fin:
+				case <-e.ctx.Done():
+				}
+				refuse()
+			}) {
+				refuse()
+			}
 			return
 		}
 	} else {
