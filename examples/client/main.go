@@ -33,6 +33,8 @@
 // Every run but those probes the server every -keepalive (10 s) while it
 // waits on it, as the server probes its clients: a server whose node
 // vanished without a word fails the run once the probe's retries run out.
+// Ctrl-C (or SIGTERM) ends the run and closes its connections; a second
+// Ctrl-C kills the client at once.
 //
 //	client -addr 10.77.0.1:7471 -mode latency -size 64 -count 10000
 //	client -addr 10.77.0.1:7471 -mode bandwidth -size 65536 -count 2000 -json
@@ -47,15 +49,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/interrupt"
 	"github.com/goxrc/goxrc/internal/quantile"
 )
 
@@ -102,7 +103,7 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interrupt.Context()
 	defer stop()
 	res, err := run(ctx, o)
 	if err == nil && o.json {

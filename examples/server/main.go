@@ -12,6 +12,8 @@
 // client ended before its N messages included. A client whose node
 // vanishes is let go once a keepalive probe finds it gone (-keepalive); one
 // that stays connected and silent is let go after -idle, if given.
+// Ctrl-C (or SIGTERM) closes the listener and the connections; a second
+// Ctrl-C kills the server at once.
 //
 // With -raw, -keepalive and -xrc are refused: raw connections send no
 // probes, and raw messages are plain sends on RC.
@@ -36,16 +38,15 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/goxrc/goxrc/cm"
+	"github.com/goxrc/goxrc/internal/interrupt"
 )
 
 func main() {
@@ -111,7 +112,7 @@ func main() {
 		}
 		opts = append(opts, cm.WithXRC(cm.XRCPrefer))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interrupt.Context()
 	defer stop()
 	l, err := cm.Listen(ctx, *addr, opts...)
 	if err != nil {
