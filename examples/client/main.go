@@ -34,7 +34,8 @@
 // waits on it, as the server probes its clients: a server whose node
 // vanished without a word fails the run once the probe's retries run out.
 // Ctrl-C (or SIGTERM) ends the run and closes its connections; a second
-// Ctrl-C kills the client at once.
+// Ctrl-C kills the client at once. -json prints the result as one object;
+// its size is 0 in connect mode, which sends nothing.
 //
 //	client -addr 10.77.0.1:7471 -mode latency -size 64 -count 10000
 //	client -addr 10.77.0.1:7471 -mode bandwidth -size 65536 -count 2000 -json
@@ -42,6 +43,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -258,7 +260,7 @@ func (o options) ignoredFlag() error {
 }
 
 // check refuses flags that cannot make a run, before anything is dialed.
-// maxConns bounds -conns (connect mode).
+// maxConns bounds -conns (connect mode) and the fabric demo's connections.
 const maxConns = 1 << 16
 
 func (o options) check() error {
@@ -282,6 +284,10 @@ func (o options) check() error {
 		return fmt.Errorf("-conns %d: at most %d", o.conns, maxConns)
 	case o.mode == "xrc" && o.fabric && (o.nodes < 1 || o.nodes > 254 || o.procs < 1 || o.clients < 1):
 		return errors.New("xrc mode: -nodes must be 1 to 254, -procs and -clients 1 or more")
+	case o.mode == "xrc" && o.fabric && (o.procs > maxConns || o.clients > maxConns || o.nodes*o.procs*o.clients > maxConns):
+		// Every connection is made at once in this program, with its
+		// buffers: as -conns, and checked so that no product overflows.
+		return fmt.Errorf("xrc mode: -clients x -nodes x -procs connections: at most %d", maxConns)
 	}
 	return nil
 }
@@ -299,7 +305,7 @@ func (o options) text() io.Writer {
 type result struct {
 	Mode       string  `json:"mode"`
 	Addr       string  `json:"addr"`
-	Size       int     `json:"size,omitempty"`
+	Size       int     `json:"size"` // 0 in connect mode, which sends nothing
 	Count      int     `json:"count"`
 	Seconds    float64 `json:"seconds"`
 	MinUS      float64 `json:"min_us,omitempty"`
@@ -538,7 +544,25 @@ func connect(ctx context.Context, o options, r result) (result, error) {
 		}
 	}
 	wg.Wait()
-	return r, errors.Join(errs...)
+	return r, dialsFailed(errs)
+}
+
+// dialsFailed sums up connect mode's failed dials in one line: how many,
+// and the first one's error (which errors.Is and errors.As reach). Listing
+// them all put up to -conns lines, most alike, on stderr.
+func dialsFailed(errs []error) error {
+	var first error
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			first = cmp.Or(first, err)
+			failed++
+		}
+	}
+	if failed == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d of %d dials failed, the first with: %w", failed, len(errs), first)
 }
 
 // progress prints a line on stderr every interval while a run lasts.

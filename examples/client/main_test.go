@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"io"
 	"strings"
@@ -28,6 +30,8 @@ func TestOptionsCheck(t *testing.T) {
 		"too many nodes":    func(o *options) { o.mode, o.fabric, o.nodes = "xrc", true, 255 },
 		"negative procs":    func(o *options) { o.mode, o.fabric, o.procs = "xrc", true, -1 },
 		"no fabric clients": func(o *options) { o.mode, o.fabric, o.clients = "xrc", true, 0 },
+		"huge fabric":       func(o *options) { o.mode, o.fabric, o.nodes, o.procs, o.clients = "xrc", true, 254, 1000, 1000 },
+		"overflowing procs": func(o *options) { o.mode, o.fabric, o.procs, o.clients = "xrc", true, 1<<62, 4 },
 		"fabric in echo":    func(o *options) { o.fabric = true },
 		"nodes in latency":  func(o *options) { o.mode, o.given = "latency", flagBit("nodes") },
 		"procs sans fabric": func(o *options) { o.mode, o.given = "xrc", flagBit("procs") },
@@ -136,5 +140,34 @@ func TestNegativeDurationsRefused(t *testing.T) {
 	}
 	if err := checkArgs(t, "-progress 0 -busypoll 0"); err != nil {
 		t.Errorf("-progress 0 -busypoll 0: %v", err)
+	}
+}
+
+// Connect mode's failed dials come back as one line: up to -conns lines,
+// most alike, went to stderr before.
+func TestDialsFailedOneLine(t *testing.T) {
+	refused := errors.New("refused")
+	errs := make([]error, 100)
+	for i := 10; i < 50; i++ {
+		errs[i] = refused
+		if i%2 == 1 {
+			errs[i] = context.DeadlineExceeded
+		}
+	}
+	err := dialsFailed(errs)
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.HasPrefix(err.Error(), "40 of 100 dials failed") || !errors.Is(err, refused) {
+		t.Fatalf("dialsFailed: %v, want one line of 40 failures of 100, the first's error wrapped", err)
+	}
+	if err := dialsFailed(make([]error, 3)); err != nil {
+		t.Fatalf("no failures: %v", err)
+	}
+}
+
+// -json says the message size also when it is 0 (an echo of empty
+// messages), not only when it is not.
+func TestJSONSizeZero(t *testing.T) {
+	b, err := json.Marshal(result{Mode: "echo", Count: 3})
+	if err != nil || !strings.Contains(string(b), `"size":0`) {
+		t.Fatalf("%s (%v): want size 0 given", b, err)
 	}
 }
