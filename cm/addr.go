@@ -49,7 +49,7 @@ func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) 
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
 		if port == "" {
-			return nil, fmt.Errorf("missing port in address %q", address)
+			return nil, &net.AddrError{Err: "missing port in address", Addr: address}
 		}
 		n, lerr := r.LookupPort(ctx, "tcp", port)
 		if lerr != nil {

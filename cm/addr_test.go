@@ -194,8 +194,14 @@ func TestWithLocalAddr(t *testing.T) {
 
 	_, err = dial("10.1.0.1:7471", WithLocalAddr("10.1.0.3"))
 	require.ErrorContains(t, err, "local address 10.1.0.3 is not the fabric node's (10.1.0.2)")
+	require.ErrorIs(t, err, ErrInvalid)
 	_, err = dial("10.1.0.1:7471", WithLocalAddr("10.1.0"))
 	require.ErrorContains(t, err, `local address: ParseAddr("10.1.0")`)
+	require.ErrorIs(t, err, ErrInvalid)
+	_, err = dial("10.1.0.1:", WithLocalAddr("10.1.0.2"))
+	var portErr *net.AddrError
+	require.ErrorAs(t, err, &portErr, "no port, as package net says it")
+	require.Equal(t, "missing port in address", portErr.Err)
 	var ae *net.AddrError
 	_, err = dial("[fd00::1]:7471", WithLocalAddr("10.1.0.2"))
 	require.ErrorAs(t, err, &ae)

@@ -983,6 +983,7 @@ func TestOptionsRefused(t *testing.T) {
 	} {
 		_, err := newConfig([]Option{tc.opt})
 		require.ErrorContains(t, err, tc.want)
+		require.ErrorIs(t, err, ErrInvalid, tc.want)
 	}
 	_, err := newConfig(nil)
 	require.NoError(t, err, "the defaults")

@@ -68,7 +68,7 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (_ *
 		}
 		node := k.LocalAddr()
 		if cfg.local.IsValid() && !cfg.local.IsUnspecified() && cfg.local != node {
-			return nil, &OpError{Op: "dial", Addr: address, Err: fmt.Errorf("cm: local address %s is not the fabric node's (%s)", cfg.local, node)}
+			return nil, &OpError{Op: "dial", Addr: address, Err: fmt.Errorf("cm: local address %s is not the fabric node's (%s): %w", cfg.local, node, ErrInvalid)}
 		}
 		site := cfg.fabricSite(node)
 		try = func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {
@@ -298,7 +298,7 @@ func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, 
 // address leads to (a listener's explicit address on another device, say).
 func (cfg *config) checkDevice(id *rdmacm.ID) error {
 	if cfg.device != "" && id.DeviceName() != cfg.device {
-		return fmt.Errorf("address is on device %s, not %s", id.DeviceName(), cfg.device)
+		return fmt.Errorf("address is on device %s, not %s: %w", id.DeviceName(), cfg.device, ErrInvalid)
 	}
 	return nil
 }

@@ -115,6 +115,8 @@
 // instead by the handshake timeout (WithHandshakeTimeout) and the CM's
 // time-wait (Conn.Close; about 2 s on soft-RoCE). Errors are *OpError values
 // (net.Error; NetConn's are *net.OpError values around them); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
+// an option or argument the call cannot take ErrInvalid (an address that
+// does not parse, as in package net, a *net.AddrError),
 // a rejected connection matches syscall.ECONNREFUSED, as a refused TCP
 // dial does, and wraps *rdmacm.RejectError (over XRC, *xrc.RejectError,
 // whose Reason says why: NO_LISTENER where nothing listens); a request

@@ -3,6 +3,7 @@ package cm
 import (
 	"errors"
 	"net"
+	"os"
 
 	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc"
@@ -15,6 +16,12 @@ var (
 
 	// ErrClosed is returned by operations on a closed Conn or Listener.
 	ErrClosed = net.ErrClosed
+
+	// ErrInvalid is matched (errors.Is) by the error of a call given an
+	// option or argument it cannot take: a queue depth out of range, a
+	// range outside a Region, options that contradict each other. It is
+	// os.ErrInvalid, which the devices' EINVAL errors match as well.
+	ErrInvalid = os.ErrInvalid
 
 	// ErrMessageTooLong is returned by Send for a message over the
 	// connection's maximum message size, and by Recv for a buffer too short

@@ -55,7 +55,7 @@ func (cfg *config) deviceSite(id *rdmacm.ID) xrcSite {
 // site, listening on port.
 func (cfg *config) xrcConfig(site xrcSite, port uint16) (xrc.Config, error) {
 	if site.fabric != nil && cfg.xrcSet && cfg.xrc == XRCOff {
-		return xrc.Config{}, errors.New("the in-memory fabric carries XRC connections only: drop WithXRC(XRCOff)")
+		return xrc.Config{}, fmt.Errorf("the in-memory fabric carries XRC connections only: drop WithXRC(XRCOff): %w", ErrInvalid)
 	}
 	if cfg.raw {
 		return xrc.Config{}, fmt.Errorf("raw messages over XRC: %w", ErrNotSupported)

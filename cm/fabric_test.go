@@ -122,6 +122,7 @@ func TestFabricRejectsWhatXRCCannotDo(t *testing.T) {
 	p := newFabric(t).Node("10.1.0.1").Process()
 	_, err := Listen(ctx, "10.1.0.1:0", WithFabric(p), WithXRC(XRCOff), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
 	require.ErrorContains(t, err, "XRC connections only")
+	require.ErrorIs(t, err, ErrInvalid)
 	_, err = Listen(ctx, "10.1.0.1:0", WithFabric(p), WithRawMessages(), WithDomainPath(filepath.Join(t.TempDir(), "xrc")))
 	require.ErrorIs(t, err, ErrNotSupported)
 	_, err = Dial(ctx, "10.1.0.9:1", WithFabric(p), WithDomainPath(filepath.Join(t.TempDir(), "xrc")), WithHandshakeTimeout(time.Second))

@@ -133,27 +133,27 @@ func newConfig(opts []Option) (config, error) {
 	if c.localAddr != "" {
 		ip, err := netip.ParseAddr(c.localAddr)
 		if err != nil {
-			return c, fmt.Errorf("cm: local address: %w", err)
+			return c, fmt.Errorf("cm: local address: %w (%w)", err, ErrInvalid)
 		}
 		c.local = ip.Unmap()
 	}
 	switch {
 	case c.queueDepth < minQueueDepth || c.queueDepth > maxQueueDepth:
-		return c, fmt.Errorf("cm: queue depth %d outside [%d, %d]", c.queueDepth, minQueueDepth, maxQueueDepth)
+		return c, fmt.Errorf("cm: queue depth %d outside [%d, %d]: %w", c.queueDepth, minQueueDepth, maxQueueDepth, ErrInvalid)
 	case c.messageSize < minMessageSize || c.messageSize > maxMessageSize:
-		return c, fmt.Errorf("cm: message size %d outside [%d, %d]", c.messageSize, minMessageSize, maxMessageSize)
+		return c, fmt.Errorf("cm: message size %d outside [%d, %d]: %w", c.messageSize, minMessageSize, maxMessageSize, ErrInvalid)
 	case c.inlineThreshold < 0:
-		return c, fmt.Errorf("cm: negative inline threshold %d", c.inlineThreshold)
+		return c, fmt.Errorf("cm: negative inline threshold %d: %w", c.inlineThreshold, ErrInvalid)
 	case c.handshakeTimeout <= 0:
-		return c, fmt.Errorf("cm: handshake timeout must be positive")
+		return c, fmt.Errorf("cm: handshake timeout must be positive: %w", ErrInvalid)
 	case c.xrc < XRCOff || c.xrc > XRCRequire:
-		return c, fmt.Errorf("cm: unknown XRC mode %d", c.xrc)
+		return c, fmt.Errorf("cm: unknown XRC mode %d: %w", c.xrc, ErrInvalid)
 	case c.busyPoll < 0:
-		return c, fmt.Errorf("cm: negative busy-poll time")
+		return c, fmt.Errorf("cm: negative busy-poll time: %w", ErrInvalid)
 	case c.keepalive < 0:
-		return c, fmt.Errorf("cm: negative keepalive interval")
+		return c, fmt.Errorf("cm: negative keepalive interval: %w", ErrInvalid)
 	case c.backlog < 0 || c.backlog > maxBacklog:
-		return c, fmt.Errorf("cm: backlog %d out of range 0..%d", c.backlog, maxBacklog)
+		return c, fmt.Errorf("cm: backlog %d out of range 0..%d: %w", c.backlog, maxBacklog, ErrInvalid)
 	}
 	return c, nil
 }

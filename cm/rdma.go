@@ -789,10 +789,10 @@ func (t *rdmaTransport) regMem(size int, remoteWrite bool) (memory, error) {
 func (t *rdmaTransport) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	m, ok := local.mem.(*rdmaMem)
 	if !ok {
-		return errors.New("region belongs to another transport")
+		return fmt.Errorf("region belongs to another transport: %w", ErrInvalid)
 	}
 	if m.dev != t.dev {
-		return fmt.Errorf("region registered on device %s, connection on %s", m.dev.name, t.dev.name)
+		return fmt.Errorf("region registered on device %s, connection on %s: %w", m.dev.name, t.dev.name, ErrInvalid)
 	}
 	op := verbs.WRRDMARead
 	if write {

@@ -2,6 +2,7 @@ package cm
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -90,4 +91,24 @@ func TestConnOneSidedErrorsTyped(t *testing.T) {
 	require.ErrorContains(t, err, "local region")
 	var oe *OpError
 	require.ErrorAs(t, a.ReadRemote(ctx, nil, 0, 8, remote.Descriptor(), 0), &oe, "no local region")
+	require.ErrorIs(t, oe, ErrInvalid, "no local region")
+	_, err = a.RegisterMemory(0, false)
+	require.ErrorIs(t, err, ErrInvalid, "an empty region")
+	open, err := a.RegisterMemory(64, false)
+	require.NoError(t, err)
+	defer open.Close()
+	for name, call := range map[string]func() error{
+		"local range":  func() error { return a.WriteRemote(ctx, open, 60, 8, remote.Descriptor(), 0) },
+		"remote range": func() error { return a.ReadRemote(ctx, open, 0, 8, remote.Descriptor(), 60) },
+		"wrapping": func() error {
+			d := remote.Descriptor()
+			d.Addr = math.MaxUint64 - 4
+			return a.ReadRemote(ctx, open, 0, 8, d, 0)
+		},
+	} {
+		err := call()
+		require.ErrorIs(t, err, ErrInvalid, name)
+		require.False(t, errors.Is(err, ErrPeerGone), "%s: the connection stays up", name)
+	}
+	require.NoError(t, a.Send(ctx, []byte("still up")))
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -117,7 +116,7 @@ func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
 		return nil, c.opErr("register memory", fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
 	}
 	if size <= 0 || int64(size) > 1<<31 {
-		return nil, c.opErr("register memory", fmt.Errorf("size %d out of range", size))
+		return nil, c.opErr("register memory", fmt.Errorf("size %d out of range: %w", size, ErrInvalid))
 	}
 	c.mu.Lock()
 	err := c.err
@@ -161,18 +160,18 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 		return c.opErr(op, fmt.Errorf("one-sided RDMA over XRC: %w", ErrNotSupported))
 	}
 	if local == nil {
-		return c.opErr(op, errors.New("no local region"))
+		return c.opErr(op, fmt.Errorf("no local region: %w", ErrInvalid))
 	}
 	// Written so that no sum can wrap: off+n or roff+n past the top of
 	// their types would pass a plain comparison.
 	if size := local.size; off < 0 || n < 0 || off > size || n > size-off {
-		return c.opErr(op, fmt.Errorf("local range of %d bytes at %d outside the %d-byte region", n, off, size))
+		return c.opErr(op, fmt.Errorf("local range of %d bytes at %d outside the %d-byte region: %w", n, off, size, ErrInvalid))
 	}
 	if rlen := uint64(remote.Len); roff > rlen || uint64(n) > rlen-roff {
-		return c.opErr(op, fmt.Errorf("remote range of %d bytes at %d outside the %d-byte region", n, roff, remote.Len))
+		return c.opErr(op, fmt.Errorf("remote range of %d bytes at %d outside the %d-byte region: %w", n, roff, remote.Len, ErrInvalid))
 	}
 	if end := roff + uint64(n); remote.Addr > math.MaxUint64-end { // a descriptor built by hand
-		return c.opErr(op, fmt.Errorf("remote range of %d bytes at %#x+%d wraps the address space", n, remote.Addr, roff))
+		return c.opErr(op, fmt.Errorf("remote range of %d bytes at %#x+%d wraps the address space: %w", n, remote.Addr, roff, ErrInvalid))
 	}
 	if err := c.rdmaTurn.Take(ctx); err != nil {
 		return c.opErr(op, err)
