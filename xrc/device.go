@@ -1,7 +1,6 @@
 package xrc
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 
@@ -11,7 +10,7 @@ import (
 
 // errUnspecified is the answer to a device endpoint on 0.0.0.0 or :: without
 // Config.Device.
-var errUnspecified = errors.New("an endpoint on an RDMA device needs a concrete IP (the one the device holds) or Config.Device")
+var errUnspecified = fmt.Errorf("an endpoint on an RDMA device needs a concrete IP (the one the device holds) or Config.Device: %w", ErrInvalid)
 
 // deviceKernel opens the kernel of the real device that cfg names (Process
 // nil): Config.Device, or else the device that holds Addr's IP. It rewrites
@@ -37,7 +36,7 @@ func deviceKernel(cfg *Config) (kernel.Kernel, error) {
 			return nil, &OpError{"listen", cfg.Addr, err}
 		}
 		if dev != "" && on != dev {
-			return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("the address is on device %s, not %s", on, dev)}
+			return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("the address is on device %s, not %s: %w", on, dev, ErrInvalid)}
 		}
 		dev = on
 	}

@@ -25,10 +25,15 @@ func TestEndpointDeviceConfig(t *testing.T) {
 		{"unspecified v6", Config{Addr: "[::]:0"}, "needs a concrete IP"},
 		{"no port", Config{Addr: "10.0.11.1"}, "10.0.11.1"},
 		{"process and device", Config{Process: p, Device: "mlx5_0", Addr: "10.0.11.1:0"}, "not both"},
+		{"message size", Config{Process: p, Addr: "10.0.11.1:0", MaxMessageSize: MaxMessageSize + 1}, "max message size"},
+		{"receive window", Config{Process: p, Addr: "10.0.11.1:0", RecvWindow: -1}, "receive window"},
 	} {
 		_, err := NewEndpoint(ctx, tc.cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || errors.Is(err, ErrNoKernel) {
 			t.Errorf("%s: %v, want an error containing %q", tc.name, err, tc.want)
+		}
+		if tc.name != "no port" && !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want it to match ErrInvalid", tc.name, err)
 		}
 	}
 	cancelled, cancel := context.WithCancel(ctx)

@@ -104,7 +104,7 @@ func (cfg *Config) messageSize() error {
 		cfg.MaxMessageSize = MaxMessageSize
 	}
 	if cfg.MaxMessageSize < MinMessageSize || cfg.MaxMessageSize > MaxMessageSize {
-		return &OpError{"listen", cfg.Addr, fmt.Errorf("max message size %d outside %d..%d", cfg.MaxMessageSize, MinMessageSize, MaxMessageSize)}
+		return &OpError{"listen", cfg.Addr, fmt.Errorf("max message size %d outside %d..%d: %w", cfg.MaxMessageSize, MinMessageSize, MaxMessageSize, ErrInvalid)}
 	}
 	return nil
 }
@@ -200,7 +200,7 @@ type upKey struct {
 func NewEndpoint(ctx context.Context, cfg Config) (*Endpoint, error) {
 	if cfg.Process != nil {
 		if cfg.Device != "" {
-			return nil, &OpError{"listen", cfg.Addr, errors.New("set Config.Process or Config.Device, not both")}
+			return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("set Config.Process or Config.Device, not both: %w", ErrInvalid)}
 		}
 		k, ok := kernel.Unwrap(cfg.Process)
 		if !ok {
@@ -247,7 +247,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 		cfg.RecvWindow = DefaultRecvWindow
 	}
 	if cfg.RecvWindow < 0 || cfg.RecvWindow > math.MaxUint16 {
-		return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("receive window %d outside 1..%d", cfg.RecvWindow, math.MaxUint16)}
+		return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("receive window %d outside 1..%d: %w", cfg.RecvWindow, math.MaxUint16, ErrInvalid)}
 	}
 	if cfg.DomainDir == "" {
 		cfg.DomainDir = filepath.Join(os.TempDir(), fmt.Sprintf("goxrc-%d", os.Geteuid())) // the owner checkOwned wants

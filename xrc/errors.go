@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"syscall"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -39,6 +40,11 @@ var (
 	// XRC (soft-RoCE, siw, ...: the error names the device and the reason),
 	// or RDMA altogether (no Linux or no cgo). It is verbs.ErrNotSupported.
 	ErrNotSupported = verbs.ErrNotSupported
+	// ErrInvalid is matched (errors.Is) by the error of a Config the
+	// endpoint cannot take: a size or window out of range, an unspecified
+	// address without Config.Device, Process and Device both set. It is
+	// os.ErrInvalid, as cm.ErrInvalid is.
+	ErrInvalid = os.ErrInvalid
 	// ErrProtocol reports a peer that broke the protocol: an ACCEPT that
 	// does not answer the request, or, on an established connection,
 	// sending past the credits it was given.
