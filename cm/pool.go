@@ -96,7 +96,10 @@ type regPool struct {
 	kept      []keptBlock // freed own registrations, oldest first
 	keptBytes int
 	trim      *time.Timer // armed while kept is not empty (a run may find it emptied)
-	closed    bool
+	// stuck holds the registrations the device refused to deregister,
+	// still registered and counted, for close to try again.
+	stuck  []registration
+	closed bool
 }
 
 func newRegPool(pd *verbs.PD) *regPool {
@@ -281,9 +284,18 @@ func (p *regPool) dropKeptLocked(n int) error {
 	return errors.Join(errs...)
 }
 
+// deregister deregisters reg, which has left the pool's other lists. One
+// the device refuses stays registered: it goes to stuck, still counted in
+// the process's buffer bytes, for close to try again (a *verbs.MR may be
+// closed again after a failure), instead of dropping out of sight.
 func (p *regPool) deregister(reg registration) error {
-	globalStats.bufferBytes.Add(-int64(len(reg.Bytes())))
-	return reg.Close()
+	n := len(reg.Bytes()) // nil once closed
+	if err := reg.Close(); err != nil {
+		p.stuck = append(p.stuck, reg)
+		return err
+	}
+	globalStats.bufferBytes.Add(-int64(n))
+	return nil
 }
 
 // close deregisters every chunk and kept registration. Every block must be
@@ -296,8 +308,10 @@ func (p *regPool) close() error {
 		p.trim.Stop()
 		p.trim = nil
 	}
+	stuck := p.stuck // each tried once here, also those dropKeptLocked adds
+	p.stuck = nil
 	errs := []error{p.dropKeptLocked(len(p.kept))}
-	for _, reg := range p.chunks {
+	for _, reg := range append(p.chunks, stuck...) {
 		errs = append(errs, p.deregister(reg))
 	}
 	p.chunks, p.free = nil, nil

@@ -18,15 +18,20 @@ type fakeRegs struct {
 }
 
 type fakeReg struct {
-	r      *fakeRegs
-	buf    []byte
-	closed bool
+	r        *fakeRegs
+	buf      []byte
+	closed   bool
+	refusals int // Closes to fail before one succeeds, as a device may
 }
 
 func (f *fakeReg) Bytes() []byte { return f.buf }
 func (f *fakeReg) Addr() uint64  { return uint64(uintptr(unsafe.Pointer(&f.buf[0]))) }
 func (f *fakeReg) LKey() uint32  { return 1 }
 func (f *fakeReg) Close() error {
+	if f.refusals > 0 {
+		f.refusals--
+		return syscall.EBUSY
+	}
 	if f.closed {
 		return fmt.Errorf("registration of %d bytes closed twice", len(f.buf))
 	}
@@ -218,6 +223,31 @@ func TestPoolReclaimsOnENOMEM(t *testing.T) {
 	require.NoError(t, p.put(small))
 	require.NoError(t, p.put(big))
 	require.NoError(t, other.close())
+}
+
+// A registration the device refuses to deregister stays counted, and the
+// pool's close tries it again: before, it left the pool's lists and the
+// process's buffer bytes at once, still registered, out of anyone's reach.
+func TestPoolKeepsRefusedDeregistration(t *testing.T) {
+	regs := &fakeRegs{}
+	p := newPoolOn(regs.register)
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	p.idle = time.Hour
+	bytes0 := globalStats.bufferBytes.Load()
+	big, err := p.get(2 << 20)
+	require.NoError(t, err)
+	big.own.(*fakeReg).refusals = 2
+	require.NoError(t, p.put(big))
+	now = now.Add(2 * time.Hour)
+	p.trimIdle() // the first refusal
+	require.Equal(t, 1, regs.live)
+	require.EqualValues(t, 2<<20, globalStats.bufferBytes.Load()-bytes0, "still registered, still counted")
+	require.ErrorIs(t, p.close(), syscall.EBUSY, "the second refusal")
+	require.Equal(t, 1, regs.live)
+	require.NoError(t, p.close(), "tried again")
+	require.Zero(t, regs.live)
+	require.Equal(t, bytes0, globalStats.bufferBytes.Load())
 }
 
 func TestPoolCloseDeregistersAll(t *testing.T) {
