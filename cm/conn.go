@@ -312,14 +312,24 @@ func repostBatch(window int) int {
 	return max(1, window/4)
 }
 
-// LocalAddr returns the local address.
-func (c *Conn) LocalAddr() net.Addr { return c.laddr }
+// LocalAddr returns the local address (nil for a nil Conn, as the getters
+// below give their zero values: a nil Conn is a closed one, as for Close,
+// Send and Recv).
+func (c *Conn) LocalAddr() net.Addr {
+	if c == nil {
+		return nil
+	}
+	return c.laddr
+}
 
 // Transport says what carries the connection: TransportXRC where an XRC
 // mode found XRC (or over WithFabric), TransportRC otherwise, so a program
 // that asked for XRCPrefer learns which it got, and whether immediate data
 // and one-sided RDMA are there.
 func (c *Conn) Transport() Transport {
+	if c == nil {
+		return 0
+	}
 	if c.x != nil {
 		return TransportXRC
 	}
@@ -327,19 +337,34 @@ func (c *Conn) Transport() Transport {
 }
 
 // RemoteAddr returns the peer's address.
-func (c *Conn) RemoteAddr() net.Addr { return c.raddr }
+func (c *Conn) RemoteAddr() net.Addr {
+	if c == nil {
+		return nil
+	}
+	return c.raddr
+}
 
 // MaxMessageSize is the largest payload Send accepts on this connection: the
 // smaller of this side's and the peer's limits. Size Recv buffers with
 // MaxRecvSize: over XRC the two sides' limits need not agree.
-func (c *Conn) MaxMessageSize() int { return c.maxSend }
+func (c *Conn) MaxMessageSize() int {
+	if c == nil {
+		return 0
+	}
+	return c.maxSend
+}
 
 // MaxRecvSize is the largest message the peer may send on this connection,
 // so a Recv buffer of this size always fits. On RC it is this side's
 // WithMessageSize. Over XRC it is what the endpoint receives: this side's
 // WithMessageSize, raised to the engine's least (xrc.MinMessageSize) and
 // capped at its most (xrc.MaxMessageSize).
-func (c *Conn) MaxRecvSize() int { return c.maxRecv }
+func (c *Conn) MaxRecvSize() int {
+	if c == nil {
+		return 0
+	}
+	return c.maxRecv
+}
 
 // Send sends p as one message. It blocks while the peer has no free receive
 // buffer (flow control), honouring ctx. Send copies p, which the caller may

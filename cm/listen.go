@@ -242,7 +242,12 @@ func (l *Listener) feedXRC() {
 
 // Addr returns the address the listener is bound to, with the port the
 // system chose for port 0.
-func (l *Listener) Addr() net.Addr { return l.addr }
+func (l *Listener) Addr() net.Addr {
+	if l == nil {
+		return nil
+	}
+	return l.addr
+}
 
 // Accept waits for the next connection whose handshake has completed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {

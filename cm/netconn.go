@@ -28,7 +28,7 @@ import (
 // fails with ErrPeerGone, not io.EOF, as after a crash, and CloseWrite
 // returns ErrNotSupported.
 func (c *Conn) NetConn() net.Conn {
-	return &streamConn{c: c, buf: make([]byte, c.maxRecv)}
+	return &streamConn{c: c, buf: make([]byte, c.MaxRecvSize())} // nil c: every call fails as the Conn's
 }
 
 // Conn returns the connection the adapter runs over.
@@ -160,7 +160,7 @@ func (s *streamConn) Write(p []byte) (int, error) {
 	}
 	written := 0
 	for written < len(p) {
-		chunk := min(len(p)-written, s.c.maxSend)
+		chunk := min(len(p)-written, s.c.MaxMessageSize())
 		ctx, gen := s.writeDL.context()
 		err := s.c.Send(ctx, p[written:written+chunk])
 		if err != nil {

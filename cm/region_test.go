@@ -313,4 +313,22 @@ func TestNilConnAndListenerCalls(t *testing.T) {
 	require.NotPanics(t, func() { require.NoError(t, l.Close()) })
 	require.NotPanics(t, func() { require.NoError(t, c.Close()) })
 	require.NotPanics(t, func() { require.ErrorIs(t, c.Send(ctx, []byte("x")), ErrClosed) })
+	require.NotPanics(t, func() {
+		require.Nil(t, c.LocalAddr())
+		require.Nil(t, c.RemoteAddr())
+		require.Nil(t, l.Addr())
+		require.Zero(t, c.Transport())
+		require.Zero(t, c.MaxMessageSize())
+		require.Zero(t, c.MaxRecvSize())
+		require.Zero(t, c.Stats())
+	})
+	require.NotPanics(t, func() {
+		nc := c.NetConn()
+		_, err := nc.Read(make([]byte, 8))
+		require.ErrorIs(t, err, ErrClosed)
+		_, err = nc.Write([]byte("x"))
+		require.ErrorIs(t, err, ErrClosed)
+		require.Nil(t, nc.LocalAddr())
+		require.NoError(t, nc.Close())
+	})
 }

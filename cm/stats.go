@@ -25,6 +25,9 @@ type Stats struct {
 
 // Stats returns the connection's counters.
 func (c *Conn) Stats() Stats {
+	if c == nil {
+		return Stats{}
+	}
 	s := Stats{
 		MessagesSent:     c.stats.msgsSent.Load(),
 		MessagesReceived: c.stats.msgsRecv.Load(),
