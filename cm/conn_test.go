@@ -336,12 +336,12 @@ func TestConnRawModeHasNoFraming(t *testing.T) {
 func TestConnOneSided(t *testing.T) {
 	a, b, _ := fakePair(t, fakeOpts{})
 	ctx := ctxT(t)
-	remote, err := b.RegisterMemory(4096, true)
+	remote, err := b.RegisterMemory(4096, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	defer remote.Close()
 	desc, err := UnmarshalRemoteRegion(remote.Descriptor().Marshal())
 	require.NoError(t, err)
-	local, err := a.RegisterMemory(4096, false)
+	local, err := a.RegisterMemory(4096, 0)
 	require.NoError(t, err)
 	defer local.Close()
 	copy(local.Bytes(), "written by a")
@@ -361,17 +361,17 @@ func TestConnOneSided(t *testing.T) {
 	require.Error(t, err, "a revoked region is not writable")
 }
 
-// A region registered without remote write can be read by the peer, and a
+// A region registered with RemoteRead alone can be read by the peer, and a
 // write into it fails with the device's access error, which breaks the
 // connection, as on a device.
 func TestConnOneSidedReadOnlyRegion(t *testing.T) {
 	a, b, _ := fakePair(t, fakeOpts{})
 	ctx := ctxT(t)
-	exposed, err := b.RegisterMemory(64, false)
+	exposed, err := b.RegisterMemory(64, RemoteRead)
 	require.NoError(t, err)
 	defer exposed.Close()
 	copy(exposed.Bytes(), "readable")
-	local, err := a.RegisterMemory(64, false)
+	local, err := a.RegisterMemory(64, 0)
 	require.NoError(t, err)
 	defer local.Close()
 	require.NoError(t, a.ReadRemote(ctx, local, 0, 8, exposed.Descriptor(), 0))
@@ -379,6 +379,54 @@ func TestConnOneSidedReadOnlyRegion(t *testing.T) {
 	require.Error(t, a.WriteRemote(ctx, local, 0, 8, exposed.Descriptor(), 0))
 	require.Equal(t, "readable", string(exposed.Bytes()[:8]), "written all the same")
 	require.ErrorIs(t, a.Send(ctx, []byte("after")), ErrPeerGone)
+}
+
+// A region grants the peer what RegisterMemory asked and nothing more: a
+// write-only one is written and not read, a local-only one (no access) is
+// neither; each refusal breaks the peer's connection, as on a device.
+// Unknown access bits are refused before anything is registered.
+func TestConnOneSidedAccessGranted(t *testing.T) {
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name          string
+		access        Access
+		read, written bool
+	}{
+		{"write-only", RemoteWrite, false, true},
+		{"local-only", 0, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, write := range []bool{true, false} {
+				a, b, _ := fakePair(t, fakeOpts{})
+				region, err := b.RegisterMemory(64, tc.access)
+				require.NoError(t, err)
+				defer region.Close()
+				copy(region.Bytes(), "original")
+				local, err := a.RegisterMemory(64, 0)
+				require.NoError(t, err)
+				defer local.Close()
+				copy(local.Bytes(), "incoming")
+				op, allowed := a.ReadRemote, tc.read
+				if write {
+					op, allowed = a.WriteRemote, tc.written
+				}
+				err = op(ctx, local, 0, 8, region.Descriptor(), 0)
+				if allowed {
+					require.NoError(t, err, "write %v", write)
+					require.NoError(t, a.Send(ctx, []byte("after")))
+					continue
+				}
+				require.Error(t, err, "write %v", write)
+				require.Equal(t, "original", string(region.Bytes()[:8]), "written all the same")
+				require.Equal(t, "incoming", string(local.Bytes()[:8]), "read all the same")
+				require.ErrorIs(t, a.Send(ctx, []byte("after")), ErrPeerGone)
+			}
+		})
+	}
+	a, _, _ := fakePair(t, fakeOpts{})
+	r, err := a.RegisterMemory(64, RemoteWrite<<1)
+	require.ErrorIs(t, err, ErrInvalid)
+	require.Nil(t, r)
 }
 
 func TestConnZeroAllocsPerMessage(t *testing.T) {
@@ -488,10 +536,10 @@ func TestConnProbeOutstanding(t *testing.T) {
 	time.Sleep(30 * time.Millisecond)
 	require.Equal(t, uint64(1), a.Stats().Keepalives, "a second probe while the first is out")
 
-	exposed, err := b.RegisterMemory(64, true)
+	exposed, err := b.RegisterMemory(64, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	defer exposed.Close()
-	local, err := a.RegisterMemory(64, false)
+	local, err := a.RegisterMemory(64, 0)
 	require.NoError(t, err)
 	defer local.Close()
 	for range depth {
@@ -1147,7 +1195,7 @@ func tcpPair(t *testing.T) net.Conn {
 func TestConnRegisterMemoryAfterClose(t *testing.T) {
 	a, _, _ := fakePair(t, fakeOpts{})
 	require.NoError(t, a.Close())
-	r, err := a.RegisterMemory(4096, true)
+	r, err := a.RegisterMemory(4096, RemoteRead|RemoteWrite)
 	if r != nil {
 		r.Close()
 	}

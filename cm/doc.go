@@ -82,9 +82,11 @@
 //
 // # One-sided RDMA
 //
-// RegisterMemory exposes memory to the peer; hand it the Descriptor in a
-// message, and the peer's WriteRemote and ReadRemote move data without this
-// side's CPU. Closing the Region revokes the access.
+// RegisterMemory exposes memory to the peer, with the Access it grants
+// (RemoteRead, RemoteWrite, or nothing for memory that is only the local
+// side of this side's operations); hand it the Descriptor in a message, and
+// the peer's WriteRemote and ReadRemote move data without this side's CPU.
+// Closing the Region revokes the access.
 //
 // # Streams
 //

@@ -217,3 +217,72 @@ func ExampleDialer() {
 	fmt.Println(resp.Status, string(body))
 	// Output: 200 OK GET /hello from 10.1.0.2
 }
+
+// One-sided RDMA: the server lends the client a region it may write into
+// and not read, and the client writes it without the server's CPU. It needs
+// an RDMA device with RC (one-sided operations do not run over XRC or the
+// in-memory fabric), so it is compiled here, not run.
+func ExampleConn_RegisterMemory() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := cm.Listen(ctx, "10.77.0.1:7471")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer l.Close()
+	served := make(chan struct{})
+	go func() { // the server
+		defer close(served)
+		c, err := l.Accept(ctx)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		inbox, err := c.RegisterMemory(4096, cm.RemoteWrite)
+		if err != nil {
+			return
+		}
+		defer inbox.Close() // revokes the client's access
+		if c.Send(ctx, inbox.Descriptor().Marshal()) != nil {
+			return
+		}
+		buf := make([]byte, c.MaxRecvSize())
+		if _, err := c.Recv(ctx, buf); err == nil { // "written"
+			fmt.Println(string(inbox.Bytes()[:5]))
+		}
+	}()
+	c, err := cm.Dial(ctx, l.Addr().String())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	buf := make([]byte, c.MaxRecvSize())
+	n, err := c.Recv(ctx, buf)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	inbox, err := cm.UnmarshalRemoteRegion(buf[:n]) // untrusted: checked
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	src, err := c.RegisterMemory(4096, 0) // local only: the server gets no key
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer src.Close()
+	copy(src.Bytes(), "hello")
+	if err := c.WriteRemote(ctx, src, 0, 5, inbox, 0); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.Send(ctx, []byte("written")); err != nil {
+		fmt.Println(err)
+		return
+	}
+	<-served
+}

@@ -80,7 +80,7 @@ func TestFabricXRCSharesOneUplink(t *testing.T) {
 	require.Equal(t, servers, ss.TGTHandles, "each server process holds one handle on the shared TGT")
 	require.Equal(t, 1, GlobalStats().XRCUplinks-servers, "the client process has one uplink")
 
-	_, err := conns[0].RegisterMemory(4096, false)
+	_, err := conns[0].RegisterMemory(4096, 0)
 	require.ErrorIs(t, err, ErrNotSupported)
 	require.ErrorIs(t, conns[0].SendWithImm(ctx, []byte("x"), 1), ErrNotSupported)
 

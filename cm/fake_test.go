@@ -18,7 +18,7 @@ type fakeWire struct {
 	ends    [2]*fakeEnd
 	rnr     int
 	regions map[uint32][]byte
-	ro      map[uint32]bool // regions the peer may read but not write
+	access  map[uint32]Access // what the peer may do with each region
 	nextKey uint32
 }
 
@@ -119,13 +119,13 @@ func (e *fakeEnd) sqCheck() {
 }
 
 func newFakeWire(sendSlots, recvSlots [2]int, size [2]int) *fakeWire {
-	w := &fakeWire{regions: map[uint32][]byte{}, ro: map[uint32]bool{}, nextKey: 100}
+	w := &fakeWire{regions: map[uint32][]byte{}, access: map[uint32]Access{}, nextKey: 100}
 	for i := range w.ends {
 		e := &fakeEnd{w: w, side: i, notify: make(chan struct{}, 1)}
 		w.nextKey++
 		e.probeKey = w.nextKey
 		w.regions[e.probeKey] = make([]byte, probeLen)
-		w.ro[e.probeKey] = true
+		w.access[e.probeKey] = RemoteRead
 		for s := 0; s < sendSlots[i]; s++ {
 			e.sendBufs = append(e.sendBufs, make([]byte, size[i]))
 		}
@@ -233,18 +233,18 @@ func (m *fakeMem) rkey() uint32  { return m.key }
 func (m *fakeMem) close() error {
 	m.w.mu.Lock()
 	delete(m.w.regions, m.key)
-	delete(m.w.ro, m.key)
+	delete(m.w.access, m.key)
 	m.w.mu.Unlock()
 	return nil
 }
 
-func (e *fakeEnd) regMem(size int, remoteWrite bool) (memory, error) {
+func (e *fakeEnd) regMem(size int, access Access) (memory, error) {
 	e.w.mu.Lock()
 	defer e.w.mu.Unlock()
 	e.w.nextKey++
 	m := &fakeMem{w: e.w, key: e.w.nextKey, b: make([]byte, size)}
 	e.w.regions[m.key] = m.b
-	e.w.ro[m.key] = !remoteWrite
+	e.w.access[m.key] = access
 	return m, nil
 }
 
@@ -253,7 +253,11 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 	defer e.w.mu.Unlock()
 	rb, ok := e.w.regions[remote.RKey]
 	var err error
-	if !ok || (write && e.w.ro[remote.RKey]) {
+	need := RemoteRead
+	if write {
+		need = RemoteWrite
+	}
+	if !ok || e.w.access[remote.RKey]&need == 0 {
 		err = errors.New("fake: remote access error")
 	} else {
 		ro := roff + remote.Addr - 0x1000

@@ -87,10 +87,10 @@ func flushHoldPair(t *testing.T, h func(*fakeEnd) flushHold) (*Conn, *Conn, *fak
 	a, b, w := fakePair(t, fakeOpts{})
 	hh := h(w.ends[0])
 	a.t = hh
-	exposed, err := b.RegisterMemory(64, true)
+	exposed, err := b.RegisterMemory(64, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	t.Cleanup(func() { exposed.Close() })
-	local, err := a.RegisterMemory(64, false)
+	local, err := a.RegisterMemory(64, 0)
 	require.NoError(t, err)
 	return a, b, w, hh, local, exposed.Descriptor()
 }

@@ -768,9 +768,12 @@ func (m *rdmaMem) close() error {
 	return nil
 }
 
-func (t *rdmaTransport) regMem(size int, remoteWrite bool) (memory, error) {
-	access := verbs.AccessLocalWrite | verbs.AccessRemoteRead
-	if remoteWrite {
+func (t *rdmaTransport) regMem(size int, grant Access) (memory, error) {
+	access := verbs.AccessLocalWrite // ReadRemote writes into it
+	if grant&RemoteRead != 0 {
+		access |= verbs.AccessRemoteRead
+	}
+	if grant&RemoteWrite != 0 {
 		access |= verbs.AccessRemoteWrite
 	}
 	// Buffers cm keeps may be what took the lockable memory.

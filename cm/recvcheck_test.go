@@ -80,10 +80,10 @@ func TestConnRecvCompletionFromPeerChecked(t *testing.T) {
 func TestConnOneSidedErrorsTyped(t *testing.T) {
 	a, b, _ := fakePair(t, fakeOpts{})
 	ctx := ctxT(t)
-	remote, err := b.RegisterMemory(64, true)
+	remote, err := b.RegisterMemory(64, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	defer remote.Close()
-	local, err := a.RegisterMemory(64, false)
+	local, err := a.RegisterMemory(64, 0)
 	require.NoError(t, err)
 	require.NoError(t, local.Close())
 	err = a.WriteRemote(ctx, local, 0, 8, remote.Descriptor(), 0)
@@ -92,9 +92,9 @@ func TestConnOneSidedErrorsTyped(t *testing.T) {
 	var oe *OpError
 	require.ErrorAs(t, a.ReadRemote(ctx, nil, 0, 8, remote.Descriptor(), 0), &oe, "no local region")
 	require.ErrorIs(t, oe, ErrInvalid, "no local region")
-	_, err = a.RegisterMemory(0, false)
+	_, err = a.RegisterMemory(0, 0)
 	require.ErrorIs(t, err, ErrInvalid, "an empty region")
-	open, err := a.RegisterMemory(64, false)
+	open, err := a.RegisterMemory(64, 0)
 	require.NoError(t, err)
 	defer open.Close()
 	for name, call := range map[string]func() error{

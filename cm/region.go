@@ -100,15 +100,31 @@ func (r *Region) Close() error {
 // errRegionClosed: the local region of a one-sided operation was closed.
 var errRegionClosed = fmt.Errorf("local region: %w", ErrClosed)
 
+// Access says what a peer holding a Region's Descriptor may do with it. The
+// zero value grants nothing: the region is only the local side of this
+// side's WriteRemote (its source) and ReadRemote (its destination).
+type Access uint8
+
+const (
+	// RemoteRead lets the peer read the region (its ReadRemote).
+	RemoteRead Access = 1 << iota
+	// RemoteWrite lets the peer write the region (its WriteRemote).
+	RemoteWrite
+)
+
 // RegisterMemory registers size bytes for one-sided operations on this
-// connection. With remoteWrite the peer may write it; it may always read it.
+// connection, with the access access grants the peer (ibv_reg_mr with
+// IBV_ACCESS_LOCAL_WRITE, plus IBV_ACCESS_REMOTE_READ and _WRITE as asked).
+// A peer's operation that its region does not allow fails at the peer, with
+// a remote access error that breaks the peer's connection, as a revoked
+// region's does.
 //
 // The registration is on the device's protection domain, which every
 // connection of this process on that device shares: a peer of any of them
-// that has (or guesses) the Descriptor can reach the region. Give
-// descriptors only to peers trusted with the memory, and Close the region
-// to revoke access.
-func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
+// that has (or guesses) the Descriptor can reach a region that grants
+// access. Grant only what the peer needs, give descriptors only to peers
+// trusted with the memory, and Close the region to revoke access.
+func (c *Conn) RegisterMemory(size int, access Access) (*Region, error) {
 	if c == nil {
 		return nil, ErrClosed // as the other calls on a nil Conn
 	}
@@ -117,6 +133,9 @@ func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
 	}
 	if size <= 0 || int64(size) > 1<<31 {
 		return nil, c.opErr("register memory", fmt.Errorf("size %d out of range: %w", size, ErrInvalid))
+	}
+	if access&^(RemoteRead|RemoteWrite) != 0 {
+		return nil, c.opErr("register memory", fmt.Errorf("unknown access bits %#x: %w", uint8(access), ErrInvalid))
 	}
 	c.mu.Lock()
 	err := c.err
@@ -129,7 +148,7 @@ func (c *Conn) RegisterMemory(size int, remoteWrite bool) (*Region, error) {
 		// the device for a connection that is gone.
 		return nil, c.opErr("register memory", cmp.Or(err, ErrClosed))
 	}
-	m, err := c.t.regMem(size, remoteWrite)
+	m, err := c.t.regMem(size, access)
 	c.ioDone()
 	if err != nil {
 		return nil, c.opErr("register memory", err)

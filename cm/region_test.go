@@ -77,10 +77,10 @@ func (stallRDMA) postRDMA(bool, *Region, int, int, RemoteRegion, uint64) error {
 func TestAbandonedRDMAIsNotATimeoutLater(t *testing.T) {
 	a, b, w := fakePair(t, fakeOpts{})
 	a.t = stallRDMA{w.ends[0]}
-	remote, err := b.RegisterMemory(4096, true)
+	remote, err := b.RegisterMemory(4096, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	defer remote.Close()
-	local, err := a.RegisterMemory(4096, false)
+	local, err := a.RegisterMemory(4096, 0)
 	require.NoError(t, err)
 	defer local.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -126,10 +126,10 @@ func TestRegionCloseWaitsForItsOperation(t *testing.T) {
 	h := heldRDMA{w.ends[0], make(chan struct{}), make(chan struct{})}
 	a.t = h
 	ctx := ctxT(t)
-	remote, err := b.RegisterMemory(4096, true)
+	remote, err := b.RegisterMemory(4096, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	defer remote.Close()
-	local, err := a.RegisterMemory(4096, false)
+	local, err := a.RegisterMemory(4096, 0)
 	require.NoError(t, err)
 	copy(local.Bytes(), "in flight")
 	wrote := make(chan error, 1)
@@ -175,13 +175,13 @@ func TestOneSidedOnClosingRegionFailsAtOnce(t *testing.T) {
 	h := heldRDMA{w1.ends[0], make(chan struct{}), make(chan struct{})}
 	a1.t = h
 	a2, b2, _ := fakePair(t, fakeOpts{})
-	r1, err := b1.RegisterMemory(64, true)
+	r1, err := b1.RegisterMemory(64, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	defer r1.Close()
-	r2, err := b2.RegisterMemory(64, true)
+	r2, err := b2.RegisterMemory(64, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	defer r2.Close()
-	shared, err := a1.RegisterMemory(64, false) // one device: a2 may use it too
+	shared, err := a1.RegisterMemory(64, 0) // one device: a2 may use it too
 	require.NoError(t, err)
 	wrote := make(chan error, 1)
 	go func() { wrote <- a1.WriteRemote(ctxT(t), shared, 0, 8, r1.Descriptor(), 0) }()
@@ -211,10 +211,10 @@ func TestOneSidedOnClosingRegionFailsAtOnce(t *testing.T) {
 // returned it without trying, and the memory stayed open to the peer.
 func TestRegionCloseFailureCanBeRetried(t *testing.T) {
 	a, b, _ := fakePair(t, fakeOpts{})
-	exposed, err := b.RegisterMemory(64, true)
+	exposed, err := b.RegisterMemory(64, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	exposed.mem = &failingClose{memory: exposed.mem, fails: 1}
-	local, err := a.RegisterMemory(64, false)
+	local, err := a.RegisterMemory(64, 0)
 	require.NoError(t, err)
 	defer local.Close()
 	ctx := ctxT(t)
@@ -244,10 +244,10 @@ func (m *failingClose) close() error {
 // longer has (unmapped, its Bytes are nil).
 func TestOneSidedClosedLocalRegion(t *testing.T) {
 	a, b, _ := fakePair(t, fakeOpts{})
-	exposed, err := b.RegisterMemory(64, true)
+	exposed, err := b.RegisterMemory(64, RemoteRead|RemoteWrite)
 	require.NoError(t, err)
 	defer exposed.Close()
-	local, err := a.RegisterMemory(64, false)
+	local, err := a.RegisterMemory(64, 0)
 	require.NoError(t, err)
 	local.mem = &unmappedOnClose{memory: local.mem}
 	require.NoError(t, local.Close())
@@ -259,7 +259,7 @@ func TestOneSidedClosedLocalRegion(t *testing.T) {
 // connection.
 func TestOneSidedWrappingDescriptorRefused(t *testing.T) {
 	a, _, w := fakePair(t, fakeOpts{})
-	local, err := a.RegisterMemory(64, false)
+	local, err := a.RegisterMemory(64, 0)
 	require.NoError(t, err)
 	defer local.Close()
 	remote := RemoteRegion{Addr: math.MaxUint64 - 10, Len: 100, RKey: 1}
@@ -301,7 +301,7 @@ func TestNilConnAndListenerCalls(t *testing.T) {
 	var l *Listener
 	ctx := context.Background()
 	require.NotPanics(t, func() {
-		r, err := c.RegisterMemory(64, true)
+		r, err := c.RegisterMemory(64, RemoteRead|RemoteWrite)
 		require.ErrorIs(t, err, ErrClosed)
 		require.Nil(t, r)
 	})

@@ -416,7 +416,7 @@ func runStress(t *testing.T, seed uint64) {
 			continue
 		}
 		var err error
-		locals[side], err = conns[side].RegisterMemory(4096, false)
+		locals[side], err = conns[side].RegisterMemory(4096, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -424,7 +424,11 @@ func runStress(t *testing.T, seed uint64) {
 		if roExposed[1-side] {
 			s.faulted.Store(true)
 		}
-		exposed[1-side], err = conns[1-side].RegisterMemory(4096, !roExposed[1-side])
+		access := RemoteRead | RemoteWrite
+		if roExposed[1-side] {
+			access = RemoteRead
+		}
+		exposed[1-side], err = conns[1-side].RegisterMemory(4096, access)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -703,7 +707,7 @@ func runStress(t *testing.T, seed uint64) {
 		if err := c.CloseWrite(); err == nil {
 			s.failf("CloseWrite after Close on side %d: nil", side)
 		}
-		if reg, err := c.RegisterMemory(64, false); err == nil {
+		if reg, err := c.RegisterMemory(64, 0); err == nil {
 			s.failf("RegisterMemory after Close on side %d succeeded", side)
 			reg.Close()
 		}

@@ -24,7 +24,7 @@ type transport interface {
 	// postRDMA posts a signaled RDMA write (or read) of n bytes between
 	// local memory and the peer's region.
 	postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error
-	regMem(size int, remoteWrite bool) (memory, error)
+	regMem(size int, access Access) (memory, error)
 	// probeTarget is the memory the peer's keepalive probes read; the
 	// hello carries it. postProbe posts a signaled RDMA read of the
 	// peer's (probeLen bytes), which completes as compProbe.

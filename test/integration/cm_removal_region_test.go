@@ -56,7 +56,7 @@ func regionRemovalChild(t *testing.T) {
 	l, err := cm.Listen(ctx, netip.AddrPortFrom(regionVeth.Addr.Addr(), 0).String(), cm.WithMessageSize(256), cm.WithQueueDepth(4))
 	require.NoError(t, err)
 	c, s := connectAndSend(t, ctx, l, l.Addr().String(), "before")
-	region, err := c.RegisterMemory(4096, false)
+	region, err := c.RegisterMemory(4096, 0)
 	require.NoError(t, err)
 	copy(region.Bytes(), "kept")
 	require.NoError(t, c.Close())

@@ -276,7 +276,7 @@ func TestCMKeepaliveWhilePeerReadsNothing(t *testing.T) {
 func TestCMOneSidedWriteRead(t *testing.T) {
 	client, server := cmPair(t)
 	ctx := cmCtx(t, 20*time.Second)
-	exposed, err := server.RegisterMemory(8192, true)
+	exposed, err := server.RegisterMemory(8192, cm.RemoteRead|cm.RemoteWrite)
 	require.NoError(t, err)
 	defer exposed.Close() // closed below to revoke it; this on a failure before
 	copy(exposed.Bytes()[4096:], "server data")
@@ -286,7 +286,7 @@ func TestCMOneSidedWriteRead(t *testing.T) {
 	require.NoError(t, err)
 	desc, err := cm.UnmarshalRemoteRegion(buf[:n])
 	require.NoError(t, err)
-	local, err := client.RegisterMemory(8192, false)
+	local, err := client.RegisterMemory(8192, 0)
 	require.NoError(t, err)
 	defer local.Close()
 	copy(local.Bytes(), "written one-sided")
@@ -310,6 +310,52 @@ func TestCMOneSidedWriteRead(t *testing.T) {
 	require.Error(t, err)
 	var ce *verbs.CompletionError
 	require.ErrorAs(t, err, &ce, "a revoked region fails with the device's completion status")
+}
+
+// The device enforces what a Region grants: a peer's read of a write-only
+// or local-only region, and its write into a read-only or local-only one,
+// fail with a remote access error that breaks the peer's connection, and
+// move nothing; what is granted works. (Before Access, every region was
+// readable by any peer of the device's protection domain.)
+func TestCMOneSidedAccessEnforced(t *testing.T) {
+	ctx := cmCtx(t, 60*time.Second)
+	for _, tc := range []struct {
+		access cm.Access
+		write  bool
+	}{
+		{cm.RemoteWrite, false},
+		{cm.RemoteRead, true},
+		{0, false},
+		{0, true},
+	} {
+		client, server := cmPair(t)
+		region, err := server.RegisterMemory(4096, tc.access)
+		require.NoError(t, err)
+		copy(region.Bytes(), "original")
+		local, err := client.RegisterMemory(4096, 0)
+		require.NoError(t, err)
+		copy(local.Bytes(), "incoming")
+		op := client.ReadRemote
+		if tc.write {
+			op = client.WriteRemote
+		}
+		if tc.access != 0 { // what it grants works first
+			granted := client.ReadRemote
+			if tc.access == cm.RemoteWrite {
+				granted = client.WriteRemote
+			}
+			require.NoError(t, granted(ctx, local, 2048, 8, region.Descriptor(), 2048), "access %d", tc.access)
+		}
+		err = op(ctx, local, 0, 8, region.Descriptor(), 0)
+		var ce *verbs.CompletionError
+		require.ErrorAs(t, err, &ce, "access %d, write %v: want the device's refusal", tc.access, tc.write)
+		require.Equal(t, verbs.WCRemAccessErr, ce.Status, "access %d, write %v", tc.access, tc.write)
+		require.Equal(t, "original", string(region.Bytes()[:8]), "written all the same")
+		require.Equal(t, "incoming", string(local.Bytes()[:8]), "read all the same")
+		require.ErrorIs(t, client.Send(ctx, []byte("after")), cm.ErrPeerGone)
+		require.NoError(t, local.Close())
+		require.NoError(t, region.Close())
+	}
 }
 
 // The acceptor reaches the dialer's memory too. It could not: the dialer's
@@ -351,11 +397,11 @@ func requireBothWays(t *testing.T, dialed, accepted *cm.Conn) {
 func requireOneSided(t *testing.T, from, to *cm.Conn) {
 	t.Helper()
 	ctx := cmCtx(t, 20*time.Second)
-	exposed, err := to.RegisterMemory(4096, true)
+	exposed, err := to.RegisterMemory(4096, cm.RemoteRead|cm.RemoteWrite)
 	require.NoError(t, err)
 	defer exposed.Close()
 	copy(exposed.Bytes()[2048:], "exposed data")
-	local, err := from.RegisterMemory(4096, false)
+	local, err := from.RegisterMemory(4096, 0)
 	require.NoError(t, err)
 	defer local.Close()
 	copy(local.Bytes(), "written one-sided")
@@ -386,7 +432,7 @@ func TestCMRegionOutlivesItsConnection(t *testing.T) {
 	server := <-accepted
 	require.NotNil(t, server)
 	t.Cleanup(func() { server.Close() })
-	region, err := client.RegisterMemory(4096, true)
+	region, err := client.RegisterMemory(4096, cm.RemoteRead|cm.RemoteWrite)
 	require.NoError(t, err)
 	t.Cleanup(func() { region.Close() })
 	closed := make(chan struct{})
@@ -421,10 +467,10 @@ func TestCMRegionOutlivesItsConnection(t *testing.T) {
 func TestCMOneSidedRefusesClosedRegion(t *testing.T) {
 	client, server := cmPair(t)
 	ctx := cmCtx(t, 20*time.Second)
-	exposed, err := server.RegisterMemory(4096, true)
+	exposed, err := server.RegisterMemory(4096, cm.RemoteRead|cm.RemoteWrite)
 	require.NoError(t, err)
 	defer exposed.Close()
-	local, err := client.RegisterMemory(4096, false)
+	local, err := client.RegisterMemory(4096, 0)
 	require.NoError(t, err)
 	require.NoError(t, local.Close())
 	require.Error(t, client.WriteRemote(ctx, local, 0, 8, exposed.Descriptor(), 0))
@@ -1351,12 +1397,12 @@ func TestCMRegionTakesKeptBuffersMemory(t *testing.T) {
 	require.Greater(t, cm.GlobalStats().BufferBytesKept, int64(16<<20), "both ends' buffers kept")
 
 	client, server = pair(cm.WithMessageSize(64), cm.WithQueueDepth(2))
-	region, err := client.RegisterMemory(32<<20, true)
+	region, err := client.RegisterMemory(32<<20, cm.RemoteWrite)
 	require.NoError(t, err, "a 32 MiB region beside the kept buffers")
 	require.Zero(t, cm.GlobalStats().BufferBytesKept, "the kept buffers went for the region")
 	// The region works: the peer writes into it.
 	remote := region.Descriptor()
-	src, err := server.RegisterMemory(4096, false)
+	src, err := server.RegisterMemory(4096, 0)
 	require.NoError(t, err)
 	copy(src.Bytes(), "written into the region")
 	require.NoError(t, server.WriteRemote(ctx, src, 0, 4096, remote, 31<<20))
