@@ -911,12 +911,25 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		return
 	}
 	if !d.Accept {
-		e.rejected.Add(1)
-		e.k.Reject(ev.ID, d.PrivateData)
-		e.k.DestroyID(ev.ID)
 		if d.RefusedDial != 0 {
+			// The dial fails before the refusal goes: refused, the
+			// acceptor's half lets the forward leg go, perhaps the
+			// last on its TGT, and a frame of the dial's posted
+			// meanwhile found no TGT and recovered our uplink.
 			e.reverseRefused(d, ev.Remote.Addr())
 		}
+		var fin <-chan struct{}
+		if d.Aborted {
+			// Its answer ends the acceptor's half as a refusal does.
+			e.mu.Lock()
+			fin = e.finToGoLocked(d.RefusedDial)
+			e.mu.Unlock()
+		}
+		e.afterFIN(fin, func() {
+			e.rejected.Add(1)
+			e.k.Reject(ev.ID, d.PrivateData)
+			e.k.DestroyID(ev.ID)
+		})
 		return
 	}
 	phys := ev.Exchange == kernel.ExchangeXRC
@@ -943,28 +956,12 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 		// its way: accepted, the leg would complete the dial, and the
 		// acceptor's Accept would return it.
 		if c = e.reverseDialLocked(leg.Reciprocal, ev.Remote.Addr(), leg.PeerIncarnation); c == nil {
-			// A dial given up whose FIN is still to go: the refusal
-			// ends the acceptor's half, which lets the forward leg go,
-			// perhaps the last on its TGT, and the FIN would find no
-			// TGT and fail our uplink. Refuse once the FIN has gone.
-			var fin <-chan struct{}
-			if p := e.pending[leg.Reciprocal]; p != nil && p.abandoned && p.sendUp && !p.sendDone {
-				fin = p.done
-			}
+			fin := e.finToGoLocked(leg.Reciprocal)
 			e.mu.Unlock()
-			refuse := func() {
+			e.afterFIN(fin, func() {
 				e.acc.Withdraw(leg)
 				e.reject(ev, wire.RejectBadRequest, leg.PeerTag)
-			}
-			if fin == nil || !e.spawn(func() {
-				select {
-				case <-fin:
-				case <-e.ctx.Done():
-				}
-				refuse()
-			}) {
-				refuse()
-			}
+			})
 			return
 		}
 	} else {
@@ -1026,6 +1023,32 @@ func (e *Endpoint) reverseDialLocked(tag uint32, node netip.Addr, inc uint64) *C
 		return nil
 	}
 	return c
+}
+
+// finToGoLocked returns, for a dial of ours given up (tag) whose FIN is
+// still to go, what closes once it has gone (the dial's end); else nil. A
+// refusal of its reverse leg, or the answer to its ABORT, ends the
+// acceptor's half, which lets the forward leg go, perhaps the last on its
+// TGT, and the FIN would find no TGT and fail our uplink: they wait for it.
+func (e *Endpoint) finToGoLocked(tag uint32) <-chan struct{} {
+	if p := e.pending[tag]; p != nil && p.abandoned && p.sendUp && !p.sendDone {
+		return p.done
+	}
+	return nil
+}
+
+// afterFIN runs f once fin (from finToGoLocked) is closed, or the endpoint
+// closes, on a goroutine of the endpoint's; at once if fin is nil.
+func (e *Endpoint) afterFIN(fin <-chan struct{}, f func()) {
+	if fin == nil || !e.spawn(func() {
+		select {
+		case <-fin:
+		case <-e.ctx.Done():
+		}
+		f()
+	}) {
+		f()
+	}
 }
 
 // reverseRefused fails the dial of ours whose reverse leg we have just
@@ -1554,14 +1577,21 @@ func (e *Endpoint) recvLegUp(c *Conn) {
 			e.mu.Unlock()
 			peer := c.recvLeg.PeerTag
 			if err := e.openLeg(ctx, c, peer); err != nil {
-				c.fail(err)
 				var rj *RejectError
-				if !errors.As(err, &rj) || rj.Reason == RejectTGTGone || rj.Reason == RejectDomainMismatch {
+				if !errors.As(err, &rj) || rj.Reason == RejectTGTGone || rj.Reason == RejectDomainMismatch ||
+					rj.Reason == RejectCM {
 					// Else the dialer refused it, and that failed
 					// the dial there (reverseRefused): an ABORT could
 					// overtake its refusal's own failure of the dial.
+					// A CM's refusal or timeout (RejectCM) is none
+					// of the dialer's: it never saw the request.
+					// Before our half fails: that lets the forward
+					// leg go, perhaps the last on its TGT, and a
+					// frame of the dialer's then found no TGT and
+					// recovered its uplink, failing the dial first.
 					e.abortReverse(c, peer)
 				}
+				c.fail(err)
 			}
 		})
 	}
