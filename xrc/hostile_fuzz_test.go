@@ -42,6 +42,9 @@ func FuzzEndpointRequest(f *testing.F) {
 	f.Add(true, true, false, enc(virt, func(r *wire.Req) { r.TGTQPNHint, r.DomainHint = 0x41, 3 }))
 	f.Add(true, true, false, enc(virt, func(r *wire.Req) { r.Flags, r.Move = wire.FlagMove, 1 }))
 	f.Add(true, true, false, enc(phys, same))
+	f.Add(true, false, false, enc(virt, func(r *wire.Req) { // an ABORT naming no dial of ours
+		r.Flags, r.PeerTag, r.INIQPN, r.TGTQPNHint, r.DomainHint = wire.FlagReciprocal|wire.FlagAbort, 4242, 0, 0, 0
+	}))
 	f.Add(false, true, false, enc(phys, same))
 	f.Add(false, true, false, enc(phys, func(r *wire.Req) { r.Flags, r.PeerTag = wire.FlagReciprocal, 4242 }))
 	f.Add(false, true, false, enc(virt, same))

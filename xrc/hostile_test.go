@@ -104,6 +104,11 @@ func TestEndpointHostileRequests(t *testing.T) {
 		{"MOVE of a leg never made", r, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) { q.Flags, q.Move = wire.FlagMove, 1 })), wire.RejectBadRequest, 0},
 		{"XRC garbage", r, kernel.ExchangeXRC, garbage[:40], wire.RejectBadRequest, 0},
 		{"XRC INI QPN differs from the CM's", r, kernel.ExchangeXRC, encodeReq(t, mut(phys, func(q *wire.Req) { q.INIQPN = iniQPN + 1 })), wire.RejectBadRequest, 0},
+		{"SIDR ABORT naming no dial of ours", r, kernel.ExchangeSIDR, encodeReq(t, mut(virt, func(q *wire.Req) {
+			q.Flags, q.PeerTag, q.INIQPN, q.TGTQPNHint, q.DomainHint = wire.FlagReciprocal|wire.FlagAbort, 4242, 0, 0, 0
+		})), wire.RejectBadRequest, 0},
+		{"SIDR ABORT naming a QP", r, kernel.ExchangeSIDR, mutb(encodeReq(t, mut(virt, func(q *wire.Req) { q.Flags, q.PeerTag = wire.FlagReciprocal, 4242 })),
+			func(b []byte) []byte { b[4] |= byte(wire.FlagAbort); return b }), wire.RejectBadRequest, 0},
 		{"XRC reciprocal naming no dial of ours", r, kernel.ExchangeXRC, encodeReq(t, mut(phys, func(q *wire.Req) { q.Flags, q.PeerTag = wire.FlagReciprocal, 4242 })), wire.RejectBadRequest, 0},
 	}
 	rejected := map[*proc]uint64{}

@@ -285,6 +285,7 @@ func edgeReqs() []Req {
 		{TypePhysReq, FlagReciprocal, 1, 0, 64},
 		{TypeVirtReq, FlagOneExchange, 1, 2, 64},
 		{TypeVirtReq, FlagReciprocal | FlagMove, 1, 2, 1 << 20},
+		{TypeVirtReq, FlagReciprocal | FlagAbort, 1, 0, 64},
 	} {
 		r := Req{Type: c.t, Flags: c.flags, ConnTag: 1, PeerTag: c.peer, Incarnation: 1, INIQPN: 2,
 			TGTQPNHint: c.hint, ReplyPort: 1, Credits: 1, MaxMessage: c.max}
@@ -293,6 +294,9 @@ func edgeReqs() []Req {
 		}
 		if c.flags&FlagMove != 0 {
 			r.Move = 1
+		}
+		if c.flags&FlagAbort != 0 { // names no QP and no domain
+			r.INIQPN, r.DomainHint = 0, 0
 		}
 		out = append(out, r)
 	}
