@@ -69,8 +69,9 @@ var (
 	// reverse leg, which it does not ask again.
 	errReverseRefused = errors.New("xrc: this endpoint refused the peer's request for the dial's reverse leg")
 	// errReverseAborted: the peer's half of the connection failed before
-	// its reverse leg was up (its ABORT).
-	errReverseAborted = errors.New("xrc: the peer could not open the dial's reverse leg")
+	// its reverse leg was up (its ABORT). The acceptor turned the dial
+	// down, so it matches ECONNREFUSED, as its REJECTs do (RejectError).
+	errReverseAborted = fmt.Errorf("xrc: the peer could not open the dial's reverse leg: %w", syscall.ECONNREFUSED)
 )
 
 // RejectReason is why a peer refused a connection request.

@@ -63,6 +63,9 @@ func TestDialReverseLegAbortedFailsAtOnce(t *testing.T) {
 			if !errors.Is(err, errReverseAborted) {
 				t.Fatalf("dial failed after %v with %v; want the acceptor's ABORT", time.Since(start).Round(time.Millisecond), err)
 			}
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("dial failed with %v, which does not match ECONNREFUSED as the acceptor's other refusals do", err)
+			}
 			if k.tries.Load() == 0 {
 				t.Fatal("setup: the acceptor never tried to make an INI")
 			}
