@@ -1921,7 +1921,12 @@ func (e *Endpoint) janitor() {
 					continue
 				}
 			}
-			if c.sendUp && !c.sendDone && now.Sub(c.lastSent) >= e.cfg.Heartbeat && !c.frameWaitingLocked() {
+			// An inbound half sends nothing before the dialer's first
+			// frame: that may be the FIN of a dial given up, whose dialer
+			// then lets our leg go at once, perhaps the last on its TGT,
+			// and a keepalive there would fail our INI (a recovery for
+			// nothing).
+			if c.sendUp && !c.sendDone && !c.awaitFirst && now.Sub(c.lastSent) >= e.cfg.Heartbeat && !c.frameWaitingLocked() {
 				beat = append(beat, c)
 			}
 		}
