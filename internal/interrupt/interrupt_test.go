@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"syscall"
 	"testing"
 	"time"
@@ -33,6 +34,15 @@ func TestSecondInterruptKills(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The child must start with SIGINT's default handling. Run with
+	// SIGINT ignored (a background job of a shell without job control),
+	// this process would pass that on, and the child's Stop restores it:
+	// the second SIGINT is ignored. Exec resets a caught signal to the
+	// default. (Not only where signal.Ignored says so: it does not see the
+	// ignoring an earlier Notify and Stop restored.)
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, os.Interrupt)
+	defer signal.Stop(c)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
