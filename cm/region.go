@@ -62,11 +62,20 @@ func UnmarshalRemoteRegion(b []byte) (RemoteRegion, error) {
 }
 
 // Bytes returns the region's memory. It lives outside the Go heap and is
-// valid until Close.
-func (r *Region) Bytes() []byte { return r.mem.bytes() }
+// valid until Close. A nil Region has none, as a closed one.
+func (r *Region) Bytes() []byte {
+	if r == nil {
+		return nil
+	}
+	return r.mem.bytes()
+}
 
-// Descriptor returns what the peer needs to access this region.
+// Descriptor returns what the peer needs to access this region (the zero
+// RemoteRegion for a nil Region, as for a closed one).
 func (r *Region) Descriptor() RemoteRegion {
+	if r == nil {
+		return RemoteRegion{}
+	}
 	return RemoteRegion{Addr: r.mem.addr(), Len: uint32(len(r.mem.bytes())), RKey: r.mem.rkey()}
 }
 

@@ -332,3 +332,14 @@ func TestNilConnAndListenerCalls(t *testing.T) {
 		require.NoError(t, nc.Close())
 	})
 }
+
+// A nil Region's getters give what a closed one's give (no memory, an empty
+// descriptor), as its Close and a nil Conn's getters do, instead of
+// panicking.
+func TestNilRegionGetters(t *testing.T) {
+	var r *Region
+	require.NotPanics(t, func() {
+		require.Nil(t, r.Bytes())
+		require.Zero(t, r.Descriptor())
+	})
+}
