@@ -20,7 +20,7 @@ var errUnspecified = fmt.Errorf("an endpoint on an RDMA device needs a concrete 
 func deviceKernel(cfg *Config) (kernel.Kernel, error) {
 	ap, err := netip.ParseAddrPort(cfg.Addr)
 	if err != nil {
-		return nil, &OpError{"listen", cfg.Addr, err}
+		return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("%w (%w)", err, ErrInvalid)}
 	}
 	ip, dev := ap.Addr().Unmap(), cfg.Device
 	switch {

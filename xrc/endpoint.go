@@ -254,7 +254,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	}
 	ap, err := netip.ParseAddrPort(cfg.Addr)
 	if err != nil {
-		return nil, &OpError{"listen", cfg.Addr, err}
+		return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("%w (%w)", err, ErrInvalid)}
 	}
 	ap = canonicalAddr(ap)
 	if !ap.Addr().IsUnspecified() && !sameNode(ap.Addr(), k.LocalAddr()) {
@@ -778,7 +778,7 @@ func (e *Endpoint) setSendTagLocked(c *Conn, t uint32) {
 func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	raddr, err := netip.ParseAddrPort(address)
 	if err != nil {
-		return nil, &OpError{"dial", address, err}
+		return nil, &OpError{"dial", address, fmt.Errorf("%w (%w)", err, ErrInvalid)}
 	}
 	raddr = canonicalAddr(raddr) // the form the CM reports the peer in
 	if _, ok := ctx.Deadline(); !ok {

@@ -41,8 +41,9 @@ var (
 	// or RDMA altogether (no Linux or no cgo). It is verbs.ErrNotSupported.
 	ErrNotSupported = verbs.ErrNotSupported
 	// ErrInvalid is matched (errors.Is) by the error of a Config the
-	// endpoint cannot take: a size or window out of range, an unspecified
-	// address without Config.Device, Process and Device both set. It is
+	// endpoint cannot take: a size or window out of range, an address that
+	// does not parse (Dial's too), an unspecified address without
+	// Config.Device, Process and Device both set. It is
 	// os.ErrInvalid, as cm.ErrInvalid is.
 	ErrInvalid = os.ErrInvalid
 	// ErrProtocol reports a peer that broke the protocol: an ACCEPT that
