@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -194,7 +195,7 @@ func TestWithLocalAddr(t *testing.T) {
 
 	_, err = dial("10.1.0.1:7471", WithLocalAddr("10.1.0.3"))
 	require.ErrorContains(t, err, "local address 10.1.0.3 is not the fabric node's (10.1.0.2)")
-	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, syscall.EADDRNOTAVAIL)
 	_, err = dial("10.1.0.1:7471", WithLocalAddr("10.1.0"))
 	require.ErrorContains(t, err, `local address: ParseAddr("10.1.0")`)
 	require.ErrorIs(t, err, ErrInvalid)

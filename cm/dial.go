@@ -68,7 +68,8 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (_ *
 		}
 		node := k.LocalAddr()
 		if cfg.local.IsValid() && !cfg.local.IsUnspecified() && cfg.local != node {
-			return nil, &OpError{Op: "dial", Addr: address, Err: fmt.Errorf("cm: local address %s is not the fabric node's (%s): %w", cfg.local, node, ErrInvalid)}
+			// Not this host's address: the device's answer (and bind's).
+			return nil, &OpError{Op: "dial", Addr: address, Err: fmt.Errorf("cm: local address %s is not the fabric node's (%s): %w", cfg.local, node, syscall.EADDRNOTAVAIL)}
 		}
 		site := cfg.fabricSite(node)
 		try = func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {
