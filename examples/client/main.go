@@ -284,9 +284,10 @@ func (o options) check() error {
 		return fmt.Errorf("-conns %d: at most %d", o.conns, maxConns)
 	case o.mode == "xrc" && o.fabric && (o.nodes < 1 || o.nodes > 254 || o.procs < 1 || o.clients < 1):
 		return errors.New("xrc mode: -nodes must be 1 to 254, -procs and -clients 1 or more")
-	case o.mode == "xrc" && o.fabric && (o.procs > maxConns || o.clients > maxConns || o.nodes*o.procs*o.clients > maxConns):
+	case o.mode == "xrc" && o.fabric && (o.procs > maxConns || o.clients > maxConns || int64(o.nodes)*int64(o.procs)*int64(o.clients) > maxConns):
 		// Every connection is made at once in this program, with its
-		// buffers: as -conns, and checked so that no product overflows.
+		// buffers: as -conns, checked so that no product overflows (in
+		// int64: 254 x 65536 x 65536 passes a 32-bit int).
 		return fmt.Errorf("xrc mode: -clients x -nodes x -procs connections: at most %d", maxConns)
 	}
 	return nil
