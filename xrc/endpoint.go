@@ -919,8 +919,10 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 			e.reverseRefused(d, ev.Remote.Addr())
 		}
 		var fin <-chan struct{}
-		if d.Aborted {
-			// Its answer ends the acceptor's half as a refusal does.
+		if d.RefusedDial != 0 {
+			// The refusal of a reciprocal request (here, not for the
+			// dial's being given up: our CreateTGT failed, say), or the
+			// answer to an ABORT, ends the acceptor's half.
 			e.mu.Lock()
 			fin = e.finToGoLocked(d.RefusedDial)
 			e.mu.Unlock()
