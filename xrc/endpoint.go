@@ -1917,7 +1917,15 @@ func (e *Endpoint) janitor() {
 				// nothing arrives at all, half an idle timeout passed).
 				gone := !c.goneAt.IsZero() && ((now.Sub(c.goneAt) > e.cfg.Heartbeat && drains > c.goneDrains) ||
 					now.Sub(c.goneAt) > e.cfg.IdleTimeout/2)
-				if now.Sub(c.lastSeen) > e.cfg.IdleTimeout || gone {
+				// A dial's acceptor sends nothing on this leg before our
+				// first frame (consumeLocked): until a completion says it
+				// arrived (firstDue), its silence is waited out as the
+				// handshake is, not taken for its death.
+				idle := e.cfg.IdleTimeout
+				if c.firstDue {
+					idle = max(idle, e.cfg.HandshakeTimeout)
+				}
+				if now.Sub(c.lastSeen) > idle || gone {
 					dead = append(dead, c)
 					deadErr = append(deadErr, cmp.Or(c.sendGone, errIdle))
 					continue

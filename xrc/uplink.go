@@ -625,6 +625,11 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			w, ok := q.waiters[wc.WRID]
 			delete(q.waiters, wc.WRID)
 			if ok && wc.Status == verbs.WCSuccess && !w.probe {
+				if w.c.firstDue {
+					// Its acceptor, silent until our first frame,
+					// is due to show signs of life from now.
+					w.c.lastSeen = time.Now()
+				}
 				w.c.firstDue = false // the receiver has had a frame of ours
 			}
 			if ok && w.data && wc.Status == verbs.WCSuccess {
