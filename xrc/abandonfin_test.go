@@ -40,7 +40,19 @@ func TestDialAbandonedFINBeforeRefusal(t *testing.T) {
 	a := w.wrappedEndpoint("10.0.58.1", 7000, func(k kernel.Kernel) kernel.Kernel { fk.Kernel = k; return fk })
 	b := w.wrappedEndpoint("10.0.58.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
 	rk.armed.Store(true) // b's only Connect: its reverse leg's request
-	fk.armed.Store(true)
+	abandonDialHoldingFIN(t, a, b, fk, rk.held, "the reverse leg's request never came")
+	close(rk.release) // the request arrives while the FIN waits
+	// Refused, b's half ends at once; a dialer that holds the refusal
+	// until its FIN has gone leaves it there.
+	finishAbandonedDial(t, a, b, fk)
+}
+
+// abandonDialHoldingFIN starts a two-exchange dial from a to b, waits for
+// held (what the test holds at b, named by what) and for the dial's
+// forward leg to be up, then gives the dial up, and returns once fk holds
+// its FIN.
+func abandonDialHoldingFIN(t *testing.T, a, b *proc, fk *holdFIN, held <-chan struct{}, what string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dialed := make(chan error, 1)
@@ -48,7 +60,7 @@ func TestDialAbandonedFINBeforeRefusal(t *testing.T) {
 		_, err := a.dialOnce(ctx, b.Addr(), true)
 		dialed <- err
 	}()
-	awaitSetup(t, rk.held, "the reverse leg's request never came")
+	awaitSetup(t, held, what)
 	eventually(t, "the dial's forward leg up", func() (bool, string) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -59,16 +71,21 @@ func TestDialAbandonedFINBeforeRefusal(t *testing.T) {
 		}
 		return false, "not yet"
 	})
+	fk.armed.Store(true)
 	cancel()
 	if err := <-dialed; !errors.Is(err, context.Canceled) {
 		t.Fatalf("dial: %v, want context.Canceled", err)
 	}
 	awaitSetup(t, fk.held, "the abandoned dial sent no FIN")
-	close(rk.release) // the request arrives while the FIN waits
-	// Refused, b's half ends at once; a dialer that holds the refusal
-	// until its FIN has gone leaves it there: wait for that end a while
-	// (well within b's idle timeout, which would end it too), then let
-	// the FIN go.
+}
+
+// finishAbandonedDial, once what ends b's half is on its way while fk
+// holds a's FIN, waits a while for the half to end (well within b's idle
+// timeout, which would end it too), then lets the FIN go, and checks that
+// a's dial ended with no recovery and b holds no half: a dialer whose
+// answer went before its FIN had its uplink recover with no fault.
+func finishAbandonedDial(t *testing.T, a, b *proc, fk *holdFIN) {
+	t.Helper()
 	for deadline := time.Now().Add(testIdle / 4); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		b.mu.Lock()
 		n := len(b.conns)

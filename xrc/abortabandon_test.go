@@ -2,11 +2,9 @@ package xrc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/xrc/internal/wire"
@@ -45,54 +43,10 @@ func TestDialAbandonedFINBeforeAbortAnswer(t *testing.T) {
 	a := w.wrappedEndpoint("10.0.105.1", 7000, func(k kernel.Kernel) kernel.Kernel { fk.Kernel = k; return fk })
 	b := w.wrappedEndpoint("10.0.105.2", 7000, func(k kernel.Kernel) kernel.Kernel { bk.Kernel = k; return bk })
 	bk.armed.Store(true) // b makes no INI: its reverse leg fails, and it sends an ABORT
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dialed := make(chan error, 1)
-	go func() {
-		_, err := a.dialOnce(ctx, b.Addr(), true)
-		dialed <- err
-	}()
-	awaitSetup(t, bk.held, "b sent no ABORT")
-	eventually(t, "the dial's forward leg up", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		for _, c := range a.pending {
-			if c.sendUp {
-				return true, ""
-			}
-		}
-		return false, "not yet"
-	})
-	fk.armed.Store(true)
-	cancel()
-	if err := <-dialed; !errors.Is(err, context.Canceled) {
-		t.Fatalf("dial: %v, want context.Canceled", err)
-	}
-	awaitSetup(t, fk.held, "the abandoned dial sent no FIN")
-	close(bk.release) // the ABORT arrives while the FIN waits
-	// Answered, b's half ends at once; a dialer that holds the answer
-	// until its FIN has gone leaves it there: wait for that end a while
-	// (well within b's idle timeout, which would end it too), then let
-	// the FIN go.
-	for deadline := time.Now().Add(testIdle / 4); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		b.mu.Lock()
-		n := len(b.conns)
-		b.mu.Unlock()
-		if n == 0 {
-			break
-		}
-	}
-	close(fk.release)
-	eventually(t, "a's dial ended", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return len(a.conns) == 0 && len(a.pending) == 0, "still there"
-	})
+	abandonDialHoldingFIN(t, a, b, fk, bk.held, "b sent no ABORT")
+	close(bk.release) // the ABORT arrives while the FIN waits; answered, b's half ends
+	finishAbandonedDial(t, a, b, fk)
 	bk.armed.Store(false)
-	requireNoHalfConn(t, b)
-	if s := a.Stats(); s.Recoveries != 0 {
-		t.Fatalf("a's uplink recovered with no fault: %+v", s)
-	}
 	// (a's kernel, holdFIN, counts no handles: only its node is looked at.)
 	eventually(t, "a's node empty", func() (bool, string) {
 		s := w.f.Node("10.0.105.1").Stats()

@@ -1,10 +1,7 @@
 package xrc
 
 import (
-	"context"
-	"errors"
 	"testing"
-	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 )
@@ -23,53 +20,11 @@ func TestDialAbandonedFINBeforeDecidedRefusal(t *testing.T) {
 	a := w.wrappedEndpoint("10.0.158.1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; fk.Kernel = g; return fk })
 	b := w.wrappedEndpoint("10.0.158.2", 7000, func(k kernel.Kernel) kernel.Kernel { rk.Kernel = k; return rk })
 	rk.armed.Store(true) // b's only Connect: its reverse leg's request
-	fk.armed.Store(true)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dialed := make(chan error, 1)
-	go func() {
-		_, err := a.dialOnce(ctx, b.Addr(), true)
-		dialed <- err
-	}()
-	awaitSetup(t, rk.held, "the reverse leg's request never came")
-	eventually(t, "the dial's forward leg up", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		for _, c := range a.pending {
-			if c.sendUp {
-				return true, ""
-			}
-		}
-		return false, "not yet"
-	})
-	cancel()
-	if err := <-dialed; !errors.Is(err, context.Canceled) {
-		t.Fatalf("dial: %v, want context.Canceled", err)
-	}
-	awaitSetup(t, fk.held, "the abandoned dial sent no FIN")
+	abandonDialHoldingFIN(t, a, b, fk, rk.held, "the reverse leg's request never came")
 	g.armed.Store(true) // a makes no TGT for the request: BUSY_RETRY
 	close(rk.release)   // the request arrives while the FIN waits
-	// As in TestDialAbandonedFINBeforeRefusal: wait a while for b's half
-	// to end (well within b's idle timeout), then let the FIN go.
-	for deadline := time.Now().Add(testIdle / 4); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		b.mu.Lock()
-		n := len(b.conns)
-		b.mu.Unlock()
-		if n == 0 {
-			break
-		}
-	}
-	close(fk.release)
-	eventually(t, "a's dial ended", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return len(a.conns) == 0 && len(a.pending) == 0, "still there"
-	})
+	finishAbandonedDial(t, a, b, fk)
 	if g.armed.Load() {
 		t.Fatal("setup: no TGT was asked for")
-	}
-	requireNoHalfConn(t, b)
-	if s := a.Stats(); s.Recoveries != 0 {
-		t.Fatalf("a's uplink recovered with no fault: %+v", s)
 	}
 }
