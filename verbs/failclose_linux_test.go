@@ -154,7 +154,7 @@ func TestKernelDestroyOfOpenedHandle(t *testing.T) {
 	defer cq.Close()
 	qps := func() uint64 {
 		t.Helper()
-		rs, err := softroce.Resources(os.Getenv("RXE_DEV"))
+		rs, err := softroce.ProcessResources(os.Getenv("RXE_DEV"), os.Getpid())
 		if err != nil {
 			t.Fatal(err)
 		}

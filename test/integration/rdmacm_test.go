@@ -8,7 +8,6 @@ import (
 	"errors"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/goxrc/goxrc/cm"
 	"github.com/goxrc/goxrc/rdmacm"
+	"github.com/goxrc/goxrc/test/softroce"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -34,7 +34,7 @@ func rdmacmNextQPN() uint32 { return rdmacmQPN.Add(1) }
 
 var (
 	rdmacmBaseOnce sync.Once
-	rdmacmBaseIDs  int // cm_ids in `rdma res show cm_id` before the first test
+	rdmacmBaseIDs  int // this process's cm_ids in the kernel before the first test
 )
 
 // rdmacmEnv skips without the VM and returns the device and its address.
@@ -55,17 +55,20 @@ func rdmacmEnv(t *testing.T) (string, netip.Addr) {
 	return dev, ip
 }
 
-// rdmacmKernelIDs counts the kernel's rdma_cm ids, or -1 without `rdma`.
+// rdmacmKernelIDs counts this process's rdma_cm ids in the kernel, on every
+// RDMA device (a wildcard listener has one on each).
 func rdmacmKernelIDs(t *testing.T) int {
-	out, err := exec.Command("rdma", "res", "show", "cm_id").CombinedOutput()
-	if err != nil { // iproute2 is a required package: the leak checks must not turn off
-		t.Fatalf("rdma res show cm_id: %v (%s)", err, bytes.TrimSpace(out))
+	links, err := softroce.Links()
+	if err != nil {
+		t.Fatal(err)
 	}
 	n := 0
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(l, "link ") {
-			n++
+	for _, l := range links {
+		res, err := softroce.ProcessResources(l.Name, os.Getpid())
+		if err != nil {
+			t.Fatal(err)
 		}
+		n += int(res["cm_id"])
 	}
 	return n
 }

@@ -4,6 +4,8 @@ package integration
 
 import (
 	"fmt"
+	"maps"
+	"net/netip"
 	"os"
 	"runtime"
 	"testing"
@@ -16,14 +18,17 @@ import (
 	"github.com/goxrc/goxrc/verbs"
 )
 
-// kernelBaseline is the device's `rdma resource` counts before any test ran.
+// kernelBaseline is this process's `rdma resource` counts on the device
+// before any test ran. Its own only: other processes (the -race build of
+// these tests, beside it on a second device in the VM) listen on wildcard
+// addresses, whose ids the kernel makes on every device.
 var kernelBaseline map[string]uint64
 
 func TestMain(m *testing.M) {
 	// Leak reports say where each leaked verbs object and CM id was made.
 	objtrace.Enable()
 	if dev := os.Getenv(softroce.EnvDev); dev != "" {
-		res, err := softroce.Resources(dev)
+		res, err := softroce.ProcessResources(dev, os.Getpid())
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "integration: baseline resources:", err)
 			os.Exit(1)
@@ -33,8 +38,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// objects is what a test may leave behind: the device's `rdma resource`
-// counts (none for dev ""), the bindings' object counters, cm's process
+// objects is what a test may leave behind: this process's `rdma resource`
+// counts on the device (none for dev ""), the bindings' object counters, cm's process
 // counters and the goroutines. Every test that makes connections compares
 // them at its end with what it found at its start (baseline, waitObjects).
 type objects struct {
@@ -54,7 +59,7 @@ func baseline(t *testing.T, dev string) objects {
 	cm.CloseIdleDevices()
 	o := objects{dev: dev, rdmacm: rdmacm.Counts(), verbs: verbs.Counts(), cm: cm.GlobalStats(), goroutines: runtime.NumGoroutine()}
 	if dev != "" {
-		res, err := softroce.Resources(dev)
+		res, err := softroce.ProcessResources(dev, os.Getpid())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,6 +119,35 @@ func waitObjects(t *testing.T, base objects, d time.Duration) {
 			t.Fatalf("leaked after %v:%s\n%s\ngoroutines:\n%s", d, left, objtrace.Report(), buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestLeakChecksCountOwnObjects: the kernel counts the leak checks compare
+// are this process's own. Another process's listener (a victim's) has its
+// CM ids among that process's and not among ours; a listener of ours adds
+// as many to ours.
+func TestLeakChecksCountOwnObjects(t *testing.T) {
+	dev, addr := softroce.Device(t)
+	counts := func(pid int) map[string]uint64 {
+		t.Helper()
+		res, err := softroce.ProcessResources(dev, pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	base := baseline(t, dev)
+	victim, _ := startVictim(t, "server", netip.AddrPortFrom(addr, 0).String())
+	theirs := counts(victim.Process.Pid)["cm_id"]
+	if theirs == 0 {
+		t.Fatal("the victim's listener: no CM id of the victim's")
+	}
+	if got := counts(os.Getpid()); !maps.Equal(got, base.kernel) {
+		t.Errorf("the victim's listener among ours: %v, at start %v", got, base.kernel)
+	}
+	cmListen(t)
+	if got, was := counts(os.Getpid())["cm_id"], base.kernel["cm_id"]; got != was+theirs {
+		t.Errorf("our listener: %d CM ids of ours, want %d", got, was+theirs)
 	}
 }
 

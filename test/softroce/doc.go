@@ -27,8 +27,8 @@
 //	}
 //
 // The set-up functions ([AddLink], [DeleteLink], [Links], [SetupVeth],
-// [AddressFor], [Resources]) speak netlink directly (no rdma or ip binary
-// needed, and no fork, which costs 50-80 ms in the emulated guest). They need
-// Linux and CAP_NET_ADMIN; elsewhere they return [ErrUnsupported]. The package
-// is pure Go (no cgo).
+// [AddressFor], [Resources], [ProcessResources]) speak netlink directly (no
+// rdma or ip binary needed, and no fork, which costs 50-80 ms in the emulated
+// guest). They need Linux and CAP_NET_ADMIN; elsewhere they return
+// [ErrUnsupported]. The package is pure Go (no cgo).
 package softroce

@@ -10,6 +10,7 @@ import (
 	"os"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -130,6 +131,105 @@ func Resources(dev string) (map[string]uint64, error) {
 		}
 	}
 	return nil, fmt.Errorf("rdma resource show %s: no such device", dev)
+}
+
+// resourceKinds are the kernel's resource-tracking dumps ProcessResources
+// reads (rdma_netlink.h): the command, the table attribute and its entry
+// attribute, by the name `rdma resource` gives the kind.
+var resourceKinds = []struct {
+	name         string
+	cmd          int
+	table, entry uint16
+}{
+	{"qp", 10, 19, 20},
+	{"cm_id", 11, 30, 31},
+	{"cq", 12, 35, 36},
+	{"mr", 13, 40, 41},
+	{"pd", 14, 46, 47},
+	{"ctx", 22, 86, 87},
+	{"srq", 23, 88, 89},
+}
+
+// rdmaResPID is RDMA_NLDEV_ATTR_RES_PID: the owner of a user object, the
+// thread that made it (task_pid_vnr of the creating task), absent for the
+// kernel's own objects.
+const rdmaResPID = 28
+
+// ProcessResources counts the objects (qp, cm_id, cq, mr, pd, ctx, srq) that
+// process pid holds on RDMA device dev: those the kernel's resource tracking
+// names one of its threads as the owner of. Unlike [Resources], it does not
+// count other processes' objects or the kernel's own (rxe's GSI QP), so
+// tests that run beside each other on one machine each see only theirs; a
+// wildcard listener's child ids, made on every device, count for the
+// listener's process.
+//
+// Equivalent to: rdma resource show qp dev DEV (cm_id, cq, mr, pd, ctx, srq
+// the same), counting the lines whose pid is a thread of PID
+func ProcessResources(dev string, pid int) (map[string]uint64, error) {
+	link, err := netlink.RdmaLinkByName(dev)
+	if err != nil {
+		return nil, fmt.Errorf("rdma link show %s: %w", dev, err)
+	}
+	counts := make(map[string]uint64, len(resourceKinds))
+	for _, k := range resourceKinds {
+		req := nl.NewNetlinkRequest(nl.RDMA_NL_NLDEV<<10|k.cmd, unix.NLM_F_DUMP)
+		req.AddData(nl.NewRtAttr(nl.RDMA_NLDEV_ATTR_DEV_INDEX, nl.Uint32Attr(link.Attrs.Index)))
+		msgs, err := req.Execute(unix.NETLINK_RDMA, 0)
+		if err != nil {
+			return nil, fmt.Errorf("rdma resource show %s dev %s: %w", k.name, dev, err)
+		}
+		owners, err := resourceOwners(msgs, k.table, k.entry)
+		if err != nil {
+			return nil, fmt.Errorf("rdma resource show %s dev %s: %w", k.name, dev, err)
+		}
+		counts[k.name] = 0
+		for _, tid := range owners {
+			// The owner is a thread: ours if /proc/PID/task lists it.
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", pid, tid)); err == nil {
+				counts[k.name]++
+			}
+		}
+	}
+	return counts, nil
+}
+
+// resourceOwners returns the owner of each entry of the table attribute in
+// a resource dump's messages (0 for the kernel's own objects).
+func resourceOwners(msgs [][]byte, table, entry uint16) ([]uint32, error) {
+	const typeMask = 0x3fff // without NLA_F_NESTED and NLA_F_NET_BYTEORDER
+	var owners []uint32
+	for _, m := range msgs {
+		attrs, err := nl.ParseRouteAttr(m)
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range attrs {
+			if a.Attr.Type&typeMask != table {
+				continue
+			}
+			entries, err := nl.ParseRouteAttr(a.Value)
+			if err != nil {
+				return nil, err
+			}
+			for _, e := range entries {
+				if e.Attr.Type&typeMask != entry {
+					continue
+				}
+				fields, err := nl.ParseRouteAttr(e.Value)
+				if err != nil {
+					return nil, err
+				}
+				var owner uint32
+				for _, f := range fields {
+					if f.Attr.Type&typeMask == rdmaResPID && len(f.Value) == 4 {
+						owner = nl.NativeEndian().Uint32(f.Value)
+					}
+				}
+				owners = append(owners, owner)
+			}
+		}
+	}
+	return owners, nil
 }
 
 // SetupVeth creates the veth pair v.Name/v.Peer, gives each end its address

@@ -32,6 +32,11 @@ func AddAddress(beside, ip netip.Addr) (remove func() error, err error) { return
 // Equivalent to: rdma resource show DEV
 func Resources(dev string) (map[string]uint64, error) { return nil, ErrUnsupported }
 
+// ProcessResources counts a process's objects on an RDMA device; Linux only.
+//
+// Equivalent to: rdma resource show qp dev DEV (and the other kinds), by pid
+func ProcessResources(dev string, pid int) (map[string]uint64, error) { return nil, ErrUnsupported }
+
 // SetupVeth creates a veth pair with addresses; Linux only.
 func SetupVeth(v VethPair) error { return ErrUnsupported }
 
