@@ -2,10 +2,12 @@
 # test/run-tests.sh - all of goxrc's tests. Run as root on a Debian bookworm(-compatible) machine:
 #   test/run-tests.sh   (as a user with sudo: sudo test/run-tests.sh)
 # 1. installs missing Debian packages and Go (nothing when all is there),
-# 2. on the host: go vet, a CGO_ENABLED=0 build, GOOS=darwin go vet (tests included), go test -race ./...,
+# 2. on the host: go vet, a CGO_ENABLED=0 build, GOOS=darwin and GOARCH=386 go vet (tests included),
+#    go test -race ./...,
 # 3. builds the VM_PACKAGES' test binaries on the host and runs them all in ONE soft-RoCE
 #    VM (test/vm/rxe-vm.sh) with -test.v, and after them, in the same guest, -race builds
-#    (VM_RACE), then the integration binary's TestTwoNodes across
+#    (VM_RACE; test/integration's beside its plain build, on a second device: BESIDE_PKG),
+#    then the integration binary's TestTwoNodes across
 #    two guests on one wire (test/vm/rxe-pair.sh; counted with the guest's tests),
 # 4. prints counts for the host and the guest; the last line is "N passed, N failed, N skipped".
 # Exit status: 0 only if every check and test passed. Logs: $LOGS (printed at the end).
@@ -86,6 +88,7 @@ check() { # NAME COMMAND...: run a check, log its output, remember the result
 check go-vet go vet ./...
 check build-nocgo env CGO_ENABLED=0 go build ./...
 check vet-darwin env GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 go vet ./...  # the tests too
+check vet-386 env GOARCH=386 CGO_ENABLED=0 go vet ./...  # 32-bit int: constants that overflow it
 
 # ---- host tests
 say "go test -race -count=1 ./... (host; RDMA tests skip here)"

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func TestOptionsCheck(t *testing.T) {
 		"raw latency":       func(o *options) { o.raw, o.mode = true, "latency" },
 		"no connections":    func(o *options) { o.mode, o.conns = "connect", 0 },
 		"negative conns":    func(o *options) { o.mode, o.conns = "connect", -1 },
-		"huge conns":        func(o *options) { o.mode, o.conns = "connect", 1<<40 },
+		"huge conns":        func(o *options) { o.mode, o.conns = "connect", math.MaxInt },
 		"no messages":       func(o *options) { o.count = 0 },
 		"negative size":     func(o *options) { o.size = -1 },
 		"depth 1":           func(o *options) { o.depth = 1 },
@@ -31,7 +32,7 @@ func TestOptionsCheck(t *testing.T) {
 		"negative procs":    func(o *options) { o.mode, o.fabric, o.procs = "xrc", true, -1 },
 		"no fabric clients": func(o *options) { o.mode, o.fabric, o.clients = "xrc", true, 0 },
 		"huge fabric":       func(o *options) { o.mode, o.fabric, o.nodes, o.procs, o.clients = "xrc", true, 254, 1000, 1000 },
-		"overflowing procs": func(o *options) { o.mode, o.fabric, o.procs, o.clients = "xrc", true, 1<<62, 4 },
+		"overflowing procs": func(o *options) { o.mode, o.fabric, o.procs, o.clients = "xrc", true, math.MaxInt, 4 },
 		"fabric in echo":    func(o *options) { o.fabric = true },
 		"nodes in latency":  func(o *options) { o.mode, o.given = "latency", flagBit("nodes") },
 		"procs sans fabric": func(o *options) { o.mode, o.given = "xrc", flagBit("procs") },

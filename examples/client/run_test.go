@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -52,8 +53,8 @@ func TestLatencyHugeCount(t *testing.T) {
 	run, stop := context.WithTimeout(ctx, 300*time.Millisecond) // the user's Ctrl-C
 	defer stop()
 	var r result
-	err := latency(run, c, options{size: 64, count: 1 << 62}, &r, newProgress(0, "latency", 1<<62))
+	err := latency(run, c, options{size: 64, count: math.MaxInt}, &r, newProgress(0, "latency", math.MaxInt))
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("latency with -count 2^62: %v, want it to run until interrupted", err)
+		t.Fatalf("latency with -count MaxInt: %v, want it to run until interrupted", err)
 	}
 }
