@@ -654,7 +654,16 @@ func (c *Conn) peerWindow() int { return min(c.recvSlots, c.peerSlots) }
 func (c *Conn) noteCreditsLocked() {
 	due := c.creditsDueLocked()
 	c.creditsDue.Store(due)
-	if !due && c.peerShort && c.pending > 0 && !c.persistArmed && c.err == nil && !c.closing {
+	if !due {
+		c.armPersistLocked()
+	}
+}
+
+// armPersistLocked arms the persist timer if a peer that was short when it
+// last sent is owed buffers: reposted ones, or consumed ones still queued
+// for a repost chain (see recycle).
+func (c *Conn) armPersistLocked() {
+	if c.peerShort && c.pending+len(c.deferred) > 0 && !c.persistArmed && c.err == nil && !c.closing {
 		c.persistArmed = true
 		if c.persistTimer == nil {
 			c.persistDelay = minPersist
@@ -673,20 +682,34 @@ func (c *Conn) noteCreditsLocked() {
 // for ever while neither had a message for the other (a receiver starved a
 // sender that way at queue depth 2, the two trading credit frames while
 // the data waited). And messages consumed below the threshold after a
-// credit frame went back: one credit may leave the peer short still, but
-// it does not say so again until it sends. Never returning either could
-// leave a sender waiting for ever; so they go after a delay, which doubles
-// until the peer sends data again.
+// frame of ours went back, reposted or still short of a repost chain: one
+// credit may leave the peer short still, but it does not say so again
+// until it sends. Never returning either could leave a sender waiting for
+// ever; so they go after a delay, which doubles until the peer sends data
+// again.
 func (c *Conn) persist() {
 	c.mu.Lock()
 	c.persistArmed = false
-	due := c.err == nil && !c.closing && c.peerShort && c.pending > 0
+	due := c.err == nil && !c.closing && c.peerShort && c.pending+len(c.deferred) > 0
 	if due {
 		c.persistDelay = min(2*c.persistDelay, maxPersist)
 	}
+	queued := due && len(c.deferred) > 0
 	c.mu.Unlock()
 	if !due {
 		return
+	}
+	if queued {
+		// Consumed buffers short of a repost chain: post them, so that
+		// the frame below returns them too.
+		if !c.io() {
+			return
+		}
+		err := c.flushRecvs()
+		c.ioDone()
+		if err != nil {
+			return
+		}
 	}
 	switch err := c.postFrame(frameCredit, nil, 0, false); {
 	case err == nil:
@@ -798,6 +821,13 @@ func (c *Conn) recycle(slot int) error {
 	c.mu.Lock()
 	c.deferred = append(c.deferred, slot)
 	flush := len(c.deferred) >= c.recvBatch || c.peerStarved
+	if !flush {
+		// A short peer is owed it even if no read fills the chain: the
+		// persist timer reposts and returns it. A frame of ours since
+		// the peer said so cleared peerStarved, and a peer one credit
+		// short sends nothing that would flush it (it waited for ever).
+		c.armPersistLocked()
+	}
 	c.mu.Unlock()
 	if !flush {
 		return nil
