@@ -147,7 +147,7 @@ func TestConnStuckSendersDoNotSpin(t *testing.T) {
 // buffer waited unposted, where neither a credit frame nor the persist
 // timer looks, for the peer's next frame, which a short peer that reads
 // nothing never sends (depth 8, batch 2: TestConnStuckSendersDoNotSpin
-// failed so twice in CI, b stuck with one credit and a's read unreturned).
+// failed so in CI, b stuck with one credit and a's read unreturned).
 // The steps run one at a time, all on this goroutine but a's Send that
 // only the credits in b's short frame let through.
 func TestConnReadAfterOwnDataReachesShortPeer(t *testing.T) {
