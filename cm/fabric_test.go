@@ -398,3 +398,26 @@ func TestFabricShortBufferKeepsMessage(t *testing.T) {
 	require.NoError(t, err, "the message stays queued")
 	require.Equal(t, 40, n)
 }
+
+// Over XRC as over RC (TestConnReadAfterOwnDataReachesShortPeer), a message
+// read goes back to a sender at the window, though one read is below the
+// credit threshold (half the depth): the sender's next Send waited for
+// ever.
+func TestFabricXRCReadBelowThresholdReachesSender(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := newFabric(t)
+	const depth = 8
+	opts := []Option{WithQueueDepth(depth)}
+	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), opts, opts)
+	for i := range depth {
+		require.NoError(t, c.Send(ctx, []byte{byte(i)}))
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- c.Send(ctx, []byte{depth}) }() // waits for a credit
+	buf := make([]byte, 16)
+	k, err := s.Recv(ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, []byte{0}, buf[:k])
+	require.NoError(t, <-sent, "the sender never got the credit of the read") // ctx: a hang guard, not a bound
+}

@@ -99,6 +99,8 @@ type Conn struct {
 	consumed   uint32              // data messages our Recv took
 	returned   uint32              // consumed, as the last credit frame we sent said
 	returning  bool                // returnCredits is running
+	returnAll  bool                // returnCredits returns what is owed, below the threshold too (owedCreditsLocked)
+	lookedAt   uint32              // consumed, at the janitor's last look (owedCreditsLocked)
 	beatWaits  bool                // a keepalive waits for room in a full send queue (keepaliveWhenRoom)
 	returnFn   func()              // c.returnCredits and e.wg.Done, made once for spawnDone
 	// creditFrames counts the credit frames sent (CreditFrames); atomic,
@@ -1015,12 +1017,16 @@ func (c *Conn) returnCredits() {
 	for {
 		e.mu.Lock()
 		v := c.consumed
-		if v-c.returned < creditThreshold(e.cfg.RecvWindow) || c.err != nil || c.finRcvd || c.sendDone || !c.sendUp {
-			c.returning = false
+		due := creditThreshold(e.cfg.RecvWindow)
+		if c.returnAll {
+			due = 1
+		}
+		if v-c.returned < due || c.err != nil || c.finRcvd || c.sendDone || !c.sendUp {
+			c.returning, c.returnAll = false, false
 			e.mu.Unlock()
 			return
 		}
-		c.returned = v
+		c.returned, c.returnAll = v, false
 		e.mu.Unlock()
 		var b [creditLen]byte
 		binary.BigEndian.PutUint32(b[:], v)
@@ -1032,6 +1038,26 @@ func (c *Conn) returnCredits() {
 		}
 		e.creditSent.Add(1)
 		c.creditFrames.Add(1)
+	}
+}
+
+// owedCreditsLocked, at each of the janitor's looks, returns the messages
+// our application took below the threshold if it took none since the last
+// look and the sender is at its window (all it may send has come, less what
+// we returned): it waits for them, and a reader that stopped short of the
+// threshold would never send them (each side waited for the other for ever,
+// TestCreditTakenBelowThresholdGoesBack).
+func (c *Conn) owedCreditsLocked() {
+	e := c.e
+	v := c.consumed
+	idle := v == c.lookedAt
+	c.lookedAt = v
+	if !idle || v == c.returned || c.returning || c.finRcvd || c.sendDone || !c.sendUp ||
+		v+uint32(c.q.Len())-c.returned < uint32(e.cfg.RecvWindow) {
+		return
+	}
+	if e.spawnDone(c.returnFn) {
+		c.returning, c.returnAll = true, true
 	}
 }
 

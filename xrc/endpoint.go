@@ -1931,6 +1931,7 @@ func (e *Endpoint) janitor() {
 					continue
 				}
 			}
+			c.owedCreditsLocked()
 			// An inbound half sends nothing before the dialer's first
 			// frame: that may be the FIN of a dial given up, whose dialer
 			// then lets our leg go at once, perhaps the last on its TGT,
