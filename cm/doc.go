@@ -43,7 +43,8 @@
 // frame of their own goes when half the buffers wait or the peer is short.
 // Credit frames use the peer's buffers too, and theirs come back with the
 // next message or, when none follows, after a delay (a persist timer, as
-// in TCP), so credit frames never answer each other. A connection makes
+// in TCP, which also returns what was read while a short peer waits), so
+// credit frames never answer each other. A connection makes
 // progress inside its callers' calls (Send, Recv, the one-sided calls,
 // Close); when its application stops calling with messages of its own out, a
 // reaper (a timer, 10 ms at first, backing off to a second) takes the
