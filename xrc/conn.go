@@ -101,6 +101,10 @@ type Conn struct {
 	returning  bool                // returnCredits is running
 	returnAll  bool                // returnCredits returns what is owed, below the threshold too (owedCreditsLocked)
 	lookedAt   uint32              // consumed, at the janitor's last look (owedCreditsLocked)
+	owedTimer  *time.Timer         // returns what owedCreditsLocked would, sooner (see armOwedLocked); made with the first arming
+	owedArmed  bool                // owedTimer is set
+	owedAt     uint32              // consumed, when owedTimer was set
+	owedDelay  time.Duration       // owedTimer's next delay, minOwed to maxOwed
 	beatWaits  bool                // a keepalive waits for room in a full send queue (keepaliveWhenRoom)
 	returnFn   func()              // c.returnCredits and e.wg.Done, made once for spawnDone
 	// creditFrames counts the credit frames sent (CreditFrames); atomic,
@@ -953,8 +957,13 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 				c.wake()
 			}
 			c.consumed++
-			if c.consumed-c.returned >= creditThreshold(e.cfg.RecvWindow) && !c.returning {
-				c.returning = e.spawnDone(c.returnFn)
+			if c.consumed-c.returned >= creditThreshold(e.cfg.RecvWindow) {
+				if !c.returning {
+					c.returning = e.spawnDone(c.returnFn)
+				}
+				c.owedDelay = minOwed // a reader that keeps up: a later stop is answered at once
+			} else {
+				c.armOwedLocked()
 			}
 			e.mu.Unlock()
 			n := copy(buf, frame[1+dataSeqLen:])
@@ -1046,17 +1055,78 @@ func (c *Conn) returnCredits() {
 // look and the sender is at its window (all it may send has come, less what
 // we returned): it waits for them, and a reader that stopped short of the
 // threshold would never send them (each side waited for the other for ever,
-// TestCreditTakenBelowThresholdGoesBack).
+// TestCreditTakenBelowThresholdGoesBack). owedTimer does the same sooner;
+// this look is its fallback.
 func (c *Conn) owedCreditsLocked() {
-	e := c.e
 	v := c.consumed
 	idle := v == c.lookedAt
 	c.lookedAt = v
-	if !idle || v == c.returned || c.returning || c.finRcvd || c.sendDone || !c.sendUp ||
-		v+uint32(c.q.Len())-c.returned < uint32(e.cfg.RecvWindow) {
+	if !idle || c.returning || !c.senderWaitsLocked() {
 		return
 	}
-	if e.spawnDone(c.returnFn) {
+	if c.e.spawnDone(c.returnFn) {
+		c.returning, c.returnAll = true, true
+	}
+}
+
+// senderWaitsLocked reports whether our application took messages whose
+// credits we have not returned while the sender is at its window: it can
+// send nothing more until we return them.
+func (c *Conn) senderWaitsLocked() bool {
+	v := c.consumed
+	return v != c.returned && !c.finRcvd && !c.sendDone && c.sendUp &&
+		v+uint32(c.q.Len())-c.returned >= uint32(c.e.cfg.RecvWindow)
+}
+
+// minOwed and maxOwed bound owedTimer's delay: it starts short, as cm's
+// persist timer does, so that a reader that stopped below the threshold
+// returns its credits to a waiting sender at once rather than at the
+// janitor's next look (up to a heartbeat), and doubles with each firing
+// that finds the sender waiting, until a read reaches the threshold again:
+// a reader that takes a message now and then returns credits by the
+// threshold, not one frame per message.
+const (
+	minOwed = 200 * time.Microsecond
+	maxOwed = 20 * time.Millisecond
+)
+
+// armOwedLocked sets owedTimer, after a message taken or come, if the
+// sender waits for credits below the threshold (at it, Recv returns them).
+// The timer is made once and reset after: no allocation per message.
+func (c *Conn) armOwedLocked() {
+	if c.owedArmed || c.consumed-c.returned >= creditThreshold(c.e.cfg.RecvWindow) || !c.senderWaitsLocked() {
+		return
+	}
+	c.owedArmed, c.owedAt = true, c.consumed
+	if c.owedTimer == nil {
+		c.owedDelay = minOwed
+		c.owedTimer = time.AfterFunc(c.owedDelay, c.owedFired)
+	} else {
+		c.owedTimer.Reset(c.owedDelay)
+	}
+}
+
+// owedFired is owedTimer's: what the janitor's look does. If the
+// application took nothing since the timer was set, the credits go back
+// now; if it took more, the timer waits again, a reader that keeps reading
+// reaching the threshold meanwhile.
+func (c *Conn) owedFired() {
+	e := c.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c.owedArmed = false
+	if c.err != nil || !c.senderWaitsLocked() {
+		return
+	}
+	c.owedDelay = min(2*c.owedDelay, maxOwed)
+	if c.consumed != c.owedAt {
+		c.armOwedLocked()
+		return
+	}
+	switch {
+	case c.returning:
+		c.returnAll = true // the running return takes all that is owed
+	case e.spawnDone(c.returnFn):
 		c.returning, c.returnAll = true, true
 	}
 }
@@ -1310,6 +1380,10 @@ func (c *Conn) answerFINLocked() {
 
 func (c *Conn) dropSendLocked() {
 	c.sendDone = true
+	if c.owedTimer != nil {
+		c.owedTimer.Stop() // nothing goes back on a sending leg gone
+		c.owedArmed = false
+	}
 	if c.holdsRef {
 		c.holdsRef = false
 		u := c.up

@@ -14,10 +14,23 @@ import (
 // stayed below the threshold and was never returned: a waited for it, not
 // reading, and b for a's reads, for ever (keepalives kept both alive).
 func TestCreditTakenBelowThresholdGoesBack(t *testing.T) {
+	creditBelowThreshold(t, func(*Config) {})
+}
+
+// TestCreditTakenBelowThresholdGoesBackAtOnce: the same, with a heartbeat
+// so long that the janitor never looks during the test. The credits went
+// back only at its look, half a heartbeat to a heartbeat after b's read;
+// the connection's own timer (armOwedLocked) returns them at once, as cm's
+// persist timer does.
+func TestCreditTakenBelowThresholdGoesBackAtOnce(t *testing.T) {
+	creditBelowThreshold(t, func(c *Config) { c.Heartbeat = time.Hour })
+}
+
+func creditBelowThreshold(t *testing.T, mod func(*Config)) {
 	for _, window := range []int{2, 3, 8, 64} {
 		t.Run(fmt.Sprint("window", window), func(t *testing.T) {
 			w := newWorld(t)
-			set := func(c *Config) { c.RecvWindow = window }
+			set := func(c *Config) { c.RecvWindow = window; mod(c) }
 			a := w.endpoint("10.0.0.1", 7000, set)
 			b := w.endpoint("10.0.0.2", 7000, set)
 			ca, cb := pair(t, a, b)

@@ -1851,6 +1851,11 @@ func (e *Endpoint) consumeFrameLocked(c *Conn, leg *acceptedLeg, p []byte) bool 
 		}
 		c.q.Push(p)
 		c.wake()
+		if c.consumed != c.returned {
+			// The sender may be at its window now, the application
+			// having taken messages below the threshold before.
+			c.armOwedLocked()
+		}
 		return true
 	case kindCredit:
 		if !c.creditedLocked(body) {
