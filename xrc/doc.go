@@ -61,8 +61,10 @@
 // Config.RecvWindow messages that Recv has not taken, and its sender,
 // told that window when the leg is set up, waits in Send once it has that
 // many outstanding. The receiver returns credits in-band, a running count of
-// messages taken, every half window; a peer that sends past twice its
-// window fails the connection with ErrProtocol. All connections to a node
+// messages taken, every half window, and what it took below that once the
+// sender waits for it and the application takes no more for a moment (a
+// timer of 200 us, doubling); a peer that sends past twice its window
+// fails the connection with ErrProtocol. All connections to a node
 // share one INI, whose send queue is a device limit: a Send that finds it
 // full waits until completions free a slot (Stats.SendQueueFull).
 //
