@@ -228,6 +228,44 @@ func TestCMFlowControlBothWays(t *testing.T) {
 	require.LessOrEqual(t, frames, uint64(3*count))
 }
 
+// On real rxe, the interleaving of cm's TestConnReadAfterOwnDataReachesShortPeer:
+// a message read after our own data frame went out, when the peer's last
+// frame said it was short, goes back to it (by the persist timer). Before
+// 54092ea its buffer waited below the repost batch (2 at depth 8) for a
+// frame the short peer never sent, and b's last Send waited for ever. The
+// steps run one at a time on this goroutine but a's Send that only the
+// credits in b's short frame let through.
+func TestCMReadAfterOwnDataReachesShortPeer(t *testing.T) {
+	a, b := cmPair(t, cm.WithQueueDepth(8), cm.WithMessageSize(256)) // 9 credits, one kept back
+	ctx := cmCtx(t, 30*time.Second)
+	send := func(c *cm.Conn, n int) {
+		t.Helper()
+		for i := range n {
+			require.NoError(t, c.Send(ctx, []byte(fmt.Sprint("message ", i))))
+		}
+	}
+	buf := make([]byte, 256)
+	send(b, 7) // b: 2 credits left, not short
+	send(a, 6) // a: 3 left
+	for range 2 {
+		_, err := b.Recv(ctx, buf) // b reposts both: 2 to return, none due
+		require.NoError(t, err)
+	}
+	send(a, 2) // a: 1 left, short
+	sent := make(chan error, 1)
+	go func() { sent <- a.Send(ctx, []byte("a9")) }() // waits for credits
+	// b's 8th message leaves it short and returns the 2 it read: a takes
+	// it, then sends its 9th, which returns nothing.
+	require.NoError(t, b.Send(ctx, []byte("b8")))
+	require.NoError(t, <-sent)
+	// a reads one of b's messages: b has one credit, the one it keeps back.
+	_, err := a.Recv(ctx, buf)
+	require.NoError(t, err)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second) // a hang guard, not a bound
+	defer cancel()
+	require.NoError(t, b.Send(sctx, []byte("b9")), "b never got back the buffer a read: a %+v, b %+v", a.Stats(), b.Stats())
+}
+
 // Keepalive probes on real rxe: RDMA reads of the peer's probe target,
 // which its device answers while its application reads nothing and every
 // credit is spent, without disturbing the connection. (Probes were credit
