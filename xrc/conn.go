@@ -961,7 +961,7 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 				if !c.returning {
 					c.returning = e.spawnDone(c.returnFn)
 				}
-				c.owedDelay = minOwed // a reader that keeps up: a later stop is answered at once
+				c.owedDelay, _ = e.owedBounds() // a reader that keeps up: a later stop is answered at once
 			} else {
 				c.armOwedLocked()
 			}
@@ -1090,6 +1090,15 @@ const (
 	maxOwed = 20 * time.Millisecond
 )
 
+// owedBounds is minOwed and maxOwed, or an hour each with owedOff: the
+// timer then never answers within a test, leaving it to the janitor.
+func (e *Endpoint) owedBounds() (lo, hi time.Duration) {
+	if e.owedOff {
+		return time.Hour, time.Hour
+	}
+	return minOwed, maxOwed
+}
+
 // armOwedLocked sets owedTimer, after a message taken or come, if the
 // sender waits for credits below the threshold (at it, Recv returns them).
 // The timer is made once and reset after: no allocation per message.
@@ -1099,7 +1108,7 @@ func (c *Conn) armOwedLocked() {
 	}
 	c.owedArmed, c.owedAt = true, c.consumed
 	if c.owedTimer == nil {
-		c.owedDelay = minOwed
+		c.owedDelay, _ = c.e.owedBounds()
 		c.owedTimer = time.AfterFunc(c.owedDelay, c.owedFired)
 	} else {
 		c.owedTimer.Reset(c.owedDelay)
@@ -1118,7 +1127,8 @@ func (c *Conn) owedFired() {
 	if c.err != nil || !c.senderWaitsLocked() {
 		return
 	}
-	c.owedDelay = min(2*c.owedDelay, maxOwed)
+	_, hi := e.owedBounds()
+	c.owedDelay = min(2*c.owedDelay, hi)
 	if c.consumed != c.owedAt {
 		c.armOwedLocked()
 		return

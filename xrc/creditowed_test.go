@@ -14,7 +14,7 @@ import (
 // stayed below the threshold and was never returned: a waited for it, not
 // reading, and b for a's reads, for ever (keepalives kept both alive).
 func TestCreditTakenBelowThresholdGoesBack(t *testing.T) {
-	creditBelowThreshold(t, func(*Config) {})
+	creditBelowThreshold(t, func(*Config) {}, false)
 }
 
 // TestCreditTakenBelowThresholdGoesBackAtOnce: the same, with a heartbeat
@@ -23,16 +23,28 @@ func TestCreditTakenBelowThresholdGoesBack(t *testing.T) {
 // the connection's own timer (armOwedLocked) returns them at once, as cm's
 // persist timer does.
 func TestCreditTakenBelowThresholdGoesBackAtOnce(t *testing.T) {
-	creditBelowThreshold(t, func(c *Config) { c.Heartbeat = time.Hour })
+	creditBelowThreshold(t, func(c *Config) { c.Heartbeat = time.Hour }, false)
 }
 
-func creditBelowThreshold(t *testing.T, mod func(*Config)) {
+// TestCreditTakenBelowThresholdGoesBackByTheJanitor: the same with the
+// connections' timers off, so that only the janitor's look returns them:
+// the fallback where a timer's firing was missed.
+func TestCreditTakenBelowThresholdGoesBackByTheJanitor(t *testing.T) {
+	creditBelowThreshold(t, func(*Config) {}, true)
+}
+
+func creditBelowThreshold(t *testing.T, mod func(*Config), timerOff bool) {
 	for _, window := range []int{2, 3, 8, 64} {
 		t.Run(fmt.Sprint("window", window), func(t *testing.T) {
 			w := newWorld(t)
 			set := func(c *Config) { c.RecvWindow = window; mod(c) }
 			a := w.endpoint("10.0.0.1", 7000, set)
 			b := w.endpoint("10.0.0.2", 7000, set)
+			for _, e := range []*Endpoint{a.Endpoint, b.Endpoint} {
+				e.mu.Lock()
+				e.owedOff = timerOff
+				e.mu.Unlock()
+			}
 			ca, cb := pair(t, a, b)
 			ctx := ctxT(t, 10*time.Second) // a hang guard, not a bound
 			aDone := make(chan error, 1)

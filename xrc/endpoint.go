@@ -116,8 +116,11 @@ func (cfg *Config) messageSize() error {
 // one downlink (TGT handle) per remote sender. Applications see only ip:port
 // addresses and Conns.
 type Endpoint struct {
-	k    kernel.Kernel
-	ownK bool // k is a device the endpoint opened: release closes it
+	// owedOff turns the connections' owed-credit timers off (tests of
+	// the janitor's fallback look; see owedBounds).
+	owedOff bool
+	k       kernel.Kernel
+	ownK    bool // k is a device the endpoint opened: release closes it
 	// devFatal is k's DeviceFatal (nil in tests' bare endpoints).
 	devFatal <-chan struct{}
 	cfg      Config
