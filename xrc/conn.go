@@ -1061,10 +1061,17 @@ func (c *Conn) owedCreditsLocked() {
 	v := c.consumed
 	idle := v == c.lookedAt
 	c.lookedAt = v
-	if !idle || c.returning || !c.senderWaitsLocked() {
-		return
+	if idle && c.senderWaitsLocked() {
+		c.returnOwedLocked()
 	}
-	if c.e.spawnDone(c.returnFn) {
+}
+
+// returnOwedLocked returns all that is owed, below the threshold too: a
+// credit return running already takes it, else one starts.
+func (c *Conn) returnOwedLocked() {
+	if c.returning {
+		c.returnAll = true
+	} else if c.e.spawnDone(c.returnFn) {
 		c.returning, c.returnAll = true, true
 	}
 }
@@ -1133,12 +1140,7 @@ func (c *Conn) owedFired() {
 		c.armOwedLocked()
 		return
 	}
-	switch {
-	case c.returning:
-		c.returnAll = true // the running return takes all that is owed
-	case e.spawnDone(c.returnFn):
-		c.returning, c.returnAll = true, true
-	}
+	c.returnOwedLocked()
 }
 
 // creditedLocked takes a credit frame's body. It reports false for a
