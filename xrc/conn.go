@@ -41,6 +41,10 @@ type Conn struct {
 	sendUp   bool
 	sendDone bool // FIN sent or leg dropped
 	finOut   bool // our FIN (not HALF) was posted: see recover
+	// revFIN: an inbound half that failed while its reverse leg's request
+	// was under way, and whose dialer took the leg: a FIN on it tells the
+	// dialer (Endpoint.finAcceptedLocked), no ABORT.
+	revFIN bool
 	// internalPosts counts internal frames (credits, keepalives) between
 	// post's check and the end of their PostSend: our full FIN waits for
 	// them (postsIdle, closed when it falls to 0), or one could go after
@@ -1444,7 +1448,8 @@ func (c *Conn) maybeFinishLocked() {
 
 // acceptedLocked takes an inbound connection out of the endpoint's count of
 // those Accept has not taken (see Endpoint.unaccepted): Accept took it, it
-// was closed unaccepted, or it finished before it was queued.
+// was closed unaccepted, it finished before it was queued, or its reverse
+// leg failed to open.
 func (c *Conn) acceptedLocked() {
 	if c.unaccepted {
 		c.unaccepted = false

@@ -1080,6 +1080,23 @@ func (e *Endpoint) reverseRefused(d decision, from netip.Addr) {
 	defer e.mu.Unlock()
 	if c := e.reverseDialLocked(d.RefusedDial, from, d.refusedInc); c != nil {
 		c.failLocked(err)
+	} else if d.Aborted {
+		e.abortTakenLocked(d, from)
+	}
+}
+
+// abortTakenLocked fails the connection of ours whose reverse leg an ABORT
+// (d) names: we took the leg, but our answer was lost, and the acceptor's
+// half fails with its request. Until a review found it the ABORT was
+// refused as a stray one, and Dial returned a connection that heard
+// nothing until its idle timeout (TestDialReverseAnswerLostAborts).
+func (e *Endpoint) abortTakenLocked(d decision, from netip.Addr) {
+	c := e.sendTags[d.RefusedDial]
+	if c == nil || c.inbound || c.recvLeg == nil || c.recvReleased || !sameNode(c.raddr.Addr(), from) {
+		return
+	}
+	if l := c.recvLeg; l.Reciprocal == d.RefusedDial && l.PeerTag == d.Reject.Tag && l.PeerIncarnation == d.refusedInc {
+		c.failLocked(errReverseAborted)
 	}
 }
 
@@ -1582,14 +1599,23 @@ func (e *Endpoint) recvLegUp(c *Conn) {
 			e.mu.Unlock()
 			peer := c.recvLeg.PeerTag
 			if err := e.openLeg(ctx, c, peer); err != nil {
+				// Never to reach Accept: its place in the
+				// backlog goes now, not once the ABORT below is
+				// answered (TestReverseAbortGivesBacklogSlotBack).
+				e.mu.Lock()
+				c.acceptedLocked()
+				told := c.revFIN // the dialer took the leg: the FIN on it tells it
+				e.mu.Unlock()
 				var rj *RejectError
-				if !errors.As(err, &rj) || rj.Reason == RejectTGTGone || rj.Reason == RejectDomainMismatch ||
-					rj.Reason == RejectCM {
+				if !told && (!errors.As(err, &rj) || rj.Reason == RejectTGTGone || rj.Reason == RejectDomainMismatch ||
+					rj.Reason == RejectCM) {
 					// Else the dialer refused it, and that failed
 					// the dial there (reverseRefused): an ABORT could
 					// overtake its refusal's own failure of the dial.
 					// A CM's refusal or timeout (RejectCM) is none
-					// of the dialer's: it never saw the request.
+					// of the dialer's: it never saw the request, or
+					// took the leg and its answer was lost
+					// (abortTakenLocked).
 					// Before our half fails: that lets the forward
 					// leg go, perhaps the last on its TGT, and a
 					// frame of the dialer's then found no TGT and

@@ -372,7 +372,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 // reference on u becomes the leg's.
 func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	if c.failed() || (c.peerInc != 0 && c.peerInc != acc.Incarnation) {
-		if !c.inbound || !e.finAcceptedLocked(c, u, acc) {
+		if c.revFIN = c.inbound && e.finAcceptedLocked(c, u, acc); !c.revFIN {
 			u.refs--
 			e.maybeTeardownLocked(u)
 		}
