@@ -394,12 +394,12 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 // failed while its request was under way (bindLocked): the dialer took the
 // leg, and its Dial returns the connection, which heard nothing of us until
 // its idle timeout (TestReciprocalAnsweredToFailedHalf). One FIN, posted on
-// u's INI without a waiter: lost (a full send queue, the uplink going), it
-// leaves the dialer its idle timeout, or the DREQ of a link torn down. It
-// reports whether it took over the dial's reference on u, let go of once
-// the FIN is posted: let go of first, the last one tore u down before the
-// FIN went, and the DREQ went to the TGT's maker, which need not be the
-// dialer (TestReciprocalAnsweredToFailedHalfLastLeg).
+// u's INI, nothing waiting for its completion: lost (a full send queue, the
+// uplink going), it leaves the dialer its idle timeout, or the DREQ of a
+// link torn down. It reports whether it took over the dial's reference on
+// u, let go of once the FIN is posted: let go of first, the last one tore u
+// down before the FIN went, and the DREQ went to the TGT's maker, which
+// need not be the dialer (TestReciprocalAnsweredToFailedHalfLastLeg).
 func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool {
 	q := u.cur
 	if q == nil || u.state != upUp {
@@ -413,18 +413,28 @@ func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool 
 	}
 	q.nextWR++
 	wr := []kernel.SendWR{{WRID: q.nextWR, RemoteSRQN: acc.SRQN, Imm: acc.AcceptorTag, Payload: b}}
-	return e.spawn(func() {
+	// A waiter, though nothing waits for it: posted, it holds a slot of
+	// the send queue until its completion is polled, and a post that
+	// finds the queue full and no waiter but its own takes it for one
+	// nothing posted holds (postData, post).
+	q.waiters[wr[0].WRID] = waiter{c: c}
+	if !e.spawn(func() {
 		e.mu.Lock()
 		up := u.cur == q && u.state == upUp
 		e.mu.Unlock()
-		if up {
-			e.k.PostSend(q.qp, wr)
-		}
+		posted := up && e.k.PostSend(q.qp, wr) == nil
 		e.mu.Lock()
+		if !posted {
+			delete(q.waiters, wr[0].WRID)
+		}
 		u.refs--
 		e.maybeTeardownLocked(u)
 		e.mu.Unlock()
-	})
+	}) {
+		delete(q.waiters, wr[0].WRID)
+		return false
+	}
+	return true
 }
 
 // physLink makes an INI and connects it with an XRC-typed CM exchange:
