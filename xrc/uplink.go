@@ -394,12 +394,14 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 // failed while its request was under way (bindLocked): the dialer took the
 // leg, and its Dial returns the connection, which heard nothing of us until
 // its idle timeout (TestReciprocalAnsweredToFailedHalf). One FIN, posted on
-// u's INI, nothing waiting for its completion: lost (a full send queue, the
-// uplink going), it leaves the dialer its idle timeout, or the DREQ of a
-// link torn down. It reports whether it took over the dial's reference on
-// u, let go of once the FIN is posted: let go of first, the last one tore u
-// down before the FIN went, and the DREQ went to the TGT's maker, which
-// need not be the dialer (TestReciprocalAnsweredToFailedHalfLastLeg).
+// u's INI, nothing waiting for its completion: lost (flushed by a
+// recovery), it leaves the dialer its idle timeout, or the DREQ of a link
+// torn down; not posted (a full send queue, the uplink recovering), an
+// ABORT goes instead, which revFIN held back (abortTakenLocked). It
+// reports whether it took over the dial's reference on u, let go of once
+// the FIN is posted: let go of first, the last one tore u down before the
+// FIN went, and the DREQ went to the TGT's maker, which need not be the
+// dialer (TestReciprocalAnsweredToFailedHalfLastLeg).
 func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool {
 	q := u.cur
 	if q == nil || u.state != upUp {
@@ -418,6 +420,7 @@ func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool 
 	// finds the queue full and no waiter but its own takes it for one
 	// nothing posted holds (postData, post).
 	q.waiters[wr[0].WRID] = waiter{c: c}
+	peer := c.recvLeg.PeerTag
 	if !e.spawn(func() {
 		e.mu.Lock()
 		up := u.cur == q && u.state == upUp
@@ -430,6 +433,11 @@ func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool 
 		u.refs--
 		e.maybeTeardownLocked(u)
 		e.mu.Unlock()
+		if !posted {
+			// No FIN went, and revFIN held the ABORT back: it tells
+			// the dialer now (TestFailedHalfFINNotPostedAborts).
+			e.abortReverse(c, peer)
+		}
 	}) {
 		delete(q.waiters, wr[0].WRID)
 		return false
