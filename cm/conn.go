@@ -222,6 +222,7 @@ type Conn struct {
 	cqBroken    bool // a poll of the CQ failed: no completion will come any more
 	cbuf        []completion
 	deferred    []int // receive slots consumed, waiting to be reposted
+	reposting   int   // of them, taken by flushRecvs and being posted
 
 	stats connStats
 }
@@ -471,9 +472,14 @@ func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm bool
 	if kind == frameData && !c.raw {
 		need = 2
 	}
-	if len(c.freeSend) == 0 || (!c.raw && c.credits < need) || (kind == frameCredit && c.pending == 0) {
+	if len(c.freeSend) == 0 || (!c.raw && c.credits < need) || (kind == frameCredit && c.pending == 0) ||
+		(kind == frameFin && c.credits == 1 && len(c.deferred)+c.reposting > 0) {
 		// Another poster took what the caller saw (or, for a credit
-		// return, already carried the credits).
+		// return, already carried the credits). A FIN on our last
+		// credit waits for the buffers we consumed to be reposted, and
+		// carries them: the peer's last credit may have gone with the
+		// frame one of them held, and with neither side left a credit
+		// to return the other's, neither could send again.
 		c.mu.Unlock()
 		return errNoRoom
 	}
@@ -844,6 +850,7 @@ func (c *Conn) flushRecvs() error {
 	slots := append(c.flushBuf[:0], c.deferred...)
 	ctrl := c.deferredCtrl
 	c.deferred, c.deferredCtrl = c.deferred[:0], 0
+	c.reposting = len(slots)
 	c.mu.Unlock()
 	if len(slots) == 0 {
 		return nil
@@ -853,6 +860,7 @@ func (c *Conn) flushRecvs() error {
 		return err
 	}
 	c.mu.Lock()
+	c.reposting = 0
 	c.pending += len(slots)
 	c.ctrlPending += ctrl
 	c.noteCreditsLocked()
@@ -1478,9 +1486,22 @@ func (c *Conn) sendFin(ctx context.Context) error {
 			return err
 		}
 		seen := c.rounds.Load()
+		// The FIN carries the buffers consumed so far (see
+		// postFrameLocked): repost those queued, or wait for the chain
+		// another call is posting (repostMu).
+		if c.io() {
+			c.flushRecvs()
+			c.ioDone()
+		}
 		err := c.postFrame(frameFin, nil, 0, false)
 		if err == nil || !errors.Is(err, errNoRoom) {
 			return err
+		}
+		c.mu.Lock()
+		reposts := len(c.deferred) + c.reposting
+		c.mu.Unlock()
+		if reposts > 0 {
+			continue // queued since: no round need end for them
 		}
 		if err := c.progress(ctx, seen); err != nil {
 			return err
