@@ -1059,7 +1059,10 @@ func (c *Conn) reap() {
 	n, err := c.t.poll(context.Background(), c.cbuf, 0, false)
 	c.endRound(n, err)
 	c.mu.Lock()
-	if c.credits < c.peerSlots {
+	// Buffers of the peer's that we hold and no rule returns yet (those
+	// of its credit frames) are its credits too: it may run short on
+	// them, and only a round takes the frame that says so.
+	if c.credits < c.peerSlots || c.pending+len(c.deferred) > 0 {
 		c.armReapLocked(min(2*c.reapDelay, maxReap))
 	}
 	c.mu.Unlock()

@@ -76,3 +76,32 @@ func sendWindow(t *testing.T, ctx context.Context, b *Conn, depth int) {
 		}
 	}
 }
+
+// The same when the peer's reaper has already run before the replies go:
+// it took b's credit frames, which gave the peer all its credits back, so
+// it stopped; their buffers, reposted, are b's and go back only with a
+// frame of the peer's or, once b says it is short, by the persist timer.
+// b's first reply says so, but nothing took it while the peer made no
+// call: at depth 3 b sent one reply of three (found by a randomized run).
+func TestConnReplyAfterPeersReaperRan(t *testing.T) {
+	for _, depth := range []int{2, 3, 8} {
+		a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+		ctx := ctxT(t)
+		buf := make([]byte, 256)
+		for range depth {
+			if err := a.Send(ctx, []byte("req")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Recv(ctx, buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// a's reaper runs now, and only now.
+		a.mu.Lock()
+		a.reapTimer.Stop()
+		a.reapArmed = false
+		a.mu.Unlock()
+		a.reap()
+		sendWindow(t, ctx, b, depth)
+	}
+}
