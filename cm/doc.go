@@ -46,10 +46,12 @@
 // in TCP, which also returns what was read while a short peer waits), so
 // credit frames never answer each other. A connection makes
 // progress inside its callers' calls (Send, Recv, the one-sided calls,
-// Close); when its application stops calling with messages of its own out, a
-// reaper (a timer, 10 ms at first, backing off to a second) takes the
-// credit frames the peer sent for them, so that a peer that has only
-// received can still send its queue depth. Send and Recv do not allocate.
+// Close); when its application stops calling with messages of its own out,
+// or holding buffers of the peer's, a reaper (a timer, 10 ms at first,
+// backing off to a second) takes the credit frames the peer sent, so that a
+// peer that has only received can still send its queue depth. A FIN that
+// takes a side's last credit carries every buffer it consumed, so two sides
+// never both sit at no credit. Send and Recv do not allocate.
 //
 // # Resources per device
 //
