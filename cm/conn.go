@@ -1047,8 +1047,9 @@ func (c *Conn) reap() {
 	if c.polling || c.waiting.len() > 0 {
 		// A caller's round takes what there is now; what comes after
 		// it returns is ours again (a Recv that timed out and an
-		// application gone quiet: found by review).
-		if c.credits < c.peerSlots {
+		// application gone quiet: found by review), as are the peer's
+		// buffers that we hold (see below).
+		if c.credits < c.peerSlots || c.pending+len(c.deferred) > 0 {
 			c.armReapLocked(min(2*c.reapDelay, maxReapBusy))
 		}
 		c.mu.Unlock()

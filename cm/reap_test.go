@@ -2,6 +2,7 @@ package cm
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 )
@@ -104,4 +105,70 @@ func TestConnReplyAfterPeersReaperRan(t *testing.T) {
 		a.reap()
 		sendWindow(t, ctx, b, depth)
 	}
+}
+
+// idlePoll is a fake end that says when a blocking poll finds nothing to
+// take: the caller's round is then asleep, everything before it handled.
+type idlePoll struct {
+	*fakeEnd
+	idle chan struct{} // closed at the first such poll
+	once sync.Once
+}
+
+func (p *idlePoll) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
+	if block {
+		p.w.mu.Lock()
+		empty := len(p.cq) == 0
+		p.w.mu.Unlock()
+		if empty {
+			p.once.Do(func() { close(p.idle) })
+		}
+	}
+	return p.fakeEnd.poll(ctx, cs, spin, block)
+}
+
+// The same when the peer's reaper comes while a call of its application
+// is in a round that has already taken b's credit frames, and that call
+// then returns (a Recv that times out): the reaper, finding a caller and
+// the peer's credits all back, stopped for good, though the peer holds
+// the buffers of b's credit frames; b's first reply says it is short, and
+// nothing takes it while the peer makes no call.
+func TestConnReplyAfterPeersReaperMetACaller(t *testing.T) {
+	const depth = 3 // deeper, b's credit frames leave a some credits out
+	a, b, w := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
+	p := &idlePoll{fakeEnd: w.ends[0], idle: make(chan struct{})}
+	a.t = p
+	ctx := ctxT(t)
+	buf := make([]byte, 256)
+	for range depth {
+		if err := a.Send(ctx, []byte("req")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Recv(ctx, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.mu.Lock()
+	a.reapTimer.Stop()
+	a.reapArmed = false
+	a.mu.Unlock()
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Recv(rctx, buf)
+		done <- err
+	}()
+	<-p.idle // a's Recv took b's credit frames and sleeps
+	a.mu.Lock()
+	credits, held := a.credits, a.pending+len(a.deferred)
+	a.mu.Unlock()
+	if credits != a.peerSlots || held == 0 {
+		t.Fatalf("a should have all its credits and hold b's buffers: %d of %d, holds %d", credits, a.peerSlots, held)
+	}
+	a.reap() // a's reaper comes now, and finds the caller
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("a message came that nobody sent")
+	}
+	sendWindow(t, ctx, b, depth) // a makes no call from here
 }
