@@ -51,6 +51,9 @@ func TestConnFinOnLastCreditCarriesReposts(t *testing.T) {
 	h := &repostHold{fakeEnd: w.ends[0], armed: make(chan struct{}, 1), reached: make(chan struct{}),
 		free: make(chan struct{}), fin: make(chan struct{})}
 	a.t = h
+	// a's first repost (the round below, or the reaper's if it comes
+	// first: the same) waits until released.
+	h.armed <- struct{}{}
 	ctx := ctxT(t)
 	require.NoError(t, sendN(ctx, b, 2)) // b: 1 credit left, short
 	require.NoError(t, sendN(ctx, a, 2)) // a: 1 left, short
@@ -61,7 +64,6 @@ func TestConnFinOnLastCreditCarriesReposts(t *testing.T) {
 	require.NoError(t, err)
 	// a's next round takes b's frames (2 credits now) and reposts the
 	// credit frame's buffer, which waits.
-	h.armed <- struct{}{}
 	got := make(chan error, 1)
 	go func() {
 		_, err := a.Recv(ctx, buf)
