@@ -17,14 +17,7 @@ func TestConnReplyWhilePeerMakesNoCall(t *testing.T) {
 		a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
 		ctx := ctxT(t)
 		buf := make([]byte, 256)
-		for range depth { // a sends its window, b reads it
-			if err := a.Send(ctx, []byte("req")); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := b.Recv(ctx, buf); err != nil {
-				t.Fatal(err)
-			}
-		}
+		requestsRead(t, ctx, a, b, depth)
 		// a's application is elsewhere: no call on this connection.
 		sendWindow(t, ctx, b, depth)
 		for range depth {
@@ -63,6 +56,20 @@ func TestConnReaperOutlastsACaller(t *testing.T) {
 	sendWindow(t, ctx, b, depth)
 }
 
+// requestsRead sends depth requests on a, each read by b before the next.
+func requestsRead(t *testing.T, ctx context.Context, a, b *Conn, depth int) {
+	t.Helper()
+	buf := make([]byte, 256)
+	for range depth {
+		if err := a.Send(ctx, []byte("req")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Recv(ctx, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // sendWindow sends depth replies on b, each within 5 s, while b's peer
 // makes no call: b has nothing of its own in flight, so its whole window
 // must be free once the peer's reaper has taken b's credit frames.
@@ -88,15 +95,7 @@ func TestConnReplyAfterPeersReaperRan(t *testing.T) {
 	for _, depth := range []int{2, 3, 8} {
 		a, b, _ := fakePair(t, fakeOpts{depth: [2]int{depth, depth}})
 		ctx := ctxT(t)
-		buf := make([]byte, 256)
-		for range depth {
-			if err := a.Send(ctx, []byte("req")); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := b.Recv(ctx, buf); err != nil {
-				t.Fatal(err)
-			}
-		}
+		requestsRead(t, ctx, a, b, depth)
 		// a's reaper runs now, and only now.
 		a.mu.Lock()
 		a.reapTimer.Stop()
@@ -140,14 +139,7 @@ func TestConnReplyAfterPeersReaperMetACaller(t *testing.T) {
 	a.t = p
 	ctx := ctxT(t)
 	buf := make([]byte, 256)
-	for range depth {
-		if err := a.Send(ctx, []byte("req")); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.Recv(ctx, buf); err != nil {
-			t.Fatal(err)
-		}
-	}
+	requestsRead(t, ctx, a, b, depth)
 	a.mu.Lock()
 	a.reapTimer.Stop()
 	a.reapArmed = false

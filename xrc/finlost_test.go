@@ -59,16 +59,7 @@ func TestFailedHalfFINNotPostedAborts(t *testing.T) {
 	var once sync.Once
 	release := func() { once.Do(func() { close(rk.release) }) }
 	t.Cleanup(release) // a setup that fails lets the request go
-	rk.armed.Store(true)
-	dialed := dialLater(t, a, b)
-	awaitSetup(t, rk.held, "the reciprocal request never came")
-	halves := inboundHalves(b)
-	if len(halves) != 1 {
-		t.Fatalf("setup: %d halves at b", len(halves))
-	}
-	eventually(t, "b's half ended", func() (bool, string) {
-		return connErr(halves[0]) != nil, ""
-	})
+	dialed, _ := halfFailedUnderReciprocal(t, a, b, rk)
 	// q stops, and a frame of b's to it, refused for want of a receive,
 	// holds the one slot of b's INI (nothing else reaches a's node now):
 	// the FIN finds the send queue full.

@@ -72,16 +72,7 @@ func failedHalfFIN(t *testing.T, closeWrite bool) {
 	if err := sendSeq(ctx, toP, 0, 12); err != nil { // 4 land, the rest wait at a's INI
 		t.Fatal(err)
 	}
-	rk.armed.Store(true)
-	dialed := dialLater(t, a, b)
-	awaitSetup(t, rk.held, "the reciprocal request never came")
-	halves := inboundHalves(b)
-	if len(halves) != 1 {
-		t.Fatalf("setup: %d halves at b", len(halves))
-	}
-	eventually(t, "b's half ended", func() (bool, string) {
-		return connErr(halves[0]) != nil, ""
-	})
+	dialed, _ := halfFailedUnderReciprocal(t, a, b, rk)
 	// a stops with its one receive taken: the FIN to it waits at b's INI.
 	a.p.PauseReceives()
 	t.Cleanup(a.p.ResumeReceives)

@@ -55,17 +55,8 @@ func reciprocalToFailedHalf(t *testing.T, lastLeg bool) {
 	if err := sendSeq(ctx, toP, 0, 12); err != nil { // 4 land, the rest wait at a's INI
 		t.Fatal(err)
 	}
-	rk.armed.Store(true)
-	dialed := dialLater(t, a, b)
-	awaitSetup(t, rk.held, "the reciprocal request never came")
-	halves := inboundHalves(b)
-	if len(halves) != 1 {
-		t.Fatalf("setup: %d halves at b", len(halves))
-	}
-	eventually(t, "b's half ended", func() (bool, string) {
-		return connErr(halves[0]) != nil, ""
-	})
-	if err := connErr(halves[0]); !errors.Is(err, errIdle) {
+	dialed, half := halfFailedUnderReciprocal(t, a, b, rk)
+	if err := connErr(half); !errors.Is(err, errIdle) {
 		t.Fatalf("setup: b's half ended with %v, not by its idle timeout", err)
 	}
 	if lastLeg {
@@ -93,6 +84,24 @@ func reciprocalToFailedHalf(t *testing.T, lastLeg bool) {
 		c.Close()
 	}
 	requireReleased(t, w, a, b, p, q)
+}
+
+// halfFailedUnderReciprocal dials b from a with b's reciprocal request held
+// by rk, and waits until b's inbound half of the dial has failed (its idle
+// timeout, while the request waits).
+func halfFailedUnderReciprocal(t *testing.T, a, b *proc, rk *holdReciprocal) (<-chan dialResult, *Conn) {
+	t.Helper()
+	rk.armed.Store(true)
+	dialed := dialLater(t, a, b)
+	awaitSetup(t, rk.held, "the reciprocal request never came")
+	halves := inboundHalves(b)
+	if len(halves) != 1 {
+		t.Fatalf("setup: %d halves at b", len(halves))
+	}
+	eventually(t, "b's half ended", func() (bool, string) {
+		return connErr(halves[0]) != nil, ""
+	})
+	return dialed, halves[0]
 }
 
 // inboundHalves returns b's inbound connections not up yet.

@@ -18,10 +18,14 @@ import (
 // reciprocal REQ, not an ABORT) nobody answers: their first event is
 // UNREACHABLE with -ETIMEDOUT, as the real CM's when its retries run out
 // (the request, or the dialer's answer, lost on the way).
+//
+// With answerLost, a reverse leg's virtual request (not a MOVE) reaches the
+// dialer, which takes the leg, and only its answer is lost.
 type unansweredReverse struct {
 	wrapper
-	mu  sync.Mutex
-	ids map[kernel.ID]bool
+	answerLost bool
+	mu         sync.Mutex
+	ids        map[kernel.ID]bool
 }
 
 func (k *unansweredReverse) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
@@ -31,7 +35,9 @@ func (k *unansweredReverse) Connect(ctx context.Context, dst netip.AddrPort, ex 
 	}
 	var r wire.Req
 	lost := wire.DecodeReq(pd, want, &r) == nil && r.Flags&wire.FlagReciprocal != 0 && r.Flags&wire.FlagAbort == 0
-	if lost {
+	if k.answerLost {
+		lost = lost && ex == kernel.ExchangeSIDR && r.Flags&wire.FlagMove == 0
+	} else if lost {
 		// Lost on the way: it goes where nobody listens, and its
 		// answer is replaced by the CM's timeout (Event).
 		dst = netip.AddrPortFrom(dst.Addr(), 1)
@@ -51,7 +57,7 @@ func (k *unansweredReverse) Event(ctx context.Context, id kernel.ID) (kernel.Eve
 	delete(k.ids, id)
 	k.mu.Unlock()
 	if mine {
-		if _, err := k.Kernel.Event(ctx, id); err != nil { // nobody listens: the refusal, dropped
+		if _, err := k.Kernel.Event(ctx, id); err != nil { // the answer (a refusal where nobody listens), dropped
 			return kernel.Event{}, err
 		}
 		return kernel.Event{Type: kernel.EventUnreachable, ID: id, Status: -int(syscall.ETIMEDOUT)}, nil

@@ -3,50 +3,11 @@ package xrc
 import (
 	"context"
 	"errors"
-	"net/netip"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
-	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
-
-// lostReverseAnswer is a kernel whose requests for a reverse leg (a
-// reciprocal VIRT_REQ, not an ABORT) reach the dialer, which takes the leg,
-// but whose answer is lost: the CM's timeout (UNREACHABLE, -ETIMEDOUT)
-// comes in its place.
-type lostReverseAnswer struct {
-	wrapper
-	mu  sync.Mutex
-	ids map[kernel.ID]bool
-}
-
-func (k *lostReverseAnswer) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
-	var r wire.Req
-	lost := ex == kernel.ExchangeSIDR && wire.DecodeReq(pd, wire.TypeVirtReq, &r) == nil &&
-		r.Flags&wire.FlagReciprocal != 0 && r.Flags&(wire.FlagAbort|wire.FlagMove) == 0
-	id, err := k.Kernel.Connect(ctx, dst, ex, qpNum, pd)
-	if err == nil && lost {
-		k.mu.Lock()
-		k.ids[id] = true
-		k.mu.Unlock()
-	}
-	return id, err
-}
-
-func (k *lostReverseAnswer) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
-	k.mu.Lock()
-	mine := k.ids[id]
-	delete(k.ids, id)
-	k.mu.Unlock()
-	ev, err := k.Kernel.Event(ctx, id)
-	if err == nil && mine {
-		return kernel.Event{Type: kernel.EventUnreachable, ID: id, Status: -int(syscall.ETIMEDOUT)}, nil
-	}
-	return ev, err
-}
 
 // A dial whose acceptor's request for the reverse leg was taken, but whose
 // answer was lost (the acceptor's CM timed out), has a dead acceptor half:
@@ -60,7 +21,7 @@ func TestDialReverseAnswerLostAborts(t *testing.T) {
 		c.HandshakeTimeout = time.Hour
 		c.IdleTimeout = time.Hour // the idle timeout does not end it
 	})
-	k := &lostReverseAnswer{ids: map[kernel.ID]bool{}}
+	k := &unansweredReverse{answerLost: true, ids: map[kernel.ID]bool{}}
 	b := w.wrappedEndpoint("10.0.106.2", 7000, func(kk kernel.Kernel) kernel.Kernel { k.Kernel = kk; return k },
 		func(c *Config) { c.HandshakeTimeout = 2 * time.Second })
 	// Uplinks both ways, to other processes on the nodes: the dial's
