@@ -1047,9 +1047,8 @@ func (c *Conn) reap() {
 	if c.polling || c.waiting.len() > 0 {
 		// A caller's round takes what there is now; what comes after
 		// it returns is ours again (a Recv that timed out and an
-		// application gone quiet: found by review), as are the peer's
-		// buffers that we hold (see below).
-		if c.credits < c.peerSlots || c.pending+len(c.deferred) > 0 {
+		// application gone quiet: found by review).
+		if c.reapDueLocked() {
 			c.armReapLocked(min(2*c.reapDelay, maxReapBusy))
 		}
 		c.mu.Unlock()
@@ -1060,13 +1059,18 @@ func (c *Conn) reap() {
 	n, err := c.t.poll(context.Background(), c.cbuf, 0, false)
 	c.endRound(n, err)
 	c.mu.Lock()
-	// Buffers of the peer's that we hold and no rule returns yet (those
-	// of its credit frames) are its credits too: it may run short on
-	// them, and only a round takes the frame that says so.
-	if c.credits < c.peerSlots || c.pending+len(c.deferred) > 0 {
+	if c.reapDueLocked() {
 		c.armReapLocked(min(2*c.reapDelay, maxReap))
 	}
 	c.mu.Unlock()
+}
+
+// reapDueLocked reports whether the reaper should look again: our credits
+// are out, or we hold buffers of the peer's that no rule returns yet (those
+// of its credit frames), which are its credits: it may run short on them,
+// and only a round takes the frame that says so.
+func (c *Conn) reapDueLocked() bool {
+	return c.credits < c.peerSlots || c.pending+len(c.deferred) > 0
 }
 
 // awaitLocked waits, c.mu held, while cond holds, until by: a round's end,
