@@ -50,12 +50,8 @@ func TestFailedHalfFINNotPostedAborts(t *testing.T) {
 	q := w.endpoint("10.0.108.1", 7001, minute)     // a receiver there that stops too
 	toP, _ := pair(t, a, p)
 	qb, bq := pair(t, q, b) // b's uplink to a's node, whose one slot a frame to q holds
-	p.p.PauseReceives()
-	t.Cleanup(p.p.ResumeReceives) // before the endpoints close
 	ctx := ctxT(t, 10*time.Second)
-	if err := sendSeq(ctx, toP, 0, 12); err != nil { // 4 land, the rest wait at a's INI
-		t.Fatal(err)
-	}
+	stallBehind(t, ctx, toP, p)
 	var once sync.Once
 	release := func() { once.Do(func() { close(rk.release) }) }
 	t.Cleanup(release) // a setup that fails lets the request go

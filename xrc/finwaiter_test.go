@@ -66,12 +66,8 @@ func failedHalfFIN(t *testing.T, closeWrite bool) {
 	toP, _ := pair(t, a, p)
 	cq, dq := pair(t, q, b) // b's uplink to node 1, where the FIN will wait
 	ra, _ := pair(t, r, a)
-	p.p.PauseReceives()
-	t.Cleanup(p.p.ResumeReceives) // before the endpoints close
 	ctx := ctxT(t, 10*time.Second)
-	if err := sendSeq(ctx, toP, 0, 12); err != nil { // 4 land, the rest wait at a's INI
-		t.Fatal(err)
-	}
+	stallBehind(t, ctx, toP, p)
 	dialed, _ := halfFailedUnderReciprocal(t, a, b, rk)
 	// a stops with its one receive taken: the FIN to it waits at b's INI.
 	a.p.PauseReceives()

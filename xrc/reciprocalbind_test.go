@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"context"
 	"errors"
 	"io"
 	"testing"
@@ -49,12 +50,8 @@ func reciprocalToFailedHalf(t *testing.T, lastLeg bool) {
 	p := w.endpoint("10.0.101.2", 7001, longTimers) // the receiver that stops
 	toP, _ := pair(t, a, p)
 	cq, dq := pair(t, q, b)
-	p.p.PauseReceives()
-	t.Cleanup(p.p.ResumeReceives) // before the endpoints close
 	ctx := ctxT(t, 10*time.Second)
-	if err := sendSeq(ctx, toP, 0, 12); err != nil { // 4 land, the rest wait at a's INI
-		t.Fatal(err)
-	}
+	stallBehind(t, ctx, toP, p)
 	dialed, half := halfFailedUnderReciprocal(t, a, b, rk)
 	if err := connErr(half); !errors.Is(err, errIdle) {
 		t.Fatalf("setup: b's half ended with %v, not by its idle timeout", err)
@@ -84,6 +81,17 @@ func reciprocalToFailedHalf(t *testing.T, lastLeg bool) {
 		c.Close()
 	}
 	requireReleased(t, w, a, b, p, q)
+}
+
+// stallBehind stops p's receives and sends it 12 frames on to, whose node
+// has 4 receives: 4 land, and the rest wait at the sender's INI.
+func stallBehind(t *testing.T, ctx context.Context, to *Conn, p *proc) {
+	t.Helper()
+	p.p.PauseReceives()
+	t.Cleanup(p.p.ResumeReceives) // before the endpoints close
+	if err := sendSeq(ctx, to, 0, 12); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // halfFailedUnderReciprocal dials b from a with b's reciprocal request held
