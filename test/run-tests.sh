@@ -7,6 +7,8 @@
 # 3. builds the VM_PACKAGES' test binaries on the host and runs them all in ONE soft-RoCE
 #    VM (test/vm/rxe-vm.sh) with -test.v, and after them, in the same guest, -race builds
 #    (VM_RACE; test/integration's beside its plain build, on a second device: BESIDE_PKG),
+#    then, with GOXRC_TEST_ASAN=1, -asan builds of the VM_PACKAGES (AddressSanitizer and, at
+#    each binary's exit, LeakSanitizer on the cgo code; about 400 s more, so not in CI),
 #    then the integration binary's TestTwoNodes across
 #    two guests on one wire (test/vm/rxe-pair.sh; counted with the guest's tests),
 # 4. prints counts for the host and the guest; the last line is "N passed, N failed, N skipped".
@@ -30,6 +32,9 @@ VM_RACE=("./test/integration=^(TestCM|TestRDMACM|TestVerbsAsyncErr)" "./xrc=Hybr
 # an allocation count, which is the plain build's property, and tests that spend their time
 # asleep on the library's timers (a QP's cool-off, a device's idle time): 80 s of emulation.
 VM_RACE_SKIP=("./test/integration=^(TestCMSendRecvZeroAllocs|TestCMQueuePairsReused|TestCMDialerKeepsIdleDevice)$")
+# PACKAGE=TESTS: of those, tests the -asan build skips: allocation counts (an -asan build of
+# the standard library allocates where the plain one does not: context's cancelCtx.Err).
+VM_ASAN_SKIP=("./test/integration=^TestCMSendRecvZeroAllocs$")
 # The -race build of BESIDE_PKG runs beside the plain build of it rather than after it, on a
 # soft-RoCE device of its own (BESIDE_DEV, made by rxe-setup in the guest): the plain integration
 # tests spend most of their time asleep in the CM's time-wait of about 2 s, which every Close of a
@@ -125,7 +130,7 @@ mapfile -t BESIDE_ENV < <("$RXE_SETUP" "${BESIDE_DEV[@]}" 2>> "$RXE_VM_OUT/setup
 [[ ${BESIDE_ENV[0]} == RXE_DEV=* ]] || { BESIDE_ENV=(); echo "second soft-RoCE device: rxe-setup failed (setup.log)"; }
 GUEST_EOF
 } > "$GUEST"
-VM_NAMES=() FIRST=() PLAIN=() RACE=() BESIDE=()
+VM_NAMES=() FIRST=() PLAIN=() RACE=() ASAN=() BESIDE=()
 spec_of() { # PACKAGE SPEC...: the TESTS of the PACKAGE=TESTS spec for PACKAGE, if any
   local pkg=$1 spec; shift
   for spec; do [[ ${spec%%=*} != "$pkg" ]] || echo "${spec#*=}"; done
@@ -135,12 +140,16 @@ guest_line() { # FUNCTION NAME PACKAGE BIN [FLAG VALUE]...: a line of the guest 
   while [[ $# -gt 1 ]]; do [[ -z $2 ]] || line+=$(printf ' %s %q' "$1" "$2"); shift 2; done
   echo "$line"
 }
+build_test() { # NAME PACKAGE [GO TEST FLAGS...]: go test -c into $BIN/NAME.test; a failure is counted
+  local name=$1 pkg=$2; shift 2
+  if ! go test "$@" -c -o "$BIN/$name.test" "$pkg" > "$LOGS/build-$name.log" 2>&1; then
+    cat "$LOGS/build-$name.log"; BUILD_FAILED=$((BUILD_FAILED + 1)); return 1
+  fi
+  if [[ ! -x $BIN/$name.test ]]; then say "$pkg: no test files (counted as a failure)"; BUILD_FAILED=$((BUILD_FAILED + 1)); return 1; fi
+}
 for pkg in "${VM_PACKAGES[@]}"; do
   name=$(echo "${pkg#./}" | tr / _)
-  if ! go test -c -o "$BIN/$name.test" "$pkg" > "$LOGS/build-$name.log" 2>&1; then
-    cat "$LOGS/build-$name.log"; BUILD_FAILED=$((BUILD_FAILED + 1)); continue
-  fi
-  if [[ ! -x $BIN/$name.test ]]; then say "$pkg: no test files (counted as a failure)"; BUILD_FAILED=$((BUILD_FAILED + 1)); continue; fi
+  build_test "$name" "$pkg" || continue
   line=$(guest_line run "$name" "$pkg" "$BIN/$name.test" -test.run "$(spec_of "$pkg" "${VM_RUN[@]}")")
   if [[ $pkg == "$BESIDE_PKG" ]]; then FIRST+=("$line"); else PLAIN+=("$line"); fi
   VM_NAMES+=("$name")
@@ -149,10 +158,7 @@ for spec in "${VM_RACE[@]}"; do
   pkg=${spec%%=*} filter=
   [[ $spec != *=* ]] || filter=${spec#*=}
   name=race_$(echo "${pkg#./}" | tr / _)
-  if ! go test -race -c -o "$BIN/$name.test" "$pkg" > "$LOGS/build-$name.log" 2>&1; then
-    cat "$LOGS/build-$name.log"; BUILD_FAILED=$((BUILD_FAILED + 1)); continue
-  fi
-  if [[ ! -x $BIN/$name.test ]]; then say "$pkg: no test files (counted as a failure)"; BUILD_FAILED=$((BUILD_FAILED + 1)); continue; fi
+  build_test "$name" "$pkg" -race || continue
   skip=$(spec_of "$pkg" "${VM_RACE_SKIP[@]}")
   if [[ $pkg == "$BESIDE_PKG" ]]; then
     BESIDE+=("$(guest_line beside "$name" "$pkg" "$BIN/$name.test" -test.run "$filter" -test.skip "${skip:+$skip|}$BESIDE_ALONE")")
@@ -163,8 +169,17 @@ for spec in "${VM_RACE[@]}"; do
     VM_NAMES+=("$name")
   fi
 done
+if [[ ${GOXRC_TEST_ASAN:-0} == 1 ]]; then
+  for pkg in "${VM_PACKAGES[@]}"; do
+    name=asan_$(echo "${pkg#./}" | tr / _)
+    build_test "$name" "$pkg" -asan || continue
+    ASAN+=("$(guest_line run "$name" "$pkg" "$BIN/$name.test" -test.run "$(spec_of "$pkg" "${VM_RUN[@]}")" \
+      -test.skip "$(spec_of "$pkg" "${VM_ASAN_SKIP[@]}")")")
+    VM_NAMES+=("$name")
+  done
+fi
 # The background runs start first and are waited for once the first plain binary is done.
-printf '%s\n' "${BESIDE[@]}" "${FIRST[@]}" wait "${PLAIN[@]}" "${RACE[@]}" | grep -v '^$' >> "$GUEST"
+printf '%s\n' "${BESIDE[@]}" "${FIRST[@]}" wait "${PLAIN[@]}" "${RACE[@]}" "${ASAN[@]}" | grep -v '^$' >> "$GUEST"
 GP=0 GF=$BUILD_FAILED GS=0 VM_RC=0
 if [[ ${#VM_NAMES[@]} -gt 0 ]]; then
   say "running ${#VM_NAMES[@]} test binary(ies) in the VM"

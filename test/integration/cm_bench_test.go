@@ -116,7 +116,33 @@ func benchStream(b *testing.B, size int) {
 // another, so each Recv finds its message while it polls. "sleeping": an
 // echo goroutine answers, so both sides' Recv usually find nothing and sleep
 // in the netpoller (the counts include the echo goroutine's calls).
+// "one-sided": a WriteRemote into the peer's exposed region.
 func TestCMSendRecvZeroAllocs(t *testing.T) {
+	t.Run("one-sided", func(t *testing.T) {
+		client, server := benchPair(t)
+		ctx := context.Background()
+		exposed, err := server.RegisterMemory(4096, cm.RemoteWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer exposed.Close()
+		local, err := client.RegisterMemory(4096, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer local.Close()
+		desc := exposed.Descriptor()
+		write := func() {
+			if err := client.WriteRemote(ctx, local, 0, 64, desc, 100); err != nil {
+				t.Fatal(err)
+			}
+		}
+		allocs := allocsPer(200, write)
+		t.Logf("%.3f allocations per WriteRemote", allocs)
+		if allocs >= noAllocs {
+			t.Errorf("%.3f allocations per WriteRemote, want none (under %g)", allocs, noAllocs)
+		}
+	})
 	for _, size := range []int{64, 4096} {
 		t.Run(fmt.Sprintf("polling/%d", size), func(t *testing.T) {
 			client, server := benchPair(t, cm.WithMessageSize(size), cm.WithQueueDepth(16))
