@@ -78,6 +78,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "server: -count, -idle and -keepalive must not be negative")
 		os.Exit(2)
 	}
+	// Refused before -cpuprofile's file is created, or truncated.
+	if *preferXRC && *device == "" && unspecified(*addr) {
+		fmt.Fprintln(os.Stderr, "server: -xrc: an XRC listener serves one device: give a device's address in -addr, or -device")
+		os.Exit(2)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err == nil {
@@ -106,10 +111,6 @@ func main() {
 		opts = append(opts, cm.WithDevice(*device))
 	}
 	if *preferXRC {
-		if *device == "" && unspecified(*addr) {
-			fmt.Fprintln(os.Stderr, "server: -xrc: an XRC listener serves one device: give a device's address in -addr, or -device")
-			os.Exit(2)
-		}
 		opts = append(opts, cm.WithXRC(cm.XRCPrefer))
 	}
 	ctx, stop := interrupt.Context()
@@ -123,9 +124,19 @@ func main() {
 	if !*asJSON {
 		fmt.Printf("listening on %s (message size %d, queue depth %d, raw %v)\n", l.Addr(), *size, *depth, *raw)
 	}
+	if serveConns(ctx, l, *count, *raw, *idle, *asJSON) {
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+// serveConns accepts connections on l and serves each, count of them (0:
+// until ctx ends). It reports whether an Accept or a connection failed
+// (other than at an interrupt).
+func serveConns(ctx context.Context, l *cm.Listener, count int, raw bool, idle time.Duration, asJSON bool) bool {
 	var wg sync.WaitGroup
 	var failed atomic.Bool // exit status 1: an Accept or a connection failed (not at shutdown)
-	for served := 0; *count == 0 || served < *count; served++ {
+	for served := 0; count == 0 || served < count; served++ {
 		c, err := l.Accept(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -137,20 +148,20 @@ func main() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := serve(ctx, c, *raw, *idle)
+			r := serve(ctx, c, raw, idle)
 			if r.Error != "" && ctx.Err() == nil {
 				failed.Store(true)
 			}
 			if r.Mode != "?" || r.Error != "" {
-				report(r, *asJSON)
+				report(r, asJSON)
 			}
 		}()
 	}
+	// The listener completes handshakes before Accept: open past the
+	// count, it would connect clients that nothing serves.
+	l.Close()
 	wg.Wait()
-	if failed.Load() {
-		pprof.StopCPUProfile()
-		os.Exit(1)
-	}
+	return failed.Load()
 }
 
 // framedOnly lists the flags that only framed connections (those without
