@@ -50,6 +50,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -289,6 +290,14 @@ func (o options) check() error {
 		// buffers: as -conns, checked so that no product overflows (in
 		// int64: 254 x 65536 x 65536 passes a 32-bit int).
 		return fmt.Errorf("xrc mode: -clients x -nodes x -procs connections: at most %d", maxConns)
+	case o.mode == "xrc" && !o.fabric:
+		// Dialed in order: a malformed entry failed only at its turn,
+		// after those before it had been connected and echoed.
+		for _, a := range strings.Split(o.addr, ",") {
+			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+				return fmt.Errorf("xrc mode: -addr entry %q is not ip:port", a)
+			}
+		}
 	}
 	return nil
 }
@@ -568,20 +577,27 @@ func dialsFailed(errs []error) error {
 
 // progress prints a line on stderr every interval while a run lasts.
 type progress struct {
-	mu    sync.Mutex
-	done  int
-	total int
-	quit  chan struct{}
-	once  sync.Once
+	mu     sync.Mutex
+	done   int
+	total  int
+	quit   chan struct{}
+	exited chan struct{} // closed once the printer has returned
+	once   sync.Once
 }
 
 func newProgress(every time.Duration, what string, total int) *progress {
-	p := &progress{total: total, quit: make(chan struct{})}
+	return newProgressTo(os.Stderr, every, what, total)
+}
+
+func newProgressTo(w io.Writer, every time.Duration, what string, total int) *progress {
+	p := &progress{total: total, quit: make(chan struct{}), exited: make(chan struct{})}
 	if every <= 0 {
+		close(p.exited)
 		return p
 	}
 	start := time.Now()
 	go func() {
+		defer close(p.exited)
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
@@ -592,7 +608,7 @@ func newProgress(every time.Duration, what string, total int) *progress {
 				p.mu.Lock()
 				d := p.done
 				p.mu.Unlock()
-				fmt.Fprintf(os.Stderr, "%s: %d/%d after %.0fs\n", what, d, p.total, time.Since(start).Seconds())
+				fmt.Fprintf(w, "%s: %d/%d after %.0fs\n", what, d, p.total, time.Since(start).Seconds())
 			}
 		}
 	}()
@@ -600,4 +616,10 @@ func newProgress(every time.Duration, what string, total int) *progress {
 }
 
 func (p *progress) add(n int) { p.mu.Lock(); p.done += n; p.mu.Unlock() }
-func (p *progress) stop()     { p.once.Do(func() { close(p.quit) }) }
+
+// stop ends the lines, and returns once the last is out: one printed
+// after it came among (or after) the run's result.
+func (p *progress) stop() {
+	p.once.Do(func() { close(p.quit) })
+	<-p.exited
+}
