@@ -110,7 +110,6 @@ type Conn struct {
 	t            transport
 	x            *xrc.Conn // an XRC connection (WithFabric) instead of t
 	xrelease     func()
-	xFailed      atomic.Bool // the XRC connection's failure is counted
 	laddr, raddr net.Addr
 	raw          bool
 	log          logFunc // warnings

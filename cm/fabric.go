@@ -275,7 +275,6 @@ func (c *Conn) sendXRC(ctx context.Context, p []byte, hasImm bool) error {
 		return c.opErr("send", fmt.Errorf("immediate data over XRC: %w", ErrNotSupported))
 	}
 	if err := c.x.Send(ctx, p); err != nil {
-		c.countXRCFailure(err)
 		return c.opErr("send", mapXRCErr(err))
 	}
 	c.stats.msgsSent.Add(1)
@@ -289,7 +288,6 @@ func (c *Conn) recvXRC(ctx context.Context, buf []byte) (int, uint32, bool, erro
 		if errors.Is(err, io.EOF) {
 			return 0, 0, false, io.EOF
 		}
-		c.countXRCFailure(err)
 		return 0, 0, false, c.opErr("recv", mapXRCErr(err))
 	}
 	c.stats.msgsRecv.Add(1)
@@ -315,18 +313,17 @@ func (c *Conn) closeXRC() error {
 	return c.releaseErr
 }
 
-// countXRCFailure counts the connection's failure in Stats.Errors, once, as
-// an RC connection's: not the caller's own ends (Close, a context, a short
+// xrcFailed reports whether the engine's verdict on the connection, err
+// (xrc.Conn.Err), is a failure that Stats.Errors counts, as an RC
+// connection's: not the caller's own ends (Close, a context, a short
 // buffer), nor the peer's orderly one.
-func (c *Conn) countXRCFailure(err error) {
+func xrcFailed(err error) bool {
 	switch {
-	case errors.Is(err, xrc.ErrClosed), errors.Is(err, xrc.ErrPeerClosed), errors.Is(err, xrc.ErrMessageTooLong),
+	case err == nil, errors.Is(err, xrc.ErrClosed), errors.Is(err, xrc.ErrPeerClosed), errors.Is(err, xrc.ErrMessageTooLong),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return
+		return false
 	}
-	if c.xFailed.CompareAndSwap(false, true) {
-		c.stats.errors.Add(1)
-	}
+	return true
 }
 
 // engineErr takes the engine's *xrc.OpError off err: the caller's *OpError

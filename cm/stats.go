@@ -38,8 +38,13 @@ func (c *Conn) Stats() Stats {
 		Errors:           c.stats.errors.Load(),
 	}
 	if c.x != nil {
-		// Over XRC the engine sends the connection's credit frames.
+		// Over XRC the engine sends the connection's credit frames, and
+		// has the last word on how it ended: a Send may fail at a
+		// receiver gone after its FIN, an orderly end.
 		s.CreditFrames = c.x.CreditFrames()
+		if xrcFailed(c.x.Err()) {
+			s.Errors = 1
+		}
 	}
 	return s
 }

@@ -62,10 +62,16 @@ func TestStatsXRCFailureCounted(t *testing.T) {
 		require.ErrorIs(t, err, ErrPeerGone)
 	}
 	require.Equal(t, uint64(1), c.Stats().Errors)
+	s.Close() // its process is dead: nothing of it counts
+	// A connection closed by its application, on both sides, counts none.
+	c, s = fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), nil, nil)
 	require.NoError(t, s.Close())
 	_, err = s.Recv(ctx, make([]byte, 64))
 	require.ErrorIs(t, err, ErrClosed)
 	require.Zero(t, s.Stats().Errors, "Close is the caller's")
+	_, err = c.Recv(ctx, make([]byte, 64))
+	require.ErrorIs(t, err, io.EOF)
+	require.Zero(t, c.Stats().Errors, "the peer's orderly end")
 }
 
 // An XRC connection's credit frames are its Stats.CreditFrames, as an RC

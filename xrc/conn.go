@@ -190,6 +190,19 @@ func (c *Conn) MaxRecvSize() int { return c.e.cfg.MaxMessageSize }
 // its share of Stats.CreditFrames.
 func (c *Conn) CreditFrames() uint64 { return c.creditFrames.Load() }
 
+// Err is what ended c, if a failure did: nil while c is up, and once it
+// ended by Close or the peer's FIN (whatever failed after the FIN). A Send
+// that found the receiver's endpoint gone does not decide it: the FIN may
+// still be in our queue (then nil), or the connection fails soon after.
+func (c *Conn) Err() error {
+	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
+	if c.peerClosed {
+		return nil
+	}
+	return c.err
+}
+
 func (c *Conn) failed() bool { return c.err != nil }
 
 func (c *Conn) errOr(def error) error {
@@ -250,10 +263,13 @@ func (c *Conn) sendErrLocked(internal bool) error {
 	switch {
 	case (c.userClosed || c.writeClosed) && !internal:
 		return ErrClosed
+	case c.peerClosed && !internal:
+		// Before err: a failure after the peer's FIN (a frame of ours
+		// in flight met its receive queue gone) does not undo its
+		// orderly end.
+		return ErrPeerClosed
 	case c.err != nil:
 		return c.err
-	case c.peerClosed && !internal:
-		return ErrPeerClosed
 	case c.sendGone != nil:
 		return c.sendGone
 	case !c.sendUp || c.sendDone:
@@ -1293,13 +1309,15 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 func (c *Conn) CloseWrite() error {
 	e := c.e
 	e.mu.Lock()
-	err := c.err
+	var err error
 	switch {
-	case err != nil:
 	case c.peerClosed && !c.userClosed:
 		// The peer's FIN closes our side too (answerFINLocked): not
-		// ErrClosed, which says the application closed c. As Send.
+		// ErrClosed, which says the application closed c, nor a
+		// failure after the FIN. As Send.
 		err = ErrPeerClosed
+	case c.err != nil:
+		err = c.err
 	case c.userClosed || c.closing:
 		err = ErrClosed
 	case c.halfFINSent:
