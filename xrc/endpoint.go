@@ -191,6 +191,9 @@ type Endpoint struct {
 	// testAfterDecide, set by a test only, runs in onRequest between the
 	// acceptor's decision and what onRequest makes of it.
 	testAfterDecide atomic.Pointer[func(decision)]
+	// testFINPosted, set by a test only, runs once the goroutine that
+	// posts finAcceptedLocked's FIN has done what it does at the post.
+	testFINPosted atomic.Pointer[func()]
 }
 
 type upKey struct {

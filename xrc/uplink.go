@@ -394,13 +394,12 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 // failed while its request was under way (bindLocked): the dialer took the
 // leg, and its Dial returns the connection, which heard nothing of us until
 // its idle timeout (TestReciprocalAnsweredToFailedHalf). One FIN, posted on
-// u's INI, nothing waiting for its completion: lost (flushed by a
-// recovery), it leaves the dialer its idle timeout, or the DREQ of a link
-// torn down; not posted (a full send queue, the uplink recovering), an
-// ABORT goes instead, which revFIN held back (abortTakenLocked). It
+// u's INI; not posted (a full send queue, the uplink recovering), or
+// flushed (its INI failed), an ABORT goes instead, which revFIN held back
+// (abortTakenLocked). It
 // reports whether it took over the dial's reference on u, let go of once
-// the FIN is posted: let go of first, the last one tore u down before the
-// FIN went, and the DREQ went to the TGT's maker, which need not be the
+// the FIN has completed: let go of first, the last one tore u down before
+// the FIN went, and the DREQ went to the TGT's maker, which need not be the
 // dialer (TestReciprocalAnsweredToFailedHalfLastLeg).
 func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool {
 	q := u.cur
@@ -419,13 +418,35 @@ func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool 
 	// the send queue until its completion is polled, and a post that
 	// finds the queue full and no waiter but its own takes it for one
 	// nothing posted holds (postData, post).
-	q.waiters[wr[0].WRID] = waiter{c: c}
+	ch := make(chan verbs.WCStatus, 1)
+	q.waiters[wr[0].WRID] = waiter{c: c, ch: ch}
 	peer := c.recvLeg.PeerTag
 	if !e.spawn(func() {
 		e.mu.Lock()
 		up := u.cur == q && u.state == upUp
 		e.mu.Unlock()
 		posted := up && e.k.PostSend(q.qp, wr) == nil
+		if f := e.testFINPosted.Load(); f != nil {
+			(*f)()
+		}
+		went := posted
+		if posted {
+			// The reference goes once the FIN has completed (within a
+			// handshake timeout, as a Close's FIN): let go of at the
+			// post, the last one tore the link down with the FIN still
+			// queued behind a stalled receiver, and the INI went with
+			// it (TestFailedHalfFINBehindStallKeepsItsLink).
+			t := time.NewTimer(e.cfg.HandshakeTimeout)
+			select {
+			case st := <-ch:
+				// Flushed (its INI failed), it did not go either
+				// (TestFailedHalfFINFlushedAborts).
+				went = st == verbs.WCSuccess
+			case <-t.C:
+			case <-e.ctx.Done():
+			}
+			t.Stop()
+		}
 		e.mu.Lock()
 		if !posted {
 			delete(q.waiters, wr[0].WRID)
@@ -433,7 +454,7 @@ func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool 
 		u.refs--
 		e.maybeTeardownLocked(u)
 		e.mu.Unlock()
-		if !posted {
+		if !went {
 			// No FIN went, and revFIN held the ABORT back: it tells
 			// the dialer now (TestFailedHalfFINNotPostedAborts).
 			e.abortReverse(c, peer)
