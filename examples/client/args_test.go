@@ -1,16 +1,11 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"flag"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/goxrc/goxrc/internal/mainexec"
 )
 
 // An argument that is not a flag ends flag parsing: the flags after it were
@@ -134,31 +129,8 @@ func TestFlagRunsComplete(t *testing.T) {
 // The test runs main in a child process (this test binary, asked by the
 // environment).
 func TestRefusalKeepsProfile(t *testing.T) {
-	if args, ok := os.LookupEnv("GOXRC_CLIENT_ARGS"); ok {
-		os.Args = append([]string{"client"}, strings.Fields(args)...)
-		main()
-		os.Exit(0)
-	}
-	for args, why := range map[string]string{"-mode bogus": `unknown mode "bogus"`, "-mode connect -depth 8": "-depth has no effect"} {
-		prof := filepath.Join(t.TempDir(), "cpu.out")
-		if err := os.WriteFile(prof, []byte("an earlier run's profile"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestRefusalKeepsProfile$")
-		cmd.Env = append(os.Environ(), "GOXRC_CLIENT_ARGS=-cpuprofile "+prof+" "+args)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		err := cmd.Run()
-		cancel()
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(stderr.String(), why) {
-			t.Errorf("%s: %v, stderr %q; want exit status 2, %s", args, err, stderr.String(), why)
-		}
-		if b, _ := os.ReadFile(prof); string(b) != "an earlier run's profile" {
-			t.Errorf("%s: refused, yet -cpuprofile's file was rewritten (%d bytes)", args, len(b))
-		}
-	}
+	mainexec.Child("client", main)
+	mainexec.RefusalKeepsProfile(t, map[string]string{"-mode bogus": `unknown mode "bogus"`, "-mode connect -depth 8": "-depth has no effect"})
 }
 
 // checkArgs parses a command line (no program name) and checks it, as main

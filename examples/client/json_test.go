@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/goxrc/goxrc/internal/mainexec"
 )
 
 // The fabric demo's point is its table of QPs against what RC would need,
@@ -18,20 +15,11 @@ import (
 // stdout, carries each node's row. The test runs main in a child process
 // (this test binary, asked by the environment).
 func TestXRCDemoJSONHasTable(t *testing.T) {
-	if args, ok := os.LookupEnv("GOXRC_CLIENT_JSON"); ok {
-		os.Args = append([]string{"client"}, strings.Fields(args)...)
-		main()
-		os.Exit(0)
-	}
+	mainexec.Child("client", main)
 	const nodes, procs, clients = 2, 3, 2
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestXRCDemoJSONHasTable$")
-	cmd.Env = append(os.Environ(), "GOXRC_CLIENT_JSON=-mode xrc -fabric -nodes 2 -procs 3 -clients 2 -json -progress 1ms")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("%v, stderr %q", err, stderr.String())
+	stdout, stderr, code := mainexec.Run(t, "-mode xrc -fabric -nodes 2 -procs 3 -clients 2 -json -progress 1ms")
+	if code != 0 {
+		t.Fatalf("exit status %d, stderr %q", code, stderr)
 	}
 	var got struct {
 		Mode  string `json:"mode"`
@@ -45,12 +33,12 @@ func TestXRCDemoJSONHasTable(t *testing.T) {
 			RCQPs      int    `json:"rc_qps"`
 		} `json:"nodes"`
 	}
-	dec := json.NewDecoder(&stdout)
+	dec := json.NewDecoder(strings.NewReader(stdout))
 	if err := dec.Decode(&got); err != nil {
-		t.Fatalf("stdout is not JSON: %v\n%s", err, stdout.String())
+		t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
 	}
 	if dec.More() {
-		t.Fatalf("more than one JSON value on stdout:\n%s", stdout.String())
+		t.Fatalf("more than one JSON value on stdout:\n%s", stdout)
 	}
 	if got.Mode != "xrc" || got.Count != nodes*procs*clients || len(got.Nodes) != 1+nodes {
 		t.Fatalf("JSON %+v: want mode xrc, %d connections and a row for the client node and each of %d server nodes", got, nodes*procs*clients, nodes)

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"flag"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/goxrc/goxrc/internal/mainexec"
 )
 
 // An argument that is not a flag ends flag parsing: the flags after it were
@@ -17,22 +13,8 @@ import (
 // for ever). main refuses it with exit status 2 before listening; the test
 // runs main in a child process (this test binary, asked by the environment).
 func TestStrayArgumentRefused(t *testing.T) {
-	if args, ok := os.LookupEnv("GOXRC_SERVER_ARGS"); ok {
-		os.Args = append([]string{"server"}, strings.Fields(args)...)
-		main()
-		os.Exit(0)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestStrayArgumentRefused$")
-	cmd.Env = append(os.Environ(), "GOXRC_SERVER_ARGS=10.0.0.1:7471 -count 1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	err := cmd.Run()
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(stderr.String(), `unexpected argument "10.0.0.1:7471"`) {
-		t.Fatalf("server 10.0.0.1:7471 -count 1: %v, stderr %q; want exit status 2, unexpected argument", err, stderr.String())
-	}
+	mainexec.Child("server", main)
+	mainexec.Refused(t, "10.0.0.1:7471 -count 1", `unexpected argument "10.0.0.1:7471"`)
 }
 
 // -keepalive and -xrc do nothing for raw connections (no probes; raw
@@ -40,28 +22,14 @@ func TestStrayArgumentRefused(t *testing.T) {
 // they were not given. main refuses them with exit status 2, naming the
 // flag, before listening.
 func TestIgnoredFlagRefused(t *testing.T) {
-	if args, ok := os.LookupEnv("GOXRC_SERVER_IGNORED"); ok {
-		os.Args = append([]string{"server"}, strings.Fields(args)...)
-		main()
-		os.Exit(0)
-	}
+	mainexec.Child("server", main)
 	for args, want := range map[string]string{
 		"-raw -keepalive 5s":                 "-keepalive has no effect with -raw",
 		"-keepalive 0 -raw -count 1":         "-keepalive has no effect with -raw",
 		"-raw -xrc -addr 10.0.0.1:7471":      "-xrc has no effect with -raw",
 		"-addr 10.0.0.1:7471 -xrc -raw=true": "-xrc has no effect with -raw",
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestIgnoredFlagRefused$")
-		cmd.Env = append(os.Environ(), "GOXRC_SERVER_IGNORED="+args)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		err := cmd.Run()
-		cancel()
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(stderr.String(), want) {
-			t.Errorf("server %s: %v, stderr %q; want exit status 2, %s", args, err, stderr.String(), want)
-		}
+		mainexec.Refused(t, args, want)
 	}
 }
 
