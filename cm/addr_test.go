@@ -292,3 +292,23 @@ func TestDialerDialContext(t *testing.T) {
 	_, err = d.DialContext(ctx, "tcp6", "10.1.0.1:7471")
 	require.EqualError(t, err, "dial 10.1.0.1:7471: address 10.1.0.1: no suitable address found")
 }
+
+// A name's IPv4-mapped answers (AAAA records holding ::ffff:a.b.c.d) are
+// IPv4 addresses, as for net.Dial: unmapped, merged with the same address
+// in an A record, kept for "ip4" and not for "ip6".
+func TestResolveAddrsMappedAnswers(t *testing.T) {
+	ctx := ctxT(t)
+	r := fakedns.Resolver(map[string][]netip.Addr{
+		"mapped.test": {netip.MustParseAddr("::ffff:192.0.2.1")},
+		"dup.test":    {netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("::ffff:192.0.2.1")},
+	})
+	for _, name := range []string{"mapped.test:1", "dup.test:1"} {
+		as, err := resolveAddrs(ctx, r, "ip", name)
+		require.NoError(t, err, name)
+		require.Equal(t, []netip.AddrPort{netip.MustParseAddrPort("192.0.2.1:1")}, as, name)
+	}
+	_, err := resolveAddrs(ctx, r, "ip6", "mapped.test:1")
+	var ae *net.AddrError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, "no suitable address found", ae.Err)
+}

@@ -18,8 +18,9 @@ import (
 )
 
 // Resolver returns a resolver that answers A and AAAA queries from names
-// (keys without a trailing dot), each name's addresses in the given order,
-// and NXDOMAIN for other names. The Go resolver sorts a name's addresses
+// (keys without a trailing dot), each name's addresses in the given order
+// (an IPv4-mapped address as an AAAA record, which a real server may
+// hold), and NXDOMAIN for other names. The Go resolver sorts a name's addresses
 // (RFC 6724) before it returns them, as it does for a real server's.
 func Resolver(names map[string][]netip.Addr) *net.Resolver {
 	return &net.Resolver{
@@ -68,7 +69,7 @@ func answer(q []byte, names map[string][]netip.Addr) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	addrs, known := names[strings.TrimSuffix(question.Name.String(), ".")]
+	addrs, known := lookup(names, strings.TrimSuffix(question.Name.String(), "."))
 	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
 	if !known {
 		rh.RCode = dnsmessage.RCodeNameError
@@ -89,7 +90,9 @@ func answer(q []byte, names map[string][]netip.Addr) ([]byte, error) {
 		switch {
 		case question.Type == dnsmessage.TypeA && a.Is4():
 			err = b.AResource(rr, dnsmessage.AResource{A: a.As4()})
-		case question.Type == dnsmessage.TypeAAAA && a.Is6() && !a.Is4In6():
+		case question.Type == dnsmessage.TypeAAAA && a.Is6():
+			// An IPv4-mapped address too: an AAAA record may hold
+			// one, and it was answered in neither query.
 			err = b.AAAAResource(rr, dnsmessage.AAAAResource{AAAA: a.As16()})
 		}
 		if err != nil {
@@ -97,4 +100,18 @@ func answer(q []byte, names map[string][]netip.Addr) ([]byte, error) {
 		}
 	}
 	return b.Finish()
+}
+
+// lookup finds name in names as a DNS server does, whatever the case of
+// its letters (RFC 4343).
+func lookup(names map[string][]netip.Addr, name string) ([]netip.Addr, bool) {
+	if addrs, ok := names[name]; ok {
+		return addrs, true
+	}
+	for k, addrs := range names {
+		if strings.EqualFold(k, name) {
+			return addrs, true
+		}
+	}
+	return nil, false
 }

@@ -100,12 +100,16 @@ func (f *Fabric) addLocked(a netip.Addr, cfg NodeConfig) *Node {
 	return n
 }
 
+// parseIP parses a node's address in the form the engine and package cm
+// dial it in: an IPv4-mapped address unmapped, and without its zone, which
+// names the one link a link-local address is on ("fe80::1%eth0" is node
+// fe80::1).
 func parseIP(ip string) netip.Addr {
 	a, err := netip.ParseAddr(ip)
 	if err != nil {
 		panic(fmt.Sprintf("memfabric: %v", err))
 	}
-	return a
+	return a.Unmap().WithZone("")
 }
 
 // Node is one host with one RDMA device.

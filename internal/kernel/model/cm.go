@@ -206,7 +206,7 @@ func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exc
 	if len(pd) > budget {
 		return 0, &verbs.OpError{Op: op, Addr: dst.String(), Err: syscall.EINVAL}
 	}
-	if p.n.f.nodes[dst.Addr()] == nil {
+	if p.n.f.nodeAt(dst.Addr()) == nil {
 		return 0, &verbs.OpError{Op: "rdma_resolve_addr", Addr: dst.String(), Err: syscall.EHOSTUNREACH}
 	}
 	if p.n.failed {
@@ -227,7 +227,7 @@ func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exc
 
 // sidrReq delivers a SIDR REQ. SIDR never touches the stale table.
 func (f *Fabric) sidrReq(a *cmid) {
-	dst := f.nodes[a.remote.Addr()]
+	dst := f.nodeAt(a.remote.Addr())
 	if dst.off || a.node().off {
 		a.state = csSIDRReqSent // no answer comes (PowerOff)
 		return
@@ -248,7 +248,7 @@ func (f *Fabric) sidrReq(a *cmid) {
 
 // req delivers a connected-mode REQ from the active id a.
 func (f *Fabric) req(a *cmid) {
-	dst := f.nodes[a.remote.Addr()]
+	dst := f.nodeAt(a.remote.Addr())
 	if dst.off || a.node().off {
 		a.state = csReqSent // no answer comes (PowerOff)
 		return

@@ -73,7 +73,7 @@ const DefaultSendQueueDepth = 256
 func (f *Fabric) AddNode(addr netip.Addr, cfg NodeConfig) *Node {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.nodes[addr]; ok {
+	if f.nodeAt(addr) != nil {
 		panic("model: duplicate node address " + addr.String())
 	}
 	if cfg.SendQueueDepth <= 0 {
@@ -89,9 +89,16 @@ func (f *Fabric) AddNode(addr netip.Addr, cfg NodeConfig) *Node {
 		listeners: map[listenKey]*cmid{},
 		nextPort:  ephemeral,
 	}
-	f.nodes[addr] = n
+	f.nodes[nodeKey(addr)] = n
 	return n
 }
+
+// nodeAt returns the node at addr, nil if none: an IPv4-mapped address is
+// the IPv4 node's, and a zone names the one link a link-local address is
+// on, as a device's CM reads them ("fe80::1%eth0" is node fe80::1).
+func (f *Fabric) nodeAt(addr netip.Addr) *Node { return f.nodes[nodeKey(addr)] }
+
+func nodeKey(addr netip.Addr) netip.Addr { return addr.Unmap().WithZone("") }
 
 func (f *Fabric) handle() uint64 { f.nextH++; return f.nextH }
 

@@ -436,7 +436,7 @@ func (q *qp) complete(wrid uint64, st verbs.WCStatus) {
 // deliver carries one send from an INI to the SRQ it names, through the TGT
 // the INI is connected to; wait: the SRQ has no receive posted (RNR).
 func (q *qp) deliver(wr kernel.SendWR) (_ verbs.WCStatus, wait bool) {
-	dst := q.n.f.nodes[q.remote]
+	dst := q.n.f.nodeAt(q.remote)
 	if dst == nil || dst.off || q.n.off {
 		return verbs.WCRetryExcErr, false
 	}
