@@ -67,8 +67,9 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (_ *
 			return nil, &OpError{Op: "dial", Addr: address, Err: xrc.ErrNoKernel}
 		}
 		node := k.LocalAddr()
-		if cfg.local.IsValid() && !cfg.local.IsUnspecified() && cfg.local != node {
+		if cfg.local.IsValid() && !cfg.local.IsUnspecified() && cfg.local.WithZone("") != node.WithZone("") {
 			// Not this host's address: the device's answer (and bind's).
+			// A zone names the link, and the fabric is one.
 			return nil, &OpError{Op: "dial", Addr: address, Err: fmt.Errorf("cm: local address %s is not the fabric node's (%s): %w", cfg.local, node, syscall.EADDRNOTAVAIL)}
 		}
 		site := cfg.fabricSite(node)

@@ -207,3 +207,37 @@ func TestFabricRelistenUnspecifiedTakesOver(t *testing.T) {
 		})
 	}
 }
+
+// The fabric node's address with a zone, as a link-local address is
+// written for a device ("[fe80::1%eth0]:7000"), is the node's address: a
+// Listen on it is keyed by the address the endpoint binds, so that a
+// Listen on the closed listener's Addr (which has no zone) takes its
+// endpoint over, and a Dial from it (WithLocalAddr) is a Dial from the
+// node. The Listen failed with EADDRINUSE, the Dial with EADDRNOTAVAIL
+// ("local address fe80::2%eth0 is not the fabric node's (fe80::2)").
+func TestFabricZonedNodeAddress(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := newFabric(t)
+	lopts := []Option{WithFabric(f.Node("fe80::1").Process()), WithDomainPath(filepath.Join(t.TempDir(), "s"))}
+	l, err := Listen(ctx, "[fe80::1%eth0]:7000", lopts...)
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan *Conn, 1)
+	go func() {
+		s, _ := l.Accept(ctx)
+		accepted <- s
+	}()
+	c, err := Dial(ctx, "[fe80::1]:7000", WithFabric(f.Node("fe80::2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")),
+		WithLocalAddr("fe80::2%eth0"))
+	require.NoError(t, err, "a Dial from the node's address with a zone")
+	defer c.Close()
+	s := <-accepted
+	require.NotNil(t, s)
+	defer s.Close()
+	require.NoError(t, l.Close())
+	l2, err := Listen(ctx, l.Addr().String(), lopts...)
+	require.NoError(t, err, "listen %s after [fe80::1%%eth0]:7000 closed", l.Addr())
+	require.Equal(t, l.Addr(), l2.Addr())
+	require.NoError(t, l2.Close())
+}

@@ -73,9 +73,10 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 		return nil, &OpError{Op: "listen", Addr: address, Err: err}
 	}
 	if cfg.fabric != nil {
-		if k, ok := kernel.Unwrap(cfg.fabric); ok && local.Addr().IsUnspecified() {
+		if k, ok := kernel.Unwrap(cfg.fabric); ok && (local.Addr().IsUnspecified() || local.Addr().WithZone("") == k.LocalAddr().WithZone("")) {
 			// The endpoint binds the node's address: key the listener
-			// (and a later take-over) by it, however it was spelled.
+			// (and a later take-over) by it, however it was spelled
+			// (unspecified, or with a zone: the fabric is one link).
 			local = netip.AddrPortFrom(k.LocalAddr(), local.Port())
 		}
 		return listenXRC(ctx, local, cfg, cfg.fabricSite(local.Addr()))
