@@ -541,6 +541,10 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 		if to == verbs.QPStateReset {
 			q.mu.Lock()
 			q.rts = false // posts are refused until it is RTS again, as the model's
+			// Nothing in flight completes: the reset drops the sends, and
+			// mlx5_modify_qp their completions from the CQ (mlx5_cq_clean),
+			// so none would give its send memory back.
+			q.ring = sendRing{size: q.ring.size, out: q.ring.out[:0]}
 			q.mu.Unlock()
 		}
 		return nil
@@ -629,6 +633,9 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 		// As the seam says (EINVAL before RTS); mlx5 would answer ENOMEM,
 		// which means "the queue is full" to the engine.
 		return errno(op, syscall.EINVAL)
+	}
+	if len(wrs) == 0 {
+		return nil // nothing to post; ENOMEM would say the queue is full
 	}
 	buf := q.mr.Bytes()
 	vw := resize(q.vw, len(wrs))
