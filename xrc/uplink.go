@@ -643,8 +643,12 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 	var wcs [32]kernel.SendCompletion
 	for {
 		n, err := e.k.PollSend(e.ctx, q.qp, wcs[:])
-		if err != nil { // destroyed, or the endpoint is closing
+		if err != nil { // destroyed, the endpoint closing, or the poll failed
 			e.mu.Lock()
+			// A failed poll leaves nothing to hear q's completions: q
+			// is done for, as after a failed completion (it does
+			// nothing where q is no longer u's INI, or not up).
+			e.failINILocked(u, q)
 			ws := q.waiters
 			q.waiters = map[uint64]waiter{}
 			q.polls++

@@ -1,0 +1,61 @@
+package xrc
+
+import (
+	"context"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+)
+
+// pollFail makes the next send poll fail once armed, its completions lost:
+// a poll that fails on a device (an arm or event read refused, the
+// driver's poll failing) rather than because the INI was destroyed.
+type pollFail struct {
+	kernel.Kernel
+	armed atomic.Bool
+}
+
+func (p *pollFail) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
+	n, err := p.Kernel.PollSend(ctx, q, out)
+	if err == nil && p.armed.CompareAndSwap(true, false) {
+		return 0, syscall.EIO
+	}
+	return n, err
+}
+
+// A send poll that failed ended the INI's completion dispatcher and left the
+// INI up: the sends after it were posted with nothing to hear their
+// completions, the send queue filled (256 on the model), and the next Send
+// waited for room for ever. The failure now moves the uplink to
+// RECOVERING, as a failed completion does, and the connection carries on.
+func TestEndpointSendPollErrorRecovers(t *testing.T) {
+	w := newWorld(t)
+	r := w.endpoint("10.0.7.4", 7000, longTimers)
+	pf := &pollFail{}
+	s := w.wrappedEndpoint("10.0.7.3", 7000, func(k kernel.Kernel) kernel.Kernel { pf.Kernel = k; return pf }, longTimers)
+	cs, cr := pair(t, s, r)
+	ctx := ctxT(t, 10*time.Second)
+	if err := sendSeq(ctx, cs, 0, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := recvSeq(ctx, cr, 0, 10, nil); err != nil {
+		t.Fatal(err)
+	}
+	pf.armed.Store(true)
+	const last = 600 // past the send queue's depth
+	got := make(chan error, 1)
+	go func() { got <- recvSeq(ctx, cr, 10, last, nil) }()
+	if err := sendSeq(ctx, cs, 10, last); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Recoveries != 1 {
+		t.Fatalf("sender: %+v, want one recovery", st)
+	}
+	roundTrip(t, cr, cs, []byte("back after the failed poll"))
+}
