@@ -30,9 +30,21 @@ type FD struct {
 	deadlineOn bool // a read deadline may be set from an earlier Wait
 
 	mu      sync.Mutex // serialises deadline changes and guards what follows
-	gen     uint64     // which Wait a cancellation wake-up is for
 	closed  bool       // Close was called
 	waiters int        // Waits inside rc.Read: the last one out releases file after Close
+
+	// The cancellation wake-up (armCancel) stays registered between Waits
+	// on the same context, so that a waiter that sleeps once per message
+	// does not allocate a registration each time. Contexts are told apart
+	// by their Done channel: one Done ends them all at once. One with a
+	// deadline is let go of as its Wait returns: it is most likely made
+	// per call, and a registration kept would run (a goroutine) as it ends.
+	armedDone <-chan struct{} // the Done the registration is for
+	stopArmed func() bool     // unregisters it (Close, another context, a deadline)
+	keepArmed bool            // the context has no deadline
+	waitDone  <-chan struct{} // the Done of the Wait that may sleep now, else nil
+
+	testCancelled func() // tests: runs after each cancellation wake-up
 }
 
 // Open makes fd non-blocking and registers a duplicate of it with the
@@ -50,7 +62,8 @@ func Open(fd int, name string) (*FD, error) {
 // descriptor is not readable. try must not block (the descriptor is
 // non-blocking, so a read of it returns EAGAIN instead). Wait returns the
 // context's error when ctx ends first, and ErrClosed after Close. With a
-// context that can never end it does not allocate.
+// context that can never end it does not allocate, nor with one that can
+// after its first sleep on this FD (until a Wait with another context).
 //
 // Only one goroutine may wait on an FD at a time (deadlines are per
 // descriptor); callers that need more build a pump on top.
@@ -81,7 +94,8 @@ func (p *FD) Wait(ctx context.Context, try func() (done bool)) error {
 		p.deadlineOn = false
 	}
 	if ctx.Done() != nil {
-		defer p.wakeOnCancel(ctx)()
+		p.armCancel(ctx)
+		defer p.disarmCancel()
 	}
 	// From here until it leaves rc.Read, a Close leaves the release of the
 	// file to this Wait: os.File.Close would wait for rc.Read, and so for
@@ -139,28 +153,54 @@ func (p *FD) closedOr(err error) error {
 	return err
 }
 
-// wakeOnCancel makes ctx's end wake the waiter at once (a read deadline in
-// the past); Wait then reports ctx.Err(). The returned func disarms it, and
-// a wake-up that fires late, for an earlier Wait, does nothing.
-func (p *FD) wakeOnCancel(ctx context.Context) (disarm func()) {
+// armCancel makes ctx's end wake the waiter at once (a read deadline in
+// the past); Wait then reports ctx.Err(). disarmCancel undoes it, and a
+// wake-up that fires late, for an earlier Wait, does nothing.
+func (p *FD) armCancel(ctx context.Context) {
+	done := ctx.Done()
 	p.mu.Lock()
-	p.gen++
-	gen := p.gen
-	p.mu.Unlock()
+	defer p.mu.Unlock()
 	p.deadlineOn = true
-	stop := context.AfterFunc(ctx, func() {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.gen == gen && !p.closed {
-			_ = p.file.SetReadDeadline(time.Unix(1, 0))
-		}
-	})
-	return func() {
-		stop()
-		p.mu.Lock()
-		p.gen++
-		p.mu.Unlock()
+	p.waitDone = done
+	if p.closed {
+		return
 	}
+	if p.armedDone != done {
+		if p.stopArmed != nil {
+			p.stopArmed()
+		}
+		p.armedDone = done
+		p.stopArmed = context.AfterFunc(ctx, func() { p.cancelled(done) })
+		_, timed := ctx.Deadline()
+		p.keepArmed = !timed
+	}
+	// A registration kept from an earlier Wait fired then, if ctx ended
+	// between that Wait and this one's look at ctx.Err().
+	if ctx.Err() != nil {
+		_ = p.file.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+func (p *FD) cancelled(done <-chan struct{}) {
+	p.mu.Lock()
+	if p.waitDone == done && !p.closed {
+		_ = p.file.SetReadDeadline(time.Unix(1, 0))
+	}
+	hook := p.testCancelled
+	p.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+}
+
+func (p *FD) disarmCancel() {
+	p.mu.Lock()
+	p.waitDone = nil
+	if !p.keepArmed && p.stopArmed != nil {
+		p.stopArmed()
+		p.stopArmed, p.armedDone = nil, nil
+	}
+	p.mu.Unlock()
 }
 
 func (p *FD) isClosed() bool {
@@ -191,12 +231,17 @@ func (p *FD) Close() error {
 		return nil
 	}
 	p.closed = true
+	if p.stopArmed != nil {
+		// The context may outlive the FD: let go of the registration.
+		p.stopArmed()
+		p.stopArmed, p.armedDone = nil, nil
+	}
 	if p.waiters > 0 {
 		// A deadline in the past wakes the waiter without waiting for its
 		// read lock (os.File.Close would wait for it, and so for try);
 		// after a try running now returns, the wait returns at once. No
 		// other deadline is set after closed: Wait sets its own before it
-		// checks closed, and wakeOnCancel sets only past ones.
+		// checks closed, and armCancel sets only past ones.
 		_ = p.file.SetReadDeadline(time.Unix(1, 0))
 		p.mu.Unlock()
 		return nil

@@ -130,6 +130,115 @@ func TestWaitDoesNotAllocateWithoutCancel(t *testing.T) {
 	require.LessOrEqual(t, allocs, 1.0)
 }
 
+// A waiter that sleeps once per message with a context that can end (xrc's
+// receive and send-completion loops pass the endpoint's) allocated the
+// cancellation wake-up each time: four allocations per sleep.
+func TestWaitDoesNotAllocateWithCancellableContext(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	r, w := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	defer p.Close()
+	try := drainOne(r)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	allocs := testing.AllocsPerRun(100, func() {
+		go unix.Write(w, []byte{1})
+		if err := p.Wait(ctx, try); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// The goroutine that writes costs one allocation of its own.
+	require.LessOrEqual(t, allocs, 1.0)
+}
+
+// errHook is a context whose first Err runs hook and reports the context
+// live: the context ends between Wait's look at it and the arming of its
+// wake-up.
+type errHook struct {
+	context.Context
+	hook func()
+}
+
+func (c *errHook) Err() error {
+	if h := c.hook; h != nil {
+		c.hook = nil
+		h()
+		return nil
+	}
+	return c.Context.Err()
+}
+
+// The wake-up registered for a context is kept between Waits on it: it
+// still wakes a later Wait that sleeps when the context ends, also when
+// the context ended (and the kept registration fired, for no Wait) just
+// before the Wait armed it; another context's Wait and Close let it go.
+func TestKeptCancelWakeUp(t *testing.T) {
+	r, w := pipeFD(t)
+	p, err := Open(r, "pipe")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls := 0
+	first := func() bool { // sleeps once, then takes the byte
+		calls++
+		if calls == 2 {
+			unix.Write(w, []byte{1})
+		}
+		return drainOne(r)()
+	}
+	require.NoError(t, p.Wait(ctx, first))
+	done := ctx.Done()
+	require.True(t, p.armedDone == done, "the registration is kept")
+
+	// Ends while the Wait is in the netpoller (its second try).
+	calls = 0
+	require.ErrorIs(t, p.Wait(ctx, func() bool {
+		if calls++; calls == 2 {
+			cancel()
+		}
+		return false
+	}), context.Canceled)
+
+	// Ends just before the arming, with a registration kept.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	calls = 0
+	require.NoError(t, p.Wait(ctx2, first))
+	require.True(t, p.armedDone == ctx2.Done(), "another context's Wait registers anew")
+	fired := make(chan struct{}, 1)
+	p.mu.Lock()
+	p.testCancelled = func() { fired <- struct{}{} }
+	p.mu.Unlock()
+	endNow := func() { cancel2(); <-fired } // the kept registration fired, for no Wait
+	res := make(chan error, 1)
+	go func() { res <- p.Wait(&errHook{ctx2, endNow}, drainOne(r)) }()
+	select {
+	case err := <-res:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a context that ended as the Wait armed it did not wake it")
+	}
+
+	// A context with a deadline, most likely made per call, is let go of
+	// as its Wait returns.
+	ctx3, cancel3 := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel3()
+	calls = 0
+	require.NoError(t, p.Wait(ctx3, first))
+	require.Nil(t, p.stopArmed, "a timed context's registration is let go of")
+
+	ctx4, cancel4 := context.WithCancel(context.Background())
+	defer cancel4()
+	calls = 0
+	require.NoError(t, p.Wait(ctx4, first))
+	require.NotNil(t, p.stopArmed)
+	require.NoError(t, p.Close())
+	require.Nil(t, p.stopArmed, "Close lets go of the registration")
+}
+
 func TestDeadlineDoesNotStickToTheNextWait(t *testing.T) {
 	r, w := pipeFD(t)
 	p, err := Open(r, "pipe")
@@ -349,6 +458,18 @@ func TestPanickingTryLeavesNoWaiter(t *testing.T) {
 // pipes, each waiting for its pipe with Wait: a sleep in the netpoller and
 // a wake-up per hop, the path of a connection that sleeps between messages.
 func BenchmarkWaitPingPong(b *testing.B) {
+	benchPingPong(b, context.Background())
+}
+
+// BenchmarkWaitPingPongCancellable: the same with a context that can end,
+// as xrc's completion loops pass.
+func BenchmarkWaitPingPongCancellable(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	benchPingPong(b, ctx)
+}
+
+func benchPingPong(b *testing.B, ctx context.Context) {
 	var p1, p2 [2]int
 	require.NoError(b, unix.Pipe(p1[:]))
 	require.NoError(b, unix.Pipe(p2[:]))
@@ -363,7 +484,6 @@ func BenchmarkWaitPingPong(b *testing.B) {
 	c, err := Open(p2[0], "c")
 	require.NoError(b, err)
 	defer c.Close()
-	ctx := context.Background()
 	takeA, takeC := drainOne(p1[0]), drainOne(p2[0])
 	done := make(chan struct{})
 	go func() {
