@@ -110,6 +110,7 @@ type Conn struct {
 	t            transport
 	x            *xrc.Conn // an XRC connection (WithFabric) instead of t
 	xrelease     func()
+	xclosed      atomic.Bool // Close was called on x (see closedXRCErr)
 	laddr, raddr net.Addr
 	raw          bool
 	log          logFunc // warnings
@@ -461,7 +462,9 @@ func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm bool
 	c.mu.Lock()
 	if c.err != nil || (kind == frameData && (c.closing || c.writeClosed)) {
 		err := c.err
-		if err == nil {
+		if err == nil || kind == frameData && c.writeClosed && !c.closing {
+			// After CloseWrite, ErrClosed, also once the peer's end or
+			// a failure came (as CloseWrite's doc has it, and over XRC).
 			err = ErrClosed
 		}
 		c.mu.Unlock()
@@ -1342,9 +1345,9 @@ func (c *Conn) peerVanishedLocked() bool {
 // complete, disconnects, waits for the CM's time-wait to end, and releases
 // every resource. A connection whose peer vanished (its retries ran out with
 // no disconnect from the CM) is released at once, with no one to wait for.
-// Close is idempotent. Recv after Close returns ErrClosed (or the failure
-// that broke the connection before), also where messages or the peer's end
-// of stream were still to be read.
+// Close is idempotent. Send and Recv after Close return ErrClosed (or the
+// failure that broke the connection before), Recv also where messages or
+// the peer's end of stream were still to be read.
 func (c *Conn) Close() error {
 	if err := c.close(false); err != nil {
 		return opError("close", c.raddr, err)

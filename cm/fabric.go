@@ -275,7 +275,7 @@ func (c *Conn) sendXRC(ctx context.Context, p []byte, hasImm bool) error {
 		return c.opErr("send", fmt.Errorf("immediate data over XRC: %w", ErrNotSupported))
 	}
 	if err := c.x.Send(ctx, p); err != nil {
-		return c.opErr("send", mapXRCErr(err))
+		return c.opErr("send", mapXRCErr(c.closedXRCErr(err)))
 	}
 	c.stats.msgsSent.Add(1)
 	c.stats.bytesSent.Add(uint64(len(p)))
@@ -288,7 +288,7 @@ func (c *Conn) recvXRC(ctx context.Context, buf []byte) (int, uint32, bool, erro
 		if errors.Is(err, io.EOF) {
 			return 0, 0, false, io.EOF
 		}
-		return 0, 0, false, c.opErr("recv", mapXRCErr(err))
+		return 0, 0, false, c.opErr("recv", mapXRCErr(c.closedXRCErr(err)))
 	}
 	c.stats.msgsRecv.Add(1)
 	c.stats.bytesRecv.Add(uint64(n))
@@ -302,7 +302,20 @@ func (c *Conn) closeWriteXRC() error {
 	return nil
 }
 
+// closedXRCErr is err, a call's, but after our Close the failure that broke
+// the connection before, if one did (the engine says ErrClosed first), as
+// an RC connection answers.
+func (c *Conn) closedXRCErr(err error) error {
+	if c.xclosed.Load() && errors.Is(err, xrc.ErrClosed) {
+		if f := c.x.Err(); xrcFailed(f) {
+			return f
+		}
+	}
+	return err
+}
+
 func (c *Conn) closeXRC() error {
+	c.xclosed.Store(true)
 	c.releaseOnce.Do(func() {
 		if err := c.x.Close(); err != nil {
 			c.releaseErr = c.opErr("close", mapXRCErr(err))

@@ -149,6 +149,7 @@ type Conn struct {
 	halfFINSent bool // CloseWrite's FIN went (one that gave up sent nothing)
 	closing     bool
 	closeDone   chan struct{} // closed when the close that set closing is done
+	closedUp    bool          // that close was done with c up: what fails after is no failure of c (Err)
 	isReady     bool
 	finished    bool
 	err         error
@@ -191,13 +192,19 @@ func (c *Conn) MaxRecvSize() int { return c.e.cfg.MaxMessageSize }
 func (c *Conn) CreditFrames() uint64 { return c.creditFrames.Load() }
 
 // Err is what ended c, if a failure did: nil while c is up, and once it
-// ended by Close or the peer's FIN (whatever failed after the FIN). A Send
+// ended by Close or the peer's FIN (whatever failed after either). A Send
 // that found the receiver's endpoint gone does not decide it: the FIN may
 // still be in our queue (then nil), or the connection fails soon after.
+// After a half FIN (the peer's CloseWrite), the peer's death is no failure
+// either, as over RC, where a FIN and then a disconnect is all a peer's
+// CloseWrite and Close send, and all a peer that half-closed and died
+// leaves: its silence (the idle timeout) still is one. Nor is what fails
+// after our Close has sent its FIN (the peer dies before its FIN answers
+// ours), as over RC, where Close releases the connection.
 func (c *Conn) Err() error {
 	c.e.mu.Lock()
 	defer c.e.mu.Unlock()
-	if c.peerClosed {
+	if c.peerClosed || c.closedUp || c.finRcvd && senderDead(c.err) {
 		return nil
 	}
 	return c.err
@@ -1285,8 +1292,9 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 	fin := c.sendUp && !c.sendDone && c.err == nil
 	e.mu.Unlock()
 	defer close(c.closeDone)
+	var finErr error
 	if fin {
-		c.sendFIN(ctx, false)
+		finErr = c.sendFIN(ctx, false)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -1294,6 +1302,9 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 		c.failLocked(ErrClosed) // a half-open connection has no peer to say FIN
 		return true
 	}
+	// A FIN that found the peer gone leaves it to the failure, as over
+	// RC a FIN or a drain that fails in Close does.
+	c.closedUp = c.err == nil && !errors.Is(finErr, ErrPeerGone)
 	c.dropSendLocked()
 	c.maybeFinishLocked()
 	return true
@@ -1316,7 +1327,7 @@ func (c *Conn) CloseWrite() error {
 		// ErrClosed, which says the application closed c, nor a
 		// failure after the FIN. As Send.
 		err = ErrPeerClosed
-	case c.err != nil:
+	case c.err != nil && !c.closedUp:
 		err = c.err
 	case c.userClosed || c.closing:
 		err = ErrClosed
