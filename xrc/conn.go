@@ -198,13 +198,14 @@ func (c *Conn) CreditFrames() uint64 { return c.creditFrames.Load() }
 // After a half FIN (the peer's CloseWrite), the peer's death is no failure
 // either, as over RC, where a FIN and then a disconnect is all a peer's
 // CloseWrite and Close send, and all a peer that half-closed and died
-// leaves: its silence (the idle timeout) still is one. Nor is what fails
-// after our Close has sent its FIN (the peer dies before its FIN answers
-// ours), as over RC, where Close releases the connection.
+// leaves: its silence (the idle timeout, a recovery it does not answer)
+// still is one. Nor is what fails after our Close has sent its FIN (the
+// peer dies before its FIN answers ours), as over RC, where Close releases
+// the connection.
 func (c *Conn) Err() error {
 	c.e.mu.Lock()
 	defer c.e.mu.Unlock()
-	if c.peerClosed || c.closedUp || c.finRcvd && senderDead(c.err) {
+	if c.peerClosed || c.closedUp || c.finRcvd && senderDead(c.err) && !errors.Is(c.err, errUnanswered) {
 		return nil
 	}
 	return c.err
@@ -1297,14 +1298,31 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 		finErr = c.sendFIN(ctx, false)
 	}
 	e.mu.Lock()
+	gone := c.sendGone != nil && c.err == nil
+	e.mu.Unlock()
+	if gone {
+		// A Send or our FIN found the receiver's endpoint gone: its
+		// FIN, if it sent one, is in our SRQ, and the receive loop's
+		// next poll decides (endGoneSenders). Wait for that verdict:
+		// ended here, the endpoint's Close would call a death
+		// ErrClosed.
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+		}
+	}
+	e.mu.Lock()
 	defer e.mu.Unlock()
 	if c.err == nil && !c.isReady {
 		c.failLocked(ErrClosed) // a half-open connection has no peer to say FIN
 		return true
 	}
-	// A FIN that found the peer gone leaves it to the failure, as over
-	// RC a FIN or a drain that fails in Close does.
-	c.closedUp = c.err == nil && !errors.Is(finErr, ErrPeerGone)
+	// A FIN that did not go (refused, flushed: the peer gone) leaves it
+	// to the failure, as over RC a FIN or a drain that fails in Close
+	// does; so does one not sent because a Send had found the receiver's
+	// endpoint gone (sendGone): its FIN or the failure decides. One that
+	// Close gave up waiting for is done with, as over RC.
+	c.closedUp = c.err == nil && c.sendGone == nil && (finErr == nil || ctx.Err() != nil)
 	c.dropSendLocked()
 	c.maybeFinishLocked()
 	return true

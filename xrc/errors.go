@@ -53,6 +53,7 @@ var (
 
 	errSRQGone     = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
 	errIdle        = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)
+	errUnanswered  = fmt.Errorf("%w: it did not answer", ErrPeerGone)
 	errAbandoned   = fmt.Errorf("%w: the dialer gave up on the connection", ErrPeerGone)
 	errStaleLink   = fmt.Errorf("%w: its INI's CM connection ended without FIN", ErrPeerGone)
 	errNoRTU       = fmt.Errorf("%w: the sender never completed its physical link (no RTU)", ErrPeerGone)

@@ -1036,8 +1036,13 @@ func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.A
 		// Our FIN went out, and a receiver that took it let the leg go:
 		// the refusal answers the FIN. Only the sending leg ends; the
 		// receiving leg waits for the peer's FIN as at any close (the
-		// peer may still need it to complete: its reverse leg).
-		c.dropSendLocked()
+		// peer may still need it to complete: its reverse leg). A
+		// receiver whose endpoint is gone (NO_LISTENER) may have died
+		// before it took our FIN: as for a Send, its FIN in our SRQ or
+		// the receive loop decides (endSendingLegLocked).
+		if !(errors.As(err, &rj) && rj.Reason == RejectNoListener && e.endSendingLegLocked(c, fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))) {
+			c.dropSendLocked()
+		}
 		c.maybeFinishLocked()
 	case err != nil && errors.As(err, &rj) && rj.Status >= 0 && e.endSendingLegLocked(c, fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err)):
 		// Refused: the receiver's endpoint is gone (NO_LISTENER, with the
@@ -1045,7 +1050,11 @@ func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.A
 		// does not know the leg (found by a review): only the sending leg
 		// ended. (A receiver that does not answer fails the connection.)
 	case err != nil:
-		c.failLocked(fmt.Errorf("%w: leg not moved: %v", ErrPeerGone, err))
+		gone := ErrPeerGone
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNoAnswer) {
+			gone = errUnanswered // its silence, not its death (Err)
+		}
+		c.failLocked(fmt.Errorf("%w: leg not moved: %v", gone, err))
 	default:
 		e.moved.Add(1)
 		*moved = append(*moved, c)
