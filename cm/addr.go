@@ -2,6 +2,7 @@ package cm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -32,6 +33,17 @@ func resolveAddr(ctx context.Context, r *net.Resolver, address string) (netip.Ad
 	return as[0], nil
 }
 
+// unparsable makes the *net.AddrError of an address that does not parse (a
+// port out of range included) match ErrInvalid as well, as the package doc
+// says; other errors, a service name nobody knows, stay as they are.
+func unparsable(err error) error {
+	var ae *net.AddrError
+	if errors.As(err, &ae) {
+		return fmt.Errorf("%w (%w)", err, ErrInvalid)
+	}
+	return err
+}
+
 // resolveAddrs parses "host:port", looking the host up with r (nil: the
 // default resolver) when it is a name: every address of family ("ip":
 // either, "ip4" or "ip6"), in the resolver's order. An empty host is the
@@ -41,7 +53,7 @@ func resolveAddr(ctx context.Context, r *net.Resolver, address string) (netip.Ad
 func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) ([]netip.AddrPort, error) {
 	host, port, err := net.SplitHostPort(address)
 	if err != nil {
-		return nil, err
+		return nil, unparsable(err)
 	}
 	if r == nil {
 		r = net.DefaultResolver
@@ -49,11 +61,11 @@ func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) 
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
 		if port == "" {
-			return nil, &net.AddrError{Err: "missing port in address", Addr: address}
+			return nil, unparsable(&net.AddrError{Err: "missing port in address", Addr: address})
 		}
 		n, lerr := r.LookupPort(ctx, "tcp", port)
 		if lerr != nil {
-			return nil, fmt.Errorf("invalid port %q: %w", port, lerr)
+			return nil, unparsable(fmt.Errorf("invalid port %q: %w", port, lerr))
 		}
 		p = uint64(n)
 	}

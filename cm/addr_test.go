@@ -164,6 +164,8 @@ func TestWithLocalAddr(t *testing.T) {
 	l, err := Listen(ctx, "10.1.0.1:7471", WithFabric(server.Process()), domain(), WithLocalAddr("10.9.9.9"))
 	require.NoError(t, err, "Listen ignores WithLocalAddr")
 	defer l.Close()
+	_, err = Listen(ctx, "10.1.0.1:7472", WithFabric(server.Process()), domain(), WithLocalAddr("10.9.9"))
+	require.ErrorIs(t, err, ErrInvalid, "but checks that it parses")
 	go func() {
 		for {
 			c, err := l.Accept(ctx)

@@ -128,7 +128,9 @@ func newConfig(opts []Option) (config, error) {
 		backlog:          1024,
 	}
 	for _, o := range opts {
-		o(&c)
+		if o != nil { // a nil Option, say one chosen by a condition, sets nothing
+			o(&c)
+		}
 	}
 	if c.localAddr != "" {
 		ip, err := netip.ParseAddr(c.localAddr)
@@ -195,7 +197,8 @@ func WithDevice(name string) Option { return func(c *config) { c.device = name }
 // name's addresses of the other family are skipped, and a literal of the
 // other family fails with "no suitable address found". With WithDevice
 // too, ip must be on that device; with WithFabric, it must be the node's.
-// Listen ignores it: its address is the local one.
+// Listen ignores it (its address is the local one), but an ip that does
+// not parse fails there too, with ErrInvalid, as every option is checked.
 //
 // CLI equivalent: rping -c -I ip -a host, ucmatose -s host -b ip.
 func WithLocalAddr(ip string) Option { return func(c *config) { c.localAddr = ip } }

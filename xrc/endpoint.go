@@ -57,7 +57,8 @@ type Config struct {
 	// Device or Process, not both.
 	Device string
 	// Addr is the ip:port to listen on; the ip must be the node's (the
-	// device's). Port 0 picks a free port.
+	// device's), or unspecified (0.0.0.0 or ::) for the node's own address
+	// (on a device, with Device set). Port 0 picks a free port.
 	Addr string
 	// DomainDir is the private directory of the node's domain file; every
 	// process that uses the same directory on a node shares one XRC domain.

@@ -42,8 +42,9 @@ var (
 	ErrNotSupported = verbs.ErrNotSupported
 	// ErrInvalid is matched (errors.Is) by the error of a Config the
 	// endpoint cannot take: a size or window out of range, an address that
-	// does not parse (Dial's too), an unspecified address without
-	// Config.Device, Process and Device both set. It is
+	// does not parse (Dial's too), an unspecified address on a device
+	// without Config.Device (on a Process it is the node's address),
+	// Process and Device both set. It is
 	// os.ErrInvalid, as cm.ErrInvalid is.
 	ErrInvalid = os.ErrInvalid
 	// ErrProtocol reports a peer that broke the protocol: an ACCEPT that

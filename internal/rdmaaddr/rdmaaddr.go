@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"syscall"
 
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
@@ -25,6 +26,11 @@ func DeviceOf(ip netip.Addr) (_ string, err error) {
 		return "", fmt.Errorf("no device for the unspecified address %v: name a concrete IP", ip)
 	}
 	ch, err := rdmacm.NewEventChannel()
+	if errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.ENOENT) {
+		// The kernel has no RDMA CM at all: the platform lacks RDMA, which
+		// xrc's NewEndpoint reports as ErrNotSupported, as cm does.
+		return "", fmt.Errorf("%w: no RDMA here (%w)", verbs.ErrNotSupported, err)
+	}
 	if err != nil {
 		return "", err
 	}
