@@ -52,9 +52,12 @@ var (
 	// sending past the credits it was given.
 	ErrProtocol = errors.New("xrc: protocol violation by peer")
 
-	errSRQGone     = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
-	errIdle        = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)
-	errUnanswered  = fmt.Errorf("%w: it did not answer", ErrPeerGone)
+	errSRQGone    = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
+	errIdle       = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)
+	errUnanswered = fmt.Errorf("%w: it did not answer", ErrPeerGone)
+	// errSendPoll fails the legs of an uplink whose send completions
+	// cannot be polled, on a rebuilt INI as on the one before.
+	errSendPoll    = errors.New("xrc: send completions cannot be polled (again after the uplink was rebuilt)")
 	errAbandoned   = fmt.Errorf("%w: the dialer gave up on the connection", ErrPeerGone)
 	errStaleLink   = fmt.Errorf("%w: its INI's CM connection ended without FIN", ErrPeerGone)
 	errNoRTU       = fmt.Errorf("%w: the sender never completed its physical link (no RTU)", ErrPeerGone)

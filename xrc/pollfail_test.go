@@ -2,6 +2,7 @@ package xrc
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -58,4 +59,46 @@ func TestEndpointSendPollErrorRecovers(t *testing.T) {
 		t.Fatalf("sender: %+v, want one recovery", st)
 	}
 	roundTrip(t, cr, cs, []byte("back after the failed poll"))
+}
+
+// pollFailAlways fails every send poll once armed: a CQ or device whose poll
+// keeps failing, on every INI made after as on the one before.
+type pollFailAlways struct {
+	kernel.Kernel
+	armed atomic.Bool
+}
+
+func (p *pollFailAlways) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
+	if p.armed.Load() {
+		return 0, syscall.EIO
+	}
+	return p.Kernel.PollSend(ctx, q, out)
+}
+
+// A send poll that fails on every INI started a recovery, whose new INI's
+// poll failed at once and started the next, for ever (over a thousand
+// recoveries in 3 s), while Send waited out its deadline. The second failure
+// in a row, with no completion taken between, fails the uplink's legs with
+// the poll's error instead: two recoveries, and Send returns it.
+func TestEndpointSendPollFailsAlways(t *testing.T) {
+	w := newWorld(t)
+	r := w.endpoint("10.0.7.4", 7000, longTimers)
+	pf := &pollFailAlways{}
+	s := w.wrappedEndpoint("10.0.7.3", 7000, func(k kernel.Kernel) kernel.Kernel { pf.Kernel = k; return pf }, longTimers)
+	cs, cr := pair(t, s, r)
+	ctx := ctxT(t, 10*time.Second)
+	if err := sendSeq(ctx, cs, 0, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := recvSeq(ctx, cr, 0, 10, nil); err != nil {
+		t.Fatal(err)
+	}
+	pf.armed.Store(true)
+	err := sendSeq(ctx, cs, 10, 600)
+	if !errors.Is(err, syscall.EIO) || !errors.Is(err, errSendPoll) {
+		t.Fatalf("send: %v, want the failed poll's error", err)
+	}
+	if st := s.Stats(); st.Recoveries != 2 {
+		t.Fatalf("sender: %d recoveries, want 2 (the second INI's poll failed too)", st.Recoveries)
+	}
 }

@@ -48,6 +48,12 @@ type uplink struct {
 	// RECOVERING, and that recovery starts the next as it ends (see
 	// failINILocked).
 	settling bool
+	// pollFails counts the recoveries in a row started by a failed send
+	// poll, with no completion taken since: a poll that fails again on
+	// the INI the last one made is the CQ's or the device's failure, not
+	// the INI's, and another recovery would fail as fast, round after
+	// round (see failINILocked).
+	pollFails int
 	// kept: old INIs whose physical links a recovery left up, for a leg
 	// whose MOVE was refused TGT_GONE: its receiver still has it on
 	// their TGT until the next round moves it, and the link's DREQ would
@@ -100,8 +106,9 @@ type iniQP struct {
 	// at once. Counting registered waiters instead misleads: other
 	// senders' frames that found the queue full are registered too, and
 	// all of them waited for a completion none of them would bring.
-	polls  uint64
-	broken bool // failed while its uplink was recovering onto it
+	polls   uint64
+	broken  bool  // failed while its uplink was recovering onto it
+	pollErr error // its send poll failed: nothing hears its completions
 	// erred: a send on it completed in error, not flushed. Only then do its
 	// frames count a try when sent again (Conn.resend): a rebuild for a
 	// TGT_GONE, a DREQ or a full send queue is no failure of theirs, and
@@ -647,7 +654,12 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			e.mu.Lock()
 			// A failed poll leaves nothing to hear q's completions: q
 			// is done for, as after a failed completion (it does
-			// nothing where q is no longer u's INI, or not up).
+			// nothing where q is no longer u's INI, or not up). A
+			// recovery's new INI may fail before it is u's: broken,
+			// that recovery starts the next as it ends.
+			if e.ctx.Err() == nil {
+				q.pollErr, q.broken = err, true
+			}
 			e.failINILocked(u, q)
 			ws := q.waiters
 			q.waiters = map[uint64]waiter{}
@@ -665,6 +677,9 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			e.mu.Lock()
 			q.polls++
 			q.roomLocked() // polled: a slot is free
+			if u.cur == q {
+				u.pollFails = 0 // its poll works
+			}
 			w, ok := q.waiters[wc.WRID]
 			delete(q.waiters, wc.WRID)
 			if ok && wc.Status == verbs.WCSuccess && !w.probe {
@@ -741,6 +756,18 @@ func (e *Endpoint) failINILocked(u *uplink, q *iniQP) {
 	}
 	u.setState(upRecovering)
 	e.recoveries.Add(1)
+	if q.pollErr != nil {
+		if u.pollFails++; u.pollFails > 1 {
+			// The INI the last recovery made failed its poll too,
+			// before it took a completion: recovering again would
+			// loop for ever while Send waits. The legs fail, and
+			// this recovery, with no leg left to move, ends u.
+			err := fmt.Errorf("%w: %w", errSendPoll, q.pollErr)
+			for c := range u.legs {
+				c.failLocked(err)
+			}
+		}
+	}
 	e.spawn(func() { e.recover(u, q) })
 }
 
