@@ -1078,7 +1078,9 @@ func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.A
 		// ended. (A receiver that does not answer fails the connection.)
 	case err != nil:
 		gone := ErrPeerGone
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNoAnswer) {
+		// The CM's own timeout (-ETIMEDOUT) is the same silence, found
+		// before the MOVE's deadline.
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNoAnswer) || errors.As(err, &rj) && rj.Timeout() {
 			gone = errUnanswered // its silence, not its death (Err)
 		}
 		c.failLocked(fmt.Errorf("%w: leg not moved: %v", gone, err))
