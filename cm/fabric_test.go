@@ -421,3 +421,24 @@ func TestFabricXRCReadBelowThresholdReachesSender(t *testing.T) {
 	require.Equal(t, []byte{0}, buf[:k])
 	require.NoError(t, <-sent, "the sender never got the credit of the read") // ctx: a hang guard, not a bound
 }
+
+// endpointOf returns the XRC endpoint cm opened for p.
+func endpointOf(t *testing.T, p *memfabric.Process) *xrc.Endpoint {
+	t.Helper()
+	var ep *xrc.Endpoint
+	xrcEndpoints.Range(func(k, v any) bool {
+		if v.(*memfabric.Process) == p {
+			ep = k.(*xrc.Endpoint)
+		}
+		return true
+	})
+	require.NotNil(t, ep, "no endpoint of the process")
+	return ep
+}
+
+// awaitConns waits until ep holds n connections: the engine is done with
+// the others (it forgets a connection once both its legs are gone).
+func awaitConns(t *testing.T, ep *xrc.Endpoint, n int, within time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool { return ep.Stats().Conns == n }, within, time.Millisecond)
+}

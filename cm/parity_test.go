@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goxrc/goxrc/xrc"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -55,19 +54,11 @@ func xrcParityPair(t *testing.T) *parityPair {
 	opts := []Option{WithQueueDepth(parityDepth)}
 	a, b := fabricPair(ctx, t, srv, cli, opts, opts)
 	// The engine forgets a connection once both its legs are gone.
-	gone := func(side string) {
-		var ep *xrc.Endpoint
-		xrcEndpoints.Range(func(k, p any) bool {
-			if (side == "a") == (p.(*memfabric.Process) == cli) {
-				ep = k.(*xrc.Endpoint)
-			}
-			return true
-		})
-		require.NotNil(t, ep, "%s's endpoint", side)
-		require.Eventually(t, func() bool { return ep.Stats().Conns == 0 }, 10*time.Second, time.Millisecond)
+	gone := func(p *memfabric.Process) func() {
+		return func() { awaitConns(t, endpointOf(t, p), 0, 10*time.Second) }
 	}
 	return &parityPair{ctx: ctx, a: a, b: b, kill: srv.Kill, killA: cli.Kill, stallA: cli.PauseReceives,
-		settle: func() { gone("a") }, settleB: func() { gone("b") }}
+		settle: gone(cli), settleB: gone(srv)}
 }
 
 // errClass names what err means to a caller of cm: the exported errors it

@@ -6,9 +6,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goxrc/goxrc/xrc"
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // We closed; the peer, stalled, had not answered our FIN when its process
@@ -27,15 +24,7 @@ func TestStatsXRCPeerDiesAfterOurCloseNotAnError(t *testing.T) {
 	cli.Kill()
 	// The engine is done with the connection once its endpoint (srv's,
 	// the listener's) has none left.
-	var ep *xrc.Endpoint
-	xrcEndpoints.Range(func(k, p any) bool {
-		if p.(*memfabric.Process) == srv {
-			ep = k.(*xrc.Endpoint)
-		}
-		return true
-	})
-	require.NotNil(t, ep)
-	require.Eventually(t, func() bool { return ep.Stats().Conns == 0 }, 10*time.Second, time.Millisecond)
+	awaitConns(t, endpointOf(t, srv), 0, 10*time.Second)
 	require.Zero(t, s.Stats().Errors, "Close ended the connection; what came after is no failure of it")
 	err := s.CloseWrite()
 	require.ErrorIs(t, err, ErrClosed)

@@ -7,9 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goxrc/goxrc/xrc"
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // The peer half-closed (CloseWrite), we read its end of stream, and then
@@ -49,15 +46,7 @@ func TestStatsHalfCloseThenSilentCounted(t *testing.T) {
 			err = a.Send(ctx, []byte("to the silent"))
 		}
 		require.ErrorIs(t, err, ErrPeerGone)
-		var ep *xrc.Endpoint
-		xrcEndpoints.Range(func(k, p any) bool {
-			if p.(*memfabric.Process) == cli {
-				ep = k.(*xrc.Endpoint)
-			}
-			return true
-		})
-		require.NotNil(t, ep)
-		require.Eventually(t, func() bool { return ep.Stats().Conns == 0 }, 20*time.Second, time.Millisecond)
+		awaitConns(t, endpointOf(t, cli), 0, 20*time.Second)
 		require.Equal(t, uint64(1), a.Stats().Errors, "the peer fell silent: a failure, as over RC")
 	})
 }

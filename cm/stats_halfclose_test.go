@@ -7,9 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goxrc/goxrc/xrc"
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // The peer half-closed (CloseWrite), we read its end of stream, and then
@@ -33,15 +30,7 @@ func TestStatsXRCPeerHalfCloseThenDeathNotAnError(t *testing.T) {
 	require.ErrorIs(t, err, ErrPeerGone)
 	// The engine decides once it is done with the connection: its
 	// endpoint (cli's, the dialer's) has none left.
-	var ep *xrc.Endpoint
-	xrcEndpoints.Range(func(k, p any) bool {
-		if p.(*memfabric.Process) == cli {
-			ep = k.(*xrc.Endpoint)
-		}
-		return true
-	})
-	require.NotNil(t, ep)
-	require.Eventually(t, func() bool { return ep.Stats().Conns == 0 }, 10*time.Second, time.Millisecond)
+	awaitConns(t, endpointOf(t, cli), 0, 10*time.Second)
 	_, err = c.Recv(ctx, make([]byte, 64))
 	require.ErrorIs(t, err, io.EOF, "the peer's data ended in order")
 	require.Zero(t, c.Stats().Errors, "the peer ended its stream first, as over RC")

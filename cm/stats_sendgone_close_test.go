@@ -7,9 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goxrc/goxrc/xrc"
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // The peer's process died; our Send found its endpoint gone, and we closed
@@ -42,20 +39,13 @@ func TestStatsPeerDiesSendFailsThenCloseCounted(t *testing.T) {
 				// Another connection keeps the dialer's endpoint open.
 				fabricPair(ctx, t, f.Node("10.1.0.3").Process(), cli, nil, opts)
 			}
-			var ep *xrc.Endpoint
-			xrcEndpoints.Range(func(k, p any) bool {
-				if p.(*memfabric.Process) == cli {
-					ep = k.(*xrc.Endpoint)
-				}
-				return true
-			})
-			require.NotNil(t, ep)
+			ep := endpointOf(t, cli)
 			srv.Kill()
 			sendUntilFails(ctx, t, a)
 			require.NoError(t, a.Close())
 			if shared {
 				// The engine is done with it once only the other is left.
-				require.Eventually(t, func() bool { return ep.Stats().Conns == 1 }, 10*time.Second, time.Millisecond)
+				awaitConns(t, ep, 1, 10*time.Second)
 			}
 			require.Equal(t, uint64(1), a.Stats().Errors, "the peer died without its FIN, as over RC")
 		})
