@@ -1232,7 +1232,10 @@ func creditAck(body []byte, acked, sent uint32) (uint32, bool) {
 // leg, then our reference on the uplink goes (at zero the uplink's physical
 // link is disconnected and its INI destroyed after TIMEWAIT_EXIT). Our
 // receiving leg ends when the peer's FIN arrives (the peer answers ours
-// with its own) or its sender goes silent. Close is idempotent.
+// with its own) or its sender goes silent. Close waits at most
+// Config.HandshakeTimeout: for its FIN's post, and where a Send or the FIN
+// found the receiver's endpoint gone, for the receive loop's verdict (the
+// peer's FIN, or the failure that Err then reports). Close is idempotent.
 func (c *Conn) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.e.cfg.HandshakeTimeout)
 	defer cancel()
