@@ -204,12 +204,14 @@ func TestEndpointConnOfEndedTermClosed(t *testing.T) {
 	}
 }
 
-// unanswered is a kernel whose connection requests (of the exchange ex)
-// nobody answers: their first event is UNREACHABLE with -ETIMEDOUT, as the
-// real CM's when its retries run out; or, with first set, that event.
+// unanswered is a kernel whose connection requests (of the exchange ex, or
+// of any once all is set) nobody answers: their first event is UNREACHABLE
+// with -ETIMEDOUT, as the real CM's when its retries run out; or, with
+// first set, that event.
 type unanswered struct {
 	kernel.Kernel
 	ex    kernel.Exchange
+	all   atomic.Bool
 	first kernel.EventType
 	mu    sync.Mutex
 	ids   map[kernel.ID]bool
@@ -217,7 +219,7 @@ type unanswered struct {
 
 func (u *unanswered) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
 	id, err := u.Kernel.Connect(ctx, dst, ex, qpNum, pd)
-	if err == nil && ex == u.ex {
+	if err == nil && (ex == u.ex || u.all.Load()) {
 		u.mu.Lock()
 		u.ids[id] = true
 		u.mu.Unlock()
