@@ -358,6 +358,9 @@ func (r result) summary() string {
 	return fmt.Sprintf("%s %d messages of %d bytes: all intact, %.2fs", r.Mode, r.Count, r.Size, r.Seconds)
 }
 
+// dial is cm.Dial, for -addr; the tests dial over an in-memory fabric.
+var dial = cm.Dial
+
 func run(ctx context.Context, o options) (result, error) {
 	r := result{Mode: o.mode, Addr: o.addr, Size: o.size, Count: o.count}
 	if o.mode == "connect" {
@@ -367,7 +370,7 @@ func run(ctx context.Context, o options) (result, error) {
 		return xrcDemo(ctx, o)
 	}
 	opts := o.dialOptions(cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth), cm.WithBusyPoll(o.busyPoll))
-	c, err := cm.Dial(ctx, o.addr, opts...)
+	c, err := dial(ctx, o.addr, opts...)
 	if err != nil {
 		return r, err
 	}
@@ -523,7 +526,7 @@ func connect(ctx context.Context, o options, r result) (result, error) {
 	// its PD in the first resolve, inside cmtime's timing: this favours
 	// goxrc, see docs/benchmarks.md.)
 	opts := o.dialOptions(cm.WithQueueDepth(2), cm.WithMessageSize(64))
-	warm, err := cm.Dial(ctx, o.addr, opts...)
+	warm, err := dial(ctx, o.addr, opts...)
 	if err != nil {
 		return r, err
 	}
@@ -537,7 +540,7 @@ func connect(ctx context.Context, o options, r result) (result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conns[i], errs[i] = cm.Dial(ctx, o.addr, opts...)
+			conns[i], errs[i] = dial(ctx, o.addr, opts...)
 			if errs[i] == nil {
 				p.add(1) // the progress line counts connections made
 			}

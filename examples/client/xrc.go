@@ -37,7 +37,7 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 		p := newProgress(o.progress, "xrc", len(addrs))
 		defer p.stop()
 		for _, a := range addrs {
-			c, err := cm.Dial(ctx, a, o.dialOptions(append(sized, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger),
+			c, err := dial(ctx, a, o.dialOptions(append(sized, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger),
 				cm.WithBusyPoll(o.busyPoll))...)...)
 			if err != nil {
 				return r, err

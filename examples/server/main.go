@@ -115,7 +115,7 @@ func main() {
 	}
 	ctx, stop := interrupt.Context()
 	defer stop()
-	l, err := cm.Listen(ctx, *addr, opts...)
+	l, err := listen(ctx, *addr, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "server:", err)
 		os.Exit(1)
@@ -129,6 +129,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// listen is cm.Listen; the tests listen on an in-memory fabric.
+var listen = cm.Listen
 
 // serveConns accepts connections on l and serves each, count of them (0:
 // until ctx ends). It reports whether an Accept or a connection failed

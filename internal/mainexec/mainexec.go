@@ -3,7 +3,8 @@
 // environment to run main with a command line, so that flags, exit status
 // and output are what a user's command line gives.
 //
-// A test calls [Child] first, then [Run] (or [Refused], [RefusalKeepsProfile]):
+// A test calls [Child] first, then [Run] (or [Refused], [RefusalKeepsProfile],
+// or [Start] for a child it talks to while it runs):
 //
 //	func TestSomething(t *testing.T) {
 //		mainexec.Child("client", main)
@@ -13,9 +14,11 @@
 package mainexec
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,23 +49,86 @@ func Child(name string, main func()) {
 // if the child cannot be started or runs over a minute.
 func Run(t *testing.T, args string) (stdout, stderr string, code int) {
 	t.Helper()
+	return Start(t, args).Wait(t)
+}
+
+// Proc is a child process that Start left running.
+type Proc struct {
+	args   string
+	cmd    *exec.Cmd
+	ctx    context.Context
+	cancel context.CancelFunc
+	stdout bytes.Buffer
+	pipe   *bufio.Reader // the child's stderr, read by Await and Wait
+	stderr strings.Builder
+}
+
+// Start starts main in a child process as Run does and returns it running:
+// Await waits for a line of its stderr (the sign that it is ready), Signal
+// signals it, and Wait returns its output and exit status.
+func Start(t *testing.T, args string) *Proc {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$")
-	cmd.Env = append(os.Environ(), argsEnv+"="+args)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
+	p := &Proc{args: args, ctx: ctx, cancel: cancel}
+	p.cmd = exec.CommandContext(ctx, os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$")
+	p.cmd.Env = append(os.Environ(), argsEnv+"="+args)
+	p.cmd.Stdout = &p.stdout
+	pipe, err := p.cmd.StderrPipe()
+	if err == nil {
+		err = p.cmd.Start()
+	}
+	if err != nil {
+		cancel()
+		t.Fatalf("%s: %v", args, err)
+	}
+	p.pipe = bufio.NewReader(pipe)
+	t.Cleanup(cancel) // a test that failed before Wait leaves no child behind
+	return p
+}
+
+// Await reads the child's stderr up to a line that holds want. It fails t
+// if stderr ends first (the child exited, or ran over its minute).
+func (p *Proc) Await(t *testing.T, want string) {
+	t.Helper()
+	for {
+		line, err := p.pipe.ReadString('\n')
+		p.stderr.WriteString(line)
+		if strings.Contains(line, want) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("%s: stderr ended (%v) with no line holding %q: %q", p.args, err, want, p.stderr.String())
+		}
+	}
+}
+
+// Signal sends sig to the child.
+func (p *Proc) Signal(t *testing.T, sig os.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("%s: %v", p.args, err)
+	}
+}
+
+// Wait waits for the child to exit and returns its output (all of its
+// stderr, the lines Await read included) and exit status. It fails t if the
+// child runs over a minute.
+func (p *Proc) Wait(t *testing.T) (stdout, stderr string, code int) {
+	t.Helper()
+	defer p.cancel()
+	rest, _ := io.ReadAll(p.pipe) // before Wait, which closes the pipe
+	p.stderr.Write(rest)
+	err := p.cmd.Wait()
 	var exit *exec.ExitError
 	switch {
-	case ctx.Err() != nil:
-		t.Fatalf("%s: still running after a minute; stderr %q", args, errOut.String())
+	case p.ctx.Err() != nil:
+		t.Fatalf("%s: still running after a minute; stderr %q", p.args, p.stderr.String())
 	case errors.As(err, &exit):
 		code = exit.ExitCode()
 	case err != nil:
-		t.Fatalf("%s: %v", args, err)
+		t.Fatalf("%s: %v", p.args, err)
 	}
-	return out.String(), errOut.String(), code
+	return p.stdout.String(), p.stderr.String(), code
 }
 
 // Refused checks that the command line args is refused: exit status 2, with
