@@ -12,8 +12,9 @@
 // client ended before its N messages included. A client whose node
 // vanishes is let go once a keepalive probe finds it gone (-keepalive); one
 // that stays connected and silent is let go after -idle, if given.
-// Ctrl-C (or SIGTERM) closes the listener and the connections; a second
-// Ctrl-C kills the server at once.
+// Ctrl-C (or SIGTERM) closes the listener and the connections, each
+// reported as closed by the shutdown ("shutdown": true with -json), not as
+// failed; a second Ctrl-C kills the server at once.
 //
 // With -raw, -keepalive and -xrc are refused: raw connections send no
 // probes, and raw messages are plain sends on RC.
@@ -155,7 +156,7 @@ func serveConns(ctx context.Context, l *cm.Listener, count int, raw bool, idle t
 			if r.Error != "" && ctx.Err() == nil {
 				failed.Store(true)
 			}
-			if r.Mode != "?" || r.Error != "" {
+			if r.Mode != "?" || r.Error != "" || r.Shutdown {
 				report(r, asJSON)
 			}
 		}()
@@ -194,6 +195,8 @@ type result struct {
 	Bytes    uint64  `json:"bytes"`
 	Seconds  float64 `json:"seconds"`
 	Error    string  `json:"error,omitempty"`
+	// Shutdown: the server's shutdown (Ctrl-C) ended the connection.
+	Shutdown bool `json:"shutdown,omitempty"`
 }
 
 // serve serves c in the mode its client asks for; with idle > 0 it closes c
@@ -228,6 +231,9 @@ func serve(ctx context.Context, c *cm.Conn, raw bool, idle time.Duration) result
 	// A raw peer has no graceful close: its disconnect is the end.
 	if err != nil && !errors.Is(err, io.EOF) && !(raw && errors.Is(err, cm.ErrPeerGone)) {
 		r.Error = err.Error()
+	}
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		r.Error, r.Shutdown = "", true // the user asked for it: no failure
 	}
 	if r.Mode == "?" && errors.Is(err, io.EOF) {
 		r.Error = "" // connected and closed without a request, as a connect benchmark does
@@ -316,6 +322,9 @@ func report(r result, asJSON bool) {
 	line := fmt.Sprintf("%s %s: %d messages, %d bytes in %.2fs", r.Remote, r.Mode, r.Messages, r.Bytes, r.Seconds)
 	if r.Error != "" {
 		line += " (" + r.Error + ")"
+	}
+	if r.Shutdown {
+		line += " (closed by the server's shutdown)"
 	}
 	fmt.Println(line)
 }
