@@ -14,7 +14,7 @@
 //     in "nodes");
 //     without it, connections to the -addr servers (comma-separated) with
 //     XRC preferred, each printed with the transport it got (on a device
-//     without XRC, RC, and the log says why).
+//     without XRC, RC, and the log says why; with -json, in "conns").
 //
 // With -raw it sends one plain librdmacm message, of 16 bytes unless -size
 // is given, and waits for one reply: what rdma-core's rdma_server example
@@ -327,6 +327,16 @@ type result struct {
 	// Nodes is the xrc -fabric demo's table, so that -json carries what
 	// the demo shows and not only its time.
 	Nodes []qpRow `json:"nodes,omitempty"`
+	// Conns is the xrc mode's connections without -fabric, each with the
+	// transport it got, as its text lines say.
+	Conns []connRow `json:"conns,omitempty"`
+}
+
+// connRow is a connection of the xrc mode without -fabric.
+type connRow struct {
+	Addr      string `json:"addr"`
+	Transport string `json:"transport"`        // XRC or RC
+	Reason    string `json:"reason,omitempty"` // why RC, as cm logs it
 }
 
 // qpRow is a node's row of the fabric demo's table: its XRC QPs against

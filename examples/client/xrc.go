@@ -32,17 +32,24 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 	out := o.text()
 	sized := []cm.Option{cm.WithMessageSize(max(o.size, 64)), cm.WithQueueDepth(o.depth)}
 	if !o.fabric {
-		logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		text := slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo})
 		addrs := strings.Split(o.addr, ",")
 		p := newProgress(o.progress, "xrc", len(addrs))
 		defer p.stop()
 		for _, a := range addrs {
+			var reason string
+			logger := slog.New(reasonHandler{text, &reason})
 			c, err := dial(ctx, a, o.dialOptions(append(sized, cm.WithXRC(cm.XRCPrefer), cm.WithLogger(logger),
 				cm.WithBusyPoll(o.busyPoll))...)...)
 			if err != nil {
 				return r, err
 			}
 			fmt.Fprintf(out, "%s: connected over %v\n", a, c.Transport())
+			row := connRow{Addr: a, Transport: c.Transport().String()}
+			if c.Transport() == cm.TransportRC {
+				row.Reason = reason
+			}
+			r.Conns = append(r.Conns, row)
 			err = greet(ctx, c, "echo") // examples/server's echo mode
 			if err == nil {
 				err = exchange(ctx, c, "hello over whatever the device allows", o.size)
@@ -122,6 +129,24 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 		show(fmt.Sprintf("server%d", i), n.Stats(), o.clients*o.procs)
 	}
 	return r, nil
+}
+
+// reasonHandler passes the records of a Dial's log on to its Handler, and
+// keeps the reason of the last that gives one: cm's "XRC unavailable, using
+// RC" line, where an XRCPrefer Dial goes on over RC.
+type reasonHandler struct {
+	slog.Handler
+	reason *string
+}
+
+func (h reasonHandler) Handle(ctx context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "reason" {
+			*h.reason = a.Value.String()
+		}
+		return true
+	})
+	return h.Handler.Handle(ctx, r)
 }
 
 // exchange sends a message of size bytes, label cut or padded to it, and
