@@ -195,3 +195,34 @@ func TestKeepaliveFlag(t *testing.T) {
 			o.keepalive, n, len(raw.dialOptions()), len(conn.dialOptions()))
 	}
 }
+
+// A value out of range was refused by one line giving every flag's range
+// (client -count 0: "-size and -warmup must be 0 or more, -count and -conns
+// 1 or more, -depth 2 or more"), and -depth over 4000 or -size over 1 GiB
+// passed the checks to fail at the dial, with exit status 1 and after
+// -cpuprofile's file was truncated. Each is refused with exit status 2,
+// naming its flag and value.
+func TestBadValueNamed(t *testing.T) {
+	mainexec.Child("client", main)
+	for args, want := range map[string]string{
+		"-count 0":                   "-count 0: must be 1 or more",
+		"-mode latency -count -5":    "-count -5: must be 1 or more",
+		"-size -1":                   "-size -1: must be 0 to 1073741824",
+		"-size 1073741825":           "-size 1073741825: must be 0 to 1073741824",
+		"-mode latency -warmup -1":   "-warmup -1: must be 0 or more",
+		"-mode connect -conns 0":     "-conns 0: must be 1 to 65536",
+		"-mode connect -conns 65537": "-conns 65537: must be 1 to 65536",
+		"-depth 1":                   "-depth 1: must be 2 to 4000",
+		"-mode xrc -depth 4001":      "-depth 4001: must be 2 to 4000",
+	} {
+		if err := checkArgs(t, args); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: check %v, want %q", args, err, want)
+		}
+	}
+	for _, args := range []string{"-depth 4000 -size 1073741824", "-size 0", "-mode connect -conns 65536"} {
+		if err := checkArgs(t, args); err != nil {
+			t.Errorf("%s: check %v", args, err)
+		}
+	}
+	mainexec.RefusalKeepsProfile(t, map[string]string{"-depth 4001": "-depth 4001", "-size 1073741825": "-size 1073741825"})
+}

@@ -50,6 +50,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"runtime/pprof"
@@ -133,11 +134,11 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 	var o options
 	fs.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port (xrc mode without -fabric: a comma-separated list; not with -fabric)")
 	fs.StringVar(&o.mode, "mode", "echo", "echo, latency, bandwidth, connect or xrc")
-	fs.IntVar(&o.size, "size", 64, "message size, bytes (with -raw the default is 16, the one receive rdma-core's rdma_server posts; not in connect mode)")
+	fs.IntVar(&o.size, "size", 64, "message size, bytes, 0 to 1 GiB (with -raw the default is 16, the one receive rdma-core's rdma_server posts; not in connect mode)")
 	fs.IntVar(&o.count, "count", 1000, "messages (echo without -raw, latency, bandwidth)")
 	fs.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run (latency mode)")
 	fs.IntVar(&o.conns, "conns", 100, "connections (connect mode)")
-	fs.IntVar(&o.depth, "depth", 64, "queue depth, 2 or more (not in connect mode: it dials with 2 and 64-byte messages)")
+	fs.IntVar(&o.depth, "depth", 64, "queue depth, 2 to 4000 (not in connect mode: it dials with 2 and 64-byte messages)")
 	fs.BoolVar(&o.raw, "raw", false, "plain librdmacm messages (no goxrc framing): send one message of -size bytes and wait for one reply (rdma-core's rdma_server answers with a buffer of its own, not an echo); connect mode: dial a plain librdmacm server such as cmtime -b")
 	fs.StringVar(&o.local, "local", "", "dial from this IP, an address of an RDMA device's netdev (default: the route's; not with -fabric)")
 	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
@@ -273,16 +274,33 @@ func (o options) check() error {
 	if err := o.ignoredFlag(); err != nil {
 		return err
 	}
+	// A value out of range is refused naming its flag (one line listing
+	// every flag's range left the user to find which). -size and -depth
+	// have cm's bounds (WithMessageSize, WithQueueDepth): the dial refused
+	// them only after -cpuprofile's file was truncated, as a failed run.
+	for _, f := range []struct {
+		name           string
+		v, least, most int
+	}{
+		{"size", o.size, 0, 1 << 30},
+		{"count", o.count, 1, math.MaxInt},
+		{"warmup", o.warmup, 0, math.MaxInt},
+		// Each is a dial in flight at once, with its QP and buffers: far
+		// past any device's limit, and a slice of them before the first.
+		{"conns", o.conns, 1, maxConns},
+		{"depth", o.depth, 2, 4000},
+	} {
+		if f.v < f.least || f.v > f.most {
+			if f.most == math.MaxInt {
+				return fmt.Errorf("-%s %d: must be %d or more", f.name, f.v, f.least)
+			}
+			return fmt.Errorf("-%s %d: must be %d to %d", f.name, f.v, f.least, f.most)
+		}
+	}
 	switch {
-	case o.size < 0 || o.count < 1 || o.warmup < 0 || o.conns < 1 || o.depth < 2:
-		return errors.New("-size and -warmup must be 0 or more, -count and -conns 1 or more, -depth 2 or more")
 	case o.progress < 0 || o.busyPoll < 0 || o.keepalive < 0:
 		// A negative -progress read as 0, and -busypoll failed at the dial.
 		return errors.New("-progress, -busypoll and -keepalive must not be negative")
-	case o.conns > maxConns:
-		// Each is a dial in flight at once, with its QP and buffers: far
-		// past any device's limit, and a slice of them before the first.
-		return fmt.Errorf("-conns %d: at most %d", o.conns, maxConns)
 	case o.mode == "xrc" && o.fabric && (o.nodes < 1 || o.nodes > 254 || o.procs < 1 || o.clients < 1):
 		return errors.New("xrc mode: -nodes must be 1 to 254, -procs and -clients 1 or more")
 	case o.mode == "xrc" && o.fabric && (o.procs > maxConns || o.clients > maxConns || int64(o.nodes)*int64(o.procs)*int64(o.clients) > maxConns):
