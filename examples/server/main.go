@@ -52,8 +52,8 @@ import (
 
 func main() {
 	addr := flag.String("addr", "0.0.0.0:7471", "ip:port to listen on")
-	size := flag.Int("size", 64<<10, "largest message, bytes")
-	depth := flag.Int("depth", 64, "receive queue depth")
+	size := flag.Int("size", 64<<10, "largest message, bytes, 1 to 1 GiB")
+	depth := flag.Int("depth", 64, "receive queue depth, 2 to 4000")
 	raw := flag.Bool("raw", false, "plain librdmacm messages (no goxrc framing); echo each one")
 	count := flag.Int("count", 0, "exit after serving this many connections (0: run until interrupted)")
 	idle := flag.Duration("idle", 0, "close a connection that sends nothing for this long (0: never)")
@@ -75,8 +75,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "server:", err)
 		os.Exit(2)
 	}
-	if *count < 0 || *idle < 0 || *keepalive < 0 {
-		fmt.Fprintln(os.Stderr, "server: -count, -idle and -keepalive must not be negative")
+	if *count < 0 || *idle < 0 || *keepalive < 0 || *busyPoll < 0 {
+		fmt.Fprintln(os.Stderr, "server: -count, -idle, -keepalive and -busypoll must not be negative")
+		os.Exit(2)
+	}
+	// cm's bounds (WithMessageSize, WithQueueDepth): Listen refused them
+	// only after -cpuprofile's file was truncated, as a failed run.
+	if *size < 1 || *size > 1<<30 {
+		fmt.Fprintf(os.Stderr, "server: -size %d: must be 1 to %d\n", *size, 1<<30)
+		os.Exit(2)
+	}
+	if *depth < 2 || *depth > 4000 {
+		fmt.Fprintf(os.Stderr, "server: -depth %d: must be 2 to 4000\n", *depth)
 		os.Exit(2)
 	}
 	// Refused before -cpuprofile's file is created, or truncated.
