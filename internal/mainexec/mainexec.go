@@ -86,15 +86,16 @@ func Start(t *testing.T, args string) *Proc {
 	return p
 }
 
-// Await reads the child's stderr up to a line that holds want. It fails t
-// if stderr ends first (the child exited, or ran over its minute).
-func (p *Proc) Await(t *testing.T, want string) {
+// Await reads the child's stderr up to a line that holds want, and returns
+// that line. It fails t if stderr ends first (the child exited, or ran over
+// its minute).
+func (p *Proc) Await(t *testing.T, want string) string {
 	t.Helper()
 	for {
 		line, err := p.pipe.ReadString('\n')
 		p.stderr.WriteString(line)
 		if strings.Contains(line, want) {
-			return
+			return line
 		}
 		if err != nil {
 			t.Fatalf("%s: stderr ended (%v) with no line holding %q: %q", p.args, err, want, p.stderr.String())
