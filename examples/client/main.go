@@ -33,8 +33,8 @@
 // Every run but those probes the server every -keepalive (10 s) while it
 // waits on it, as the server probes its clients: a server whose node
 // vanished without a word fails the run once the probe's retries run out.
-// Ctrl-C (or SIGTERM) ends the run and closes its connections; a second
-// Ctrl-C kills the client at once. -json prints the result as one object;
+// Ctrl-C (or SIGTERM) ends the run and closes its connections (exit status
+// 1, "client: interrupted"); a second Ctrl-C kills the client at once. -json prints the result as one object;
 // its size is 0 in connect mode, which sends nothing.
 //
 //	client -addr 10.77.0.1:7471 -mode latency -size 64 -count 10000
@@ -110,6 +110,11 @@ func main() {
 	ctx, stop := interrupt.Context()
 	defer stop()
 	res, err := run(ctx, o)
+	if err != nil && ctx.Err() != nil {
+		// Say what ended the run, not what it cut short ("recv ...:
+		// context canceled").
+		err = fmt.Errorf("interrupted: %w", context.Cause(ctx))
+	}
 	if err == nil && o.json {
 		err = json.NewEncoder(os.Stdout).Encode(res)
 	}
@@ -433,7 +438,17 @@ func run(ctx context.Context, o options) (result, error) {
 		return r, fmt.Errorf("unknown mode %q", o.mode)
 	}
 	r.Seconds = time.Since(start).Seconds()
-	return r, err
+	return r, closedEarly(err, o.addr, p.count(), r.Count)
+}
+
+// closedEarly gives a Recv's io.EOF its meaning, which alone printed
+// "client: EOF": the server at addr closed the connection before the run
+// had its total of messages.
+func closedEarly(err error, addr string, done, total int) error {
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s closed the connection after %d of %d messages", addr, done, total)
+	}
+	return err
 }
 
 func greet(ctx context.Context, c *cm.Conn, mode string) error {
@@ -647,6 +662,8 @@ func newProgressTo(w io.Writer, every time.Duration, what string, total int) *pr
 }
 
 func (p *progress) add(n int) { p.mu.Lock(); p.done += n; p.mu.Unlock() }
+
+func (p *progress) count() int { p.mu.Lock(); defer p.mu.Unlock(); return p.done }
 
 // stop ends the lines, and returns once the last is out: one printed
 // after it came among (or after) the run's result.

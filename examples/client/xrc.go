@@ -56,7 +56,7 @@ func xrcDemo(ctx context.Context, o options) (r result, err error) {
 			}
 			c.Close()
 			if err != nil {
-				return r, err
+				return r, closedEarly(err, a, 0, 1)
 			}
 			r.Count++
 			p.add(1)
