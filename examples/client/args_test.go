@@ -226,3 +226,24 @@ func TestBadValueNamed(t *testing.T) {
 	}
 	mainexec.RefusalKeepsProfile(t, map[string]string{"-depth 4001": "-depth 4001", "-size 1073741825": "-size 1073741825"})
 }
+
+// Outside xrc mode a malformed -addr passed the checks and failed at the
+// dial, with exit status 1 as a failed run and after -cpuprofile's file
+// was truncated (xrc mode checked its list already). It is refused, with
+// exit status 2, before anything.
+func TestAddrChecked(t *testing.T) {
+	mainexec.Child("client", main)
+	for args, ok := range map[string]bool{
+		"-addr 10.0.0.1":                  false,
+		"-mode latency -addr host":        false,
+		"-mode connect -addr 10.0.0.1:":   false,
+		"-mode bandwidth -addr host:7471": true,
+		"-raw -addr [fd00::1]:7471":       true,
+		"-mode xrc -fabric -procs 1":      true, // the default -addr, unused
+	} {
+		if err := checkArgs(t, args); (err == nil) != ok {
+			t.Errorf("%s: check %v", args, err)
+		}
+	}
+	mainexec.RefusalKeepsProfile(t, map[string]string{"-addr 10.0.0.1": `-addr entry "10.0.0.1" is not ip:port`})
+}

@@ -313,12 +313,18 @@ func (o options) check() error {
 		// buffers: as -conns, checked so that no product overflows (in
 		// int64: 254 x 65536 x 65536 passes a 32-bit int).
 		return fmt.Errorf("xrc mode: -clients x -nodes x -procs connections: at most %d", maxConns)
-	case o.mode == "xrc" && !o.fabric:
-		// Dialed in order: a malformed entry failed only at its turn,
-		// after those before it had been connected and echoed.
-		for _, a := range strings.Split(o.addr, ",") {
+	case !o.fabric:
+		// A malformed -addr failed only at the dial, as a failed run,
+		// after -cpuprofile's file was truncated; an entry of xrc mode's
+		// list (dialed in order) only at its turn, after those before it
+		// had been connected and echoed.
+		addrs := []string{o.addr}
+		if o.mode == "xrc" {
+			addrs = strings.Split(o.addr, ",")
+		}
+		for _, a := range addrs {
 			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
-				return fmt.Errorf("xrc mode: -addr entry %q is not ip:port", a)
+				return fmt.Errorf("-addr entry %q is not ip:port", a)
 			}
 		}
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 func TestOptionsCheck(t *testing.T) {
-	ok := options{mode: "echo", size: 64, count: 1, conns: 1, depth: 2, nodes: 2, procs: 4, clients: 4}
+	ok := options{addr: "10.0.0.1:7471", mode: "echo", size: 64, count: 1, conns: 1, depth: 2, nodes: 2, procs: 4, clients: 4}
 	if err := ok.check(); err != nil {
 		t.Fatalf("defaults refused: %v", err)
 	}

@@ -90,6 +90,10 @@ func main() {
 		os.Exit(2)
 	}
 	// Refused before -cpuprofile's file is created, or truncated.
+	if _, port, err := net.SplitHostPort(*addr); err != nil || port == "" {
+		fmt.Fprintf(os.Stderr, "server: -addr %q is not ip:port\n", *addr)
+		os.Exit(2)
+	}
 	if *preferXRC && *device == "" && unspecified(*addr) {
 		fmt.Fprintln(os.Stderr, "server: -xrc: an XRC listener serves one device: give a device's address in -addr, or -device")
 		os.Exit(2)

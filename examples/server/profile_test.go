@@ -27,5 +27,8 @@ func TestRefusalKeepsProfile(t *testing.T) {
 		"-depth 1":         "-depth 1: must be 2 to 4000",
 		"-depth 4001":      "-depth 4001: must be 2 to 4000",
 		"-busypoll -1ms":   "must not be negative",
+		// A malformed -addr, which Listen refused so too.
+		"-addr 10.0.0.1":  `-addr "10.0.0.1" is not ip:port`,
+		"-addr 10.0.0.1:": `-addr "10.0.0.1:" is not ip:port`,
 	})
 }
