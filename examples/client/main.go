@@ -34,8 +34,9 @@
 // waits on it, as the server probes its clients: a server whose node
 // vanished without a word fails the run once the probe's retries run out.
 // Ctrl-C (or SIGTERM) ends the run and closes its connections (exit status
-// 1, "client: interrupted"); a second Ctrl-C kills the client at once. -json prints the result as one object;
-// its size is 0 in connect mode, which sends nothing.
+// 1, "client: interrupted"); a second Ctrl-C kills the client at once.
+// -json prints the result as one object; its size is 0 in connect mode,
+// which sends nothing.
 //
 //	client -addr 10.77.0.1:7471 -mode latency -size 64 -count 10000
 //	client -addr 10.77.0.1:7471 -mode bandwidth -size 65536 -count 2000 -json
