@@ -207,12 +207,13 @@ func TestEndpointConnOfEndedTermClosed(t *testing.T) {
 // unanswered is a kernel whose connection requests (of the exchange ex, or
 // of any once all is set) nobody answers: their first event is UNREACHABLE
 // with -ETIMEDOUT, as the real CM's when its retries run out; or, with
-// first set, that event.
+// first set, that event. n counts them.
 type unanswered struct {
 	kernel.Kernel
 	ex    kernel.Exchange
 	all   atomic.Bool
 	first kernel.EventType
+	n     atomic.Int32
 	mu    sync.Mutex
 	ids   map[kernel.ID]bool
 }
@@ -220,6 +221,7 @@ type unanswered struct {
 func (u *unanswered) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
 	id, err := u.Kernel.Connect(ctx, dst, ex, qpNum, pd)
 	if err == nil && (ex == u.ex || u.all.Load()) {
+		u.n.Add(1)
 		u.mu.Lock()
 		u.ids[id] = true
 		u.mu.Unlock()

@@ -857,7 +857,8 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		defer e.mu.Unlock()
 		return !c.failed() && !c.sendDone
 	}
-	// A receiver that let a PHYS_REQ time out is not asked again for its
+	// A receiver that let a PHYS_REQ time out (its deadline or the CM's:
+	// unansweredErr) is not asked again for its
 	// other legs' (each would cost another budget while the others' idle
 	// timers run): they wait for the VIRT_REQs. Once the new INI is up, the
 	// uplink is UP and the other legs move at once, in parallel, each
@@ -894,7 +895,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			e.mu.Lock()
 			u.inis = append(u.inis, q)
 			e.mu.Unlock()
-		} else if errors.Is(err, context.DeadlineExceeded) {
+		} else if unansweredErr(err) {
 			silent[c.raddr] = true
 		}
 		if e.moveDone(u, q, c, dom, acc, err, true, &moved) {
@@ -1036,6 +1037,14 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 // out in a recovery that made no new INI.
 var errNoAnswer = errors.New("its receiver did not answer an earlier MOVE in time")
 
+// unansweredErr reports whether a MOVE failed with err for its receiver's
+// silence: its deadline, or the CM's own timeout (-ETIMEDOUT), the same
+// silence found before the deadline, or an earlier leg's (errNoAnswer).
+func unansweredErr(err error) bool {
+	var rj *RejectError
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNoAnswer) || errors.As(err, &rj) && rj.Timeout()
+}
+
 // moveDone books the answer to leg c's MOVE onto q (physical: the PHYS_REQ
 // that made q, or failed to) and reports whether q was made by it.
 func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.Accept, err error, physical bool, moved *[]*Conn) (fresh bool) {
@@ -1078,9 +1087,7 @@ func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.A
 		// ended. (A receiver that does not answer fails the connection.)
 	case err != nil:
 		gone := ErrPeerGone
-		// The CM's own timeout (-ETIMEDOUT) is the same silence, found
-		// before the MOVE's deadline.
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errNoAnswer) || errors.As(err, &rj) && rj.Timeout() {
+		if unansweredErr(err) {
 			gone = errUnanswered // its silence, not its death (Err)
 		}
 		c.failLocked(fmt.Errorf("%w: leg not moved: %v", gone, err))
