@@ -205,7 +205,7 @@ func (c *Conn) CreditFrames() uint64 { return c.creditFrames.Load() }
 func (c *Conn) Err() error {
 	c.e.mu.Lock()
 	defer c.e.mu.Unlock()
-	if c.peerClosed || c.closedUp || c.finRcvd && senderDead(c.err) && !errors.Is(c.err, errUnanswered) {
+	if c.peerClosed || c.closedUp || c.finRcvd && senderDead(c.err) {
 		return nil
 	}
 	return c.err
@@ -1421,13 +1421,15 @@ func (c *Conn) failLocked(err error) {
 
 // senderDead reports whether a leg's failure with err takes its sender for
 // dead, so that the last leg's failure ends its physical link
-// (legFailedLocked): a peer gone, but not by its silence (it may live) nor
-// by a dial it gave up; nor a failure of ours (Close, a context, an
-// overrun, a full accept queue). A live sender may open the TGT again
-// through the link, and the link's DREQ ends that leg at its death
-// (TestEndpointLinkOutlivesLegOfLiveSender).
+// (legFailedLocked): a peer gone, but not by its silence (the idle timeout,
+// a MOVE it did not answer: it may live) nor by a dial it gave up; nor a
+// failure of ours (Close, a context, an overrun, a full accept queue). A
+// live sender may open the TGT again through the link, and the link's DREQ
+// ends that leg at its death (TestEndpointLinkOutlivesLegOfLiveSender,
+// TestEndpointLinkOutlivesUnansweredLeg). A silent one that is dead
+// leaves the link to linger (Endpoint.lingerLocked).
 func senderDead(err error) bool {
-	return errors.Is(err, ErrPeerGone) && !errors.Is(err, errIdle) && !errors.Is(err, errAbandoned)
+	return errors.Is(err, ErrPeerGone) && !errors.Is(err, errIdle) && !errors.Is(err, errUnanswered) && !errors.Is(err, errAbandoned)
 }
 
 // finLocked consumes the peer's FIN: our receiving leg ends (the local count

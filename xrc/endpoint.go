@@ -1514,15 +1514,13 @@ func (e *Endpoint) legLeftLocked(l *acceptedLeg) {
 
 // legFailedLocked ends the physical link of dl's sender once the failure of
 // a leg through dl for its sender's death (senderDead) leaves none
-// through it: the sender is taken for dead. Its DREQ, which ends the link
-// otherwise, does not come from a sender that died without a word (its
-// node's power cut: our sends there fail, and our uplink to the node is not
-// rebuilt), and the CM id stayed until the endpoint closed. A link whose
-// legs all ended by their FINs, or went silent past the idle timeout,
-// lingers (lingerLocked): its sender may live, and open the TGT again
-// through it (LegsOn), or end it with its DREQ
-// (TestEndpointDREQSparesReusedNumbers). Ending a TGT-typed id sends
-// nothing: a live sender is not disturbed.
+// through it: the sender is taken for dead. A link whose legs all ended by
+// their FINs, or by the sender's silence (past the idle timeout, or a MOVE
+// of ours it did not answer, as a sender that died without a word, its
+// node's power cut, leaves them: no DREQ comes from it), lingers
+// (lingerLocked): its sender may live, and open the TGT again through it
+// (LegsOn), or end it with its DREQ (TestEndpointDREQSparesReusedNumbers).
+// Ending a TGT-typed id sends nothing: a live sender is not disturbed.
 func (e *Endpoint) legFailedLocked(dl *downlink) {
 	for _, l := range e.passive {
 		if onLink(dl, l.dl) && len(e.acc.LegsOn(l.dl)) == 0 {

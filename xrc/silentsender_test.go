@@ -11,8 +11,8 @@ import (
 
 // The sender's node goes off without a word (a power cut: no DREQ, no
 // FIN). The acceptor's sends there fail and its uplink to the node is not
-// rebuilt: it takes the sender for dead and lets go of its leg and TGT
-// handle, and of the physical link's CM id as well: kept for a DREQ that
+// rebuilt: it lets go of its leg and TGT handle, and, the link's linger
+// over, of the physical link's CM id as well: kept for a DREQ that
 // never comes, the id stayed until the endpoint closed, one for every
 // sender INI that died so (found by a chaos run).
 func TestEndpointPassiveLinkEndsWithSilentSender(t *testing.T) {
