@@ -105,7 +105,7 @@ func (p *yieldPacer) tick(c *Conn) {
 
 // Conn is an established RDMA connection carrying messages. Send and Recv
 // may be called from different goroutines at once; each serialises its own
-// callers.
+// callers. Dial and Accept make Conns; a nil or zero Conn is a closed one.
 type Conn struct {
 	t            transport
 	x            *xrc.Conn // an XRC connection (WithFabric) instead of t
@@ -313,11 +313,15 @@ func repostBatch(window int) int {
 	return max(1, window/4)
 }
 
+// ok reports whether c was made by Dial or Accept: a nil or zero Conn has
+// no transport, and its methods act as a closed Conn's.
+func (c *Conn) ok() bool { return c != nil && (c.t != nil || c.x != nil) }
+
 // LocalAddr returns the local address (nil for a nil Conn, as the getters
 // below give their zero values: a nil Conn is a closed one, as for Close,
 // Send and Recv).
 func (c *Conn) LocalAddr() net.Addr {
-	if c == nil {
+	if !c.ok() {
 		return nil
 	}
 	return c.laddr
@@ -328,7 +332,7 @@ func (c *Conn) LocalAddr() net.Addr {
 // that asked for XRCPrefer learns which it got, and whether immediate data
 // and one-sided RDMA are there.
 func (c *Conn) Transport() Transport {
-	if c == nil {
+	if !c.ok() {
 		return 0
 	}
 	if c.x != nil {
@@ -339,7 +343,7 @@ func (c *Conn) Transport() Transport {
 
 // RemoteAddr returns the peer's address.
 func (c *Conn) RemoteAddr() net.Addr {
-	if c == nil {
+	if !c.ok() {
 		return nil
 	}
 	return c.raddr
@@ -349,7 +353,7 @@ func (c *Conn) RemoteAddr() net.Addr {
 // smaller of this side's and the peer's limits. Size Recv buffers with
 // MaxRecvSize: over XRC the two sides' limits need not agree.
 func (c *Conn) MaxMessageSize() int {
-	if c == nil {
+	if !c.ok() {
 		return 0
 	}
 	return c.maxSend
@@ -361,7 +365,7 @@ func (c *Conn) MaxMessageSize() int {
 // WithMessageSize, raised to the engine's least (xrc.MinMessageSize) and
 // capped at its most (xrc.MaxMessageSize).
 func (c *Conn) MaxRecvSize() int {
-	if c == nil {
+	if !c.ok() {
 		return 0
 	}
 	return c.maxRecv
@@ -383,7 +387,7 @@ func (c *Conn) SendWithImm(ctx context.Context, p []byte, imm uint32) error {
 }
 
 func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) error {
-	if c == nil {
+	if !c.ok() {
 		return ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
@@ -747,7 +751,7 @@ func (c *Conn) RecvWithImm(ctx context.Context, buf []byte) (n int, imm uint32, 
 }
 
 func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) {
-	if c == nil {
+	if !c.ok() {
 		return 0, 0, false, ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
@@ -1362,7 +1366,7 @@ func (c *Conn) Close() error {
 // calls in turn for every connection while holding its lock. A release
 // error is then logged.
 func (c *Conn) close(background bool) error {
-	if c == nil {
+	if !c.ok() {
 		return nil
 	}
 	if c.x != nil {
@@ -1529,7 +1533,7 @@ func (c *Conn) sendFin(ctx context.Context) error {
 // ErrNotSupported. XRC connections half-close too (xrc.Conn.CloseWrite).
 // CloseWrite is idempotent.
 func (c *Conn) CloseWrite() error {
-	if c == nil {
+	if !c.ok() {
 		return ErrClosed
 	}
 	if c.x != nil {

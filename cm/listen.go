@@ -18,7 +18,8 @@ import (
 )
 
 // Listener accepts RDMA connections on an ip:port. It follows net.Listener
-// where that fits: Addr, and a Close that wakes pending Accepts.
+// where that fits: Addr, and a Close that wakes pending Accepts. Listen makes
+// Listeners; a nil or zero Listener is a closed one.
 type Listener struct {
 	cfg config
 	ch  *chanRef
@@ -244,7 +245,7 @@ func (l *Listener) feedXRC() {
 // Addr returns the address the listener is bound to, with the port the
 // system chose for port 0.
 func (l *Listener) Addr() net.Addr {
-	if l == nil {
+	if !l.ok() {
 		return nil
 	}
 	return l.addr
@@ -252,7 +253,7 @@ func (l *Listener) Addr() net.Addr {
 
 // Accept waits for the next connection whose handshake has completed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
-	if l == nil {
+	if !l.ok() {
 		return nil, ErrClosed // as the calls on a nil Conn
 	}
 	if l.xrcOnly() {
@@ -296,6 +297,10 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		return nil, opError("accept", l.addr, ctx.Err())
 	}
 }
+
+// ok reports whether l was made by Listen (a nil or zero Listener is
+// closed, with nothing to close).
+func (l *Listener) ok() bool { return l != nil && l.done != nil }
 
 // xrcOnly reports whether the listener is an XRC endpoint alone (WithFabric,
 // or XRCRequire on a device with XRC), with no RC id beside it.
@@ -496,7 +501,7 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 // path and handshake timeout takes that endpoint over meanwhile; one with
 // other options fails with EADDRINUSE. Close is idempotent.
 func (l *Listener) Close() error {
-	if l == nil {
+	if !l.ok() {
 		return nil
 	}
 	var err error

@@ -10,8 +10,9 @@ import (
 )
 
 // Region is memory registered with a connection's device for one-sided
-// RDMA. Hand its Descriptor to the peer (in a message) to let the peer read
-// or write it; Close revokes that access.
+// RDMA (Conn.RegisterMemory). Hand its Descriptor to the peer (in a message)
+// to let the peer read or write it; Close revokes that access. A nil or zero
+// Region is a closed one.
 type Region struct {
 	mem  memory
 	size int // len(mem.bytes()) while registered: Bytes is nil after Close
@@ -61,10 +62,14 @@ func UnmarshalRemoteRegion(b []byte) (RemoteRegion, error) {
 	return r, nil
 }
 
+// ok reports whether r was made by RegisterMemory (a nil or zero Region
+// has no memory).
+func (r *Region) ok() bool { return r != nil && r.mem != nil }
+
 // Bytes returns the region's memory. It lives outside the Go heap and is
 // valid until Close. A nil Region has none, as a closed one.
 func (r *Region) Bytes() []byte {
-	if r == nil {
+	if !r.ok() {
 		return nil
 	}
 	return r.mem.bytes()
@@ -73,7 +78,7 @@ func (r *Region) Bytes() []byte {
 // Descriptor returns what the peer needs to access this region (the zero
 // RemoteRegion for a nil Region, as for a closed one).
 func (r *Region) Descriptor() RemoteRegion {
-	if r == nil {
+	if !r.ok() {
 		return RemoteRegion{}
 	}
 	return RemoteRegion{Addr: r.mem.addr(), Len: uint32(len(r.mem.bytes())), RKey: r.mem.rkey()}
@@ -91,7 +96,7 @@ func (r *Region) Descriptor() RemoteRegion {
 // deregistration fails, the region stays registered, and usable, and Close
 // may be called again. Close of a nil Region does nothing, as Conn's does.
 func (r *Region) Close() error {
-	if r == nil {
+	if !r.ok() {
 		return nil
 	}
 	r.mu.Lock()
@@ -134,7 +139,7 @@ const (
 // access. Grant only what the peer needs, give descriptors only to peers
 // trusted with the memory, and Close the region to revoke access.
 func (c *Conn) RegisterMemory(size int, access Access) (*Region, error) {
-	if c == nil {
+	if !c.ok() {
 		return nil, ErrClosed // as the other calls on a nil Conn
 	}
 	if c.x != nil {
@@ -181,7 +186,7 @@ func (c *Conn) ReadRemote(ctx context.Context, local *Region, off, n int, remote
 }
 
 func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
-	if c == nil {
+	if !c.ok() {
 		return ErrClosed
 	}
 	if c.x != nil {

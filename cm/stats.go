@@ -25,7 +25,7 @@ type Stats struct {
 
 // Stats returns the connection's counters.
 func (c *Conn) Stats() Stats {
-	if c == nil {
+	if !c.ok() {
 		return Stats{}
 	}
 	s := Stats{

@@ -23,7 +23,8 @@ import (
 // uplink to the peer's node into the peer's SRQ, the peer's sending over its
 // uplink into ours. Messages keep their boundaries. Every message carries
 // the receiver's tag; a receiver drops messages whose tag names no live
-// connection of its own.
+// connection of its own. Only an Endpoint's Dial and Accept make a Conn: a
+// nil or zero one is none, and its methods may panic.
 type Conn struct {
 	e     *Endpoint
 	raddr netip.AddrPort // the peer endpoint's listening address

@@ -115,7 +115,8 @@ func (cfg *Config) messageSize() error {
 // physical (XRC-typed CM) and the virtual (SIDR) exchange, dials remote
 // endpoints, and keeps one uplink (INI QP) per remote node and domain and
 // one downlink (TGT handle) per remote sender. Applications see only ip:port
-// addresses and Conns.
+// addresses and Conns. Only NewEndpoint makes an Endpoint: a nil or zero one
+// is none, and its methods may panic.
 type Endpoint struct {
 	// owedOff turns the connections' owed-credit timers off (tests of
 	// the janitor's fallback look; see owedBounds).

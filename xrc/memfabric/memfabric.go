@@ -41,7 +41,8 @@ func init() {
 	kernel.Carry = func(k kernel.Kernel) any { return &Process{k: k} }
 }
 
-// Fabric is a set of nodes that reach each other by IP address.
+// Fabric is a set of nodes that reach each other by IP address. Make one
+// with New: the zero Fabric has no fabric under it, and its methods panic.
 type Fabric struct {
 	f     *model.Fabric
 	mu    sync.Mutex
@@ -112,7 +113,8 @@ func parseIP(ip string) netip.Addr {
 	return a.Unmap().WithZone("")
 }
 
-// Node is one host with one RDMA device.
+// Node is one host with one RDMA device, made by a Fabric's Node or AddNode
+// (the methods of a nil or zero Node panic).
 type Node struct{ n *model.Node }
 
 // Addr is the node's address.
