@@ -46,9 +46,11 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (_ *
 	if err != nil {
 		return nil, &OpError{Op: "dial", Addr: address, Err: err}
 	}
-	if cfg.local.IsValid() {
+	if cfg.local.IsValid() && !cfg.local.IsUnspecified() {
 		// A name's addresses of the other family could not be reached
-		// from it (net.Dialer's rule).
+		// from it (net.Dialer's rule). An unspecified one binds nothing
+		// (dialAddr) and reaches either, as net.Dialer's wildcard
+		// LocalAddr does.
 		lf := "ip4"
 		if cfg.local.Is6() {
 			lf = "ip6"
