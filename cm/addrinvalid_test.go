@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"path/filepath"
 	"testing"
 
 	"github.com/goxrc/goxrc/cm"
@@ -30,6 +31,33 @@ func TestUnparsableAddrInvalid(t *testing.T) {
 			if !errors.Is(err, cm.ErrInvalid) || !errors.As(err, &ae) {
 				t.Errorf("%s %q: %v, want a *net.AddrError matching ErrInvalid", op, address, err)
 			}
+		}
+	}
+}
+
+// The unspecified address names no peer: net.Dial takes it for the local
+// system, but no RDMA device sits on the loopback. It was EHOSTUNREACH on
+// the fabric and ENODEV from a device's rdma_resolve_route; now it is
+// refused alike before anything is tried (a device's check:
+// TestCMDialUnspecifiedInvalid).
+func TestDialUnspecifiedInvalid(t *testing.T) {
+	ctx := context.Background()
+	f := memfabric.New()
+	p := f.Node("10.1.9.1").Process()
+	defer p.Kill()
+	o := []cm.Option{cm.WithFabric(p), cm.WithDomainPath(filepath.Join(t.TempDir(), "xrc"))}
+	l, err := cm.Listen(ctx, "10.1.9.1:7000", o...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, address := range []string{"0.0.0.0:7000", ":7000", "[::]:7000"} {
+		c, err := cm.Dial(ctx, address, o...)
+		if err == nil {
+			c.Close()
+		}
+		if !errors.Is(err, cm.ErrInvalid) {
+			t.Errorf("dial %q: %v, want an error matching ErrInvalid", address, err)
 		}
 	}
 }

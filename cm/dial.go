@@ -21,7 +21,9 @@ import (
 // to. A host name is looked up (WithResolver picks the resolver) and its
 // addresses are tried in turn until one connects, each with a share of the
 // time, as net.Dial does; the error is the first's, and each failure is
-// logged when there are several.
+// logged when there are several. Unlike net.Dial, the unspecified address
+// (":port", "0.0.0.0:port", "[::]:port") is refused (ErrInvalid): no RDMA
+// device sits on the loopback it stands for.
 // ctx bounds the whole Dial (look-up, every address tried, the handshake);
 // without a deadline the handshake timeout bounds it. In an XRC mode (WithXRC) on a device
 // with XRC, the connection runs through the process's XRC dialer endpoint
@@ -92,8 +94,15 @@ func dial(ctx context.Context, family, address string, cfg config, try func(cont
 		// Named as given: there is no address to name.
 		return nil, &OpError{Op: "dial", Addr: address, Err: err}
 	}
-	return dialEach(ctx, dsts, func(ctx context.Context, dst netip.AddrPort) (*Conn, error) {
-		c, err := try(ctx, dst)
+	return dialEach(ctx, dsts, func(ctx context.Context, dst netip.AddrPort) (c *Conn, err error) {
+		if dst.Addr().IsUnspecified() {
+			// net.Dial takes it for the local system, but no RDMA device
+			// sits on the loopback: a device's rdma_resolve_route failed
+			// ENODEV, the fabric EHOSTUNREACH.
+			err = &OpError{Op: "dial", Addr: dst.String(), Err: fmt.Errorf("cm: the unspecified address names no peer (dial a device's address): %w", ErrInvalid)}
+		} else {
+			c, err = try(ctx, dst)
+		}
 		if err != nil && len(dsts) > 1 {
 			cfg.logger.Info("dial: an address of the name failed", "name", address, "addr", dst, "err", err)
 		}

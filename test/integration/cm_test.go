@@ -1006,6 +1006,20 @@ func TestCMDialLoopback(t *testing.T) {
 	}
 }
 
+// TestCMDialUnspecifiedInvalid: the unspecified address names no peer
+// (net.Dial's local system is the loopback, which has no route over RDMA):
+// refused as an invalid argument, as on the fabric, where it was
+// rdma_resolve_route's ENODEV ("no such device").
+func TestCMDialUnspecifiedInvalid(t *testing.T) {
+	_, addr := cmListen(t)
+	port := netip.MustParseAddrPort(addr).Port()
+	for _, ip := range []string{"0.0.0.0", "::"} {
+		err := failureOf(cm.Dial(cmCtx(t, 10*time.Second), netip.AddrPortFrom(netip.MustParseAddr(ip), port).String()))
+		require.ErrorIs(t, err, cm.ErrInvalid, ip)
+		require.ErrorContains(t, err, "the unspecified address names no peer", ip)
+	}
+}
+
 // TestCMDialTriesEachAddressOfAName: a name whose first address is a
 // loopback one (no route over RDMA) connects through its second, the RXE
 // address, and logs the first's failure; a name with no working address
@@ -1096,6 +1110,30 @@ func TestCMDialFromLocalAddr(t *testing.T) {
 		require.ErrorContains(t, err, "from local address "+bad+" ("+want.why+")")
 	}
 
+}
+
+// TestCMDialFromWildcardLocalAddr: an unspecified local address of either
+// family binds nothing and keeps Dial to no family, as net.Dialer's
+// wildcard LocalAddr does: "::" reaches an IPv4 listener, from the route's
+// address.
+func TestCMDialFromWildcardLocalAddr(t *testing.T) {
+	_, ip := softroce.Device(t)
+	ctx := cmCtx(t, 30*time.Second)
+	l, err := cm.Listen(ctx, netip.AddrPortFrom(ip, 0).String())
+	require.NoError(t, err)
+	defer l.Close()
+	for _, local := range []string{"::", "0.0.0.0"} {
+		accepted := acceptOne(t, ctx, l)
+		conn, err := cm.Dial(ctx, l.Addr().String(), cm.WithLocalAddr(local))
+		require.NoError(t, err, "from %s", local)
+		defer conn.Close() // closed below; this on a failure
+		s := <-accepted
+		require.NotNil(t, s)
+		defer s.Close()
+		require.Equal(t, ip, conn.LocalAddr().(cm.Addr).Addr(), "from %s: the route's address", local)
+		require.NoError(t, conn.Close())
+		require.NoError(t, s.Close())
+	}
 }
 
 func TestCMPortInUse(t *testing.T) {
