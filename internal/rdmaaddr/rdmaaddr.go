@@ -63,6 +63,7 @@ func AddrOf(name string, like netip.Addr) (netip.Addr, error) {
 	if err != nil {
 		return netip.Addr{}, err
 	}
+	var linkLocal netip.Addr
 	for port := 1; port <= attr.PhysPortCnt; port++ {
 		gids, err := vctx.GIDs(uint8(port))
 		if err != nil {
@@ -70,11 +71,23 @@ func AddrOf(name string, like netip.Addr) (netip.Addr, error) {
 		}
 		for _, g := range gids {
 			ip := netip.AddrFrom16(g.GID).Unmap()
-			if ip.IsUnspecified() || ip.IsLinkLocalUnicast() || ip.Is4() != like.Is4() {
+			if ip.IsUnspecified() || ip.Is4() != like.Is4() {
+				continue
+			}
+			if ip.IsLinkLocalUnicast() {
+				// Not the device's alone (every link has one, and it
+				// needs its zone): named in the error, for the caller
+				// to give with its zone.
+				if !linkLocal.IsValid() && g.Netdev != "" {
+					linkLocal = ip.WithZone(g.Netdev)
+				}
 				continue
 			}
 			return ip, nil
 		}
+	}
+	if linkLocal.IsValid() {
+		return netip.Addr{}, fmt.Errorf("device %s has no IPv6 address but its link-local one, %v: give that, zone and all", name, linkLocal)
 	}
 	family := "IPv6"
 	if like.Is4() {

@@ -169,3 +169,35 @@ func linkLocal(t *testing.T, netdev string) netip.Addr {
 	}, 10*time.Second, 50*time.Millisecond, "%s has no IPv6 link-local address out of duplicate address detection", netdev)
 	return ll
 }
+
+// TestCMListenDeviceLinkLocalOnly: WithDevice and "[::]:port" listen on the
+// device's IPv6 address; where its netdev has only its link-local one, the
+// error names that address with its zone, and listening on it works.
+func TestCMListenDeviceLinkLocalOnly(t *testing.T) {
+	dev, _ := softroce.Device(t)
+	netdev := os.Getenv("RXE_NETDEV")
+	require.NotEmpty(t, netdev, "RXE_NETDEV names the rxe device's netdev")
+	zoned := linkLocal(t, netdev).WithZone(netdev)
+	ctx := cmCtx(t, 20*time.Second)
+	var err error
+	// rxe drops the GID of an address removed (TestCMIPv6's) asynchronously.
+	require.Eventually(t, func() bool {
+		var l *cm.Listener
+		if l, err = cm.Listen(ctx, "[::]:0", cm.WithDevice(dev)); l != nil {
+			l.Close()
+		}
+		return err != nil
+	}, 10*time.Second, 50*time.Millisecond, "%s has a global IPv6 address", netdev)
+	require.ErrorContains(t, err, "has no IPv6 address but its link-local one, "+zoned.String())
+	l, err := cm.Listen(ctx, netip.AddrPortFrom(zoned, 0).String(), cm.WithDevice(dev))
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := acceptOne(t, ctx, l)
+	c, err := cm.Dial(ctx, l.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	s := <-accepted
+	require.NotNil(t, s)
+	defer s.Close()
+	requireBothWays(t, c, s)
+}
