@@ -447,7 +447,7 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 		// Released: by Close (c.err is ErrClosed), or on its own after
 		// the device went (c.err says so).
 		c.mu.Lock()
-		err := c.err
+		err := c.closedErrLocked(c.err)
 		c.mu.Unlock()
 		c.postMu.Unlock()
 		return err
@@ -465,7 +465,7 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm bool) error {
 	c.mu.Lock()
 	if c.err != nil || (kind == frameData && (c.closing || c.writeClosed)) {
-		err := c.err
+		err := c.closedErrLocked(c.err)
 		if err == nil || kind == frameData && c.writeClosed && !c.closing {
 			// After CloseWrite, ErrClosed, also once the peer's end or
 			// a failure came (as CloseWrite's doc has it, and over XRC).
@@ -770,10 +770,7 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 			// Closed (by the application, or after a device loss): what
 			// is left is not read. A failure that came before is the
 			// answer; an orderly end (the peer's FIN) is not one.
-			err := error(ErrClosed)
-			if c.broke {
-				err = c.err
-			}
+			err := c.closedErrLocked(c.err)
 			c.mu.Unlock()
 			return 0, 0, false, c.opErr("recv", err)
 		}
@@ -1284,6 +1281,17 @@ func (c *Conn) failedCompletionLocked(err error) {
 	}
 }
 
+// closedErrLocked is err, the connection's failure, but ErrClosed after our
+// Close where nothing broke it (no failure, or the peer's orderly end, or a
+// raw peer's disconnect): every call after Close answers so, as over XRC
+// (Close's doc).
+func (c *Conn) closedErrLocked(err error) error {
+	if c.closing && !c.broke {
+		return ErrClosed
+	}
+	return err
+}
+
 func (c *Conn) failLocked(err error) {
 	if c.err != nil {
 		return
@@ -1543,7 +1551,7 @@ func (c *Conn) CloseWrite() error {
 		return c.opErr("close write", fmt.Errorf("%w: raw messages have no end-of-stream frame", ErrNotSupported))
 	}
 	c.mu.Lock()
-	if err := c.err; err != nil || c.closing {
+	if err := c.closedErrLocked(c.err); err != nil || c.closing {
 		c.mu.Unlock()
 		if err == nil {
 			err = ErrClosed

@@ -297,6 +297,13 @@ func (c *Conn) recvXRC(ctx context.Context, buf []byte) (int, uint32, bool, erro
 
 func (c *Conn) closeWriteXRC() error {
 	if err := c.x.CloseWrite(); err != nil {
+		if c.xclosed.Load() {
+			// After our Close, ErrClosed or the failure that broke the
+			// connection before, as Send and Recv answer (the engine
+			// answers with its error first, a peer's death after its
+			// FIN too, which broke nothing).
+			err = c.closedXRCErr(xrc.ErrClosed)
+		}
 		return c.opErr("close write", mapXRCErr(err))
 	}
 	return nil

@@ -166,6 +166,16 @@ func (l *parityLog) recvAll(p *parityPair, name string, c *Conn) {
 	}
 }
 
+// bHalfClosesAndDies: b half-closes, a reads to its end, b dies, and a
+// sends until that fails and takes the death in.
+func (l *parityLog) bHalfClosesAndDies(p *parityPair) {
+	l.err("b.CloseWrite", p.b.CloseWrite())
+	l.recvAll(p, "a", p.a)
+	p.kill()
+	l.sendAll(p, "a", p.a)
+	p.settle()
+}
+
 var parityScenarios = []struct {
 	name string
 	run  func(t *testing.T, p *parityPair, l *parityLog)
@@ -234,11 +244,7 @@ var parityScenarios = []struct {
 	{
 		name: "b half-closes, a reads EOF, b dies",
 		run: func(t *testing.T, p *parityPair, l *parityLog) {
-			l.err("b.CloseWrite", p.b.CloseWrite())
-			l.recvAll(p, "a", p.a)
-			p.kill()
-			l.sendAll(p, "a", p.a)
-			p.settle()
+			l.bHalfClosesAndDies(p)
 			l.calls(p, "a", p.a)
 		},
 		want: []string{
@@ -408,6 +414,38 @@ var parityScenarios = []struct {
 		want: []string{
 			"a.Recv blocked: peer gone", "a.Close: nil",
 			"a.Send: peer gone", "a.Recv: peer gone", "a.CloseWrite: peer gone", "a.Close: nil", "a.Errors: 1",
+		},
+	},
+	{
+		// After our Close, Send and CloseWrite say ErrClosed where nothing
+		// broke the connection before (Close's doc), as Recv does: on RC
+		// they said ErrPeerGone after the peer's orderly end (found by
+		// TestEndParityRandom).
+		name: "b closes, a reads EOF and closes",
+		run: func(t *testing.T, p *parityPair, l *parityLog) {
+			l.err("b.Close", p.b.Close())
+			l.recvAll(p, "a", p.a)
+			l.err("a.Close", p.a.Close())
+			l.calls(p, "a", p.a)
+		},
+		want: []string{
+			"b.Close: nil", "a.Recv: EOF", "a.Close: nil",
+			"a.Send: closed", "a.Recv: closed", "a.CloseWrite: closed", "a.Close: nil", "a.Errors: 0",
+		},
+	},
+	{
+		// As above, where the peer died after its FIN, which broke
+		// nothing: CloseWrite said ErrPeerGone on RC and on XRC (found by
+		// TestEndParityRandom).
+		name: "b half-closes and dies, then a closes",
+		run: func(t *testing.T, p *parityPair, l *parityLog) {
+			l.bHalfClosesAndDies(p)
+			l.err("a.Close", p.a.Close())
+			l.calls(p, "a", p.a)
+		},
+		want: []string{
+			"b.CloseWrite: nil", "a.Recv: EOF", "a.Send: peer gone", "a.Close: nil",
+			"a.Send: closed", "a.Recv: closed", "a.CloseWrite: closed", "a.Close: nil", "a.Errors: 0",
 		},
 	},
 }
