@@ -61,6 +61,12 @@ func xrcParityPair(t *testing.T) *parityPair {
 		settle: gone(cli), settleB: gone(srv)}
 }
 
+// parityTransports makes the pairs each scenario runs on.
+var parityTransports = []struct {
+	name string
+	pair func(*testing.T) *parityPair
+}{{"RC", rcParityPair}, {"XRC", xrcParityPair}}
+
 // errClass names what err means to a caller of cm: the exported errors it
 // matches (errors.Is), ErrPeerGone before ErrClosed.
 func errClass(err error) string {
@@ -77,6 +83,8 @@ func errClass(err error) string {
 		return "peer gone"
 	case errors.Is(err, ErrClosed):
 		return "closed"
+	case errors.Is(err, ErrMessageTooLong):
+		return "too long"
 	}
 	return "other: " + err.Error()
 }
@@ -104,15 +112,25 @@ func (l *parityLog) calls(p *parityPair, name string, c *Conn) {
 // Recv that waits), not merely on its way there.
 func waitParked(t *testing.T, fn string) {
 	t.Helper()
+	waitParkedN(t, fn, 1)
+}
+
+// waitParkedN is waitParked for n goroutines.
+func waitParkedN(t *testing.T, fn string, n int) {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		parked := 0
 		for _, g := range ourGoroutines() {
 			head, _, _ := strings.Cut(g, "\n")
 			if strings.Contains(g, fn) && (strings.Contains(head, "[select") || strings.Contains(head, "[chan receive")) {
-				return
+				parked++
 			}
 		}
+		if parked >= n {
+			return
+		}
 	}
-	t.Fatalf("no goroutine parked in %s", fn)
+	t.Fatalf("%d goroutines not parked in %s", n, fn)
 }
 
 // fillCredits sends what the peer's window takes, so that the next Send
@@ -457,10 +475,7 @@ func TestEndParity(t *testing.T) {
 	for _, sc := range parityScenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			got := map[string]parityLog{}
-			for _, tr := range []struct {
-				name string
-				pair func(*testing.T) *parityPair
-			}{{"RC", rcParityPair}, {"XRC", xrcParityPair}} {
+			for _, tr := range parityTransports {
 				t.Run(tr.name, func(t *testing.T) {
 					var l parityLog
 					sc.run(t, tr.pair(t), &l)
