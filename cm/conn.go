@@ -830,6 +830,11 @@ func (c *Conn) recycle(slot int) error {
 	c.mu.Lock()
 	c.deferred = append(c.deferred, slot)
 	flush := len(c.deferred) >= c.recvBatch || c.peerStarved
+	// Below the return threshold the buffer is owed until the peer says
+	// it is short, in a frame only a round takes: a reader that stops
+	// calling held its sender one message below the queue depth for
+	// ever (TestConnIdleReaderOwesNoCredit). The reaper takes that frame.
+	c.armReapLocked(minReap)
 	if !flush {
 		// A short peer is owed it even if no read fills the chain: the
 		// persist timer reposts and returns it. A frame of ours since

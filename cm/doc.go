@@ -49,7 +49,9 @@
 // Close); when its application stops calling with messages of its own out,
 // or holding buffers of the peer's, a reaper (a timer, 10 ms at first,
 // backing off to a second) takes the credit frames the peer sent, so that a
-// peer that has only received can still send its queue depth. A FIN that
+// peer that has only received can still send its queue depth, and the frame
+// in which a sender says it is short, so that what a reader read before it
+// stopped calling goes back and its sender can fill the depth. A FIN that
 // takes a side's last credit carries every buffer it consumed, so two sides
 // never both sit at no credit. Send and Recv do not allocate.
 //

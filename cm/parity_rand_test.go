@@ -195,9 +195,10 @@ func (m *prModel) canRecv(x int) bool {
 // canSend reports whether x's Send returns without waiting on the peer.
 // The window is parityDepth messages, but on RC one credit of the messages
 // read may stay with the reader (it returns them by half the depth, or at
-// once to a sender its frames said was short), for a while or until it
-// reads again: after reads, a Send with parityDepth-1 messages unread may
-// wait.
+// once to a sender its frames said was short), for a while: until it
+// reads again, or its reaper takes the frame in which the sender said it
+// was short (TestConnIdleReaderOwesNoCredit). After reads, a Send with
+// parityDepth-1 messages unread may wait.
 func (m *prModel) canSend(x int) bool {
 	return m.closed[x] || m.wclosed[x] || m.peerGone[x] || len(m.pending[x]) < parityDepth-1
 }
