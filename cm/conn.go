@@ -212,6 +212,7 @@ type Conn struct {
 	peerFin     bool
 	peerLeft    string // why the peer went, once the CM said so
 	closing     bool
+	lostClose   bool // closing is deviceLost's, not the application's Close
 	writeClosed bool // CloseWrite: no more data frames
 	finPosted   bool // our FIN is posted (by CloseWrite or Close), once
 	rdmaDone    bool
@@ -1289,9 +1290,11 @@ func (c *Conn) failedCompletionLocked(err error) {
 // closedErrLocked is err, the connection's failure, but ErrClosed after our
 // Close where nothing broke it (no failure, or the peer's orderly end, or a
 // raw peer's disconnect): every call after Close answers so, as over XRC
-// (Close's doc).
+// (Close's doc). The Close a device loss makes is not the application's:
+// after the peer's end, its calls said ErrClosed where they said the peer
+// was gone (TestDeviceLostAfterPeerEndIsNotClosed).
 func (c *Conn) closedErrLocked(err error) error {
-	if c.closing && !c.broke {
+	if c.closing && !c.broke && !c.lostClose {
 		return ErrClosed
 	}
 	return err
@@ -1339,8 +1342,11 @@ func (c *Conn) deviceLost(why string) {
 	if why != "" {
 		err = fmt.Errorf("%w: %s", err, why)
 	}
-	c.fail(err)
-	go c.Close()
+	c.mu.Lock()
+	c.failLocked(err)
+	c.lostClose = !c.closing // the Close below is cm's (see closedErrLocked)
+	c.mu.Unlock()
+	go c.close(false)
 }
 
 // peerVanishedLocked reports whether the connection failed because the peer
@@ -1366,10 +1372,22 @@ func (c *Conn) peerVanishedLocked() bool {
 // failure that broke the connection before), Recv also where messages or
 // the peer's end of stream were still to be read.
 func (c *Conn) Close() error {
-	if err := c.close(false); err != nil {
+	if err := c.ownClose(false); err != nil {
 		return opError("close", c.raddr, err)
 	}
 	return nil
+}
+
+// ownClose is close for the application (Close, the adapter's Close):
+// from then on its calls say ErrClosed, also where a device loss closed c
+// first (see closedErrLocked).
+func (c *Conn) ownClose(background bool) error {
+	if c.ok() && c.x == nil {
+		c.mu.Lock()
+		c.lostClose = false
+		c.mu.Unlock()
+	}
+	return c.close(background)
 }
 
 // close is Close. With background it returns once the graceful part is

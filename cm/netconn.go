@@ -187,7 +187,7 @@ func (s *streamConn) Write(p []byte) (int, error) {
 // process, so Close does not return before it is delivered or lost.
 func (s *streamConn) Close() error {
 	s.closed.Store(true)
-	err := s.c.close(true)
+	err := s.c.ownClose(true)
 	s.readDL.set(time.Time{})
 	s.writeDL.set(time.Time{})
 	return err

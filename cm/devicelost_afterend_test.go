@@ -1,0 +1,54 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A device lost under a connection whose peer had ended it (its FIN and
+// disconnect taken, or a raw peer's disconnect) releases the connection
+// by a Close of cm's own: the application closed nothing, so its calls
+// must not say ErrClosed (net.ErrClosed: "use of closed network
+// connection"), as they did since closedErrLocked took every Close for
+// the application's. Send, CloseWrite and the adapter's Write said the
+// peer was gone before, as they do without the device loss.
+func TestDeviceLostAfterPeerEndIsNotClosed(t *testing.T) {
+	for _, raw := range []bool{false, true} {
+		t.Run(fmt.Sprint("raw=", raw), func(t *testing.T) {
+			a, b, _ := fakePair(t, fakeOpts{raw: raw})
+			ctx := ctxT(t)
+			require.NoError(t, b.Close())
+			_, err := a.Recv(ctx, make([]byte, 64))
+			if raw {
+				require.ErrorIs(t, err, ErrPeerGone)
+			} else {
+				require.ErrorIs(t, err, io.EOF)
+			}
+			a.deviceRemoved()
+			<-a.freed // released by deviceLost's Close
+			_, werr := a.NetConn().Write([]byte("x"))
+			for name, err := range map[string]error{
+				"Send":       a.Send(context.Background(), []byte("x")),
+				"CloseWrite": a.CloseWrite(),
+				"Write":      werr,
+			} {
+				if raw && name == "CloseWrite" {
+					require.ErrorIs(t, err, ErrNotSupported)
+					continue
+				}
+				require.Error(t, err, name)
+				require.False(t, errors.Is(err, ErrClosed), "%s: %v; the application did not close", name, err)
+				require.ErrorIs(t, err, ErrPeerGone, name)
+			}
+			// The application's own Close makes them ErrClosed, as
+			// Close's doc has it: the peer's end broke nothing.
+			require.NoError(t, a.Close())
+			require.ErrorIs(t, a.Send(context.Background(), []byte("x")), ErrClosed)
+		})
+	}
+}
