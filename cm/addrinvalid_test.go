@@ -51,7 +51,7 @@ func TestDialUnspecifiedInvalid(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	for _, address := range []string{"0.0.0.0:7000", ":7000", "[::]:7000"} {
+	for _, address := range []string{"0.0.0.0:7000", ":7000", "[::]:7000", "[::%eth0]:7000", "[::%1]:7000"} {
 		c, err := cm.Dial(ctx, address, o...)
 		if err == nil {
 			c.Close()

@@ -95,7 +95,7 @@ func dial(ctx context.Context, family, address string, cfg config, try func(cont
 		return nil, &OpError{Op: "dial", Addr: address, Err: err}
 	}
 	return dialEach(ctx, dsts, func(ctx context.Context, dst netip.AddrPort) (c *Conn, err error) {
-		if dst.Addr().IsUnspecified() {
+		if dst.Addr().WithZone("").IsUnspecified() { // a zone does not make "::" a peer
 			// net.Dial takes it for the local system, but no RDMA device
 			// sits on the loopback: a device's rdma_resolve_route failed
 			// ENODEV, the fabric EHOSTUNREACH.
