@@ -195,6 +195,9 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	if local == nil {
 		return c.opErr(op, fmt.Errorf("no local region: %w", ErrInvalid))
 	}
+	if !local.ok() {
+		return opError(op, c.raddr, errRegionClosed) // a zero Region, as its doc says
+	}
 	// Written so that no sum can wrap: off+n or roff+n past the top of
 	// their types would pass a plain comparison.
 	if size := local.size; off < 0 || n < 0 || off > size || n > size-off {

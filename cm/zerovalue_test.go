@@ -98,3 +98,33 @@ func TestZeroValues(t *testing.T) {
 		})
 	}
 }
+
+// A zero Region given to a live connection's one-sided operations is a
+// closed one there too: it posted a zero-length operation on the fake
+// transport (a device refused it as another transport's region).
+func TestZeroRegionOnLiveConn(t *testing.T) {
+	a, b, _ := fakePair(t, fakeOpts{})
+	ctx := ctxT(t)
+	r, err := b.RegisterMemory(64, RemoteRead|RemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for name, err := range map[string]error{
+		"WriteRemote": a.WriteRemote(ctx, &Region{}, 0, 0, r.Descriptor(), 0),
+		"ReadRemote":  a.ReadRemote(ctx, &Region{}, 0, 0, r.Descriptor(), 0),
+	} {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s with a zero Region: %v, want ErrClosed", name, err)
+		}
+	}
+	// The connection is not the one closed.
+	roundTrip := []byte("still up")
+	if err := a.Send(ctx, roundTrip); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	if n, err := b.Recv(ctx, buf); err != nil || string(buf[:n]) != string(roundTrip) {
+		t.Fatalf("recv: %q, %v", buf[:n], err)
+	}
+}
