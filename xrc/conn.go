@@ -609,14 +609,18 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		return
 	}
 	wrs := make([]kernel.SendWR, 0, c.out.Len()+1)
-	if c.firstDue || u.pollFails > 0 && !c.abandoned && !c.finOut {
+	if c.firstDue || u.pollFails > 0 && c.isReady && !c.firstHeld && !c.abandoned && !c.finOut {
 		// The first frame posted may have been flushed with the old INI:
 		// a FIN that went first would end the acceptor's half as an
 		// abandoned attempt, though Dial returned the connection. And a
 		// recovery that a failed poll started proves q's poll with a
 		// completion, which may not come otherwise before a one-off
 		// failure later, taken for a poll that always fails (pollFails).
-		// Not after our FIN, nor before a given-up dial's (post).
+		// Not after our FIN, nor before a given-up dial's (post), nor
+		// as a first frame not due yet: a dial's not up both ways
+		// (firstHeld: it would complete the acceptor's half, see post),
+		// an inbound half's before the dialer's (awaitFirst, as the
+		// janitor's).
 		q.nextWR++
 		q.waiters[q.nextWR] = waiter{c: c}
 		c.lastQ, c.lastWR = q, q.nextWR

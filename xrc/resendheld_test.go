@@ -1,0 +1,70 @@
+package xrc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+)
+
+// A first-contact dial waiting for the acceptor's reciprocal leg
+// (firstHeld), whose uplink a failed send poll recovers: the recovery's
+// keepalive that proves the new INI's poll went as a real keepalive, the
+// acceptor's half's first frame, where the dial's keepalives go as credit
+// frames (post). Given up as the acceptor's RTU was on its way, the dial's
+// FIN was then no first frame but a close, and once the RTU went, Accept
+// returned a connection whose Dial had failed.
+func TestResendKeepaliveSparesHeldDial(t *testing.T) {
+	w := newWorld(t)
+	p := &pollFail{}
+	a := w.wrappedEndpoint("10.0.97.5", 7000, func(k kernel.Kernel) kernel.Kernel { p.Kernel = k; return p }, longTimers)
+	g := &holdRTU{held: make(chan struct{}), release: make(chan struct{})}
+	b := w.wrappedEndpoint("10.0.97.6", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
+	t.Cleanup(func() {
+		select {
+		case <-g.release:
+		default:
+			close(g.release)
+		}
+	})
+	g.armed.Store(true) // b dials nothing but its reciprocal request
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dialed := make(chan error, 1)
+	go func() {
+		c, err := a.dialOnce(ctx, b.Addr(), true)
+		if c != nil {
+			c.Close()
+		}
+		dialed <- err
+	}()
+	awaitSetup(t, g.held, "the acceptor sent no RTU")
+	var c *Conn
+	eventually(t, "the dial held, its probe polled", func() (bool, string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for k := range a.conns {
+			c = k
+		}
+		if c == nil || len(a.uplinks) == 0 || a.uplinks[0].cur == nil {
+			return false, "no dial"
+		}
+		return c.firstHeld && len(a.uplinks[0].cur.waiters) == 0, fmt.Sprint("held ", c.firstHeld)
+	})
+	p.armed.Store(true)
+	c.post(kindHeartbeat, nil, nil) // the janitor's probe: its poll fails
+	eventually(t, "the recovery done and its posts polled", func() (bool, string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		u := a.uplinks[0]
+		return a.recoveries.Load() == 1 && u.state == upUp && !u.settling && len(u.cur.waiters) == 0, ""
+	})
+	cancel() // the dial's deadline, as the RTU is on its way
+	if err := <-dialed; !errors.Is(err, context.Canceled) {
+		t.Fatalf("dial: %v, want its context's end", err)
+	}
+	close(g.release)
+	requireNoHalfConn(t, b)
+}
