@@ -20,6 +20,21 @@ type holdRTU struct {
 	release chan struct{}
 }
 
+// newHoldRTU is a holdRTU, armed, whose held RTU goes at the test's end if
+// the test did not let it go.
+func newHoldRTU(t *testing.T) *holdRTU {
+	g := &holdRTU{held: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(func() {
+		select {
+		case <-g.release:
+		default:
+			close(g.release)
+		}
+	})
+	g.armed.Store(true)
+	return g
+}
+
 func (k *holdRTU) Establish(id kernel.ID) error {
 	if k.armed.CompareAndSwap(true, false) {
 		close(k.held)
@@ -41,16 +56,8 @@ func (k *holdRTU) Establish(id kernel.ID) error {
 func TestDialGivenUpAsReciprocalIsAnsweredLeavesNoHalfConn(t *testing.T) {
 	w := newWorld(t)
 	a := w.endpoint("10.0.97.1", 7000)
-	g := &holdRTU{held: make(chan struct{}), release: make(chan struct{})}
+	g := newHoldRTU(t) // b dials nothing but its reciprocal request
 	b := w.wrappedEndpoint("10.0.97.2", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g })
-	t.Cleanup(func() {
-		select {
-		case <-g.release:
-		default:
-			close(g.release)
-		}
-	})
-	g.armed.Store(true) // b dials nothing but its reciprocal request
 	// The dial's deadline, as the RTU is on its way.
 	dialCancelledAt(t, a, b, g.held, "the acceptor sent no RTU")
 	close(g.release)

@@ -20,16 +20,8 @@ func TestResendKeepaliveSparesHeldDial(t *testing.T) {
 	w := newWorld(t)
 	p := &pollFail{}
 	a := w.wrappedEndpoint("10.0.97.5", 7000, func(k kernel.Kernel) kernel.Kernel { p.Kernel = k; return p }, longTimers)
-	g := &holdRTU{held: make(chan struct{}), release: make(chan struct{})}
+	g := newHoldRTU(t) // b dials nothing but its reciprocal request
 	b := w.wrappedEndpoint("10.0.97.6", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
-	t.Cleanup(func() {
-		select {
-		case <-g.release:
-		default:
-			close(g.release)
-		}
-	})
-	g.armed.Store(true) // b dials nothing but its reciprocal request
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dialed := make(chan error, 1)
