@@ -83,9 +83,7 @@ func TestEndpointLinkOutlivesUnansweredLeg(t *testing.T) {
 	w := newWorld(t)
 	s := w.endpoint("10.0.186.1", 7000, longTimers)
 	sx := w.endpoint("10.0.186.1", 7001, longTimers)
-	u := &unanswered{ids: map[kernel.ID]bool{}}
-	pf := &pollFail{Kernel: u}
-	r1 := w.wrappedEndpoint("10.0.186.2", 7000, func(in kernel.Kernel) kernel.Kernel { u.Kernel = in; return pf }, longTimers)
+	r1, u, pf := w.unansweredAfterPollFail("10.0.186.2")
 	r2 := w.endpoint("10.0.186.2", 7001, longTimers)
 	// r1's uplink to s's node reaches sx's TGT: s's death leaves it up,
 	// and r1's legs to s tell r1 nothing of it.

@@ -218,6 +218,16 @@ type unanswered struct {
 	ids   map[kernel.ID]bool
 }
 
+// unansweredAfterPollFail is an endpoint at ip:7000 (longTimers) whose
+// kernel fails a send poll once pf is armed (a recovery begins) and leaves
+// unanswered every connection request begun once u.all is set: a
+// recovery's MOVE that the CM times out.
+func (w *world) unansweredAfterPollFail(ip string) (*proc, *unanswered, *pollFail) {
+	u := &unanswered{ids: map[kernel.ID]bool{}}
+	pf := &pollFail{Kernel: u}
+	return w.wrappedEndpoint(ip, 7000, func(in kernel.Kernel) kernel.Kernel { u.Kernel = in; return pf }, longTimers), u, pf
+}
+
 func (u *unanswered) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
 	id, err := u.Kernel.Connect(ctx, dst, ex, qpNum, pd)
 	if err == nil && (ex == u.ex || u.all.Load()) {

@@ -5,8 +5,6 @@ import (
 	"io"
 	"testing"
 	"time"
-
-	"github.com/goxrc/goxrc/internal/kernel"
 )
 
 // The peer half-closed, then a recovery's MOVE went unanswered, and the CM
@@ -19,9 +17,7 @@ func TestEndpointHalfCloseThenCMTimeoutIsFailure(t *testing.T) {
 	r := w.endpoint("10.0.7.6", 7000, longTimers)
 	// Once armed, the next send poll fails (a recovery begins), and the
 	// CM gives up on every request begun after: the recovery's MOVE.
-	u := &unanswered{ids: map[kernel.ID]bool{}}
-	pf := &pollFail{Kernel: u}
-	s := w.wrappedEndpoint("10.0.7.5", 7000, func(in kernel.Kernel) kernel.Kernel { u.Kernel = in; return pf }, longTimers)
+	s, u, pf := w.unansweredAfterPollFail("10.0.7.5")
 	cs, cr := pair(t, s, r)
 	ctx := ctxT(t, 10*time.Second)
 	if err := cr.CloseWrite(); err != nil {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/goxrc/goxrc/internal/kernel"
 )
 
 // A recovery's PHYS_REQ that the CM itself times out (-ETIMEDOUT) is the
@@ -17,9 +15,7 @@ import (
 func TestEndpointRecoveryCMTimeoutMarksSilent(t *testing.T) {
 	w := newWorld(t)
 	r := w.endpoint("10.0.7.10", 7000, longTimers)
-	u := &unanswered{ids: map[kernel.ID]bool{}}
-	pf := &pollFail{Kernel: u}
-	s := w.wrappedEndpoint("10.0.7.9", 7000, func(in kernel.Kernel) kernel.Kernel { u.Kernel = in; return pf }, longTimers)
+	s, u, pf := w.unansweredAfterPollFail("10.0.7.9")
 	var conns []*Conn
 	for range 3 {
 		cs, _ := pair(t, s, r)

@@ -55,13 +55,7 @@ func TestCMIPv6(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	require.Contains(t, l.Addr().String(), "[fd77::1]:")
-	accepted := acceptOne(t, ctx, l)
-	c, err := cm.Dial(ctx, l.Addr().String())
-	require.NoError(t, err)
-	defer c.Close()
-	s := <-accepted
-	require.NotNil(t, s)
-	defer s.Close()
+	c, s := dialAccepted(t, ctx, l)
 	require.Equal(t, ip, c.RemoteAddr().(cm.Addr).Addr())
 	requireBothWays(t, c, s)
 }
@@ -192,12 +186,6 @@ func TestCMListenDeviceLinkLocalOnly(t *testing.T) {
 	l, err := cm.Listen(ctx, netip.AddrPortFrom(zoned, 0).String(), cm.WithDevice(dev))
 	require.NoError(t, err)
 	defer l.Close()
-	accepted := acceptOne(t, ctx, l)
-	c, err := cm.Dial(ctx, l.Addr().String())
-	require.NoError(t, err)
-	defer c.Close()
-	s := <-accepted
-	require.NotNil(t, s)
-	defer s.Close()
+	c, s := dialAccepted(t, ctx, l)
 	requireBothWays(t, c, s)
 }

@@ -106,10 +106,16 @@ func acceptOne(t testing.TB, ctx context.Context, l *cm.Listener) <-chan *cm.Con
 // cmPair returns a dialed and an accepted connection.
 func cmPair(t *testing.T, opts ...cm.Option) (client, server *cm.Conn) {
 	t.Helper()
-	l, addr := cmListen(t, opts...)
-	ctx := cmCtx(t, 20*time.Second)
+	l, _ := cmListen(t, opts...)
+	return dialAccepted(t, cmCtx(t, 20*time.Second), l, opts...)
+}
+
+// dialAccepted dials l's address with opts and returns that connection and
+// the one l accepted, both closed at the test's end.
+func dialAccepted(t *testing.T, ctx context.Context, l *cm.Listener, opts ...cm.Option) (client, server *cm.Conn) {
+	t.Helper()
 	accepted := acceptOne(t, ctx, l)
-	client, err := cm.Dial(ctx, addr, opts...)
+	client, err := cm.Dial(ctx, l.Addr().String(), opts...)
 	require.NoError(t, err)
 	server = <-accepted
 	if server == nil {
