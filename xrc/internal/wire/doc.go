@@ -6,7 +6,8 @@
 //	0  magic    uint16  0x5852 ("XR")
 //	2  version  uint8   4 (a REJECT always carries 1: its layout is frozen)
 //	3  type     uint8   PHYS_REQ=1 VIRT_REQ=2 ACCEPT=3 REJECT=4 FIN=5
-//	4  flags    uint8   REQ: RECIPROCAL=1 REPLACES_TGT=2 MOVE=4 ONE_EXCHANGE=8;
+//	4  flags    uint8   REQ: RECIPROCAL=1 REPLACES_TGT=2 MOVE=4 ONE_EXCHANGE=8
+//	                    ABORT=16;
 //	                    ACCEPT: REVERSE=8; FIN: HALF=1
 //	5  reserved uint8   must be 0
 //	6  length   uint16  whole message length, header included

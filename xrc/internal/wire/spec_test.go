@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -495,5 +496,34 @@ func TestSpecOracleRejectVersionZero(t *testing.T) {
 	b[2] = 0
 	if specReject(b, nil) == nil {
 		t.Error("REJECT of version 0 passed the oracle")
+	}
+}
+
+// TestPackageDocNamesEveryFlag: the header's flags in doc.go are the codec's,
+// each with its value, and none is left out (ABORT was).
+func TestPackageDocNamesEveryFlag(t *testing.T) {
+	b, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	var all Flags
+	for _, f := range []struct {
+		name string
+		v    Flags
+	}{
+		{"RECIPROCAL", FlagReciprocal}, {"REPLACES_TGT", FlagReplacesTGT}, {"MOVE", FlagMove},
+		{"ONE_EXCHANGE", FlagOneExchange}, {"ABORT", FlagAbort},
+		{"REVERSE", AcceptReverse}, {"HALF", FINHalf},
+	} {
+		if want := fmt.Sprintf("%s=%d", f.name, f.v); !strings.Contains(doc, want) {
+			t.Errorf("doc.go's header does not list %s", want)
+		}
+		if f.name != "REVERSE" && f.name != "HALF" {
+			all |= f.v
+		}
+	}
+	if all != knownFlags {
+		t.Errorf("REQ flags listed %#x, the codec knows %#x", all, knownFlags)
 	}
 }
