@@ -34,12 +34,15 @@ func TestIgnoredFlagRefused(t *testing.T) {
 }
 
 // ignoredFlag lets through what a run uses: every flag without -raw, and
-// with it those raw connections use (-raw=false is no raw run).
+// with it those raw connections use (-raw=false is no raw run, and
+// -xrc=false asks for no XRC, as the client takes -raw=false and
+// -fabric=false).
 func TestIgnoredFlagAccepts(t *testing.T) {
 	for _, args := range []string{
 		"-xrc -keepalive 5s -size 64 -idle 1s",
 		"-raw -size 16 -depth 4 -idle 1s -count 1 -busypoll 0",
 		"-raw=false -keepalive 5s -xrc",
+		"-raw -xrc=false -count 1",
 		"",
 	} {
 		fs := flag.NewFlagSet("server", flag.ContinueOnError)

@@ -199,6 +199,11 @@ var framedOnly = map[string]string{
 func ignoredFlag(fs *flag.FlagSet, raw bool) error {
 	var err error
 	fs.Visit(func(f *flag.Flag) {
+		// A boolean set false (-xrc=false) asks for nothing to be ignored,
+		// as the client's -raw=false and -fabric=false.
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() && f.Value.String() == "false" {
+			return
+		}
 		if why, ok := framedOnly[f.Name]; ok && raw && err == nil {
 			err = fmt.Errorf("-%s has no effect with -raw: %s", f.Name, why)
 		}
