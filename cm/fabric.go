@@ -26,7 +26,8 @@ import (
 // to 1 MiB, WithQueueDepth bounds the messages a connection holds, and
 // WithKeepalive, WithDevice, WithBusyPoll, WithInlineThreshold and
 // WithBacklog have no effect (the engine has its heartbeat and idle
-// timeout, see xrc.Config).
+// timeout, see xrc.Config). WithXRC(XRCOff) contradicts it and fails with
+// ErrInvalid, and WithRawMessages with ErrNotSupported.
 func WithFabric(p *memfabric.Process) Option { return func(c *config) { c.fabric = p } }
 
 // xrcSite is where an XRC endpoint runs: a process of an in-memory fabric,

@@ -13,6 +13,7 @@ import (
 // Transport is a device's transport (enum ibv_transport_type).
 type Transport int8
 
+// The transports, with enum ibv_transport_type's values.
 const (
 	TransportUnknown Transport = -1
 	TransportIB      Transport = 0 // InfiniBand and RoCE (soft-RoCE included)
@@ -118,6 +119,7 @@ const (
 // AsyncEventType is an asynchronous device event (enum ibv_event_type).
 type AsyncEventType uint32
 
+// The event types, with enum ibv_event_type's values (IBV_EVENT_CQ_ERR ...).
 const (
 	EventCQErr              AsyncEventType = 0
 	EventQPFatal            AsyncEventType = 1

@@ -39,6 +39,7 @@ func (t QPType) String() string {
 // QPState is a queue pair state.
 type QPState uint8
 
+// The states, with enum ibv_qp_state's values (IBV_QPS_RESET ...).
 const (
 	QPStateReset QPState = iota
 	QPStateInit
@@ -61,6 +62,7 @@ func (s QPState) String() string {
 // MTU is an IB path MTU enumeration value (1 = 256 bytes ... 5 = 4096 bytes).
 type MTU uint8
 
+// The path MTUs, with enum ibv_mtu's values (IBV_MTU_256 ...).
 const (
 	MTU256  MTU = 1
 	MTU512  MTU = 2
@@ -82,6 +84,7 @@ func (m MTU) String() string { return fmt.Sprintf("%d", m.Bytes()) }
 // Access are memory region and QP access flags.
 type Access uint32
 
+// The flags, with enum ibv_access_flags' bits (IBV_ACCESS_LOCAL_WRITE ...).
 const (
 	AccessLocalWrite   Access = 1 << 0
 	AccessRemoteWrite  Access = 1 << 1
@@ -97,6 +100,7 @@ const (
 // QPAttrMask selects the fields of QPAttr that Modify applies or Query fills.
 type QPAttrMask uint32
 
+// The fields, with enum ibv_qp_attr_mask's bits (IBV_QP_STATE ...).
 const (
 	QPAttrState            QPAttrMask = 1 << 0
 	QPAttrCurState         QPAttrMask = 1 << 1
@@ -195,6 +199,7 @@ type QPAttr struct {
 // WCStatus is a work completion status.
 type WCStatus uint32
 
+// The statuses, with enum ibv_wc_status's values (IBV_WC_SUCCESS ...).
 const (
 	WCSuccess WCStatus = iota
 	WCLocLenErr
@@ -239,6 +244,7 @@ func (s WCStatus) String() string {
 // WCOpcode says what a completed work request was.
 type WCOpcode uint32
 
+// The opcodes, with enum ibv_wc_opcode's values (IBV_WC_SEND ...).
 const (
 	WCSend            WCOpcode = 0
 	WCRDMAWrite       WCOpcode = 1
@@ -252,6 +258,7 @@ const (
 // WCFlags are work completion flags.
 type WCFlags uint32
 
+// The flags, with enum ibv_wc_flags' bits (IBV_WC_GRH, IBV_WC_WITH_IMM).
 const (
 	WCWithGRH WCFlags = 1 << 0
 	WCWithImm WCFlags = 1 << 1
@@ -283,6 +290,7 @@ func (wc *WorkCompletion) Err() error {
 // WROpcode is a send work request opcode.
 type WROpcode uint32
 
+// The opcodes, with enum ibv_wr_opcode's values (IBV_WR_RDMA_WRITE ...).
 const (
 	WRRDMAWrite        WROpcode = 0
 	WRRDMAWriteWithImm WROpcode = 1
@@ -296,6 +304,7 @@ const (
 // SendFlags modify a send work request.
 type SendFlags uint32
 
+// The flags, with enum ibv_send_flags' bits (IBV_SEND_FENCE ...).
 const (
 	SendFence     SendFlags = 1 << 0
 	SendSignaled  SendFlags = 1 << 1
@@ -306,6 +315,7 @@ const (
 // PortState is the logical state of a port.
 type PortState uint8
 
+// The states, with enum ibv_port_state's values (IBV_PORT_NOP ...).
 const (
 	PortNOP PortState = iota
 	PortDown
@@ -326,6 +336,7 @@ func (s PortState) String() string {
 // LinkLayer is a port's link layer.
 type LinkLayer uint8
 
+// The link layers, with IBV_LINK_LAYER_*'s values.
 const (
 	LinkLayerUnspecified LinkLayer = 0
 	LinkLayerInfiniBand  LinkLayer = 1
@@ -338,6 +349,7 @@ const (
 // IBV_DEVICE_N_NOTIFY_CQ).
 type DeviceCap uint64
 
+// The capability bits (TestDeviceCapsMatchVerbsH checks each against <infiniband/verbs.h>).
 const (
 	DeviceResizeMaxWR         DeviceCap = 1 << 0
 	DeviceBadPKeyCntr         DeviceCap = 1 << 1
@@ -377,6 +389,7 @@ const (
 // GIDType is the RoCE flavour of a GID table entry.
 type GIDType uint8
 
+// The GID types, with enum ibv_gid_type's values (IBV_GID_TYPE_IB ...).
 const (
 	GIDTypeIB     GIDType = 0
 	GIDTypeRoCEv1 GIDType = 1

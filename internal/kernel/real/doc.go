@@ -12,5 +12,6 @@
 // why in one line, and reports a device that claims XRC but cannot open a
 // domain as an error of its own.
 //
-// Linux with cgo only; elsewhere the package is empty.
+// Linux with cgo only; elsewhere the package exports nothing (it holds only
+// the INIs' send ring, sendring.go, which builds everywhere).
 package real
