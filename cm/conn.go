@@ -746,7 +746,8 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 }
 
 // RecvWithImm is Recv that also returns the immediate data of a message sent
-// with SendWithImm (ok reports whether it had any).
+// with SendWithImm (ok reports whether it had any). Over XRC, where
+// SendWithImm is not supported, it receives as Recv does, with ok false.
 func (c *Conn) RecvWithImm(ctx context.Context, buf []byte) (n int, imm uint32, ok bool, err error) {
 	return c.recv(ctx, buf)
 }

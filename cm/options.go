@@ -237,8 +237,8 @@ func WithLogger(l *slog.Logger) Option {
 // takes RC dialers too (it listens for both on its port); an XRCRequire
 // listener only XRC dialers, and an XRCPrefer Dial to an RC-only listener
 // goes on over RC (see XRCPrefer). XRC
-// connections carry framed messages only: immediate data and one-sided RDMA
-// give ErrNotSupported, and WithRawMessages fails with XRCRequire (and
+// connections carry framed messages only: SendWithImm and one-sided RDMA
+// give ErrNotSupported (RecvWithImm receives with no immediate data), and WithRawMessages fails with XRCRequire (and
 // WithFabric) and uses RC with XRCPrefer.
 func WithXRC(m XRCMode) Option { return func(c *config) { c.xrc, c.xrcSet = m, true } }
 
