@@ -324,8 +324,15 @@ func (o options) check() error {
 			addrs = strings.Split(o.addr, ",")
 		}
 		for _, a := range addrs {
-			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			_, port, err := net.SplitHostPort(a)
+			if err != nil || port == "" {
 				return fmt.Errorf("-addr entry %q is not ip:port", a)
+			}
+			// The port as the dial reads it: a number to 65535 or a
+			// service name ("10.0.0.1:7471,x", a list outside xrc
+			// mode, is one address, its port "7471,x").
+			if _, err := net.LookupPort("tcp", port); err != nil {
+				return fmt.Errorf("-addr entry %q: bad port %q: %v", a, port, err)
 			}
 		}
 	}
@@ -545,10 +552,17 @@ func bandwidth(ctx context.Context, c *cm.Conn, o options, p *progress) error {
 	if err != nil {
 		return err
 	}
-	if want := fmt.Sprintf("%d %d", o.count, o.count*o.size); string(buf[:n]) != want {
+	if want := sinkReport(o.count, o.size); string(buf[:n]) != want {
 		return fmt.Errorf("server received %q, want %q", buf[:n], want)
 	}
 	return nil
+}
+
+// sinkReport is the report the server's sink sends after count messages
+// of size bytes: the count and the bytes, in 64 bits (a 32-bit int
+// overflows past 2 GiB, a minute of a fast run, and the run failed).
+func sinkReport(count, size int) string {
+	return fmt.Sprintf("%d %d", count, int64(count)*int64(size))
 }
 
 // connect dials -conns connections at once, as cmtime does, and closes them.

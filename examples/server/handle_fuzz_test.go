@@ -11,7 +11,7 @@ import (
 
 // FuzzServe: a client's first message is untrusted. Whatever it is (then
 // the client ends its side), serve neither panics nor hangs, and reads it
-// as "echo", "sink N" (N a non-negative int) or an unknown mode, exactly.
+// as "echo", "sink N" (N a non-negative int64) or an unknown mode, exactly.
 // The report counts nothing (only the request came), and its error is the
 // one the request calls for: none for echo (the client ended cleanly),
 // "ended after 0 of N" for a sink of N > 0, the mode's for an unknown one.
@@ -43,7 +43,7 @@ func FuzzServe(f *testing.F) {
 			want, wantErr = "echo", ""
 		} else if len(f) == 2 && f[0] == "sink" {
 			want, wantErr = "sink", "bad sink count"
-			if n, err := strconv.Atoi(f[1]); err == nil && n == 0 {
+			if n, err := strconv.ParseInt(f[1], 10, 64); err == nil && n == 0 {
 				anyErr = true // its report may or may not reach the client, which has gone
 			} else if err == nil && n > 0 {
 				wantErr = fmt.Sprintf("ended after 0 of %d messages", n)

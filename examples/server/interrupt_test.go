@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/goxrc/goxrc/cm"
 	"github.com/goxrc/goxrc/internal/mainexec"
@@ -68,5 +69,42 @@ func TestInterruptIsNoError(t *testing.T) {
 		if r.Mode != "echo" || r.Messages != 1 || r.Error != "" || !r.Shutdown {
 			t.Errorf("%s: report %q, want an echo of 1 message, closed by the shutdown, no error", args, stdout)
 		}
+	}
+}
+
+// cutShort is a client that asks for a sink of 5 messages, sends one and
+// closes: a failed connection (the server's report: ended after 1 of 5).
+func cutShort(ctx context.Context, c *cm.Conn) {
+	c.Send(ctx, []byte("sink 5"))
+	c.Send(ctx, []byte("x"))
+	c.Close()
+}
+
+// A connection that failed (a sink cut short) at the moment of a Ctrl-C
+// was no failure: the exit status said whether the context had ended when
+// the connection's report came, not whether the shutdown ended it, and was
+// 0. Only a connection the shutdown ends is let off; this one failed
+// before it, and the exit status is 1. The child's serve is followed by a
+// SIGINT, awaited, before serveConns sees the report.
+func TestFailureAtInterruptFails(t *testing.T) {
+	mainexec.Child("server", func() {
+		onFabric(cutShort)
+		serveConn = func(ctx context.Context, c *cm.Conn, raw bool, idle time.Duration) result {
+			r := serve(ctx, c, raw, idle)
+			syscall.Kill(os.Getpid(), syscall.SIGINT)
+			<-ctx.Done()
+			return r
+		}
+		main()
+	})
+	t.Setenv(dirEnv, t.TempDir())
+	stdout, stderr, code := mainexec.Run(t, "-addr 10.7.0.1:7471 -json")
+	var r result
+	dec := json.NewDecoder(strings.NewReader(stdout))
+	if err := dec.Decode(&r); err != nil || dec.More() {
+		t.Fatalf("stdout %q (%v), want one JSON report; stderr %q", stdout, err, stderr)
+	}
+	if code != 1 || !strings.Contains(r.Error, "ended after 1 of 5") || r.Shutdown {
+		t.Errorf("exit status %d, report %q: want 1, a sink that failed (ended after 1 of 5), not closed by the shutdown", code, stdout)
 	}
 }

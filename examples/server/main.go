@@ -8,10 +8,12 @@
 // With -raw it speaks plain librdmacm messages and echoes them, which is
 // what rdma-core's rdma_client example expects. Each connection's report
 // counts what came after the mode request. The exit status is 1 if an
-// Accept or a connection failed (other than at an interrupt), a sink whose
-// client ended before its N messages included. A client whose node
+// Accept or a connection failed, a sink whose client ended before its N
+// messages included, or one that broke, even if a Ctrl-C came the moment
+// after; one that the shutdown ended did not fail. A client whose node
 // vanishes is let go once a keepalive probe finds it gone (-keepalive); one
-// that stays connected and silent is let go after -idle, if given.
+// that stays connected and silent is let go after -idle, if given, as asked:
+// reported as closed by -idle ("idle": true with -json), not as failed.
 // Ctrl-C (or SIGTERM) closes the listener and the connections, each
 // reported as closed by the shutdown ("shutdown": true with -json), not as
 // failed; a second Ctrl-C kills the server at once.
@@ -89,9 +91,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "server: -depth %d: must be 2 to 4000\n", *depth)
 		os.Exit(2)
 	}
-	// Refused before -cpuprofile's file is created, or truncated.
+	// Refused before -cpuprofile's file is created, or truncated. The
+	// port as Listen reads it: a number to 65535 or a service name.
 	if _, port, err := net.SplitHostPort(*addr); err != nil || port == "" {
 		fmt.Fprintf(os.Stderr, "server: -addr %q is not ip:port\n", *addr)
+		os.Exit(2)
+	} else if _, err := net.LookupPort("tcp", port); err != nil {
+		fmt.Fprintf(os.Stderr, "server: -addr %q: bad port %q: %v\n", *addr, port, err)
 		os.Exit(2)
 	}
 	if *preferXRC && *device == "" && unspecified(*addr) {
@@ -152,16 +158,20 @@ func main() {
 // listen is cm.Listen; the tests listen on an in-memory fabric.
 var listen = cm.Listen
 
+// serveConn is serve; a test ends the context just after a connection's
+// end, as a Ctrl-C can.
+var serveConn = serve
+
 // serveConns accepts connections on l and serves each, count of them (0:
 // until ctx ends). It reports whether an Accept or a connection failed
-// (other than at an interrupt).
+// (ended by the shutdown, ctx's end, is not failed).
 func serveConns(ctx context.Context, l *cm.Listener, count int, raw bool, idle time.Duration, asJSON bool) bool {
 	var wg sync.WaitGroup
-	var failed atomic.Bool // exit status 1: an Accept or a connection failed (not at shutdown)
+	var failed atomic.Bool // exit status 1: an Accept or a connection failed (not by the shutdown)
 	for served := 0; count == 0 || served < count; served++ {
 		c, err := l.Accept(ctx)
 		if err != nil {
-			if ctx.Err() == nil {
+			if !errors.Is(err, ctx.Err()) { // not the shutdown's end (nil: none)
 				fmt.Fprintln(os.Stderr, "server:", err)
 				failed.Store(true)
 			}
@@ -170,12 +180,15 @@ func serveConns(ctx context.Context, l *cm.Listener, count int, raw bool, idle t
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := serve(ctx, c, raw, idle)
-			if r.Error != "" && ctx.Err() == nil {
+			r := serveConn(ctx, c, raw, idle)
+			// serve clears the error of a connection the shutdown
+			// ended, and only its: one that failed failed, even if
+			// its report comes after a Ctrl-C.
+			if r.Error != "" {
 				failed.Store(true)
 			}
-			if r.Mode != "?" || r.Error != "" || r.Shutdown {
-				report(r, asJSON)
+			if r.Mode != "?" || r.Error != "" || r.Shutdown || r.Idle {
+				report(r, idle, asJSON)
 			}
 		}()
 	}
@@ -220,6 +233,9 @@ type result struct {
 	Error    string  `json:"error,omitempty"`
 	// Shutdown: the server's shutdown (Ctrl-C) ended the connection.
 	Shutdown bool `json:"shutdown,omitempty"`
+	// Idle: the server closed the connection after -idle with nothing
+	// received, as the user asked: no failure.
+	Idle bool `json:"idle,omitempty"`
 }
 
 // serve serves c in the mode its client asks for; with idle > 0 it closes c
@@ -256,13 +272,21 @@ func serve(ctx context.Context, c *cm.Conn, raw bool, idle time.Duration) result
 		r.Error = err.Error()
 	}
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-		r.Error, r.Shutdown = "", true // the user asked for it: no failure
+		// Recv answers an ended context before a failure: one that
+		// broke c first is no shutdown's doing (Stats says so).
+		if st.Errors == 0 {
+			r.Error, r.Shutdown = "", true // the user asked for it: no failure
+		} else {
+			r.Error = "the connection broke before the shutdown"
+		}
 	}
 	if r.Mode == "?" && errors.Is(err, io.EOF) {
 		r.Error = "" // connected and closed without a request, as a connect benchmark does
 	}
-	if idled.Load() && !errors.Is(err, io.EOF) {
-		r.Error = fmt.Sprintf("closed: nothing received for %v", idle)
+	// The watchdog's own Close, not a failure that came before it (Recv
+	// reports that one) nor a clean end.
+	if idled.Load() && errors.Is(err, cm.ErrClosed) {
+		r.Error, r.Idle = "", true
 	}
 	return r
 }
@@ -301,7 +325,7 @@ func handle(ctx context.Context, c *cm.Conn, buf []byte) (string, int, error) {
 	case len(f) == 1 && f[0] == "echo":
 		return "echo", n, echo(ctx, c, buf)
 	case len(f) == 2 && f[0] == "sink":
-		total, err := strconv.Atoi(f[1])
+		total, err := strconv.ParseInt(f[1], 10, 64) // a 64-bit client's count
 		if err != nil || total < 0 {
 			return "sink", n, fmt.Errorf("bad sink count %q", f[1])
 		}
@@ -322,9 +346,11 @@ func echo(ctx context.Context, c *cm.Conn, buf []byte) error {
 	}
 }
 
-func sink(ctx context.Context, c *cm.Conn, buf []byte, total int) error {
-	var bytes int
-	for i := 0; i < total; i++ {
+// sink counts in 64 bits: a 32-bit int overflows past 2 GiB, and the
+// report then differed from what the client sent.
+func sink(ctx context.Context, c *cm.Conn, buf []byte, total int64) error {
+	var bytes int64
+	for i := int64(0); i < total; i++ {
 		n, err := c.Recv(ctx, buf)
 		if errors.Is(err, io.EOF) {
 			return fmt.Errorf("the client ended after %d of %d messages", i, total)
@@ -332,12 +358,12 @@ func sink(ctx context.Context, c *cm.Conn, buf []byte, total int) error {
 		if err != nil {
 			return err
 		}
-		bytes += n
+		bytes += int64(n)
 	}
 	return c.Send(ctx, []byte(fmt.Sprintf("%d %d", total, bytes)))
 }
 
-func report(r result, asJSON bool) {
+func report(r result, idle time.Duration, asJSON bool) {
 	if asJSON {
 		json.NewEncoder(os.Stdout).Encode(r)
 		return
@@ -348,6 +374,9 @@ func report(r result, asJSON bool) {
 	}
 	if r.Shutdown {
 		line += " (closed by the server's shutdown)"
+	}
+	if r.Idle {
+		line += fmt.Sprintf(" (closed by the server's -idle: nothing received for %v)", idle)
 	}
 	fmt.Println(line)
 }

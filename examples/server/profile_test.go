@@ -30,5 +30,9 @@ func TestRefusalKeepsProfile(t *testing.T) {
 		// A malformed -addr, which Listen refused so too.
 		"-addr 10.0.0.1":  `-addr "10.0.0.1" is not ip:port`,
 		"-addr 10.0.0.1:": `-addr "10.0.0.1:" is not ip:port`,
+		// A port Listen cannot read, which it refused so too.
+		"-addr 10.0.0.1:x":       `-addr "10.0.0.1:x": bad port "x"`,
+		"-addr 10.0.0.1:7471,x":  `-addr "10.0.0.1:7471,x": bad port "7471,x"`,
+		"-addr [::1]:65536 -raw": `bad port "65536"`,
 	})
 }
