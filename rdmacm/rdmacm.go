@@ -136,10 +136,7 @@ func (c *EventChannel) CreateID(ps PortSpace, qpType verbs.QPType) (*ID, error) 
 	if c == nil {
 		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
 	}
-	switch {
-	case (ps == PortSpaceTCP || ps == PortSpaceIB) && qpType == verbs.QPTypeRC:
-	case (ps == PortSpaceUDP || ps == PortSpaceIPoIB) && qpType == verbs.QPTypeUD:
-	default:
+	if !spaceTakes(ps, qpType) || (qpType != verbs.QPTypeRC && qpType != verbs.QPTypeUD) {
 		return nil, &verbs.OpError{Op: op, Addr: ps.String() + "/" + qpType.String(),
 			Err: errors.New("unsupported port space and QP type (XRC-typed ids come from CreateEndpoint)")}
 	}
@@ -208,6 +205,10 @@ func (c *EventChannel) createEndpoint(ctx context.Context, ps PortSpace, qpType 
 	if c == nil {
 		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
 	}
+	if !spaceTakes(ps, qpType) {
+		return nil, &verbs.OpError{Op: op, Addr: ps.String() + "/" + qpType.String(),
+			Err: errors.New("the port space does not take the QP type (the kernel makes TCP ids RC and UDP and IPOIB ids UD; XRC needs PortSpaceIB)")}
+	}
 	if !addr.IsValid() {
 		return nil, &verbs.OpError{Op: op, Err: errors.New("invalid address")}
 	}
@@ -237,6 +238,22 @@ func (c *EventChannel) createEndpoint(ctx context.Context, ps PortSpace, qpType 
 		return nil, err
 	}
 	return id, nil
+}
+
+// spaceTakes reports whether an id of port space ps may be typed t. The
+// kernel makes a TCP id RC and a UDP or IPoIB id UD whatever type librdmacm
+// records, and librdmacm reads an id's events as its recorded type's: a
+// mismatch misreads every event's parameters.
+func spaceTakes(ps PortSpace, t verbs.QPType) bool {
+	switch ps {
+	case PortSpaceTCP:
+		return t == verbs.QPTypeRC
+	case PortSpaceUDP, PortSpaceIPoIB:
+		return t == verbs.QPTypeUD
+	case PortSpaceIB:
+		return true
+	}
+	return false
 }
 
 // Close stops the pump, and every waiter on the channel's ids returns

@@ -337,6 +337,6 @@ func (e *UnexpectedEventError) Error() string {
 
 // Counters are live objects of this package, for leak checks.
 type Counters struct {
-	Channels int // event channels not yet destroyed
+	Channels int // event channels not yet closed
 	IDs      int // CM ids not yet destroyed, listeners' unclaimed requests included
 }

@@ -772,6 +772,11 @@ func (p *PD) CreateXRCSRQ(xrcd *XRCD, cq *CQ, init SRQInit) (*SRQ, error) {
 	if !sameDevice(p.c, xrcd.c, cq.c) {
 		return nil, &OpError{Op: "ibv_create_srq_ex", Addr: p.tag, Err: &explained{syscall.EINVAL, "XRC domain and CQ must belong to the PD's device"}}
 	}
+	// A never-opened domain or CQ has no C handle: the provider reads
+	// the handles through them.
+	if xrcd.x == nil || cq.cq == nil {
+		return nil, closedErr("ibv_create_srq_ex", p.tag+" (XRC domain or CQ never opened)")
+	}
 	s := &SRQ{c: p.c, xrcd: xrcd}
 	for _, l := range []*lifecycle{&p.l, &xrcd.l, &cq.l} {
 		if !l.ref() {
