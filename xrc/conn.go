@@ -609,7 +609,13 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		return
 	}
 	wrs := make([]kernel.SendWR, 0, c.out.Len()+1)
-	if c.firstDue || u.pollFails > 0 && c.isReady && !c.firstHeld && !c.abandoned && !c.finOut {
+	// counted: wrs[0] is a keepalive, counted in c.keepalives, which a
+	// post that fails takes back: counted, it made abortFirst take a dial
+	// whose first frame had not gone for committed, and Dial returned it
+	// after its context ended (TestDialResendKeepaliveNotPostedIsNoFirstFrame).
+	counted := false
+	probe := !c.firstDue && c.firstHeld
+	if c.firstDue || u.pollFails > 0 && (c.isReady || probe) && !c.abandoned && !c.finOut {
 		// The first frame posted may have been flushed with the old INI:
 		// a FIN that went first would end the acceptor's half as an
 		// abandoned attempt, though Dial returned the connection. And a
@@ -618,14 +624,23 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		// failure later, taken for a poll that always fails (pollFails).
 		// Not after our FIN, nor before a given-up dial's (post), nor
 		// as a first frame not due yet: a dial's not up both ways
-		// (firstHeld: it would complete the acceptor's half, see post),
-		// an inbound half's before the dialer's (awaitFirst, as the
+		// (firstHeld) sends the probe its keepalives go as (post; a
+		// keepalive would complete the acceptor's half), and without
+		// it an uplink whose legs were all such dials proved nothing
+		// (TestHeldDialSendPollFailsTwiceApart); an inbound half sends
+		// nothing before the dialer's first frame (awaitFirst, as the
 		// janitor's).
 		q.nextWR++
-		q.waiters[q.nextWR] = waiter{c: c}
+		q.waiters[q.nextWR] = waiter{c: c, probe: probe}
 		c.lastQ, c.lastWR = q, q.nextWR
-		wrs = append(wrs, kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: keepaliveFrame})
-		c.keepalives++
+		frame := keepaliveFrame
+		if probe {
+			frame = probeFrame
+		} else {
+			c.keepalives++
+			counted = true
+		}
+		wrs = append(wrs, kernel.SendWR{WRID: q.nextWR, RemoteSRQN: c.peerSRQN, Imm: c.peerTag, Payload: frame})
 	}
 	for i := range c.out.Len() {
 		f := c.out.At(i)
@@ -662,6 +677,9 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 			// Not a full queue, or one that nothing posted holds (only
 			// our unposted frames are registered).
 			q.broken = true // this INI fails once the recovery ends
+			if counted && i == 0 {
+				c.keepalives-- // it did not go (see counted)
+			}
 			e.mu.Unlock()
 			return
 		}
@@ -675,6 +693,9 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		case <-ctx.Done():
 			e.mu.Lock()
 			q.broken = true
+			if counted && i == 0 {
+				c.keepalives-- // it did not go (see counted)
+			}
 			e.mu.Unlock()
 			return
 		}
@@ -684,6 +705,10 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 // keepaliveFrame is a keepalive's frame, for posts that send it as it is
 // (PostSend copies it).
 var keepaliveFrame = []byte{kindHeartbeat}
+
+// probeFrame is, likewise, the credit frame a dial not up yet sends for a
+// keepalive (see post and heldProbe).
+var probeFrame = append([]byte{kindCredit}, heldProbe[:]...)
 
 // sendFrame sends one internal frame (FIN, credits) and waits for its
 // completion, sending it again across an uplink recovery. Internal frames
