@@ -70,4 +70,8 @@ func TestReverseAbortGivesBacklogSlotBack(t *testing.T) {
 	if d, err := b.Accept(ctxT(t, 300*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Accept returned %v, %v: the half whose dial failed", d, err)
 	}
+	for _, c := range conns {
+		c.Close()
+	}
+	requireNoLeftovers(t, a, b, x)
 }

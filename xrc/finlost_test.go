@@ -86,4 +86,5 @@ func TestFailedHalfFINNotPostedAborts(t *testing.T) {
 	for _, c := range []*Conn{toP, qb, bq} {
 		c.Close()
 	}
+	requireNoLeftovers(t, a, b, p, q)
 }

@@ -1,0 +1,181 @@
+package xrc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/xrc/internal/wire"
+)
+
+// finThenAbort is the kernel of an acceptor whose failed half's FIN
+// (finAcceptedLocked) goes and whose completion a failed send poll loses,
+// so that its ABORT goes too: its reciprocal request waits in Connect
+// while holding, the next send poll that takes a completion fails once
+// pollArmed, and its ABORT waits in Connect until abortGo is closed.
+type finThenAbort struct {
+	wrapper
+	holding   atomic.Bool
+	held      chan struct{}
+	release   chan struct{}
+	pollArmed atomic.Bool
+	aborted   chan struct{} // closed as the ABORT is asked for
+	abortGo   chan struct{}
+}
+
+func (k *finThenAbort) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpn uint32, pd []byte) (kernel.ID, error) {
+	var r wire.Req
+	if ex == kernel.ExchangeSIDR && wire.DecodeReq(pd, wire.TypeVirtReq, &r) == nil {
+		switch {
+		case r.Flags&wire.FlagAbort != 0:
+			close(k.aborted)
+			<-k.abortGo
+		case r.Flags&wire.FlagReciprocal != 0 && k.holding.CompareAndSwap(true, false):
+			close(k.held)
+			<-k.release
+		}
+	}
+	return k.Kernel.Connect(ctx, dst, ex, qpn, pd)
+}
+
+func (k *finThenAbort) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
+	n, err := k.Kernel.PollSend(ctx, q, out)
+	if err == nil && k.pollArmed.CompareAndSwap(true, false) {
+		return 0, syscall.EIO
+	}
+	return n, err
+}
+
+// A failed half's FIN that went, its completion lost to a failed send poll
+// (flushed), and then its ABORT: the dialer gets both, in either order
+// (forced here: the ABORT held until the FIN is taken, or the dialer's
+// receives paused until the ABORT is answered). FIN first, the dialer's
+// connection reads io.EOF, as where the FIN alone goes
+// (TestReciprocalAnsweredToFailedHalf), and a message it sent before the
+// FIN came went nowhere (the half is gone), as there; ABORT first, it
+// fails with the ABORT's error. Either way the connection ends, Accept
+// returns nothing, and neither endpoint keeps anything of the dial
+// (requireNoLeftovers).
+func TestFailedHalfFINThenAbortEitherOrder(t *testing.T) {
+	for _, abortFirst := range []bool{false, true} {
+		t.Run(fmt.Sprint("abortFirst=", abortFirst), func(t *testing.T) {
+			w := newWorld(t)
+			a := w.endpoint("10.0.121.1", 7000, longTimers)
+			k := &finThenAbort{held: make(chan struct{}), release: make(chan struct{}), aborted: make(chan struct{}), abortGo: make(chan struct{})}
+			b := w.wrappedEndpoint("10.0.121.2", 7000, func(kk kernel.Kernel) kernel.Kernel { k.Kernel = kk; return k }, longTimers)
+			t.Cleanup(func() {
+				for _, ch := range []chan struct{}{k.release, k.abortGo} {
+					select {
+					case <-ch:
+					default:
+						close(ch)
+					}
+				}
+			})
+			// b's uplink to a's node, over which its reciprocal
+			// request goes (virtual) and its FIN to the half.
+			p := w.endpoint("10.0.121.1", 7001, longTimers)
+			bp, pb := pair(t, b, p)
+			k.holding.Store(true)
+			dialed := dialLater(t, a, b)
+			awaitSetup(t, k.held, "the reciprocal request never came")
+			halves := inboundHalves(b)
+			if len(halves) != 1 {
+				t.Fatalf("setup: %d halves at b", len(halves))
+			}
+			halves[0].fail(errIdle) // as its idle timeout would, the request on its way
+			k.pollArmed.Store(true) // the FIN's completion is lost: flushed
+			rejected := a.Stats().Rejected
+			// The FIN waits in a's SRQ until the ABORT is answered
+			// (abortFirst) or a's message is posted.
+			a.p.PauseReceives()
+			t.Cleanup(a.p.ResumeReceives)
+			if abortFirst {
+				close(k.abortGo)
+			}
+			close(k.release)
+			r := <-dialed
+			if r.err != nil {
+				if !abortFirst || !errors.Is(r.err, errReverseAborted) {
+					t.Fatalf("dial: %v", r.err)
+				}
+			}
+			ctx := ctxT(t, 5*time.Second)
+			buf := make([]byte, 64)
+			if r.c != nil && !abortFirst {
+				// Sent before the FIN is taken, to a half that is
+				// gone: posted, or refused once a recovery found
+				// the leg gone (its TGT went with it).
+				if err := r.c.Send(ctx, []byte("to a half that is gone")); err != nil && !errors.Is(err, ErrPeerGone) {
+					t.Fatalf("send before the FIN was taken: %v", err)
+				}
+				a.p.ResumeReceives()
+				eventually(t, "the dialer took the FIN", func() (bool, string) {
+					a.mu.Lock()
+					defer a.mu.Unlock()
+					return r.c.finRcvd, ""
+				})
+				close(k.abortGo)
+			}
+			awaitSetup(t, k.aborted, "no ABORT went")
+			if r.c != nil {
+				eventually(t, "the ABORT answered", func() (bool, string) {
+					return a.Stats().Rejected > rejected, ""
+				})
+				if abortFirst {
+					a.p.ResumeReceives()
+				}
+				_, err := r.c.Recv(ctx, buf)
+				switch {
+				case abortFirst && !errors.Is(err, errReverseAborted):
+					t.Fatalf("ABORT first: Recv says %v, want the ABORT's error", err)
+				case !abortFirst && err != io.EOF:
+					t.Fatalf("FIN first: Recv says %v, want io.EOF", err)
+				case !abortFirst && r.c.Err() != nil:
+					t.Fatalf("FIN first: Err says %v, want nil (an orderly end)", r.c.Err())
+				}
+				r.c.Close()
+			}
+			requireNoHalfConn(t, b)
+			bp.Close()
+			pb.Close()
+			requireNoLeftovers(t, a, b, p)
+			requireReleased(t, w, a, b, p)
+		})
+	}
+}
+
+// requireNoLeftovers waits until no endpoint of procs keeps anything of a
+// connection: no Conn, dial, booked or reserved tag, registered leg,
+// uplink reference or leg, send-queue waiter, or inbound count.
+func requireNoLeftovers(t *testing.T, procs ...*proc) {
+	t.Helper()
+	for _, p := range procs {
+		eventually(t, "endpoint "+p.Addr().String()+" keeps nothing", func() (bool, string) {
+			p.mu.Lock()
+			s := fmt.Sprintf("conns %d pending %d sendTags %d recv %d unaccepted %d", len(p.conns), len(p.pending), len(p.sendTags), len(p.recv), p.unaccepted)
+			ok := len(p.conns) == 0 && len(p.pending) == 0 && len(p.sendTags) == 0 && len(p.recv) == 0 && p.unaccepted == 0
+			for _, u := range p.uplinks {
+				n := 0
+				for _, q := range u.inis {
+					n += len(q.waiters)
+				}
+				s += fmt.Sprintf("; uplink %v %v refs %d legs %d waiters %d", u.node, u.state, u.refs, len(u.legs), n)
+				ok = ok && u.refs == 0 && len(u.legs) == 0 && n == 0
+			}
+			p.mu.Unlock()
+			p.acc.mu.Lock()
+			s += fmt.Sprintf("; legs %d ours %d reserved %d", len(p.acc.legs), len(p.acc.ours), len(p.acc.reserved))
+			ok = ok && len(p.acc.legs) == 0 && len(p.acc.ours) == 0 && len(p.acc.reserved) == 0
+			p.acc.mu.Unlock()
+			return ok, s
+		})
+	}
+}
