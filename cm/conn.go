@@ -1078,9 +1078,11 @@ func (c *Conn) reap() {
 // reapDueLocked reports whether the reaper should look again: our credits
 // are out, or we hold buffers of the peer's that no rule returns yet (those
 // of its credit frames), which are its credits: it may run short on them,
-// and only a round takes the frame that says so.
+// and only a round takes the frame that says so. Those being reposted count:
+// a reaper that came during a Recv's repost stopped with them owed
+// (TestConnReaperDuringRepostKeepsRunning).
 func (c *Conn) reapDueLocked() bool {
-	return c.credits < c.peerSlots || c.pending+len(c.deferred) > 0
+	return c.credits < c.peerSlots || c.pending+len(c.deferred)+c.reposting > 0
 }
 
 // awaitLocked waits, c.mu held, while cond holds, until by: a round's end,
