@@ -1025,7 +1025,17 @@ const (
 )
 
 // armReapLocked starts the reaper, unless it is armed, to run after d.
+// Armed and backed off past a busy connection's bound (it found nobody
+// calling), it runs within that bound instead: the application is back,
+// and may stop again with credits owed, which waited up to a second
+// (TestConnReaperComesBackAfterIdle). Not after d: a connection with
+// sparse traffic would back off from 10 ms after every exchange.
 func (c *Conn) armReapLocked(d time.Duration) {
+	if c.reapArmed && c.reapDelay > maxReapBusy && d < c.reapDelay {
+		c.reapDelay = maxReapBusy
+		c.reapTimer.Reset(maxReapBusy)
+		return
+	}
 	if c.reapArmed || c.raw || c.err != nil || c.closing {
 		return
 	}

@@ -48,7 +48,8 @@
 // progress inside its callers' calls (Send, Recv, the one-sided calls,
 // Close); when its application stops calling with messages of its own out,
 // or holding buffers of the peer's, a reaper (a timer, 10 ms at first,
-// backing off to a second) takes the credit frames the peer sent, so that a
+// backing off to a second, and to a tenth of a second again once the
+// application calls) takes the credit frames the peer sent, so that a
 // peer that has only received can still send its queue depth, and the frame
 // in which a sender says it is short, so that what a reader read before it
 // stopped calling goes back and its sender can fill the depth. A FIN that
