@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/goxrc/goxrc/internal/kernel"
 )
 
 // Two one-off send poll failures apart on an uplink whose only leg is a
@@ -16,42 +14,8 @@ import (
 // fails on every INI (errSendPoll) and failed the connection, as in
 // TestEndpointSendPollFailsTwiceApart before 963f5b0.
 func TestHeldDialSendPollFailsTwiceApart(t *testing.T) {
-	w := newWorld(t)
-	p := &pollFail{}
-	a := w.wrappedEndpoint("10.0.97.7", 7000, func(k kernel.Kernel) kernel.Kernel { p.Kernel = k; return p }, longTimers)
-	g := newHoldRTU(t) // b dials nothing but its reciprocal request
-	b := w.wrappedEndpoint("10.0.97.8", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
 	ctx := ctxT(t, 10*time.Second)
-	type res struct {
-		c   *Conn
-		err error
-	}
-	dialed := make(chan res, 1)
-	go func() {
-		c, err := a.dialOnce(ctx, b.Addr(), true)
-		dialed <- res{c, err}
-	}()
-	awaitSetup(t, g.held, "the acceptor sent no RTU")
-	var c *Conn
-	eventually(t, "the dial held, its probe polled", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		for k := range a.conns {
-			c = k
-		}
-		if c == nil || len(a.uplinks) == 0 || a.uplinks[0].cur == nil {
-			return false, "no dial"
-		}
-		return c.firstHeld && len(a.uplinks[0].cur.waiters) == 0, fmt.Sprint("held ", c.firstHeld)
-	})
-	p.armed.Store(true)
-	c.post(kindHeartbeat, nil, nil) // the janitor's probe: its poll fails
-	eventually(t, "the recovery done and its posts polled", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		u := a.uplinks[0]
-		return a.recoveries.Load() == 1 && u.state == upUp && !u.settling && len(u.cur.waiters) == 0, ""
-	})
+	a, b, p, g, dialed := heldDialRecovered(t, ctx, "10.0.97.7", "10.0.97.8")
 	p.armed.Store(true) // the next poll that takes a completion fails
 	close(g.release)
 	r := <-dialed

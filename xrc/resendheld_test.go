@@ -17,20 +17,36 @@ import (
 // FIN was then no first frame but a close, and once the RTU went, Accept
 // returned a connection whose Dial had failed.
 func TestResendKeepaliveSparesHeldDial(t *testing.T) {
-	w := newWorld(t)
-	p := &pollFail{}
-	a := w.wrappedEndpoint("10.0.97.5", 7000, func(k kernel.Kernel) kernel.Kernel { p.Kernel = k; return p }, longTimers)
-	g := newHoldRTU(t) // b dials nothing but its reciprocal request
-	b := w.wrappedEndpoint("10.0.97.6", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	dialed := make(chan error, 1)
+	_, b, _, g, dialed := heldDialRecovered(t, ctx, "10.0.97.5", "10.0.97.6")
+	cancel() // the dial's deadline, as the RTU is on its way
+	r := <-dialed
+	if r.c != nil {
+		r.c.Close()
+	}
+	if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("dial: %v, want its context's end", r.err)
+	}
+	close(g.release)
+	requireNoHalfConn(t, b)
+}
+
+// heldDialRecovered starts a's dial to b (one attempt, within ctx), b
+// holding its RTU (g) so that the dial stays held for its reverse leg
+// (firstHeld); then it fails the send poll of the janitor's next probe (p)
+// and waits until the recovery that follows is done and its posts polled.
+func heldDialRecovered(t *testing.T, ctx context.Context, aIP, bIP string) (a, b *proc, p *pollFail, g *holdRTU, dialed <-chan dialResult) {
+	t.Helper()
+	w := newWorld(t)
+	p = &pollFail{}
+	a = w.wrappedEndpoint(aIP, 7000, func(k kernel.Kernel) kernel.Kernel { p.Kernel = k; return p }, longTimers)
+	g = newHoldRTU(t) // b dials nothing but its reciprocal request
+	b = w.wrappedEndpoint(bIP, 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
+	ch := make(chan dialResult, 1)
 	go func() {
 		c, err := a.dialOnce(ctx, b.Addr(), true)
-		if c != nil {
-			c.Close()
-		}
-		dialed <- err
+		ch <- dialResult{c, err}
 	}()
 	awaitSetup(t, g.held, "the acceptor sent no RTU")
 	var c *Conn
@@ -53,10 +69,5 @@ func TestResendKeepaliveSparesHeldDial(t *testing.T) {
 		u := a.uplinks[0]
 		return a.recoveries.Load() == 1 && u.state == upUp && !u.settling && len(u.cur.waiters) == 0, ""
 	})
-	cancel() // the dial's deadline, as the RTU is on its way
-	if err := <-dialed; !errors.Is(err, context.Canceled) {
-		t.Fatalf("dial: %v, want its context's end", err)
-	}
-	close(g.release)
-	requireNoHalfConn(t, b)
+	return a, b, p, g, ch
 }
