@@ -5,9 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/goxrc/goxrc/cm"
-	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
 // A connection that broke (its client's process died) as the shutdown
@@ -19,19 +16,7 @@ import (
 func TestBrokenAtInterruptFails(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	fab := memfabric.New()
-	dir := t.TempDir()
-	l, err := cm.Listen(ctx, "10.7.0.1:7471", cm.WithFabric(fab.Node("10.7.0.1").Process()), cm.WithDomainPath(dir+"/s"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	client := fab.Node("10.7.0.2").Process()
-	c, err := cm.Dial(ctx, l.Addr().String(), cm.WithFabric(client), cm.WithDomainPath(dir+"/c"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, l, client := fabricPairProcess(t, ctx)
 	s := accept(t, ctx, l)
 	client.Kill()
 	if _, err := s.Recv(ctx, make([]byte, 64)); err == nil || ctx.Err() != nil || s.Stats().Errors == 0 {

@@ -14,20 +14,27 @@ import (
 // returns the client's end and the listener, whose Accept gives the
 // server's end.
 func fabricPair(t testing.TB, ctx context.Context) (*cm.Conn, *cm.Listener) {
+	c, l, _ := fabricPairProcess(t, ctx)
+	return c, l
+}
+
+// fabricPairProcess is fabricPair that also returns the client's process,
+// for a test to kill.
+func fabricPairProcess(t testing.TB, ctx context.Context) (*cm.Conn, *cm.Listener, *memfabric.Process) {
 	fab := memfabric.New()
 	dir := t.TempDir()
-	srv, cli := fab.Node("10.7.0.1"), fab.Node("10.7.0.2")
-	l, err := cm.Listen(ctx, "10.7.0.1:7471", cm.WithFabric(srv.Process()), cm.WithDomainPath(dir+"/s"))
+	client := fab.Node("10.7.0.2").Process()
+	l, err := cm.Listen(ctx, "10.7.0.1:7471", cm.WithFabric(fab.Node("10.7.0.1").Process()), cm.WithDomainPath(dir+"/s"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	c, err := cm.Dial(ctx, l.Addr().String(), cm.WithFabric(cli.Process()), cm.WithDomainPath(dir+"/c"))
+	c, err := cm.Dial(ctx, l.Addr().String(), cm.WithFabric(client), cm.WithDomainPath(dir+"/c"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return c, l
+	return c, l, client
 }
 
 func accept(t *testing.T, ctx context.Context, l *cm.Listener) *cm.Conn {
