@@ -614,7 +614,7 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 	// whose first frame had not gone for committed, and Dial returned it
 	// after its context ended (TestDialResendKeepaliveNotPostedIsNoFirstFrame).
 	counted := false
-	probe := !c.firstDue && c.firstHeld
+	probe := !c.firstDue && (c.firstHeld || c.awaitFirst)
 	if c.firstDue || u.pollFails > 0 && (c.isReady || probe) && !c.abandoned && !c.finOut {
 		// The first frame posted may have been flushed with the old INI:
 		// a FIN that went first would end the acceptor's half as an
@@ -625,11 +625,13 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 		// Not after our FIN, nor before a given-up dial's (post), nor
 		// as a first frame not due yet: a dial's not up both ways
 		// (firstHeld) sends the probe its keepalives go as (post; a
-		// keepalive would complete the acceptor's half), and without
-		// it an uplink whose legs were all such dials proved nothing
-		// (TestHeldDialSendPollFailsTwiceApart); an inbound half sends
-		// nothing before the dialer's first frame (awaitFirst, as the
-		// janitor's).
+		// keepalive would complete the acceptor's half), and so does
+		// an inbound half before the dialer's first frame (awaitFirst:
+		// no keepalive nor data, but a count of 0 credits the dialer
+		// nothing). Without it an uplink whose legs were all such
+		// dials or halves proved nothing, and a one-off failure later
+		// failed them (TestHeldDialSendPollFailsTwiceApart,
+		// TestAwaitFirstSendPollFailsTwiceApart).
 		q.nextWR++
 		q.waiters[q.nextWR] = waiter{c: c, probe: probe}
 		c.lastQ, c.lastWR = q, q.nextWR
@@ -707,7 +709,8 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 var keepaliveFrame = []byte{kindHeartbeat}
 
 // probeFrame is, likewise, the credit frame a dial not up yet sends for a
-// keepalive (see post and heldProbe).
+// keepalive (see post and heldProbe), and a recovery's resend for an
+// inbound half that has not had its dialer's first frame.
 var probeFrame = append([]byte{kindCredit}, heldProbe[:]...)
 
 // sendFrame sends one internal frame (FIN, credits) and waits for its

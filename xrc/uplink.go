@@ -53,7 +53,8 @@ type uplink struct {
 	// the INI the last one made is the CQ's or the device's failure, not
 	// the INI's, and another recovery would fail as fast, round after
 	// round (see failINILocked). Such a recovery's resends carry a
-	// keepalive (Conn.resend): a working poll takes a completion.
+	// keepalive, or a probe (Conn.resend): a working poll takes a
+	// completion.
 	pollFails int
 	// kept: old INIs whose physical links a recovery left up, for a leg
 	// whose MOVE was refused TGT_GONE: its receiver still has it on
