@@ -178,6 +178,12 @@ type Conn struct {
 	// under mu wherever those change; whoever sets it calls returnCredits.
 	creditsDue atomic.Bool
 
+	// wroteEnd: a CloseWrite returned nil. Later ones do too, whatever
+	// came since (the peer's end or death, a device loss), until our
+	// Close: the half-close happened. RC said nil or ErrPeerGone by
+	// whether it had taken the peer's disconnect in yet, XRC ErrPeerGone.
+	wroteEnd atomic.Bool
+
 	mu      sync.Mutex // guards the fields below
 	credits int
 	pending int // receive buffers reposted, not yet returned to the peer
@@ -739,7 +745,9 @@ func (c *Conn) persist() {
 // message is copied into buf, which stays the caller's; MaxRecvSize bytes
 // always fit. A buf too short for the message gives ErrMessageTooLong and
 // leaves the message queued, as does a call that ctx ends. After the peer's
-// graceful close, Recv returns io.EOF.
+// graceful close (or CloseWrite), Recv returns io.EOF once every message
+// before it is read, also where the device went away since; messages still
+// unread when it went are lost (ErrPeerGone) on RC.
 func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 	n, _, _, err := c.recv(ctx, buf)
 	return n, err
@@ -771,7 +779,14 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 		if c.closing {
 			// Closed (by the application, or after a device loss): what
 			// is left is not read. A failure that came before is the
-			// answer; an orderly end (the peer's FIN) is not one.
+			// answer; an orderly end (the peer's FIN) is not one. After
+			// a device loss with the peer's FIN and every message read,
+			// nothing was lost: io.EOF still, as over XRC and on a TCP
+			// socket that had the FIN (TestDeviceLostAfterFinReadsEOF).
+			if c.lostClose && c.peerFin && c.ready.Len() == 0 {
+				c.mu.Unlock()
+				return 0, 0, false, io.EOF
+			}
 			err := c.closedErrLocked(c.err)
 			c.mu.Unlock()
 			return 0, 0, false, c.opErr("recv", err)
@@ -1575,7 +1590,10 @@ func (c *Conn) sendFin(ctx context.Context) error {
 // only for room to post the end of the stream, never for the peer. Raw
 // connections (WithRawMessages) have no end-of-stream frame:
 // ErrNotSupported. XRC connections half-close too (xrc.Conn.CloseWrite).
-// CloseWrite is idempotent.
+// CloseWrite is idempotent: once one returned nil, later ones return nil,
+// whatever came since (the peer's Close or death, a device loss), until
+// Close. A first one after the peer's Close or death returns ErrPeerGone,
+// as Send does.
 func (c *Conn) CloseWrite() error {
 	if !c.ok() {
 		return ErrClosed
@@ -1587,11 +1605,23 @@ func (c *Conn) CloseWrite() error {
 		return c.opErr("close write", fmt.Errorf("%w: raw messages have no end-of-stream frame", ErrNotSupported))
 	}
 	c.mu.Lock()
+	if c.wroteEnd.Load() && (!c.closing || c.lostClose) {
+		c.mu.Unlock()
+		return nil
+	}
 	if err := c.closedErrLocked(c.err); err != nil || c.closing {
 		c.mu.Unlock()
 		if err == nil {
 			err = ErrClosed
 		}
+		return c.opErr("close write", err)
+	}
+	if c.peerLeft != "" {
+		// The CM said the peer went, before a poll took the flush in:
+		// no FIN reaches it. ErrPeerGone, as after that poll, and as
+		// over XRC once its engine heard of the death.
+		err := fmt.Errorf("%w: %s", ErrPeerGone, c.peerLeft)
+		c.mu.Unlock()
 		return c.opErr("close write", err)
 	}
 	// Data frames are refused from here on, so every one posted comes
@@ -1607,6 +1637,7 @@ func (c *Conn) CloseWrite() error {
 	if err := c.sendFinOnce(ctx); err != nil {
 		return c.opErr("close write", err)
 	}
+	c.wroteEnd.Store(true)
 	return nil
 }
 

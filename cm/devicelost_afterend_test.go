@@ -52,3 +52,34 @@ func TestDeviceLostAfterPeerEndIsNotClosed(t *testing.T) {
 		})
 	}
 }
+
+// A device lost after the peer's end of stream (its CloseWrite or Close),
+// with every message read: Recv and the adapter's Read go on saying
+// io.EOF, as a TCP socket that had the FIN does whatever befalls the
+// network after, and as XRC did. Nothing was lost. RC said ErrPeerGone
+// (ErrClosed before TestDeviceLostAfterPeerEndIsNotClosed's fix).
+func TestDeviceLostAfterFinReadsEOF(t *testing.T) {
+	ends := map[string]func(*Conn) error{"CloseWrite": (*Conn).CloseWrite, "Close": (*Conn).Close}
+	for name, end := range ends {
+		for _, tr := range parityTransports {
+			t.Run(name+"/"+tr.name, func(t *testing.T) {
+				p := tr.pair(t)
+				require.NoError(t, p.b.Send(p.ctx, []byte("last")))
+				require.NoError(t, end(p.b))
+				buf := make([]byte, 64)
+				n, err := p.a.Recv(p.ctx, buf)
+				require.NoError(t, err)
+				require.Equal(t, "last", string(buf[:n]))
+				_, err = p.a.Recv(p.ctx, buf)
+				require.ErrorIs(t, err, io.EOF)
+				p.loseA()
+				_, err = p.a.Recv(p.ctx, buf)
+				require.ErrorIs(t, err, io.EOF, "after the device loss")
+				_, err = p.a.NetConn().Read(buf)
+				require.ErrorIs(t, err, io.EOF, "the adapter's Read")
+				// Sending still fails: the peer is gone.
+				require.ErrorIs(t, p.a.Send(p.ctx, []byte("x")), ErrPeerGone)
+			})
+		}
+	}
+}

@@ -71,6 +71,8 @@ func (cfg *config) xrcConfig(site xrcSite, port uint16) (xrc.Config, error) {
 		// The endpoint's receive slots: what its peers may send. XRC's
 		// range is narrower than cm's.
 		MaxMessageSize: min(max(cfg.messageSize, xrc.MinMessageSize), xrc.MaxMessageSize),
+		Heartbeat:      cfg.xrcHeartbeat,
+		IdleTimeout:    cfg.xrcIdle,
 	}, nil
 }
 
@@ -297,6 +299,9 @@ func (c *Conn) recvXRC(ctx context.Context, buf []byte) (int, uint32, bool, erro
 }
 
 func (c *Conn) closeWriteXRC() error {
+	if c.wroteEnd.Load() && !c.xclosed.Load() {
+		return nil // as over RC (wroteEnd); the engine says the peer's end
+	}
 	if err := c.x.CloseWrite(); err != nil {
 		if c.xclosed.Load() {
 			// After our Close, ErrClosed or the failure that broke the
@@ -307,6 +312,7 @@ func (c *Conn) closeWriteXRC() error {
 		}
 		return c.opErr("close write", mapXRCErr(err))
 	}
+	c.wroteEnd.Store(true)
 	return nil
 }
 

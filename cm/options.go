@@ -115,6 +115,11 @@ type config struct {
 	backlog          int
 	fabric           *memfabric.Process
 	busyPoll         time.Duration
+	// xrcHeartbeat and xrcIdle, for tests, are the XRC engine's
+	// xrc.Config.Heartbeat and IdleTimeout (0: its defaults), which pace
+	// how soon a silent peer's death is decided (TestEndParityRandom's
+	// stalled process).
+	xrcHeartbeat, xrcIdle time.Duration
 }
 
 func newConfig(opts []Option) (config, error) {

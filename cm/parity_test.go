@@ -26,6 +26,9 @@ type parityPair struct {
 	// stallA makes a's process take no message until killA: a stalled
 	// process, which answers no FIN.
 	stallA func()
+	// loseA makes a's device go away (a device removal; over XRC a fatal
+	// device error) and returns once a has taken that in.
+	loseA func()
 	// settle waits, after kill, until a's side has taken in b's death:
 	// on XRC a Send's failure is provisional, and the engine decides a
 	// moment later. settleB is settle for b, after killA.
@@ -44,20 +47,30 @@ func rcParityPair(t *testing.T) *parityPair {
 	}, killA: func() {
 		w.ends[0].shutdown()
 		b.peerGone("peer disconnected")
+	}, loseA: func() {
+		a.deviceRemoved()
+		<-a.freed // released by deviceLost's Close
 	}, stallA: func() {}, settle: func() {}, settleB: func() {}}
 }
 
-func xrcParityPair(t *testing.T) *parityPair {
+func xrcParityPair(t *testing.T) *parityPair { return xrcParityPairWith(t) }
+
+// xrcParityPairWith is xrcParityPair with more options on both ends.
+func xrcParityPairWith(t *testing.T, more ...Option) *parityPair {
 	ctx := ctxT(t)
 	f := newFabric(t)
 	srv, cli := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
-	opts := []Option{WithQueueDepth(parityDepth)}
+	opts := append([]Option{WithQueueDepth(parityDepth)}, more...)
 	a, b := fabricPair(ctx, t, srv, cli, opts, opts)
 	// The engine forgets a connection once both its legs are gone.
 	gone := func(p *memfabric.Process) func() {
 		return func() { awaitConns(t, endpointOf(t, p), 0, 10*time.Second) }
 	}
 	return &parityPair{ctx: ctx, a: a, b: b, kill: srv.Kill, killA: cli.Kill, stallA: cli.PauseReceives,
+		loseA: func() {
+			f.Node("10.1.0.2").FailDevice()
+			gone(cli)()
+		},
 		settle: gone(cli), settleB: gone(srv)}
 }
 
@@ -242,7 +255,7 @@ var parityScenarios = []struct {
 		},
 		want: []string{
 			"a.CloseWrite: nil", "b.Recv: EOF", "b.Close: nil", "a.Recv answer: nil",
-			"a.Send: closed", "a.Recv: EOF", "a.CloseWrite: peer gone", "a.Close: nil", "a.Errors: 0",
+			"a.Send: closed", "a.Recv: EOF", "a.CloseWrite: nil", "a.Close: nil", "a.Errors: 0",
 			"b.Errors: 0",
 		},
 	},
@@ -256,7 +269,7 @@ var parityScenarios = []struct {
 		},
 		want: []string{
 			"a.CloseWrite: nil", "b.Recv: EOF",
-			"a.Send: closed", "a.Recv: peer gone", "a.CloseWrite: peer gone", "a.Close: nil", "a.Errors: 1",
+			"a.Send: closed", "a.Recv: peer gone", "a.CloseWrite: nil", "a.Close: nil", "a.Errors: 1",
 		},
 	},
 	{
