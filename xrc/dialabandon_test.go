@@ -130,9 +130,14 @@ type dialResult struct {
 // dialLater starts a's dial to b (one attempt, within 5 s) in the
 // background; its result comes on the channel.
 func dialLater(t *testing.T, a, b *proc) <-chan dialResult {
+	return dialIn(ctxT(t, 5*time.Second), a, b)
+}
+
+// dialIn is dialLater within ctx.
+func dialIn(ctx context.Context, a, b *proc) <-chan dialResult {
 	dialed := make(chan dialResult, 1)
 	go func() {
-		c, err := a.dialOnce(ctxT(t, 5*time.Second), b.Addr(), true)
+		c, err := a.dialOnce(ctx, b.Addr(), true)
 		dialed <- dialResult{c, err}
 	}()
 	return dialed

@@ -78,15 +78,7 @@ func TestAwaitFirstSendPollFailsTwiceApart(t *testing.T) {
 	p := &idlePollFail{waiting: map[kernel.QP]context.CancelFunc{}, fail: map[kernel.QP]bool{}}
 	b := w.wrappedEndpoint("10.0.98.8", 7000, func(k kernel.Kernel) kernel.Kernel { p.Kernel = k; return p }, longTimers)
 	ctx := ctxT(t, 10*time.Second)
-	type res struct {
-		c   *Conn
-		err error
-	}
-	dialed := make(chan res, 1)
-	go func() {
-		c, err := a.dialOnce(ctx, b.Addr(), true)
-		dialed <- res{c, err}
-	}()
+	dialed := dialIn(ctx, a, b)
 	awaitSetup(t, hk.held, "the dial sent no first frame")
 	var q kernel.QP
 	eventually(t, "b's half up on its reverse leg, waiting for the first frame", func() (bool, string) {
@@ -125,18 +117,7 @@ func TestAwaitFirstSendPollFailsTwiceApart(t *testing.T) {
 	if err := d.Send(ctx, []byte("first")); err != nil { // its poll fails
 		t.Fatalf("send: %v", err)
 	}
-	eventually(t, "the second recovery done", func() (bool, string) {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if d.err != nil || len(b.uplinks) == 0 {
-			return true, ""
-		}
-		u := b.uplinks[0]
-		return b.recoveries.Load() == 2 && u.state == upUp && !u.settling, fmt.Sprint(b.recoveries.Load(), " recoveries")
-	})
-	if err := connErr(d); err != nil {
-		t.Fatalf("after two send poll failures apart: %v", err)
-	}
+	requireSecondRecoverySpares(t, b, d)
 	buf := make([]byte, 64)
 	if n, err := r.c.Recv(ctx, buf); err != nil || string(buf[:n]) != "first" {
 		t.Fatalf("recv: %q, %v", buf[:n], err)

@@ -1,7 +1,6 @@
 package xrc
 
 import (
-	"fmt"
 	"testing"
 	"time"
 )
@@ -28,18 +27,7 @@ func TestHeldDialSendPollFailsTwiceApart(t *testing.T) {
 		t.Fatalf("accept: %v", err)
 	}
 	defer d.Close()
-	eventually(t, "the second recovery done", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		if r.c.err != nil || len(a.uplinks) == 0 {
-			return true, ""
-		}
-		u := a.uplinks[0]
-		return a.recoveries.Load() == 2 && u.state == upUp && !u.settling, fmt.Sprint(a.recoveries.Load(), " recoveries")
-	})
-	if err := connErr(r.c); err != nil {
-		t.Fatalf("after two send poll failures apart: %v", err)
-	}
+	requireSecondRecoverySpares(t, a, r.c)
 	roundTrip(t, r.c, d, []byte("forward"))
 	roundTrip(t, d, r.c, []byte("reverse"))
 }

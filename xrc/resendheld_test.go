@@ -43,11 +43,7 @@ func heldDialRecovered(t *testing.T, ctx context.Context, aIP, bIP string) (a, b
 	a = w.wrappedEndpoint(aIP, 7000, func(k kernel.Kernel) kernel.Kernel { p.Kernel = k; return p }, longTimers)
 	g = newHoldRTU(t) // b dials nothing but its reciprocal request
 	b = w.wrappedEndpoint(bIP, 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
-	ch := make(chan dialResult, 1)
-	go func() {
-		c, err := a.dialOnce(ctx, b.Addr(), true)
-		ch <- dialResult{c, err}
-	}()
+	dialed = dialIn(ctx, a, b)
 	awaitSetup(t, g.held, "the acceptor sent no RTU")
 	var c *Conn
 	eventually(t, "the dial held, its probe polled", func() (bool, string) {
@@ -69,5 +65,25 @@ func heldDialRecovered(t *testing.T, ctx context.Context, aIP, bIP string) (a, b
 		u := a.uplinks[0]
 		return a.recoveries.Load() == 1 && u.state == upUp && !u.settling && len(u.cur.waiters) == 0, ""
 	})
-	return a, b, p, g, ch
+	return a, b, p, g, dialed
+}
+
+// requireSecondRecoverySpares waits until p's second uplink recovery (a
+// second one-off send poll failure, apart from the first) is done, or c
+// failed, and requires c unbroken: a poll that failed once more was not
+// taken for one that always fails.
+func requireSecondRecoverySpares(t *testing.T, p *proc, c *Conn) {
+	t.Helper()
+	eventually(t, "the second recovery done", func() (bool, string) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if c.err != nil || len(p.uplinks) == 0 {
+			return true, ""
+		}
+		u := p.uplinks[0]
+		return p.recoveries.Load() == 2 && u.state == upUp && !u.settling, fmt.Sprint(p.recoveries.Load(), " recoveries")
+	})
+	if err := connErr(c); err != nil {
+		t.Fatalf("after two send poll failures apart: %v", err)
+	}
 }
