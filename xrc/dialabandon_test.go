@@ -147,6 +147,16 @@ func dialIn(ctx context.Context, a, b *proc) <-chan dialResult {
 // a message each way.
 func upBothWays(t *testing.T, dialed <-chan dialResult, b *proc) (c, d *Conn) {
 	t.Helper()
+	c, d = dialedAccepted(t, dialed, b)
+	roundTrip(t, c, d, []byte("forward"))
+	roundTrip(t, d, c, []byte("reverse"))
+	return c, d
+}
+
+// dialedAccepted takes the dial dialLater made, which must have succeeded,
+// and b's Accept of it.
+func dialedAccepted(t *testing.T, dialed <-chan dialResult, b *proc) (c, d *Conn) {
+	t.Helper()
 	r := <-dialed
 	if r.err != nil {
 		t.Fatalf("dial: %v", r.err)
@@ -155,8 +165,6 @@ func upBothWays(t *testing.T, dialed <-chan dialResult, b *proc) (c, d *Conn) {
 	if err != nil {
 		t.Fatalf("accept: %v", err)
 	}
-	roundTrip(t, r.c, d, []byte("forward"))
-	roundTrip(t, d, r.c, []byte("reverse"))
 	return r.c, d
 }
 

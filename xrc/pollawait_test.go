@@ -104,26 +104,19 @@ func TestAwaitFirstSendPollFailsTwiceApart(t *testing.T) {
 	})
 	p.armed.Store(true) // the next poll that takes a completion fails
 	close(hk.release)
-	r := <-dialed
-	if r.err != nil {
-		t.Fatalf("dial: %v", r.err)
-	}
-	defer r.c.Close()
-	d, err := b.Accept(ctx)
-	if err != nil {
-		t.Fatalf("accept: %v", err)
-	}
+	c, d := dialedAccepted(t, dialed, b)
+	defer c.Close()
 	defer d.Close()
 	if err := d.Send(ctx, []byte("first")); err != nil { // its poll fails
 		t.Fatalf("send: %v", err)
 	}
 	requireSecondRecoverySpares(t, b, d)
 	buf := make([]byte, 64)
-	if n, err := r.c.Recv(ctx, buf); err != nil || string(buf[:n]) != "first" {
+	if n, err := c.Recv(ctx, buf); err != nil || string(buf[:n]) != "first" {
 		t.Fatalf("recv: %q, %v", buf[:n], err)
 	}
-	roundTrip(t, r.c, d, []byte("forward"))
-	roundTrip(t, d, r.c, []byte("reverse"))
+	roundTrip(t, c, d, []byte("forward"))
+	roundTrip(t, d, c, []byte("reverse"))
 	if n := a.Stats().Dropped; n != 0 {
 		t.Fatalf("the dialer dropped %d frames", n) // the half's probe is a credit frame of its dial's
 	}

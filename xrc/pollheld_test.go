@@ -17,17 +17,10 @@ func TestHeldDialSendPollFailsTwiceApart(t *testing.T) {
 	a, b, p, g, dialed := heldDialRecovered(t, ctx, "10.0.97.7", "10.0.97.8")
 	p.armed.Store(true) // the next poll that takes a completion fails
 	close(g.release)
-	r := <-dialed
-	if r.err != nil {
-		t.Fatalf("dial: %v", r.err)
-	}
-	defer r.c.Close()
-	d, err := b.Accept(ctx)
-	if err != nil {
-		t.Fatalf("accept: %v", err)
-	}
+	c, d := dialedAccepted(t, dialed, b)
+	defer c.Close()
 	defer d.Close()
-	requireSecondRecoverySpares(t, a, r.c)
-	roundTrip(t, r.c, d, []byte("forward"))
-	roundTrip(t, d, r.c, []byte("reverse"))
+	requireSecondRecoverySpares(t, a, c)
+	roundTrip(t, c, d, []byte("forward"))
+	roundTrip(t, d, c, []byte("reverse"))
 }
