@@ -50,6 +50,23 @@ func (e *stepEnd) poll(ctx context.Context, cs []completion, spin time.Duration,
 	return n, err
 }
 
+// stepEnds puts stepEnds (wrapped by wrap) under conns, with their
+// timers run by hand, until the test ends.
+func stepEnds(t *testing.T, r *rand.Rand, w *fakeWire, conns [2]*Conn, wrap func(i int, e *stepEnd) transport) {
+	var ends [2]*stepEnd
+	for i, c := range conns {
+		ends[i] = &stepEnd{fakeEnd: w.ends[i], c: c, timers: rand.New(rand.NewPCG(r.Uint64(), 1))}
+		ends[i].nonblock.Store(true)
+		c.t = wrap(i, ends[i])
+		handTimers(c)
+	}
+	t.Cleanup(func() { // before fakePair's: Close may wait
+		for _, e := range ends {
+			e.nonblock.Store(false)
+		}
+	})
+}
+
 // handTimers keeps c's reaper and persist timer from running on their own:
 // their timers exist already, with a function that does nothing, so that
 // arming them only sets reapArmed and persistArmed, and fire runs them.
@@ -106,18 +123,7 @@ func TestConnCreditWindowRandomized(t *testing.T) {
 func checkCreditWindow(t *testing.T, r *rand.Rand, depth [2]int, steps int) {
 	a, b, w := fakePair(t, fakeOpts{depth: depth})
 	conns := [2]*Conn{a, b}
-	var ends [2]*stepEnd
-	for i, c := range conns {
-		ends[i] = &stepEnd{fakeEnd: w.ends[i], c: c, timers: rand.New(rand.NewPCG(r.Uint64(), 1))}
-		ends[i].nonblock.Store(true)
-		c.t = ends[i]
-		handTimers(c)
-	}
-	t.Cleanup(func() { // before fakePair's: Close may wait
-		for _, e := range ends {
-			e.nonblock.Store(false)
-		}
-	})
+	stepEnds(t, r, w, conns, func(_ int, e *stepEnd) transport { return e })
 	window := min(depth[0], depth[1])
 	ctx := ctxT(t)
 	var sent, got [2]uint32 // messages x sent, and x's that the peer read
@@ -126,31 +132,8 @@ func checkCreditWindow(t *testing.T, r *rand.Rand, depth [2]int, steps int) {
 	state := func() string { return fmt.Sprintf("\n  a %s\n  b %s", connState(a), connState(b)) }
 	check := func(step string) {
 		t.Helper()
-		w.mu.Lock()
-		rnr := w.rnr
-		var inflight [2]int // credits in frames to x that x has not taken
-		for x, e := range w.ends {
-			for _, c := range e.cq {
-				if c.op == compRecv && c.err == nil {
-					inflight[x] += int(c.imm >> 16 & maxFrameCredits)
-				}
-			}
-		}
-		posted := [2]int{len(w.ends[0].posted), len(w.ends[1].posted)}
-		w.mu.Unlock()
-		require.Zero(t, rnr, "a frame found no receive buffer after %s%s", step, state())
-		for x, c := range conns {
-			y := conns[1-x]
-			require.LessOrEqual(t, unread(x), window, "side %d's unread messages after %s", x, step)
-			c.mu.Lock()
-			y.mu.Lock()
-			want := c.credits + inflight[x] + y.pending + y.recvSlots - c.peerSlots
-			y.mu.Unlock()
-			c.mu.Unlock()
-			require.Equal(t, want, posted[1-x],
-				"side %d's posted buffers against side %d's credits, those in flight (%d), and those reposted, after %s%s",
-				1-x, x, inflight[x], step, state())
-		}
+		requireNoRNR(t, w, step, state)
+		requireCreditsAddUp(t, w, conns, window, unread, step, state)
 	}
 	buf := make([]byte, 256)
 	for i := range steps {
@@ -213,5 +196,47 @@ func checkCreditWindow(t *testing.T, r *rand.Rand, depth [2]int, steps int) {
 			finSent[x] = true
 		}
 		check(step)
+	}
+}
+
+// requireNoRNR requires that no frame found its peer without a posted
+// receive buffer (the fake counts those) by the end of step.
+func requireNoRNR(t *testing.T, w *fakeWire, step string, state func() string) {
+	t.Helper()
+	w.mu.Lock()
+	rnr := w.rnr
+	w.mu.Unlock()
+	require.Zero(t, rnr, "a frame found no receive buffer after %s%s", step, state())
+}
+
+// requireCreditsAddUp requires, of two open Conns after step, that every
+// credit is accounted for: a receiver's posted buffers are its sender's
+// credits, those riding in frames not yet taken, those it reposted and
+// has not returned yet, and its buffers past the window; and that no side
+// has more unread messages at its peer than the window.
+func requireCreditsAddUp(t *testing.T, w *fakeWire, conns [2]*Conn, window int, unread func(int) int, step string, state func() string) {
+	t.Helper()
+	w.mu.Lock()
+	var inflight [2]int // credits in frames to x that x has not taken
+	for x, e := range w.ends {
+		for _, c := range e.cq {
+			if c.op == compRecv && c.err == nil {
+				inflight[x] += int(c.imm >> 16 & maxFrameCredits)
+			}
+		}
+	}
+	posted := [2]int{len(w.ends[0].posted), len(w.ends[1].posted)}
+	w.mu.Unlock()
+	for x, c := range conns {
+		y := conns[1-x]
+		require.LessOrEqual(t, unread(x), window, "side %d's unread messages after %s", x, step)
+		c.mu.Lock()
+		y.mu.Lock()
+		want := c.credits + inflight[x] + y.pending + y.recvSlots - c.peerSlots
+		y.mu.Unlock()
+		c.mu.Unlock()
+		require.Equal(t, want, posted[1-x],
+			"side %d's posted buffers against side %d's credits, those in flight (%d), and those reposted, after %s%s",
+			1-x, x, inflight[x], step, state())
 	}
 }

@@ -307,6 +307,16 @@ func (e *fakeEnd) postProbe(peer probeTarget) error {
 	return nil
 }
 
+// wokeIdle takes a wake-up in: it reports whether it came after a
+// shutdown or an interrupt with nothing to complete.
+func (e *fakeEnd) wokeIdle() bool {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	idle := (e.shut || e.interrupted) && len(e.cq) == 0
+	e.interrupted = false
+	return idle
+}
+
 func (e *fakeEnd) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
 	e.w.mu.Lock()
 	if spin > 0 {
@@ -353,11 +363,7 @@ func (e *fakeEnd) poll(ctx context.Context, cs []completion, spin time.Duration,
 		case <-e.notify:
 			// Like rdmaTransport.wait: a wake-up after shutdown with
 			// nothing to complete returns, so the caller rechecks.
-			e.w.mu.Lock()
-			idle := (e.shut || e.interrupted) && len(e.cq) == 0
-			e.interrupted = false
-			e.w.mu.Unlock()
-			if idle {
+			if e.wokeIdle() {
 				return 0, nil
 			}
 		case <-ctx.Done():

@@ -25,18 +25,7 @@ import (
 // A normal run draws randParitySeeds seeds from 1; GOXRC_PARITY_SEEDS=N
 // draws N, GOXRC_PARITY_SEED=S starts at S (alone, it runs seed S only).
 func TestEndParityRandom(t *testing.T) {
-	first, n := uint64(1), uint64(randParitySeeds)
-	if v := os.Getenv("GOXRC_PARITY_SEED"); v != "" {
-		var err error
-		first, err = strconv.ParseUint(v, 10, 64)
-		require.NoError(t, err, "GOXRC_PARITY_SEED")
-		n = 1
-	}
-	if v := os.Getenv("GOXRC_PARITY_SEEDS"); v != "" {
-		var err error
-		n, err = strconv.ParseUint(v, 10, 64)
-		require.NoError(t, err, "GOXRC_PARITY_SEEDS")
-	}
+	first, n := seedRange(t, "GOXRC_PARITY", randParitySeeds)
 	for seed := first; seed < first+n; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			script := drawParityScript(rand.New(rand.NewPCG(seed, 0)))
@@ -697,4 +686,23 @@ func runParityScript(t *testing.T, p *parityPair, s prScript) []string {
 		r.step(st)
 	}
 	return r.l
+}
+
+// seedRange is the seeds a randomized test draws: n from 1 in a normal
+// run; PREFIX_SEEDS=N draws N, PREFIX_SEED=S starts at S (alone, it runs
+// seed S only).
+func seedRange(t *testing.T, prefix string, n uint64) (first, count uint64) {
+	first, count = 1, n
+	if v := os.Getenv(prefix + "_SEED"); v != "" {
+		var err error
+		first, err = strconv.ParseUint(v, 10, 64)
+		require.NoError(t, err, prefix+"_SEED")
+		count = 1
+	}
+	if v := os.Getenv(prefix + "_SEEDS"); v != "" {
+		var err error
+		count, err = strconv.ParseUint(v, 10, 64)
+		require.NoError(t, err, prefix+"_SEEDS")
+	}
+	return first, count
 }
