@@ -42,6 +42,9 @@ type Conn struct {
 	sendUp   bool
 	sendDone bool // FIN sent or leg dropped
 	finOut   bool // our FIN (not HALF) was posted: see recover
+	// finPosted: that FIN went to PostSend (on some INI): a receiver may
+	// have it, and nothing may go before it any more (see resend).
+	finPosted bool
 	// revFIN: an inbound half that failed while its reverse leg's request
 	// was under way, and whose dialer took the leg: a FIN on it tells the
 	// dialer (Endpoint.finAcceptedLocked), no ABORT.
@@ -614,24 +617,29 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 	// whose first frame had not gone for committed, and Dial returned it
 	// after its context ended (TestDialResendKeepaliveNotPostedIsNoFirstFrame).
 	counted := false
-	probe := !c.firstDue && (c.firstHeld || c.awaitFirst)
-	if c.firstDue || u.pollFails > 0 && (c.isReady || probe) && !c.abandoned && !c.finOut {
+	probe := !c.firstDue && (c.firstHeld || c.awaitFirst || c.abandoned)
+	if c.firstDue || u.pollFails > 0 && (c.isReady || probe) && !c.finPosted {
 		// The first frame posted may have been flushed with the old INI:
 		// a FIN that went first would end the acceptor's half as an
 		// abandoned attempt, though Dial returned the connection. And a
 		// recovery that a failed poll started proves q's poll with a
 		// completion, which may not come otherwise before a one-off
 		// failure later, taken for a poll that always fails (pollFails).
-		// Not after our FIN, nor before a given-up dial's (post), nor
-		// as a first frame not due yet: a dial's not up both ways
-		// (firstHeld) sends the probe its keepalives go as (post; a
-		// keepalive would complete the acceptor's half), and so does
-		// an inbound half before the dialer's first frame (awaitFirst:
-		// no keepalive nor data, but a count of 0 credits the dialer
-		// nothing). Without it an uplink whose legs were all such
-		// dials or halves proved nothing, and a one-off failure later
-		// failed them (TestHeldDialSendPollFailsTwiceApart,
-		// TestAwaitFirstSendPollFailsTwiceApart).
+		// Not after our FIN, nor as a first frame not due yet: a dial
+		// not up both ways (firstHeld) sends the probe its keepalives
+		// go as (post; a keepalive would complete the acceptor's
+		// half), and so do an inbound half before the dialer's first
+		// frame (awaitFirst: no keepalive nor data, but a count of 0
+		// credits the dialer nothing) and a given-up dial, whose FIN
+		// is to be the first frame. Without it an uplink whose legs
+		// were all such dials or halves proved nothing, and a one-off
+		// failure later failed them (TestHeldDialSendPollFailsTwiceApart,
+		// TestAwaitFirstSendPollFailsTwiceApart). A FIN not posted yet
+		// (finPosted) waits for the MOVEs (finHeldLocked) and follows
+		// the frame: taken for sent, it left the new INI unproved
+		// while another leg's MOVE was slow, and a one-off failure
+		// then failed that leg (TestClosingLegSendPollFailsTwiceApart,
+		// TestAbandonedDialSendPollFailsTwiceApart).
 		q.nextWR++
 		q.waiters[q.nextWR] = waiter{c: c, probe: probe}
 		c.lastQ, c.lastWR = q, q.nextWR
@@ -710,7 +718,8 @@ var keepaliveFrame = []byte{kindHeartbeat}
 
 // probeFrame is, likewise, the credit frame a dial not up yet sends for a
 // keepalive (see post and heldProbe), and a recovery's resend for an
-// inbound half that has not had its dialer's first frame.
+// inbound half that has not had its dialer's first frame or a given-up
+// dial.
 var probeFrame = append([]byte{kindCredit}, heldProbe[:]...)
 
 // sendFrame sends one internal frame (FIN, credits) and waits for its
@@ -943,6 +952,9 @@ func (c *Conn) post(kind byte, p []byte, ch chan verbs.WCStatus) (res postResult
 	}
 	if kind == kindHeartbeat {
 		c.keepalives++
+	}
+	if kind == kindFIN && c.finOut {
+		c.finPosted = true
 	}
 	q = u.cur
 	q.nextWR++
