@@ -241,6 +241,9 @@ type readyMsg struct {
 	off, n int
 	imm    uint32
 	hasImm bool
+	// kept is the message's copy, out of the receive buffer that went
+	// with the device (keepReadyLocked); nil while it is in the buffer.
+	kept []byte
 }
 
 type connParams struct {
@@ -746,8 +749,9 @@ func (c *Conn) persist() {
 // always fit. A buf too short for the message gives ErrMessageTooLong and
 // leaves the message queued, as does a call that ctx ends. After the peer's
 // graceful close (or CloseWrite), Recv returns io.EOF once every message
-// before it is read, also where the device went away since; messages still
-// unread when it went are lost (ErrPeerGone) on RC.
+// before it is read, also where the device went away since. Messages taken
+// in before the device went are still read after it, as over XRC, then
+// io.EOF after the peer's end, else ErrPeerGone; Close drops them.
 func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 	n, _, _, err := c.recv(ctx, buf)
 	return n, err
@@ -775,7 +779,7 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	}
 	defer c.recvTurn.Give()
 	c.mu.Lock()
-	for c.ready.Len() == 0 || c.closing {
+	for c.ready.Len() == 0 || c.closing && !c.lostClose {
 		if c.closing {
 			// Closed (by the application, or after a device loss): what
 			// is left is not read. A failure that came before is the
@@ -812,6 +816,12 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 	}
 	c.ready.Pop()
 	c.mu.Unlock()
+	if m.kept != nil {
+		copy(buf, m.kept)
+		c.stats.msgsRecv.Add(1)
+		c.stats.bytesRecv.Add(uint64(m.n))
+		return m.n, m.imm, m.hasImm, nil
+	}
 	if !c.io() {
 		return 0, 0, false, c.opErr("recv", ErrClosed)
 	}
@@ -1084,7 +1094,7 @@ func (c *Conn) reap() {
 		// it returns is ours again (a Recv that timed out and an
 		// application gone quiet: found by review).
 		if c.reapDueLocked() {
-			c.armReapLocked(min(2*c.reapDelay, maxReapBusy))
+			c.armReapLocked(min(max(2*c.reapDelay, minReap), maxReapBusy))
 		}
 		c.mu.Unlock()
 		return
@@ -1095,7 +1105,7 @@ func (c *Conn) reap() {
 	c.endRound(n, err)
 	c.mu.Lock()
 	if c.reapDueLocked() {
-		c.armReapLocked(min(2*c.reapDelay, maxReap))
+		c.armReapLocked(min(max(2*c.reapDelay, minReap), maxReap))
 	}
 	c.mu.Unlock()
 }
@@ -1107,7 +1117,10 @@ func (c *Conn) reap() {
 // a reaper that came during a Recv's repost stopped with them owed
 // (TestConnReaperDuringRepostKeepsRunning).
 func (c *Conn) reapDueLocked() bool {
-	return c.credits < c.peerSlots || c.pending+len(c.deferred)+c.reposting > 0
+	// After the CM's word, until a round has taken the flush in (a
+	// device may complete it a moment after the QP's move to the error
+	// state): see peerGone.
+	return c.credits < c.peerSlots || c.pending+len(c.deferred)+c.reposting > 0 || c.peerLeft != ""
 }
 
 // awaitLocked waits, c.mu held, while cond holds, until by: a round's end,
@@ -1349,7 +1362,10 @@ func (c *Conn) failLocked(err error) {
 // peerGone is called when the CM reports the peer disconnected. The QP is
 // flushed rather than the connection failed at once: completions queued
 // before the flush (the peer's last messages, its FIN) are processed first,
-// so a graceful close still reads as io.EOF after the data.
+// so a graceful close still reads as io.EOF after the data. Where no call
+// is polling, the reaper's round takes the flush in now: an idle
+// connection's Stats said no error for a dead peer until the application's
+// next call, where XRC's engine counts it on its own.
 func (c *Conn) peerGone(reason string) {
 	c.mu.Lock()
 	if c.peerLeft == "" {
@@ -1357,6 +1373,7 @@ func (c *Conn) peerGone(reason string) {
 	}
 	c.mu.Unlock()
 	c.t.shutdown()
+	c.reap()
 }
 
 // deviceRemoved fails the connection and releases it at once, without
@@ -1370,11 +1387,51 @@ func (c *Conn) deviceLost(why string) {
 	if why != "" {
 		err = fmt.Errorf("%w: %s", err, why)
 	}
+	held := c.io()
 	c.mu.Lock()
+	if held && c.err == nil && !c.closing && !c.polling {
+		// Take in what the device completed before it went, as a round
+		// would (the peer's last messages, its FIN): XRC's engine, which
+		// polls on its own, has. A flushed request fails the connection
+		// by the loss, not by the flush.
+		c.polling = true
+		c.mu.Unlock()
+		n, _ := c.t.poll(context.Background(), c.cbuf, 0, false)
+		c.mu.Lock()
+		for i := range n {
+			if c.cbuf[i].err != nil {
+				c.failLocked(err)
+			}
+			c.handle(&c.cbuf[i])
+		}
+		c.polling = false
+		c.rounds.Add(1)
+		c.waiting.wakeAll()
+	}
 	c.failLocked(err)
 	c.lostClose = !c.closing // the Close below is cm's (see closedErrLocked)
+	if held && c.lostClose {
+		c.keepReadyLocked()
+	}
 	c.mu.Unlock()
+	if held {
+		c.ioDone()
+	}
 	go c.close(false)
+}
+
+// keepReadyLocked copies the messages taken in and not yet read out of
+// their receive buffers, which the release gives back with the device:
+// Recv still gives them (the peer's Send completed, its Close returned
+// nil), as over XRC, whose engine holds what it took in. The caller holds
+// io.
+func (c *Conn) keepReadyLocked() {
+	for i := range c.ready.Len() {
+		m := c.ready.At(i)
+		if m.kept == nil {
+			m.kept = append(make([]byte, 0, m.n), c.t.recvBuf(m.slot)[m.off:m.off+m.n]...)
+		}
+	}
 }
 
 // peerVanishedLocked reports whether the connection failed because the peer
@@ -1593,7 +1650,10 @@ func (c *Conn) sendFin(ctx context.Context) error {
 // CloseWrite is idempotent: once one returned nil, later ones return nil,
 // whatever came since (the peer's Close or death, a device loss), until
 // Close. A first one after the peer's Close or death returns ErrPeerGone,
-// as Send does.
+// as Send does, once this side has heard of it (on RC the CM's word of the
+// disconnect, which may come after Recv's io.EOF; on XRC the peer's FIN,
+// which Recv's io.EOF follows); before, the half-close goes and it
+// returns nil, as a TCP half-close after the peer's close does.
 func (c *Conn) CloseWrite() error {
 	if !c.ok() {
 		return ErrClosed

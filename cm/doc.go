@@ -149,9 +149,10 @@
 // error wraps ErrPeerGone too; one whose peer was on the same device may
 // report the peer's disconnect, which came first), and releases everything
 // it holds on the device at once, without waiting for the application's
-// Close; Close then returns nil. A Recv after the peer's end of stream,
-// with every message before it read, still returns io.EOF, as a TCP socket
-// that had the FIN does: nothing was lost. A device kept open while idle
+// Close; Close then returns nil. Messages the connection had taken in
+// before are still read (copied out of the buffers given back), then a
+// Recv after the peer's end of stream still returns io.EOF, as a TCP
+// socket that had the FIN does: nothing was lost. A device kept open while idle
 // closes at once. A device that can take contexts away from a
 // process (mlx5) is then gone. One that cannot (soft-RoCE) waits until every
 // process has closed its context, and librdmacm keeps a context on every

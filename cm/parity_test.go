@@ -26,6 +26,10 @@ type parityPair struct {
 	// stallA makes a's process take no message until killA: a stalled
 	// process, which answers no FIN.
 	stallA func()
+	// holdA keeps a's side from hearing of b's end (RC: the CM's word of
+	// the disconnect; XRC: b's FIN, left on a's SRQ) until the function
+	// it returns.
+	holdA func() (release func())
 	// loseA makes a's device go away (a device removal; over XRC a fatal
 	// device error) and returns once a has taken that in.
 	loseA func()
@@ -50,7 +54,23 @@ func rcParityPair(t *testing.T) *parityPair {
 	}, loseA: func() {
 		a.deviceRemoved()
 		<-a.freed // released by deviceLost's Close
-	}, stallA: func() {}, settle: func() {}, settleB: func() {}}
+	}, stallA: func() {}, settle: func() {}, settleB: func() {}, holdA: func() func() {
+		said := make(chan string, 1)
+		w.mu.Lock()
+		gone := w.ends[0].onPeerGone
+		w.ends[0].onPeerGone = func(reason string) { said <- reason }
+		w.mu.Unlock()
+		return func() {
+			w.mu.Lock()
+			w.ends[0].onPeerGone = gone
+			w.mu.Unlock()
+			select {
+			case reason := <-said:
+				gone(reason)
+			default:
+			}
+		}
+	}}
 }
 
 func xrcParityPair(t *testing.T) *parityPair { return xrcParityPairWith(t) }
@@ -67,6 +87,7 @@ func xrcParityPairWith(t *testing.T, more ...Option) *parityPair {
 		return func() { awaitConns(t, endpointOf(t, p), 0, 10*time.Second) }
 	}
 	return &parityPair{ctx: ctx, a: a, b: b, kill: srv.Kill, killA: cli.Kill, stallA: cli.PauseReceives,
+		holdA: func() func() { cli.PauseReceives(); return cli.ResumeReceives },
 		loseA: func() {
 			f.Node("10.1.0.2").FailDevice()
 			gone(cli)()

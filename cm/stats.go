@@ -18,8 +18,11 @@ type Stats struct {
 	// Errors is 1 once the connection broke for a reason other than Close
 	// or the peer's end of stream (a raw peer's disconnect): the peer
 	// vanished or disconnected without its FIN, a request failed, the peer
-	// broke the protocol. On RC such a failure is logged once, at Warn
-	// (over XRC the logger sees set-up only: see WithLogger).
+	// broke the protocol. A peer's death counts once the transport has
+	// heard of it, whether or not the application calls (RC: the CM's
+	// word of the disconnect; XRC: the engine's verdict). On RC such a
+	// failure is logged once, at Warn (over XRC the logger sees set-up
+	// only: see WithLogger).
 	Errors uint64
 }
 
