@@ -60,7 +60,11 @@ func TestWhileLocked(t *testing.T) {
 		{"lists lock held twice, then free", listsLock, 2, "60", 0, 3, "fake: done"},
 		{"dpkg's lock held once", dpkgLock, 1, "60", 0, 2, "waiting for another process"},
 		{"another failure is not retried", notFound, 5, "60", 100, 1, notFound},
-		{"a lock held past LOCK_WAIT", listsLock, 1 << 30, "1", 100, 0, listsLock},
+		// LOCK_WAIT 2, not 1: bash's SECONDS counts whole seconds, so
+		// with 1 a second that ticked over during the first call ended
+		// the wait after it (CI, once); 2 leaves at least one whole
+		// second of retries.
+		{"a lock held past LOCK_WAIT", listsLock, 1 << 30, "2", 100, 0, listsLock},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rc, calls, stderr := whileLocked(t, c.msg, c.fails, c.lockWait)
