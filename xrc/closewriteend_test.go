@@ -27,8 +27,9 @@ type lateFINPost struct {
 }
 
 func (k *lateFINPost) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	fin := wrs[0].Payload[0] == kindFIN // before the post: see finPosted
 	err := k.Kernel.PostSend(q, wrs)
-	if err == nil && wrs[0].Payload[0] == kindFIN && k.armed.CompareAndSwap(true, false) {
+	if err == nil && fin && k.armed.CompareAndSwap(true, false) {
 		k.finWR.Store(wrs[0].WRID)
 		close(k.posted)
 		<-k.let

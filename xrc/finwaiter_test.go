@@ -17,8 +17,11 @@ type finPosted struct {
 }
 
 func (k *finPosted) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	// Read before the post: once it is posted, a data frame's completion
+	// may free it (a kept frame) for another post to reuse, as -race saw.
+	fin := len(wrs) == 1 && len(wrs[0].Payload) > 0 && wrs[0].Payload[0] == kindFIN
 	err := k.Kernel.PostSend(q, wrs)
-	if err == nil && len(wrs) == 1 && len(wrs[0].Payload) > 0 && wrs[0].Payload[0] == kindFIN {
+	if err == nil && fin {
 		select {
 		case <-k.armed:
 			select {
