@@ -27,10 +27,19 @@ type lateFINPost struct {
 }
 
 func (k *lateFINPost) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
-	fin := wrs[0].Payload[0] == kindFIN // before the post: see finPosted
-	err := k.Kernel.PostSend(q, wrs)
-	if err == nil && fin && k.armed.CompareAndSwap(true, false) {
+	// The FIN's request id is set before the post: the poller may take
+	// its completion before PostSend returns, and it went unrecognised,
+	// handed never closed (a hang under -race and load). The kind is read
+	// before the post too: see finPosted.
+	fin := wrs[0].Payload[0] == kindFIN && k.armed.CompareAndSwap(true, false)
+	if fin {
 		k.finWR.Store(wrs[0].WRID)
+	}
+	err := k.Kernel.PostSend(q, wrs)
+	if fin && err != nil { // not posted: the next FIN
+		k.finWR.Store(0)
+		k.armed.Store(true)
+	} else if fin {
 		close(k.posted)
 		<-k.let
 	}
