@@ -914,12 +914,12 @@ func TestCMListenerCloseWakesAccept(t *testing.T) {
 }
 
 func TestCMDialDeadline(t *testing.T) {
-	softroce.Device(t)
+	_, ip := softroce.Device(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
 	// An address on the rxe subnet that nobody has: resolution cannot finish.
-	err := failureOf(cm.Dial(ctx, "10.77.0.99:7471"))
+	err := failureOf(cm.Dial(ctx, netip.AddrPortFrom(unanswered(ip, 99), 7471).String()))
 	require.Error(t, err)
 	var ne net.Error
 	require.ErrorAs(t, err, &ne)

@@ -38,6 +38,17 @@ var (
 )
 
 // rdmacmEnv skips without the VM and returns the device and its address.
+// unanswered is the address numbered last on ip's /24, the prefix the
+// harness gives each soft-RoCE device's veth pair, which no host there has:
+// on the test's own device's subnet, so that a run on a second device (the
+// -race build beside the plain one) sends its unanswered ARPs there, not
+// onto rxe0's wire.
+func unanswered(ip netip.Addr, last byte) netip.Addr {
+	b := ip.As4()
+	b[3] = last
+	return netip.AddrFrom4(b)
+}
+
 func rdmacmEnv(t *testing.T) (string, netip.Addr) {
 	t.Helper()
 	dev := os.Getenv("RXE_DEV")
@@ -534,7 +545,7 @@ func TestRDMACMXRC(t *testing.T) {
 }
 
 func TestRDMACMResolveFails(t *testing.T) {
-	rdmacmEnv(t)
+	_, ip := rdmacmEnv(t)
 	ch := rdmacmChannel(t)
 	cases := []struct {
 		dst      string
@@ -546,9 +557,9 @@ func TestRDMACMResolveFails(t *testing.T) {
 		// timeout, a little before ctx's deadline (ADDR_ERROR, ETIMEDOUT),
 		// unless the deadline wins the race (context.DeadlineExceeded): a
 		// timeout either way.
-		{"10.77.0.99:20107", 3 * time.Second, true, false},
+		{netip.AddrPortFrom(unanswered(ip, 99), 20107).String(), 3 * time.Second, true, false},
 		// Without a deadline, the kernel's verdict after DefaultResolveTimeout.
-		{"10.77.0.98:20107", 0, true, true},
+		{netip.AddrPortFrom(unanswered(ip, 98), 20107).String(), 0, true, true},
 		// No route at all: refused at once.
 		{"192.0.2.1:20107", 3 * time.Second, false, true},
 	}
