@@ -1176,6 +1176,28 @@ func TestNetConnZeroReadIgnoresDeadline(t *testing.T) {
 	}
 }
 
+// Setting a deadline after Close fails with net.ErrClosed, as on a TCP
+// connection (and net.Pipe), whose deadlines the adapter's doc says its
+// own work as: it returned nil, so a caller that arms a deadline before
+// each call learnt nothing of a Close from another goroutine.
+func TestNetConnSetDeadlineAfterClose(t *testing.T) {
+	_, b, _ := fakePair(t, fakeOpts{})
+	nb := b.NetConn()
+	tcp := tcpPair(t)
+	for _, c := range []net.Conn{nb, tcp} {
+		require.NoError(t, c.SetDeadline(time.Now().Add(time.Hour)), "%T", c)
+		require.NoError(t, c.Close())
+		for name, set := range map[string]func(time.Time) error{
+			"SetDeadline": c.SetDeadline, "SetReadDeadline": c.SetReadDeadline, "SetWriteDeadline": c.SetWriteDeadline,
+		} {
+			err := set(time.Now().Add(time.Hour))
+			require.ErrorIs(t, err, net.ErrClosed, "%T %s", c, name)
+			var oe *net.OpError
+			require.ErrorAs(t, err, &oe, "%T %s", c, name)
+		}
+	}
+}
+
 // tcpPair is one end of a TCP connection on the loopback, for comparisons.
 func tcpPair(t *testing.T) net.Conn {
 	t.Helper()

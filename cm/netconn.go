@@ -21,12 +21,13 @@ import (
 // nc.(interface{ Conn() *cm.Conn }). Do not mix c's Send and Recv with the
 // adapter's Write and Read: the adapter holds read data of its own.
 //
-// Its errors are *net.OpError values (Net "rdma", Op "read" or "write"),
-// as a TCP connection's, wrapping cm's errors: errors.Is finds ErrPeerGone,
-// net.ErrClosed and os.ErrDeadlineExceeded through them. A connection with
-// WithRawMessages has no end-of-stream message: Read after the peer's Close
-// fails with ErrPeerGone, not io.EOF, as after a crash, and CloseWrite
-// returns ErrNotSupported.
+// Its errors are *net.OpError values (Net "rdma", Op "read" or "write", or
+// "set" for a deadline set after Close), as a TCP connection's, wrapping
+// cm's errors: errors.Is finds ErrPeerGone, net.ErrClosed and
+// os.ErrDeadlineExceeded through them. A connection with WithRawMessages
+// has no end-of-stream message: Read after the peer's Close fails with
+// ErrPeerGone, not io.EOF, as after a crash, and CloseWrite returns
+// ErrNotSupported.
 func (c *Conn) NetConn() net.Conn {
 	return &streamConn{c: c, buf: make([]byte, c.MaxRecvSize())} // nil c: every call fails as the Conn's
 }
@@ -199,12 +200,25 @@ func (s *streamConn) Close() error {
 // each direction until EOF rely on it.
 func (s *streamConn) CloseWrite() error { return s.c.CloseWrite() }
 
-func (s *streamConn) LocalAddr() net.Addr                { return s.c.LocalAddr() }
-func (s *streamConn) RemoteAddr() net.Addr               { return s.c.RemoteAddr() }
-func (s *streamConn) SetReadDeadline(t time.Time) error  { s.readDL.set(t); return nil }
-func (s *streamConn) SetWriteDeadline(t time.Time) error { s.writeDL.set(t); return nil }
-func (s *streamConn) SetDeadline(t time.Time) error {
-	s.readDL.set(t)
-	s.writeDL.set(t)
+func (s *streamConn) LocalAddr() net.Addr  { return s.c.LocalAddr() }
+func (s *streamConn) RemoteAddr() net.Addr { return s.c.RemoteAddr() }
+
+func (s *streamConn) SetDeadline(t time.Time) error      { return s.setDeadlines(t, true, true) }
+func (s *streamConn) SetReadDeadline(t time.Time) error  { return s.setDeadlines(t, true, false) }
+func (s *streamConn) SetWriteDeadline(t time.Time) error { return s.setDeadlines(t, false, true) }
+
+// setDeadlines sets the read deadline, the write deadline or both; after
+// Close it fails with net.ErrClosed (a *net.OpError, Op "set"), as a TCP
+// connection's setters do.
+func (s *streamConn) setDeadlines(t time.Time, read, write bool) error {
+	if s.closed.Load() {
+		return s.opErr("set", nil, net.ErrClosed)
+	}
+	if read {
+		s.readDL.set(t)
+	}
+	if write {
+		s.writeDL.set(t)
+	}
 	return nil
 }
