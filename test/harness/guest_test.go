@@ -10,9 +10,10 @@ import (
 
 // fakes are the commands test/vm/guest.sh calls that need a soft-RoCE
 // guest, made to act on files in $STATE: rping's client fails while
-// $STATE/wedged exists, rdma link delete fails while $STATE/stuck exists
-// and otherwise clears wedged unless $STATE/for-good exists. Each call is
-// logged in $STATE/calls; sleep returns at once.
+// $STATE/wedged exists; rdma resource show counts a user context and a
+// CM id on rxe0 while $STATE/held exists; rdma link delete fails while
+// $STATE/stuck exists and otherwise clears wedged unless $STATE/for-good
+// exists. Each call is logged in $STATE/calls; sleep returns at once.
 var fakes = map[string]string{
 	"rping": `echo "rping $*" >> "$STATE/calls"
 [[ $1 == -s ]] && exit 0
@@ -20,6 +21,8 @@ var fakes = map[string]string{
 exit 0`,
 	"rdma": `echo "rdma $*" >> "$STATE/calls"
 case "$1 $2" in
+"resource show") n=0; [[ -e $STATE/held ]] && n=1
+  echo "0: rxe0: pd 1 cq 1 qp 1 cm_id $n mr 0 ctx $n srq 0";;
 "link delete") [[ -e $STATE/stuck ]] && exit 1; [[ -e $STATE/for-good ]] || rm -f "$STATE/wedged";;
 esac
 exit 0`,
@@ -89,16 +92,19 @@ func TestGuestRunRemakesAWedgedDevice(t *testing.T) {
 		state    []string
 		wedged   string // wedged.log; "" for none
 		diag     string // in diag.log; "" for no diag.log
-		remake   bool   // rdma link delete and add called
+		delete   bool   // rdma link delete called
+		remake   bool   // and rdma link add
 	}{
 		{name: "healthy", rc: "0"},
 		{name: "healthy, the binary fails", rc: "1", diag: "--- after pkg failed"},
 		{name: "wedged, made again", rc: "0", state: []string{"wedged"},
-			wedged: remade + "made again (diag.log)\n", diag: "--- before pkg: rping failed on rxe0", remake: true},
+			wedged: remade + "made again (diag.log)\n", diag: "--- before pkg: rping failed on rxe0", delete: true, remake: true},
 		{name: "wedged for good", rc: "0", state: []string{"wedged", "for-good"},
-			wedged: remade + "made again, and rping still fails (diag.log)\n", diag: "rping client: rdma_connect: timed out", remake: true},
-		{name: "wedged, the device held", rc: "0", state: []string{"wedged", "stuck"},
-			wedged: remade + "could not be made again, and rping still fails (diag.log)\n", diag: "rping on rxe0: failed"},
+			wedged: remade + "made again, and rping still fails (diag.log)\n", diag: "rping client: rdma_connect: timed out", delete: true, remake: true},
+		{name: "wedged, the device cannot be deleted", rc: "0", state: []string{"wedged", "stuck"},
+			wedged: remade + "could not be made again, and rping still fails (diag.log)\n", diag: "rping on rxe0: failed", delete: true},
+		{name: "wedged, a process holds the device", rc: "0", state: []string{"wedged", "held"},
+			wedged: remade + "not made again: processes hold it (cm_id 1 ctx 1), and rping still fails (diag.log)\n", diag: "rping on rxe0: failed"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			state, out := guestRun(t, c.rc, c.state...)
@@ -111,8 +117,8 @@ func TestGuestRunRemakesAWedgedDevice(t *testing.T) {
 			}
 			calls := readOrEmpty(t, filepath.Join(state, "calls"))
 			add := strings.Contains(calls, "rdma link add rxe0 type rxe netdev veth0")
-			if strings.Contains(calls, "rdma link delete rxe0") != (c.wedged != "") || add != c.remake {
-				t.Errorf("calls:\n%s\nwant link delete %v, link add %v", calls, c.wedged != "", c.remake)
+			if strings.Contains(calls, "rdma link delete rxe0") != c.delete || add != c.remake {
+				t.Errorf("calls:\n%s\nwant link delete %v, link add %v", calls, c.delete, c.remake)
 			}
 			if !strings.Contains(calls, "rping -c -a 10.77.0.1") {
 				t.Errorf("no rping client on RXE_IP; calls:\n%s", calls)

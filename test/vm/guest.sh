@@ -40,11 +40,18 @@ healthy() { # NAME: before a binary, if rping cannot connect on $RXE_DEV, the ke
   rping_ok && return
   { diag "before $1: rping failed on $RXE_DEV"
     echo "rping client: $(tail -c 300 "$RXE_VM_OUT/rping-$RXE_DEV.c" | tr '\n' ' ')"; } >> "$RXE_VM_OUT/diag.log" 2>&1
-  local how="made again"
-  # Equivalent of softroce.DeleteLink and AddLink; the deletion waits for every user to go.
-  { timeout 60 rdma link delete "$RXE_DEV" && rdma link add "$RXE_DEV" type rxe netdev "$RXE_NETDEV"; } \
-    >> "$RXE_VM_OUT/diag.log" 2>&1 || how="could not be made again"
-  sleep 2 # the new device's GIDs come from its netdev's addresses, asynchronously
+  local how="made again" users
+  # A device's deletion waits, in the kernel and for ever, until every process has let go of it
+  # (soft-RoCE cannot take a device from a process): not while any holds a context or CM id.
+  users=$(rdma resource show "$RXE_DEV" 2>&1 | grep -oE '(ctx|cm_id) [1-9][0-9]*' | tr '\n' ' ')
+  if [[ -n $users ]]; then
+    how="not made again: processes hold it (${users% })"
+  elif ! { timeout -k 5 60 rdma link delete "$RXE_DEV" && rdma link add "$RXE_DEV" type rxe netdev "$RXE_NETDEV"; } \
+    >> "$RXE_VM_OUT/diag.log" 2>&1; then
+    how="could not be made again"
+  else
+    sleep 2 # the new device's GIDs come from its netdev's addresses, asynchronously
+  fi
   rping_ok || how+=", and rping still fails"
   echo "before $1: the kernel's CM on $RXE_DEV did not answer rping; the device was $how (diag.log)" |
     tee -a "$RXE_VM_OUT/wedged.log"
