@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -15,10 +16,32 @@ import (
 )
 
 func openDomainFile(ctx context.Context, dir string) (DomainFile, error) {
+	d, f, err := openDomain(ctx, dir)
+	if f != nil {
+		f.Close()
+	}
+	return d, err
+}
+
+// domainFD names the open file f (a checked domain file) for a kernel that
+// opens domain files by path: on Linux, the open file itself (its magic
+// link in /proc), not its path again, which a writer of a parent directory
+// may have pointed elsewhere since the file was checked. Elsewhere (no XRC
+// there, only the in-memory fabric) its path.
+func domainFD(f *os.File) string {
+	if runtime.GOOS == "linux" {
+		return fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	}
+	return f.Name()
+}
+
+// openDomain is openDomainFile that also returns the domain file it
+// checked and read, open, for the caller to close (nil with an error).
+func openDomain(ctx context.Context, dir string) (_ DomainFile, _ *os.File, err error) {
 	if dir == "" {
 		// Clean would make it ".": the working directory, which is no
 		// domain directory anyone named.
-		return DomainFile{}, fmt.Errorf("%w: no directory named", ErrDomainFile)
+		return DomainFile{}, nil, fmt.Errorf("%w: no directory named", ErrDomainFile)
 	}
 	// A trailing "/" or "/." makes the kernel follow a symbolic link in
 	// the last component despite O_NOFOLLOW.
@@ -27,25 +50,25 @@ func openDomainFile(ctx context.Context, dir string) (DomainFile, error) {
 		if _, lerr := os.Lstat(dir); lerr == nil {
 			// Something else is in its place: a dangling symbolic link
 			// (planted in /tmp, say) or a file.
-			return DomainFile{}, fmt.Errorf("%w: %s: %w (it must be a directory, not a symbolic link)", ErrDomainFile, dir, err)
+			return DomainFile{}, nil, fmt.Errorf("%w: %s: %w (it must be a directory, not a symbolic link)", ErrDomainFile, dir, err)
 		}
-		return DomainFile{}, err
+		return DomainFile{}, nil, err
 	}
 	// The directory and the file are the domain's only access control, and
 	// the default directory has a predictable name in /tmp: neither may be
 	// a symbolic link, another user's, or open to others.
 	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return DomainFile{}, fmt.Errorf("%w: %s: %w (it must be a directory, not a symbolic link)", ErrDomainFile, dir, err)
+		return DomainFile{}, nil, fmt.Errorf("%w: %s: %w (it must be a directory, not a symbolic link)", ErrDomainFile, dir, err)
 	}
 	d := os.NewFile(uintptr(dfd), dir)
 	defer d.Close()
 	if err := checkOwned(d, dir, true); err != nil {
-		return DomainFile{}, err
+		return DomainFile{}, nil, err
 	}
 	// One lock for create-or-read: a reader never sees a half-written file.
 	if err := lockDir(ctx, d, dir); err != nil {
-		return DomainFile{}, err
+		return DomainFile{}, nil, err
 	}
 	defer flock(d, syscall.LOCK_UN)
 
@@ -54,36 +77,48 @@ func openDomainFile(ctx context.Context, dir string) (DomainFile, error) {
 	ffd, err := unix.Openat(dfd, DomainFileName, flags|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if err == nil {
 		f := os.NewFile(uintptr(ffd), path)
-		defer f.Close()
-		return writeDomainID(f, path)
+		dom, err := writeDomainID(f, path)
+		if err != nil {
+			f.Close()
+			return DomainFile{}, nil, err
+		}
+		return dom, f, nil
 	}
 	if err != unix.EEXIST {
-		return DomainFile{}, &os.PathError{Op: "open", Path: path, Err: err}
+		return DomainFile{}, nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	ffd, err = unix.Openat(dfd, DomainFileName, flags, 0)
 	if err != nil {
-		return DomainFile{}, fmt.Errorf("%w: %s: %w (it must be a regular file, not a symbolic link)", ErrDomainFile, path, err)
+		return DomainFile{}, nil, fmt.Errorf("%w: %s: %w (it must be a regular file, not a symbolic link)", ErrDomainFile, path, err)
 	}
 	f := os.NewFile(uintptr(ffd), path)
-	defer f.Close()
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
 	if err := checkOwned(f, path, false); err != nil {
-		return DomainFile{}, err
+		return DomainFile{}, nil, err
 	}
 	b, err := io.ReadAll(io.LimitReader(f, 64))
 	if err != nil {
-		return DomainFile{}, err
+		return DomainFile{}, nil, err
 	}
 	if len(b) == 0 {
 		// A creator died between create and write (we hold the lock, so it
 		// is not writing now); nobody can have used an id that was never
 		// written, so write one.
-		return writeDomainID(f, path)
+		dom, err := writeDomainID(f, path)
+		if err != nil {
+			return DomainFile{}, nil, err
+		}
+		return dom, f, nil
 	}
 	id, ok := parseDomainID(b)
 	if !ok {
-		return DomainFile{}, fmt.Errorf("%w: %s: unreadable content (remove the file once no process uses the domain)", ErrDomainFile, path)
+		return DomainFile{}, nil, fmt.Errorf("%w: %s: unreadable content (remove the file once no process uses the domain)", ErrDomainFile, path)
 	}
-	return DomainFile{Path: path, ID: id}, nil
+	return DomainFile{Path: path, ID: id}, f, nil
 }
 
 // checkOwned refuses a domain directory (dir) or file that is not ours, is

@@ -275,9 +275,11 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{},
 		pending: map[uint32]*Conn{}, sendTags: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
 		passive: map[kernel.ID]*passiveLink{}, acceptq: make(chan *Conn, acceptBacklog), acceptStop: make(chan struct{}), dead: make(chan struct{}), closeDone: make(chan struct{})}
-	if e.dom, err = openDomainFile(ctx, cfg.DomainDir); err != nil {
+	dom, f, err := openDomain(ctx, cfg.DomainDir)
+	if err != nil {
 		return nil, err
 	}
+	e.dom = dom
 	e.devFatal = k.DeviceFatal()
 	defer func() {
 		if err != nil {
@@ -289,24 +291,31 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 			}
 		}
 	}()
-	// The kernel opens the file again, by path: if another process replaced
-	// it since we read its id, the XRCD is the new file's, which our id
-	// would misname on the wire (peers would send into the old domain's
-	// TGTs). Read the id again and take the one of the file opened.
+	// The kernel opens the file checked and read, still open (f), not its
+	// path again: whoever can write a parent of the domain directory could
+	// point the path at a file of its own for that moment, and the XRCD
+	// would be keyed to a file that user can open. If another process
+	// replaced the file since we read its id, the XRCD is the old file's,
+	// which new processes no longer find: read the file at the path again
+	// and start over with it.
 	for try := 0; ; try++ {
-		if e.xrcd, err = k.OpenXRCD(e.dom.Path, kernel.XRCDCreate); err != nil {
-			return nil, err
+		e.xrcd, err = k.OpenXRCD(domainFD(f), kernel.XRCDCreate)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("xrc: domain file %s: %w", e.dom.Path, err)
 		}
-		again, err := openDomainFile(ctx, cfg.DomainDir)
+		again, g, err := openDomain(ctx, cfg.DomainDir)
 		if err != nil {
 			return nil, err
 		}
 		if again.ID == e.dom.ID {
+			g.Close()
 			break
 		}
 		k.CloseXRCD(e.xrcd)
-		e.xrcd, e.dom = 0, again
+		e.xrcd, e.dom, f = 0, again, g
 		if try == 3 {
+			g.Close()
 			return nil, fmt.Errorf("%w: %s: replaced again and again while the domain was being opened", ErrDomainFile, e.dom.Path)
 		}
 	}
