@@ -73,7 +73,7 @@ counters() { # DEV: the device's non-zero kernel CM and soft-RoCE counters, on o
 }
 
 diag() { # WHEN: what the guest looks like now: each device's counters, whether rping connects on
-  # $RXE_DEV (and the counters after it), RDMA resources and CM ids, processes, the kernel's log
+  # $RXE_DEV (and the counters after it), RDMA resources, CM ids and QP1, processes, the kernel's log
   local d
   echo "--- $1 ($(date +%T))"
   for d in /sys/class/infiniband/*; do [[ -e $d ]] && counters "${d##*/}"; done
@@ -81,6 +81,10 @@ diag() { # WHEN: what the guest looks like now: each device's counters, whether 
   counters "$RXE_DEV"
   rdma resource show
   rdma resource show cm_id | head -n 20
+  # The MAD layer's QP: one failed send on it may leave soft-RoCE's receive side in error for
+  # good while it reads RTS (a reading of the 6.1 source; not reproduced here): then sent_pkts
+  # grows and rcvd_pkts does not.
+  rdma resource show qp link "$RXE_DEV/1" lqpn 1
   ps --ppid 2 -p 2 --deselect -o pid,ppid,stat,etime,wchan:24,args | grep -v ' ps --ppid' | head -n 20
   ps -eo pid,stat,wchan:24,comm | awk '$2 ~ /D/' | head -n 10
   dmesg | grep -iE 'rxe|infiniband|ib_cm|ib_mad|rdma|blocked' | grep -iv 'command line' | tail -n 15
