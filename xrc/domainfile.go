@@ -30,7 +30,8 @@ var ErrDomainFile = errors.New("xrc: bad domain file")
 // and the file (mode 0600, holding a fresh random domain id) if needed. The
 // id is written once: creation happens under an exclusive flock of the
 // directory with O_CREAT|O_EXCL, so concurrent processes agree on one file
-// and one id, and later processes read it. Permissions are the only access
+// and one id, and later processes read it (a file they may read but not
+// write serves: only an empty one is written). Permissions are the only access
 // control on an XRC domain (anyone who can open the file can open any TGT in
 // it), so a directory or file readable by others is refused. It waits for
 // the lock as long as another process holds it. The checks hold for the file

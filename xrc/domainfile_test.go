@@ -5,8 +5,10 @@ package xrc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -158,8 +160,15 @@ func testDomainFileForeignOwner(t *testing.T, base string) {
 	if err := os.Chown(other, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := OpenDomainFile(other); !errors.Is(err, ErrDomainFile) {
+	d, err := OpenDomainFile(other)
+	if !errors.Is(err, ErrDomainFile) {
 		t.Errorf("directory of uid 65534: %+v %v", d, err)
+	}
+	// The message says what to do: name another directory, or remove this.
+	for _, remedy := range []string{"DomainDir", "WithDomainPath", "remove"} {
+		if !strings.Contains(fmt.Sprint(err), remedy) {
+			t.Errorf("directory of uid 65534: %v: no remedy %q named", err, remedy)
+		}
 	}
 }
 

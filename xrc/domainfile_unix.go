@@ -4,6 +4,7 @@ package xrc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -59,7 +60,7 @@ func openDomain(ctx context.Context, dir string) (_ DomainFile, _ *os.File, err 
 	// a symbolic link, another user's, or open to others.
 	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return DomainFile{}, nil, fmt.Errorf("%w: %s: %w (it must be a directory, not a symbolic link)", ErrDomainFile, dir, err)
+		return DomainFile{}, nil, openErr(dir, err, "a directory")
 	}
 	d := os.NewFile(uintptr(dfd), dir)
 	defer d.Close()
@@ -73,41 +74,37 @@ func openDomain(ctx context.Context, dir string) (_ DomainFile, _ *os.File, err 
 	defer flock(d, syscall.LOCK_UN)
 
 	path := domainPath(dir)
-	const flags = unix.O_RDWR | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
-	ffd, err := unix.Openat(dfd, DomainFileName, flags|unix.O_CREAT|unix.O_EXCL, 0o600)
-	if err == nil {
-		f := os.NewFile(uintptr(ffd), path)
-		dom, err := writeDomainID(f, path)
-		if err != nil {
-			f.Close()
-			return DomainFile{}, nil, err
-		}
-		return dom, f, nil
+	// Read-only until it must be written: a file we may read but not write
+	// (mode 0400, immutable, a read-only mount) names the domain as well.
+	f, err := openDomainAt(dfd, path, unix.O_RDONLY)
+	made := errors.Is(err, unix.ENOENT)
+	if made {
+		// Writable as made: its mode (0600 less the umask) may not let
+		// us open it for writing again.
+		f, err = openDomainAt(dfd, path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL)
 	}
-	if err != unix.EEXIST {
-		return DomainFile{}, nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	ffd, err = unix.Openat(dfd, DomainFileName, flags, 0)
 	if err != nil {
-		return DomainFile{}, nil, fmt.Errorf("%w: %s: %w (it must be a regular file, not a symbolic link)", ErrDomainFile, path, err)
+		return DomainFile{}, nil, err
 	}
-	f := os.NewFile(uintptr(ffd), path)
 	defer func() {
 		if err != nil {
 			f.Close()
 		}
 	}()
-	if err := checkOwned(f, path, false); err != nil {
-		return DomainFile{}, nil, err
-	}
 	b, err := io.ReadAll(io.LimitReader(f, 64))
 	if err != nil {
 		return DomainFile{}, nil, err
 	}
 	if len(b) == 0 {
-		// A creator died between create and write (we hold the lock, so it
-		// is not writing now); nobody can have used an id that was never
-		// written, so write one.
+		// Just made, or its creator died between create and write (we
+		// hold the lock, so it is not writing now): nobody can have used
+		// an id that was never written, so write one.
+		if !made {
+			f.Close()
+			if f, err = openDomainAt(dfd, path, unix.O_RDWR); err != nil {
+				return DomainFile{}, nil, err
+			}
+		}
 		dom, err := writeDomainID(f, path)
 		if err != nil {
 			return DomainFile{}, nil, err
@@ -119,6 +116,32 @@ func openDomain(ctx context.Context, dir string) (_ DomainFile, _ *os.File, err 
 		return DomainFile{}, nil, fmt.Errorf("%w: %s: unreadable content (remove the file once no process uses the domain)", ErrDomainFile, path)
 	}
 	return DomainFile{Path: path, ID: id}, f, nil
+}
+
+// openDomainAt opens the domain file in the directory dfd and checks it,
+// whether it was there or has just been made: a file system may not make
+// it as asked (another owner or mode), and then later processes refuse it.
+func openDomainAt(dfd int, path string, flags int) (*os.File, error) {
+	fd, err := unix.Openat(dfd, DomainFileName, flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, openErr(path, err, "a regular file")
+	}
+	f := os.NewFile(uintptr(fd), path)
+	if err := checkOwned(f, path, false); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// openErr reports a failed open of the domain directory or file (what it
+// must be): O_NOFOLLOW's ELOOP means a symbolic link; other errnos (EACCES,
+// EPERM, EROFS) say what they mean themselves.
+func openErr(name string, err error, what string) error {
+	if err == unix.ELOOP {
+		return fmt.Errorf("%w: %s: %w (it must be %s, not a symbolic link)", ErrDomainFile, name, err, what)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrDomainFile, name, err)
 }
 
 // checkOwned refuses a domain directory (dir) or file that is not ours, is
@@ -138,7 +161,7 @@ func checkOwned(f *os.File, name string, dir bool) error {
 	case uint32(kind) != want || st.Mode&0o077 != 0 || (!dir && uint64(st.Nlink) != 1):
 		return fmt.Errorf("%w: %s: mode %#o, %d links: want %s", ErrDomainFile, name, st.Mode, st.Nlink, what)
 	case int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("%w: %s: owned by uid %d, not by this process's (%d)", ErrDomainFile, name, st.Uid, os.Geteuid())
+		return fmt.Errorf("%w: %s: owned by uid %d, not by this process's (%d): use a domain directory of your own (xrc.Config.DomainDir, cm.WithDomainPath), or have the other user (or root) remove this one", ErrDomainFile, name, st.Uid, os.Geteuid())
 	}
 	return nil
 }
