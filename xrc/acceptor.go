@@ -351,7 +351,7 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 	info, err := k.QueryQP(qp)
 	if err != nil || info.Type != verbs.QPTypeXRCRecv ||
 		(info.State != verbs.QPStateRTR && info.State != verbs.QPStateRTS) ||
-		info.DestQPN != req.INIQPN || !sameNode(info.Remote, from) {
+		info.DestQPN != req.INIQPN || !sameNode(info.Remote, from) || info.Num != req.TGTQPNHint {
 		k.DestroyQP(qp)
 		return a.reject(req.ConnTag, wire.RejectTGTGone, 0, nil)
 	}

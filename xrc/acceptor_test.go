@@ -235,6 +235,22 @@ func (e *env) expect(qpn uint32, kernelHandles, local1, local2 int) {
 	}
 }
 
+// renumberingQuery reports, while num is set, that number for any XRC
+// receive QP it is asked about: as if the handle OpenTGT gave were on a QP
+// other than the one named.
+type renumberingQuery struct {
+	wrapper
+	num atomic.Uint32
+}
+
+func (k *renumberingQuery) QueryQP(q kernel.QP) (kernel.QPInfo, error) {
+	i, err := k.Kernel.QueryQP(q)
+	if n := k.num.Load(); err == nil && n != 0 && i.Type == verbs.QPTypeXRCRecv {
+		i.Num = n
+	}
+	return i, err
+}
+
 func wantReject(t *testing.T, d decision, reason wire.RejectReason) {
 	t.Helper()
 	if d.Accept || d.Reject.Reason != reason {
@@ -457,6 +473,30 @@ func TestAcceptorDecisionTable(t *testing.T) {
 			e.expect(u.tgtQPN, 1, 1, 0)
 			if e.r2.p.Handles() != before || e.r2.acc.Downlinks() != 0 || e.r2.acc.LocalCounts() != 0 {
 				t.Fatal("handle or count leaked")
+			}
+		}},
+		{"VIRT_REQ no local handle, verify fails (the opened TGT reports another number): destroy handle, TGT_GONE", func(t *testing.T, e *env) {
+			// Everything else verifies (the sender's TGT, RTR/RTS, its
+			// INI, its node); only the number the opened handle reports
+			// differs from the hint, as ReverseLeg checks. Here it is
+			// the number of a TGT r2 already holds (made for another
+			// PHYS_REQ): taken, the new downlink went into r2's map
+			// under that number, over the one there, and the ACCEPT named
+			// a TGT the sender never asked for (its virtLink refuses
+			// such an ACCEPT), leaving r2 a leg and a handle nobody uses.
+			k := &renumberingQuery{wrapper: wrapper{e.r2.p}}
+			e.r2.acc.cfg.Kernel = k
+			_, u := e.phys(e.r1, nil)
+			_, held := e.phys(e.r2, nil)
+			handles, legs, dls := e.r2.p.Handles(), e.r2.acc.LocalCounts(), e.r2.acc.Downlinks()
+			k.num.Store(held.tgtQPN)
+			wantReject(t, e.virt(e.r2, e.virtReq(u)), wire.RejectTGTGone)
+			k.num.Store(0)
+			e.expect(u.tgtQPN, 1, 1, 0)
+			e.expect(held.tgtQPN, 1, 0, 1)
+			if e.r2.p.Handles() != handles || e.r2.acc.LocalCounts() != legs || e.r2.acc.Downlinks() != dls {
+				t.Fatalf("r2 after the refusal: %d handles, %d legs, %d downlinks; was %d, %d, %d",
+					e.r2.p.Handles(), e.r2.acc.LocalCounts(), e.r2.acc.Downlinks(), handles, legs, dls)
 			}
 		}},
 		{"VIRT_REQ for a known leg without MOVE: BAD_REQUEST, leg and counts unchanged", func(t *testing.T, e *env) {
