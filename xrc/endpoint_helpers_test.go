@@ -142,6 +142,18 @@ func requireReleased(t *testing.T, w *world, procs ...*proc) {
 }
 
 // eventually polls cond until it holds or 5 s pass.
+// sidrIDsDestroyed waits until p has destroyed every SIDR id it is done
+// with: they go in the background (destroyLater), maybe after the Dial or
+// Accept that used one returned, and a count of p's kernel handles taken
+// before then includes them.
+func sidrIDsDestroyed(t *testing.T, p *proc) {
+	t.Helper()
+	eventually(t, "finished SIDR ids destroyed", func() (bool, string) {
+		n := p.sidrGoing.Load()
+		return n == 0, fmt.Sprint(n)
+	})
+}
+
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
 	eventuallyWithin(t, 5*time.Second, what, cond)

@@ -202,14 +202,9 @@ func TestEndpointDialOnly(t *testing.T) {
 	if st := d.Stats(); st.OneExchange != 1 {
 		t.Fatalf("d's second dial should take one exchange: %+v", st)
 	}
-	// The SIDR id of d's VIRT_REQ (its second dial) is destroyed in the
-	// background (destroyLater), maybe after the dial returned: counted
-	// before then, it is one kernel handle that "as they were" never
-	// comes back to.
-	eventually(t, "d's finished SIDR ids destroyed", func() (bool, string) {
-		n := d.sidrGoing.Load()
-		return n == 0, fmt.Sprint(n)
-	})
+	// The SIDR id of d's VIRT_REQ (its second dial), counted before it
+	// goes, is a kernel handle that "as they were" never comes back to.
+	sidrIDsDestroyed(t, d)
 	before, node := d.Stats(), w.f.Node("10.0.64.1").Stats()
 	vb := b.Stats().VirtReqs
 	for _, p := range []*proc{b, x} {

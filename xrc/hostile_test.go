@@ -253,11 +253,7 @@ func TestEndpointReplayedVirtReq(t *testing.T) {
 	if err != nil {
 		t.Fatalf("accept of leg 2: %v", err)
 	}
-	// r's own SIDR ids (its reverse legs') go in the background.
-	eventually(t, "r's finished SIDR ids destroyed", func() (bool, string) {
-		n := r.sidrGoing.Load()
-		return n == 0, fmt.Sprint(n)
-	})
+	sidrIDsDestroyed(t, r) // its reverse legs'
 	before, node := r.Stats(), w.f.Node("10.0.9.2").Stats()
 	if before.LocalCounts != 2 || before.Downlinks != 1 || before.Conns != 2 || node.TGTHandles != 1 {
 		t.Fatalf("before the replay: %+v, node %+v", before, node)

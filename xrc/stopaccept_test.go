@@ -43,6 +43,7 @@ func TestEndpointStopAccepting(t *testing.T) {
 		return st.Conns == 2, fmt.Sprintf("%+v", st)
 	})
 
+	sidrIDsDestroyed(t, a) // its own dial's
 	before := a.Stats()
 	_, err := b.Dial(ctxT(t, 5*time.Second), a.Addr().String())
 	var rj *RejectError
