@@ -6,7 +6,9 @@ import (
 	"testing"
 )
 
-// The byte fuzzers check, for any input: decode never panics; if it
+// The byte fuzzers check, for any input: decode never panics; it refuses
+// with a DecodeError, and only what the spec oracle refuses too (an input
+// the document allows, refused, is an honest peer's message lost); if it
 // succeeds, the input and the decoded value meet docs/xrc-protocol.md as
 // the spec oracle (spec_test.go) writes it out, independently of the codec's
 // own checks, encoding the result gives back the input's declared bytes, the
@@ -44,6 +46,7 @@ func FuzzDecodeReq(f *testing.F) {
 			if !errors.As(err, &de) || (de.RejectReason() == RejectVersion) != other {
 				t.Fatalf("%x refused with %v (a %T)", b, err, err)
 			}
+			refusedRightly(t, b, err, specReq(b, want, nil))
 			return
 		}
 		if err := specReq(b, want, &r); err != nil {
@@ -76,6 +79,7 @@ func FuzzDecodeAccept(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var a Accept
 		if err := DecodeAccept(b, &a); err != nil {
+			refusedRightly(t, b, err, specAccept(b, nil))
 			return
 		}
 		if err := specAccept(b, &a); err != nil {
@@ -102,6 +106,7 @@ func FuzzDecodeReject(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var r Reject
 		if err := DecodeReject(b, &r); err != nil {
+			refusedRightly(t, b, err, specReject(b, nil))
 			return
 		}
 		if err := specReject(b, &r); err != nil {
@@ -133,6 +138,7 @@ func FuzzDecodeFIN(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var x FIN
 		if err := DecodeFIN(b, &x); err != nil {
+			refusedRightly(t, b, err, specFIN(b, nil))
 			return
 		}
 		if err := specFIN(b, &x); err != nil {
@@ -159,6 +165,22 @@ func FuzzEncodeReq(f *testing.F) {
 		}
 		exactReq(t, r)
 	})
+}
+
+// refusedRightly fails t if the decoder refused (err) an input b that the
+// spec oracle allows (spec nil): a decoder must refuse only what the
+// document forbids, or an honest peer's message is lost (a dial failed, a
+// FIN ignored). The error is the decoder's own kind, which the acceptor
+// turns into a REJECT reason.
+func refusedRightly(t *testing.T, b []byte, err, spec error) {
+	t.Helper()
+	var de *DecodeError
+	if !errors.As(err, &de) {
+		t.Fatalf("%x refused with %v (a %T), not a DecodeError", b, err, err)
+	}
+	if spec == nil {
+		t.Fatalf("%x refused (%v), but docs/xrc-protocol.md allows it", b, err)
+	}
 }
 
 func checkReencode(t *testing.T, in []byte, enc func([]byte) (int, error)) {
