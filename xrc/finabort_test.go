@@ -18,16 +18,25 @@ import (
 // finThenAbort is the kernel of an acceptor whose failed half's FIN
 // (finAcceptedLocked) goes and whose completion a failed send poll loses,
 // so that its ABORT goes too: its reciprocal request waits in Connect
-// while holding, the next send poll that takes a completion fails once
-// pollArmed, and its ABORT waits in Connect until abortGo is closed.
+// while holding, the send poll that takes the completion of the first FIN
+// posted once pollArmed fails, and its ABORT waits in Connect until
+// abortGo is closed. Not the next poll that takes any completion: under
+// load that could be a poll of other frames of b's, before the FIN was
+// posted; the recovery it started was over before the FIN, which went on
+// the new INI and completed, and no ABORT went ("setup: no ABORT went"),
+// or the FIN found the uplink recovering and the ABORT went instead, held
+// until the dialer took a FIN that never came ("the dialer took the FIN").
 type finThenAbort struct {
 	wrapper
-	holding   atomic.Bool
-	held      chan struct{}
-	release   chan struct{}
-	pollArmed atomic.Bool
-	aborted   chan struct{} // closed as the ABORT is asked for
-	abortGo   chan struct{}
+	holding    atomic.Bool
+	held       chan struct{}
+	release    chan struct{}
+	pollArmed  atomic.Bool
+	finPending atomic.Bool   // the FIN is posted (finQP, finWR): its poll fails
+	finQP      atomic.Uint64 // set before finPending
+	finWR      atomic.Uint64
+	aborted    chan struct{} // closed as the ABORT is asked for
+	abortGo    chan struct{}
 }
 
 func (k *finThenAbort) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpn uint32, pd []byte) (kernel.ID, error) {
@@ -45,10 +54,30 @@ func (k *finThenAbort) Connect(ctx context.Context, dst netip.AddrPort, ex kerne
 	return k.Kernel.Connect(ctx, dst, ex, qpn, pd)
 }
 
+func (k *finThenAbort) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
+	// Noted before the post: the poller may take the completion before
+	// PostSend returns. The kind is read before it too (see finPosted).
+	fin := len(wrs) == 1 && len(wrs[0].Payload) > 0 && wrs[0].Payload[0] == kindFIN && k.pollArmed.CompareAndSwap(true, false)
+	if fin {
+		k.finQP.Store(uint64(q))
+		k.finWR.Store(wrs[0].WRID)
+		k.finPending.Store(true)
+	}
+	err := k.Kernel.PostSend(q, wrs)
+	if fin && err != nil {
+		k.finPending.Store(false)
+	}
+	return err
+}
+
 func (k *finThenAbort) PollSend(ctx context.Context, q kernel.QP, out []kernel.SendCompletion) (int, error) {
 	n, err := k.Kernel.PollSend(ctx, q, out)
-	if err == nil && k.pollArmed.CompareAndSwap(true, false) {
-		return 0, syscall.EIO
+	if err == nil && k.finPending.Load() && uint64(q) == k.finQP.Load() {
+		for _, wc := range out[:n] {
+			if wc.WRID == k.finWR.Load() && k.finPending.CompareAndSwap(true, false) {
+				return 0, syscall.EIO
+			}
+		}
 	}
 	return n, err
 }
@@ -83,6 +112,17 @@ func TestFailedHalfFINThenAbortEitherOrder(t *testing.T) {
 			// request goes (virtual) and its FIN to the half.
 			p := w.endpoint("10.0.121.1", 7001, longTimers)
 			bp, pb := pair(t, b, p)
+			// a's INI to b's node carries a leg of a's own, to q, so
+			// that b's node keeps the TGT when the failed half lets
+			// the dial's forward leg go. Without it the TGT died with
+			// the half, and its DREQ to a's INI was news the dialer
+			// could take before the reciprocal request: its recovery's
+			// MOVE of the dial's leg was refused (BAD_REQUEST), and
+			// the dial failed with that ("leg not moved"), neither
+			// the FIN nor the ABORT this test is about (3 rounds in
+			// 200 under load, 18 in 600 beside a CPU hog).
+			q := w.endpoint("10.0.121.2", 7001, longTimers)
+			aq, qa := pair(t, a, q)
 			k.holding.Store(true)
 			dialed := dialLater(t, a, b)
 			awaitSetup(t, k.held, "the reciprocal request never came")
@@ -91,7 +131,7 @@ func TestFailedHalfFINThenAbortEitherOrder(t *testing.T) {
 				t.Fatalf("setup: %d halves at b", len(halves))
 			}
 			halves[0].fail(errIdle) // as its idle timeout would, the request on its way
-			k.pollArmed.Store(true) // the FIN's completion is lost: flushed
+			k.pollArmed.Store(true) // the FIN's completion is lost: flushed (its poll fails)
 			rejected := a.Stats().Rejected
 			// The FIN waits in a's SRQ until the ABORT is answered
 			// (abortFirst) or a's message is posted.
@@ -111,8 +151,8 @@ func TestFailedHalfFINThenAbortEitherOrder(t *testing.T) {
 			buf := make([]byte, 64)
 			if r.c != nil && !abortFirst {
 				// Sent before the FIN is taken, to a half that is
-				// gone: posted, or refused once a recovery found
-				// the leg gone (its TGT went with it).
+				// gone: posted (the TGT stays, for aq's leg), and
+				// dropped there.
 				if err := r.c.Send(ctx, []byte("to a half that is gone")); err != nil && !errors.Is(err, ErrPeerGone) {
 					t.Fatalf("send before the FIN was taken: %v", err)
 				}
@@ -144,10 +184,12 @@ func TestFailedHalfFINThenAbortEitherOrder(t *testing.T) {
 				r.c.Close()
 			}
 			requireNoHalfConn(t, b)
-			bp.Close()
-			pb.Close()
-			requireNoLeftovers(t, a, b, p)
-			requireReleased(t, w, a, b, p)
+			a.p.ResumeReceives() // paused still where the dial failed: aq's close takes qa's FIN
+			for _, c := range []*Conn{bp, pb, aq, qa} {
+				c.Close()
+			}
+			requireNoLeftovers(t, a, b, p, q)
+			requireReleased(t, w, a, b, p, q)
 		})
 	}
 }
