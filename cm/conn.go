@@ -778,9 +778,16 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 		return 0, 0, false, c.opErr("recv", err)
 	}
 	defer c.recvTurn.Give()
+	// io is taken before a message leaves the queue, so that its receive
+	// buffer outlives the copy: a device loss between the two kept copies
+	// of the others and gave this one's buffer back with the device
+	// (TestDeviceLostDuringRecvLosesNothing). It is let go around waits.
+	held := c.io()
 	c.mu.Lock()
 	for c.ready.Len() == 0 || c.closing && !c.lostClose {
-		if c.closing {
+		var err error
+		switch {
+		case c.closing:
 			// Closed (by the application, or after a device loss): what
 			// is left is not read. A failure that came before is the
 			// answer; an orderly end (the peer's FIN) is not one. After
@@ -788,42 +795,58 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 			// nothing was lost: io.EOF still, as over XRC and on a TCP
 			// socket that had the FIN (TestDeviceLostAfterFinReadsEOF).
 			if c.lostClose && c.peerFin && c.ready.Len() == 0 {
-				c.mu.Unlock()
-				return 0, 0, false, io.EOF
+				err = io.EOF
+			} else {
+				err = c.closedErrLocked(c.err)
 			}
-			err := c.closedErrLocked(c.err)
-			c.mu.Unlock()
-			return 0, 0, false, c.opErr("recv", err)
+		case c.peerFin:
+			err = io.EOF
+		case c.err != nil:
+			err = c.err
 		}
-		if c.peerFin {
-			c.mu.Unlock()
-			return 0, 0, false, io.EOF
+		if held {
+			c.ioDone()
+			held = false
 		}
-		if c.err != nil {
-			err := c.err
+		if err != nil {
 			c.mu.Unlock()
+			if err == io.EOF {
+				return 0, 0, false, err
+			}
 			return 0, 0, false, c.opErr("recv", err)
 		}
 		if err := c.progressLocked(ctx); err != nil {
 			return 0, 0, false, c.opErr("recv", err)
 		}
+		held = c.io()
 		c.mu.Lock()
 	}
 	m := c.ready.Peek()
 	if m.n > len(buf) {
 		c.mu.Unlock()
+		if held {
+			c.ioDone()
+		}
 		return 0, 0, false, c.opErr("recv", fmt.Errorf("%w: %d-byte message, %d-byte buffer", ErrMessageTooLong, m.n, len(buf)))
+	}
+	if m.kept == nil && !held {
+		// Released with this message in its receive buffer: no path
+		// leaves that (a release follows our Close, which the loop
+		// answers, or a device loss, which kept every message), but a
+		// buffer given back is never read.
+		c.mu.Unlock()
+		return 0, 0, false, c.opErr("recv", ErrClosed)
 	}
 	c.ready.Pop()
 	c.mu.Unlock()
 	if m.kept != nil {
+		if held {
+			c.ioDone()
+		}
 		copy(buf, m.kept)
 		c.stats.msgsRecv.Add(1)
 		c.stats.bytesRecv.Add(uint64(m.n))
 		return m.n, m.imm, m.hasImm, nil
-	}
-	if !c.io() {
-		return 0, 0, false, c.opErr("recv", ErrClosed)
 	}
 	copy(buf, c.t.recvBuf(m.slot)[m.off:m.off+m.n])
 	c.stats.msgsRecv.Add(1)
