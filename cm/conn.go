@@ -1035,6 +1035,11 @@ func (c *Conn) endRound(n int, err error) error {
 		// A control frame's buffer goes back at once, as do all queued
 		// ones when the peer is out of credit.
 		flush = len(c.deferred) > before || (c.peerStarved && len(c.deferred) > 0)
+		if c.lostClose {
+			// The device went while this round polled: what it took
+			// in is copied out of the buffers the release gives back.
+			c.keepReadyLocked()
+		}
 	}
 	broken := err != nil && !isWaitEnd(err)
 	if broken {
@@ -1245,7 +1250,7 @@ func (c *Conn) handle(wc *completion) {
 			c.failedCompletionLocked(wc.err)
 			return
 		}
-		if c.err != nil {
+		if c.err != nil && !c.failedByDeviceLossLocked() {
 			return
 		}
 		if err := c.checkRecvLocked(wc); err != nil {
@@ -1441,6 +1446,14 @@ func (c *Conn) deviceLost(why string) {
 		c.ioDone()
 	}
 	go c.close(false)
+}
+
+// failedByDeviceLossLocked reports whether the connection failed first by
+// its device's loss (not our Close): a round that polled as the device went
+// still takes in the messages that had arrived whole, which Recv gives
+// (the release waits for that round, so their buffers are still there).
+func (c *Conn) failedByDeviceLossLocked() bool {
+	return c.lostClose && errors.Is(c.err, ErrDeviceRemoved)
 }
 
 // keepReadyLocked copies the messages taken in and not yet read out of

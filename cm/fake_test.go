@@ -49,6 +49,9 @@ type fakeEnd struct {
 	// onPeerGone is the Conn's, as the CM watcher calls it on a
 	// DISCONNECTED event; release calls the peer's.
 	onPeerGone func(reason string)
+	// tookCompletions, if set, runs once as a poll returns completions,
+	// between the poll and the round's handling of them.
+	tookCompletions func()
 	// releasedVanished: release was told the peer vanished.
 	releasedVanished bool
 	releaseErr       error  // what release returns
@@ -348,7 +351,14 @@ func (e *fakeEnd) poll(ctx context.Context, cs []completion, spin time.Duration,
 				}
 			}
 		}
+		took := e.tookCompletions
+		if n > 0 {
+			e.tookCompletions = nil
+		}
 		e.w.mu.Unlock()
+		if n > 0 && took != nil {
+			took()
+		}
 		if n > 0 || !block {
 			return n, nil
 		}
