@@ -32,27 +32,33 @@ func TestOpenDomainFileReadOnlyToUs(t *testing.T) {
 	if d2, err := OpenDomainFile(dir); err != nil || d2 != d1 {
 		t.Fatalf("immutable file: %+v %v, want %+v", d2, err, d1)
 	}
+	if err := endpointOn(dir, d1.ID); err != nil {
+		t.Fatalf("immutable file: %v", err)
+	}
+}
+
+// endpointOn opens the domain file in dir, which must hold domain id want,
+// then an endpoint on it.
+func endpointOn(dir string, want uint64) error {
+	d, err := OpenDomainFile(dir)
+	if err != nil || d.ID != want {
+		return fmt.Errorf("domain file: %+v %v", d, err)
+	}
 	p := memfabric.New().Node("10.0.0.1").Process()
 	e, err := NewEndpoint(context.Background(), Config{Process: p, Addr: "10.0.0.1:0", DomainDir: dir})
 	if err != nil {
-		t.Fatalf("endpoint on an immutable domain file: %v", err)
+		return fmt.Errorf("endpoint: %w", err)
 	}
-	e.Close()
+	return e.Close()
 }
 
 // The same for a file of mode 0400 of a user without root's DAC override.
 func TestOpenDomainFileReadOnlyToUsMode0400(t *testing.T) {
 	if runChild(t, func(dir string) error {
-		d, err := OpenDomainFile(dir)
-		if err != nil || d.ID != 0xff {
-			return fmt.Errorf("file of mode 0400: %+v %v", d, err)
+		if err := endpointOn(dir, 0xff); err != nil {
+			return fmt.Errorf("file of mode 0400: %w", err)
 		}
-		p := memfabric.New().Node("10.0.0.1").Process()
-		e, err := NewEndpoint(context.Background(), Config{Process: p, Addr: "10.0.0.1:0", DomainDir: dir})
-		if err != nil {
-			return fmt.Errorf("endpoint on a domain file of mode 0400: %v", err)
-		}
-		return e.Close()
+		return nil
 	}) {
 		return
 	}
@@ -97,16 +103,10 @@ func TestOpenDomainFileReadOnlyMount(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "probe"), nil, 0o600); !errors.Is(err, unix.EROFS) {
 			return fmt.Errorf("the mount is not read-only: %v", err)
 		}
-		d, err := OpenDomainFile(dir)
-		if err != nil || d.ID != 0xff {
-			return fmt.Errorf("file on a read-only mount: %+v %v", d, err)
+		if err := endpointOn(dir, 0xff); err != nil {
+			return fmt.Errorf("file on a read-only mount: %w", err)
 		}
-		p := memfabric.New().Node("10.0.0.1").Process()
-		e, err := NewEndpoint(context.Background(), Config{Process: p, Addr: "10.0.0.1:0", DomainDir: dir})
-		if err != nil {
-			return fmt.Errorf("endpoint on a read-only mount: %v", err)
-		}
-		return e.Close()
+		return nil
 	}) {
 		return
 	}
