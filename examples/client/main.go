@@ -63,6 +63,7 @@ import (
 	"github.com/goxrc/goxrc/cm"
 	"github.com/goxrc/goxrc/internal/interrupt"
 	"github.com/goxrc/goxrc/internal/quantile"
+	"github.com/goxrc/goxrc/xrc"
 )
 
 type options struct {
@@ -140,7 +141,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, string, error) {
 	var o options
 	fs.StringVar(&o.addr, "addr", "10.77.0.1:7471", "server ip:port (xrc mode without -fabric: a comma-separated list; not with -fabric)")
 	fs.StringVar(&o.mode, "mode", "echo", "echo, latency, bandwidth, connect or xrc")
-	fs.IntVar(&o.size, "size", 64, "message size, bytes, 0 to 1 GiB (with -raw the default is 16, the one receive rdma-core's rdma_server posts; not in connect mode)")
+	fs.IntVar(&o.size, "size", 64, "message size, bytes, 0 to 1 GiB (with -fabric, to 1 MiB; with -raw the default is 16, the one receive rdma-core's rdma_server posts; not in connect mode)")
 	fs.IntVar(&o.count, "count", 1000, "messages (echo without -raw, latency, bandwidth)")
 	fs.IntVar(&o.warmup, "warmup", 100, "untimed ping-pongs before a latency run (latency mode)")
 	fs.IntVar(&o.conns, "conns", 100, "connections (connect mode)")
@@ -303,6 +304,14 @@ func (o options) check() error {
 			return fmt.Errorf("-%s %d: must be %d to %d", f.name, f.v, f.least, f.most)
 		}
 	}
+	// The fabric's connections are XRC, whose messages carry at most 1 MiB:
+	// a -size over it was taken, and the demo set up every server and
+	// client, made and filled its message (1 GiB at most), then failed the
+	// first send, with exit status 1 and after -cpuprofile's file was
+	// truncated. (Without -fabric only the device can tell: RC carries it.)
+	if o.fabric && o.size > xrc.MaxMessageSize {
+		return fmt.Errorf("-size %d: must be 0 to %d with -fabric (the most an XRC message carries)", o.size, xrc.MaxMessageSize)
+	}
 	switch {
 	case o.progress < 0 || o.busyPoll < 0 || o.keepalive < 0:
 		// A negative -progress read as 0, and -busypoll failed at the dial.
@@ -422,12 +431,16 @@ func run(ctx context.Context, o options) (result, error) {
 		return r, err
 	}
 	defer c.Close()
-	p := newProgress(o.progress, o.mode, o.count)
+	if o.raw {
+		// One message each way: -count (refused with -raw) is not the
+		// run's, nor is its default the progress line's total.
+		r.Mode, r.Count = "raw", 1
+	}
+	p := newProgress(o.progress, r.Mode, r.Count)
 	defer p.stop()
 	start := time.Now()
 	switch {
 	case o.raw:
-		r.Mode, r.Count = "raw", 1
 		err = rawExchange(ctx, c, o.size, o.text())
 	case o.mode == "echo":
 		err = greet(ctx, c, "echo")

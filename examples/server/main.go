@@ -54,7 +54,7 @@ import (
 
 func main() {
 	addr := flag.String("addr", "0.0.0.0:7471", "ip:port to listen on")
-	size := flag.Int("size", 64<<10, "largest message, bytes, 1 to 1 GiB")
+	size := flag.Int("size", 64<<10, "largest message, bytes, 64 to 1 GiB (with -raw, 1 to 1 GiB)")
 	depth := flag.Int("depth", 64, "receive queue depth, 2 to 4000")
 	raw := flag.Bool("raw", false, "plain librdmacm messages (no goxrc framing); echo each one")
 	count := flag.Int("count", 0, "exit after serving this many connections (0: run until interrupted)")
@@ -85,6 +85,15 @@ func main() {
 	// only after -cpuprofile's file was truncated, as a failed run.
 	if *size < 1 || *size > 1<<30 {
 		fmt.Fprintf(os.Stderr, "server: -size %d: must be 1 to %d\n", *size, 1<<30)
+		os.Exit(2)
+	}
+	// A framed client's request ("sink N", up to 24 bytes) and the sink's
+	// report (up to 39) are messages too, bounded by -size as any other:
+	// below 64 (the client's own floor) a default bandwidth run against
+	// -size 8 failed its request ("message too long: 9 bytes, limit 8"),
+	// and -size 16 failed the report after the whole stream.
+	if !*raw && *size < minFramedSize {
+		fmt.Fprintf(os.Stderr, "server: -size %d: must be %d to %d without -raw (a client's request and the sink's report are messages too)\n", *size, minFramedSize, 1<<30)
 		os.Exit(2)
 	}
 	if *depth < 2 || *depth > 4000 {
@@ -154,6 +163,11 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// minFramedSize is the least -size without -raw: the client's floor
+// (examples/client dials with at least 64-byte messages), which holds its
+// mode request and the sink's report.
+const minFramedSize = 64
 
 // listen is cm.Listen; the tests listen on an in-memory fabric.
 var listen = cm.Listen
