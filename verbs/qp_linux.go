@@ -217,6 +217,13 @@ func (p *PD) CreateQP(init QPInit) (*QP, error) {
 		return nil, closedErr("ibv_create_qp_ex", p.addr())
 	}
 	if init.Type == QPTypeXRCRecv {
+		// The PD is not used, but a closed one creates nothing (a check
+		// only: createQP read-locks the Context, and holding the PD across
+		// that would order the two locks against createQP's own PD ref).
+		if !p.l.use() {
+			return nil, closedErr("ibv_create_qp_ex", p.tag)
+		}
+		p.l.done()
 		if init.XRCD != nil && !sameDevice(p.c, init.XRCD.c) {
 			return nil, initErr(p.tag, "XRC domain belongs to another device")
 		}
@@ -234,9 +241,12 @@ func (c *Context) CreateXRCRecvQP(xrcd *XRCD) (*QP, error) {
 
 func (c *Context) createQP(pd *PD, init QPInit) (*QP, error) {
 	tag := c.addr()
-	if c == nil || c.ctx == nil {
+	// A closed wrapper creates nothing, even where the objects given (an
+	// XRC domain of another wrapper of the same C context) are open.
+	if c == nil || c.ctx == nil || !c.l.use() {
 		return nil, closedErr("ibv_create_qp_ex", tag)
 	}
+	defer c.l.done()
 	if init.Type != QPTypeXRCRecv && init.RecvCQ == nil && init.Type != QPTypeXRCSend {
 		init.RecvCQ = init.SendCQ
 	}
@@ -362,9 +372,10 @@ func (q *QP) release() {
 // trusting it.
 func (c *Context) OpenQP(xrcd *XRCD, qpn uint32) (*QP, error) {
 	tag := fmt.Sprintf("%s XRC_RECV QP %#x", c.addr(), qpn)
-	if c == nil || c.ctx == nil {
+	if c == nil || c.ctx == nil || !c.l.use() {
 		return nil, closedErr("ibv_open_qp", tag)
 	}
+	defer c.l.done()
 	if xrcd == nil || xrcd.x == nil || !sameDevice(c, xrcd.c) {
 		return nil, &OpError{Op: "ibv_open_qp", Addr: tag, Err: &explained{syscall.EINVAL, "needs an XRC domain of this device"}}
 	}
