@@ -1418,12 +1418,27 @@ func (c *Conn) CloseWrite() error {
 	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
 	defer cancel()
 	if err := c.sendFIN(ctx, true); err != nil {
-		return err
+		return c.closeWriteErr(err)
 	}
 	e.mu.Lock()
 	c.halfFINSent = true
 	e.mu.Unlock()
 	return nil
+}
+
+// closeWriteErr is CloseWrite's error for err, its FIN's failure: an
+// *OpError "close write", as CloseWrite's own, not sendFrame's "send"; and
+// ErrClosed where the endpoint closed under the wait, whose context (made
+// from the endpoint's) then says only context.Canceled. A deadline stays
+// what it is: the FIN found no room or no uplink within HandshakeTimeout.
+func (c *Conn) closeWriteErr(err error) error {
+	if oe, ok := err.(*OpError); ok {
+		err = oe.Err
+	}
+	if c.e.ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		err = ErrClosed
+	}
+	return &OpError{"close write", c.raddr.String(), err}
 }
 
 // sendFIN sends our FIN on the sending leg, after every data frame posted
