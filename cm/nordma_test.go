@@ -23,4 +23,10 @@ func TestNoRDMAIsNotSupported(t *testing.T) {
 	require.ErrorContains(t, err, "WithFabric")
 	_, err = Listen(ctx, ":7000")
 	require.ErrorIs(t, err, ErrNotSupported)
+	// With a device named, an unspecified address is the device's own,
+	// which was looked up first, and failed with "no such RDMA device".
+	_, err = Listen(ctx, ":7000", WithDevice("mlx5_0"))
+	require.ErrorIs(t, err, ErrNotSupported)
+	_, err = Dial(ctx, "10.1.2.3:7000", WithDevice("mlx5_0"))
+	require.ErrorIs(t, err, ErrNotSupported)
 }

@@ -56,6 +56,12 @@ func DeviceOf(ip netip.Addr) (_ string, err error) {
 func AddrOf(name string, like netip.Addr) (netip.Addr, error) {
 	vctx, err := verbs.OpenDevice(name)
 	if err != nil {
+		if _, lerr := verbs.Devices(); errors.Is(lerr, verbs.ErrNotSupported) {
+			// The kernel has no RDMA at all (no uverbs devices), which
+			// OpenDevice calls an unknown name (ENODEV): the platform
+			// lacks RDMA, as DeviceOf says.
+			return netip.Addr{}, fmt.Errorf("%w: no RDMA here (%w)", verbs.ErrNotSupported, lerr)
+		}
 		return netip.Addr{}, err
 	}
 	defer vctx.Close()
