@@ -1386,7 +1386,10 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 // keepalives the peer's messages need, until Close (or the peer's FIN, which
 // ends the connection as ever). Send fails with ErrClosed from then on.
 // CloseWrite is idempotent. After the peer's FIN (Recv's io.EOF) it returns
-// ErrPeerClosed, as Send does, until our own Close.
+// ErrPeerClosed, as Send does, until our own Close. It waits for the FIN's
+// completion, at most Config.HandshakeTimeout (context.DeadlineExceeded
+// after that, with a receiver that takes nothing in), and returns ErrClosed
+// if the endpoint closes meanwhile.
 func (c *Conn) CloseWrite() error {
 	e := c.e
 	e.mu.Lock()
