@@ -21,13 +21,13 @@ import (
 // nc.(interface{ Conn() *cm.Conn }). Do not mix c's Send and Recv with the
 // adapter's Write and Read: the adapter holds read data of its own.
 //
-// Its errors are *net.OpError values (Net "rdma", Op "read" or "write", or
-// "set" for a deadline set after Close), as a TCP connection's, wrapping
-// cm's errors: errors.Is finds ErrPeerGone, net.ErrClosed and
-// os.ErrDeadlineExceeded through them. A connection with WithRawMessages
-// has no end-of-stream message: Read after the peer's Close fails with
-// ErrPeerGone, not io.EOF, as after a crash, and CloseWrite returns
-// ErrNotSupported.
+// Its errors are *net.OpError values (Net "rdma", Op "read", "write",
+// "close" for CloseWrite, or "set" for a deadline set after Close), as a
+// TCP connection's, wrapping cm's errors: errors.Is finds ErrPeerGone,
+// net.ErrClosed and os.ErrDeadlineExceeded through them. A connection with
+// WithRawMessages has no end-of-stream message: Read after the peer's Close
+// fails with ErrPeerGone, not io.EOF, as after a crash, and CloseWrite
+// returns ErrNotSupported.
 func (c *Conn) NetConn() net.Conn {
 	return &streamConn{c: c, buf: make([]byte, c.MaxRecvSize())} // nil c: every call fails as the Conn's
 }
@@ -197,8 +197,14 @@ func (s *streamConn) Close() error {
 // CloseWrite ends the stream's writing side, as TCP's half-close does
 // (Conn.CloseWrite): the peer reads io.EOF after the data written so far,
 // and reading goes on until the peer ends its own side. Proxies that copy
-// each direction until EOF rely on it.
-func (s *streamConn) CloseWrite() error { return s.c.CloseWrite() }
+// each direction until EOF rely on it. Its error is a *net.OpError with Op
+// "close", as *net.TCPConn's CloseWrite's.
+func (s *streamConn) CloseWrite() error {
+	if err := s.c.CloseWrite(); err != nil {
+		return s.opErr("close", nil, err)
+	}
+	return nil
+}
 
 func (s *streamConn) LocalAddr() net.Addr  { return s.c.LocalAddr() }
 func (s *streamConn) RemoteAddr() net.Addr { return s.c.RemoteAddr() }
