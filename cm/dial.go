@@ -13,7 +13,6 @@ import (
 	"github.com/goxrc/goxrc/internal/rdmaaddr"
 	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
-	"github.com/goxrc/goxrc/xrc"
 )
 
 // Dial connects to the listener at address ("ip:port"; IPv6 in brackets),
@@ -58,18 +57,17 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (_ *
 			lf = "ip6"
 		}
 		if family != "ip" && family != lf {
-			return nil, &OpError{Op: "dial", Addr: address, Err: &net.AddrError{Err: "mismatched local address type", Addr: cfg.local.String()}}
+			// The network and the option contradict each other:
+			// ErrInvalid, with net.Dialer's error.
+			mismatch := &net.AddrError{Err: "mismatched local address type", Addr: cfg.local.String()}
+			return nil, &OpError{Op: "dial", Addr: address, Err: fmt.Errorf("%w (%w)", mismatch, ErrInvalid)}
 		}
 		family = lf
 	}
 	try := func(ctx context.Context, dst netip.AddrPort) (*Conn, error) { return dialAddr(ctx, dst, cfg) }
 	if cfg.fabric != nil {
 		// The in-memory fabric: always XRC, from the node's one address.
-		k, ok := kernel.Unwrap(cfg.fabric)
-		if !ok {
-			// Not a node's process (a zero Process): as Listen says.
-			return nil, &OpError{Op: "dial", Addr: address, Err: xrc.ErrNoKernel}
-		}
+		k, _ := kernel.Unwrap(cfg.fabric) // newConfig refused a zero Process
 		node := k.LocalAddr()
 		if cfg.local.IsValid() && !cfg.local.IsUnspecified() && cfg.local.WithZone("") != node.WithZone("") {
 			// Not this host's address: the device's answer (and bind's).

@@ -2,6 +2,7 @@ package cm
 
 import (
 	"context"
+	"fmt"
 	"net"
 )
 
@@ -33,8 +34,9 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	case "tcp6":
 		family = "ip6"
 	default:
+		// An argument the call cannot take: ErrInvalid, as its doc says.
 		globalStats.dialErrors.Add(1)
-		return nil, opError("dial", nil, net.UnknownNetworkError(network))
+		return nil, opError("dial", nil, fmt.Errorf("%w (%w)", net.UnknownNetworkError(network), ErrInvalid))
 	}
 	c, err := dialFamily(ctx, family, address, d.Options)
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/xrc"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -135,6 +137,13 @@ func newConfig(opts []Option) (config, error) {
 	for _, o := range opts {
 		if o != nil { // a nil Option, say one chosen by a condition, sets nothing
 			o(&c)
+		}
+	}
+	if c.fabric != nil {
+		if _, ok := kernel.Unwrap(c.fabric); !ok {
+			// Not a node's process (a zero Process): an option the
+			// call cannot take.
+			return c, fmt.Errorf("cm: WithFabric: %w (%w)", xrc.ErrNoKernel, ErrInvalid)
 		}
 	}
 	if c.localAddr != "" {

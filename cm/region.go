@@ -175,7 +175,9 @@ func (c *Conn) RegisterMemory(size int, access Access) (*Region, error) {
 // cannot be taken back once posted: when ctx ends first, the connection
 // breaks (later calls get ErrPeerGone), and WriteRemote returns ctx's error
 // once the device has flushed the request, which may outlast ctx (bounded
-// by the handshake timeout). The same holds for ReadRemote.
+// by the handshake timeout). The same holds for ReadRemote. A nil local
+// region is refused as an argument (ErrInvalid); a closed or zero one
+// fails as a closed Region does (ErrClosed).
 func (c *Conn) WriteRemote(ctx context.Context, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	return c.oneSided(ctx, "rdma write", true, local, off, n, remote, roff)
 }
