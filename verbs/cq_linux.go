@@ -143,6 +143,25 @@ func (c *Context) NewSharedCompChannel() (*CompChannel, error) {
 	return ch, nil
 }
 
+// takeTurn fills sem, the one-slot turn of CQ.Wait or GetEvents, waiting
+// for it until ctx ends. A free turn is taken even if ctx has ended, so that
+// a wait whose ctx was live when it began always looks at the CQ or channel
+// (select would pick between the two at random): a caller may take its
+// deadline's error for an empty CQ (xrc's receive loop does).
+func takeTurn(ctx context.Context, sem chan struct{}) error {
+	select {
+	case sem <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // eventBatch bounds how many events one read of a shared channel takes.
 const eventBatch = 64
 
@@ -150,7 +169,9 @@ const eventBatch = 64
 // the events and stores the CQs in cqs (a CQ may appear more than once), and
 // returns how many it stored. Each CQ that had an event is disarmed until
 // its next ReqNotify. The wait sleeps in the netpoller; it returns ctx's
-// error when ctx ends first and ErrClosed once the channel is closed.
+// error when ctx ends first (events already there are taken even with an
+// ended ctx, as CQ.Wait takes completions) and ErrClosed once the channel
+// is closed.
 // Concurrent calls take turns. With a context that can never end it does
 // not allocate.
 func (ch *CompChannel) GetEvents(ctx context.Context, cqs []*CQ) (int, error) {
@@ -167,10 +188,8 @@ func (ch *CompChannel) GetEvents(ctx context.Context, cqs []*CQ) (int, error) {
 	if len(cqs) == 0 {
 		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: &explained{syscall.EINVAL, "no room for CQs"}}
 	}
-	select {
-	case ch.waitSem <- struct{}{}:
-	case <-ctx.Done():
-		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: ctx.Err()}
+	if err := takeTurn(ctx, ch.waitSem); err != nil {
+		return 0, &OpError{Op: "get CQ events", Addr: ch.c.name, Err: err}
 	}
 	defer func() { <-ch.waitSem }()
 	for {
@@ -636,17 +655,8 @@ func (q *CQ) Wait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 	if len(wcs) == 0 {
 		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: &explained{syscall.EINVAL, "no room for completions"}}
 	}
-	// A free turn is taken even if ctx has ended, so that a Wait whose
-	// ctx was live when it began always looks at the CQ: a caller may
-	// take its deadline's error for an empty CQ (xrc's receive loop does).
-	select {
-	case q.waitSem <- struct{}{}:
-	default:
-		select {
-		case q.waitSem <- struct{}{}:
-		case <-ctx.Done():
-			return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: ctx.Err()}
-		}
+	if err := takeTurn(ctx, q.waitSem); err != nil {
+		return 0, &OpError{Op: "wait CQ", Addr: q.tag, Err: err}
 	}
 	defer func() { <-q.waitSem }()
 	for {

@@ -1222,6 +1222,55 @@ func TestVerbsWaitWithEndedContextLooks(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled, "nothing queued")
 }
 
+// TestVerbsGetEventsWithEndedContextLooks: GetEvents, as CQ.Wait, returns
+// the events a shared channel already holds when its context has ended,
+// and the context's error only on a channel with none (it picked between
+// its turn and the ended context at random).
+func TestVerbsGetEventsWithEndedContextLooks(t *testing.T) {
+	vctx, pd, ch, recvCQ, mr := cqSetup(t, true, 8, 4096)
+	sendCQ, err := vctx.CreateCQ(8, nil, 0)
+	require.NoError(t, err)
+	cleanupClose(t, sendCQ)
+	a, b := smallRCQP(t, pd, sendCQ), smallRCQP(t, pd, recvCQ)
+	connectRC(t, vctx, a, b)
+
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	wcs := make([]verbs.WorkCompletion, 4)
+	cqs := make([]*verbs.CQ, 4)
+	for i := range 20 { // half the rounds took the ended context before
+		require.NoError(t, recvCQ.ReqNotify(false))
+		require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
+		require.NoError(t, a.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+			SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
+		// The send completes once b acknowledged it, after its receive
+		// completion (and the event it raised) was queued; the pause is
+		// room for a device that hands the event on from a deferred task.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			n, err := sendCQ.Poll(wcs)
+			require.NoError(t, err)
+			if n > 0 {
+				require.Equal(t, verbs.WCSuccess, wcs[0].Status)
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "send %d never completed", i)
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(50 * time.Millisecond)
+		n, err := ch.GetEvents(ended, cqs)
+		require.NoError(t, err, "round %d: an event queued, an ended context", i)
+		require.Equal(t, 1, n)
+		require.Same(t, recvCQ, cqs[0])
+		n, err = recvCQ.Poll(wcs)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, uint64(i), wcs[0].WRID)
+	}
+	_, err = ch.GetEvents(ended, cqs)
+	require.ErrorIs(t, err, context.Canceled, "nothing queued")
+}
+
 // TestVerbsSRQNumAfterClose: a closed SRQ's number is refused, as every
 // method of a closed object is (it returned the old number: one a peer
 // might be sent, and another SRQ may have by then; found by a review).
