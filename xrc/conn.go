@@ -43,7 +43,8 @@ type Conn struct {
 	sendDone bool // FIN sent or leg dropped
 	finOut   bool // our FIN (not HALF) was posted: see recover
 	// finPosted: that FIN went to PostSend (on some INI): a receiver may
-	// have it, and nothing may go before it any more (see resend).
+	// have it, and let the leg go. Only a recovery's resend puts a frame
+	// before its copy, one that proves the new INI's poll (see resend).
 	finPosted bool
 	// revFIN: an inbound half that failed while its reverse leg's request
 	// was under way, and whose dialer took the leg: a FIN on it tells the
@@ -618,28 +619,36 @@ func (c *Conn) resend(ctx context.Context, u *uplink, q *iniQP) {
 	// after its context ended (TestDialResendKeepaliveNotPostedIsNoFirstFrame).
 	counted := false
 	probe := !c.firstDue && (c.firstHeld || c.awaitFirst || c.abandoned)
-	if c.firstDue || u.pollFails > 0 && (c.isReady || probe) && !c.finPosted {
+	if c.firstDue || u.pollFails > 0 && (c.isReady || probe) {
 		// The first frame posted may have been flushed with the old INI:
 		// a FIN that went first would end the acceptor's half as an
 		// abandoned attempt, though Dial returned the connection. And a
 		// recovery that a failed poll started proves q's poll with a
 		// completion, which may not come otherwise before a one-off
 		// failure later, taken for a poll that always fails (pollFails).
-		// Not after our FIN, nor as a first frame not due yet: a dial
-		// not up both ways (firstHeld) sends the probe its keepalives
-		// go as (post; a keepalive would complete the acceptor's
-		// half), and so do an inbound half before the dialer's first
-		// frame (awaitFirst: no keepalive nor data, but a count of 0
-		// credits the dialer nothing) and a given-up dial, whose FIN
-		// is to be the first frame. Without it an uplink whose legs
-		// were all such dials or halves proved nothing, and a one-off
-		// failure later failed them (TestHeldDialSendPollFailsTwiceApart,
+		// Not as a first frame not due yet: a dial not up both ways
+		// (firstHeld) sends the probe its keepalives go as (post; a
+		// keepalive would complete the acceptor's half), and so do an
+		// inbound half before the dialer's first frame (awaitFirst: no
+		// keepalive nor data, but a count of 0 credits the dialer
+		// nothing) and a given-up dial, whose FIN is to be the first
+		// frame. Without it an uplink whose legs were all such dials or
+		// halves proved nothing, and a one-off failure later failed them
+		// (TestHeldDialSendPollFailsTwiceApart,
 		// TestAwaitFirstSendPollFailsTwiceApart). A FIN not posted yet
-		// (finPosted) waits for the MOVEs (finHeldLocked) and follows
-		// the frame: taken for sent, it left the new INI unproved
-		// while another leg's MOVE was slow, and a one-off failure
-		// then failed that leg (TestClosingLegSendPollFailsTwiceApart,
-		// TestAbandonedDialSendPollFailsTwiceApart).
+		// waits for the MOVEs (finHeldLocked) and follows the frame:
+		// taken for sent, it left the new INI unproved while another
+		// leg's MOVE was slow, and a one-off failure then failed that
+		// leg (TestClosingLegSendPollFailsTwiceApart,
+		// TestAbandonedDialSendPollFailsTwiceApart). So does a FIN
+		// posted already (finPosted) whose completion the failed poll
+		// lost: it may have arrived, but its receiver took our MOVE, so
+		// it held the leg then, and the frame goes where the FIN's copy
+		// goes anyway (at worst dropped by a receiver that let the leg
+		// go since, or failing q as that copy would, where the leg was
+		// the last on q's TGT). Sent nothing, such a leg left q
+		// unproved too (TestPostedFINLostSendPollFailsTwiceApart,
+		// TestPostedFINLostPhysLegSendPollFailsTwiceApart).
 		q.nextWR++
 		q.waiters[q.nextWR] = waiter{c: c, probe: probe}
 		c.lastQ, c.lastWR = q, q.nextWR

@@ -842,12 +842,30 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	e.k.TransitionQP(old.qp, verbs.QPStateErr, 0)
 	e.mu.Lock()
 	legs := make([]*Conn, 0, len(u.legs))
+	finPosted := map[*Conn]bool{}
 	for c := range u.legs {
 		legs = append(legs, c)
+		if c.finPosted {
+			finPosted[c] = true
+		}
 	}
 	dom := u.dom
 	e.mu.Unlock()
-	slices.SortFunc(legs, func(a, b *Conn) int { return cmp.Compare(a.sendTag, b.sendTag) })
+	// In tag order, but a leg whose full FIN went to PostSend last: its
+	// receiver may have the FIN in its SRQ, not taken yet, and let the leg
+	// go right after taking its MOVE. Moved first, with the PHYS_REQ, the
+	// leg was then all that held the new TGT, which died with it, and the
+	// other legs' VIRT_REQs were refused TGT_GONE: a second round for
+	// nothing (TestPostedFINInSRQCostsNoSecondRecovery).
+	slices.SortFunc(legs, func(a, b *Conn) int {
+		if finPosted[a] != finPosted[b] {
+			if finPosted[a] {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Compare(a.sendTag, b.sendTag)
+	})
 	var q *iniQP
 	var moved []*Conn // the legs now on q: only theirs go again on it
 	// Each MOVE has its own deadline, under half the idle timeout: the
