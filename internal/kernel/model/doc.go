@@ -40,6 +40,11 @@
 //   - An INI's send queue holds NodeConfig.SendQueueDepth sends (default
 //     256) until their completions are polled; a post beyond that fails with
 //     ENOMEM and leaves the QP as it was (mlx5_wq_overflow; not in facts.md).
+//   - A move to RESET drops an INI's send completions not yet polled and
+//     the sends waiting for a receive, and frees its whole send queue: the
+//     provider cleans the QP's entries out of its CQ and resets the queue
+//     (mlx5_modify_qp's mlx5_cq_clean and mlx5_init_qp_indices; not in
+//     facts.md).
 //   - With NodeConfig.SRQReceives, an SRQ holds that many receives posted
 //     (a completion, once polled, gives its receive back); a message that
 //     finds none is NAKed RNR and retried for ever (rnr_retry 7): it waits

@@ -330,6 +330,17 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 			return opErr(op, syscall.EINVAL)
 		}
 		q.state, q.destQPN, q.remote = to, 0, netip.Addr{}
+		if q.sendq != nil {
+			// The provider cleans the QP's completions out of its CQ
+			// and resets the queue's indices (mlx5_modify_qp:
+			// mlx5_cq_clean, mlx5_init_qp_indices; mlx4 and hns
+			// alike): what was not polled never completes, sends
+			// waiting for a receive are dropped, and the whole send
+			// queue is free.
+			clear(q.sendq.items)
+			q.sendq.items = q.sendq.items[:0]
+			q.rnr, q.lost = nil, 0
+		}
 		return nil
 	case verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS:
 	default:
