@@ -55,10 +55,7 @@ func (cfg *config) deviceSite(id *rdmacm.ID) xrcSite {
 // xrcConfig builds the engine's configuration for a listener or a dialer on
 // site, listening on port.
 func (cfg *config) xrcConfig(site xrcSite, port uint16) (xrc.Config, error) {
-	if site.fabric != nil && cfg.xrcSet && cfg.xrc == XRCOff {
-		return xrc.Config{}, fmt.Errorf("the in-memory fabric carries XRC connections only: drop WithXRC(XRCOff): %w", ErrInvalid)
-	}
-	if cfg.raw {
+	if cfg.raw { // WithRawMessages and WithXRC(XRCRequire) on a device; newConfig refuses it with WithFabric
 		return xrc.Config{}, fmt.Errorf("raw messages over XRC: %w", ErrNotSupported)
 	}
 	return xrc.Config{
@@ -221,12 +218,12 @@ func dialXRC(ctx context.Context, dst netip.AddrPort, cfg config, site xrcSite) 
 	fail := func(err error) (*Conn, error) { return nil, opError("dial", Addr{dst}, err) }
 	ep, release, err := acquireDialer(ctx, cfg, site)
 	if err != nil {
-		return fail(mapXRCErr(err))
+		return fail(mapXRCSetupErr(err))
 	}
 	x, err := ep.Dial(ctx, dst.String())
 	if err != nil {
 		release()
-		return fail(mapXRCErr(err))
+		return fail(mapXRCSetupErr(err))
 	}
 	return newXRCConn(x, cfg, release), nil
 }
@@ -362,11 +359,12 @@ func engineErr(err error) error {
 	return err
 }
 
-// mapXRCAcceptErr gives the engine's errors of a listener's Accept the
-// meaning of this package's. A removed device ends the listener, not a
-// connection: its error is ErrDeviceRemoved without ErrPeerGone, as an RC
-// listener's (closedErr).
-func mapXRCAcceptErr(err error) error {
+// mapXRCSetupErr gives the engine's errors of a Dial and of a listener's
+// Accept the meaning of this package's. A removed device ends the Dial or
+// the listener, not a connection (none was made or lost): its error is
+// ErrDeviceRemoved without ErrPeerGone, as an RC Dial's (dialAddr) and an
+// RC listener's (closedErr).
+func mapXRCSetupErr(err error) error {
 	if err = engineErr(err); errors.Is(err, xrc.ErrDeviceRemoved) {
 		return err
 	}

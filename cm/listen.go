@@ -273,7 +273,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		x, err := l.xep.AcceptIn(ctx, l.term)
 		if err != nil {
 			l.xl.release()
-			return nil, opError("accept", l.addr, mapXRCAcceptErr(err))
+			return nil, opError("accept", l.addr, mapXRCSetupErr(err))
 		}
 		// closeXRC calls the release once (releaseOnce).
 		return newXRCConn(x, l.cfg, func() { l.xl.release() }), nil

@@ -145,6 +145,14 @@ func newConfig(opts []Option) (config, error) {
 			// call cannot take.
 			return c, fmt.Errorf("cm: WithFabric: %w (%w)", xrc.ErrNoKernel, ErrInvalid)
 		}
+		// Options that contradict the fabric are refused whatever the
+		// address, before it is looked up (WithFabric's doc).
+		switch {
+		case c.xrcSet && c.xrc == XRCOff:
+			return c, fmt.Errorf("cm: the in-memory fabric carries XRC connections only: drop WithXRC(XRCOff): %w", ErrInvalid)
+		case c.raw:
+			return c, fmt.Errorf("cm: raw messages over XRC (WithFabric): %w", ErrNotSupported)
+		}
 	}
 	if c.localAddr != "" {
 		ip, err := netip.ParseAddr(c.localAddr)
