@@ -130,15 +130,17 @@ func (c *EventChannel) lookup(h uintptr) *ID {
 
 // CreateID creates a CM id with rdma_create_id. The port space decides the
 // QP type: PortSpaceTCP and PortSpaceIB take verbs.QPTypeRC, PortSpaceUDP and
-// PortSpaceIPoIB verbs.QPTypeUD. XRC-typed ids come from CreateEndpoint.
+// PortSpaceIPoIB verbs.QPTypeUD, and any other pair is refused (rdma_create_id
+// types an id by its port space alone). XRC-typed ids, and UD ids on
+// PortSpaceIB, come from CreateEndpoint.
 func (c *EventChannel) CreateID(ps PortSpace, qpType verbs.QPType) (*ID, error) {
 	const op = "rdma_create_id"
 	if c == nil {
 		return nil, &verbs.OpError{Op: op, Err: ErrClosed}
 	}
-	if !spaceTakes(ps, qpType) || (qpType != verbs.QPTypeRC && qpType != verbs.QPTypeUD) {
+	if !spaceTakes(ps, qpType) || qpType != createIDType(ps) {
 		return nil, &verbs.OpError{Op: op, Addr: ps.String() + "/" + qpType.String(),
-			Err: errors.New("unsupported port space and QP type (XRC-typed ids come from CreateEndpoint)")}
+			Err: errors.New("unsupported port space and QP type (rdma_create_id types TCP and IB ids RC, UDP and IPOIB ids UD; other types on PortSpaceIB come from CreateEndpoint)")}
 	}
 	c.mu.Lock()
 	if err := c.refusesLocked(); err != nil {
@@ -238,6 +240,18 @@ func (c *EventChannel) createEndpoint(ctx context.Context, ps PortSpace, qpType 
 		return nil, err
 	}
 	return id, nil
+}
+
+// createIDType is the QP type rdma_create_id gives an id of port space ps
+// (it takes no QP type): UD on the UDP and IPoIB port spaces, RC on the
+// others. An ID recording another type than its C id's would check private
+// data against another message's budget, refuse MoveQP (or not), and report
+// the wrong QPType.
+func createIDType(ps PortSpace) verbs.QPType {
+	if ps == PortSpaceUDP || ps == PortSpaceIPoIB {
+		return verbs.QPTypeUD
+	}
+	return verbs.QPTypeRC
 }
 
 // spaceTakes reports whether an id of port space ps may be typed t. The

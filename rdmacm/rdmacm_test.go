@@ -375,3 +375,29 @@ func TestCountsZero(t *testing.T) {
 		t.Fatalf("counts %+v", c)
 	}
 }
+
+// CreateID refuses a UD id on PortSpaceIB, as its doc says (PortSpaceIB
+// takes RC): rdma_create_id types an id by its port space alone, RC on
+// RDMA_PS_IB, so librdmacm and the kernel made an RC id while the ID
+// recorded UD. Its Connect then checked private data against the SIDR REQ's
+// 180 bytes (the kernel's REQ takes 56: EINVAL, not ErrPrivateDataTooLong),
+// its Accept and Reject refused 137 to 196 (148) bytes that an RC REP (REJ)
+// carries, MoveQP refused the RC connection as "a UD id", and QPType and
+// RejectError.UD said UD. The channel here is closed, so that nothing
+// reaches C either way: before, the pair got through to the ErrClosed check.
+func TestCreateIDRefusesWhatRDMACreateIDWouldRetype(t *testing.T) {
+	c := &EventChannel{ids: map[uintptr]*ID{}, closed: true}
+	_, err := c.CreateID(PortSpaceIB, verbs.QPTypeUD)
+	var oe *verbs.OpError
+	if !errors.As(err, &oe) || oe.Addr != "IB/UD" || errors.Is(err, ErrClosed) {
+		t.Fatalf("CreateID(PortSpaceIB, UD): %v, want a refusal naming IB/UD", err)
+	}
+	for _, ok := range []struct {
+		ps PortSpace
+		qt verbs.QPType
+	}{{PortSpaceTCP, verbs.QPTypeRC}, {PortSpaceIB, verbs.QPTypeRC}, {PortSpaceUDP, verbs.QPTypeUD}, {PortSpaceIPoIB, verbs.QPTypeUD}} {
+		if _, err := c.CreateID(ok.ps, ok.qt); !errors.Is(err, ErrClosed) {
+			t.Errorf("CreateID(%v, %v) on a closed channel: %v, want ErrClosed (the pair passes)", ok.ps, ok.qt, err)
+		}
+	}
+}
