@@ -440,11 +440,11 @@ func (c *CM) Reject(h kernel.ID, pd []byte) error {
 	return e.id.Reject(pd)
 }
 
-// Establish sends the RTU: on an active id of an XRC-typed exchange only,
-// as the model has it. librdmacm's rdma_establish on any other id (with no
-// QP, as all of ours are) is an accept: a passive id would reject its
-// request (the RTU fails, and the kernel sends a REJ) or, for SIDR, accept
-// it.
+// Establish sends the RTU: on an active id of a connected exchange (XRC,
+// RC or IB-RC), as the model has it; a passive id and SIDR are refused
+// (EINVAL). librdmacm's rdma_establish on a passive id (with no QP, as all
+// of ours are) is an accept: it would reject its request (the RTU fails,
+// and the kernel sends a REJ) or, for SIDR, accept it.
 func (c *CM) Establish(h kernel.ID) error {
 	const op = "rdma_establish"
 	e, err := c.get(op, h)
