@@ -755,8 +755,9 @@ func (e *Endpoint) Stats() Stats {
 }
 
 // newTagLocked returns a fresh non-zero tag for a leg we send on: none a
-// live connection sends with (after 2^32 tags the counter comes round to
-// theirs; the acceptor would take a request with one for that connection's).
+// live connection or a pending dial sends with (a random draw may hit one;
+// the acceptor would take a request with it for that connection's), nor
+// one released lately (see tagSource).
 func (e *Endpoint) newTagLocked() uint32 {
 	return e.tags.next(func(t uint32) bool { return e.pending[t] != nil || e.sendTags[t] != nil })
 }
