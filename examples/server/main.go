@@ -83,17 +83,18 @@ func main() {
 	}
 	// cm's bounds (WithMessageSize, WithQueueDepth): Listen refused them
 	// only after -cpuprofile's file was truncated, as a failed run.
-	if *size < 1 || *size > 1<<30 {
-		fmt.Fprintf(os.Stderr, "server: -size %d: must be 1 to %d\n", *size, 1<<30)
-		os.Exit(2)
+	// Without -raw, 64 at least: a framed client's request ("sink N", up
+	// to 24 bytes) and the sink's report (up to 39) are messages too,
+	// bounded by -size as any other. Below 64 (the client's own floor) a
+	// default bandwidth run against -size 8 failed its request ("message
+	// too long: 9 bytes, limit 8"), and -size 16 failed the report after
+	// the whole stream.
+	least, why := minFramedSize, " without -raw (a client's request and the sink's report are messages too)"
+	if *raw {
+		least, why = 1, ""
 	}
-	// A framed client's request ("sink N", up to 24 bytes) and the sink's
-	// report (up to 39) are messages too, bounded by -size as any other:
-	// below 64 (the client's own floor) a default bandwidth run against
-	// -size 8 failed its request ("message too long: 9 bytes, limit 8"),
-	// and -size 16 failed the report after the whole stream.
-	if !*raw && *size < minFramedSize {
-		fmt.Fprintf(os.Stderr, "server: -size %d: must be %d to %d without -raw (a client's request and the sink's report are messages too)\n", *size, minFramedSize, 1<<30)
+	if *size < least || *size > 1<<30 {
+		fmt.Fprintf(os.Stderr, "server: -size %d: must be %d to %d%s\n", *size, least, 1<<30, why)
 		os.Exit(2)
 	}
 	if *depth < 2 || *depth > 4000 {

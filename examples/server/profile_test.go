@@ -22,8 +22,9 @@ func TestRefusalKeepsProfile(t *testing.T) {
 		"-addr 0.0.0.0:7471 -xrc x": "unexpected argument",
 		// cm's bounds, which Listen refused with exit status 1 after
 		// the profile's file was created.
-		"-size 0":          "-size 0: must be 1 to 1073741824",
-		"-size 1073741825": "-size 1073741825: must be 1 to 1073741824",
+		"-size 0":          "-size 0: must be 64 to 1073741824 without -raw",
+		"-raw -size 0":     "-size 0: must be 1 to 1073741824",
+		"-size 1073741825": "-size 1073741825: must be 64 to 1073741824 without -raw",
 		"-depth 1":         "-depth 1: must be 2 to 4000",
 		"-depth 4001":      "-depth 4001: must be 2 to 4000",
 		"-busypoll -1ms":   "must not be negative",
