@@ -3,6 +3,7 @@ package rdmacm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -516,11 +517,21 @@ func (id *ID) Listen(backlog int) error {
 // MaxSIDRReqPrivateData) on PortSpaceUDP. It does not wait: the answer is
 // CONNECT_RESPONSE (the peer's REP: move your QP with InitQPAttr, then
 // Establish), ESTABLISHED for SIDR, or REJECTED / UNREACHABLE.
-// Oversized private data fails with ErrPrivateDataTooLong before anything is
-// sent, and the id stays usable.
+// Oversized private data fails with ErrPrivateDataTooLong, and a QPNum over
+// 24 bits with EINVAL, before anything is sent, and the id stays usable.
 func (id *ID) Connect(p ConnParam) error {
 	return id.sendMAD("rdma_connect", MaxReqPrivateData, MaxSIDRReqPrivateData, p.PrivateData,
-		func() error { return id.sysConnect(&p) })
+		func() error { return qpNumOK(p.QPNum, func() error { return id.sysConnect(&p) }) })
+}
+
+// qpNumOK refuses a QP number over 24 bits (EINVAL) before call: the CM
+// message carries 24, and the kernel would send the number's low bits,
+// another QP's number.
+func qpNumOK(n uint32, call func() error) error {
+	if n > 0xffffff {
+		return fmt.Errorf("QP number %#x over 24 bits: %w", n, syscall.EINVAL)
+	}
+	return call()
 }
 
 // Accept accepts the connection request this id came with (rdma_accept):
@@ -529,12 +540,13 @@ func (id *ID) Connect(p ConnParam) error {
 // the QP first (InitQPAttr to RTR, and RTS). The connected-mode passive side
 // then gets ESTABLISHED when the peer calls Establish. An Accept that the
 // kernel fails rejects the request (cma.c rejects on its way out); one
-// refused before it reaches the kernel (ErrPrivateDataTooLong, or
-// librdmacm's EINVAL for bad parameters) leaves the request pending:
+// refused before it reaches the kernel (ErrPrivateDataTooLong, EINVAL for a
+// QPNum over 24 bits, or librdmacm's EINVAL for bad parameters) leaves the
+// request pending:
 // Reject or Close the id.
 func (id *ID) Accept(p ConnParam) error {
 	return id.sendMAD("rdma_accept", MaxRepPrivateData, MaxSIDRRepPrivateData, p.PrivateData,
-		func() error { return id.sysAccept(&p) })
+		func() error { return qpNumOK(p.QPNum, func() error { return id.sysAccept(&p) }) })
 }
 
 // Reject rejects the connection request this id came with, or (on the

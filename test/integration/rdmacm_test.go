@@ -322,6 +322,11 @@ func TestRDMACMPrivateDataTooLong(t *testing.T) {
 	if !errors.Is(err, rdmacm.ErrPrivateDataTooLong) || !errors.As(err, &pe) || pe.Limit != 56 || pe.Op != "rdma_connect" {
 		t.Fatalf("57-byte REQ: %v", err)
 	}
+	// A QP number the CM's 24-bit field cannot carry (the kernel sent its
+	// low bits, another QP's number), refused as the private data is.
+	if err := cli.Connect(rdmacm.ConnParam{QPNum: 1<<24 | cq}); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("Connect naming a 25-bit QP number: %v, want EINVAL", err)
+	}
 	req := rdmacmPattern(0x11, 9)
 	if err := cli.Connect(rdmacm.ConnParam{QPNum: cq, PrivateData: req, RetryCount: 7, RNRRetryCount: 7}); err != nil {
 		t.Fatalf("Connect after the refused one: %v", err)
@@ -335,6 +340,9 @@ func TestRDMACMPrivateDataTooLong(t *testing.T) {
 	}
 	if err := srv.Reject(make([]byte, 149)); !errors.Is(err, rdmacm.ErrPrivateDataTooLong) {
 		t.Fatalf("149-byte REJ: %v", err)
+	}
+	if err := srv.Accept(rdmacm.ConnParam{QPNum: 0xffffffff}); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("Accept naming a 32-bit QP number: %v, want EINVAL", err)
 	}
 	rdmacmNoEvent(t, cli, 200*time.Millisecond, "client after refused REP/REJ")
 	// The request is still pending: a valid Accept completes it.
