@@ -32,7 +32,8 @@
 # The guest: rdma_rxe ib_uverbs rdma_ucm ib_umad veth loaded; veth0 10.77.0.1/24 <-> veth1
 # 10.77.0.2/24; rxe0 on veth0 (made by test/cmd/rxe-setup); ulimit -l unlimited; cwd = the
 # caller's; exported RXE_DEV RXE_NETDEV RXE_IP RXE_PEER_IP RXE_VM_OUT (the run dir, shared
-# read-write at the same path). Writes anywhere else vanish at power-off.
+# read-write at the same path) RXE_SETUP (this run's build of test/cmd/rxe-setup, for more
+# devices). Writes anywhere else vanish at power-off.
 # Exit code: COMMAND's (124 = it hit --cmd-timeout); 125 = the VM did not complete
 # (console tail printed). Must run as root.
 set -euo pipefail
@@ -45,7 +46,7 @@ MEM=${GOXRC_VM_MEM:-2G}
 SMP=${GOXRC_VM_SMP:-2}
 KVER=${GOXRC_VM_KVER:-6.1.0-47-amd64}
 EXTRA_APPEND=${GOXRC_VM_APPEND:-}
-CMD_TIMEOUT= OUT= RXE=1 QUIET=0 VERBOSE=0 PREPARE=0 NIC= NIC_IP= NIC_PEER= NIC_MAC=
+CMD_TIMEOUT= OUT= RXE_SETUP= RXE=1 QUIET=0 VERBOSE=0 PREPARE=0 NIC= NIC_IP= NIC_PEER= NIC_MAC=
 RW_DIRS=() ENVS=()
 PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
           libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc)
@@ -134,12 +135,16 @@ ensure_kernel() {
   [[ -s $KROOT/lib/modules/$KVER/modules.dep.bin ]] || depmod -b "$KROOT" "$KVER"
 }
 
-# initramfs: static busybox, the modules to mount a 9p root with an overlay, and /init.
+# initramfs: static busybox, the modules to mount a 9p root with an overlay, and /init. Named by
+# what it is built from (this script, busybox): a guest booted again (after a failed or hung
+# boot) boots this one, not the one a run of another checkout sharing WORK has built meanwhile.
 build_initramfs() {
-  INITRD=$WORK/kernel/$KVER/initramfs.cpio.gz
   local stamp d m f b
   stamp=$(cat "$SELF" /bin/busybox | sha256sum | cut -c1-16)
-  [[ -s $INITRD && $(cat "$INITRD.stamp" 2>/dev/null) == "$stamp" ]] && return
+  INITRD=$WORK/kernel/$KVER/initramfs-$stamp.cpio.gz
+  if [[ -s $INITRD ]]; then touch "$INITRD"; return; fi
+  # Those no run has prepared for a day (a run renews its own as it starts).
+  find "$WORK/kernel/$KVER" -maxdepth 1 -name 'initramfs*.cpio.gz*' -mmin +1440 -delete 2>/dev/null || true
   log "building initramfs"
   d=$WORK/kernel/$KVER/initramfs.d
   rm -rf "$d" && mkdir -p "$d"/{bin,dev,proc,sys,lower,upper,newroot,modules}
@@ -157,7 +162,7 @@ build_initramfs() {
   sed -n '/^#### INIT$/,/^#### END INIT$/p' "$SELF" | sed '1d;$d' > "$d/init"
   chmod 755 "$d/init"
   (cd "$d" && find . | cpio -o -H newc --quiet | gzip -1) > "$INITRD.tmp"
-  mv "$INITRD.tmp" "$INITRD" && echo "$stamp" > "$INITRD.stamp"
+  mv "$INITRD.tmp" "$INITRD"
 }
 
 find_go() { # the first go new enough for go.mod (Debian bookworm's /usr/bin/go, 1.19, is not)
@@ -174,13 +179,20 @@ find_go() { # the first go new enough for go.mod (Debian bookworm's /usr/bin/go,
   die "no go toolchain of go $need or later (needed to build test/cmd/rxe-setup); run test/run-tests.sh once to install one"
 }
 
-# rxe-setup creates veth0/veth1 and rxe0 in the guest through package test/softroce.
+# rxe-setup creates veth0/veth1 and rxe0 in the guest through package test/softroce. Each build
+# is kept under a name of its content, RXE_SETUP: the guest runs it as it boots, after this run's
+# preparation, when a run of another checkout sharing WORK may have built its own (runs overlap;
+# a fixed name would give this guest that checkout's). WORK/bin/rxe-setup is the last one built.
 build_rxe_setup() {
   find_go
   mkdir -p "$WORK/bin"
   (cd "$REPO" && CGO_ENABLED=0 "$GO" build -o "$WORK/bin/rxe-setup.tmp" ./test/cmd/rxe-setup) ||
     die "cannot build test/cmd/rxe-setup"
-  mv "$WORK/bin/rxe-setup.tmp" "$WORK/bin/rxe-setup"
+  RXE_SETUP=$WORK/bin/rxe-setup-$(sha256sum < "$WORK/bin/rxe-setup.tmp" | cut -c1-16)
+  mv "$WORK/bin/rxe-setup.tmp" "$RXE_SETUP"
+  cp "$RXE_SETUP" "$WORK/bin/rxe-setup.tmp" && mv "$WORK/bin/rxe-setup.tmp" "$WORK/bin/rxe-setup"
+  # Those no run has built for a day (a run rebuilds, and so renews, its own as it starts).
+  find "$WORK/bin" -maxdepth 1 -name 'rxe-setup-*' -mmin +1440 -delete 2>/dev/null || true
 }
 
 exec 9> "$WORK/.lock"
@@ -191,7 +203,7 @@ build_initramfs
 [[ $RXE == 0 ]] || build_rxe_setup
 exec 9>&-
 if [[ $PREPARE == 1 ]]; then
-  log "prepared: $KROOT/boot/vmlinuz-$KVER, $INITRD${GO:+, $WORK/bin/rxe-setup}"
+  log "prepared: $KROOT/boot/vmlinuz-$KVER, $INITRD${RXE_SETUP:+, $RXE_SETUP}"
   [[ $# == 0 ]] && exit 0
 fi
 
@@ -213,7 +225,7 @@ else
 fi
 {
   printf 'KVER=%q\nMODDIR=%q\nRXE=%q\nCWD=%q\nCMD_TIMEOUT=%q\nRXE_SETUP=%q\n' \
-    "$KVER" "$KROOT/lib/modules/$KVER" "$RXE" "$PWD" "$CMD_TIMEOUT" "$WORK/bin/rxe-setup"
+    "$KVER" "$KROOT/lib/modules/$KVER" "$RXE" "$PWD" "$CMD_TIMEOUT" "${RXE_SETUP:-}"
   printf 'NIC_MAC=%q\nNIC_IP=%q\nNIC_PEER=%q\n' "$NIC_MAC" "$NIC_IP" "$NIC_PEER"
   for e in ${ENVS[@]+"${ENVS[@]}"}; do printf 'export %q\n' "$e"; done
 } > "$OUT/params.sh"
@@ -359,7 +371,7 @@ ip link set lo up
 mkdir -p "/lib/modules/$KVER" && mount --bind "$MODDIR" "/lib/modules/$KVER"
 ulimit -l unlimited
 ulimit -n 65536
-export RXE_VM_OUT=$OUT RXE_DEV= RXE_NETDEV= RXE_IP= RXE_PEER_IP=
+export RXE_VM_OUT=$OUT RXE_DEV= RXE_NETDEV= RXE_IP= RXE_PEER_IP= RXE_SETUP
 NICDEV=
 if [[ -n $NIC_MAC ]]; then # the wire to the other guest: find the NIC by its MAC
   modprobe virtio_net >> "$OUT/setup.log" 2>&1 || log "modprobe virtio_net failed"
