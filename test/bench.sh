@@ -19,6 +19,8 @@
 # (2000), GOXRC_BENCH_BW_ITERS_64K (300), GOXRC_BENCH_CONNS ("100 500"), GOXRC_BENCH_BW_DEPTH (128);
 # GOXRC_BENCH_REPARSE=RUNDIR (a run dir under $GOXRC_VM_WORK/bench, default /var/cache/goxrc-vm) writes the doc from
 # that run's VM outputs without building or booting.
+# Exit status: non-zero when a target row has no data (the doc is left as it was), or when the VM
+# run, the zero-allocation test or the Go benchmarks failed (the doc is written, and says so).
 set -euo pipefail
 
 ROUNDS=${GOXRC_BENCH_ROUNDS:-5}
@@ -41,7 +43,6 @@ DOC=${GOXRC_BENCH_DOC:-$REPO/docs/benchmarks.md}
 START=$SECONDS
 install_packages
 ensure_go
-prepare_vm
 
 REPARSE=${GOXRC_BENCH_REPARSE:-}
 VM_RC=0
@@ -49,6 +50,7 @@ if [[ -n $REPARSE ]]; then
   RUN=$REPARSE; [[ -d $RUN/vm ]] || die "$RUN/vm: no such run"
   say "reparsing $RUN (no build, no VM)"
 else # ---- build and measure (up to the matching fi; not indented for the heredocs' sake)
+prepare_vm
 RUN=$(mkdir -p "$VM_WORK/bench" && mktemp -d "$VM_WORK/bench/$(date +%Y%m%d-%H%M%S)-XXXX")
 BIN=$RUN/bin; mkdir -p "$BIN"
 say "building examples/server, examples/client and the integration tests into $BIN"
@@ -254,6 +256,16 @@ TABLE=$RUN/table.md
 GOBENCH=$(cat <(grep -E '^ *(--- |cm_bench)' "$O/goallocs.log" 2>/dev/null) <(grep -E '^Benchmark' "$O/gobench.log" 2>/dev/null))
 [[ -n $GOBENCH ]] || GOBENCH="(no Go benchmark output: see $O/goallocs.log, $O/gobench.log)"
 ALLOCS=$({ awk '/^BenchmarkCM/ {for (i = 1; i < NF; i++) if ($(i+1) == "allocs/op") print $i}' "$O/gobench.log" 2>/dev/null || true; } | sort -u | tr '\n' ' ')
+# The Go part's exit statuses, kept by the guest: a failure, or a part that did not run to the
+# end, fails this script too (after the doc, which says so), as a failed VM run does.
+GO_FAILED=()
+for part in goallocs:TestCMSendRecvZeroAllocs "gobench:the Go benchmarks"; do
+  GRC=$(cat "$O/${part%%:*}.rc" 2>/dev/null || true)
+  if [[ -z $GRC ]]; then GO_FAILED+=("${part#*:} did not run to the end ($O/${part%%:*}.log)")
+  elif [[ $GRC != 0 ]]; then GO_FAILED+=("${part#*:} failed (exit $GRC, $O/${part%%:*}.log)"); fi
+done
+GO_NOTE=
+((${#GO_FAILED[@]} == 0)) || GO_NOTE=" FAILED: $(IFS=';'; echo "${GO_FAILED[*]}")."
 CONNECT_ONLY=$(for n in $CONNS; do printf 'N=%s: cmtime "connect" step %s us/conn; ' "$n" "$(for f in "$O"/setup$n.c.*; do cm_connect "$f"; done | median)"; done)
 
 # A target row without data (a run cut short, a tool that failed) leaves the doc as it was.
@@ -333,7 +345,7 @@ How the figures compare:
   control, ending with a 1-byte acknowledgement; first the whole stream in one C call on each
   side, then one cgo call per post (sender) or per 10 us poll slice (receiver, reposting in the
   same call), yielding every 4 ms. What a Go process, and calling C once per step, cost a stream here.
-- Allocations: Go benchmarks in test/integration on the same guest, allocs/op values: ${ALLOCS:-none} (target 0).
+- Allocations: Go benchmarks in test/integration on the same guest, allocs/op values: ${ALLOCS:-none} (target 0).${GO_NOTE}
 
 \`\`\`
 $GOBENCH
@@ -351,4 +363,6 @@ echo "==================== benchmarks ($((SECONDS - START))s; raw outputs in $O)
 cat "$TABLE"
 echo "Go allocs/op: ${ALLOCS:-none}"
 echo "written to $DOC"
+for f in "${GO_FAILED[@]}"; do say "$f"; done
 [[ $VM_RC == 0 ]] || { say "the VM run exited $VM_RC: the table is of what it gave"; exit "$VM_RC"; }
+((${#GO_FAILED[@]} == 0)) || exit 1
