@@ -156,10 +156,11 @@ type NodeStats struct {
 // QPs is the number of QPs on the node (INIs + TGTs).
 func (s NodeStats) QPs() int { return s.INIs + s.TGTs }
 
-// Stats returns the node's counts.
+// Stats returns the node's counts, all taken at one instant (one state of
+// the node, however its processes run meanwhile).
 func (n *Node) Stats() NodeStats {
-	ini, tgt := n.n.QPCount()
-	return NodeStats{INIs: ini, TGTs: tgt, TGTHandles: n.n.TGTHandleTotal(), XRCDs: n.n.XRCDs(), RNRNAKs: n.n.RNRNAKs()}
+	c := n.n.Counts()
+	return NodeStats{INIs: c.INIs, TGTs: c.TGTs, TGTHandles: c.TGTHandles, XRCDs: c.XRCDs, RNRNAKs: c.RNRNAKs}
 }
 
 // Process is one process on a node: what the XRC engine runs on.

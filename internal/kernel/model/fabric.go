@@ -183,16 +183,35 @@ func (n *Node) PowerOff() {
 // QPCount is the number of live QP objects on the node (INI and TGT, each
 // TGT once however many handles it has): what the QP-count tests compare.
 func (n *Node) QPCount() (ini, tgt int) {
+	c := n.Counts()
+	return c.INIs, c.TGTs
+}
+
+// Counts are the node's counts of Node.QPCount, TGTHandleTotal, XRCDs and
+// RNRNAKs, taken together.
+type Counts struct {
+	INIs, TGTs, TGTHandles, XRCDs int
+	RNRNAKs                       uint64
+}
+
+// Counts returns the node's counts as one state of the node: under one
+// hold of the fabric's lock, so that no operation falls between them (each
+// live TGT has a handle and holds its domain in every state; read one by
+// one, a TGT destroyed between the reads showed with no handle or no
+// domain).
+func (n *Node) Counts() Counts {
 	n.f.mu.Lock()
 	defer n.f.mu.Unlock()
+	c := Counts{XRCDs: len(n.xrcds), RNRNAKs: n.rnrNAKs}
 	for _, q := range n.qps {
 		if q.typ == verbs.QPTypeXRCSend {
-			ini++
+			c.INIs++
 		} else {
-			tgt++
+			c.TGTs++
+			c.TGTHandles += q.handles
 		}
 	}
-	return
+	return c
 }
 
 // RNRNAKs is the number of times a message to one of the node's SRQs found
@@ -216,17 +235,7 @@ func (n *Node) TGTHandles(qpn uint32) int {
 
 // TGTHandleTotal is the sum of the kernel use counts of every live TGT on
 // the node: the node-wide registration count, 0 when no process holds any.
-func (n *Node) TGTHandleTotal() int {
-	n.f.mu.Lock()
-	defer n.f.mu.Unlock()
-	total := 0
-	for _, q := range n.qps {
-		if q.typ == verbs.QPTypeXRCRecv {
-			total += q.handles
-		}
-	}
-	return total
-}
+func (n *Node) TGTHandleTotal() int { return n.Counts().TGTHandles }
 
 // XRCDs is the number of live XRC domains on the node.
 func (n *Node) XRCDs() int {
