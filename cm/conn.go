@@ -1489,7 +1489,9 @@ func (c *Conn) peerVanishedLocked() bool {
 // complete, disconnects, waits for the CM's time-wait to end, and releases
 // every resource. A connection whose peer vanished (its retries ran out with
 // no disconnect from the CM) is released at once, with no one to wait for.
-// Close is idempotent. Send and Recv after Close return ErrClosed (or the
+// Over XRC, Close is xrc.Conn.Close, bounded by the handshake timeout as
+// well: a peer that vanished may cost that wait, or the engine's verdict on
+// the silent receiver, before Close returns. Close is idempotent. Send and Recv after Close return ErrClosed (or the
 // failure that broke the connection before), Recv also where messages or
 // the peer's end of stream were still to be read.
 func (c *Conn) Close() error {
