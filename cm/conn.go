@@ -605,10 +605,13 @@ func (c *Conn) startKeepalive() {
 }
 
 // probe posts a keepalive probe unless the last one is still out or the
-// connection is ending.
+// connection has failed or been released. A Close under way still probes:
+// waiting for a credit for its FIN, or for its sends to drain, it is a call
+// blocked on the connection, and a peer whose node vanished is found only
+// so (it waited out its whole bound for a credit that never came).
 func (c *Conn) probe() bool {
 	c.mu.Lock()
-	ok := c.err == nil && !c.closing && !c.probing
+	ok := c.err == nil && !c.probing
 	if ok {
 		c.probing = true
 	}
@@ -1488,12 +1491,14 @@ func (c *Conn) peerVanishedLocked() bool {
 // peer to take that), waits (bounded as well) for posted messages to
 // complete, disconnects, waits for the CM's time-wait to end, and releases
 // every resource. A connection whose peer vanished (its retries ran out with
-// no disconnect from the CM) is released at once, with no one to wait for.
+// no disconnect from the CM) is released at once, with no one to wait for;
+// with WithKeepalive, probes go on while Close waits, and find such a peer.
 // Over XRC, Close is xrc.Conn.Close, bounded by the handshake timeout as
 // well: a peer that vanished may cost that wait, or the engine's verdict on
-// the silent receiver, before Close returns. Close is idempotent. Send and Recv after Close return ErrClosed (or the
-// failure that broke the connection before), Recv also where messages or
-// the peer's end of stream were still to be read.
+// the silent receiver, before Close returns. Close is idempotent. Send and
+// Recv after Close return ErrClosed (or the failure that broke the
+// connection before), Recv also where messages or the peer's end of stream
+// were still to be read.
 func (c *Conn) Close() error {
 	if err := c.ownClose(false); err != nil {
 		return opError("close", c.raddr, err)
