@@ -351,7 +351,7 @@ func TestFabricDeadSharedEndpointReplaced(t *testing.T) {
 	c1, err := dialXRC(ctx, netip.MustParseAddrPort(l.Addr().String()), cfg, site)
 	require.NoError(t, err)
 	defer c1.Close() // after the checks: the broken Conn stays open for the second Dial
-	close(rk.gone) // the device goes, and comes back
+	close(rk.gone)   // the device goes, and comes back
 	_, err = c1.Recv(ctx, make([]byte, 64))
 	require.ErrorIs(t, err, ErrDeviceRemoved)
 	// c1 is broken but not yet Closed by the application.
