@@ -2,7 +2,7 @@
 # test/run-tests.sh - all of goxrc's tests. Run as root on a Debian bookworm(-compatible) machine:
 #   test/run-tests.sh   (as a user with sudo: sudo test/run-tests.sh)
 # 1. installs missing Debian packages and Go (nothing when all is there),
-# 2. on the host: go vet, a CGO_ENABLED=0 build, GOOS=darwin and GOARCH=386 go vet (tests included),
+# 2. on the host: gofmt -l (nothing listed), go vet, a CGO_ENABLED=0 build, GOOS=darwin and GOARCH=386 go vet (tests included),
 #    go test -race ./...,
 # 3. builds the VM_PACKAGES' test binaries on the host and runs them all in ONE soft-RoCE
 #    VM (test/vm/rxe-vm.sh) with -test.v, and after them, in the same guest, -race builds
@@ -96,6 +96,7 @@ check() { # NAME COMMAND...: run a check, log its output, remember the result
     CHECKS+=("FAIL  $name ($((SECONDS - t))s, $LOGS/$name.log)"); CHECKS_FAILED=$((CHECKS_FAILED + 1))
   fi
 }
+check gofmt bash -c 'files=$(gofmt -l .) && { [[ -z $files ]] || { echo "not formatted by gofmt:"; echo "$files"; false; }; }'
 check go-vet go vet ./...
 check build-nocgo env CGO_ENABLED=0 go build ./...
 check vet-darwin env GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 go vet ./...  # the tests too
