@@ -273,7 +273,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		x, err := l.xep.AcceptIn(ctx, l.term)
 		if err != nil {
 			l.xl.release()
-			return nil, opError("accept", l.addr, mapXRCSetupErr(err))
+			return nil, l.xrcAcceptErr(err)
 		}
 		// closeXRC calls the release once (releaseOnce).
 		return newXRCConn(x, l.cfg, func() { l.xl.release() }), nil
@@ -296,6 +296,23 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	case <-ctx.Done():
 		return nil, opError("accept", l.addr, ctx.Err())
 	}
+}
+
+// xrcAcceptErr is the error of an XRC listener's Accept whose AcceptIn
+// failed with err. An endpoint that died of its kernel's failure (its
+// process, an event channel) accepts nothing more: the listener is closed
+// for good, and says so as an RC listener that failed does (closedErr),
+// with ErrClosed and the cause in words only. The cause's errno (ENOMEM,
+// EAGAIN) would make the error Temporary, and net/http's Serve retries a
+// temporary Accept error for ever. A removed device stays ErrDeviceRemoved,
+// as an RC listener's.
+func (l *Listener) xrcAcceptErr(err error) error {
+	err = mapXRCSetupErr(err)
+	if l.xep.Err() != nil && !errors.Is(err, ErrClosed) && !errors.Is(err, ErrDeviceRemoved) &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w: the listener failed: %v", ErrClosed, err)
+	}
+	return opError("accept", l.addr, err)
 }
 
 // ok reports whether l was made by Listen (a nil or zero Listener is
