@@ -98,3 +98,22 @@ func resolveAddrs(ctx context.Context, r *net.Resolver, family, address string) 
 	}
 	return as, nil
 }
+
+// reachableFrom keeps the addresses of dsts (those resolveAddrs found for
+// address) of local's family, and an unspecified one, which dial refuses
+// with its own error, as net.Dialer keeps a wildcard address whatever its
+// LocalAddr. With none left: "no suitable address found", as for a
+// literal of the other family.
+func reachableFrom(dsts []netip.AddrPort, local netip.Addr, address string) ([]netip.AddrPort, error) {
+	var keep []netip.AddrPort
+	for _, a := range dsts {
+		if a.Addr().Is4() == local.Is4() || a.Addr().WithZone("").IsUnspecified() {
+			keep = append(keep, a)
+		}
+	}
+	if len(keep) == 0 {
+		host, _, _ := net.SplitHostPort(address) // resolveAddrs parsed it
+		return nil, &net.AddrError{Err: "no suitable address found", Addr: host}
+	}
+	return keep, nil
+}

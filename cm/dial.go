@@ -49,9 +49,9 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (_ *
 	}
 	if cfg.local.IsValid() && !cfg.local.IsUnspecified() {
 		// A name's addresses of the other family could not be reached
-		// from it (net.Dialer's rule). An unspecified one binds nothing
-		// (dialAddr) and reaches either, as net.Dialer's wildcard
-		// LocalAddr does.
+		// from it (net.Dialer's rule): dial skips them. An unspecified
+		// one binds nothing (dialAddr) and reaches either, as
+		// net.Dialer's wildcard LocalAddr does.
 		lf := "ip4"
 		if cfg.local.Is6() {
 			lf = "ip6"
@@ -62,7 +62,6 @@ func dialFamily(ctx context.Context, family, address string, opts []Option) (_ *
 			mismatch := &net.AddrError{Err: "mismatched local address type", Addr: cfg.local.String()}
 			return nil, &OpError{Op: "dial", Addr: address, Err: fmt.Errorf("%w (%w)", mismatch, ErrInvalid)}
 		}
-		family = lf
 	}
 	try := func(ctx context.Context, dst netip.AddrPort) (*Conn, error) { return dialAddr(ctx, dst, cfg) }
 	if cfg.fabric != nil {
@@ -88,6 +87,13 @@ func dial(ctx context.Context, family, address string, cfg config, try func(cont
 	ctx, cancel := withDefaultTimeout(ctx, cfg.handshakeTimeout)
 	defer cancel()
 	dsts, err := resolveAddrs(ctx, cfg.resolver, family, address)
+	if err == nil && cfg.local.IsValid() && !cfg.local.IsUnspecified() {
+		// The name is looked up in the network's families, as net.Dialer
+		// does, and its addresses of the other family skipped: one with
+		// none of the local address's is no suitable address, not a
+		// name that does not exist.
+		dsts, err = reachableFrom(dsts, cfg.local, address)
+	}
 	if err != nil {
 		// Named as given: there is no address to name.
 		return nil, &OpError{Op: "dial", Addr: address, Err: err}

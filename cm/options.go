@@ -217,7 +217,8 @@ func WithDevice(name string) Option { return func(c *config) { c.device = name }
 // addresses, it picks the one the peer sees, and with it the device and
 // port the connection leaves through. Dial then keeps to ip's family: a
 // name's addresses of the other family are skipped, and a literal of the
-// other family fails with "no suitable address found". An unspecified ip
+// other family, or a name with none of ip's, fails with "no suitable
+// address found" (a *net.AddrError, as net.Dialer's). An unspecified ip
 // (0.0.0.0 or ::) picks nothing and keeps Dial to no family, as a wildcard
 // LocalAddr does net.Dialer's. With WithDevice too, ip must be on that
 // device; with WithFabric, it must be the node's.
