@@ -96,7 +96,7 @@ check() { # NAME COMMAND...: run a check, log its output, remember the result
     CHECKS+=("FAIL  $name ($((SECONDS - t))s, $LOGS/$name.log)"); CHECKS_FAILED=$((CHECKS_FAILED + 1))
   fi
 }
-check gofmt bash -c 'files=$(gofmt -l .) && { [[ -z $files ]] || { echo "not formatted by gofmt:"; echo "$files"; false; }; }'
+check gofmt bash -c 'files=$("$(go env GOROOT)/bin/gofmt" -l .) && { [[ -z $files ]] || { echo "not formatted by gofmt:"; echo "$files"; false; }; }'
 check go-vet go vet ./...
 check build-nocgo env CGO_ENABLED=0 go build ./...
 check vet-darwin env GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 go vet ./...  # the tests too
