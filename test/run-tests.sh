@@ -3,7 +3,7 @@
 #   test/run-tests.sh   (as a user with sudo: sudo test/run-tests.sh)
 # 1. installs missing Debian packages and Go (nothing when all is there),
 # 2. on the host: gofmt -l (nothing listed), go vet, a CGO_ENABLED=0 build, GOOS=darwin and GOARCH=386 go vet (tests included),
-#    go test -race ./...,
+#    go test of internal/fdpoll without -race (its allocation tests), go test -race ./...,
 # 3. builds the VM_PACKAGES' test binaries on the host and runs them all in ONE soft-RoCE
 #    VM (test/vm/rxe-vm.sh) with -test.v, and after them, in the same guest, -race builds
 #    (VM_RACE; test/integration's beside its plain build, on a second device: BESIDE_PKG),
@@ -101,6 +101,9 @@ check go-vet go vet ./...
 check build-nocgo env CGO_ENABLED=0 go build ./...
 check vet-darwin env GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 go vet ./...  # the tests too
 check vet-386 env GOARCH=386 CGO_ENABLED=0 go vet ./...  # 32-bit int: constants that overflow it
+# fdpoll's zero-allocation tests skip under -race (the detector allocates on its own), and the host
+# tests below are -race only; this package is not among the guest's plain builds either.
+check fdpoll-norace go test -count=1 ./internal/fdpoll/
 
 # ---- host tests
 say "go test -race -count=1 ./... (host; RDMA tests skip here)"

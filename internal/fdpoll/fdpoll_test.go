@@ -127,7 +127,7 @@ func TestWaitDoesNotAllocateWithCancellableContext(t *testing.T) {
 // comes allocates nothing.
 func requireWaitAllocatesNothing(t *testing.T, ctx context.Context) {
 	if raceEnabled {
-		t.Skip("the race detector allocates on its own")
+		t.Skip("the race detector allocates on its own; test/run-tests.sh runs this package without -race too")
 	}
 	r, w := pipeFD(t)
 	p, err := Open(r, "pipe")
