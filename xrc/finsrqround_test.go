@@ -105,9 +105,5 @@ func TestPostedFINInSRQCostsNoSecondRecovery(t *testing.T) {
 	}
 	roundTrip(t, y, dy, []byte("forward"))
 	roundTrip(t, dy, y, []byte("reverse"))
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("x's Close never returned")
-	}
+	awaitClose(t, "x", closed)
 }

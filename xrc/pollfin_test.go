@@ -76,13 +76,8 @@ func TestClosingLegSendPollFailsTwiceApart(t *testing.T) {
 		return x.finOut, ""
 	})
 	failAgainWhileMoveSlow(t, a, g, p, q, y, dy)
-	select {
-	case err := <-closed:
-		if err != nil {
-			t.Fatalf("close: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("x's Close never returned")
+	if err := awaitClose(t, "x", closed); err != nil {
+		t.Fatalf("close: %v", err)
 	}
 }
 
@@ -150,22 +145,44 @@ func failAgainWhileMoveSlow(t *testing.T, a *proc, g *holdMoves, p *idlePollFail
 	t.Helper()
 	g.release <- struct{}{} // x moved, the new INI made
 	awaitSetup(t, g.held, "y's MOVE never came")
+	failNewINIWhileMoveSlow(t, a, p, q, "y")
+	g.release <- struct{}{} // y moved
+	requireSecondRecoverySpares(t, a, y)
+	roundTrip(t, y, dy, []byte("forward"))
+	roundTrip(t, dy, y, []byte("reverse"))
+}
+
+// failNewINIWhileMoveSlow waits until a's uplink is up on a new INI (not q)
+// with leg's MOVE unanswered and every send polled, fails that INI's poll
+// once more (p: a second one-off failure, apart from the first), and waits
+// until the failure is taken.
+func failNewINIWhileMoveSlow(t *testing.T, a *proc, p *idlePollFail, q kernel.QP, leg string) {
+	t.Helper()
 	var q1 kernel.QP
-	eventually(t, "up on the new INI, y's MOVE unanswered, every send polled", func() (bool, string) {
+	eventually(t, "up on the new INI, "+leg+"'s MOVE unanswered, every send polled", func() (bool, string) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		u := a.uplinks[0]
 		q1 = u.cur.qp
 		return u.state == upUp && u.settling && q1 != q && len(u.cur.waiters) == 0, fmt.Sprint(u.state)
 	})
-	p.failIdle(q1) // a second one-off failure, apart from the first
+	p.failIdle(q1)
 	eventually(t, "the new INI's failure taken", func() (bool, string) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return a.uplinks[0].state == upRecovering, ""
 	})
-	g.release <- struct{}{} // y moved
-	requireSecondRecoverySpares(t, a, y)
-	roundTrip(t, y, dy, []byte("forward"))
-	roundTrip(t, dy, y, []byte("reverse"))
+}
+
+// awaitClose waits for a Close run in the background to return, and
+// returns its error.
+func awaitClose(t *testing.T, what string, closed <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-closed:
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal(what + "'s Close never returned")
+		return nil
+	}
 }

@@ -3,7 +3,6 @@ package xrc
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/netip"
 	"sync"
@@ -95,20 +94,7 @@ func TestPostedFINLostSendPollFailsTwiceApart(t *testing.T) {
 	}
 	g.release <- struct{}{} // x moved (b holds its leg: the FIN waits in its SRQ), the new INI made
 	awaitSetup(t, g.held, "y's MOVE never came")
-	var q1 kernel.QP
-	eventually(t, "up on the new INI, y's MOVE unanswered, every send polled", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		u := a.uplinks[0]
-		q1 = u.cur.qp
-		return u.state == upUp && u.settling && q1 != q && len(u.cur.waiters) == 0, fmt.Sprint(u.state)
-	})
-	p.failIdle(q1) // a second one-off failure, apart from the first
-	eventually(t, "the new INI's failure taken", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return a.uplinks[0].state == upRecovering, ""
-	})
+	failNewINIWhileMoveSlow(t, a, p, q, "y")
 	// b takes x's FIN (and lets x's leg go) before the next round's MOVEs.
 	releaseRecv()
 	if _, err := dx.Recv(ctxT(t, 5*time.Second), make([]byte, 64)); !errors.Is(err, io.EOF) {
@@ -119,11 +105,7 @@ func TestPostedFINLostSendPollFailsTwiceApart(t *testing.T) {
 	requireSecondRecoverySpares(t, a, y)
 	roundTrip(t, y, dy, []byte("forward"))
 	roundTrip(t, dy, y, []byte("reverse"))
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("x's Close never returned")
-	}
+	awaitClose(t, "x", closed)
 }
 
 // failPhysTo, once armed, fails the next XRC-typed Connect (a PHYS_REQ) to
@@ -190,26 +172,13 @@ func TestPostedFINLostPhysLegSendPollFailsTwiceApart(t *testing.T) {
 	closed := make(chan error, 1)
 	go func() { closed <- x.Close() }()
 	awaitSetup(t, g.held, "y2's MOVE never came")
-	var q1 kernel.QP
-	eventually(t, "up on the new INI, y2's MOVE unanswered, every send polled", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		u := a.uplinks[0]
-		q1 = u.cur.qp
-		return u.state == upUp && u.settling && q1 != q && len(u.cur.waiters) == 0, fmt.Sprint(u.state)
-	})
+	failNewINIWhileMoveSlow(t, a, p, q, "y2")
 	a.mu.Lock()
 	posted, y1err := x.finPosted, y1.err
 	a.mu.Unlock()
 	if !posted || !errors.Is(y1err, errUnanswered) {
 		t.Fatalf("setup: x's FIN posted %v, y1 failed with %v; want its FIN posted, y1 unanswered", posted, y1err)
 	}
-	p.failIdle(q1) // a second one-off failure, apart from the first
-	eventually(t, "the new INI's failure taken", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return a.uplinks[0].state == upRecovering, ""
-	})
 	releaseRecv() // b takes x's FIN before the next round's MOVEs
 	recvBeforeHold(t, dx)
 	if _, err := dx.Recv(ctxT(t, 5*time.Second), make([]byte, 64)); !errors.Is(err, io.EOF) {
@@ -219,9 +188,5 @@ func TestPostedFINLostPhysLegSendPollFailsTwiceApart(t *testing.T) {
 	requireSecondRecoverySpares(t, a, y2)
 	roundTrip(t, y2, d2, []byte("forward"))
 	roundTrip(t, d2, y2, []byte("reverse"))
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("x's Close never returned")
-	}
+	awaitClose(t, "x", closed)
 }
