@@ -1169,6 +1169,28 @@ func TestObjectTraceNamesCreators(t *testing.T) {
 	}
 }
 
+// sendAcked posts a receive on b and a 16-byte send from a, both with
+// work request id, and polls sendCQ (a's) until the send completes: once b
+// acknowledged it, after b's receive completion was queued.
+func sendAcked(t *testing.T, a, b *verbs.QP, sendCQ *verbs.CQ, mr *verbs.MR, id uint64) {
+	t.Helper()
+	require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: id, SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
+	require.NoError(t, a.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
+	wcs := make([]verbs.WorkCompletion, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := sendCQ.Poll(wcs)
+		require.NoError(t, err)
+		if n > 0 {
+			require.Equal(t, verbs.WCSuccess, wcs[0].Status)
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "send %d never completed", id)
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // TestVerbsWaitWithEndedContextLooks: a Wait whose context has ended
 // still returns the completions already queued, and fails with the
 // context's error only on an empty CQ: a caller may take that error for an
@@ -1197,22 +1219,7 @@ func TestVerbsWaitWithEndedContextLooks(t *testing.T) {
 	cancel()
 	wcs := make([]verbs.WorkCompletion, 4)
 	for i := range 20 { // a turn and an ended context were picked at random, half the time
-		require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
-		require.NoError(t, a.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
-			SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
-		// The send completes once b acknowledged it, after its receive
-		// completion was queued.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			n, err := sendCQ.Poll(wcs)
-			require.NoError(t, err)
-			if n > 0 {
-				require.Equal(t, verbs.WCSuccess, wcs[0].Status)
-				break
-			}
-			require.True(t, time.Now().Before(deadline), "send %d never completed", i)
-			time.Sleep(time.Millisecond)
-		}
+		sendAcked(t, a, b, sendCQ, mr, uint64(i)) // b's receive completion is queued
 		n, err := recvCQ.Wait(ended, wcs)
 		require.NoError(t, err, "round %d: a queued completion, an ended context", i)
 		require.Equal(t, 1, n)
@@ -1240,23 +1247,10 @@ func TestVerbsGetEventsWithEndedContextLooks(t *testing.T) {
 	cqs := make([]*verbs.CQ, 4)
 	for i := range 20 { // half the rounds took the ended context before
 		require.NoError(t, recvCQ.ReqNotify(false))
-		require.NoError(t, b.PostRecv([]verbs.RecvWR{{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(0, 64)}}}))
-		require.NoError(t, a.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
-			SGL: []verbs.SGE{mr.SGE(64, 16)}}}))
-		// The send completes once b acknowledged it, after its receive
-		// completion (and the event it raised) was queued; the pause is
-		// room for a device that hands the event on from a deferred task.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			n, err := sendCQ.Poll(wcs)
-			require.NoError(t, err)
-			if n > 0 {
-				require.Equal(t, verbs.WCSuccess, wcs[0].Status)
-				break
-			}
-			require.True(t, time.Now().Before(deadline), "send %d never completed", i)
-			time.Sleep(time.Millisecond)
-		}
+		// b's receive completion, and the event it raised, are queued; the
+		// pause is room for a device that hands the event on from a
+		// deferred task.
+		sendAcked(t, a, b, sendCQ, mr, uint64(i))
 		time.Sleep(50 * time.Millisecond)
 		n, err := ch.GetEvents(ended, cqs)
 		require.NoError(t, err, "round %d: an event queued, an ended context", i)
