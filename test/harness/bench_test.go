@@ -74,17 +74,7 @@ func TestBenchFailsWhenGoTestsFail(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			bin, work := filepath.Join(dir, "bin"), filepath.Join(dir, "work")
-			if err := os.Mkdir(bin, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			for name, body := range benchFakes {
-				if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/bash\n"+body+"\n"), 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
-			const kver = "6.1.0-47-amd64"
-			kroot := filepath.Join(work, "kernel", kver, "root")
+			bin, work := fakeCommands(t, dir, benchFakes), filepath.Join(dir, "work")
 			run := filepath.Join(work, "bench", "run", "vm")
 			files := map[string]string{}
 			for f, body := range benchRun {
@@ -97,16 +87,8 @@ func TestBenchFailsWhenGoTestsFail(t *testing.T) {
 					files[filepath.Join(run, f)] = body
 				}
 			}
-			files[filepath.Join(kroot, "boot/vmlinuz-"+kver)] = "kernel"
-			files[filepath.Join(kroot, "lib/modules/"+kver+"/modules.dep.bin")] = "deps"
-			for p, body := range files {
-				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			fakeKernel(files, work)
+			writeFiles(t, files)
 			doc := filepath.Join(dir, "benchmarks.md")
 			cmd := exec.Command("bash", "../bench.sh")
 			cmd.Env = append(os.Environ(), "PATH="+bin+":"+filepath.Join(runtime.GOROOT(), "bin")+":"+os.Getenv("PATH"),

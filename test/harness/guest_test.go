@@ -36,14 +36,9 @@ exit 0`,
 func guestRun(t *testing.T, rc string, state ...string) (stateDir, out string) {
 	t.Helper()
 	dir := t.TempDir()
-	bin, stateDir, out := filepath.Join(dir, "bin"), filepath.Join(dir, "state"), filepath.Join(dir, "out")
-	for _, d := range []string{bin, stateDir, out} {
+	bin, stateDir, out := fakeCommands(t, dir, fakes), filepath.Join(dir, "state"), filepath.Join(dir, "out")
+	for _, d := range []string{stateDir, out} {
 		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for name, body := range fakes {
-		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/bash\n"+body+"\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -93,30 +93,10 @@ func TestVMRunUsesItsOwnBuilds(t *testing.T) {
 // boots, rxe-vm.sh --prepare of checkout b with the same work dir.
 func vmRunOfTwoCheckouts(t *testing.T, failFirstBoot bool) {
 	dir := t.TempDir()
-	bin, work := filepath.Join(dir, "bin"), filepath.Join(dir, "work")
-	if err := os.Mkdir(bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, body := range vmFakes {
-		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/bash\n"+body+"\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The pinned kernel, as if fetched before.
-	const kver = "6.1.0-47-amd64"
-	kroot := filepath.Join(work, "kernel", kver, "root")
-	for f, body := range map[string]string{
-		"boot/vmlinuz-" + kver:                     "kernel",
-		"lib/modules/" + kver + "/modules.dep.bin": "deps",
-	} {
-		p := filepath.Join(kroot, f)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	bin, work := fakeCommands(t, dir, vmFakes), filepath.Join(dir, "work")
+	kernel := map[string]string{}
+	fakeKernel(kernel, work)
+	writeFiles(t, kernel)
 	vmA, vmB := checkout(t, dir, "a"), checkout(t, dir, "b")
 	release := filepath.Join(dir, "release")
 	env := append(os.Environ(), "PATH="+bin+":"+filepath.Join(runtime.GOROOT(), "bin")+":"+os.Getenv("PATH"),
