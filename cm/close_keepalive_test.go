@@ -19,24 +19,7 @@ import (
 func TestConnCloseWaitingForFinCreditHearsKeepalive(t *testing.T) {
 	const depth = 4
 	const timeout = 5 * time.Second
-	a, b, w := fakePair(t, fakeOpts{depth: [2]int{depth, depth}, keepalive: 500 * time.Millisecond, timeout: timeout})
-	ctx := ctxT(t)
-	// Leave a without credit, as starveFin does: its data takes all but
-	// one, and a credit return for b's messages, which a reads, the last.
-	for range depth {
-		require.NoError(t, a.Send(ctx, []byte("unread")))
-	}
-	buf := make([]byte, 256)
-	for range 3 {
-		require.NoError(t, b.Send(ctx, []byte("to a")))
-		_, err := a.Recv(ctx, buf)
-		require.NoError(t, err)
-	}
-	a.mu.Lock()
-	credits := a.credits
-	a.mu.Unlock()
-	require.Zero(t, credits, "setup: a should have no credit left")
-
+	a, _, w := starveFinWith(t, fakeOpts{depth: [2]int{depth, depth}, keepalive: 500 * time.Millisecond, timeout: timeout}, nil)
 	// b's node vanishes: no disconnect, its device answers nothing; only
 	// a probe can tell.
 	w.mu.Lock()

@@ -14,17 +14,23 @@ import (
 // then wait for b to read and return credits. With thaw, b is frozen (see
 // frozenEnd) until thaw is closed, and the handshake timeout is short.
 func starveFin(t *testing.T, thaw chan struct{}) (*Conn, *Conn) {
-	const depth = 4
-	o := fakeOpts{depth: [2]int{depth, depth}}
+	o := fakeOpts{depth: [2]int{4, 4}}
 	if thaw != nil {
 		o.timeout = 100 * time.Millisecond
 	}
+	a, b, _ := starveFinWith(t, o, thaw)
+	return a, b
+}
+
+// starveFinWith is starveFin on a pair made with o, and returns the wire too.
+func starveFinWith(t *testing.T, o fakeOpts, thaw chan struct{}) (*Conn, *Conn, *fakeWire) {
+	t.Helper()
 	a, b, w := fakePair(t, o)
 	if thaw != nil {
 		b.t = frozenEnd{w.ends[1], thaw}
 	}
 	ctx := ctxT(t)
-	for range depth {
+	for range o.depth[0] {
 		require.NoError(t, a.Send(ctx, []byte("unread")))
 	}
 	buf := make([]byte, 256)
@@ -37,7 +43,7 @@ func starveFin(t *testing.T, thaw chan struct{}) (*Conn, *Conn) {
 	credits := a.credits
 	a.mu.Unlock()
 	require.Zero(t, credits, "setup: a should have no credit left")
-	return a, b
+	return a, b, w
 }
 
 // Close alone waits (bounded) for a credit to send its FIN: b, reading
