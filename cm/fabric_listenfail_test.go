@@ -3,10 +3,6 @@ package cm
 import (
 	"context"
 	"errors"
-	"io"
-	"log"
-	"net"
-	"net/http"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -88,22 +84,5 @@ func TestFabricFailedListenerAcceptEndsServe(t *testing.T) {
 			t.Fatal("Accept did not fail after the endpoint died")
 		}
 	}
-	var ne interface{ Temporary() bool }
-	if !errors.As(aerr, &ne) || ne.Temporary() {
-		t.Errorf("Accept on a listener whose endpoint died: %v, temporary; want a permanent error", aerr)
-	}
-	if !errors.Is(aerr, net.ErrClosed) {
-		t.Errorf("Accept on a listener whose endpoint died: %v; want it to match net.ErrClosed", aerr)
-	}
-
-	srv := &http.Server{ErrorLog: log.New(io.Discard, "", 0)}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l.NetListener()) }()
-	select {
-	case <-served:
-	case <-time.After(3 * time.Second):
-		srv.Close()
-		<-served
-		t.Fatal("http.Server.Serve kept retrying Accept on a listener whose endpoint died")
-	}
+	requireAcceptEndsServe(t, l, aerr, "a listener whose endpoint died")
 }

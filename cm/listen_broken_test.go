@@ -24,21 +24,29 @@ func TestBrokenListenerAcceptEndsServe(t *testing.T) {
 	l.closeOnce.Do(func() { close(l.done) }) // what the loop's go l.Close() does first
 
 	_, err := l.NetListener().Accept()
+	requireAcceptEndsServe(t, l, err, "a listener that closed itself")
+}
+
+// requireAcceptEndsServe requires err, an Accept's on l, to end a server
+// loop: permanent (not Temporary, which http.Server.Serve retries) and
+// matching net.ErrClosed; and http.Server.Serve on l to return.
+func requireAcceptEndsServe(t *testing.T, l *Listener, err error, what string) {
+	t.Helper()
 	var ne interface{ Temporary() bool } // what http.Server.Serve asks of an Accept error
 	if !errors.As(err, &ne) || ne.Temporary() {
-		t.Errorf("Accept on a listener that closed itself: %v, temporary; want a permanent error", err)
+		t.Errorf("Accept on %s: %v, temporary; want a permanent error", what, err)
 	}
 	if !errors.Is(err, net.ErrClosed) {
-		t.Errorf("Accept on a listener that closed itself: %v; want it to match net.ErrClosed", err)
+		t.Errorf("Accept on %s: %v; want it to match net.ErrClosed", what, err)
 	}
-
 	srv := &http.Server{ErrorLog: log.New(io.Discard, "", 0)}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l.NetListener()) }()
 	select {
 	case <-served:
 	case <-time.After(3 * time.Second):
-		srv.Close() // not shutting the loop down: it keeps retrying
-		t.Fatal("http.Server.Serve kept retrying Accept on a listener that had closed itself")
+		srv.Close() // the loop keeps retrying; this ends it
+		<-served
+		t.Fatalf("http.Server.Serve kept retrying Accept on %s", what)
 	}
 }
