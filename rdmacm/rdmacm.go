@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -502,6 +503,8 @@ func (id *ID) ResolveRoute(ctx context.Context) error {
 
 // Listen starts listening on the bound address (rdma_listen). Connection
 // requests arrive as CONNECT_REQUEST events on this id, each with a new ID.
+// The kernel bounds backlog by net.rdma_ucm.max_backlog and takes one of 0
+// or less as that bound (sysctl net.rdma_ucm.max_backlog shows it).
 func (id *ID) Listen(backlog int) error {
 	const op = "rdma_listen"
 	unlock, err := id.use(op)
@@ -509,7 +512,14 @@ func (id *ID) Listen(backlog int) error {
 		return err
 	}
 	defer unlock()
-	return id.opErr(op, id.sysListen(backlog), id.localString)
+	return id.opErr(op, id.sysListen(kernelBacklog(backlog)), id.localString)
+}
+
+// kernelBacklog fits backlog into rdma_listen's int: a larger one means the
+// kernel's bound, as it does before conversion, rather than wrapping to a
+// small or negative number.
+func kernelBacklog(backlog int) int32 {
+	return int32(min(backlog, math.MaxInt32))
 }
 
 // Connect sends a connection request (rdma_connect): a REQ (private data up

@@ -563,7 +563,7 @@ func (id *ID) sysResolveRoute(ms int) error {
 	return errno(C.gx_resolve_route(id.sys.cid, C.int(ms)))
 }
 
-func (id *ID) sysListen(backlog int) error {
+func (id *ID) sysListen(backlog int32) error {
 	return errno(C.gx_listen(id.sys.cid, C.int(backlog)))
 }
 

@@ -29,7 +29,7 @@ func (id *ID) sysCreateEP(netip.AddrPort) error                { return ErrNotSu
 func (id *ID) sysBind(netip.AddrPort) error                    { return ErrNotSupported }
 func (id *ID) sysResolveAddr(_, _ netip.AddrPort, _ int) error { return ErrNotSupported }
 func (id *ID) sysResolveRoute(int) error                       { return ErrNotSupported }
-func (id *ID) sysListen(int) error                             { return ErrNotSupported }
+func (id *ID) sysListen(int32) error                           { return ErrNotSupported }
 func (id *ID) sysConnect(*ConnParam) error                     { return ErrNotSupported }
 func (id *ID) sysAccept(*ConnParam) error                      { return ErrNotSupported }
 func (id *ID) sysReject([]byte) error                          { return ErrNotSupported }

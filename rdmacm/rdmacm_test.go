@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -282,6 +283,26 @@ func TestKernelTimeout(t *testing.T) {
 	defer cancel2()
 	if got := kernelTimeout(ctx2); got != 1 {
 		t.Errorf("past deadline gave %d", got)
+	}
+}
+
+// A backlog past rdma_listen's int means the kernel's bound, as one over
+// net.rdma_ucm.max_backlog does, rather than wrapping to a small one.
+func TestKernelBacklog(t *testing.T) {
+	for _, c := range []struct {
+		in   int64
+		want int32
+	}{
+		{0, 0}, {-1, -1}, {128, 128}, {math.MaxInt32, math.MaxInt32},
+		{math.MaxInt32 + 1, math.MaxInt32}, {1<<32 + 5, math.MaxInt32}, {math.MaxInt64, math.MaxInt32},
+	} {
+		n := int(c.in)
+		if int64(n) != c.in {
+			continue // past a 32-bit int, so no caller can pass it
+		}
+		if got := kernelBacklog(n); got != c.want {
+			t.Errorf("kernelBacklog(%d) = %d, want %d", n, got, c.want)
+		}
 	}
 }
 
