@@ -359,23 +359,45 @@ func (o options) text() io.Writer {
 
 // result is what a run measured; fields not relevant to a mode stay zero.
 type result struct {
-	Mode       string  `json:"mode"`
-	Addr       string  `json:"addr"`
-	Size       int     `json:"size"` // 0 in connect mode, which sends nothing
-	Count      int     `json:"count"`
-	Seconds    float64 `json:"seconds"`
-	MinUS      float64 `json:"min_us,omitempty"`
-	MedianUS   float64 `json:"median_us,omitempty"`
-	P99US      float64 `json:"p99_us,omitempty"`
-	MBPerSec   float64 `json:"mb_per_s,omitempty"`
-	MsgsPerSec float64 `json:"msgs_per_s,omitempty"`
-	PerConnUS  float64 `json:"per_conn_us,omitempty"`
+	Mode    string  `json:"mode"`
+	Addr    string  `json:"addr"`
+	Size    int     `json:"size"` // 0 in connect mode, which sends nothing
+	Count   int     `json:"count"`
+	Seconds float64 `json:"seconds"`
+	// A mode's figures, each set only by its mode, so that -json has all
+	// of that mode's (a 0 too: MB/s of empty messages) and no other's.
+	*LatencyFigures
+	*BandwidthFigures
+	*ConnectFigures
 	// Nodes is the xrc -fabric demo's table, so that -json carries what
 	// the demo shows and not only its time.
 	Nodes []qpRow `json:"nodes,omitempty"`
 	// Conns is the xrc mode's connections without -fabric, each with the
 	// transport it got, as its text lines say.
 	Conns []connRow `json:"conns,omitempty"`
+}
+
+// LatencyFigures are the latency mode's: one way, half a round trip.
+type LatencyFigures struct {
+	MinUS    float64 `json:"min_us"`
+	MedianUS float64 `json:"median_us"`
+	P99US    float64 `json:"p99_us"`
+}
+
+// BandwidthFigures are the bandwidth mode's, over the stream alone.
+type BandwidthFigures struct {
+	MBPerSec   float64 `json:"mb_per_s"`
+	MsgsPerSec float64 `json:"msgs_per_s"`
+}
+
+// ConnectFigures are the connect mode's.
+type ConnectFigures struct {
+	PerConnUS float64 `json:"per_conn_us"`
+}
+
+// streamed is the bandwidth of count messages of size bytes in secs.
+func streamed(size, count int, secs float64) *BandwidthFigures {
+	return &BandwidthFigures{MBPerSec: float64(size) * float64(count) / secs / 1e6, MsgsPerSec: float64(count) / secs}
 }
 
 // connRow is a connection of the xrc mode without -fabric.
@@ -458,9 +480,7 @@ func run(ctx context.Context, o options) (result, error) {
 		if err == nil {
 			err = bandwidth(ctx, c, o, p)
 		}
-		secs := time.Since(streamStart).Seconds()
-		r.MBPerSec = float64(o.size) * float64(o.count) / secs / 1e6
-		r.MsgsPerSec = float64(o.count) / secs
+		r.BandwidthFigures = streamed(o.size, o.count, time.Since(streamStart).Seconds())
 	default:
 		return r, fmt.Errorf("unknown mode %q", o.mode)
 	}
@@ -546,9 +566,7 @@ func latency(ctx context.Context, c *cm.Conn, o options, r *result, p *progress)
 		return errors.New("no samples: -count must be positive")
 	}
 	us := func(d time.Duration) float64 { return float64(d) / 2 / 1e3 } // one way
-	r.MinUS = us(slices.Min(rtts))
-	r.MedianUS = us(quantile.Median(rtts))
-	r.P99US = us(quantile.Rank(rtts, 99))
+	r.LatencyFigures = &LatencyFigures{MinUS: us(slices.Min(rtts)), MedianUS: us(quantile.Median(rtts)), P99US: us(quantile.Rank(rtts, 99))}
 	return nil
 }
 
@@ -625,7 +643,7 @@ func connect(ctx context.Context, o options, r result) (result, error) {
 	}
 	wg.Wait()
 	r.Seconds = time.Since(start).Seconds()
-	r.PerConnUS = r.Seconds * 1e6 / float64(o.conns)
+	r.ConnectFigures = &ConnectFigures{PerConnUS: r.Seconds * 1e6 / float64(o.conns)}
 	p.stop()
 	for _, c := range conns {
 		if c != nil {

@@ -172,3 +172,16 @@ func TestJSONSizeZero(t *testing.T) {
 		t.Fatalf("%s (%v): want size 0 given", b, err)
 	}
 }
+
+// -json gives each of a mode's figures, a 0 too (the MB/s of a bandwidth
+// run of empty messages), and none of another mode's.
+func TestJSONFiguresOfTheMode(t *testing.T) {
+	b, err := json.Marshal(result{Mode: "bandwidth", Count: 100, BandwidthFigures: streamed(0, 100, 0.5)})
+	if err != nil || !strings.Contains(string(b), `"mb_per_s":0,"msgs_per_s":200`) || strings.Contains(string(b), "_us") {
+		t.Fatalf("%s (%v): want mb_per_s 0, msgs_per_s 200, no latency or connect figure", b, err)
+	}
+	b, err = json.Marshal(result{Mode: "latency", Count: 1, LatencyFigures: &LatencyFigures{}})
+	if err != nil || !strings.Contains(string(b), `"min_us":0,"median_us":0,"p99_us":0`) || strings.Contains(string(b), "per_s") {
+		t.Fatalf("%s (%v): want the three latency figures, no bandwidth one", b, err)
+	}
+}
