@@ -10,7 +10,7 @@ import (
 	"github.com/goxrc/goxrc/internal/fakedns"
 )
 
-// An unspecified local address (WithLocalAddr("::") or "0.0.0.0") binds
+// An unspecified local address (WithLocalAddr("::"), "::%eth0" or "0.0.0.0") binds
 // nothing, so it keeps Dial to no family: net.Dialer filters a name's
 // addresses by LocalAddr's family only when LocalAddr is not a wildcard
 // (net.Resolver.resolveAddrList), and dials either family from one.
@@ -22,6 +22,8 @@ func TestFabricDialWildcardLocalAddr(t *testing.T) {
 		{"10.1.0.1", "10.1.0.2", "::", "four.test:7471"},
 		{"fd00::1", "fd00::2", "0.0.0.0", "[fd00::1]:7471"},
 		{"fd00::1", "fd00::2", "0.0.0.0", "six.test:7471"},
+		{"10.1.0.1", "10.1.0.2", "::%eth0", "10.1.0.1:7471"}, // a zone picks no interface for ::
+		{"fd00::1", "fd00::2", "::%eth0", "six.test:7471"},
 	} {
 		t.Run(tc.local+"->"+tc.address, func(t *testing.T) {
 			ctx := ctxT(t)

@@ -160,6 +160,12 @@ func newConfig(opts []Option) (config, error) {
 			return c, fmt.Errorf("cm: local address: %w (%w)", err, ErrInvalid)
 		}
 		c.local = ip.Unmap()
+		if c.local.WithZone("").IsUnspecified() {
+			// "::%eth0" is a wildcard too, as net.Dialer's LocalAddr
+			// (its net.IP has no zone): an unspecified address picks
+			// no interface, so its zone picks nothing either.
+			c.local = c.local.WithZone("")
+		}
 	}
 	switch {
 	case c.queueDepth < minQueueDepth || c.queueDepth > maxQueueDepth:
@@ -219,8 +225,8 @@ func WithDevice(name string) Option { return func(c *config) { c.device = name }
 // name's addresses of the other family are skipped, and a literal of the
 // other family, or a name with none of ip's, fails with "no suitable
 // address found" (a *net.AddrError, as net.Dialer's). An unspecified ip
-// (0.0.0.0 or ::) picks nothing and keeps Dial to no family, as a wildcard
-// LocalAddr does net.Dialer's. With WithDevice too, ip must be on that
+// (0.0.0.0, ::, or :: with a zone) picks nothing and keeps Dial to no
+// family, as a wildcard LocalAddr does net.Dialer's. With WithDevice too, ip must be on that
 // device; with WithFabric, it must be the node's.
 // Listen ignores it (its address is the local one), but an ip that does
 // not parse fails there too, with ErrInvalid, as every option is checked.
