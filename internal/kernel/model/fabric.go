@@ -52,7 +52,7 @@ func NewFabric(reuse Reuse) *Fabric {
 
 // NodeConfig configures a node.
 type NodeConfig struct {
-	NoXRC bool // a device without XRC (like rxe): OpenXRCD fails with EOPNOTSUPP
+	NoXRC bool // a device without XRC (like rxe): OpenXRCD and CreateINI fail with EOPNOTSUPP
 	// SendQueueDepth is each INI's max_send_wr: PostSend fails with ENOMEM
 	// while that many sends wait to be polled (default DefaultSendQueueDepth).
 	SendQueueDepth int

@@ -229,6 +229,9 @@ func (p *Process) CreateINI() (kernel.QP, uint32, error) {
 	if p.closed {
 		return 0, 0, &verbs.OpError{Op: "ibv_create_qp_ex", Err: verbs.ErrClosed}
 	}
+	if !p.n.xrc {
+		return 0, 0, opErr("ibv_create_qp_ex", syscall.EOPNOTSUPP) // rxe: no XRC QP type
+	}
 	if err := p.deviceErr("ibv_create_qp_ex"); err != nil {
 		return 0, 0, err
 	}

@@ -129,6 +129,11 @@ func TestModelNoXRCDevice(t *testing.T) {
 	if !errors.Is(err, verbs.ErrNotSupported) || !isErrno(err, syscall.EOPNOTSUPP) {
 		t.Fatalf("%v", err)
 	}
+	// Nor an XRC send QP, which needs no domain (TestVerbsXRCQPsOnRXE has
+	// rxe's answer).
+	if _, _, err := p.CreateINI(); !isErrno(err, syscall.EOPNOTSUPP) || p.Handles() != 0 || n.Counts().INIs != 0 {
+		t.Fatalf("INI on a device without XRC: %v, %d handles, %d INIs", err, p.Handles(), n.Counts().INIs)
+	}
 }
 
 // Rule: the creator gets a handle like everyone; open adds one; destroying
