@@ -357,7 +357,7 @@ func (o options) text() io.Writer {
 	return os.Stdout
 }
 
-// result is what a run measured; fields not relevant to a mode stay zero.
+// result is what a run measured; fields of other modes stay zero or nil.
 type result struct {
 	Mode    string  `json:"mode"`
 	Addr    string  `json:"addr"`
