@@ -253,6 +253,13 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if !posted {
 		kernel.FreePayload(frame)
 	}
+	if err != nil {
+		if _, ok := err.(*OpError); !ok {
+			// The context's end, while Send waited for its turn, for
+			// credits, for the uplink or for room: an *OpError too.
+			err = &OpError{"send", c.raddr.String(), err}
+		}
+	}
 	return err
 }
 
@@ -1096,7 +1103,7 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 		case <-c.wakeCh:
 		case <-c.done:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, &OpError{"recv", c.raddr.String(), ctx.Err()}
 		}
 	}
 }
@@ -1394,8 +1401,11 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 // after them, and our sending leg stays up, carrying the credit frames and
 // keepalives the peer's messages need, until Close (or the peer's FIN, which
 // ends the connection as ever). Send fails with ErrClosed from then on.
-// CloseWrite is idempotent. After the peer's FIN (Recv's io.EOF) it returns
-// ErrPeerClosed, as Send does, until our own Close. It waits for the FIN's
+// CloseWrite is idempotent until the peer's FIN: after it (the peer's
+// Close; not the half FIN of its CloseWrite, whose io.EOF at Recv leaves our
+// side free to send and half-close) it returns ErrPeerClosed, as Send does,
+// also after a CloseWrite of ours that returned nil, until our own Close
+// (cm.Conn.CloseWrite keeps returning nil there). It waits for the FIN's
 // completion, at most Config.HandshakeTimeout (context.DeadlineExceeded
 // after that, with a receiver that takes nothing in), and returns ErrClosed
 // if the endpoint closes meanwhile.

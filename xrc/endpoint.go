@@ -501,7 +501,7 @@ func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
 		c.acceptedLocked()
 		return c, nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, &OpError{"accept", e.addr.String(), ctx.Err()}
 	case <-e.ctx.Done():
 		return nil, e.closedErr("accept")
 	case <-e.dead:
