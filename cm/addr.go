@@ -13,7 +13,9 @@ import (
 )
 
 // Addr is the address of an RDMA connection endpoint: an IP address and a
-// port in the RDMA CM's TCP port space.
+// port number of the RDMA CM's, in its TCP port space (RDMA_PS_TCP) for RC
+// connections and in its IB and UDP spaces for XRC ones (see the package
+// doc).
 type Addr struct {
 	netip.AddrPort
 }
