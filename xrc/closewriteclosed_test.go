@@ -57,6 +57,10 @@ func TestCloseWriteOnClosingEndpointIsErrClosed(t *testing.T) {
 			t.Fatal("CloseWrite still waits after its endpoint closed")
 		}
 	})
+	// A FIN posted behind a stalled receiver is no wait of CloseWrite's:
+	// it returns nil once the FIN is posted, as a Send does
+	// (TestCloseWriteReturnsOncePostedBehindAStalledReceiver); the
+	// endpoint's Close then ends the engine's wait for its completion.
 	t.Run("FIN posted, receiver stalled", func(t *testing.T) {
 		w := newWorld(t)
 		w.f.AddNode("10.0.121.4", memfabric.NodeConfig{SRQReceives: 1})
@@ -76,13 +80,17 @@ func TestCloseWriteOnClosingEndpointIsErrClosed(t *testing.T) {
 			n := len(c.up.cur.waiters)
 			return c.writeClosed && n == 1, fmt.Sprintf("%d frames waiting", n)
 		})
-		time.Sleep(20 * time.Millisecond) // it waits for the completion by now
-		a.Close()
 		select {
 		case err := <-res:
-			want(t, err)
+			if err != nil {
+				t.Fatalf("CloseWrite with its FIN posted: %v, want nil", err)
+			}
 		case <-time.After(5 * time.Second):
-			t.Fatal("CloseWrite still waits after its endpoint closed")
+			t.Fatal("CloseWrite waits for the stalled receiver")
+		}
+		a.Close()
+		if err := c.CloseWrite(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("CloseWrite after its endpoint closed: %v, want ErrClosed", err)
 		}
 	})
 }

@@ -752,6 +752,12 @@ var probeFrame = append([]byte{kindCredit}, heldProbe[:]...)
 // next recovery (the loop waits until it is up again), so what bounds the
 // frame then is what bounds the rebuilds, ctx and the connection's end.
 func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
+	return c.sendFrameNotify(ctx, kind, p, nil)
+}
+
+// sendFrameNotify is sendFrame that closes posted, if not nil, once the
+// frame is first posted (a CloseWrite returns then, as a Send does).
+func (c *Conn) sendFrameNotify(ctx context.Context, kind byte, p []byte, posted chan struct{}) error {
 	e := c.e
 	for try := 0; try < maxTries; try++ {
 		e.mu.Lock()
@@ -810,6 +816,10 @@ func (c *Conn) sendFrame(ctx context.Context, kind byte, p []byte) error {
 				try--
 			}
 			continue
+		}
+		if posted != nil {
+			close(posted)
+			posted = nil
 		}
 		select {
 		case st := <-ch:
@@ -1405,10 +1415,13 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 // Close; not the half FIN of its CloseWrite, whose io.EOF at Recv leaves our
 // side free to send and half-close) it returns ErrPeerClosed, as Send does,
 // also after a CloseWrite of ours that returned nil, until our own Close
-// (cm.Conn.CloseWrite keeps returning nil there). It waits for the FIN's
-// completion, at most Config.HandshakeTimeout (context.DeadlineExceeded
-// after that, with a receiver that takes nothing in), and returns ErrClosed
-// if the endpoint closes meanwhile.
+// (cm.Conn.CloseWrite keeps returning nil there). It returns once the FIN
+// is posted, as Send does, never waiting for the peer: it waits only for
+// the uplink and room in its send queue, at most Config.HandshakeTimeout
+// (context.DeadlineExceeded after that, having sent nothing, so that a
+// CloseWrite again sends it), and returns ErrClosed if the endpoint closes
+// meanwhile. The engine waits for the FIN's completion, and posts it again
+// across a recovery, within that timeout.
 func (c *Conn) CloseWrite() error {
 	e := c.e
 	e.mu.Lock()
@@ -1437,10 +1450,30 @@ func (c *Conn) CloseWrite() error {
 	c.writeClosed = true
 	c.wakeSendersLocked() // a Send waiting for credits fails now
 	e.mu.Unlock()
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
-	defer cancel()
-	if err := c.sendFIN(ctx, true); err != nil {
-		return c.closeWriteErr(err)
+	// The FIN goes on a goroutine of the endpoint's: CloseWrite returns
+	// once it is posted, as a Send does, and waits for no completion,
+	// which a receiver that takes nothing in (a stopped process) holds
+	// back. The goroutine waits for it as before, posting again across a
+	// recovery, within the handshake timeout.
+	posted := make(chan struct{})
+	done := make(chan error, 1)
+	if !e.spawn(func() {
+		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.HandshakeTimeout)
+		defer cancel()
+		done <- c.sendFINNotify(ctx, true, posted)
+	}) {
+		return &OpError{"close write", c.raddr.String(), ErrClosed}
+	}
+	select {
+	case <-posted:
+	case err := <-done:
+		select {
+		case <-posted: // posted before it failed: the half-close went
+		default:
+			if err != nil {
+				return c.closeWriteErr(err)
+			}
+		}
 	}
 	e.mu.Lock()
 	c.halfFINSent = true
@@ -1466,6 +1499,12 @@ func (c *Conn) closeWriteErr(err error) error {
 // sendFIN sends our FIN on the sending leg, after every data frame posted
 // before it; half keeps the leg (CloseWrite).
 func (c *Conn) sendFIN(ctx context.Context, half bool) error {
+	return c.sendFINNotify(ctx, half, nil)
+}
+
+// sendFINNotify is sendFIN that closes posted once the FIN is posted
+// (sendFrameNotify).
+func (c *Conn) sendFINNotify(ctx context.Context, half bool, posted chan struct{}) error {
 	c.e.mu.Lock()
 	f := wire.FIN{Tag: c.peerTag, SenderTag: c.sendTag, Half: half}
 	c.finOut = c.finOut || !half
@@ -1474,7 +1513,7 @@ func (c *Conn) sendFIN(ctx context.Context, half bool) error {
 	if _, err := f.Encode(b[:]); err != nil {
 		return err
 	}
-	return c.sendFrame(ctx, kindFIN, b[:])
+	return c.sendFrameNotify(ctx, kindFIN, b[:], posted)
 }
 
 // fail ends the connection at once, without FIN.

@@ -249,7 +249,13 @@ func TestFrameFailingEveryPostEndsConn(t *testing.T) {
 			_, err := sc.Recv(ctx, make([]byte, 16))
 			return err
 		}},
-		{"FIN", kindFIN, func(t *testing.T, ctx context.Context, sc *Conn) error { return sc.CloseWrite() }},
+		{"FIN", kindFIN, func(t *testing.T, ctx context.Context, sc *Conn) error {
+			if err := sc.CloseWrite(); err != nil {
+				t.Fatalf("the CloseWrite itself: %v (it returns once its FIN is posted)", err)
+			}
+			_, err := sc.Recv(ctx, make([]byte, 16))
+			return err
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
