@@ -41,14 +41,7 @@ func TestReverseAbortBeforeForwardLegGoes(t *testing.T) {
 	k := &abortTGTs{tgts: func() int { return w.f.Node("10.0.103.2").Stats().TGTs }}
 	b := w.wrappedEndpoint("10.0.103.2", 7000, func(kk kernel.Kernel) kernel.Kernel { k.Kernel = kk; return k },
 		func(c *Config) { c.HandshakeTimeout = 2 * time.Second })
-	k.armed.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := a.Dial(ctx, b.Addr().String())
-	if err == nil {
-		c.Close()
-		t.Fatal("dial succeeded, though the acceptor could make no INI for its reverse leg")
-	}
+	err := k.dialAborted(t, a, b)
 	switch n := k.atAbort.Load(); {
 	case n == 0:
 		t.Fatalf("no ABORT went (the dial: %v)", err)
@@ -125,14 +118,7 @@ func TestReverseAbortFailsDialBeforeAnswer(t *testing.T) {
 	k := &failINIs{}
 	b := w.wrappedEndpoint("10.0.104.2", 7000, func(kk kernel.Kernel) kernel.Kernel { k.Kernel = kk; return k },
 		func(c *Config) { c.HandshakeTimeout = 2 * time.Second })
-	k.armed.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := a.Dial(ctx, b.Addr().String())
-	if err == nil {
-		c.Close()
-		t.Fatal("dial succeeded, though the acceptor could make no INI for its reverse leg")
-	}
+	err := k.dialAborted(t, a, b)
 	switch ak.refused.Load() {
 	case 0:
 		t.Fatalf("no ABORT refused (the dial: %v)", err)

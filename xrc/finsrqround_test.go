@@ -54,27 +54,12 @@ func TestPostedFINInSRQCostsNoSecondRecovery(t *testing.T) {
 	a.mu.Lock()
 	a.tags.first = []uint32{10, 20} // x, then y: x's leg sorts first
 	a.mu.Unlock()
-	x, dx := pair(t, a, b)
-	y, dy := pair(t, a, b)
+	// b's receive loop holds its next poll: what a sends from now on
+	// waits, delivered, in b's SRQ.
+	x, dx, y, dy, _ := finInSRQ(t, a, b, h)
 	defer dx.Close()
 	defer dy.Close()
 	defer y.Close()
-	h.hold.Store(true)
-	// b's receive loop holds its next poll (a poll under way, begun
-	// before the hold, ends with this message, which dy reads once the
-	// loop is let go): what a sends from now on waits, delivered, in
-	// b's SRQ.
-	const before = "before the hold"
-	if err := y.Send(ctxT(t, 5*time.Second), []byte(before)); err != nil {
-		t.Fatal(err)
-	}
-	awaitSetup(t, h.holding, "b's receive loop never held")
-	eventually(t, "a's uplink up, every send polled", func() (bool, string) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		u := a.uplinks[0]
-		return u.state == upUp && !u.settling && len(u.cur.waiters) == 0, ""
-	})
 	v.armed.Store(true) // the recovery's VIRT_REQ MOVE waits
 	p.armed.Store(true) // the next poll that takes completions, x's FIN's, fails
 	closed := make(chan error, 1)
@@ -87,8 +72,8 @@ func TestPostedFINInSRQCostsNoSecondRecovery(t *testing.T) {
 		t.Fatalf("dx after x's FIN: %v, want io.EOF", err)
 	}
 	buf := make([]byte, 64)
-	if n, err := dy.Recv(ctxT(t, 5*time.Second), buf); err != nil || string(buf[:n]) != before {
-		t.Fatalf("dy: %q, %v; want %q", buf[:n], err, before)
+	if n, err := dy.Recv(ctxT(t, 5*time.Second), buf); err != nil || string(buf[:n]) != beforeHold {
+		t.Fatalf("dy: %q, %v; want %q", buf[:n], err, beforeHold)
 	}
 	releaseVirt()
 	eventually(t, "the recovery done, x's sending leg gone", func() (bool, string) {

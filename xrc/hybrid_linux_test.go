@@ -196,6 +196,18 @@ func testDialEcho(t *testing.T, sm seam) {
 
 func quickIdle(c *Config) { c.Heartbeat, c.IdleTimeout = 50*time.Millisecond, 400*time.Millisecond }
 
+// threeOnOneDomain opens three endpoints through sm on one node and one
+// domain (quickIdle), at port, port+1 and port+2: a sender s and two
+// receivers, r1 and r2. It returns them with their kills (seamEndpoint).
+func threeOnOneDomain(t *testing.T, sm seam, port uint16) (s, r1, r2 *proc, kill, kill1 func()) {
+	t.Helper()
+	dir := t.TempDir() + "/goxrc"
+	se, kill := seamEndpoint(t, sm, port, dir, quickIdle)
+	r1e, kill1 := seamEndpoint(t, sm, port+1, dir, quickIdle)
+	r2e, _ := seamEndpoint(t, sm, port+2, dir, quickIdle)
+	return &proc{Endpoint: se}, &proc{Endpoint: r1e}, &proc{Endpoint: r2e}, kill, kill1
+}
+
 // testKillTGTCreator: on one node and one domain, s reaches r1 (which
 // creates the TGT: PHYS_REQ over the real XRC-typed CM) and r2 (which opens
 // it: VIRT_REQ over real SIDR). r1's process dies: its TGT-side CM id goes
@@ -203,11 +215,7 @@ func quickIdle(c *Config) { c.Heartbeat, c.IdleTimeout = 50*time.Millisecond, 40
 // connection to r1 fails with ErrPeerGone.
 func testKillTGTCreator(t *testing.T, sm seam) {
 	checkGoroutines(t)
-	dir := t.TempDir() + "/goxrc"
-	se, _ := seamEndpoint(t, sm, 20313, dir, quickIdle)
-	r1e, kill1 := seamEndpoint(t, sm, 20314, dir, quickIdle)
-	r2e, _ := seamEndpoint(t, sm, 20315, dir, quickIdle)
-	s, r1, r2 := &proc{Endpoint: se}, &proc{Endpoint: r1e}, &proc{Endpoint: r2e}
+	s, r1, r2, _, kill1 := threeOnOneDomain(t, sm, 20313)
 	s1, _ := pair(t, s, r1)
 	s2, c2 := pair(t, s, r2)
 	roundTrip(t, s2, c2, []byte("before"))
@@ -237,11 +245,7 @@ func testKillTGTCreator(t *testing.T, sm seam) {
 // sharer; both receivers end up with no connection and no downlink.
 func testKillSender(t *testing.T, sm seam) {
 	checkGoroutines(t)
-	dir := t.TempDir() + "/goxrc"
-	se, kill := seamEndpoint(t, sm, 20316, dir, quickIdle)
-	r1e, _ := seamEndpoint(t, sm, 20317, dir, quickIdle)
-	r2e, _ := seamEndpoint(t, sm, 20318, dir, quickIdle)
-	s, r1, r2 := &proc{Endpoint: se}, &proc{Endpoint: r1e}, &proc{Endpoint: r2e}
+	s, r1, r2, kill, _ := threeOnOneDomain(t, sm, 20316)
 	_, c1 := pair(t, s, r1)
 	_, c2 := pair(t, s, r2)
 	kill() // kill -9

@@ -406,44 +406,40 @@ func (s *sweepEnv) pairKeep(a, b *proc) (*Conn, *Conn) {
 	return ca, cb
 }
 
+// dialBeside: x and y are up (their connection kept); armed, from dials
+// to, sends and closes; x and y's connection still carries messages.
+func (s *sweepEnv) dialBeside(x, y, from, to string) {
+	c, d := s.pairKeep(s.procs[x], s.procs[y])
+	s.serve(s.procs[to])
+	s.arm()
+	s.dialSend(s.procs[from], s.procs[to], true)
+	s.works(x, y, c, d)
+	s.finish()
+}
+
 // scDial2: A dials B a second time (over the uplinks the first made).
 func scDial2(s *sweepEnv) {
-	a := s.ep("A", "10.0.0.1", 7000)
-	b := s.ep("B", "10.0.0.2", 7000)
-	c1, d1 := s.pairKeep(a, b)
-	s.serve(b)
-	s.arm()
-	s.dialSend(a, b, true)
-	s.works("A", "B", c1, d1)
-	s.finish()
+	s.ep("A", "10.0.0.1", 7000)
+	s.ep("B", "10.0.0.2", 7000)
+	s.dialBeside("A", "B", "A", "B")
 }
 
 // scShare: A is up with B1; A dials B2, on B1's node and domain (B2 opens
 // B1's TGT; its reverse leg makes a TGT on A's node).
 func scShare(s *sweepEnv) {
-	a := s.ep("A", "10.0.0.1", 7000)
-	b1 := s.ep("B1", "10.0.0.2", 7000)
-	b2 := s.ep("B2", "10.0.0.2", 7001)
-	c1, d1 := s.pairKeep(a, b1)
-	s.serve(b2)
-	s.arm()
-	s.dialSend(a, b2, true)
-	s.works("A", "B1", c1, d1)
-	s.finish()
+	s.ep("A", "10.0.0.1", 7000)
+	s.ep("B1", "10.0.0.2", 7000)
+	s.ep("B2", "10.0.0.2", 7001)
+	s.dialBeside("A", "B1", "A", "B2")
 }
 
 // scShareRev: A1 is up with B; A2, on A1's node and domain, dials B: B's
 // reverse leg rides its uplink to A1's TGT, which A2 opens.
 func scShareRev(s *sweepEnv) {
-	a1 := s.ep("A1", "10.0.0.1", 7000)
-	a2 := s.ep("A2", "10.0.0.1", 7001)
-	b := s.ep("B", "10.0.0.2", 7000)
-	c1, d1 := s.pairKeep(a1, b)
-	s.serve(b)
-	s.arm()
-	s.dialSend(a2, b, true)
-	s.works("A1", "B", c1, d1)
-	s.finish()
+	s.ep("A1", "10.0.0.1", 7000)
+	s.ep("A2", "10.0.0.1", 7001)
+	s.ep("B", "10.0.0.2", 7000)
+	s.dialBeside("A1", "B", "A2", "B")
 }
 
 // scClose: A and B, up, close their connection at once.
@@ -464,40 +460,44 @@ func scClose(s *sweepEnv) {
 	s.finish()
 }
 
+// creatorDies: x is up with creator (the TGT's creator) and each of
+// sharers (sharing it); armed, creator dies: x's connection to it fails,
+// and x's recovery moves each sharer's leg, whose connection still carries
+// messages.
+func (s *sweepEnv) creatorDies(x, creator string, sharers ...string) {
+	c1, _ := s.pairKeep(s.procs[x], s.procs[creator])
+	var cs, ds []*Conn
+	for _, n := range sharers {
+		c, d := s.pairKeep(s.procs[x], s.procs[n])
+		cs, ds = append(cs, c), append(ds, d)
+	}
+	s.arm()
+	s.dead = map[string]bool{creator: true}
+	s.procs[creator].p.Kill()
+	sendErr(s.t, c1)
+	for i, n := range sharers {
+		s.works(x, n, cs[i], ds[i])
+	}
+	s.finish()
+}
+
 // scRecover: A is up with B1 (the TGT's creator) and B2 (sharing it); B1
 // dies and A's recovery moves B2's leg by a PHYS_REQ flagged REPLACES_TGT.
 func scRecover(s *sweepEnv) {
-	a := s.ep("A", "10.0.0.1", 7000)
-	b1 := s.ep("B1", "10.0.0.2", 7000)
-	b2 := s.ep("B2", "10.0.0.2", 7001)
-	s.pairKeep(a, b1)
-	c2, d2 := s.pairKeep(a, b2)
-	c1 := s.conns[0]
-	s.arm()
-	s.dead = map[string]bool{"B1": true}
-	b1.p.Kill()
-	sendErr(s.t, c1)
-	s.works("A", "B2", c2, d2)
-	s.finish()
+	s.ep("A", "10.0.0.1", 7000)
+	s.ep("B1", "10.0.0.2", 7000)
+	s.ep("B2", "10.0.0.2", 7001)
+	s.creatorDies("A", "B1", "B2")
 }
 
 // scRecover3: A is up with B1 (the TGT's creator), B2 and B3 (sharing
 // it); B1 dies: A's recovery moves B2's leg by PHYS, B3's by VIRT.
 func scRecover3(s *sweepEnv) {
-	a := s.ep("A", "10.0.0.1", 7000)
-	b1 := s.ep("B1", "10.0.0.2", 7000)
-	b2 := s.ep("B2", "10.0.0.2", 7001)
-	b3 := s.ep("B3", "10.0.0.2", 7002)
-	c1, _ := s.pairKeep(a, b1)
-	c2, d2 := s.pairKeep(a, b2)
-	c3, d3 := s.pairKeep(a, b3)
-	s.arm()
-	s.dead = map[string]bool{"B1": true}
-	b1.p.Kill()
-	sendErr(s.t, c1)
-	s.works("A", "B2", c2, d2)
-	s.works("A", "B3", c3, d3)
-	s.finish()
+	s.ep("A", "10.0.0.1", 7000)
+	s.ep("B1", "10.0.0.2", 7000)
+	s.ep("B2", "10.0.0.2", 7001)
+	s.ep("B3", "10.0.0.2", 7002)
+	s.creatorDies("A", "B1", "B2", "B3")
 }
 
 // scConcurrent: A dials B1 and B2, on one node, at once.

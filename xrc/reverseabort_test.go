@@ -28,6 +28,22 @@ func (k *failINIs) CreateINI() (kernel.QP, uint32, error) {
 	return k.Kernel.CreateINI()
 }
 
+// dialAborted arms k, the kernel of b's process, and dials b from a: b can
+// make no INI for the dial's reverse leg, so the dial must fail; it
+// returns the dial's error.
+func (k *failINIs) dialAborted(t *testing.T, a, b *proc) error {
+	t.Helper()
+	k.armed.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := a.Dial(ctx, b.Addr().String())
+	if err == nil {
+		c.Close()
+		t.Fatal("dial succeeded, though the acceptor could make no INI for its reverse leg")
+	}
+	return err
+}
+
 // A dial whose acceptor cannot open the reverse leg for reasons of its own
 // (here its node is out of QPs) fails at once with that reason's name, not
 // at its deadline: the acceptor's half fails and sends an ABORT naming the
@@ -51,15 +67,8 @@ func TestDialReverseLegAbortedFailsAtOnce(t *testing.T) {
 				c, d := pair(t, a, o)
 				others = append(others, c, d)
 			}
-			k.armed.Store(true)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
 			start := time.Now()
-			c, err := a.Dial(ctx, b.Addr().String())
-			if err == nil {
-				c.Close()
-				t.Fatal("dial succeeded, though the acceptor could make no INI for its reverse leg")
-			}
+			err := k.dialAborted(t, a, b)
 			if !errors.Is(err, errReverseAborted) {
 				t.Fatalf("dial failed after %v with %v; want the acceptor's ABORT", time.Since(start).Round(time.Millisecond), err)
 			}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,8 +23,7 @@ import (
 type unansweredReverse struct {
 	wrapper
 	answerLost bool
-	mu         sync.Mutex
-	ids        map[kernel.ID]bool
+	ids        idSet
 }
 
 func (k *unansweredReverse) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
@@ -44,18 +42,13 @@ func (k *unansweredReverse) Connect(ctx context.Context, dst netip.AddrPort, ex 
 	}
 	id, err := k.Kernel.Connect(ctx, dst, ex, qpNum, pd)
 	if err == nil && lost {
-		k.mu.Lock()
-		k.ids[id] = true
-		k.mu.Unlock()
+		k.ids.add(id)
 	}
 	return id, err
 }
 
 func (k *unansweredReverse) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
-	k.mu.Lock()
-	mine := k.ids[id]
-	delete(k.ids, id)
-	k.mu.Unlock()
+	mine := k.ids.take(id)
 	if mine {
 		if _, err := k.Kernel.Event(ctx, id); err != nil { // the answer (a refusal where nobody listens), dropped
 			return kernel.Event{}, err
@@ -75,7 +68,7 @@ func TestDialReverseLegUnansweredAborts(t *testing.T) {
 		t.Run(fmt.Sprintf("reverse leg virtual %v", virt), func(t *testing.T) {
 			w := newWorld(t)
 			a := w.endpoint("10.0.102.1", 7000, func(c *Config) { c.HandshakeTimeout = time.Hour })
-			k := &unansweredReverse{ids: map[kernel.ID]bool{}}
+			k := &unansweredReverse{}
 			b := w.wrappedEndpoint("10.0.102.2", 7000, func(kk kernel.Kernel) kernel.Kernel { k.Kernel = kk; return k },
 				func(c *Config) { c.HandshakeTimeout = 2 * time.Second })
 			// a's uplink to b's node, made for another process there:

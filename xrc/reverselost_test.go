@@ -21,7 +21,7 @@ func TestDialReverseAnswerLostAborts(t *testing.T) {
 		c.HandshakeTimeout = time.Hour
 		c.IdleTimeout = time.Hour // the idle timeout does not end it
 	})
-	k := &unansweredReverse{answerLost: true, ids: map[kernel.ID]bool{}}
+	k := &unansweredReverse{answerLost: true}
 	b := w.wrappedEndpoint("10.0.106.2", 7000, func(kk kernel.Kernel) kernel.Kernel { k.Kernel = kk; return k },
 		func(c *Config) { c.HandshakeTimeout = 2 * time.Second })
 	// Uplinks both ways, to other processes on the nodes: the dial's

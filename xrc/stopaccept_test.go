@@ -215,8 +215,32 @@ type unanswered struct {
 	all   atomic.Bool
 	first kernel.EventType
 	n     atomic.Int32
-	mu    sync.Mutex
-	ids   map[kernel.ID]bool
+	ids   idSet
+}
+
+// idSet is a set of CM ids, safe for concurrent use; the zero value is
+// empty.
+type idSet struct {
+	mu  sync.Mutex
+	ids map[kernel.ID]bool
+}
+
+func (s *idSet) add(id kernel.ID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil {
+		s.ids = map[kernel.ID]bool{}
+	}
+	s.ids[id] = true
+}
+
+// take reports whether id is in the set, and takes it out.
+func (s *idSet) take(id kernel.ID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mine := s.ids[id]
+	delete(s.ids, id)
+	return mine
 }
 
 // unansweredAfterPollFail is an endpoint at ip:7000 (longTimers) whose
@@ -224,7 +248,7 @@ type unanswered struct {
 // unanswered every connection request begun once u.all is set: a
 // recovery's MOVE that the CM times out.
 func (w *world) unansweredAfterPollFail(ip string) (*proc, *unanswered, *pollFail) {
-	u := &unanswered{ids: map[kernel.ID]bool{}}
+	u := &unanswered{}
 	pf := &pollFail{Kernel: u}
 	return w.wrappedEndpoint(ip, 7000, func(in kernel.Kernel) kernel.Kernel { u.Kernel = in; return pf }, longTimers), u, pf
 }
@@ -233,18 +257,13 @@ func (u *unanswered) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.
 	id, err := u.Kernel.Connect(ctx, dst, ex, qpNum, pd)
 	if err == nil && (ex == u.ex || u.all.Load()) {
 		u.n.Add(1)
-		u.mu.Lock()
-		u.ids[id] = true
-		u.mu.Unlock()
+		u.ids.add(id)
 	}
 	return id, err
 }
 
 func (u *unanswered) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
-	u.mu.Lock()
-	mine := u.ids[id]
-	delete(u.ids, id)
-	u.mu.Unlock()
+	mine := u.ids.take(id)
 	if mine && u.first != 0 {
 		return kernel.Event{Type: u.first, ID: id}, nil
 	}
@@ -263,7 +282,7 @@ func TestDialUnansweredIsTimeout(t *testing.T) {
 		t.Run(ex.String(), func(t *testing.T) {
 			w := newWorld(t)
 			srv := w.endpoint("10.0.72.1", 7000)
-			u := &unanswered{ex: ex, ids: map[kernel.ID]bool{}}
+			u := &unanswered{ex: ex}
 			cli := w.wrappedEndpoint("10.0.72.2", 7000, func(k kernel.Kernel) kernel.Kernel { u.Kernel = k; return u })
 			if ex == kernel.ExchangeSIDR {
 				pair(t, cli, srv) // an uplink first: the next dial is virtual
@@ -288,7 +307,7 @@ func TestDialUnexpectedEventNamedOnce(t *testing.T) {
 		t.Run(ex.String(), func(t *testing.T) {
 			w := newWorld(t)
 			srv := w.endpoint("10.0.77.1", 7000)
-			u := &unanswered{ex: ex, first: kernel.EventDisconnected, ids: map[kernel.ID]bool{}}
+			u := &unanswered{ex: ex, first: kernel.EventDisconnected}
 			cli := w.wrappedEndpoint("10.0.77.2", 7000, func(k kernel.Kernel) kernel.Kernel { u.Kernel = k; return u })
 			if ex == kernel.ExchangeSIDR {
 				pair(t, cli, srv)
