@@ -443,7 +443,7 @@ func TestFabricDialRefusedError(t *testing.T) {
 	// One operation, one address, no stutter (it read "dial: xrc: dial
 	// 10.1.0.1:7471: xrc: 10.1.0.1:7471 refused the connection: ...").
 	require.IsType(t, (*OpError)(nil), err)
-	require.Equal(t, "dial 10.1.0.1:7471: connection refused: NO_LISTENER (detail 0, CM status 8)", err.Error())
+	require.Equal(t, "dial 10.1.0.1:7471: connection refused: NO_LISTENER (detail 0, CM status 8: invalid service id (no listener))", err.Error())
 }
 
 // holdingListener listens on p's node and holds every connection it

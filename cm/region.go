@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 )
 
@@ -125,6 +126,28 @@ const (
 	// RemoteWrite lets the peer write the region (its WriteRemote).
 	RemoteWrite
 )
+
+// String names the grants, such as "RemoteRead|RemoteWrite"; unknown bits
+// print in hex, and the zero value (nothing granted) as "0".
+func (a Access) String() string {
+	if a == 0 {
+		return "0"
+	}
+	var parts []string
+	for _, g := range [...]struct {
+		bit  Access
+		name string
+	}{{RemoteRead, "RemoteRead"}, {RemoteWrite, "RemoteWrite"}} {
+		if a&g.bit != 0 {
+			parts = append(parts, g.name)
+			a &^= g.bit
+		}
+	}
+	if a != 0 {
+		parts = append(parts, fmt.Sprintf("%#x", uint8(a)))
+	}
+	return strings.Join(parts, "|")
+}
 
 // RegisterMemory registers size bytes for one-sided operations on this
 // connection, with the access access grants the peer (ibv_reg_mr with

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/xrc"
 )
 
@@ -109,5 +110,11 @@ func peerWithoutXRC(err error) string {
 	if !errors.As(err, &re) || re.Reason != xrc.RejectNoListener {
 		return ""
 	}
-	return fmt.Sprintf("no XRC listener on the peer's port (%v, CM status %d): an RC-only listener, or none", re.Reason, re.Status)
+	// The engine says RejectNoListener for these two statuses only: REJ
+	// reason 8 and SIDR status 1 (which as a REJ reason would be "no QP").
+	name := rdmacm.RejectReason(re.Status).String()
+	if re.Status == rdmacm.SIDRUnsupported {
+		name = rdmacm.SIDRStatus(re.Status).String()
+	}
+	return fmt.Sprintf("no XRC listener on the peer's port (%v, CM status %d: %s): an RC-only listener, or none", re.Reason, re.Status, name)
 }

@@ -194,7 +194,42 @@ type Event struct {
 }
 
 func (e Event) String() string {
+	if why := statusName(e.Type, e.ID != nil && e.ID.ud(), e.Status); why != "" {
+		return fmt.Sprintf("%v status=%d (%s)", e.Type, e.Status, why)
+	}
 	return fmt.Sprintf("%v status=%d", e.Type, e.Status)
+}
+
+// statusName names an event's Status: an errno when negative, a reject
+// reason for REJECTED, a SIDR status for a datagram id's UNREACHABLE; ""
+// for 0 and for other events.
+func statusName(t EventType, ud bool, status int) string {
+	switch {
+	case status == 0:
+		return ""
+	case status < 0:
+		return syscall.Errno(-status).Error()
+	case t == EventRejected:
+		return RejectReason(status).String()
+	case t == EventUnreachable && ud:
+		return SIDRStatus(status).String()
+	}
+	return ""
+}
+
+// RejectReason is an IB CM reject reason: the Status of a REJECTED event
+// (and of RejectError), one of the Reject constants. The constants stay
+// untyped ints, as Status is an int: convert a Status to print its name
+// (RejectReason(ev.Status)).
+type RejectReason int
+
+// String names the reason, such as "stale connection", or prints
+// RejectReason(n) for one this package does not name.
+func (r RejectReason) String() string {
+	if s, ok := rejectNames[int(r)]; ok {
+		return s
+	}
+	return fmt.Sprintf("RejectReason(%d)", int(r))
 }
 
 // IB CM reject reasons (Event.Status of REJECTED) that this package names.
@@ -242,6 +277,21 @@ var rejectNames = map[int]string{
 	RejectInvalidRNRRetry: "invalid RNR retry", RejectDuplicateLocalComm: "duplicate local communication id",
 	RejectInvalidClassVer: "invalid class version", RejectInvalidFlowLabel: "invalid flow label",
 	RejectInvalidAltFlowLbl: "invalid alternate flow label",
+}
+
+// SIDRStatus is a SIDR reply status: the Status of an UNREACHABLE event on
+// a PortSpaceUDP id (and of its RejectError), one of the SIDR constants,
+// which stay untyped ints as Status is an int: convert a Status to print
+// its name (SIDRStatus(ev.Status)).
+type SIDRStatus int
+
+// String names the status, such as "rejected", or prints SIDRStatus(n) for
+// one this package does not name.
+func (s SIDRStatus) String() string {
+	if n, ok := sidrNames[int(s)]; ok {
+		return n
+	}
+	return fmt.Sprintf("SIDRStatus(%d)", int(s))
 }
 
 // SIDR reply statuses (Event.Status of UNREACHABLE on a PortSpaceUDP id).
@@ -332,6 +382,9 @@ type UnexpectedEventError struct {
 }
 
 func (e *UnexpectedEventError) Error() string {
+	if why := statusName(e.Event.Type, e.Event.ID != nil && e.Event.ID.ud(), e.Event.Status); why != "" {
+		return fmt.Sprintf("rdmacm: waiting for %v, got %v (status %d: %s)", e.Want, e.Event.Type, e.Event.Status, why)
+	}
 	return fmt.Sprintf("rdmacm: waiting for %v, got %v (status %d)", e.Want, e.Event.Type, e.Event.Status)
 }
 

@@ -224,7 +224,7 @@ func checkOpcode(t QPType, op WROpcode) error {
 			return nil
 		}
 	default:
-		return &TypeError{Op: "PostSend", Type: t, Why: fmt.Sprintf("unknown opcode %d", uint32(op))}
+		return &TypeError{Op: "PostSend", Type: t, Why: fmt.Sprintf("unknown opcode %v", op)}
 	}
-	return &TypeError{Op: "PostSend", Type: t, Why: fmt.Sprintf("opcode %d is not valid on this QP type", uint32(op))}
+	return &TypeError{Op: "PostSend", Type: t, Why: fmt.Sprintf("opcode %v is not valid on this QP type", op)}
 }

@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
@@ -133,6 +134,7 @@ type RejectError struct {
 	Detail uint32 // reason-specific
 	Status int    // the CM's reject or SIDR status, or a negative errno
 	domain uint64 // the rejecter's domain id
+	sidr   bool   // Status is a SIDR status (an UNREACHABLE event), not a REJ reason
 }
 
 // Error leaves the address out: an *OpError around it (Dial's) names it.
@@ -140,7 +142,19 @@ func (e *RejectError) Error() string {
 	if e.Status < 0 {
 		return fmt.Sprintf("connection request unanswered: %v", syscall.Errno(-e.Status))
 	}
-	return fmt.Sprintf("connection refused: %v (detail %d, CM status %d)", e.Reason, e.Detail, e.Status)
+	return fmt.Sprintf("connection refused: %v (detail %d, CM status %d%s)", e.Reason, e.Detail, e.Status, e.cmStatusName())
+}
+
+// cmStatusName names a positive Status after a colon: a SIDR status or an
+// IB CM reject reason, as rdmacm names them; "" for 0.
+func (e *RejectError) cmStatusName() string {
+	switch {
+	case e.Status <= 0:
+		return ""
+	case e.sidr:
+		return ": " + rdmacm.SIDRStatus(e.Status).String()
+	}
+	return ": " + rdmacm.RejectReason(e.Status).String()
 }
 
 // Timeout reports a request nobody answered in time: Status -ETIMEDOUT
