@@ -517,9 +517,10 @@ func (id *ID) Listen(backlog int) error {
 
 // kernelBacklog fits backlog into rdma_listen's int: a larger one means the
 // kernel's bound, as it does before conversion, rather than wrapping to a
-// small or negative number.
+// small or negative number; a smaller (negative) one stays negative, which
+// means that bound too, rather than wrapping to a small positive one.
 func kernelBacklog(backlog int) int32 {
-	return int32(min(backlog, math.MaxInt32))
+	return int32(max(min(backlog, math.MaxInt32), math.MinInt32))
 }
 
 // Connect sends a connection request (rdma_connect): a REQ (private data up

@@ -295,6 +295,11 @@ func TestKernelBacklog(t *testing.T) {
 	}{
 		{0, 0}, {-1, -1}, {128, 128}, {math.MaxInt32, math.MaxInt32},
 		{math.MaxInt32 + 1, math.MaxInt32}, {1<<32 + 5, math.MaxInt32}, {math.MaxInt64, math.MaxInt32},
+		// Below rdma_listen's int: 0 or less means the kernel's bound
+		// too, so a negative one must not wrap to a small positive one
+		// (-2^32+5 was 5, math.MinInt64+5 too) nor to 0 by chance.
+		{math.MinInt32, math.MinInt32}, {math.MinInt32 - 1, math.MinInt32},
+		{-(1 << 32) + 5, math.MinInt32}, {math.MinInt64 + 5, math.MinInt32}, {math.MinInt64, math.MinInt32},
 	} {
 		n := int(c.in)
 		if int64(n) != c.in {
