@@ -820,6 +820,12 @@ func (c *Conn) sendFrameNotify(ctx context.Context, kind byte, p []byte, posted 
 		if posted != nil {
 			close(posted)
 			posted = nil
+			// Posted: CloseWrite has returned nil, and the FIN is the
+			// engine's to deliver, as a posted data frame is, until the
+			// connection or the endpoint ends. ctx bounded only the wait
+			// to post it: given up at its deadline, a FIN flushed later
+			// by a recovery went nowhere, and the peer never read io.EOF.
+			ctx = e.ctx
 		}
 		select {
 		case st := <-ch:
@@ -1421,7 +1427,8 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 // (context.DeadlineExceeded after that, having sent nothing, so that a
 // CloseWrite again sends it), and returns ErrClosed if the endpoint closes
 // meanwhile. The engine waits for the FIN's completion, and posts it again
-// across a recovery, within that timeout.
+// across a recovery, as it does a posted data frame: until the connection
+// (or the endpoint) ends, not within that timeout.
 func (c *Conn) CloseWrite() error {
 	e := c.e
 	e.mu.Lock()
@@ -1453,8 +1460,9 @@ func (c *Conn) CloseWrite() error {
 	// The FIN goes on a goroutine of the endpoint's: CloseWrite returns
 	// once it is posted, as a Send does, and waits for no completion,
 	// which a receiver that takes nothing in (a stopped process) holds
-	// back. The goroutine waits for it as before, posting again across a
-	// recovery, within the handshake timeout.
+	// back. The goroutine waits for it, posting again across a recovery,
+	// until the connection ends (the handshake timeout bounds only the
+	// wait to post it first).
 	posted := make(chan struct{})
 	done := make(chan error, 1)
 	if !e.spawn(func() {
