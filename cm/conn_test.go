@@ -918,22 +918,63 @@ func TestStretchSpinReadsNoClockWhenSettled(t *testing.T) {
 	}
 }
 
+// lateSpinEnd shows a receiver's CQ empty to its busy polls until they
+// have spun for late between them, each poll spinning its whole slice as
+// the device's does: a reply that comes after that much spinning. It
+// stands in for a peer that sends after a delay, which made the test
+// depend on the scheduler: a receiver descheduled past the delay found the
+// reply without a wait, one whose sender was descheduled past the
+// stretched window slept (3 of 400 runs under -race with GOMAXPROCS=1 on
+// a loaded host), and the reaper's round could take the reply before the
+// wait began. The spinning counted here never exceeds the wall time
+// the wait's window measures, so a window shorter than late always sleeps,
+// however slow the host; a window far longer (minutes) never runs out
+// before it.
+type lateSpinEnd struct {
+	*fakeEnd
+	late atomic.Int64 // spinning the CQ stays hidden from (ns)
+	spun atomic.Int64 // spinning done so far in this wait (ns)
+}
+
+func (e *lateSpinEnd) poll(ctx context.Context, cs []completion, spin time.Duration, block bool) (int, error) {
+	if !block && e.spun.Load() < e.late.Load() {
+		// The reaper's look (no spin) finds nothing yet either: it took
+		// the reply before the wait, which then found it without one.
+		for t0 := time.Now(); time.Since(t0) < spin; {
+		}
+		e.spun.Add(int64(spin))
+		return 0, nil
+	}
+	return e.fakeEnd.poll(ctx, cs, spin, block)
+}
+
 // TestStretchedSpinCatchesLateReply checks that the stretched window is the
 // one a wait spins for: a reply later than busyPoll but within the
 // stretched window is found by spinning, without a sleep.
 func TestStretchedSpinCatchesLateReply(t *testing.T) {
 	const window = 2 * time.Millisecond
 	a, b, w := fakePair(t, fakeOpts{busyPoll: window})
+	late := &lateSpinEnd{fakeEnd: w.ends[1]}
+	b.t = late
 	blocks := func() int { _, n := w.polls(1); return n }
-	recvAfter(t, a, b, 0)   // the first completion: spinning starts
-	b.spinFor = 50 * window // as a stretch would set it (the cap aside)
+	ctx := ctxT(t)
+	recvLate := func(after time.Duration) {
+		t.Helper()
+		late.late.Store(int64(after))
+		late.spun.Store(0)
+		require.NoError(t, a.Send(ctx, []byte("x")))
+		_, err := b.Recv(ctx, make([]byte, 64))
+		require.NoError(t, err)
+	}
+	recvLate(0)           // the first completion: spinning starts
+	b.spinFor = time.Hour // as a stretch would set it (the cap aside); no stall of the host outlasts it
 	before := blocks()
-	recvAfter(t, a, b, 5*window)
+	recvLate(5 * window)
 	if n := blocks(); n != before {
-		t.Errorf("a reply 5 windows late slept (%d sleeping polls) although the window was stretched to 50", n-before)
+		t.Errorf("a reply 5 windows late slept (%d sleeping polls) although the window was stretched", n-before)
 	}
 	b.spinFor = window
-	recvAfter(t, a, b, 5*window)
+	recvLate(5 * window)
 	if blocks() == before {
 		t.Error("a reply 5 windows late was found without a sleep, with the window not stretched")
 	}
