@@ -193,6 +193,8 @@ type Event struct {
 	PrivateData []byte
 }
 
+// String names the event type and, where the event carries one, its status
+// with the status's name (an errno, a reject reason or a SIDR status).
 func (e Event) String() string {
 	if why := statusName(e.Type, e.ID != nil && e.ID.ud(), e.Status); why != "" {
 		return fmt.Sprintf("%v status=%d (%s)", e.Type, e.Status, why)

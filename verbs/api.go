@@ -170,6 +170,8 @@ type AsyncEvent struct {
 	Port   uint8
 }
 
+// String names the event and what it concerns: a port, an SRQ, a QP, or the
+// device.
 func (e AsyncEvent) String() string {
 	switch {
 	case e.Port != 0:
@@ -237,6 +239,8 @@ var maskNames = [...]string{
 	"PATH_MIG_STATE", "CAP", "DEST_QPN",
 }
 
+// String names the mask's bits as the kernel's IB_QP_* names, such as
+// "STATE|PKEY_INDEX|PORT", unknown bits in hex and none as "0".
 func (m QPAttrMask) String() string {
 	if m == 0 {
 		return "0"

@@ -38,6 +38,8 @@ func (e *OpError) Error() string {
 	return e.Op + " " + e.Addr + ": " + e.Err.Error()
 }
 
+// Unwrap returns the underlying error (an errno, or one of the package's
+// sentinel errors).
 func (e *OpError) Unwrap() error { return e.Err }
 
 // Is makes errno values that mean "not supported" match ErrNotSupported,

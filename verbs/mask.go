@@ -148,6 +148,7 @@ func (e *MaskError) Error() string {
 	return s
 }
 
+// Is matches syscall.EINVAL, the kernel's answer to such a mask.
 func (e *MaskError) Is(target error) bool { return target == syscall.EINVAL }
 
 // CheckMask validates mask for a Modify of a QP of type t in state from. The
@@ -188,6 +189,7 @@ func (e *TypeError) Error() string {
 	return fmt.Sprintf("%s on %v QP: %s", e.Op, e.Type, e.Why)
 }
 
+// Is matches syscall.EINVAL, the kernel's answer to such a request.
 func (e *TypeError) Is(target error) bool { return target == syscall.EINVAL }
 
 // PostError says which work request of a chain failed (Index) and how
@@ -206,6 +208,7 @@ func (e *PostError) Error() string {
 	return fmt.Sprintf("work request %d: %v", e.Index, e.Err)
 }
 
+// Unwrap returns the post's error, so errors.Is sees its errno.
 func (e *PostError) Unwrap() error { return e.Err }
 
 // checkOpcode refuses opcodes this package has no fields for, and opcodes

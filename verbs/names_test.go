@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 )
@@ -130,5 +131,20 @@ func TestWorkCompletionPrintsNames(t *testing.T) {
 	got := fmt.Sprintf("%+v", wc)
 	if !strings.Contains(got, "Opcode:RecvRDMAWithImm") || !strings.Contains(got, "Flags:WithImm") {
 		t.Fatalf("%%+v of a completion = %s, want its opcode and flags named", got)
+	}
+}
+
+// MTU and GID print as their docs say: an MTU in bytes (the enum holds 1
+// to 5), a GID as net.IP prints it, an IPv4-mapped one as its IPv4 address.
+func TestMTUAndGIDStrings(t *testing.T) {
+	if got := MTU1024.String(); got != "1024" {
+		t.Errorf("MTU1024 = %q, want 1024", got)
+	}
+	for in, want := range map[string]string{"10.0.0.1": "10.0.0.1", "fe80::1": "fe80::1"} {
+		var g GID
+		copy(g[:], net.ParseIP(in).To16())
+		if got := g.String(); got != want {
+			t.Errorf("GID of %s = %q, want %q", in, got, want)
+		}
 	}
 }

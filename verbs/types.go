@@ -79,6 +79,7 @@ func (m MTU) Bytes() int {
 	return 128 << m
 }
 
+// String prints the MTU in bytes ("4096"), as ibv_devinfo's active_mtu does.
 func (m MTU) String() string { return fmt.Sprintf("%d", m.Bytes()) }
 
 // Access are memory region and QP access flags.
@@ -132,6 +133,9 @@ type GID [16]byte
 // IP returns the GID as an IP address (IPv4-mapped GIDs print as IPv4).
 func (g GID) IP() net.IP { return net.IP(g[:]) }
 
+// String prints the GID as net.IP prints it: an IPv6 address, or the IPv4
+// address of an IPv4-mapped GID (RoCE v2 over IPv4), where ibv_devinfo -v
+// prints ::ffff:a.b.c.d.
 func (g GID) String() string { return g.IP().String() }
 
 // IsZero reports whether the GID is unset.
