@@ -6,8 +6,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"strings"
 	"sync"
+
+	"github.com/goxrc/goxrc/internal/bitnames"
 )
 
 // Region is memory registered with a connection's device for one-sided
@@ -129,25 +130,9 @@ const (
 
 // String names the grants, such as "RemoteRead|RemoteWrite"; unknown bits
 // print in hex, and the zero value (nothing granted) as "0".
-func (a Access) String() string {
-	if a == 0 {
-		return "0"
-	}
-	var parts []string
-	for _, g := range [...]struct {
-		bit  Access
-		name string
-	}{{RemoteRead, "RemoteRead"}, {RemoteWrite, "RemoteWrite"}} {
-		if a&g.bit != 0 {
-			parts = append(parts, g.name)
-			a &^= g.bit
-		}
-	}
-	if a != 0 {
-		parts = append(parts, fmt.Sprintf("%#x", uint8(a)))
-	}
-	return strings.Join(parts, "|")
-}
+func (a Access) String() string { return bitnames.Join(uint64(a), accessNames) }
+
+var accessNames = []bitnames.Bit{{Mask: uint64(RemoteRead), Name: "RemoteRead"}, {Mask: uint64(RemoteWrite), Name: "RemoteWrite"}}
 
 // RegisterMemory registers size bytes for one-sided operations on this
 // connection, with the access access grants the peer (ibv_reg_mr with

@@ -2,8 +2,8 @@ package verbs
 
 import (
 	"fmt"
-	"strings"
 
+	"github.com/goxrc/goxrc/internal/bitnames"
 	"github.com/goxrc/goxrc/internal/objtrace"
 )
 
@@ -232,28 +232,20 @@ func Counts() ObjectCounts {
 	}
 }
 
-var maskNames = [...]string{
-	"STATE", "CUR_STATE", "EN_SQD_ASYNC_NOTIFY", "ACCESS_FLAGS", "PKEY_INDEX", "PORT",
-	"QKEY", "AV", "PATH_MTU", "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "RQ_PSN",
-	"MAX_QP_RD_ATOMIC", "ALT_PATH", "MIN_RNR_TIMER", "SQ_PSN", "MAX_DEST_RD_ATOMIC",
-	"PATH_MIG_STATE", "CAP", "DEST_QPN",
-}
+// maskNames are the kernel's IB_QP_* names, bit i of a QPAttrMask first.
+var maskNames = func() []bitnames.Bit {
+	var b []bitnames.Bit
+	for i, n := range [...]string{
+		"STATE", "CUR_STATE", "EN_SQD_ASYNC_NOTIFY", "ACCESS_FLAGS", "PKEY_INDEX", "PORT",
+		"QKEY", "AV", "PATH_MTU", "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "RQ_PSN",
+		"MAX_QP_RD_ATOMIC", "ALT_PATH", "MIN_RNR_TIMER", "SQ_PSN", "MAX_DEST_RD_ATOMIC",
+		"PATH_MIG_STATE", "CAP", "DEST_QPN",
+	} {
+		b = append(b, bitnames.Bit{Mask: 1 << i, Name: n})
+	}
+	return b
+}()
 
 // String names the mask's bits as the kernel's IB_QP_* names, such as
 // "STATE|PKEY_INDEX|PORT", unknown bits in hex and none as "0".
-func (m QPAttrMask) String() string {
-	if m == 0 {
-		return "0"
-	}
-	var parts []string
-	for i, n := range maskNames {
-		if m&(1<<i) != 0 {
-			parts = append(parts, n)
-			m &^= 1 << i
-		}
-	}
-	if m != 0 {
-		parts = append(parts, fmt.Sprintf("%#x", uint32(m)))
-	}
-	return strings.Join(parts, "|")
-}
+func (m QPAttrMask) String() string { return bitnames.Join(uint64(m), maskNames) }

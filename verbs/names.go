@@ -2,7 +2,8 @@ package verbs
 
 import (
 	"fmt"
-	"strings"
+
+	"github.com/goxrc/goxrc/internal/bitnames"
 )
 
 // Names of the enumerations and flag sets of types.go and api.go that have
@@ -10,55 +11,30 @@ import (
 // a bare number in errors, logs and %v. Each name is the constant's own
 // without the type's prefix (AccessRemoteRead prints as "RemoteRead").
 
-// bitName names one bit of a flag set.
-type bitName struct {
-	bit  uint64
-	name string
-}
-
-// maskString joins the names of v's known bits with "|", in bit order,
-// with any unknown bits last in hex; 0 prints as "0".
-func maskString(v uint64, names []bitName) string {
-	if v == 0 {
-		return "0"
-	}
-	var parts []string
-	for _, n := range names {
-		if v&n.bit != 0 {
-			parts = append(parts, n.name)
-			v &^= n.bit
-		}
-	}
-	if v != 0 {
-		parts = append(parts, fmt.Sprintf("%#x", v))
-	}
-	return strings.Join(parts, "|")
-}
-
-var xrcdFlagNames = []bitName{
-	{uint64(XRCDCreate), "Create"},
-	{uint64(XRCDExclusive), "Exclusive"},
+var xrcdFlagNames = []bitnames.Bit{
+	{Mask: uint64(XRCDCreate), Name: "Create"},
+	{Mask: uint64(XRCDExclusive), Name: "Exclusive"},
 }
 
 // String names the flags, such as "Create|Exclusive"; unknown bits print in
 // hex and no flags as "0".
-func (f XRCDFlags) String() string { return maskString(uint64(f), xrcdFlagNames) }
+func (f XRCDFlags) String() string { return bitnames.Join(uint64(f), xrcdFlagNames) }
 
-var accessNames = []bitName{
-	{uint64(AccessLocalWrite), "LocalWrite"},
-	{uint64(AccessRemoteWrite), "RemoteWrite"},
-	{uint64(AccessRemoteRead), "RemoteRead"},
-	{uint64(AccessRemoteAtomic), "RemoteAtomic"},
-	{uint64(AccessMWBind), "MWBind"},
-	{uint64(AccessZeroBased), "ZeroBased"},
-	{uint64(AccessOnDemand), "OnDemand"},
-	{uint64(AccessHugeTLB), "HugeTLB"},
-	{uint64(AccessRelaxedOrder), "RelaxedOrder"},
+var accessNames = []bitnames.Bit{
+	{Mask: uint64(AccessLocalWrite), Name: "LocalWrite"},
+	{Mask: uint64(AccessRemoteWrite), Name: "RemoteWrite"},
+	{Mask: uint64(AccessRemoteRead), Name: "RemoteRead"},
+	{Mask: uint64(AccessRemoteAtomic), Name: "RemoteAtomic"},
+	{Mask: uint64(AccessMWBind), Name: "MWBind"},
+	{Mask: uint64(AccessZeroBased), Name: "ZeroBased"},
+	{Mask: uint64(AccessOnDemand), Name: "OnDemand"},
+	{Mask: uint64(AccessHugeTLB), Name: "HugeTLB"},
+	{Mask: uint64(AccessRelaxedOrder), Name: "RelaxedOrder"},
 }
 
 // String names the access flags, such as "LocalWrite|RemoteRead"; unknown
 // bits print in hex and no flags as "0".
-func (a Access) String() string { return maskString(uint64(a), accessNames) }
+func (a Access) String() string { return bitnames.Join(uint64(a), accessNames) }
 
 // String names the opcode, such as "RDMARead", or prints WCOpcode(n) for an
 // unknown one.
@@ -82,14 +58,14 @@ func (o WCOpcode) String() string {
 	return fmt.Sprintf("WCOpcode(%d)", uint32(o))
 }
 
-var wcFlagNames = []bitName{
-	{uint64(WCWithGRH), "WithGRH"},
-	{uint64(WCWithImm), "WithImm"},
+var wcFlagNames = []bitnames.Bit{
+	{Mask: uint64(WCWithGRH), Name: "WithGRH"},
+	{Mask: uint64(WCWithImm), Name: "WithImm"},
 }
 
 // String names the flags, such as "WithGRH|WithImm"; unknown bits print in
 // hex and no flags as "0".
-func (f WCFlags) String() string { return maskString(uint64(f), wcFlagNames) }
+func (f WCFlags) String() string { return bitnames.Join(uint64(f), wcFlagNames) }
 
 // String names the opcode, such as "SendWithImm", or prints WROpcode(n) for
 // an unknown one.
@@ -113,16 +89,16 @@ func (o WROpcode) String() string {
 	return fmt.Sprintf("WROpcode(%d)", uint32(o))
 }
 
-var sendFlagNames = []bitName{
-	{uint64(SendFence), "Fence"},
-	{uint64(SendSignaled), "Signaled"},
-	{uint64(SendSolicited), "Solicited"},
-	{uint64(SendInline), "Inline"},
+var sendFlagNames = []bitnames.Bit{
+	{Mask: uint64(SendFence), Name: "Fence"},
+	{Mask: uint64(SendSignaled), Name: "Signaled"},
+	{Mask: uint64(SendSolicited), Name: "Solicited"},
+	{Mask: uint64(SendInline), Name: "Inline"},
 }
 
 // String names the flags, such as "Signaled|Inline"; unknown bits print in
 // hex and no flags as "0".
-func (f SendFlags) String() string { return maskString(uint64(f), sendFlagNames) }
+func (f SendFlags) String() string { return bitnames.Join(uint64(f), sendFlagNames) }
 
 // String names the link layer, such as "Ethernet", or prints LinkLayer(n)
 // for an unknown one.
@@ -138,36 +114,36 @@ func (l LinkLayer) String() string {
 	return fmt.Sprintf("LinkLayer(%d)", uint8(l))
 }
 
-var deviceCapNames = []bitName{
-	{uint64(DeviceResizeMaxWR), "ResizeMaxWR"},
-	{uint64(DeviceBadPKeyCntr), "BadPKeyCntr"},
-	{uint64(DeviceBadQKeyCntr), "BadQKeyCntr"},
-	{uint64(DeviceRawMulti), "RawMulti"},
-	{uint64(DeviceAutoPathMig), "AutoPathMig"},
-	{uint64(DeviceChangePhyPort), "ChangePhyPort"},
-	{uint64(DeviceUDAVPortEnforce), "UDAVPortEnforce"},
-	{uint64(DeviceCurrQPStateMod), "CurrQPStateMod"},
-	{uint64(DeviceShutdownPort), "ShutdownPort"},
-	{uint64(DeviceInitType), "InitType"},
-	{uint64(DevicePortActiveEvent), "PortActiveEvent"},
-	{uint64(DeviceSysImageGUID), "SysImageGUID"},
-	{uint64(DeviceRCRNRNAKGen), "RCRNRNAKGen"},
-	{uint64(DeviceSRQResize), "SRQResize"},
-	{uint64(DeviceNNotifyCQ), "NNotifyCQ"},
-	{uint64(DeviceMemWindow), "MemWindow"},
-	{uint64(DeviceUDIPCsum), "UDIPCsum"},
-	{uint64(DeviceXRC), "XRC"},
-	{uint64(DeviceMemMgtExtensions), "MemMgtExtensions"},
-	{uint64(DeviceMemWindowType2A), "MemWindowType2A"},
-	{uint64(DeviceMemWindowType2B), "MemWindowType2B"},
-	{uint64(DeviceRCIPCsum), "RCIPCsum"},
-	{uint64(DeviceRawIPCsum), "RawIPCsum"},
-	{uint64(DeviceManagedFlowSteering), "ManagedFlowSteering"},
+var deviceCapNames = []bitnames.Bit{
+	{Mask: uint64(DeviceResizeMaxWR), Name: "ResizeMaxWR"},
+	{Mask: uint64(DeviceBadPKeyCntr), Name: "BadPKeyCntr"},
+	{Mask: uint64(DeviceBadQKeyCntr), Name: "BadQKeyCntr"},
+	{Mask: uint64(DeviceRawMulti), Name: "RawMulti"},
+	{Mask: uint64(DeviceAutoPathMig), Name: "AutoPathMig"},
+	{Mask: uint64(DeviceChangePhyPort), Name: "ChangePhyPort"},
+	{Mask: uint64(DeviceUDAVPortEnforce), Name: "UDAVPortEnforce"},
+	{Mask: uint64(DeviceCurrQPStateMod), Name: "CurrQPStateMod"},
+	{Mask: uint64(DeviceShutdownPort), Name: "ShutdownPort"},
+	{Mask: uint64(DeviceInitType), Name: "InitType"},
+	{Mask: uint64(DevicePortActiveEvent), Name: "PortActiveEvent"},
+	{Mask: uint64(DeviceSysImageGUID), Name: "SysImageGUID"},
+	{Mask: uint64(DeviceRCRNRNAKGen), Name: "RCRNRNAKGen"},
+	{Mask: uint64(DeviceSRQResize), Name: "SRQResize"},
+	{Mask: uint64(DeviceNNotifyCQ), Name: "NNotifyCQ"},
+	{Mask: uint64(DeviceMemWindow), Name: "MemWindow"},
+	{Mask: uint64(DeviceUDIPCsum), Name: "UDIPCsum"},
+	{Mask: uint64(DeviceXRC), Name: "XRC"},
+	{Mask: uint64(DeviceMemMgtExtensions), Name: "MemMgtExtensions"},
+	{Mask: uint64(DeviceMemWindowType2A), Name: "MemWindowType2A"},
+	{Mask: uint64(DeviceMemWindowType2B), Name: "MemWindowType2B"},
+	{Mask: uint64(DeviceRCIPCsum), Name: "RCIPCsum"},
+	{Mask: uint64(DeviceRawIPCsum), Name: "RawIPCsum"},
+	{Mask: uint64(DeviceManagedFlowSteering), Name: "ManagedFlowSteering"},
 }
 
 // String names the capability bits, such as "SRQResize|XRC"; unknown bits
 // print in hex and no bits as "0".
-func (c DeviceCap) String() string { return maskString(uint64(c), deviceCapNames) }
+func (c DeviceCap) String() string { return bitnames.Join(uint64(c), deviceCapNames) }
 
 // String names the atomic capability, such as "HCA", or prints AtomicCap(n)
 // for an unknown one.
