@@ -310,17 +310,26 @@ func (c *Conn) takeTurn(ctx context.Context) error {
 	case c.turn <- struct{}{}:
 		return nil
 	case <-c.done:
-		// Ended while we waited (by the peer's FIN too: ErrPeerClosed,
-		// as when the turn is free).
-		c.e.mu.Lock()
-		err := c.sendErrLocked(false)
-		c.e.mu.Unlock()
-		return &OpError{"send", c.raddr.String(), cmp.Or(err, ErrClosed)}
+		return c.endedSendErr()
 	case <-c.e.ctx.Done():
-		return &OpError{"send", c.raddr.String(), ErrClosed}
+		return c.endedSendErr()
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// endedSendErr is a Send's error once c or its endpoint ended while it
+// waited: why nothing more can be sent, as when nothing waits (the peer's
+// FIN says ErrPeerClosed, a device loss ErrDeviceRemoved). The endpoint
+// ends only after it failed or closed each connection (die, Close), so
+// its end alone, which a select may pick before c's, is no reason: it
+// said ErrClosed, which cm takes for the application's Close
+// (TestSendWaitingForTurnSaysWhyItEnded).
+func (c *Conn) endedSendErr() error {
+	c.e.mu.Lock()
+	err := c.sendErrLocked(false)
+	c.e.mu.Unlock()
+	return &OpError{"send", c.raddr.String(), cmp.Or(err, ErrClosed)}
 }
 
 func (c *Conn) endTurn() { <-c.turn }
@@ -366,7 +375,7 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 			case <-woken:
 			case <-c.done:
 			case <-e.ctx.Done():
-				return false, &OpError{"send", c.raddr.String(), ErrClosed}
+				return false, c.endedSendErr()
 			case <-ctx.Done():
 				return false, ctx.Err()
 			}
@@ -518,7 +527,7 @@ post:
 				e.mu.Unlock()
 				return taken, err // taken: the connection ended
 			case <-e.ctx.Done():
-				return true, &OpError{"send", c.raddr.String(), ErrClosed}
+				return true, c.endedSendErr()
 			case <-ctx.Done():
 				break wait
 			}
