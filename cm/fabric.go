@@ -20,7 +20,9 @@ import (
 // a remote node over one INI QP, and a node keeps one TGT QP per remote
 // sender. Use it to test code built on this package without RDMA hardware:
 // it needs no device, no root and no cgo. Pass the same fabric's processes
-// to Listen and Dial (memfabric.New().Node(ip).Process()). WithDomainPath
+// to Listen and Dial (memfabric.New().Node(ip).Process()). A node has one
+// address, of one family: Listen on an unspecified address of either family
+// (":port", "[::]:port") listens on it, and Addr says which. WithDomainPath
 // is optional; tests set it to keep runs apart. Over the fabric, the
 // engine's limits and timers apply: WithMessageSize is clamped to 64 bytes
 // to 1 MiB, WithQueueDepth bounds the messages a connection holds, and

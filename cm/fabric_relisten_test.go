@@ -241,3 +241,29 @@ func TestFabricZonedNodeAddress(t *testing.T) {
 	require.Equal(t, l.Addr(), l2.Addr())
 	require.NoError(t, l2.Close())
 }
+
+// A fabric node has one address: a Listen on an unspecified address of
+// either family listens on it, as WithFabric's doc has it, also where the
+// families differ (":port" is IPv4's unspecified address for a device).
+func TestFabricUnspecifiedOfEitherFamilyIsTheNode(t *testing.T) {
+	for _, tc := range []struct{ node, listen string }{
+		{"fd00::1", ":0"},
+		{"10.1.0.1", "[::]:0"},
+		{"fd00::1", "[::]:0"},
+	} {
+		t.Run(tc.node+"_"+tc.listen, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			f := newFabric(t)
+			l, err := Listen(ctx, tc.listen, WithFabric(f.Node(tc.node).Process()), WithDomainPath(filepath.Join(t.TempDir(), "s")))
+			require.NoError(t, err)
+			defer l.Close()
+			got := l.Addr().(Addr).AddrPort
+			require.Equal(t, tc.node, got.Addr().String())
+			require.NotZero(t, got.Port())
+			c, err := Dial(ctx, l.Addr().String(), WithFabric(f.Node(tc.node).Process()), WithDomainPath(filepath.Join(t.TempDir(), "c")))
+			require.NoError(t, err)
+			require.NoError(t, c.Close())
+		})
+	}
+}

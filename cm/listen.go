@@ -53,7 +53,8 @@ type Listener struct {
 
 // Listen listens for connections on address ("ip:port"; port 0 picks one;
 // a host name listens on its first address; ":port" on IPv4's unspecified
-// address, "[::]:port" on IPv6's).
+// address, "[::]:port" on IPv6's; with WithFabric, either on the node's
+// one address).
 // The listener serves the device the address belongs to (any device for an
 // unspecified address, each held from the first connection accepted there
 // until Close: see the package documentation, "Resources per device"). In
