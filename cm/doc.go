@@ -122,7 +122,10 @@
 // and CloseWrite, Listener.Close and Region.Close take none and are bounded
 // instead by the handshake timeout (WithHandshakeTimeout) and the CM's
 // time-wait (Conn.Close; about 2 s on soft-RoCE). Errors are *OpError values
-// (net.Error; NetConn's are *net.OpError values around them); a lost peer is ErrPeerGone, a protocol violation ErrProtocol,
+// (net.Error; NetConn's are *net.OpError values around them), except that
+// a call on a nil Conn or Listener, which has no address to name,
+// returns ErrClosed itself, as a nil *os.File's return os.ErrInvalid; a
+// lost peer is ErrPeerGone, a protocol violation ErrProtocol,
 // an option or argument the call cannot take ErrInvalid (an address that
 // does not parse, as in package net, a *net.AddrError),
 // a rejected connection matches syscall.ECONNREFUSED, as a refused TCP

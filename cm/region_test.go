@@ -313,6 +313,9 @@ func TestNilConnAndListenerCalls(t *testing.T) {
 	require.NotPanics(t, func() { require.NoError(t, l.Close()) })
 	require.NotPanics(t, func() { require.NoError(t, c.Close()) })
 	require.NotPanics(t, func() { require.ErrorIs(t, c.Send(ctx, []byte("x")), ErrClosed) })
+	// ErrClosed itself, no *OpError: a nil Conn has no address to name
+	// (the package doc, "Errors and waiting").
+	require.Equal(t, ErrClosed, c.Send(ctx, []byte("x")))
 	require.NotPanics(t, func() {
 		require.Nil(t, c.LocalAddr())
 		require.Nil(t, c.RemoteAddr())
