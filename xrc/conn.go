@@ -1441,18 +1441,8 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 func (c *Conn) CloseWrite() error {
 	e := c.e
 	e.mu.Lock()
-	var err error
-	switch {
-	case c.peerClosed && !c.userClosed:
-		// The peer's FIN closes our side too (answerFINLocked): not
-		// ErrClosed, which says the application closed c, nor a
-		// failure after the FIN. As Send.
-		err = ErrPeerClosed
-	case c.err != nil && !c.closedUp:
-		err = c.err
-	case c.userClosed || c.closing:
-		err = ErrClosed
-	case c.halfFINSent:
+	err := c.closeWriteEndLocked()
+	if err == nil && c.halfFINSent {
 		e.mu.Unlock()
 		return nil
 	}
@@ -1498,17 +1488,41 @@ func (c *Conn) CloseWrite() error {
 	return nil
 }
 
+// closeWriteEndLocked is why CloseWrite sends no FIN on c, or nil.
+func (c *Conn) closeWriteEndLocked() error {
+	switch {
+	case c.peerClosed && !c.userClosed:
+		// The peer's FIN closes our side too (answerFINLocked): not
+		// ErrClosed, which says the application closed c, nor a
+		// failure after the FIN. As Send.
+		return ErrPeerClosed
+	case c.err != nil && !c.closedUp:
+		return c.err
+	case c.userClosed || c.closing:
+		return ErrClosed
+	}
+	return nil
+}
+
 // closeWriteErr is CloseWrite's error for err, its FIN's failure: an
-// *OpError "close write", as CloseWrite's own, not sendFrame's "send"; and
-// ErrClosed where the endpoint closed under the wait, whose context (made
-// from the endpoint's) then says only context.Canceled. A deadline stays
-// what it is: the FIN found no room or no uplink within HandshakeTimeout.
+// *OpError "close write", as CloseWrite's own, not sendFrame's "send". A
+// FIN whose wait ended with the connection or the endpoint says why, as a
+// CloseWrite called then does (closeWriteEndLocked; ErrClosed where the
+// endpoint closed): its waits said ErrClosed, which cm takes for the
+// application's Close, for a device lost or a peer gone, at the turn (a
+// Send's error, ErrClosed after CloseWrite) and at random where select
+// took the endpoint's end, or the FIN's context made from it (only
+// context.Canceled), before the connection's
+// (TestCloseWriteWaitingForTurnSaysWhyItEnded). A deadline stays what it
+// is: the FIN found no room or no uplink within HandshakeTimeout.
 func (c *Conn) closeWriteErr(err error) error {
 	if oe, ok := err.(*OpError); ok {
 		err = oe.Err
 	}
-	if c.e.ctx.Err() != nil && errors.Is(err, context.Canceled) {
-		err = ErrClosed
+	if errors.Is(err, ErrClosed) || c.e.ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		c.e.mu.Lock()
+		err = cmp.Or(c.closeWriteEndLocked(), ErrClosed)
+		c.e.mu.Unlock()
 	}
 	return &OpError{"close write", c.raddr.String(), err}
 }
