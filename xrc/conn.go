@@ -314,6 +314,16 @@ func (c *Conn) takeTurn(ctx context.Context) error {
 	case <-c.e.ctx.Done():
 		return c.endedSendErr()
 	case <-ctx.Done():
+		// Ended with c too, ctx is no reason either: with the turn
+		// free, the connection's end is what a Send says
+		// (TestSendWaitingForTurnEndedContextSaysWhyConnEnded).
+		select {
+		case <-c.done:
+			return c.endedSendErr()
+		case <-c.e.ctx.Done():
+			return c.endedSendErr()
+		default:
+		}
 		return ctx.Err()
 	}
 }
