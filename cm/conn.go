@@ -457,7 +457,7 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 		// Released: by Close (c.err is ErrClosed), or on its own after
 		// the device went (c.err says so).
 		c.mu.Lock()
-		err := c.closedErrLocked(c.err)
+		err := c.postErrLocked(kind)
 		c.mu.Unlock()
 		c.postMu.Unlock()
 		return err
@@ -475,12 +475,7 @@ func (c *Conn) postFrame(kind frameKind, p []byte, imm uint32, hasImm bool) erro
 func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm bool) error {
 	c.mu.Lock()
 	if c.err != nil || (kind == frameData && (c.closing || c.writeClosed)) {
-		err := c.closedErrLocked(c.err)
-		if err == nil || kind == frameData && c.writeClosed && !c.closing {
-			// After CloseWrite, ErrClosed, also once the peer's end or
-			// a failure came (as CloseWrite's doc has it, and over XRC).
-			err = ErrClosed
-		}
+		err := c.postErrLocked(kind)
 		c.mu.Unlock()
 		return err
 	}
@@ -557,6 +552,22 @@ func (c *Conn) postFrameLocked(kind frameKind, p []byte, imm uint32, hasImm bool
 		return err
 	}
 	return nil
+}
+
+// postErrLocked is why a frame of kind cannot be posted on a connection
+// that failed, closed or half-closed. After CloseWrite a data frame gets
+// ErrClosed, also once the peer's end or a failure came (as CloseWrite's
+// doc has it, and over XRC), and after a device loss, whose Close is cm's
+// (lostClose), not the application's: that Close, which deviceLost starts
+// in a goroutine, and the release after it made a Send say ErrPeerGone
+// from a moment after the loss on, and ErrClosed before
+// (TestCloseWriteThenDeviceLostSendSaysClosed).
+func (c *Conn) postErrLocked(kind frameKind) error {
+	err := c.closedErrLocked(c.err)
+	if err == nil || kind == frameData && c.writeClosed && (!c.closing || c.lostClose) {
+		err = ErrClosed
+	}
+	return err
 }
 
 var errNoRoom = errors.New("no send slot or credit")
