@@ -264,6 +264,11 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 			return nil, opError("accept", l.addr, ErrClosed)
 		default:
 		}
+		if err := ctx.Err(); err != nil {
+			// Before the engine's select, which picks a queued
+			// connection or ctx at random (see below).
+			return nil, opError("accept", l.addr, err)
+		}
 		// The reference for the connection is taken first: a Close while
 		// Accept returns must not close the endpoint under it. Accepting
 		// in the listener's own term, it takes nothing meant for a Listen
@@ -283,6 +288,14 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	// until then a select would pick ready half the time.
 	if l.isClosed() {
 		return nil, l.closedErr()
+	}
+	// An ended ctx is the answer, as Send's and Recv's, whatever waits in
+	// ready, which stays for the next Accept: the select below picked
+	// either at random, and a server that cancelled its context to stop
+	// accepting got one more connection half the time
+	// (TestAcceptWithEndedContextSaysSo).
+	if err := ctx.Err(); err != nil {
+		return nil, opError("accept", l.addr, err)
 	}
 	select {
 	case c := <-l.ready:
