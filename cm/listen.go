@@ -264,11 +264,6 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 			return nil, opError("accept", l.addr, ErrClosed)
 		default:
 		}
-		if err := ctx.Err(); err != nil {
-			// Before the engine's select, which picks a queued
-			// connection or ctx at random (see below).
-			return nil, opError("accept", l.addr, err)
-		}
 		// The reference for the connection is taken first: a Close while
 		// Accept returns must not close the endpoint under it. Accepting
 		// in the listener's own term, it takes nothing meant for a Listen

@@ -475,6 +475,12 @@ func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
 		return nil, e.closedErr("accept")
 	default:
 	}
+	if err := ctx.Err(); err != nil {
+		// An ended ctx is the answer, whatever waits in the queue (it
+		// stays for the next Accept): the select below picked either
+		// at random (cm's TestAcceptWithEndedContextSaysSo).
+		return nil, &OpError{"accept", e.addr.String(), err}
+	}
 	select {
 	case c := <-e.acceptq:
 		e.mu.Lock()
