@@ -1459,7 +1459,7 @@ func (c *Conn) deviceLost(why string) {
 	if held {
 		c.ioDone()
 	}
-	go c.close(false)
+	go c.close(false, false)
 }
 
 // failedByDeviceLossLocked reports whether the connection failed first by
@@ -1517,25 +1517,20 @@ func (c *Conn) Close() error {
 	return nil
 }
 
-// ownClose is close for the application (Close, the adapter's Close):
-// from then on its calls say ErrClosed, also where a device loss closed c
-// first (see closedErrLocked).
-func (c *Conn) ownClose(background bool) error {
-	if c.ok() && c.x == nil {
-		c.mu.Lock()
-		c.lostClose = false
-		c.mu.Unlock()
-	}
-	return c.close(background)
-}
+// ownClose is close for the application (Close, the adapter's Close).
+func (c *Conn) ownClose(background bool) error { return c.close(background, true) }
 
 // close is Close. With background it returns once the graceful part is
 // done, and the release, with its wait for the CM's time-wait (2 s on
 // soft-RoCE), goes on in a goroutine of its own, as a TCP socket leaves its
 // TIME_WAIT to the kernel: the net.Conn adapter's Close, which net/http
 // calls in turn for every connection while holding its lock. A release
-// error is then logged.
-func (c *Conn) close(background bool) error {
+// error is then logged. app says the application closes c: from then on
+// its calls say ErrClosed, also where a device loss closed c first (see
+// closedErrLocked). That is settled where closing is set: a device loss
+// between the two took the application's Close for its own (a lock of
+// ownClose's before this one's).
+func (c *Conn) close(background, app bool) error {
 	if !c.ok() {
 		return nil
 	}
@@ -1545,6 +1540,9 @@ func (c *Conn) close(background bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	c.mu.Lock()
+	if app {
+		c.lostClose = false
+	}
 	first := !c.closing
 	c.closing = true
 	broken := c.err != nil

@@ -296,7 +296,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	case c := <-l.ready:
 		<-l.inProgress
 		if l.isClosed() {
-			c.close(true) // what Close would have done with it
+			c.close(true, false) // what Close would have done with it
 			return nil, l.closedErr()
 		}
 		return c, nil
