@@ -1451,9 +1451,17 @@ func (c *Conn) deviceLost(why string) {
 		c.waiting.wakeAll()
 	}
 	c.failLocked(err)
-	c.lostClose = !c.closing // the Close below is cm's (see closedErrLocked)
-	if held && c.lostClose {
-		c.keepReadyLocked()
+	if !c.closing {
+		// The Close below is cm's (see closedErrLocked). A loss that
+		// finds closing set leaves lostClose as it is: the application's
+		// Close reset it (close's app), and a second loss (the CM's
+		// DEVICE_REMOVAL after DEVICE_FATAL, async.go) must not take the
+		// Close the first started for the application's
+		// (TestDeviceFatalThenRemovalIsNotClosed).
+		c.lostClose = true
+		if held {
+			c.keepReadyLocked()
+		}
 	}
 	c.mu.Unlock()
 	if held {
