@@ -364,5 +364,6 @@ func (c *Conn) start(t *rdmaTransport) {
 	globalStats.connsOpen.Add(1)
 	globalStats.connsTotal.Add(1)
 	t.dev.addConn(t)
+	t.watching = true
 	go t.watch()
 }

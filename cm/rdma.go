@@ -66,9 +66,11 @@ type rdmaTransport struct {
 	released     bool
 	shut         bool
 	interrupted  bool          // interrupt's wake-up not yet taken by a wait
+	watching     bool          // start began the CM id's watcher
 	events       chan struct{} // closed when the CM id's watcher ends
-	sawTimewait  bool          // the watcher ended on TIMEWAIT_EXIT (read after events closes)
-	noTimewait   bool          // the watcher ended where no TIMEWAIT_EXIT will come (likewise)
+	settled      chan struct{} // closed when the id left time-wait, or never will (the watcher's say)
+	sawTimewait  bool          // the watcher saw TIMEWAIT_EXIT (read after settled closes)
+	noTimewait   bool          // the watcher saw where no TIMEWAIT_EXIT will come (likewise)
 	disconnected chan struct{}
 	onPeerGone   func(reason string)
 	// onDeviceRemoved: the device went away (the watcher ends after it).
@@ -634,7 +636,7 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 	t := &rdmaTransport{
 		id: id, sendSlots: sendSlots, recvSlots: recvSlots,
 		sendSize: sendSize, recvSize: recvSize,
-		events: make(chan struct{}), disconnected: make(chan struct{}),
+		events: make(chan struct{}), settled: make(chan struct{}), disconnected: make(chan struct{}),
 		recvWR: make([]verbs.RecvWR, recvSlots), recvSGE: make([]verbs.SGE, recvSlots),
 	}
 	defer func() {
@@ -932,9 +934,17 @@ func (t *rdmaTransport) woken() bool {
 }
 
 // watch reads the CM id's events for the life of the connection: a
-// disconnect from the peer breaks the Conn; TIMEWAIT_EXIT ends the watch.
+// disconnect from the peer breaks the Conn; TIMEWAIT_EXIT settles it (the
+// QP may be reused), and the watch goes on until the id is destroyed: an
+// id past its time-wait still hears of its device's removal, which must
+// release a connection the application has not closed yet. It ended at
+// TIMEWAIT_EXIT, and a connection whose peer had disconnected held its QP
+// and the device until the application's Close
+// (TestCMDeviceRemovalAfterEnds, rxe: DEVICE_REMOVAL is all it sends).
 func (t *rdmaTransport) watch() {
 	defer close(t.events)
+	settle := sync.OnceFunc(func() { close(t.settled) })
+	defer settle()
 	disconnected := false
 	ended := func(reason string) {
 		if !disconnected {
@@ -965,7 +975,7 @@ func (t *rdmaTransport) watch() {
 			// TIMEWAIT_EXIT for an id it never saw disconnect.
 			t.noTimewait = true
 			ended("peer abandoned the connection during its handshake (" + ev.Type.String() + ")")
-			return
+			settle()
 		case rdmacm.EventDeviceRemoval:
 			// The kernel has destroyed its side of the id: no
 			// time-wait follows.
@@ -975,7 +985,7 @@ func (t *rdmaTransport) watch() {
 			return
 		case rdmacm.EventTimewaitExit:
 			t.sawTimewait = true
-			return
+			settle()
 		}
 	}
 }
@@ -994,7 +1004,7 @@ func (t *rdmaTransport) release(ctx context.Context, vanished bool) error {
 	}
 	if !vanished {
 		select {
-		case <-t.events:
+		case <-t.settled:
 			// Only after TIMEWAIT_EXIT may the QP number be used again.
 			t.timewaitDone = t.sawTimewait
 			if t.noTimewait {
@@ -1007,7 +1017,11 @@ func (t *rdmaTransport) release(ctx context.Context, vanished bool) error {
 	t.mu.Lock()
 	t.released = true
 	t.mu.Unlock()
-	return errors.Join(err, t.free())
+	err = errors.Join(err, t.free())
+	if t.watching {
+		<-t.events // the destroyed id's queue closed: the watcher ends
+	}
+	return err
 }
 
 // free destroys everything in reverse order of creation, except the CM id,
