@@ -1413,8 +1413,21 @@ func (e *Endpoint) watchPassive(id kernel.ID, dl *downlink, c *Conn, leg *accept
 		for {
 			ev, err := e.k.Event(wait, id)
 			if err != nil {
-				if live.Err() == nil && c != nil { // no RTU in time
-					c.fail(errNoRTU)
+				switch {
+				case live.Err() != nil: // ended by us (linger, Close)
+				case wait == rtu && rtu.Err() != nil: // no RTU in time
+					if c != nil {
+						c.fail(errNoRTU)
+					}
+				default:
+					// The id failed, not the wait: the device's
+					// removal (DEVICE_REMOVAL reaches every id on it)
+					// or the kernel's failure, the endpoint's end, as
+					// where a listener's id reads it (listenLoop),
+					// whichever reads it first. Taken for a missing
+					// RTU, it failed the link's connection as its
+					// peer's (TestDeviceRemovalOnPassiveLinkFirst).
+					e.die(err)
 				}
 				return
 			}
