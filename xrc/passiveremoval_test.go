@@ -46,6 +46,12 @@ func (r *removalEvents) Event(ctx context.Context, id kernel.ID) (kernel.Event, 
 		removed = r.passive
 	}
 	r.mu.Unlock()
+	return eventOrRemoval(ctx, r.Kernel, id, removed)
+}
+
+// eventOrRemoval is k's next event of id, or, once removed closes, the
+// error kcm's Event returns for the CM's DEVICE_REMOVAL.
+func eventOrRemoval(ctx context.Context, k kernel.Kernel, id kernel.ID, removed <-chan struct{}) (kernel.Event, error) {
 	wait, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -55,7 +61,7 @@ func (r *removalEvents) Event(ctx context.Context, id kernel.ID) (kernel.Event, 
 		case <-wait.Done():
 		}
 	}()
-	ev, err := r.Kernel.Event(wait, id)
+	ev, err := k.Event(wait, id)
 	select {
 	case <-removed:
 		if ctx.Err() == nil {
@@ -92,6 +98,13 @@ func TestDeviceRemovalOnPassiveLinkFirst(t *testing.T) {
 		t.Errorf("Recv on the removed device: %v, want ErrDeviceRemoved", err)
 	}
 	close(rm.all) // then the listeners'
+	endedByRemoval(t, ctx, s, sc)
+}
+
+// endedByRemoval waits until s dies of its device's removal and closes
+// itself, and checks that s and c say ErrDeviceRemoved.
+func endedByRemoval(t *testing.T, ctx context.Context, s *proc, c *Conn) {
+	t.Helper()
 	select {
 	case <-s.dead:
 	case <-ctx.Done():
@@ -100,7 +113,7 @@ func TestDeviceRemovalOnPassiveLinkFirst(t *testing.T) {
 	if err := s.Err(); !errors.Is(err, ErrDeviceRemoved) {
 		t.Errorf("endpoint on the removed device: Err() = %v, want ErrDeviceRemoved", err)
 	}
-	if err := sc.Err(); !errors.Is(err, ErrDeviceRemoved) {
+	if err := c.Err(); !errors.Is(err, ErrDeviceRemoved) {
 		t.Errorf("connection on the removed device: Err() = %v, want ErrDeviceRemoved", err)
 	}
 	select {

@@ -918,6 +918,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		} else if unansweredErr(err) {
 			silent[c.raddr] = true
 		}
+		e.moveLost(err)
 		if e.moveDone(u, q, c, dom, acc, err, true, &moved) {
 			e.startINI(u, q)
 		}
@@ -1009,6 +1010,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	e.mu.Unlock()
 	for range pending {
 		r := <-results
+		e.moveLost(r.err)
 		var mv []*Conn
 		e.moveDone(u, q, r.c, dom, r.acc, r.err, false, &mv)
 		for _, c := range mv {
@@ -1051,6 +1053,20 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	}
 	u.gone = 0
 	e.maybeTeardownLocked(u)
+}
+
+// moveLost ends the endpoint where a MOVE's exchange failed (err) with the
+// device's removal: the CM sends DEVICE_REMOVAL to every id on the device,
+// and a recovery waiting for a MOVE's answer may read it before the
+// listeners do. As in watchPassive, it is the endpoint's end (die: every
+// connection ErrDeviceRemoved), not the receiver's refusal: moveDone would
+// fail the leg "peer gone" (its %v drops ErrDeviceRemoved from the chain),
+// a verdict the listeners' die a moment later kept
+// (TestDeviceRemovalDuringRecoveryMove).
+func (e *Endpoint) moveLost(err error) {
+	if errors.Is(err, ErrDeviceRemoved) && e.ctx.Err() == nil {
+		e.die(err)
+	}
 }
 
 // errNoAnswer fails a leg whose receiver let an earlier leg's PHYS_REQ time
