@@ -943,7 +943,13 @@ func (t *rdmaTransport) woken() bool {
 // (TestCMDeviceRemovalAfterEnds, rxe: DEVICE_REMOVAL is all it sends).
 func (t *rdmaTransport) watch() {
 	defer close(t.events)
-	settle := sync.OnceFunc(func() { close(t.settled) })
+	settled := false
+	settle := func() {
+		if !settled {
+			settled = true
+			close(t.settled)
+		}
+	}
 	defer settle()
 	disconnected := false
 	ended := func(reason string) {

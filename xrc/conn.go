@@ -319,12 +319,11 @@ func (c *Conn) takeTurn(ctx context.Context) error {
 		// (TestSendWaitingForTurnEndedContextSaysWhyConnEnded).
 		select {
 		case <-c.done:
-			return c.endedSendErr()
 		case <-c.e.ctx.Done():
-			return c.endedSendErr()
 		default:
+			return ctx.Err()
 		}
-		return ctx.Err()
+		return c.endedSendErr()
 	}
 }
 
