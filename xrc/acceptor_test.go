@@ -49,7 +49,7 @@ func newEnv(t *testing.T) *env {
 	f := model.NewFabric(model.ReuseLIFO)
 	e := &env{t: t, f: f, a: f.AddNode(addrA, model.NodeConfig{}), b: f.AddNode(addrB, model.NodeConfig{})}
 	var err error
-	e.dom, err = OpenDomainFile(filepath.Join(t.TempDir(), "goxrc"))
+	e.dom, err = OpenDomainFile(context.Background(), filepath.Join(t.TempDir(), "goxrc"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -110,7 +111,7 @@ func TestQPCountAllToAll(t *testing.T) {
 	var procs [N][P]*peerProc
 	for i := range N {
 		node := f.AddNode(netip.MustParseAddr(fmt.Sprintf("10.0.1.%d", i+1)), model.NodeConfig{})
-		dom, err := OpenDomainFile(filepath.Join(t.TempDir(), "goxrc"))
+		dom, err := OpenDomainFile(context.Background(), filepath.Join(t.TempDir(), "goxrc"))
 		if err != nil {
 			t.Fatal(err)
 		}

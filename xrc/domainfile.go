@@ -34,13 +34,14 @@ var ErrDomainFile = errors.New("xrc: bad domain file")
 // write serves: only an empty one is written). Permissions are the only access
 // control on an XRC domain (anyone who can open the file can open any TGT in
 // it), so a directory or file readable by others is refused. It waits for
-// the lock as long as another process holds it. The checks hold for the file
+// the lock while another process holds it, until ctx ends (an error
+// matching ctx.Err()). The checks hold for the file
 // it opened, which it closes: a caller that opens Path again (for
 // verbs.Context.OpenXRCD) opens whatever the path names then, which whoever
 // can write a parent of dir may have changed; the Endpoint does not reopen
 // the path.
-func OpenDomainFile(dir string) (DomainFile, error) {
-	return openDomainFile(context.Background(), dir)
+func OpenDomainFile(ctx context.Context, dir string) (DomainFile, error) {
+	return openDomainFile(ctx, dir)
 }
 
 func newDomainID() (uint64, error) {

@@ -24,12 +24,12 @@ import (
 // kernel side opens it) as well.
 func TestOpenDomainFileReadOnlyToUs(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "goxrc")
-	d1, err := OpenDomainFile(dir)
+	d1, err := OpenDomainFile(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	setImmutable(t, d1.Path)
-	if d2, err := OpenDomainFile(dir); err != nil || d2 != d1 {
+	if d2, err := OpenDomainFile(context.Background(), dir); err != nil || d2 != d1 {
 		t.Fatalf("immutable file: %+v %v, want %+v", d2, err, d1)
 	}
 	if err := endpointOn(dir, d1.ID); err != nil {
@@ -40,7 +40,7 @@ func TestOpenDomainFileReadOnlyToUs(t *testing.T) {
 // endpointOn opens the domain file in dir, which must hold domain id want,
 // then an endpoint on it.
 func endpointOn(dir string, want uint64) error {
-	d, err := OpenDomainFile(dir)
+	d, err := OpenDomainFile(context.Background(), dir)
 	if err != nil || d.ID != want {
 		return fmt.Errorf("domain file: %+v %v", d, err)
 	}
@@ -80,7 +80,7 @@ func TestOpenDomainFileMadeUnderUmask0277(t *testing.T) {
 			return fmt.Errorf("endpoint, making the file under umask 0277: %v", err)
 		}
 		e.Close()
-		if d, err := OpenDomainFile(dir); err != nil || d.ID == 0 {
+		if d, err := OpenDomainFile(context.Background(), dir); err != nil || d.ID == 0 {
 			return fmt.Errorf("opened again: %+v %v", d, err)
 		}
 		return nil
@@ -138,7 +138,7 @@ func TestOpenDomainFileOpenErrorSaysWhy(t *testing.T) {
 		t.Fatal(err)
 	}
 	setImmutable(t, path) // empty: it needs the repair, which cannot write
-	_, err := OpenDomainFile(dir)
+	_, err := OpenDomainFile(context.Background(), dir)
 	if err := wantOpenErr(err, unix.EPERM); err != nil {
 		t.Error("empty immutable file:", err)
 	}
@@ -150,7 +150,7 @@ func TestOpenDomainFileOpenErrorSaysWhy(t *testing.T) {
 	if err := os.Symlink(path, filepath.Join(link, DomainFileName)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenDomainFile(link); !errors.Is(err, unix.ELOOP) || !strings.Contains(fmt.Sprint(err), "symbolic link") {
+	if _, err := OpenDomainFile(context.Background(), link); !errors.Is(err, unix.ELOOP) || !strings.Contains(fmt.Sprint(err), "symbolic link") {
 		t.Errorf("symbolic link: %v, want ELOOP that names the link", err)
 	}
 }
@@ -159,7 +159,7 @@ func TestOpenDomainFileOpenErrorSaysWhy(t *testing.T) {
 // file or directory of its own of mode 0000.
 func TestOpenDomainFileOpenErrorSaysWhyEACCES(t *testing.T) {
 	if runChild(t, func(dir string) error {
-		_, err := OpenDomainFile(dir)
+		_, err := OpenDomainFile(context.Background(), dir)
 		return wantOpenErr(err, unix.EACCES)
 	}) {
 		return
@@ -206,7 +206,7 @@ func TestOpenDomainFileChecksFreshFile(t *testing.T) {
 			done <- fmt.Errorf("skip: setfsuid: %w", err)
 			return
 		}
-		d, err := OpenDomainFile(dir)
+		d, err := OpenDomainFile(context.Background(), dir)
 		if err == nil {
 			err = fmt.Errorf("made %+v", d)
 		}
@@ -223,7 +223,7 @@ func TestOpenDomainFileChecksFreshFile(t *testing.T) {
 	if !errors.Is(err, ErrDomainFile) {
 		t.Errorf("fresh file of uid 65534: %v, want ErrDomainFile", err)
 	}
-	if d, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+	if d, err := OpenDomainFile(context.Background(), dir); !errors.Is(err, ErrDomainFile) {
 		t.Errorf("the same file, existing: %+v %v, want ErrDomainFile", d, err)
 	}
 }

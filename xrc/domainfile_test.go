@@ -20,7 +20,7 @@ import (
 
 func TestOpenDomainFileCreatesOnceAndReuses(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "goxrc")
-	d1, err := OpenDomainFile(dir)
+	d1, err := OpenDomainFile(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestOpenDomainFileCreatesOnceAndReuses(t *testing.T) {
 			t.Fatalf("%s: %v %v, want %v", c.path, fi.Mode(), err, c.perm)
 		}
 	}
-	d2, err := OpenDomainFile(dir)
+	d2, err := OpenDomainFile(context.Background(), dir)
 	if err != nil || d2 != d1 {
 		t.Fatalf("second open: %+v %v, want %+v", d2, err, d1)
 	}
@@ -49,7 +49,7 @@ func TestOpenDomainFileConcurrentAgree(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { ids[i], errs[i] = OpenDomainFile(dir) })
+		wg.Go(func() { ids[i], errs[i] = OpenDomainFile(context.Background(), dir) })
 	}
 	wg.Wait()
 	for i := range n {
@@ -61,9 +61,9 @@ func TestOpenDomainFileConcurrentAgree(t *testing.T) {
 
 func TestOpenDomainFileRecreatedIsNewDomain(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "goxrc")
-	d1, _ := OpenDomainFile(dir)
+	d1, _ := OpenDomainFile(context.Background(), dir)
 	os.Remove(d1.Path)
-	d2, err := OpenDomainFile(dir)
+	d2, err := OpenDomainFile(context.Background(), dir)
 	if err != nil || d2.ID == d1.ID {
 		t.Fatalf("recreated: %+v %v", d2, err)
 	}
@@ -72,30 +72,30 @@ func TestOpenDomainFileRecreatedIsNewDomain(t *testing.T) {
 func TestOpenDomainFileRefusesUnsafe(t *testing.T) {
 	dir := t.TempDir() // mode 0755 here
 	os.Chmod(dir, 0o755)
-	if _, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+	if _, err := OpenDomainFile(context.Background(), dir); !errors.Is(err, ErrDomainFile) {
 		t.Fatalf("open dir: %v", err)
 	}
 	os.Chmod(dir, 0o700)
 	path := filepath.Join(dir, DomainFileName)
 	os.WriteFile(path, []byte("goxrc-domain 1 00000000000000ff\n"), 0o644)
 	os.Chmod(path, 0o644)
-	if _, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+	if _, err := OpenDomainFile(context.Background(), dir); !errors.Is(err, ErrDomainFile) {
 		t.Fatalf("world-readable file: %v", err)
 	}
 	os.Chmod(path, 0o600)
-	if d, err := OpenDomainFile(dir); err != nil || d.ID != 0xff {
+	if d, err := OpenDomainFile(context.Background(), dir); err != nil || d.ID != 0xff {
 		t.Fatalf("hand-written file: %+v %v", d, err)
 	}
 	os.WriteFile(path, []byte("garbage"), 0o600)
-	if _, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+	if _, err := OpenDomainFile(context.Background(), dir); !errors.Is(err, ErrDomainFile) {
 		t.Fatalf("garbage: %v", err)
 	}
 	os.WriteFile(path, []byte("goxrc-domain 1 0000000000000000\n"), 0o600)
-	if _, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+	if _, err := OpenDomainFile(context.Background(), dir); !errors.Is(err, ErrDomainFile) {
 		t.Fatalf("zero id: %v", err)
 	}
 	os.WriteFile(path, nil, 0o600) // a creator that died before writing
-	if d, err := OpenDomainFile(dir); err != nil || d.ID == 0 {
+	if d, err := OpenDomainFile(context.Background(), dir); err != nil || d.ID == 0 {
 		t.Fatalf("empty file: %+v %v", d, err)
 	}
 }
@@ -118,7 +118,7 @@ func TestOpenDomainFileRefusesForeignOrLinked(t *testing.T) {
 	if err := os.Symlink(victim, filepath.Join(dir, DomainFileName)); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+	if d, err := OpenDomainFile(context.Background(), dir); !errors.Is(err, ErrDomainFile) {
 		t.Errorf("symlinked file: %+v %v", d, err)
 	}
 	if b, _ := os.ReadFile(victim); len(b) != 0 {
@@ -128,7 +128,7 @@ func TestOpenDomainFileRefusesForeignOrLinked(t *testing.T) {
 	if err := os.Symlink(dir, linked); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := OpenDomainFile(linked); !errors.Is(err, ErrDomainFile) {
+	if d, err := OpenDomainFile(context.Background(), linked); !errors.Is(err, ErrDomainFile) {
 		t.Errorf("symlinked directory: %+v %v", d, err)
 	}
 	t.Run("owned by another user", func(t *testing.T) {
@@ -151,7 +151,7 @@ func testDomainFileForeignOwner(t *testing.T, base string) {
 	if err := os.Chown(path, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := OpenDomainFile(other); !errors.Is(err, ErrDomainFile) {
+	if d, err := OpenDomainFile(context.Background(), other); !errors.Is(err, ErrDomainFile) {
 		t.Errorf("file of uid 65534: %+v %v", d, err)
 	}
 	if err := os.Chown(path, 0, 0); err != nil {
@@ -160,7 +160,7 @@ func testDomainFileForeignOwner(t *testing.T, base string) {
 	if err := os.Chown(other, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	d, err := OpenDomainFile(other)
+	d, err := OpenDomainFile(context.Background(), other)
 	if !errors.Is(err, ErrDomainFile) {
 		t.Errorf("directory of uid 65534: %+v %v", d, err)
 	}
@@ -186,7 +186,7 @@ func TestOpenDomainFileRefusesLinkedDirWithTrailingSlash(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, dir := range []string{link, link + "/", link + "//", link + "/."} {
-		if d, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+		if d, err := OpenDomainFile(context.Background(), dir); !errors.Is(err, ErrDomainFile) {
 			t.Errorf("%q: %+v %v, want ErrDomainFile", dir, d, err)
 		}
 	}
@@ -195,11 +195,11 @@ func TestOpenDomainFileRefusesLinkedDirWithTrailingSlash(t *testing.T) {
 	}
 	// A plain directory written so still works.
 	dir := filepath.Join(base, "plain")
-	d1, err := OpenDomainFile(dir + "/")
+	d1, err := OpenDomainFile(context.Background(), dir+"/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d2, err := OpenDomainFile(dir); err != nil || d2 != d1 {
+	if d2, err := OpenDomainFile(context.Background(), dir); err != nil || d2 != d1 {
 		t.Fatalf("%+v %v, want %+v", d2, err, d1)
 	}
 }
@@ -219,7 +219,7 @@ func TestOpenDomainFileDanglingLinkOrFileInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, dir := range []string{dangling, file} {
-		if d, err := OpenDomainFile(dir); !errors.Is(err, ErrDomainFile) {
+		if d, err := OpenDomainFile(context.Background(), dir); !errors.Is(err, ErrDomainFile) {
 			t.Errorf("%s: %+v %v, want ErrDomainFile", dir, d, err)
 		}
 	}
@@ -231,18 +231,7 @@ func TestOpenDomainFileDanglingLinkOrFileInPlace(t *testing.T) {
 // A process of the same user that holds the domain directory's lock (one
 // stopped with it held, say) must not hold NewEndpoint past its context.
 func TestNewEndpointDomainLockHonoursContext(t *testing.T) {
-	dir := t.TempDir() + "/goxrc"
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	holder, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	if err := unix.Flock(int(holder.Fd()), unix.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
+	dir, holder := lockedDomainDir(t)
 	p := memfabric.New().Node("10.0.0.1").Process()
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -285,6 +274,52 @@ func TestNewEndpointDomainLockHonoursContext(t *testing.T) {
 	e.Close()
 }
 
+// lockedDomainDir makes a domain directory and takes its lock, as another
+// process of the same user holding it would; holder's Fd unlocks it.
+func lockedDomainDir(t *testing.T) (string, *os.File) {
+	t.Helper()
+	dir := t.TempDir() + "/goxrc"
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close() })
+	if err := unix.Flock(int(holder.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	return dir, holder
+}
+
+// OpenDomainFile waits for a held lock only until its context ends (it
+// waited for ever before it took one).
+func TestOpenDomainFileLockHonoursContext(t *testing.T) {
+	dir, holder := lockedDomainDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := OpenDomainFile(ctx, dir)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("OpenDomainFile: %v, want an error matching context.DeadlineExceeded", err)
+		}
+	case <-time.After(5 * time.Second):
+		unix.Flock(int(holder.Fd()), unix.LOCK_UN)
+		<-done
+		t.Fatal("OpenDomainFile still waits for the domain directory's lock 5 s after its context ended")
+	}
+	unix.Flock(int(holder.Fd()), unix.LOCK_UN)
+	if d, err := OpenDomainFile(context.Background(), dir); err != nil || d.ID == 0 {
+		t.Fatalf("OpenDomainFile with the lock free: %+v, %v", d, err)
+	}
+}
+
 // An empty directory name is an error, as it was before the name was
 // cleaned: filepath.Clean makes "" the working directory ("."), and a
 // private working directory (a home directory of mode 0700, say) became
@@ -295,8 +330,8 @@ func TestOpenDomainFileRefusesEmptyDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Chdir(wd)
-	if d, err := OpenDomainFile(""); err == nil {
-		t.Errorf("OpenDomainFile(\"\"): %+v, want an error", d)
+	if d, err := OpenDomainFile(context.Background(), ""); err == nil {
+		t.Errorf("OpenDomainFile(ctx, \"\"): %+v, want an error", d)
 	}
 	if _, err := os.Lstat(filepath.Join(wd, DomainFileName)); !os.IsNotExist(err) {
 		t.Errorf("a domain file was made in the working directory: %v", err)

@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -154,12 +155,12 @@ func TestEndpointDomainFileReplacedWhileOpening(t *testing.T) {
 			if err := os.Remove(filepath.Join(dir, DomainFileName)); err != nil {
 				t.Error(err)
 			}
-			if _, err := OpenDomainFile(dir); err != nil { // another process
+			if _, err := OpenDomainFile(context.Background(), dir); err != nil { // another process
 				t.Error(err)
 			}
 		}}
 	})
-	d, err := OpenDomainFile(dir)
+	d, err := OpenDomainFile(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -165,7 +165,7 @@ func (w *world) rawPeer(ip string, port uint16) *rawPeer {
 	if w.dirs[ip] == "" {
 		w.dirs[ip] = t.TempDir() + "/goxrc"
 	}
-	dom, err := OpenDomainFile(w.dirs[ip])
+	dom, err := OpenDomainFile(context.Background(), w.dirs[ip])
 	if err != nil {
 		t.Fatal(err)
 	}
