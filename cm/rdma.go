@@ -301,7 +301,7 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 	if err != nil {
 		return nil, err
 	}
-	vctx := id.Context()
+	vctx := id.VerbsContext()
 	if vctx == nil {
 		anchor.close()
 		return nil, errors.New("CM id is not bound to an RDMA device")

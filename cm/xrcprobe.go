@@ -73,7 +73,7 @@ func xrcUnavailable(id *rdmacm.ID) string {
 
 // probeXRC probes id's device; final says the answer holds for the device.
 func probeXRC(id *rdmacm.ID) (reason string, final bool) {
-	vctx := id.Context()
+	vctx := id.VerbsContext()
 	if vctx == nil {
 		return "the id is not bound to a device", false
 	}

@@ -5,7 +5,7 @@ import (
 	"github.com/goxrc/goxrc/verbs"
 )
 
-// Context returns a new *verbs.Context for the device context (struct
+// VerbsContext returns a new *verbs.Context for the device context (struct
 // ibv_context) the id is bound to, for creating PDs, CQs and QPs beside the
 // CM connection. It is nil before the id is bound to a device (Bind to a
 // device's address, ResolveAddr, or a CONNECT_REQUEST) and after Close.
@@ -22,7 +22,7 @@ import (
 // the objects one QP uses (PD, CQs, SRQ) to come from one wrapper, so take
 // the wrapper once per device, for instance from the listener or the first
 // id, and reuse it for every id on that device.
-func (id *ID) Context() *verbs.Context {
+func (id *ID) VerbsContext() *verbs.Context {
 	return readID(id, func() *verbs.Context {
 		p := id.sysVerbs()
 		if p == nil || cbridge.WrapContext == nil {

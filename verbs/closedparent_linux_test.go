@@ -14,7 +14,7 @@ import (
 // Context.OpenQP and PD.CreateQP of an XRC_RECV QP fail with ErrClosed
 // before any C call, as every other method of a closed object does (the
 // package doc's promise). They checked only the XRC domain, which another
-// open wrapper of the same C context (rdmacm.ID.Context hands out one per
+// open wrapper of the same C context (rdmacm.ID.VerbsContext hands out one per
 // call) may own, and went on to create a QP, or open a handle, whose
 // Context is the closed wrapper. The objects are stand-ins on a zeroed
 // page outside the Go heap: libibverbs, if reached, finds no create_qp_ex

@@ -332,7 +332,7 @@ func (c *Context) GIDs(port uint8) ([]GIDEntry, error) {
 
 // AsyncEvents returns the device's asynchronous events (QP errors, SRQ limit,
 // port changes ...). The device context has one async descriptor, however
-// many wrappers it has (rdmacm.ID.Context makes one per call): its first
+// many wrappers it has (rdmacm.ID.VerbsContext makes one per call): its first
 // AsyncEvents starts one pump goroutine that waits for the descriptor in the
 // netpoller, copies and acknowledges each event, and delivers it to every
 // wrapper that called AsyncEvents, each on its own channel. The channel is

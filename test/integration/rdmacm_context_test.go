@@ -16,7 +16,7 @@ import (
 // rdmacmCheckContext checks the verbs context of a bound id.
 func rdmacmCheckContext(t *testing.T, id *rdmacm.ID, dev string) {
 	t.Helper()
-	c := id.Context()
+	c := id.VerbsContext()
 	if c == nil {
 		t.Errorf("Context() of an id bound to %s is nil", dev)
 		return
@@ -30,11 +30,11 @@ func rdmacmCheckContext(t *testing.T, id *rdmacm.ID, dev string) {
 }
 
 // twoWrappers wraps the device context of an id listening on port twice
-// (each ID.Context call wraps it anew).
+// (each ID.VerbsContext call wraps it anew).
 func twoWrappers(t *testing.T, port uint16) (*verbs.Context, *verbs.Context) {
 	_, ip := rdmacmEnv(t)
 	l := rdmacmListen(t, rdmacmChannel(t), rdmacm.PortSpaceTCP, verbs.QPTypeRC, netip.AddrPortFrom(ip, port))
-	wa, wb := l.Context(), l.Context()
+	wa, wb := l.VerbsContext(), l.VerbsContext()
 	require.NotNil(t, wa)
 	require.NotNil(t, wb)
 	require.NotSame(t, wa, wb, "two wrappers of one C context")
@@ -44,7 +44,7 @@ func twoWrappers(t *testing.T, port uint16) (*verbs.Context, *verbs.Context) {
 }
 
 // TestVerbsSharedChannelAcrossWrappers: librdmacm's device context can be
-// wrapped more than once (each ID.Context call wraps it anew). A CQ made
+// wrapped more than once (each ID.VerbsContext call wraps it anew). A CQ made
 // through one wrapper on a shared channel made through another must still
 // have its events delivered by that channel: the wrappers share one
 // registry of CQs. Before they did, the channel's reader found no such CQ

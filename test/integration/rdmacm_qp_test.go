@@ -159,7 +159,7 @@ func rdmacmRCWithQPs(t *testing.T, port uint16, move qpMover, wantRetry uint8) {
 	ch := rdmacmChannel(t)
 	addr := netip.AddrPortFrom(ip, port)
 	l := rdmacmListen(t, ch, rdmacm.PortSpaceTCP, verbs.QPTypeRC, addr)
-	vc := l.Context() // one wrapper for the device, used by both ends
+	vc := l.VerbsContext() // one wrapper for the device, used by both ends
 	if vc == nil {
 		t.Fatal("listener bound to the device has no Context")
 	}
