@@ -9,8 +9,8 @@
 // No C type appears in the API. Builds without Linux or cgo compile the same
 // API, and every call that would reach libibverbs fails with an error
 // matching ErrNotSupported, except Close (nil) and accessors (zero values);
-// what is Go alone (RequiredMask, AllowedMask, CheckMask, Counts,
-// NewOpError, the types' methods) works as ever.
+// what is Go alone (RequiredMask, AllowedMask, CheckMask, Counts, the
+// types' methods) works as ever.
 //
 // Nothing blocks in C. Completion channels and the device's async fd are
 // made non-blocking and waited for in Go's netpoller: CQ.Wait honours its

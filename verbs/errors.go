@@ -79,14 +79,6 @@ func (e *OpError) Temporary() bool {
 
 var _ net.Error = (*OpError)(nil)
 
-// NewOpError wraps err for op on addr; it returns nil for a nil err.
-func NewOpError(op, addr string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return &OpError{Op: op, Addr: addr, Err: err}
-}
-
 // CompletionError reports a work completion that finished with an error
 // status, such as a remote access error or a flushed request.
 type CompletionError struct {
