@@ -133,8 +133,11 @@ type RejectError struct {
 	Reason RejectReason
 	Detail uint32 // reason-specific
 	Status int    // the CM's reject or SIDR status, or a negative errno
+	// SIDR says that a positive Status is a SIDR reply's status
+	// (rdmacm.SIDRStatus: a virtual link's exchange), not an IB CM reject
+	// reason (rdmacm.RejectReason: the physical link's).
+	SIDR   bool
 	domain uint64 // the rejecter's domain id
-	sidr   bool   // Status is a SIDR status (an UNREACHABLE event), not a REJ reason
 }
 
 // Error leaves the address out: an *OpError around it (Dial's) names it.
@@ -151,7 +154,7 @@ func (e *RejectError) cmStatusName() string {
 	switch {
 	case e.Status <= 0:
 		return ""
-	case e.sidr:
+	case e.SIDR:
 		return ": " + rdmacm.SIDRStatus(e.Status).String()
 	}
 	return ": " + rdmacm.RejectReason(e.Status).String()

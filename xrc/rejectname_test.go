@@ -31,3 +31,22 @@ func TestRejectErrorNamesCMStatus(t *testing.T) {
 		}
 	}
 }
+
+// Which code space a positive Status is in is the exported SIDR field, so
+// that an application reading Status can tell, and a RejectError built
+// outside the package (a test's fake peer, say) is named as the library's
+// are. The field was unexported: such an error named a SIDR status as a
+// reject reason.
+func TestRejectErrorSIDRField(t *testing.T) {
+	addr := netip.MustParseAddrPort("10.1.0.1:7471")
+	if e := rejectErr(addr, kernel.Event{Type: kernel.EventUnreachable, Status: kernel.SIDRRejected}); !e.(*RejectError).SIDR {
+		t.Errorf("a SIDR reply's refusal: SIDR false")
+	}
+	if e := rejectErr(addr, kernel.Event{Type: kernel.EventRejected, Status: kernel.RejStaleConn}); e.(*RejectError).SIDR {
+		t.Errorf("a REJ: SIDR true")
+	}
+	built := &RejectError{Reason: RejectCM, Status: int(kernel.SIDRRejected), SIDR: true}
+	if got, want := built.Error(), "connection refused: CM_REJECT (detail 0, CM status 2: rejected)"; got != want {
+		t.Errorf("%q, want %q", got, want)
+	}
+}

@@ -627,7 +627,7 @@ func staleReject(err error) bool {
 
 // rejectErr reads a REJECTED or UNREACHABLE event.
 func rejectErr(raddr netip.AddrPort, ev kernel.Event) error {
-	re := &RejectError{Addr: raddr.String(), Status: ev.Status, Reason: RejectCM, sidr: ev.Type == kernel.EventUnreachable}
+	re := &RejectError{Addr: raddr.String(), Status: ev.Status, Reason: RejectCM, SIDR: ev.Type == kernel.EventUnreachable}
 	var r wire.Reject
 	if wire.DecodeReject(ev.PrivateData, &r) == nil {
 		re.Reason, re.Detail, re.domain = RejectReason(r.Reason), r.Detail, r.DomainID
