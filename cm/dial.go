@@ -30,6 +30,9 @@ import (
 // with the same message size, queue depth, domain path and handshake
 // timeout, and closed with the last of their connections. The connection
 // outlives ctx.
+//
+// Over RC, like `rping -c -a ADDR -p PORT`: the same port space
+// (RDMA_PS_TCP), not the same protocol.
 func Dial(ctx context.Context, address string, opts ...Option) (*Conn, error) {
 	return dialFamily(ctx, "ip", address, opts)
 }

@@ -65,6 +65,9 @@ type Listener struct {
 // listens for RC on the same port, so that XRCOff dialers and those on
 // devices without XRC reach it too, and Accept returns both kinds. ctx
 // bounds setting up the listener only: the listener outlives it.
+//
+// Over RC, like `rping -s -a ADDR -p PORT -P`: the same port space
+// (RDMA_PS_TCP), not the same protocol.
 func Listen(ctx context.Context, address string, opts ...Option) (*Listener, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {

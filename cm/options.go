@@ -231,7 +231,8 @@ func WithDevice(name string) Option { return func(c *config) { c.device = name }
 // Listen ignores it (its address is the local one), but an ip that does
 // not parse fails there too, with ErrInvalid, as every option is checked.
 //
-// CLI equivalent: rping -c -I ip -a host, ucmatose -s host -b ip.
+// The command-line equivalent is `rping -c -I IP -a HOST`
+// (or `ucmatose -s HOST -b IP`).
 func WithLocalAddr(ip string) Option { return func(c *config) { c.localAddr = ip } }
 
 // WithResolver looks host names up with r instead of net.DefaultResolver,
@@ -269,6 +270,9 @@ func WithLogger(l *slog.Logger) Option {
 // connections carry framed messages only: SendWithImm and one-sided RDMA
 // give ErrNotSupported (RecvWithImm receives with no immediate data), and WithRawMessages fails with XRCRequire (and
 // WithFabric) and uses RC with XRCPrefer.
+//
+// Whether a device advertises XRC shows in `ibv_devinfo -d DEV -v` (XRC
+// under device_cap_flags).
 func WithXRC(m XRCMode) Option { return func(c *config) { c.xrc, c.xrcSet = m, true } }
 
 // WithDomainPath sets the private directory (mode 0700) of the node's XRC
@@ -282,6 +286,9 @@ func WithDomainPath(path string) Option { return func(c *config) { c.domainPath 
 // librdmacm peers such as rdma-core's rdma_server and rdma_client examples,
 // at the price of flow control: the application must not send more than
 // the peer has receive buffers posted.
+//
+// Those peers are `rdma_server -p PORT` and `rdma_client -s ADDR -p PORT`
+// (port 7471 by default).
 func WithRawMessages() Option { return func(c *config) { c.raw = true } }
 
 // WithKeepalive makes an idle connection probe its peer every d, so a dead
@@ -314,6 +321,9 @@ func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepaliv
 // listener that takes both transports (XRCPrefer on a device with XRC), its
 // XRC connections waiting for Accept hold places of this bound as well, so
 // that its RC requests are refused while they fill it.
+//
+// The kernel caps rdma_listen's backlog at `sysctl net.rdma_ucm.max_backlog`
+// (1024 by default).
 func WithBacklog(n int) Option { return func(c *config) { c.backlog = n } }
 
 // maxBacklog bounds WithBacklog: the queue of connections waiting for

@@ -30,6 +30,9 @@ var (
 
 // Counts returns how many event channels and CM ids are alive in this
 // process; both are zero when everything has been closed.
+//
+// The kernel lists every process's ids that are on a device with
+// `rdma resource show cm_id` (a wildcard listener as its per-device ids).
 func Counts() Counters {
 	return Counters{Channels: int(liveChannels.Load()), IDs: int(liveIDs.Load())}
 }

@@ -218,6 +218,10 @@ var live = struct {
 }
 
 // Counts returns the number of live objects of each kind.
+//
+// The kernel's counts, every process's and its own together, are
+// `rdma resource show DEV` (it tracks no AHs, XRC domains or completion
+// channels).
 func Counts() ObjectCounts {
 	return ObjectCounts{
 		Contexts:     live.contexts.Load(),

@@ -74,6 +74,8 @@ func be64(v uint64) uint64 {
 
 // Devices lists the RDMA devices of this host. Where the kernel has no RDMA
 // support at all it returns an error matching ErrNotSupported.
+//
+// The command-line equivalent is `ibv_devices` (or `rdma dev show`).
 func Devices() ([]DeviceInfo, error) {
 	var n C.int
 	list, err := C.ibv_get_device_list(&n)
@@ -222,6 +224,9 @@ func (c *Context) use(op string) error {
 func (c *Context) Name() string { return c.addr() }
 
 // QueryDevice returns the device's attributes and limits.
+//
+// The command-line equivalent is `ibv_devinfo -d DEV -v` (the lines
+// before its ports).
 func (c *Context) QueryDevice() (DeviceAttr, error) {
 	if err := c.use("ibv_query_device"); err != nil {
 		return DeviceAttr{}, err
@@ -260,6 +265,9 @@ func (c *Context) QueryDevice() (DeviceAttr, error) {
 }
 
 // QueryPort returns the attributes of port (numbered from 1).
+//
+// The command-line equivalent is `ibv_devinfo -d DEV -i PORT -v`; the
+// state is also in `rdma link show DEV/PORT`.
 func (c *Context) QueryPort(port uint8) (PortAttr, error) {
 	if err := c.use("ibv_query_port"); err != nil {
 		return PortAttr{}, err
@@ -286,6 +294,9 @@ func (c *Context) QueryPort(port uint8) (PortAttr, error) {
 
 // GIDs returns the valid entries of port's GID table, with their RoCE type
 // and network device.
+//
+// Like the GID lines of `ibv_devinfo -d DEV -i PORT -v`; the network device
+// is in sysfs, /sys/class/infiniband/DEV/ports/PORT/gid_attrs/ndevs/INDEX.
 func (c *Context) GIDs(port uint8) ([]GIDEntry, error) {
 	pa, err := c.QueryPort(port)
 	if err != nil {
@@ -341,6 +352,9 @@ func (c *Context) GIDs(port uint8) ([]GIDEntry, error) {
 // is full, so a reader that falls behind loses nothing, and holds back the
 // others. Every call on a wrapper returns the same channel; nil if the pump
 // cannot start (AsyncErr says why).
+//
+// Like `ibv_asyncwatch -d DEV`, for the device's own events (port and GID
+// changes): a QP's, CQ's or SRQ's events reach only the context owning it.
 func (c *Context) AsyncEvents() <-chan AsyncEvent {
 	if err := c.use("async events"); err != nil {
 		return nil

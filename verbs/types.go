@@ -429,6 +429,8 @@ type DeviceAttr struct {
 }
 
 // XRC reports whether the device advertises XRC (IBV_DEVICE_XRC).
+//
+// `ibv_devinfo -d DEV -v` shows the same bit: XRC under device_cap_flags.
 func (a *DeviceAttr) XRC() bool { return a.CapFlags&DeviceXRC != 0 }
 
 // PortAttr is what QueryPort reports.

@@ -16,6 +16,14 @@
 //     XRC preferred, each printed with the transport it got (on a device
 //     without XRC, RC, and the log says why; with -json, in "conns").
 //
+// The command-line counterparts of latency, bandwidth and connect run
+// against a server with the same flags, without ADDR (perftest) or with -b
+// in place of -s (cmtime):
+//
+//	ib_send_lat -R -s SIZE -n COUNT ADDR
+//	ib_send_bw -R -s SIZE -n COUNT ADDR
+//	cmtime -s ADDR -c CONNS
+//
 // With -raw it sends one plain librdmacm message, of 16 bytes unless -size
 // is given, and waits for one reply: what rdma-core's rdma_server example
 // takes (one 16-byte receive) and answers (a buffer of its own, not an echo).

@@ -163,8 +163,9 @@ const rdmaResPID = 28
 // wildcard listener's child ids, made on every device, count for the
 // listener's process.
 //
-// Equivalent to: rdma resource show qp dev DEV (cm_id, cq, mr, pd, ctx, srq
-// the same), counting the lines whose pid is a thread of PID
+// Equivalent to: rdma resource show qp link DEV (cm_id the same; cq, mr,
+// pd, ctx and srq with dev DEV), counting the lines whose pid is a thread
+// of PID
 func ProcessResources(dev string, pid int) (map[string]uint64, error) {
 	link, err := netlink.RdmaLinkByName(dev)
 	if err != nil {

@@ -34,7 +34,7 @@ func Resources(dev string) (map[string]uint64, error) { return nil, ErrUnsupport
 
 // ProcessResources counts a process's objects on an RDMA device; Linux only.
 //
-// Equivalent to: rdma resource show qp dev DEV (and the other kinds), by pid
+// Equivalent to: rdma resource show qp link DEV (and the other kinds), by pid
 func ProcessResources(dev string, pid int) (map[string]uint64, error) { return nil, ErrUnsupported }
 
 // SetupVeth creates a veth pair with addresses; Linux only.
