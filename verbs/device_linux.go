@@ -347,8 +347,9 @@ func (c *Context) GIDs(port uint8) ([]GIDEntry, error) {
 // AsyncEvents starts one pump goroutine that waits for the descriptor in the
 // netpoller, copies and acknowledges each event, and delivers it to every
 // wrapper that called AsyncEvents, each on its own channel. The channel is
-// closed by the wrapper's Close, or early if reading the descriptor fails
-// (AsyncErr says why). Events wait in the kernel while a reader's channel
+// closed by the wrapper's Close, which first ends the deliveries to it (so
+// a reader never gets an event after a dropped one), or early if reading
+// the descriptor fails (AsyncErr says why). Events wait in the kernel while a reader's channel
 // is full, so a reader that falls behind loses nothing, and holds back the
 // others. Every call on a wrapper returns the same channel; nil if the pump
 // cannot start (AsyncErr says why).
@@ -399,6 +400,24 @@ type asyncSub struct {
 	mu   sync.Mutex            // held by the pump while it sends
 	dead bool                  // ch is closed; under mu
 	err  atomic.Pointer[error] // why the pump ended early, or could not start
+}
+
+// offer hands ev to s's reader, waiting while its channel is full, unless
+// s's Close has begun (stop is closed): from then on nothing is delivered.
+// The stop is looked at first: a select over both, with room in the
+// channel, delivered or dropped each event read during the Close at
+// random, so the reader could get an event after a dropped earlier one.
+// The pump calls it under s.mu.
+func (s *asyncSub) offer(ev AsyncEvent) {
+	select {
+	case <-s.stop:
+		return
+	default:
+	}
+	select {
+	case s.ch <- ev:
+	case <-s.stop:
+	}
 }
 
 // end closes s's channel (once), err the reason if not nil.
@@ -519,10 +538,7 @@ func (r *registry) pumpAsync(p *asyncPump) {
 			for _, s := range subs {
 				s.mu.Lock()
 				if !s.dead {
-					select {
-					case s.ch <- ev:
-					case <-s.stop:
-					}
+					s.offer(ev)
 				}
 				s.mu.Unlock()
 			}
