@@ -173,16 +173,34 @@ func (e *Endpoint) newConnLocked(raddr netip.AddrPort) *Conn {
 	return c
 }
 
+// ok reports whether c is a connection an endpoint made: a nil or zero
+// Conn is a closed one, whose calls fail with ErrClosed itself (it has no
+// address to name) and whose accessors give their zero values, as cm's.
+func (c *Conn) ok() bool { return c != nil && c.e != nil }
+
 // LocalAddr is our endpoint's listening address.
-func (c *Conn) LocalAddr() netip.AddrPort { return c.e.addr }
+func (c *Conn) LocalAddr() netip.AddrPort {
+	if !c.ok() {
+		return netip.AddrPort{}
+	}
+	return c.e.addr
+}
 
 // RemoteAddr is the peer endpoint's listening address.
-func (c *Conn) RemoteAddr() netip.AddrPort { return c.raddr }
+func (c *Conn) RemoteAddr() netip.AddrPort {
+	if !c.ok() {
+		return netip.AddrPort{}
+	}
+	return c.raddr
+}
 
 // MaxMessageSize is the largest message Send takes on c: what the peer
 // endpoint receives (its Config.MaxMessageSize), learned when the leg was
 // set up.
 func (c *Conn) MaxMessageSize() int {
+	if !c.ok() {
+		return 0
+	}
 	c.e.mu.Lock()
 	defer c.e.mu.Unlock()
 	return c.sendMax
@@ -190,11 +208,21 @@ func (c *Conn) MaxMessageSize() int {
 
 // MaxRecvSize is the largest message c may receive: what our endpoint
 // takes (its Config.MaxMessageSize). A Recv buffer of this size always fits.
-func (c *Conn) MaxRecvSize() int { return c.e.cfg.MaxMessageSize }
+func (c *Conn) MaxRecvSize() int {
+	if !c.ok() {
+		return 0
+	}
+	return c.e.cfg.MaxMessageSize
+}
 
 // CreditFrames is the number of credit frames (flow control) sent on c:
 // its share of Stats.CreditFrames.
-func (c *Conn) CreditFrames() uint64 { return c.creditFrames.Load() }
+func (c *Conn) CreditFrames() uint64 {
+	if !c.ok() {
+		return 0
+	}
+	return c.creditFrames.Load()
+}
 
 // Err is what ended c, if a failure did: nil while c is up, and once it
 // ended by Close or the peer's FIN (whatever failed after either). A Send
@@ -208,6 +236,9 @@ func (c *Conn) CreditFrames() uint64 { return c.creditFrames.Load() }
 // peer dies before its FIN answers ours), as over RC, where Close releases
 // the connection.
 func (c *Conn) Err() error {
+	if !c.ok() {
+		return nil
+	}
 	c.e.mu.Lock()
 	defer c.e.mu.Unlock()
 	if c.peerClosed || c.closedUp || c.finRcvd && senderDead(c.err) {
@@ -243,6 +274,9 @@ func (c *Conn) wake() {
 // their turn. A failure after the post (the receiver gone, the uplink not
 // recovered) ends the connection and is what the next call returns.
 func (c *Conn) Send(ctx context.Context, p []byte) error {
+	if !c.ok() {
+		return ErrClosed
+	}
 	if len(p) > MaxMessageSize {
 		return &OpError{"send", c.raddr.String(), fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLong, len(p), MaxMessageSize)}
 	}
@@ -1089,6 +1123,9 @@ var roomNow = func() <-chan struct{} { ch := make(chan struct{}); close(ch); ret
 // MaxRecvSize always fits). After the peer's FIN and the messages before
 // it, Recv returns io.EOF.
 func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
+	if !c.ok() {
+		return 0, ErrClosed
+	}
 	e := c.e
 	for {
 		e.mu.Lock()
@@ -1336,6 +1373,9 @@ func creditAck(body []byte, acked, sent uint32) (uint32, bool) {
 // found the receiver's endpoint gone, for the receive loop's verdict (the
 // peer's FIN, or the failure that Err then reports). Close is idempotent.
 func (c *Conn) Close() error {
+	if !c.ok() {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.e.cfg.HandshakeTimeout)
 	defer cancel()
 	c.closeWithin(ctx)
@@ -1448,6 +1488,9 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 // across a recovery, as it does a posted data frame: until the connection
 // (or the endpoint) ends, not within that timeout.
 func (c *Conn) CloseWrite() error {
+	if !c.ok() {
+		return ErrClosed
+	}
 	e := c.e
 	e.mu.Lock()
 	err := c.closeWriteEndLocked()

@@ -15,6 +15,12 @@
 //	c.Close()
 //	ep.Close()
 //
+// A nil or zero Conn or Endpoint (a Dial, Accept or NewEndpoint whose error
+// went unchecked) is a closed one, as in package cm: a call on it returns
+// ErrClosed itself, not an *OpError (there is no address to name), Close
+// returns nil, and the accessors give their zero values (Endpoint.Err gives
+// ErrClosed, as after Close).
+//
 // An Endpoint is one process's engine. It opens the node's shared domain
 // (the domain file in Config.DomainDir), creates its XRC SRQ, and listens on
 // one port number for both exchanges of the protocol: the physical link (an

@@ -432,8 +432,19 @@ func random64() uint64 {
 	}
 }
 
+// ok reports whether e is an endpoint NewEndpoint made (closeDone is made
+// with it and never changes): a nil or zero Endpoint is a closed one, whose
+// calls fail with ErrClosed itself (it has no address to name) and whose
+// accessors give their zero values, as cm's.
+func (e *Endpoint) ok() bool { return e != nil && e.closeDone != nil }
+
 // Addr is the ip:port the endpoint listens on.
-func (e *Endpoint) Addr() netip.AddrPort { return e.addr }
+func (e *Endpoint) Addr() netip.AddrPort {
+	if !e.ok() {
+		return netip.AddrPort{}
+	}
+	return e.addr
+}
 
 // Accept waits for the next inbound connection, returned once both of its
 // legs are up. It accepts in the current term (Term): after StopAccepting
@@ -451,6 +462,9 @@ type AcceptTerm struct{ stop chan struct{} }
 // Term returns the endpoint's current accepting term (one that has ended,
 // if StopAccepting ran last).
 func (e *Endpoint) Term() AcceptTerm {
+	if !e.ok() {
+		return AcceptTerm{}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return AcceptTerm{e.acceptStop}
@@ -461,6 +475,9 @@ func (e *Endpoint) Term() AcceptTerm {
 // a later term's Accept should get. A listener that stops and another that
 // resumes the endpoint each accept in their own term.
 func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
+	if !e.ok() {
+		return nil, ErrClosed
+	}
 	stop := t.stop
 	if stop == nil {
 		// The zero term, which has ended before it began.
@@ -525,6 +542,9 @@ func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
 // on until Close. The port stays bound: it is where the endpoint's peers
 // move and recover their legs. Idempotent.
 func (e *Endpoint) StopAccepting() {
+	if !e.ok() {
+		return
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.stopAcceptingLocked()
@@ -553,6 +573,9 @@ func (e *Endpoint) stopAcceptingLocked() {
 // StopAccepting ended stays ended, and the connections it closed stay
 // closed.
 func (e *Endpoint) ResumeAccepting() AcceptTerm {
+	if !e.ok() {
+		return AcceptTerm{}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.resumeAcceptingLocked()
@@ -584,6 +607,9 @@ func closed(ch chan struct{}) bool {
 // cause (wrapping ErrDeviceRemoved, for one) after its process died or its
 // device went away; nil while it works.
 func (e *Endpoint) Err() error {
+	if !e.ok() {
+		return ErrClosed
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.fatal != nil {
@@ -608,6 +634,9 @@ func (e *Endpoint) closedErr(op string) error {
 // goroutines and releases every kernel object it holds. It is idempotent:
 // a concurrent or later call returns once the first has released everything.
 func (e *Endpoint) Close() error {
+	if !e.ok() {
+		return nil
+	}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -734,6 +763,9 @@ type Stats struct {
 
 // Stats returns the endpoint's counts.
 func (e *Endpoint) Stats() Stats {
+	if !e.ok() {
+		return Stats{}
+	}
 	e.mu.Lock()
 	s := Stats{Conns: len(e.conns), KernelHandles: -1}
 	for _, u := range e.uplinks {
@@ -800,6 +832,9 @@ func (e *Endpoint) setSendTagLocked(c *Conn, t uint32) {
 // re-keys the address; asked once, the dial would fail for as long as the
 // acceptor's uplink into the old domain lived.
 func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
+	if !e.ok() {
+		return nil, ErrClosed
+	}
 	raddr, err := netip.ParseAddrPort(address)
 	if err != nil {
 		return nil, &OpError{"dial", address, fmt.Errorf("%w (%w)", err, ErrInvalid)}
