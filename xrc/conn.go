@@ -272,7 +272,10 @@ func (c *Conn) wake() {
 // the receiver drop the copy if the first arrived after all). Messages of
 // one connection are posted, and arrive, in the order their Sends took
 // their turn. A failure after the post (the receiver gone, the uplink not
-// recovered) ends the connection and is what the next call returns.
+// recovered) ends the connection and is what the next call returns. A
+// Send that waits (for its turn, a credit, room in the send queue) returns
+// ctx's error when ctx ends first; when the connection has ended too, why it
+// ended, as Recv does.
 func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if !c.ok() {
 		return ErrClosed
@@ -420,7 +423,15 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 			case <-e.ctx.Done():
 				return false, c.endedSendErr()
 			case <-ctx.Done():
-				return false, ctx.Err()
+				// Ended with c or its endpoint too, ctx is no reason:
+				// the cases above answer, as in takeTurn
+				// (TestSendWaitingEndedContextSaysWhyConnEnded).
+				if closed(e.ctx.Done()) {
+					return false, c.endedSendErr()
+				}
+				if !closed(c.done) {
+					return false, ctx.Err()
+				}
 			}
 			continue
 		}
@@ -535,7 +546,7 @@ post:
 		room := e.awaitRoomLocked(q)
 		woken := c.credited // Close and CloseWrite wake it (wakeSendersLocked)
 		e.mu.Unlock()
-		closed := false
+		userEnded := false
 	wait:
 		for {
 			select {
@@ -558,20 +569,26 @@ post:
 					e.mu.Unlock()
 					return true, err
 				}
-				closed = c.userClosed || c.writeClosed
+				userEnded = c.userClosed || c.writeClosed
 				woken = c.credited
 				e.mu.Unlock()
-				if closed {
+				if userEnded {
 					break wait
 				}
 			case <-c.done:
-				e.mu.Lock()
-				taken, err := c.unpostedLocked(q, wrid)
-				e.mu.Unlock()
-				return taken, err // taken: the connection ended
+				return c.unposted(q, wrid) // taken: the connection ended
 			case <-e.ctx.Done():
 				return true, c.endedSendErr()
 			case <-ctx.Done():
+				// Ended with c or its endpoint too, ctx is no reason:
+				// the cases above answer, as in takeTurn
+				// (TestSendWaitingEndedContextSaysWhyConnEnded).
+				if closed(e.ctx.Done()) {
+					return true, c.endedSendErr()
+				}
+				if closed(c.done) {
+					return c.unposted(q, wrid)
+				}
 				break wait
 			}
 		}
@@ -592,7 +609,7 @@ post:
 		}
 		c.wakeSendersLocked()
 		e.mu.Unlock()
-		if closed {
+		if userEnded {
 			return false, &OpError{"send", c.raddr.String(), ErrClosed}
 		}
 		return false, ctx.Err()
@@ -607,6 +624,13 @@ func (c *Conn) lastIsLocked(q *iniQP, wrid uint64) bool {
 	}
 	f := c.out.At(c.out.Len() - 1)
 	return f.q == q && f.wrid == wrid
+}
+
+// unposted is unpostedLocked under e.mu.
+func (c *Conn) unposted(q *iniQP, wrid uint64) (bool, error) {
+	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
+	return c.unpostedLocked(q, wrid)
 }
 
 // unpostedLocked tells postData, between tries of the post of wrid on q,
@@ -1121,7 +1145,9 @@ var roomNow = func() <-chan struct{} { ch := make(chan struct{}); close(ch); ret
 // Recv waits for the next message and copies it into buf. A message longer
 // than buf stays queued, and Recv returns ErrMessageTooLong (a buffer of
 // MaxRecvSize always fits). After the peer's FIN and the messages before
-// it, Recv returns io.EOF.
+// it, Recv returns io.EOF. A queued message is returned whether or not ctx
+// has ended; Recv returns ctx's error only when it has to wait and the
+// connection has not ended.
 func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 	if !c.ok() {
 		return 0, ErrClosed
@@ -1174,7 +1200,12 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 		case <-c.wakeCh:
 		case <-c.done:
 		case <-ctx.Done():
-			return 0, &OpError{"recv", c.raddr.String(), ctx.Err()}
+			// Ended with c too, ctx is no reason: the loop says
+			// why, as a Send's waits do
+			// (TestRecvWaitingEndedContextSaysWhyConnEnded).
+			if !closed(c.done) {
+				return 0, &OpError{"recv", c.raddr.String(), ctx.Err()}
+			}
 		}
 	}
 }
@@ -1521,7 +1552,9 @@ func (c *Conn) CloseWrite() error {
 		defer cancel()
 		done <- c.sendFINNotify(ctx, true, posted)
 	}) {
-		return &OpError{"close write", c.raddr.String(), ErrClosed}
+		// The endpoint stopped after the checks above: a device's loss
+		// (TestCloseWriteSpawnRefusedSaysWhyConnEnded), or its Close.
+		return c.closeWriteErr(ErrClosed)
 	}
 	select {
 	case <-posted:

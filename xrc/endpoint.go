@@ -594,7 +594,7 @@ func (e *Endpoint) resumeAcceptingLocked() AcceptTerm {
 func (e *Endpoint) stopped() bool { return closed(e.acceptStop) }
 
 // closed reports whether ch is closed.
-func closed(ch chan struct{}) bool {
+func closed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true
