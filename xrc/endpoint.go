@@ -1999,8 +1999,7 @@ func (e *Endpoint) janitor() {
 		late := now.Sub(last) - tick
 		last = now
 		drains := e.drains.Load()
-		var beat, dead []*Conn
-		var deadErr []error // errIdle, or the sendGone of a leg refused NO_LISTENER
+		var beat []*Conn
 		e.mu.Lock()
 		for c := range e.conns {
 			if c.failed() {
@@ -2027,8 +2026,13 @@ func (e *Endpoint) janitor() {
 					idle = max(idle, e.cfg.HandshakeTimeout)
 				}
 				if now.Sub(c.lastSeen) > idle || gone {
-					dead = append(dead, c)
-					deadErr = append(deadErr, cmp.Or(c.sendGone, errIdle))
+					// Failed under the lock the verdict was taken under
+					// (errIdle, or the sendGone of a leg refused
+					// NO_LISTENER): failed after it, a FIN (or any frame)
+					// taken in between did not count, and a peer whose
+					// half FIN Recv had read as io.EOF was failed for its
+					// silence (TestIdleVerdictTakesFINBeforeIt).
+					c.failLocked(cmp.Or(c.sendGone, errIdle))
 					continue
 				}
 			}
@@ -2047,9 +2051,6 @@ func (e *Endpoint) janitor() {
 			e.lingerLocked(now)
 		}
 		e.mu.Unlock()
-		for i, c := range dead {
-			c.fail(deadErr[i])
-		}
 		for _, c := range beat {
 			if res, room, _ := c.post(kindHeartbeat, nil, nil); res == postFull {
 				e.mu.Lock()
