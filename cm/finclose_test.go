@@ -71,7 +71,9 @@ func TestCloseDuringBlockedCloseWriteSendsFin(t *testing.T) {
 	go func() { time.Sleep(50 * time.Millisecond); readDone <- readAll(t, b) }()
 	start := time.Now()
 	require.NoError(t, a.Close())
-	t.Logf("Close returned after %v; CloseWrite: %v", time.Since(start), <-cw)
+	cwErr := <-cw
+	t.Logf("Close returned after %v; CloseWrite: %v", time.Since(start), cwErr)
+	require.NoError(t, cwErr, "CloseWrite's FIN went out (Close waited for it)")
 	require.ErrorIs(t, <-readDone, io.EOF, "b should read a's 4 messages and then the end of stream")
 	require.Equal(t, uint64(0), b.Stats().Errors, "a graceful close counted as a failure at the peer")
 }

@@ -164,7 +164,9 @@ func TestOneSidedPeerGoneThenClose(t *testing.T) {
 	select {
 	case err := <-done:
 		t.Logf("WriteRemote: %v, out %d", err, rdmaOutOf(w))
-		require.Error(t, err)
+		// The failure that broke the connection before Close, not
+		// ErrClosed.
+		require.ErrorIs(t, err, ErrPeerGone)
 	case <-time.After(5 * time.Second):
 		t.Fatal("WriteRemote hung")
 	}
@@ -190,24 +192,45 @@ func TestOneSidedDeviceRemovedNoFlush(t *testing.T) {
 	require.NoError(t, local.Close())
 }
 
-// Close of a conn whose device does not flush: how long Close takes.
-func TestOneSidedCloseNoFlush(t *testing.T) {
-	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
+// Close of a conn whose device never flushes a one-sided request in flight
+// succeeds, and the op returns ErrClosed only once the transport is released
+// (the QP gone, the device done with the region's memory), as Close's doc
+// says: "at the latest once the QP is gone".
+func TestOneSidedCloseNoFlushOpReturnsClosedAfterRelease(t *testing.T) {
+	a, _, w, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
 	done := make(chan error, 1)
-	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
+	var relAtOp atomic.Bool
+	go func() {
+		err := a.WriteRemote(context.Background(), local, 0, 8, desc, 0)
+		w.mu.Lock()
+		relAtOp.Store(w.ends[0].released)
+		w.mu.Unlock()
+		done <- err
+	}()
 	<-h.posted
 	start := time.Now()
 	err := a.Close()
 	t.Logf("Close after %v: %v", time.Since(start), err)
-	err = <-done
+	require.NoError(t, err)
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("WriteRemote hung after Close returned")
+	}
 	t.Logf("WriteRemote after %v: %v", time.Since(start), err)
+	require.ErrorIs(t, err, ErrClosed)
+	require.False(t, errors.Is(err, ErrPeerGone), "an op Close interrupted says ErrClosed: %v", err)
+	require.True(t, relAtOp.Load(), "the op returned before the transport was released, with no flush of its request")
 	require.NoError(t, local.Close())
 }
 
-// A one-sided op interrupted by Close returns only when release is over
-// (the CM's time-wait on rdmaTransport), though its flush came 20 ms after
-// the QP's move to the error state.
-func TestOneSidedCloseOpWaitsForTimewait(t *testing.T) {
+// A one-sided op interrupted by Close returns ErrClosed at its flush (20 ms
+// after the QP's move to the error state), while the release (the CM's
+// time-wait, 1.5 s here) is still under way: the transport is not released
+// yet when it returns, and it returns well before the configured 1.5 s. It
+// guards against the op, and its region, waiting for the whole release
+// (fixed in 9e8e629).
+func TestOneSidedCloseOpReturnsAtFlushBeforeRelease(t *testing.T) {
 	a, _, w, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold {
 		h := newFlushHold(e, true)
 		h.releaseDelay = 1500 * time.Millisecond
@@ -217,18 +240,29 @@ func TestOneSidedCloseOpWaitsForTimewait(t *testing.T) {
 	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
 	<-h.posted
 	start := time.Now()
-	go a.Close()
+	cerr := make(chan error, 1)
+	go func() { cerr <- a.Close() }()
 	err := <-done
 	took := time.Since(start)
+	w.mu.Lock()
+	rel := w.ends[0].released
+	w.mu.Unlock()
 	t.Logf("WriteRemote after %v: %v; out %d", took, err, rdmaOutOf(w))
 	require.ErrorIs(t, err, ErrClosed)
+	require.False(t, errors.Is(err, ErrPeerGone), "an op Close interrupted says ErrClosed: %v", err)
+	require.False(t, rel, "the op returned only after the transport's release (time-wait), not at its flush")
+	// Structural: a third of the configured 1.5 s release.
 	require.Less(t, took, 500*time.Millisecond, "the op waited for the whole release (time-wait), not its flush")
+	require.NoError(t, local.Close())
+	require.NoError(t, <-cerr)
 }
 
-// The flushing bound (handshake timeout, 2 s here) is not enforced when the
-// transport's poll keeps failing: progress returns nil at once, the loop
-// spins.
-func TestOneSidedStickyPollErrorSpins(t *testing.T) {
+// A one-sided op waiting for its flush after the peer went returns the
+// connection's failure (ErrPeerGone) when the transport's poll fails for
+// good (a broken completion channel: cqBroken), well within its flushing
+// bound (the handshake timeout, 2 s here): it guards against the op
+// spinning on a poll that fails at once until a Close (fixed in 9e8e629).
+func TestOneSidedStickyPollErrorEndsFlushWait(t *testing.T) {
 	a, _, _, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
 	done := make(chan error, 1)
 	go func() { done <- a.WriteRemote(context.Background(), local, 0, 8, desc, 0) }()
@@ -239,6 +273,8 @@ func TestOneSidedStickyPollErrorSpins(t *testing.T) {
 	select {
 	case err := <-done:
 		t.Logf("WriteRemote: %v after %d polls", err, h.polls.Load())
+		require.ErrorIs(t, err, ErrPeerGone)
+		require.False(t, errors.Is(err, ErrClosed), "no Close was called: %v", err)
 	case <-time.After(4 * time.Second):
 		n := h.polls.Load()
 		time.Sleep(100 * time.Millisecond)
@@ -249,9 +285,11 @@ func TestOneSidedStickyPollErrorSpins(t *testing.T) {
 	require.NoError(t, local.Close())
 }
 
-// The op's completion handled by another poller before oneSided sets
-// rdmaOut: rdmaOut stays true with nothing out.
-func TestOneSidedStaleRdmaOut(t *testing.T) {
+// A one-sided op whose completion another caller's round handles inside
+// the post (before the op looks again) succeeds and leaves rdmaOut clear
+// (rdmaDone set): it guards against a stale rdmaOut, left set with no
+// request out when rdmaOut was set after the post (fixed in 9e8e629).
+func TestOneSidedCompletionTakenByOtherRoundClearsRdmaOut(t *testing.T) {
 	var a *Conn
 	a, _, _, _, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold {
 		h := newFlushHold(e, true)
@@ -263,26 +301,33 @@ func TestOneSidedStaleRdmaOut(t *testing.T) {
 		}
 		return h
 	})
-	_ = a
 	require.NoError(t, a.WriteRemote(ctxT(t), local, 0, 8, desc, 0))
 	a.mu.Lock()
 	out, done := a.rdmaOut, a.rdmaDone
 	a.mu.Unlock()
 	t.Logf("after WriteRemote: rdmaOut=%v rdmaDone=%v", out, done)
 	require.False(t, out, "rdmaOut left set with no request out")
+	require.True(t, done, "the completion the other round took was not recorded")
 	require.NoError(t, local.Close())
 }
 
 // The peer went (the conn failed) and the device never flushes the op: a
-// later Close waits for the op's flush no longer than flushWait (it waited
-// for a flushing round that nothing woke).
-func TestOneSidedPeerGoneNoFlushThenClose(t *testing.T) {
+// later Close succeeds, waiting for the op's flush no longer than flushWait
+// (a structural bound, under the op's own 2 s flushing bound), and the op
+// returns the failure that broke the connection (ErrPeerGone) only once the
+// transport is released. It guards against Close waiting for a flushing
+// round that nothing woke.
+func TestOneSidedPeerGoneNoFlushThenCloseBoundedByFlushWait(t *testing.T) {
 	a, _, w, h, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold { return newFlushHold(e, false) })
 	done := make(chan error, 1)
 	var opAt atomic.Int64
+	var relAtOp atomic.Bool
 	go func() {
 		err := a.WriteRemote(context.Background(), local, 0, 8, desc, 0)
 		opAt.Store(time.Now().UnixNano())
+		w.mu.Lock()
+		relAtOp.Store(w.ends[0].released)
+		w.mu.Unlock()
 		done <- err
 	}()
 	<-h.posted
@@ -291,20 +336,28 @@ func TestOneSidedPeerGoneNoFlushThenClose(t *testing.T) {
 	start := time.Now()
 	err := a.Close()
 	took := time.Since(start)
-	w.mu.Lock()
-	rel := w.ends[0].released
-	w.mu.Unlock()
-	opErr := <-done
-	t.Logf("Close after %v: %v; WriteRemote %v after Close began: %v; transport released when the op returned: see below", took, err, time.Duration(opAt.Load()-start.UnixNano()), opErr)
-	_ = rel
+	var opErr error
+	select {
+	case opErr = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("WriteRemote hung after Close returned")
+	}
+	t.Logf("Close after %v: %v; WriteRemote %v after Close began: %v; transport released when the op returned: %v",
+		took, err, time.Duration(opAt.Load()-start.UnixNano()), opErr, relAtOp.Load())
+	require.NoError(t, err)
 	require.Less(t, took, flushWait+500*time.Millisecond, "Close waited for a flushing round that nothing woke")
+	require.ErrorIs(t, opErr, ErrPeerGone)
+	require.True(t, relAtOp.Load(), "the op returned before the transport was released, with no flush of its request")
 	require.NoError(t, local.Close())
 }
 
-// Consequence of a stale rdmaOut: after a failure, a caller that checked
-// its condition before it (a Send out of credit, sendFin, drainSends) leads
-// a round that sleeps until its ctx instead of returning at once.
-func TestOneSidedStaleRdmaOutProgressSleeps(t *testing.T) {
+// After a one-sided op completed (by another caller's round, inside the
+// post), a failure, then a caller that checked its condition before it (a
+// Send out of credit, sendFin, drainSends) leads a round that returns nil
+// at once, no request being out, well before its 300 ms ctx: it guards
+// against a stale rdmaOut making such a round sleep until its ctx (fixed in
+// 9e8e629).
+func TestOneSidedProgressAfterFailureReturnsAtOnce(t *testing.T) {
 	var a *Conn
 	a, _, w, _, local, desc := flushHoldPair(t, func(e *fakeEnd) flushHold {
 		h := newFlushHold(e, true)
@@ -327,8 +380,11 @@ func TestOneSidedStaleRdmaOutProgressSleeps(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	err := a.progress(ctx, seen)
-	t.Logf("progress after failure: %v after %v", err, time.Since(start))
-	require.Less(t, time.Since(start), 100*time.Millisecond)
+	took := time.Since(start)
+	t.Logf("progress after failure: %v after %v", err, took)
+	require.NoError(t, err, "the round slept until its ctx")
+	// Structural: a third of the 300 ms ctx the round would sleep until.
+	require.Less(t, took, 100*time.Millisecond)
 	require.NoError(t, local.Close())
 }
 

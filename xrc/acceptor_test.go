@@ -604,9 +604,11 @@ func TestAcceptorDecisionTable(t *testing.T) {
 			// A VIRT_REQ in a connected-mode REQ.
 			cr.Exchange = kernel.ExchangeXRC
 			wantReject(t, e.r2.acc.Decide(cr), wire.RejectBadRequest)
-			// A PHYS_REQ whose INI QPN disagrees with the CM's.
-			_, u2 := e.phys(e.r1, nil)
-			_ = u2
+			// A PHYS_REQ whose INI QPN disagrees with the CM's, after a
+			// control: the same request with the CM's INI QPN is accepted.
+			if ctl, _ := e.phys(e.r1, nil); !ctl.Accept {
+				t.Fatalf("control: a PHYS_REQ whose INI QPN agrees was refused: %+v", ctl.Reject)
+			}
 			d, _ := e.phys(e.r1, func(r *wire.Req) { r.INIQPN += 100 })
 			wantReject(t, d, wire.RejectBadRequest)
 			e.expect(u.tgtQPN, 1, 1, 0)

@@ -90,5 +90,7 @@ func TestPostedFINInSRQCostsNoSecondRecovery(t *testing.T) {
 	}
 	roundTrip(t, y, dy, []byte("forward"))
 	roundTrip(t, dy, y, []byte("reverse"))
-	awaitClose(t, "x", closed)
+	if err := awaitClose(t, "x", closed); err != nil {
+		t.Fatalf("close: %v", err)
+	}
 }

@@ -62,6 +62,11 @@ func TestLiarDialKeepsQueuedFIN(t *testing.T) {
 		_, err := s.Dial(dctx, liar.String())
 		cancel()
 		t.Logf("dial to the liar: %v; answered %d; s %+v", err, answered.Load(), s.Stats())
+		// Precondition: the liar's answers ended the dial (rebuilding
+		// the uplink under the FIN), not its ctx.
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("dial to the liar: %v, want it refused before its ctx ends", err)
+		}
 	}
 	select {
 	case err := <-closed:
@@ -100,6 +105,11 @@ func liarStream(t *testing.T, lies int32) {
 	_, err := s.Dial(dctx, liar.String())
 	cancel()
 	t.Logf("dial to the liar: %v; s %+v", err, s.Stats())
+	// Precondition: the liar's answers ended the dial (rebuilding the
+	// uplink under the stream), not its ctx.
+	if err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial to the liar: %v, want it refused before its ctx ends", err)
+	}
 	st.finish(t, 15*time.Second, func() string {
 		return fmt.Sprintf("s1 err %v; s %+v; r1 %+v", connErr(s1), s.Stats(), r1.Stats())
 	})

@@ -58,11 +58,13 @@ func (k *idlePollFail) failIdle(q kernel.QP) {
 
 // Two one-off send poll failures apart on the acceptor's uplink whose only
 // leg is an inbound half waiting for its dialer's first frame
-// (awaitFirst): such a half sends nothing (protocol step 5), so the
-// recovery the first failure started sent nothing that proves the new
-// INI's poll, and the second, on the half's first message once it was up,
-// was taken for a poll that fails on every INI (errSendPoll) and failed the
-// connection, as TestHeldDialSendPollFailsTwiceApart for a held dial.
+// (awaitFirst), the second on the half's first message: the second
+// recovery spares the connection, the message arrives, both ways carry
+// messages after it, and the dialer drops no frame. It guards against the
+// second failure being taken for a poll that fails on every INI
+// (errSendPoll), failing the connection, because such a half sends nothing
+// (protocol step 5) that proves the new INI's poll, as
+// TestHeldDialSendPollFailsTwiceApart for a held dial.
 func TestAwaitFirstSendPollFailsTwiceApart(t *testing.T) {
 	w := newWorld(t)
 	hk := &holdFirst{held: make(chan struct{}), release: make(chan struct{})}

@@ -34,13 +34,16 @@ func (k *holdMoves) Accept(id kernel.ID, qpn uint32, pd []byte) error {
 }
 
 // Two one-off send poll failures apart on an uplink whose first leg by tag,
-// the one its recovery moves with the PHYS_REQ, closes as the recovery runs:
-// its FIN waits until every MOVE is answered (finHeldLocked), and its resend
-// sent nothing after the FIN (finOut), so the new INI took no completion
-// while another leg's MOVE was slow. A second, idle, poll failure meanwhile
-// was taken for a poll that fails on every INI (errSendPoll) and failed the
-// other, live, connection, as TestAwaitFirstSendPollFailsTwiceApart for a
-// half waiting for its first frame.
+// the one its recovery moves with the PHYS_REQ, closes as the recovery
+// runs (its FIN waits until every MOVE is answered: finHeldLocked), the
+// second, idle, while another leg's MOVE is slow: the second recovery
+// spares that other, live, connection, which carries messages both ways
+// after it, and the closing leg's Close returns nil. It guards against the
+// second failure being taken for a poll that fails on every INI
+// (errSendPoll), because the closing leg's resend sent nothing after the
+// FIN (finOut) and the new INI took no completion, as
+// TestAwaitFirstSendPollFailsTwiceApart for a half waiting for its first
+// frame.
 func TestClosingLegSendPollFailsTwiceApart(t *testing.T) {
 	w := newWorld(t)
 	p := &idlePollFail{waiting: map[kernel.QP]context.CancelFunc{}, fail: map[kernel.QP]bool{}}
@@ -81,11 +84,14 @@ func TestClosingLegSendPollFailsTwiceApart(t *testing.T) {
 	}
 }
 
-// The same for a dial given up as the recovery runs (abandoned): its FIN,
-// to be the acceptor's half's first frame, waits for the MOVEs, and its
-// resend sent nothing before it (no keepalive may), so a second, idle,
-// poll failure while another leg's MOVE was slow failed that other, live,
-// connection (errSendPoll).
+// The same for a dial given up as the recovery runs (abandoned; its FIN,
+// to be the acceptor's half's first frame, waits for the MOVEs): the dial
+// fails, the second recovery spares the other, live, connection, which
+// carries messages both ways, and the given-up dial leaves no half
+// connection at the acceptor. It guards against the second, idle, poll
+// failure while another leg's MOVE is slow failing that live connection
+// (errSendPoll), the abandoned leg's resend having sent nothing before its
+// FIN (no keepalive may).
 func TestAbandonedDialSendPollFailsTwiceApart(t *testing.T) {
 	w := newWorld(t)
 	ha := &holdAccept{held: make(chan struct{}), release: make(chan struct{})}

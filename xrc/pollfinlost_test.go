@@ -59,13 +59,15 @@ func recvBeforeHold(t *testing.T, c *Conn) {
 
 // A leg's full FIN posted and delivered (it waits in the receiver's SRQ,
 // whose receive loop is slow), its completion lost with a failed send
-// poll: the recovery that follows moves the leg (its receiver still holds
-// it) with the PHYS_REQ, and the leg sent nothing on the new INI, since a
-// FIN that went to PostSend (finPosted) kept even the frame that proves
-// the new INI's poll from going. While another leg's MOVE was slow, a
-// second, separate one-off poll failure was then taken for a poll that
-// always fails (errSendPoll) and failed that other, live, connection: the
-// case TestClosingLegSendPollFailsTwiceApart left open.
+// poll, and the recovery that follows moving the leg with the PHYS_REQ; a
+// second, separate one-off poll failure comes while another leg's MOVE is
+// slow: the peer of the closed leg reads io.EOF, the second recovery spares
+// the other, live, connection, which carries messages both ways, and the
+// closed leg's Close returns nil. It guards against that second failure
+// being taken for a poll that always fails (errSendPoll) and failing the
+// live connection, because a FIN that went to PostSend (finPosted) kept
+// even the frame that proves the new INI's poll from going: the case
+// TestClosingLegSendPollFailsTwiceApart left open.
 func TestPostedFINLostSendPollFailsTwiceApart(t *testing.T) {
 	w := newWorld(t)
 	p := &idlePollFail{waiting: map[kernel.QP]context.CancelFunc{}, fail: map[kernel.QP]bool{}}
@@ -105,7 +107,9 @@ func TestPostedFINLostSendPollFailsTwiceApart(t *testing.T) {
 	requireSecondRecoverySpares(t, a, y)
 	roundTrip(t, y, dy, []byte("forward"))
 	roundTrip(t, dy, y, []byte("reverse"))
-	awaitClose(t, "x", closed)
+	if err := awaitClose(t, "x", closed); err != nil {
+		t.Fatalf("close: %v", err)
+	}
 }
 
 // failPhysTo, once armed, fails the next XRC-typed Connect (a PHYS_REQ) to
@@ -127,8 +131,10 @@ func (k *failPhysTo) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.
 // The same where the leg whose FIN went makes the new INI because the legs
 // before it could not: their receiver (another process of the node) let
 // the first one's PHYS_REQ time out, so its other leg, y2, waits for a
-// VIRT_REQ, which it answers slowly. The new INI took nothing, and a
-// second one-off poll failure failed y2 (errSendPoll).
+// VIRT_REQ, which it answers slowly. A second one-off poll failure then
+// spares y2, which carries messages both ways, and the closed leg's Close
+// returns nil; it guards against that failure failing y2 (errSendPoll)
+// because the new INI took nothing.
 func TestPostedFINLostPhysLegSendPollFailsTwiceApart(t *testing.T) {
 	w := newWorld(t)
 	p := &idlePollFail{waiting: map[kernel.QP]context.CancelFunc{}, fail: map[kernel.QP]bool{}}
@@ -188,5 +194,7 @@ func TestPostedFINLostPhysLegSendPollFailsTwiceApart(t *testing.T) {
 	requireSecondRecoverySpares(t, a, y2)
 	roundTrip(t, y2, d2, []byte("forward"))
 	roundTrip(t, d2, y2, []byte("reverse"))
-	awaitClose(t, "x", closed)
+	if err := awaitClose(t, "x", closed); err != nil {
+		t.Fatalf("close: %v", err)
+	}
 }

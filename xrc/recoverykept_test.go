@@ -2,6 +2,7 @@ package xrc
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -89,7 +90,10 @@ func TestRecoveryLegLeftForNextRoundKeptAlive(t *testing.T) {
 
 	k3.armed.Store(true)
 	r1.p.Kill()
-	sendErr(t, s1) // the send to r1's dead SRQ starts the recovery
+	// The send to r1's dead SRQ starts the recovery.
+	if err := sendErr(t, s1); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send to the killed r1: %v, want ErrPeerGone", err)
+	}
 	eventually(t, "two recovery rounds", func() (bool, string) {
 		st := s.Stats()
 		return st.Recoveries >= 2 && g2.n.Load() >= 2, ""

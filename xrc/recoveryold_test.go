@@ -41,14 +41,15 @@ func (g *slowPoll) PollRecv(ctx context.Context, s kernel.SRQ, out []kernel.Recv
 	return g.Kernel.PollRecv(ctx, s, out)
 }
 
-// A recovery started by TGT_GONE from a dial left the old INI working:
-// the sends it held for a busy receiver (RNR) were still delivered through
-// the old TGT, which another process keeps, and completed with success.
-// The receiver moved the leg at the MOVE and takes messages through the
-// old TGT only until its SRQ drains; those that landed after were dropped,
-// yet the sender took their success for delivery and never sent them
-// again: the stream stalled for want of credits (found by review, 5 runs
-// in 5). recover now moves the old INI to ERR before its MOVEs.
+// A stream to a busy receiver (RNR) arrives whole, every Send succeeding,
+// through a recovery that TGT_GONE from a dial starts while the old TGT
+// lives on in another process: recover moves the old INI to ERR before
+// its MOVEs, so the sends it held are flushed and go again after the MOVE
+// (what the name says is the mechanism; the test checks the stream). It
+// guards against the old INI left working: its held sends landed through
+// the old TGT after the receiver's SRQ had drained, were dropped, yet
+// completed with success, and the stream stalled for want of credits
+// (found by review, 5 runs in 5).
 func TestRecoveryOldINISendsNothingAfterMove(t *testing.T) {
 	w := newWorld(t)
 	w.f.AddNode("10.0.88.2", memfabric.NodeConfig{SRQReceives: 2})

@@ -498,7 +498,12 @@ func TestCloseWhilePausedWithQueuedMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Close()
-	_ = sendErr(t, cb)                 // our sending leg ends (sendGone): the next polls have a deadline
+	// Our sending leg ends (sendGone): the next polls have a deadline.
+	serr := sendErr(t, cb)
+	t.Logf("cb's Send after a's Close: %v", serr)
+	if !errors.Is(serr, ErrPeerGone) {
+		t.Fatalf("cb's Send after a's Close: %v, want ErrPeerGone (nil: the sending leg never ended)", serr)
+	}
 	time.Sleep(200 * time.Millisecond) // past lingerPoll: polls end at their deadlines, the SRQ held
 	if err := connErr(cb); err != nil {
 		t.Errorf("failed while the peer's message and FIN sat unpolled: %v", err)

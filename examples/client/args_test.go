@@ -123,11 +123,12 @@ func TestFlagRunsComplete(t *testing.T) {
 	}
 }
 
-// main refused its flags only after -cpuprofile had created its file: a
-// refused command line (client -cpuprofile cpu.out -mode bogus, or one
-// giving a flag its run ignores) truncated the profile of an earlier run.
-// The test runs main in a child process (this test binary, asked by the
-// environment).
+// A refused command line (client -cpuprofile cpu.out -mode bogus, or one
+// giving a flag its run ignores) exits with status 2 and leaves an earlier
+// run's -cpuprofile file as it was: main refuses its flags before it
+// creates the profile's file. It guards against main refusing them only
+// after, which truncated the earlier run's profile. The test runs main in a
+// child process (this test binary, asked by the environment).
 func TestRefusalKeepsProfile(t *testing.T) {
 	mainexec.Child("client", main)
 	mainexec.RefusalKeepsProfile(t, map[string]string{"-mode bogus": `unknown mode "bogus"`, "-mode connect -depth 8": "-depth has no effect"})

@@ -110,13 +110,17 @@ func TestTryCalledUntilDone(t *testing.T) {
 	require.GreaterOrEqual(t, calls.Load(), int32(3))
 }
 
+// A Wait with a context that cannot end, sleeping until a byte comes,
+// allocates nothing.
 func TestWaitDoesNotAllocateWithoutCancel(t *testing.T) {
 	requireWaitAllocatesNothing(t, context.Background())
 }
 
-// A waiter that sleeps once per message with a context that can end (xrc's
-// receive and send-completion loops pass the endpoint's) allocated the
-// cancellation wake-up each time: four allocations per sleep.
+// A Wait that sleeps until a byte comes allocates nothing also with a
+// context that can end (xrc's receive and send-completion loops pass the
+// endpoint's, and sleep once per message): the cancellation wake-up is kept
+// between Waits. It guards against allocating that wake-up on every sleep
+// (four allocations each).
 func TestWaitDoesNotAllocateWithCancellableContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
