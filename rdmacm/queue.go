@@ -82,7 +82,9 @@ func (q *eventQueue) pop(ctx context.Context) (Event, error) {
 
 // close stops pushes and wakes every waiter. With drop, the queued events are
 // removed and returned (so their new ids can be closed); otherwise waiters
-// still receive them before err.
+// still receive them before err. The first error stays, except that
+// ErrClosed, the application's Close of the id or of its channel, replaces
+// an earlier one (the pump's failure): after Close, waits say ErrClosed.
 func (q *eventQueue) close(err error, drop bool) []Event {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -93,6 +95,8 @@ func (q *eventQueue) close(err error, drop bool) []Event {
 	if q.err == nil {
 		q.err = err
 		close(q.done)
+	} else if err == ErrClosed {
+		q.err = err
 	}
 	return rest
 }
