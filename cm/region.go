@@ -183,7 +183,9 @@ func (c *Conn) RegisterMemory(size int, access Access) (*Region, error) {
 // cannot be taken back once posted: when ctx ends first, the connection
 // breaks (later calls get ErrPeerGone), and WriteRemote returns ctx's error
 // once the device has flushed the request, which may outlast ctx (bounded
-// by the handshake timeout). The same holds for ReadRemote. A nil local
+// by the handshake timeout). A post the device refuses means the queue
+// pair broke: the connection fails (ErrPeerGone), as when a Send's post
+// fails. The same holds for ReadRemote. A nil local
 // region is refused as an argument (ErrInvalid); a closed or zero one
 // fails as a closed Region does (ErrClosed).
 func (c *Conn) WriteRemote(ctx context.Context, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
@@ -229,11 +231,7 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 		return c.opErr(op, err)
 	}
 	c.mu.Lock()
-	if c.err != nil || c.closing {
-		err := c.err
-		if err == nil {
-			err = ErrClosed
-		}
+	if err := c.endedErrLocked(); err != nil {
 		c.mu.Unlock()
 		return c.opErr(op, err)
 	}
@@ -266,7 +264,7 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	c.ioDone()
 	if err != nil {
 		c.noRDMAOut()
-		return c.opErr(op, err)
+		return c.opErr(op, c.rdmaPostErr(err))
 	}
 	return c.awaitOneSided(ctx, op)
 }
@@ -278,6 +276,32 @@ func (c *Conn) oneSidedReturned() {
 	c.rdmaWaiting = false
 	c.waiting.wakeAll()
 	c.mu.Unlock()
+}
+
+// endedErrLocked is why a one-sided operation cannot start: the
+// connection's failure, ErrClosed once Close began; nil while it is up.
+func (c *Conn) endedErrLocked() error {
+	if c.err == nil && c.closing {
+		return ErrClosed
+	}
+	return c.err
+}
+
+// rdmaPostErr is what a one-sided operation whose post failed returns: why
+// the connection ended, when it had by then (Close under way: ErrClosed,
+// as for an operation in flight); otherwise the queue pair broke, which
+// fails the connection as a failed send's post does (ErrPeerGone). It
+// returned the post's own error, which matched neither.
+func (c *Conn) rdmaPostErr(err error) error {
+	c.mu.Lock()
+	ended := c.endedErrLocked()
+	c.mu.Unlock()
+	if ended != nil {
+		return ended
+	}
+	err = fmt.Errorf("%w: post RDMA: %w", ErrPeerGone, err)
+	c.fail(err)
+	return err
 }
 
 // noRDMAOut records that the one-sided request was not posted after all.

@@ -96,10 +96,9 @@ func TestReleasePostFailsDuringRelease(t *testing.T) {
 	took := time.Since(start)
 	opErr := <-done
 	t.Logf("Close took %v; WriteRemote: %v", took, opErr)
-	// The op fails. Which class it says is not documented: today the
-	// post's own error, not ErrClosed, though Close had begun; not
-	// pinned here.
-	require.Error(t, opErr)
+	// Close had begun: ErrClosed, as for an op in flight (it was the
+	// post's own error, which matched neither ErrClosed nor ErrPeerGone).
+	require.ErrorIs(t, opErr, ErrClosed)
 	// Structural: a third of the 30 s flushWait set above.
 	require.Less(t, took, 10*time.Second, "release waited flushWait for a request that was never posted")
 	require.NoError(t, local.Close())
@@ -164,4 +163,30 @@ func TestReleaseCQBrokenControl(t *testing.T) {
 	slowIs = 0
 	defer func() { slowIs = 20 * time.Millisecond }()
 	TestReleaseCQBrokenBeforeWake(t)
+}
+
+// failRDMAPost refuses one-sided posts, as ibv_post_send does on a queue
+// pair that broke.
+type failRDMAPost struct{ *fakeEnd }
+
+func (failRDMAPost) postRDMA(bool, *Region, int, int, RemoteRegion, uint64) error {
+	return errors.New("fake: post on a broken QP")
+}
+
+// A one-sided post that fails on a connection that is up means its queue
+// pair broke: ErrPeerGone, and the connection fails, as when a send's post
+// fails. WriteRemote returned the post's own error, which matched neither
+// ErrPeerGone nor ErrClosed, and left the connection up.
+func TestOneSidedPostFailureIsPeerGone(t *testing.T) {
+	a, b, w := fakePair(t, fakeOpts{})
+	a.t = failRDMAPost{w.ends[0]}
+	remote, err := b.RegisterMemory(4096, RemoteRead|RemoteWrite)
+	require.NoError(t, err)
+	defer remote.Close()
+	local, err := a.RegisterMemory(4096, 0)
+	require.NoError(t, err)
+	defer local.Close()
+	err = a.WriteRemote(ctxT(t), local, 0, 8, remote.Descriptor(), 0)
+	require.ErrorIs(t, err, ErrPeerGone)
+	require.ErrorIs(t, a.Send(ctxT(t), []byte("x")), ErrPeerGone, "the connection failed with the post")
 }
