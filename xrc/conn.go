@@ -272,7 +272,10 @@ func (c *Conn) wake() {
 // the receiver drop the copy if the first arrived after all). Messages of
 // one connection are posted, and arrive, in the order their Sends took
 // their turn. A failure after the post (the receiver gone, the uplink not
-// recovered) ends the connection and is what the next call returns. A
+// recovered) ends the connection and is what the next call returns; when
+// the peer's endpoint went while its FIN may still be on its way, it ends
+// only the sending side first (the next Send says ErrPeerGone), and Recv
+// reads what the peer sent until its FIN comes or the wait for it ends. A
 // Send that waits (for its turn, a credit, room in the send queue) returns
 // ctx's error when ctx ends first; when the connection has ended too, why it
 // ended, as Recv does.
