@@ -111,3 +111,61 @@ func ExampleNode_FailDevice() {
 	// device removed: true
 	// kernel handles left: 0
 }
+
+// The main use: a fabric with a node for each side, an engine on a process
+// of each (xrc.Config.Process; package cm's Listen and Dial take one with
+// cm.WithFabric), a connection between them, and a fault: the client's
+// process killed as kill -9 would, which its peer learns of as the real
+// kernel's messages tell it (ErrPeerGone). A test kills the processes it
+// starts when it is done with them.
+func Example() {
+	f := memfabric.New()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sp, cp := f.Node("10.2.2.2").Process(), f.Node("10.2.2.1").Process()
+	defer sp.Kill()
+	defer cp.Kill()
+	srv, err := xrc.NewEndpoint(ctx, xrc.Config{Process: sp, Addr: "10.2.2.2:7000"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Close()
+	cli, err := xrc.NewEndpoint(ctx, xrc.Config{Process: cp, Addr: "10.2.2.1:7000"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cli.Close()
+	accepted := make(chan *xrc.Conn, 1)
+	go func() {
+		s, _ := srv.Accept(ctx)
+		accepted <- s
+	}()
+	c, err := cli.Dial(ctx, "10.2.2.2:7000")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	s := <-accepted
+	if s == nil {
+		fmt.Println("no connection accepted")
+		return
+	}
+	defer s.Close()
+	if err := c.Send(ctx, []byte("hello")); err != nil {
+		fmt.Println(err)
+		return
+	}
+	buf := make([]byte, 64)
+	n, err := s.Recv(ctx, buf)
+	fmt.Printf("server got %q (%v)\n", buf[:n], err)
+
+	cp.Kill()
+	_, err = s.Recv(ctx, buf)
+	fmt.Println("after the client's kill, peer gone:", errors.Is(err, xrc.ErrPeerGone))
+	// Output:
+	// server got "hello" (<nil>)
+	// after the client's kill, peer gone: true
+}

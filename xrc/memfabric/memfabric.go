@@ -42,11 +42,20 @@ func init() {
 }
 
 // Fabric is a set of nodes that reach each other by IP address. Make one
-// with New: the zero Fabric has no fabric under it, and its methods panic.
+// with New: a nil or zero Fabric has no fabric under it, and its methods
+// panic with a message that says so.
 type Fabric struct {
 	f     *model.Fabric
 	mu    sync.Mutex
 	nodes map[netip.Addr]*Node
+}
+
+// made panics unless New made f: a nil or zero Fabric's calls would
+// otherwise fail with a nil dereference deep in the kernel model.
+func (f *Fabric) made() {
+	if f == nil || f.f == nil {
+		panic("memfabric: a nil or zero Fabric: make one with New")
+	}
 }
 
 // New returns an empty fabric.
@@ -57,6 +66,7 @@ func New() *Fabric {
 // Node returns the node at ip, adding it with the default NodeConfig on
 // first use. It panics if ip is not an IP address.
 func (f *Fabric) Node(ip string) *Node {
+	f.made()
 	a := parseIP(ip)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -86,6 +96,7 @@ type NodeConfig struct {
 // AddNode adds the node at ip with cfg. It panics if ip is not an IP address
 // or the node exists.
 func (f *Fabric) AddNode(ip string, cfg NodeConfig) *Node {
+	f.made()
 	a := parseIP(ip)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -114,16 +125,25 @@ func parseIP(ip string) netip.Addr {
 }
 
 // Node is one host with one RDMA device, made by a Fabric's Node or AddNode
-// (the methods of a nil or zero Node panic).
+// (the methods of a nil or zero Node panic with a message that says so).
 type Node struct{ n *model.Node }
 
+// modelNode returns the node's model, or panics for a nil or zero Node,
+// whose calls would otherwise fail with a nil dereference deep in the model.
+func (n *Node) modelNode() *model.Node {
+	if n == nil || n.n == nil {
+		panic("memfabric: a nil or zero Node: get one from a Fabric's Node or AddNode")
+	}
+	return n.n
+}
+
 // Addr is the node's address.
-func (n *Node) Addr() netip.Addr { return n.n.Addr() }
+func (n *Node) Addr() netip.Addr { return n.modelNode().Addr() }
 
 // Process starts a process on the node. It lives until Kill or the node's
 // PowerOff, however many engines ran on it and closed: the node keeps it,
 // so a test that starts processes kills them when it is done with them.
-func (n *Node) Process() *Process { return &Process{p: n.n.NewProcess(), n: n} }
+func (n *Node) Process() *Process { return &Process{p: n.modelNode().NewProcess(), n: n} }
 
 // PowerOff takes the node off the fabric as a power cut does: its processes
 // die without a word to their peers, requests to it get no answer, and
@@ -131,7 +151,7 @@ func (n *Node) Process() *Process { return &Process{p: n.n.NewProcess(), n: n} }
 // by their own timeouts (Config.IdleTimeout, Config.HandshakeTimeout).
 // Engines running on the node fail from then on; close them to end their
 // goroutines. The node stays off.
-func (n *Node) PowerOff() { n.n.PowerOff() }
+func (n *Node) PowerOff() { n.modelNode().PowerOff() }
 
 // FailDevice makes the node's RDMA device fail for good, as a firmware
 // fault does (IBV_EVENT_DEVICE_FATAL): the node sends nothing and answers
@@ -140,7 +160,7 @@ func (n *Node) PowerOff() { n.n.PowerOff() }
 // ErrDeviceRemoved and close themselves. Peers find out by their own
 // timeouts. The device stays failed: an engine started on the node later
 // fails at once.
-func (n *Node) FailDevice() { n.n.FailDevice() }
+func (n *Node) FailDevice() { n.modelNode().FailDevice() }
 
 // NodeStats counts the node's kernel objects.
 type NodeStats struct {
@@ -159,11 +179,17 @@ func (s NodeStats) QPs() int { return s.INIs + s.TGTs }
 // Stats returns the node's counts, all taken at one instant (one state of
 // the node, however its processes run meanwhile).
 func (n *Node) Stats() NodeStats {
-	c := n.n.Counts()
+	c := n.modelNode().Counts()
 	return NodeStats{INIs: c.INIs, TGTs: c.TGTs, TGTHandles: c.TGTHandles, XRCDs: c.XRCDs, RNRNAKs: c.RNRNAKs}
 }
 
-// Process is one process on a node: what the XRC engine runs on.
+// Process is one process on a node: what the XRC engine runs on, made by
+// Node.Process. A nil or zero Process is no node's and holds nothing: its
+// methods do nothing (Kill, PauseReceives, ResumeReceives) or return zero
+// values (Handles 0, Node nil), as a nil object of package cm or xrc is a
+// closed one. (xrc.NewEndpoint, and cm's Listen and Dial with WithFabric,
+// refuse a zero Process with an error matching xrc.ErrNoKernel, and take a
+// nil one for none: a real device.)
 type Process struct {
 	p *model.Process
 	n *Node
@@ -174,13 +200,19 @@ type Process struct {
 }
 
 // Node is the node the process runs on.
-func (p *Process) Node() *Node { return p.n }
+func (p *Process) Node() *Node {
+	if p == nil {
+		return nil
+	}
+	return p.n
+}
 
 // Kill ends the process as kill -9 does: every kernel object and CM id it
 // holds is closed at once. Engines running on it fail from then on; close
-// them to end their goroutines.
+// them to end their goroutines. Kill of a dead process (killed, or its
+// node powered off) does nothing.
 func (p *Process) Kill() {
-	if p.p != nil {
+	if p != nil && p.p != nil {
 		p.p.Kill()
 	}
 }
@@ -189,16 +221,19 @@ func (p *Process) Kill() {
 // (SIGSTOP) or stalled would, until ResumeReceives: its engine's receive
 // poll finds nothing and the messages stay on its SRQ, where, on a node
 // with NodeConfig.SRQReceives, the next ones find no receive and wait at
-// their senders. The rest of the engine runs on.
+// their senders. The rest of the engine runs on, its timers too, unlike a
+// stopped process's: a pause longer than its Config.IdleTimeout fails the
+// process's connections for their peers' silence (ErrPeerGone), with the
+// messages that wait for them on its SRQ.
 func (p *Process) PauseReceives() {
-	if p.p != nil {
+	if p != nil && p.p != nil {
 		p.p.PauseReceives()
 	}
 }
 
 // ResumeReceives ends PauseReceives.
 func (p *Process) ResumeReceives() {
-	if p.p != nil {
+	if p != nil && p.p != nil {
 		p.p.ResumeReceives()
 	}
 }
@@ -206,6 +241,9 @@ func (p *Process) ResumeReceives() {
 // Handles is the number of kernel handles (domains, SRQs, QPs, TGT handles,
 // CM ids) the process holds.
 func (p *Process) Handles() int {
+	if p == nil {
+		return 0
+	}
 	if h, ok := p.k.(interface{ Handles() int }); ok {
 		return h.Handles()
 	}
