@@ -258,7 +258,17 @@ func TestEndpointCloseDuringDials(t *testing.T) {
 		a := w.endpoint("10.0.11.1", 7100+round)
 		// The first dial makes the uplinks, so the others are virtual
 		// links with a SIDR exchange each.
-		first, err := a.Dial(ctxT(t, 2*time.Second), b.Addr().String())
+		// b's queue may still be full of the last round's connections
+		// (acceptBacklog), which its accept loop takes and closes one by
+		// one: BUSY_RETRY says to ask again, as an application would.
+		var first *Conn
+		var err error
+		for try := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+			first, err = a.Dial(ctxT(t, 2*time.Second), b.Addr().String())
+			if !busyReject(err) || time.Since(try) > testHandshake {
+				break
+			}
+		}
 		if err != nil {
 			// Each round's process is new on the same node, and the model
 			// hands its INI the last round's number while b may still hold
