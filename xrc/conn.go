@@ -24,7 +24,9 @@ import (
 // uplink into ours. Messages keep their boundaries. Every message carries
 // the receiver's tag; a receiver drops messages whose tag names no live
 // connection of its own. Only an Endpoint's Dial and Accept make a Conn: a
-// nil or zero one is none, and its methods may panic.
+// nil or zero one is a closed one, as in package cm: its calls return
+// ErrClosed itself (not an *OpError), Close returns nil, and its accessors
+// give their zero values.
 type Conn struct {
 	e     *Endpoint
 	raddr netip.AddrPort // the peer endpoint's listening address
@@ -1403,9 +1405,13 @@ func creditAck(body []byte, acked, sent uint32) (uint32, bool) {
 // link is disconnected and its INI destroyed after TIMEWAIT_EXIT). Our
 // receiving leg ends when the peer's FIN arrives (the peer answers ours
 // with its own) or its sender goes silent. Close waits at most
-// Config.HandshakeTimeout: for its FIN's post, and where a Send or the FIN
-// found the receiver's endpoint gone, for the receive loop's verdict (the
-// peer's FIN, or the failure that Err then reports). Close is idempotent.
+// Config.HandshakeTimeout: for its FIN's post and completion (a receive at
+// the peer taking it, as cm's Close waits for a receive buffer at the peer:
+// unlike CloseWrite, which returns once its FIN is posted, Close waits that
+// long for a receiver that takes nothing in, a stopped process), and where
+// a Send or the FIN found the receiver's endpoint gone, for the receive
+// loop's verdict (the peer's FIN, or the failure that Err then reports).
+// Close is idempotent.
 func (c *Conn) Close() error {
 	if !c.ok() {
 		return nil

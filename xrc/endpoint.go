@@ -116,7 +116,9 @@ func (cfg *Config) messageSize() error {
 // endpoints, and keeps one uplink (INI QP) per remote node and domain and
 // one downlink (TGT handle) per remote sender. Applications see only ip:port
 // addresses and Conns. Only NewEndpoint makes an Endpoint: a nil or zero one
-// is none, and its methods may panic.
+// is a closed one, as in package cm: its calls return ErrClosed itself (not
+// an *OpError), Close returns nil, Err returns ErrClosed (as after Close),
+// and its other accessors give their zero values.
 type Endpoint struct {
 	// owedOff turns the connections' owed-credit timers off (tests of
 	// the janitor's fallback look; see owedBounds).
@@ -137,8 +139,9 @@ type Endpoint struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	// wg counts spawned goroutines; spawnMu orders every Add before
-	// Close's Wait (spawn's callers may hold mu, so it cannot be mu).
+	// wg counts spawned goroutines and the Dials under way (enter);
+	// spawnMu orders every Add before Close's Wait (spawn's callers may
+	// hold mu, so it cannot be mu).
 	wg           sync.WaitGroup
 	spawnMu      sync.Mutex
 	spawnStopped bool
@@ -422,6 +425,20 @@ func (e *Endpoint) spawnDone(f func()) bool {
 	return true
 }
 
+// enter counts a call of the application's that makes kernel objects
+// (Dial) in wg, as spawn does a goroutine, and reports whether it did: once
+// Close waits, the endpoint is going, and the call makes nothing. The
+// caller calls e.wg.Done as it returns.
+func (e *Endpoint) enter() bool {
+	e.spawnMu.Lock()
+	defer e.spawnMu.Unlock()
+	if e.spawnStopped {
+		return false
+	}
+	e.wg.Add(1)
+	return true
+}
+
 func random64() uint64 {
 	var b [8]byte
 	for {
@@ -456,7 +473,8 @@ func (e *Endpoint) Accept(ctx context.Context) (*Conn, error) {
 
 // An AcceptTerm is one period in which an endpoint accepts: from its start,
 // or a ResumeAccepting, to the next StopAccepting. The zero AcceptTerm has
-// ended: AcceptIn with it returns ErrClosed at once.
+// ended: AcceptIn with it returns ErrClosed at once (or the endpoint's
+// error, if it failed).
 type AcceptTerm struct{ stop chan struct{} }
 
 // Term returns the endpoint's current accepting term (one that has ended,
@@ -480,8 +498,9 @@ func (e *Endpoint) AcceptIn(ctx context.Context, t AcceptTerm) (*Conn, error) {
 	}
 	stop := t.stop
 	if stop == nil {
-		// The zero term, which has ended before it began.
-		return nil, &OpError{"accept", e.addr.String(), ErrClosed}
+		// The zero term, which has ended before it began: ErrClosed, or
+		// the endpoint's error if it failed, as for any ended term.
+		return nil, e.closedErr("accept")
 	}
 	select {
 	case <-e.ctx.Done(): // first: a closed endpoint's queue holds dead ones
@@ -631,8 +650,10 @@ func (e *Endpoint) closedErr(op string) error {
 }
 
 // Close closes every connection (each sends its FIN), stops the endpoint's
-// goroutines and releases every kernel object it holds. It is idempotent:
-// a concurrent or later call returns once the first has released everything.
+// goroutines and releases every kernel object it holds, those of the Dials
+// under way too (they end with ErrClosed, and Close waits for them to let go
+// of what they made). It is idempotent: a concurrent or later call returns
+// once the first has released everything.
 func (e *Endpoint) Close() error {
 	if !e.ok() {
 		return nil
@@ -840,6 +861,14 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 		return nil, &OpError{"dial", address, fmt.Errorf("%w (%w)", err, ErrInvalid)}
 	}
 	raddr = canonicalAddr(raddr) // the form the CM reports the peer in
+	// The dial makes kernel objects (an INI and its CM id, a SIDR id) on
+	// this goroutine, and lets go of them here when it fails: Close, which
+	// ends its exchanges (e.ctx, below), waits for it as for a goroutine
+	// of its own, so that it returns with everything released.
+	if !e.enter() {
+		return nil, e.closedErr("dial")
+	}
+	defer e.wg.Done()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.HandshakeTimeout)
