@@ -403,8 +403,17 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 	if err := ctx.Err(); err != nil {
 		return c.opErr("send", err)
 	}
-	if len(p) > c.maxSend {
-		return c.opErr("send", fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLong, len(p), c.maxSend))
+	if len(p) > c.maxSend || hasImm && c.x != nil {
+		// After Close or CloseWrite, ErrClosed (or, after Close, the
+		// failure before it) comes first, as for a Send that could post
+		// (their docs), not what the message would get from an open
+		// connection.
+		if err := c.sendClosedErr(); err != nil {
+			return c.opErr("send", err)
+		}
+		if len(p) > c.maxSend {
+			return c.opErr("send", fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLong, len(p), c.maxSend))
+		}
 	}
 	if c.x != nil {
 		return c.sendXRC(ctx, p, hasImm)
@@ -434,6 +443,27 @@ func (c *Conn) send(ctx context.Context, p []byte, imm uint32, hasImm bool) erro
 	c.stats.msgsSent.Add(1)
 	c.stats.bytesSent.Add(uint64(len(p)))
 	c.returnCredits()
+	return nil
+}
+
+// sendClosedErr is what a Send after the application's Close or CloseWrite
+// returns: ErrClosed, or after Close the failure that broke c before; nil
+// before either.
+func (c *Conn) sendClosedErr() error {
+	if c.x != nil {
+		switch {
+		case c.xclosed.Load():
+			return mapXRCErr(c.closedXRCErr(xrc.ErrClosed))
+		case c.wroteEnd.Load():
+			return ErrClosed
+		}
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing && !c.lostClose || c.writeClosed {
+		return c.postErrLocked(frameData)
+	}
 	return nil
 }
 
