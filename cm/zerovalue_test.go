@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"io"
 	"testing"
-	"time"
+
+	"github.com/goxrc/goxrc/internal/conntest"
 )
 
 // TestZeroValues: a zero Conn, Listener or Region is a closed one, as a nil
@@ -19,84 +20,52 @@ func TestZeroValues(t *testing.T) {
 		}
 		return nil
 	}
-	is := func(got, want any) error {
-		if got != want {
-			return fmt.Errorf("got %v, want %v", got, want)
-		}
-		return nil
-	}
+	is := conntest.Is
 	buf := make([]byte, 16)
-	tests := []struct {
-		name string
-		call func(ctx context.Context) error
-	}{
-		{"Conn.Close", func(context.Context) error { return is((&Conn{}).Close(), nil) }},
-		{"Conn.CloseWrite", func(context.Context) error { return closed((&Conn{}).CloseWrite()) }},
-		{"Conn.Send", func(ctx context.Context) error { return closed((&Conn{}).Send(ctx, buf)) }},
-		{"Conn.Send empty", func(ctx context.Context) error { return closed((&Conn{}).Send(ctx, nil)) }},
-		{"Conn.SendWithImm", func(ctx context.Context) error { return closed((&Conn{}).SendWithImm(ctx, nil, 1)) }},
-		{"Conn.Recv", func(ctx context.Context) error { _, err := (&Conn{}).Recv(ctx, buf); return closed(err) }},
-		{"Conn.RecvWithImm", func(ctx context.Context) error {
+	tests := []conntest.ClosedCall{
+		{Name: "Conn.Close", F: func(context.Context) error { return is((&Conn{}).Close(), nil) }},
+		{Name: "Conn.CloseWrite", F: func(context.Context) error { return closed((&Conn{}).CloseWrite()) }},
+		{Name: "Conn.Send", F: func(ctx context.Context) error { return closed((&Conn{}).Send(ctx, buf)) }},
+		{Name: "Conn.Send empty", F: func(ctx context.Context) error { return closed((&Conn{}).Send(ctx, nil)) }},
+		{Name: "Conn.SendWithImm", F: func(ctx context.Context) error { return closed((&Conn{}).SendWithImm(ctx, nil, 1)) }},
+		{Name: "Conn.Recv", F: func(ctx context.Context) error { _, err := (&Conn{}).Recv(ctx, buf); return closed(err) }},
+		{Name: "Conn.RecvWithImm", F: func(ctx context.Context) error {
 			_, _, _, err := (&Conn{}).RecvWithImm(ctx, buf)
 			return closed(err)
 		}},
-		{"Conn.RegisterMemory", func(context.Context) error {
+		{Name: "Conn.RegisterMemory", F: func(context.Context) error {
 			_, err := (&Conn{}).RegisterMemory(4096, RemoteRead)
 			return closed(err)
 		}},
-		{"Conn.WriteRemote", func(ctx context.Context) error {
+		{Name: "Conn.WriteRemote", F: func(ctx context.Context) error {
 			return closed((&Conn{}).WriteRemote(ctx, &Region{}, 0, 0, RemoteRegion{}, 0))
 		}},
-		{"Conn.ReadRemote", func(ctx context.Context) error {
+		{Name: "Conn.ReadRemote", F: func(ctx context.Context) error {
 			return closed((&Conn{}).ReadRemote(ctx, &Region{}, 0, 0, RemoteRegion{}, 0))
 		}},
-		{"Conn.Transport", func(context.Context) error { return is((&Conn{}).Transport(), Transport(0)) }},
-		{"Conn.LocalAddr", func(context.Context) error { return is((&Conn{}).LocalAddr(), nil) }},
-		{"Conn.Stats", func(context.Context) error { return is((&Conn{}).Stats(), Stats{}) }},
-		{"Conn.NetConn Read", func(context.Context) error {
+		{Name: "Conn.Transport", F: func(context.Context) error { return is((&Conn{}).Transport(), Transport(0)) }},
+		{Name: "Conn.LocalAddr", F: func(context.Context) error { return is((&Conn{}).LocalAddr(), nil) }},
+		{Name: "Conn.Stats", F: func(context.Context) error { return is((&Conn{}).Stats(), Stats{}) }},
+		{Name: "Conn.NetConn Read", F: func(context.Context) error {
 			_, err := (&Conn{}).NetConn().Read(buf)
 			if err == io.EOF {
 				return errors.New("io.EOF, want ErrClosed")
 			}
 			return closed(err)
 		}},
-		{"Conn.NetConn Close", func(context.Context) error { return is((&Conn{}).NetConn().Close(), nil) }},
-		{"Listener.Accept", func(ctx context.Context) error { _, err := (&Listener{}).Accept(ctx); return closed(err) }},
-		{"Listener.NetListener Accept", func(context.Context) error {
+		{Name: "Conn.NetConn Close", F: func(context.Context) error { return is((&Conn{}).NetConn().Close(), nil) }},
+		{Name: "Listener.Accept", F: func(ctx context.Context) error { _, err := (&Listener{}).Accept(ctx); return closed(err) }},
+		{Name: "Listener.NetListener Accept", F: func(context.Context) error {
 			_, err := (&Listener{}).NetListener().Accept()
 			return closed(err)
 		}},
-		{"Listener.Addr", func(context.Context) error { return is((&Listener{}).Addr(), nil) }},
-		{"Listener.Close", func(context.Context) error { return is((&Listener{}).Close(), nil) }},
-		{"Region.Close", func(context.Context) error { return is((&Region{}).Close(), nil) }},
-		{"Region.Bytes", func(context.Context) error { return is(len((&Region{}).Bytes()), 0) }},
-		{"Region.Descriptor", func(context.Context) error { return is((&Region{}).Descriptor(), RemoteRegion{}) }},
+		{Name: "Listener.Addr", F: func(context.Context) error { return is((&Listener{}).Addr(), nil) }},
+		{Name: "Listener.Close", F: func(context.Context) error { return is((&Listener{}).Close(), nil) }},
+		{Name: "Region.Close", F: func(context.Context) error { return is((&Region{}).Close(), nil) }},
+		{Name: "Region.Bytes", F: func(context.Context) error { return is(len((&Region{}).Bytes()), 0) }},
+		{Name: "Region.Descriptor", F: func(context.Context) error { return is((&Region{}).Descriptor(), RemoteRegion{}) }},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			// The bound catches a call that blocks: a zero value has
-			// nothing that could ever wake it.
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			done := make(chan error, 1)
-			go func() {
-				defer func() {
-					if p := recover(); p != nil {
-						done <- fmt.Errorf("panic: %v", p)
-					}
-				}()
-				done <- tt.call(ctx)
-			}()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Error(err)
-				}
-			case <-ctx.Done():
-				t.Error("blocked")
-			}
-		})
-	}
+	conntest.ClosedCalls(t, tests)
 }
 
 // A zero Region given to a live connection's one-sided operations is a

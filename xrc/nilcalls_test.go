@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
-	"time"
 
+	"github.com/goxrc/goxrc/internal/conntest"
 	"github.com/goxrc/goxrc/xrc"
 )
 
@@ -26,36 +26,28 @@ func TestNilAndZeroCalls(t *testing.T) {
 		}
 		return nil
 	}
-	is := func(got, want any) error {
-		if got != want {
-			return fmt.Errorf("got %v, want %v", got, want)
-		}
-		return nil
-	}
-	type call struct {
-		name string
-		f    func(ctx context.Context) error
-	}
+	is := conntest.Is
+	type call = conntest.ClosedCall
 	connCalls := func(kind string, mk func() *xrc.Conn) []call {
 		return []call{
-			{kind + " Conn.Close", func(context.Context) error { return is(mk().Close(), nil) }},
-			{kind + " Conn.CloseWrite", func(context.Context) error { return closedErr(mk().CloseWrite()) }},
-			{kind + " Conn.CreditFrames", func(context.Context) error { return is(mk().CreditFrames(), uint64(0)) }},
-			{kind + " Conn.Err", func(context.Context) error { return is(mk().Err(), nil) }},
-			{kind + " Conn.LocalAddr", func(context.Context) error { return is(mk().LocalAddr(), netip.AddrPort{}) }},
-			{kind + " Conn.MaxMessageSize", func(context.Context) error { return is(mk().MaxMessageSize(), 0) }},
-			{kind + " Conn.MaxRecvSize", func(context.Context) error { return is(mk().MaxRecvSize(), 0) }},
-			{kind + " Conn.Recv", func(ctx context.Context) error {
+			{Name: kind + " Conn.Close", F: func(context.Context) error { return is(mk().Close(), nil) }},
+			{Name: kind + " Conn.CloseWrite", F: func(context.Context) error { return closedErr(mk().CloseWrite()) }},
+			{Name: kind + " Conn.CreditFrames", F: func(context.Context) error { return is(mk().CreditFrames(), uint64(0)) }},
+			{Name: kind + " Conn.Err", F: func(context.Context) error { return is(mk().Err(), nil) }},
+			{Name: kind + " Conn.LocalAddr", F: func(context.Context) error { return is(mk().LocalAddr(), netip.AddrPort{}) }},
+			{Name: kind + " Conn.MaxMessageSize", F: func(context.Context) error { return is(mk().MaxMessageSize(), 0) }},
+			{Name: kind + " Conn.MaxRecvSize", F: func(context.Context) error { return is(mk().MaxRecvSize(), 0) }},
+			{Name: kind + " Conn.Recv", F: func(ctx context.Context) error {
 				n, err := mk().Recv(ctx, buf)
 				if n != 0 {
 					return fmt.Errorf("n %d", n)
 				}
 				return closedErr(err)
 			}},
-			{kind + " Conn.RemoteAddr", func(context.Context) error { return is(mk().RemoteAddr(), netip.AddrPort{}) }},
-			{kind + " Conn.Send", func(ctx context.Context) error { return closedErr(mk().Send(ctx, buf)) }},
-			{kind + " Conn.Send empty", func(ctx context.Context) error { return closedErr(mk().Send(ctx, nil)) }},
-			{kind + " Conn.Send too long", func(ctx context.Context) error {
+			{Name: kind + " Conn.RemoteAddr", F: func(context.Context) error { return is(mk().RemoteAddr(), netip.AddrPort{}) }},
+			{Name: kind + " Conn.Send", F: func(ctx context.Context) error { return closedErr(mk().Send(ctx, buf)) }},
+			{Name: kind + " Conn.Send empty", F: func(ctx context.Context) error { return closedErr(mk().Send(ctx, nil)) }},
+			{Name: kind + " Conn.Send too long", F: func(ctx context.Context) error {
 				return closedErr(mk().Send(ctx, make([]byte, xrc.MaxMessageSize+1)))
 			}},
 		}
@@ -68,26 +60,26 @@ func TestNilAndZeroCalls(t *testing.T) {
 			return closedErr(err)
 		}
 		return []call{
-			{kind + " Endpoint.Accept", func(ctx context.Context) error { return noConn(mk().Accept(ctx)) }},
-			{kind + " Endpoint.AcceptIn", func(ctx context.Context) error { return noConn(mk().AcceptIn(ctx, xrc.AcceptTerm{})) }},
-			{kind + " Endpoint.AcceptIn its Term", func(ctx context.Context) error {
+			{Name: kind + " Endpoint.Accept", F: func(ctx context.Context) error { return noConn(mk().Accept(ctx)) }},
+			{Name: kind + " Endpoint.AcceptIn", F: func(ctx context.Context) error { return noConn(mk().AcceptIn(ctx, xrc.AcceptTerm{})) }},
+			{Name: kind + " Endpoint.AcceptIn its Term", F: func(ctx context.Context) error {
 				e := mk()
 				return noConn(e.AcceptIn(ctx, e.Term()))
 			}},
-			{kind + " Endpoint.Addr", func(context.Context) error { return is(mk().Addr(), netip.AddrPort{}) }},
-			{kind + " Endpoint.Close", func(context.Context) error { return is(mk().Close(), nil) }},
-			{kind + " Endpoint.Close twice", func(context.Context) error {
+			{Name: kind + " Endpoint.Addr", F: func(context.Context) error { return is(mk().Addr(), netip.AddrPort{}) }},
+			{Name: kind + " Endpoint.Close", F: func(context.Context) error { return is(mk().Close(), nil) }},
+			{Name: kind + " Endpoint.Close twice", F: func(context.Context) error {
 				e := mk()
 				e.Close()
 				return is(e.Close(), nil)
 			}},
-			{kind + " Endpoint.Dial", func(ctx context.Context) error { return noConn(mk().Dial(ctx, "10.0.0.2:7000")) }},
-			{kind + " Endpoint.Dial bad address", func(ctx context.Context) error { return noConn(mk().Dial(ctx, "nonsense")) }},
-			{kind + " Endpoint.Err", func(context.Context) error { return closedErr(mk().Err()) }},
-			{kind + " Endpoint.ResumeAccepting", func(context.Context) error { return is(mk().ResumeAccepting(), xrc.AcceptTerm{}) }},
-			{kind + " Endpoint.Stats", func(context.Context) error { return is(mk().Stats(), xrc.Stats{}) }},
-			{kind + " Endpoint.StopAccepting", func(context.Context) error { mk().StopAccepting(); return nil }},
-			{kind + " Endpoint.Term", func(context.Context) error { return is(mk().Term(), xrc.AcceptTerm{}) }},
+			{Name: kind + " Endpoint.Dial", F: func(ctx context.Context) error { return noConn(mk().Dial(ctx, "10.0.0.2:7000")) }},
+			{Name: kind + " Endpoint.Dial bad address", F: func(ctx context.Context) error { return noConn(mk().Dial(ctx, "nonsense")) }},
+			{Name: kind + " Endpoint.Err", F: func(context.Context) error { return closedErr(mk().Err()) }},
+			{Name: kind + " Endpoint.ResumeAccepting", F: func(context.Context) error { return is(mk().ResumeAccepting(), xrc.AcceptTerm{}) }},
+			{Name: kind + " Endpoint.Stats", F: func(context.Context) error { return is(mk().Stats(), xrc.Stats{}) }},
+			{Name: kind + " Endpoint.StopAccepting", F: func(context.Context) error { mk().StopAccepting(); return nil }},
+			{Name: kind + " Endpoint.Term", F: func(context.Context) error { return is(mk().Term(), xrc.AcceptTerm{}) }},
 		}
 	}
 	var calls []call
@@ -98,41 +90,17 @@ func TestNilAndZeroCalls(t *testing.T) {
 	// The other exported types with methods are values or errors a call
 	// fills in; their zero values answer too.
 	calls = append(calls,
-		call{"zero RejectReason.String", func(context.Context) error {
+		call{Name: "zero RejectReason.String", F: func(context.Context) error {
 			if xrc.RejectReason(0).String() == "" {
 				return errors.New("empty")
 			}
 			return nil
 		}},
-		call{"zero RejectError", func(context.Context) error {
+		call{Name: "zero RejectError", F: func(context.Context) error {
 			e := &xrc.RejectError{}
 			_ = e.Error()
 			return is(e.Timeout() || e.Temporary(), false)
 		}},
 	)
-	for _, tt := range calls {
-		t.Run(tt.name, func(t *testing.T) {
-			// The bound catches a call that blocks: a closed object has
-			// nothing that could ever wake it.
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			done := make(chan error, 1)
-			go func() {
-				defer func() {
-					if r := recover(); r != nil {
-						done <- fmt.Errorf("panic: %v", r)
-					}
-				}()
-				done <- tt.f(ctx)
-			}()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Error(err)
-				}
-			case <-ctx.Done():
-				t.Error("blocked")
-			}
-		})
-	}
+	conntest.ClosedCalls(t, calls)
 }

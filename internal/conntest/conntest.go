@@ -5,10 +5,13 @@ package conntest
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -45,4 +48,49 @@ func HalfClose(t testing.TB, client, server net.Conn, n int) {
 	require.Equal(t, resp, got, "the response arrives whole after the request's side closed")
 	require.NoError(t, <-wrote)
 	require.NoError(t, client.Close())
+}
+
+// ClosedCall is one call on a closed object (nil, zero or Closed), with
+// its check: F returns an error saying what was wrong with the result.
+type ClosedCall struct {
+	Name string
+	F    func(ctx context.Context) error
+}
+
+// ClosedCalls runs each call as a subtest that fails when the call panics,
+// its check fails, or it blocks for 5 s: a closed object has nothing that
+// could ever wake a blocked call.
+func ClosedCalls(t *testing.T, calls []ClosedCall) {
+	t.Helper()
+	for _, c := range calls {
+		t.Run(c.Name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				defer func() {
+					if p := recover(); p != nil {
+						done <- fmt.Errorf("panic: %v", p)
+					}
+				}()
+				done <- c.F(ctx)
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Error(err)
+				}
+			case <-ctx.Done():
+				t.Error("blocked")
+			}
+		})
+	}
+}
+
+// Is is a ClosedCall check: nil when got equals want.
+func Is(got, want any) error {
+	if got != want {
+		return fmt.Errorf("got %v, want %v", got, want)
+	}
+	return nil
 }
