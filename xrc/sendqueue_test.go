@@ -62,6 +62,14 @@ func TestSendWaitingForRoomFailsWhenConnEnds(t *testing.T) {
 	a := w.endpoint("10.0.2.1", 7000, short)
 	b := w.endpoint("10.0.2.2", 7000, short)
 	s, r := pair(t, a, b)
+	var q *iniQP
+	var polls0 uint64
+	eventually(t, "the INI's posts polled", func() (bool, string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		q, polls0 = s.up.cur, s.up.cur.polls
+		return len(q.waiters) == 0, fmt.Sprintf("%d posts unpolled", len(q.waiters))
+	})
 	b.p.PauseReceives() // four messages fill b's SRQ, the fifth waits (RNR) at a's INI
 	ctx := ctxT(t, 10*time.Second)
 	sent := make(chan error, 1)
@@ -79,9 +87,14 @@ func TestSendWaitingForRoomFailsWhenConnEnds(t *testing.T) {
 			}
 		}
 	}()
-	eventually(t, "a Send finding the send queue full", func() (bool, string) {
-		st := a.Stats()
-		return st.SendQueueFull > 0, fmt.Sprintf("%+v", st)
+	// A Send may find the queue full while completions of the first four
+	// messages wait to be polled, and post once they are: the Send that
+	// waits for good is one waiting for room after those four completions
+	// were polled (no other can come).
+	eventually(t, "a Send waiting for room with no completion to come", func() (bool, string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return q.roomWait && q.polls-polls0 >= 4, fmt.Sprintf("room wait %v, %d polled, in flight %d", q.roomWait, q.polls-polls0, inFlight.Load())
 	})
 	waiting := int(inFlight.Load())
 	go r.Close()
