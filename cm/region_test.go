@@ -63,6 +63,19 @@ func FuzzUnmarshalRemoteRegion(f *testing.F) {
 	})
 }
 
+// rdmaRegions registers 4 KiB on a for one-sided operations and 4 KiB on b
+// that a may read and write, closed when the test ends.
+func rdmaRegions(t *testing.T, a, b *Conn) (*Region, RemoteRegion) {
+	t.Helper()
+	remote, err := b.RegisterMemory(4096, RemoteRead|RemoteWrite)
+	require.NoError(t, err)
+	t.Cleanup(func() { remote.Close() })
+	local, err := a.RegisterMemory(4096, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { local.Close() })
+	return local, remote.Descriptor()
+}
+
 // stallRDMA never completes one-sided operations, so the caller's context
 // ends first.
 type stallRDMA struct{ *fakeEnd }
@@ -77,17 +90,12 @@ func (stallRDMA) postRDMA(bool, *Region, int, int, RemoteRegion, uint64) error {
 func TestAbandonedRDMAIsNotATimeoutLater(t *testing.T) {
 	a, b, w := fakePair(t, fakeOpts{})
 	a.t = stallRDMA{w.ends[0]}
-	remote, err := b.RegisterMemory(4096, RemoteRead|RemoteWrite)
-	require.NoError(t, err)
-	defer remote.Close()
-	local, err := a.RegisterMemory(4096, 0)
-	require.NoError(t, err)
-	defer local.Close()
+	local, remote := rdmaRegions(t, a, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	require.ErrorIs(t, a.WriteRemote(ctx, local, 0, 8, remote.Descriptor(), 0), context.DeadlineExceeded)
+	require.ErrorIs(t, a.WriteRemote(ctx, local, 0, 8, remote, 0), context.DeadlineExceeded)
 
-	_, err = a.Recv(context.Background(), make([]byte, 256))
+	_, err := a.Recv(context.Background(), make([]byte, 256))
 	require.ErrorIs(t, err, ErrPeerGone)
 	var ne net.Error
 	require.ErrorAs(t, err, &ne)

@@ -180,13 +180,7 @@ func (failRDMAPost) postRDMA(bool, *Region, int, int, RemoteRegion, uint64) erro
 func TestOneSidedPostFailureIsPeerGone(t *testing.T) {
 	a, b, w := fakePair(t, fakeOpts{})
 	a.t = failRDMAPost{w.ends[0]}
-	remote, err := b.RegisterMemory(4096, RemoteRead|RemoteWrite)
-	require.NoError(t, err)
-	defer remote.Close()
-	local, err := a.RegisterMemory(4096, 0)
-	require.NoError(t, err)
-	defer local.Close()
-	err = a.WriteRemote(ctxT(t), local, 0, 8, remote.Descriptor(), 0)
-	require.ErrorIs(t, err, ErrPeerGone)
+	local, remote := rdmaRegions(t, a, b)
+	require.ErrorIs(t, a.WriteRemote(ctxT(t), local, 0, 8, remote, 0), ErrPeerGone)
 	require.ErrorIs(t, a.Send(ctxT(t), []byte("x")), ErrPeerGone, "the connection failed with the post")
 }

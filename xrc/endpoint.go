@@ -415,12 +415,9 @@ func (e *Endpoint) spawn(f func()) bool {
 // once, it starts with no allocation (a credit return, once per half
 // window).
 func (e *Endpoint) spawnDone(f func()) bool {
-	e.spawnMu.Lock()
-	defer e.spawnMu.Unlock()
-	if e.spawnStopped {
+	if !e.enter() {
 		return false
 	}
-	e.wg.Add(1)
 	go f()
 	return true
 }
