@@ -717,6 +717,9 @@ func (id *ID) event(ctx context.Context, op, addr string) (Event, error) {
 		return Event{}, &verbs.OpError{Op: op, Addr: addr, Err: ErrClosed}
 	}
 	e, err := id.q.pop(ctx)
+	if oe, ok := err.(*verbs.OpError); ok && oe.Op == op {
+		return Event{}, err // the broken channel's, which names the call already
+	}
 	if err != nil {
 		return Event{}, &verbs.OpError{Op: op, Addr: addr, Err: err}
 	}

@@ -390,16 +390,18 @@ func (c *EventChannel) pump() {
 		fatal = err
 	}
 	if fatal != nil && !c.isClosed() {
-		// The channel is broken: fail every waiter, and refuse new ids.
+		// The channel is broken: fail every waiter, and refuse new ids,
+		// saying which call failed.
+		broken := &verbs.OpError{Op: "rdma_get_cm_event", Err: fatal}
 		c.mu.Lock()
-		c.broken = fatal
+		c.broken = broken
 		ids := make([]*ID, 0, len(c.ids))
 		for _, id := range c.ids {
 			ids = append(ids, id)
 		}
 		c.mu.Unlock()
 		for _, id := range ids {
-			id.q.close(&verbs.OpError{Op: "rdma_get_cm_event", Err: fatal}, false)
+			id.q.close(broken, false)
 		}
 	}
 }
