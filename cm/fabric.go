@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"strings"
 	"sync"
 
 	"github.com/goxrc/goxrc/rdmacm"
@@ -380,14 +381,33 @@ func mapXRCErr(err error) error {
 	switch {
 	case errors.Is(err, xrc.ErrDeviceRemoved):
 		return fmt.Errorf("%w: %w", ErrPeerGone, err)
-	case errors.Is(err, xrc.ErrPeerGone), errors.Is(err, xrc.ErrPeerClosed):
+	case errors.Is(err, xrc.ErrPeerGone):
+		return &xrcMapped{ErrPeerGone, xrc.ErrPeerGone, err}
+	case errors.Is(err, xrc.ErrPeerClosed):
 		return fmt.Errorf("%w: %w", ErrPeerGone, err)
 	case errors.Is(err, xrc.ErrClosed):
 		return ErrClosed
 	case errors.Is(err, xrc.ErrProtocol):
-		return fmt.Errorf("%w: %w", ErrProtocol, err)
+		return &xrcMapped{ErrProtocol, xrc.ErrProtocol, err}
 	case errors.Is(err, xrc.ErrMessageTooLong):
-		return fmt.Errorf("%w: %w", ErrMessageTooLong, err)
+		return &xrcMapped{ErrMessageTooLong, xrc.ErrMessageTooLong, err}
 	}
 	return err
 }
+
+// xrcMapped is an engine error given this package's meaning (mine, the
+// sentinel of this package that means what the engine's, theirs, does). It
+// matches both, and says the meaning once: "message too long: 11-byte
+// message, 2-byte buffer", as an RC connection's error does, not "message
+// too long: xrc: message too long: ...".
+type xrcMapped struct{ mine, theirs, err error }
+
+func (e *xrcMapped) Error() string {
+	s := e.err.Error()
+	if rest, ok := strings.CutPrefix(s, e.theirs.Error()); ok {
+		return e.mine.Error() + rest
+	}
+	return e.mine.Error() + ": " + s
+}
+
+func (e *xrcMapped) Unwrap() []error { return []error{e.mine, e.err} }
