@@ -176,12 +176,33 @@ func (e *RejectError) Is(target error) bool {
 	return target == syscall.ECONNREFUSED
 }
 
-// OpError is the error of a failed Endpoint or Conn operation.
+// OpError is the error of a failed Endpoint or Conn operation. It
+// implements net.Error, as package cm's OpError does.
 type OpError struct {
 	Op   string // "listen", "dial", "connect" (a link's exchange), "accept", "send", "recv", "close write"
-	Addr string // the endpoint's address, or the peer's
+	Addr string // the endpoint's address, or the peer's; may be empty (a Config without Addr)
 	Err  error  // what failed
 }
 
-func (e *OpError) Error() string { return "xrc: " + e.Op + " " + e.Addr + ": " + e.Err.Error() }
+func (e *OpError) Error() string {
+	if e.Addr == "" {
+		return "xrc: " + e.Op + ": " + e.Err.Error()
+	}
+	return "xrc: " + e.Op + " " + e.Addr + ": " + e.Err.Error()
+}
+
 func (e *OpError) Unwrap() error { return e.Err }
+
+// Timeout reports whether the operation timed out: its context's deadline
+// passed, or its request went unanswered (a *RejectError that is a
+// Timeout).
+func (e *OpError) Timeout() bool {
+	var t interface{ Timeout() bool }
+	return errors.As(e.Err, &t) && t.Timeout()
+}
+
+// Temporary is part of the net.Error interface: it is Timeout, as
+// RejectError's.
+func (e *OpError) Temporary() bool { return e.Timeout() }
+
+var _ net.Error = (*OpError)(nil)
