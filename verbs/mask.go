@@ -205,6 +205,9 @@ type PostError struct {
 }
 
 func (e *PostError) Error() string {
+	if e.Index < 0 {
+		return fmt.Sprintf("work request unknown (the driver named none): %v", e.Err)
+	}
 	return fmt.Sprintf("work request %d: %v", e.Index, e.Err)
 }
 
