@@ -95,8 +95,8 @@ type ProcessStats struct {
 	// (PORT_ERR; see "Device events" in the package doc).
 	PortErrors uint64
 	// XRC connections (WithFabric, or an XRC mode on a device with XRC):
-	// INI QPs (one per remote node and domain, and retired ones not yet
-	// destroyed), TGT
+	// INI QPs (one per remote node and domain, retired ones not yet
+	// destroyed, and those of links being set up), TGT
 	// handles (one per remote sender), receiving legs counted over them,
 	// XRC QPs held, and every kernel handle and CM id the engine holds.
 	XRCUplinks       int

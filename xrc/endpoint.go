@@ -160,6 +160,9 @@ type Endpoint struct {
 	conns     map[*Conn]struct{}
 	passive   map[kernel.ID]*passiveLink // physical links we accepted
 	acceptq   chan *Conn
+	// iniSetup counts the INIs physLink made that are on no uplink's inis
+	// yet: Stats counts them from their CreateINI, as the kernel does.
+	iniSetup int
 	// refusing is set by StopAccepting (under mu, which checkReadyLocked
 	// holds; the acceptor reads it without): new inbound connections are
 	// refused, and acceptStop is closed. ResumeAccepting clears it and
@@ -760,7 +763,7 @@ func (e *Endpoint) die(err error) {
 
 // Stats counts an endpoint's objects.
 type Stats struct {
-	Uplinks       int    // INI QPs: one per remote node and domain, and those a recovery retired, until destroyed
+	Uplinks       int    // INI QPs, from their creation (a link being set up) until destroyed: one per remote node and domain, and those a recovery retired
 	Downlinks     int    // TGT handles (one per remote sender, shared by its legs)
 	LocalCounts   int    // receiving legs counted over the downlinks
 	QPs           int    // Uplinks + Downlinks: the QPs this process holds
@@ -785,7 +788,7 @@ func (e *Endpoint) Stats() Stats {
 		return Stats{}
 	}
 	e.mu.Lock()
-	s := Stats{Conns: len(e.conns), KernelHandles: -1}
+	s := Stats{Conns: len(e.conns), KernelHandles: -1, Uplinks: e.iniSetup}
 	for _, u := range e.uplinks {
 		s.Uplinks += len(u.inis)
 	}

@@ -202,6 +202,9 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			e.mu.Unlock()
 			q, acc, err := e.physLink(ctx, raddr, &req)
 			e.mu.Lock()
+			if err == nil {
+				e.iniSetup-- // q joins u.inis below, or goes
+			}
 			if err == nil && e.closed {
 				// Close began while we connected. It releases the INIs it
 				// finds on the uplinks, which this one never joined, so
@@ -485,21 +488,31 @@ func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	if err != nil {
 		return nil, acc, err
 	}
+	// Counted from here until it joins an uplink (the caller) or goes.
+	e.mu.Lock()
+	e.iniSetup++
+	e.mu.Unlock()
+	destroyQP := func() {
+		e.mu.Lock()
+		e.iniSetup--
+		e.mu.Unlock()
+		k.DestroyQP(qp)
+	}
 	req.INIQPN = num
 	b := make([]byte, wire.BudgetREQ)
 	n, err := req.Encode(b)
 	if err != nil {
-		k.DestroyQP(qp)
+		destroyQP()
 		return nil, acc, err
 	}
 	id, err := k.Connect(ctx, raddr, kernel.ExchangeXRC, num, b[:n])
 	if err != nil {
-		k.DestroyQP(qp)
+		destroyQP()
 		return nil, acc, err
 	}
 	fail := func(err error) (*iniQP, wire.Accept, error) {
 		k.DestroyID(id)
-		k.DestroyQP(qp)
+		destroyQP()
 		return nil, acc, err
 	}
 	ev, err := k.Event(ctx, id)
@@ -789,13 +802,14 @@ func (e *Endpoint) watchActive(u *uplink, q *iniQP) {
 			e.mu.Unlock()
 			e.k.Disconnect(q.aid) // the DREP, if this was the peer's DREQ
 		case kernel.EventTimewaitExit:
+			// Counted until the INI itself goes (Stats.Uplinks).
+			e.k.DestroyID(q.aid)
 			e.mu.Lock()
 			u.inis = slices.DeleteFunc(u.inis, func(x *iniQP) bool { return x == q })
 			if u.state == upNone && len(u.inis) == 0 {
 				e.removeUplinkLocked(u)
 			}
 			e.mu.Unlock()
-			e.k.DestroyID(q.aid)
 			e.k.DestroyQP(q.qp)
 			return
 		}
@@ -914,6 +928,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 			q = nq
 			e.mu.Lock()
 			u.inis = append(u.inis, q)
+			e.iniSetup--
 			e.mu.Unlock()
 		} else if unansweredErr(err) {
 			silent[c.raddr] = true
