@@ -565,11 +565,11 @@ func (e *Endpoint) virtLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	if err != nil {
 		return acc, err
 	}
-	e.virtReqs.Add(1)
 	id, err := e.k.Connect(ctx, raddr, kernel.ExchangeSIDR, 0, b[:n])
 	if err != nil {
-		return acc, err
+		return acc, err // no VIRT_REQ went
 	}
+	e.virtReqs.Add(1)
 	defer e.destroyLater(id) // a virtual link keeps no CM state
 	ev, err := e.k.Event(ctx, id)
 	if err != nil {
