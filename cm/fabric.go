@@ -366,9 +366,11 @@ func engineErr(err error) error {
 // Accept the meaning of this package's. A removed device ends the Dial or
 // the listener, not a connection (none was made or lost): its error is
 // ErrDeviceRemoved without ErrPeerGone, as an RC Dial's (dialAddr) and an
-// RC listener's (closedErr).
+// RC listener's (closedErr). So does the death of the endpoint's process
+// (xrc.ErrProcessDied), which a connection's error wraps ErrPeerGone for
+// as well: it is lost, not closed by the application.
 func mapXRCSetupErr(err error) error {
-	if err = engineErr(err); errors.Is(err, xrc.ErrDeviceRemoved) {
+	if err = engineErr(err); errors.Is(err, xrc.ErrDeviceRemoved) || errors.Is(err, xrc.ErrProcessDied) {
 		return err
 	}
 	return mapXRCErr(err)
@@ -379,7 +381,7 @@ func mapXRCSetupErr(err error) error {
 func mapXRCErr(err error) error {
 	err = engineErr(err)
 	switch {
-	case errors.Is(err, xrc.ErrDeviceRemoved):
+	case errors.Is(err, xrc.ErrDeviceRemoved), errors.Is(err, xrc.ErrProcessDied):
 		return fmt.Errorf("%w: %w", ErrPeerGone, err)
 	case errors.Is(err, xrc.ErrPeerGone):
 		return &xrcMapped{ErrPeerGone, xrc.ErrPeerGone, err}

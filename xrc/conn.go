@@ -1654,6 +1654,8 @@ func (c *Conn) failLocked(err error) {
 	}
 	if dev := c.e.deviceErr(); dev != nil {
 		err = dev // whatever failed, failed because the device did
+	} else if pd := c.e.processErr(); pd != nil && !c.e.closed {
+		err = pd // or because the process died (its calls say ErrClosed)
 	}
 	c.err = err
 	c.dropSendLocked()

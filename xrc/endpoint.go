@@ -127,6 +127,10 @@ type Endpoint struct {
 	ownK    bool // k is a device the endpoint opened: release closes it
 	// devFatal is k's DeviceFatal (nil in tests' bare endpoints).
 	devFatal <-chan struct{}
+	// procDead is closed once Config.Process has died (nil on a device):
+	// the kernel then fails every call with ErrClosed, which is no Close
+	// of ours.
+	procDead <-chan struct{}
 	cfg      Config
 	addr     netip.AddrPort
 	dom      DomainFile
@@ -287,6 +291,11 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	}
 	e.dom = dom
 	e.devFatal = k.DeviceFatal()
+	if pk, ok := kernel.Unwrap(cfg.Process); ok {
+		if d, ok := pk.(interface{ Dead() <-chan struct{} }); ok {
+			e.procDead = d.Dead()
+		}
+	}
 	defer func() {
 		if err != nil {
 			e.release()
@@ -368,6 +377,17 @@ func (e *Endpoint) deviceErr() error {
 	select {
 	case <-e.devFatal:
 		return errDeviceFatal
+	default:
+		return nil
+	}
+}
+
+// processErr is ErrProcessDied once the endpoint's process has died, nil
+// before (and on a device).
+func (e *Endpoint) processErr() error {
+	select {
+	case <-e.procDead:
+		return ErrProcessDied
 	default:
 		return nil
 	}
@@ -622,9 +642,11 @@ func closed(ch <-chan struct{}) bool {
 	}
 }
 
-// Err reports why the endpoint no longer works: ErrClosed after Close, the
-// cause (wrapping ErrDeviceRemoved, for one) after its process died or its
-// device went away; nil while it works.
+// Err reports why the endpoint no longer works: ErrClosed after Close,
+// ErrProcessDied after its process died (memfabric's Kill, its node's
+// PowerOff), an error wrapping ErrDeviceRemoved after its device went away
+// or failed, the kernel's error where it failed otherwise; nil while it
+// works. A Close after the endpoint failed leaves Err that failure.
 func (e *Endpoint) Err() error {
 	if !e.ok() {
 		return ErrClosed
@@ -645,6 +667,9 @@ func (e *Endpoint) closedErr(op string) error {
 	defer e.mu.Unlock()
 	if e.fatal != nil {
 		return &OpError{op, e.addr.String(), e.fatal}
+	}
+	if pd := e.processErr(); pd != nil && !e.closed {
+		return &OpError{op, e.addr.String(), pd} // before die says it
 	}
 	return &OpError{op, e.addr.String(), ErrClosed}
 }
@@ -748,6 +773,11 @@ func (e *Endpoint) release() {
 // not finish removing the device while anything of ours is left on it.
 func (e *Endpoint) die(err error) {
 	e.mu.Lock()
+	if pd := e.processErr(); pd != nil {
+		// Its kernel calls fail with ErrClosed, which would say our
+		// Close: the process died.
+		err = pd
+	}
 	if e.fatal == nil {
 		e.fatal = err
 		close(e.dead)
@@ -890,7 +920,7 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 			err = &OpError{"dial", raddr.String(), caller.Err()}
 		}
 	}
-	if err != nil && e.ctx.Err() != nil && caller.Err() == nil {
+	if err != nil && (e.ctx.Err() != nil || e.processErr() != nil) && caller.Err() == nil {
 		return nil, e.closedErr("dial")
 	}
 	return c, err

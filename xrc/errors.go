@@ -52,6 +52,13 @@ var (
 	// does not answer the request, or, on an established connection,
 	// sending past the credits it was given.
 	ErrProtocol = errors.New("xrc: protocol violation by peer")
+	// ErrProcessDied reports that the endpoint's process died under it:
+	// every kernel object and CM id it held was closed at once, as a
+	// kill -9 does (memfabric's Process.Kill, or its node's PowerOff). The
+	// endpoint's Err returns it, every connection fails with it, and Accept
+	// and Dial return it. It is no Close of the application's: it does not
+	// match ErrClosed. Close still ends the endpoint's goroutines.
+	ErrProcessDied = errors.New("xrc: the endpoint's process died")
 
 	errSRQGone    = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
 	errIdle       = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)

@@ -135,7 +135,8 @@ func TestEndpointTorture(t *testing.T) {
 	}
 	t.Logf("errors: %v", hist)
 	for _, r := range all {
-		if r.err == nil || errors.Is(r.err, io.EOF) || errors.Is(r.err, ErrClosed) || errors.Is(r.err, ErrPeerClosed) || errors.Is(r.err, ErrPeerGone) {
+		if r.err == nil || errors.Is(r.err, io.EOF) || errors.Is(r.err, ErrClosed) || errors.Is(r.err, ErrPeerClosed) || errors.Is(r.err, ErrPeerGone) ||
+			errors.Is(r.err, ErrProcessDied) { // the killed process's own
 			continue
 		}
 		t.Errorf("%s: %v", r.what, r.err)

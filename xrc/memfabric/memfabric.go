@@ -149,8 +149,9 @@ func (n *Node) Process() *Process { return &Process{p: n.modelNode().NewProcess(
 // die without a word to their peers, requests to it get no answer, and
 // sends to it fail as the device's retries running out do. Peers find out
 // by their own timeouts (Config.IdleTimeout, Config.HandshakeTimeout).
-// Engines running on the node fail from then on; close them to end their
-// goroutines. The node stays off.
+// Engines running on the node fail from then on, as after Kill
+// (xrc.ErrProcessDied); close them to end their goroutines. The node stays
+// off.
 func (n *Node) PowerOff() { n.modelNode().PowerOff() }
 
 // FailDevice makes the node's RDMA device fail for good, as a firmware
@@ -208,8 +209,10 @@ func (p *Process) Node() *Node {
 }
 
 // Kill ends the process as kill -9 does: every kernel object and CM id it
-// holds is closed at once. Engines running on it fail from then on; close
-// them to end their goroutines. Kill of a dead process (killed, or its
+// holds is closed at once. Engines running on it fail from then on, with
+// xrc.ErrProcessDied (their Err, their calls and their connections'; not
+// xrc.ErrClosed, which says the application closed them); close them to
+// end their goroutines. Kill of a dead process (killed, or its
 // node powered off) does nothing.
 func (p *Process) Kill() {
 	if p != nil && p.p != nil {

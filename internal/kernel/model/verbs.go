@@ -516,6 +516,10 @@ func (p *Process) PollRecv(ctx context.Context, h kernel.SRQ, out []kernel.RecvC
 // Kill is the process's death; the same as Close.
 func (p *Process) Kill() { p.Close() }
 
+// Dead is closed once the process has died (Kill, Close, its node's
+// PowerOff): what it held is gone, and its calls fail with ErrClosed.
+func (p *Process) Dead() <-chan struct{} { return p.done }
+
 // Close releases everything, as process exit does: CM ids first (with the
 // DREQs and REJs the kernel sends for them), then QP handles, SRQs and
 // domains, regardless of EBUSY.
