@@ -39,9 +39,12 @@ var (
 
 	// ErrDeviceRemoved reports that the RDMA device under a connection or
 	// listener went away (rdma link delete, a driver unloaded, a device
-	// unplugged). A connection's error wraps ErrPeerGone as well. Both have
-	// released what they held on the device by then, on their own; Close
-	// still works and returns nil. See "Device removal" in the package doc.
+	// unplugged) or failed for good (its DEVICE_FATAL event; on the
+	// in-memory fabric, the node's FailDevice), and is what a Dial on such
+	// a device returns. A connection's error wraps ErrPeerGone as well.
+	// Connections and listeners have released what they held on the device
+	// by then, on their own; Close still works and returns nil. See
+	// "Device removal" and "Device events" in the package doc.
 	ErrDeviceRemoved = xrc.ErrDeviceRemoved
 )
 

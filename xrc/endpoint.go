@@ -792,6 +792,17 @@ func (e *Endpoint) die(err error) {
 }
 
 // Stats counts an endpoint's objects.
+//
+// Dropped counts received messages dropped, each once: a failed or empty
+// receive; a tag that names none of our connections (or whose connection
+// ended as it came), or a message through a TGT that is not its leg's; one
+// for a reverse leg we announced and had not registered, past twice the
+// window, or when that leg is registered through another TGT or never (the
+// acceptor opened it by its own request, or the dial failed); a malformed
+// frame (data too short for its number, a credit frame whose body is not 4
+// bytes, a keepalive with a body, a FIN naming other tags, an unknown
+// kind), and data after the peer's FIN. Duplicates and Overruns count
+// theirs apart.
 type Stats struct {
 	Uplinks       int    // INI QPs, from their creation (a link being set up) until destroyed: one per remote node and domain, and those a recovery retired
 	Downlinks     int    // TGT handles (one per remote sender, shared by its legs)
@@ -799,7 +810,7 @@ type Stats struct {
 	QPs           int    // Uplinks + Downlinks: the QPs this process holds
 	Conns         int    // logical connections, including those being set up
 	KernelHandles int    // every kernel handle and CM id the process holds (-1: unknown)
-	Dropped       uint64 // received messages dropped: unknown tag or wrong TGT
+	Dropped       uint64 // received messages dropped: a failed receive, an unknown tag or wrong TGT, a malformed frame, ... (above)
 	Rejected      uint64 // connection requests refused
 	Recoveries    uint64 // uplinks rebuilt after an INI error or TGT_GONE
 	LegsMoved     uint64 // sending legs moved onto a rebuilt uplink

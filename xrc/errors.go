@@ -29,10 +29,12 @@ var (
 	// timeout, or its INI's CM connection was torn down without a FIN.
 	ErrPeerGone = errors.New("xrc: peer gone")
 	// ErrDeviceRemoved reports that the endpoint's RDMA device went away
-	// (the real kernel CM's DEVICE_REMOVAL): every connection fails with
-	// it, Accept and Dial return it, and the endpoint closes itself,
-	// releasing everything it held on the device. cm.ErrDeviceRemoved is
-	// the same error.
+	// (the real kernel CM's DEVICE_REMOVAL) or failed for good (the
+	// device's IBV_EVENT_DEVICE_FATAL; memfabric's Node.FailDevice): every
+	// connection fails with it, Accept and Dial return it, and the
+	// endpoint closes itself, releasing everything it held on the device.
+	// NewEndpoint returns it on a device that failed so before or as it
+	// opened. cm.ErrDeviceRemoved is the same error.
 	ErrDeviceRemoved = kernel.ErrDeviceRemoved
 	// ErrNoKernel reports a Config.Process that carries no kernel (a
 	// memfabric.Process not made by its Node).
