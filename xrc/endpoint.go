@@ -812,7 +812,7 @@ type Stats struct {
 	KernelHandles int    // every kernel handle and CM id the process holds (-1: unknown)
 	Dropped       uint64 // received messages dropped: a failed receive, an unknown tag or wrong TGT, a malformed frame, ... (above)
 	Rejected      uint64 // connection requests refused
-	Recoveries    uint64 // uplinks rebuilt after an INI error or TGT_GONE
+	Recoveries    uint64 // recoveries of an uplink begun: its INI failed (an error, TGT_GONE, the peer's DREQ, a send queue that stayed full); counted as each begins, whether or not it rebuilds the uplink
 	LegsMoved     uint64 // sending legs moved onto a rebuilt uplink
 	VirtReqs      uint64 // SIDR exchanges this endpoint started (VIRT_REQs sent)
 	OneExchange   uint64 // reverse legs set up inside the forward leg's exchange (either side)
