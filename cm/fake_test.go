@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -228,16 +229,38 @@ type fakeMem struct {
 	w   *fakeWire
 	key uint32
 	b   []byte
+	// closed: deregistered. The device's MR gives no memory, address or
+	// key after Close (verbs.MR, whose memory Close unmaps): nor does this.
+	closed atomic.Bool
 }
 
-func (m *fakeMem) bytes() []byte { return m.b }
-func (m *fakeMem) addr() uint64  { return 0x1000 }
-func (m *fakeMem) rkey() uint32  { return m.key }
+func (m *fakeMem) bytes() []byte {
+	if m.closed.Load() {
+		return nil
+	}
+	return m.b
+}
+
+func (m *fakeMem) addr() uint64 {
+	if m.closed.Load() {
+		return 0
+	}
+	return 0x1000
+}
+
+func (m *fakeMem) rkey() uint32 {
+	if m.closed.Load() {
+		return 0
+	}
+	return m.key
+}
+
 func (m *fakeMem) close() error {
 	m.w.mu.Lock()
 	delete(m.w.regions, m.key)
 	delete(m.w.access, m.key)
 	m.w.mu.Unlock()
+	m.closed.Store(true)
 	return nil
 }
 
