@@ -324,3 +324,126 @@ func FuzzDeliver(f *testing.F) {
 		}
 	})
 }
+
+// FuzzEarlyReplay: a dial's acceptor may send on the reverse leg its ACCEPT
+// announces (FlagOneExchange) before the dialer has read that ACCEPT;
+// deliver keeps those messages (bounded) and takeReverse, once it has
+// verified and registered the leg, replays them. Whatever the acceptor sent
+// before and after (any frames, through the leg's TGT or another), the
+// replay and the messages that follow it do what deliverModel does with
+// the same messages delivered once the leg is registered: the same kept,
+// queued in the same order, the same counted as dropped, duplicates and
+// overruns, the connection failed (only with ErrProtocol) and FIN'd alike,
+// the leg still registered alike; and credit frames never move acked
+// (nothing was sent).
+func FuzzEarlyReplay(f *testing.F) {
+	const peerTag = 0x5EED
+	fin := func(half bool) []byte {
+		b := make([]byte, 1+wire.FinLen)
+		b[0] = kindFIN
+		(&wire.FIN{Tag: 1, SenderTag: peerTag, Half: half}).Encode(b[1:]) // sel&2 names the leg's tag
+		return b
+	}
+	// msgs: (sel, len, payload)*; sel&1 picks another TGT than the leg's,
+	// sel&2 writes the leg's tag (reserved at run time) where a FIN has
+	// its Tag. The first split messages come before takeReverse, the rest
+	// after.
+	msg := func(sel byte, p []byte) []byte { return append([]byte{sel, byte(len(p))}, p...) }
+	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0, 'x'}), msg(0, []byte{'D', 0, 0, 0, 1}), msg(0, []byte{'D', 0, 0, 0, 1})), uint8(1), uint8(2))
+	f.Add(slices.Concat(msg(1, []byte{'D', 0, 0, 0, 0}), msg(0, []byte{'H'}), msg(0, []byte{'C', 0, 0, 0, 9}), msg(0, []byte{'D', 0, 0, 0, 0})), uint8(0), uint8(3))
+	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0}), msg(0, []byte{'D', 0, 0, 0, 1}), msg(0, []byte{'D', 0, 0, 0, 2}), msg(0, []byte{'D', 0, 0, 0, 3}), msg(0, []byte{'D', 0, 0, 0, 4})), uint8(0), uint8(5))
+	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0x40}), msg(0, []byte{'D', 0, 0, 0, 0})), uint8(2), uint8(1))
+	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0}), msg(0, []byte{}), msg(0, []byte{'H', 'x'})), uint8(3), uint8(9))
+	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0}), msg(2, fin(true)), msg(0, []byte{'D', 0, 0, 0, 1})), uint8(1), uint8(2))
+	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0}), msg(2, fin(false)), msg(0, []byte{'D', 0, 0, 0, 1})), uint8(1), uint8(1))
+	f.Add(slices.Concat(msg(2, fin(false)), msg(0, []byte{'D', 0, 0, 0, 0})), uint8(1), uint8(0))
+	f.Fuzz(func(t *testing.T, msgs []byte, window, split uint8) {
+		env := newEnv(t)
+		_, u := env.phys(env.r1, nil) // the acceptor's TGT in the dialer's node (r2's)
+		r := env.r2
+		e := &Endpoint{cfg: Config{RecvWindow: int(window%8) + 1}, conns: map[*Conn]struct{}{}, pending: map[uint32]*Conn{},
+			recv: map[uint32]*Conn{}, acc: r.acc}
+		tag := r.acc.ReserveTag()
+		e.mu.Lock()
+		c := e.newConnLocked(netip.AddrPortFrom(addrA, 30000))
+		c.sendTag, c.earlyTag = 1, tag
+		e.recv[tag] = c
+		e.mu.Unlock()
+		acc := &wire.Accept{Flags: wire.AcceptReverse, Incarnation: senderInc, SRQN: 0x99,
+			Rev: wire.Reverse{Tag: peerTag, INIQPN: u.iniQPN, TGTQPN: u.tgtQPN, DomainID: env.dom.ID}}
+		span := uint32(64)
+		for span < uint32(2*e.cfg.RecvWindow) {
+			span *= 2
+		}
+		const noTGT = ^uint32(0) // the leg moved from no TGT
+		m := &deliverModel{window: e.cfg.RecvWindow, registered: true, seen: newReplayModel(span, 0)}
+		other := u.tgtQPN + 1
+		taken := false
+		take := func() {
+			taken = true
+			e.takeReverse(c, acc)
+			early, earlyTGT := m.early, m.earlyTGT
+			m.early, m.earlyTGT = nil, nil
+			for i, p := range early {
+				m.deliver(tag, earlyTGT[i], true, p, tag, 0, u.tgtQPN, noTGT, peerTag)
+			}
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if !c.revTaken || c.revErr != nil || c.recvLeg == nil {
+				t.Fatalf("reverse leg not taken: %v", c.revErr)
+			}
+		}
+		for i := 0; len(msgs) >= 2; i++ {
+			if i == int(split) {
+				take()
+			}
+			sel, n := msgs[0], int(msgs[1])
+			msgs = msgs[2:]
+			n = min(n, len(msgs))
+			p := append([]byte(nil), msgs[:n]...)
+			msgs = msgs[n:]
+			if sel&2 != 0 && len(p) >= 13 {
+				binary.BigEndian.PutUint32(p[9:], tag)
+			}
+			tgt := u.tgtQPN
+			if sel&1 != 0 {
+				tgt = other
+			}
+			wc := kernel.RecvCompletion{Imm: tag, TGTQPN: tgt, Payload: p}
+			kept := e.deliver(&wc)
+			if taken {
+				m.deliver(tag, tgt, true, p, tag, 0, u.tgtQPN, noTGT, peerTag)
+			} else {
+				m.deliver(tag, tgt, true, p, 0, tag, u.tgtQPN, noTGT, peerTag)
+			}
+			if kept != m.kept {
+				t.Fatalf("message %x through %#x (replayed %v): kept %v, the model %v", p, tgt, taken, kept, m.kept)
+			}
+		}
+		if !taken {
+			take()
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if got := [3]uint64{e.dropped.Load(), e.duplicates.Load(), e.overruns.Load()}; got != [3]uint64{m.dropped, m.dups, m.overruns} {
+			t.Fatalf("dropped, duplicates, overruns %v, the model %v", got, [3]uint64{m.dropped, m.dups, m.overruns})
+		}
+		if c.q.Len() != len(m.q) {
+			t.Fatalf("queue of %d, the model %d", c.q.Len(), len(m.q))
+		}
+		for i := range m.q {
+			if !bytes.Equal(*c.q.At(i), m.q[i]) {
+				t.Fatalf("queued #%d %x, the model %x", i, *c.q.At(i), m.q[i])
+			}
+		}
+		if (c.err != nil) != m.failed || (c.err != nil && !errors.Is(c.err, ErrProtocol)) {
+			t.Fatalf("connection error %v, the model failed %v", c.err, m.failed)
+		}
+		if c.finRcvd != m.fin || (e.recv[tag] == c) != m.registered {
+			t.Fatalf("FIN %v, registered %v; the model %v, %v", c.finRcvd, e.recv[tag] == c, m.fin, m.registered)
+		}
+		if c.acked != 0 || len(c.early) != 0 {
+			t.Fatalf("acked %d with nothing sent; %d early messages left", c.acked, len(c.early))
+		}
+	})
+}
