@@ -116,6 +116,9 @@ type iniQP struct {
 	// TGT_GONE, a DREQ or a full send queue is no failure of theirs, and
 	// a dial to a liar would otherwise use up a healthy stream's tries.
 	erred bool
+	// ending: endINI has begun destroying it (its TIMEWAIT_EXIT, or a
+	// DREQ the kernel refused), once.
+	ending bool
 }
 
 // awaitRoomLocked returns what a sender that found q's send queue full
@@ -802,17 +805,41 @@ func (e *Endpoint) watchActive(u *uplink, q *iniQP) {
 			e.mu.Unlock()
 			e.k.Disconnect(q.aid) // the DREP, if this was the peer's DREQ
 		case kernel.EventTimewaitExit:
-			// Counted until the INI itself goes (Stats.Uplinks).
-			e.k.DestroyID(q.aid)
-			e.mu.Lock()
-			u.inis = slices.DeleteFunc(u.inis, func(x *iniQP) bool { return x == q })
-			if u.state == upNone && len(u.inis) == 0 {
-				e.removeUplinkLocked(u)
-			}
-			e.mu.Unlock()
-			e.k.DestroyQP(q.qp)
+			e.endINI(u, q)
 			return
 		}
+	}
+}
+
+// endINI destroys q, an INI of u whose physical link ended (its
+// TIMEWAIT_EXIT), or whose DREQ the kernel refused (disconnectINI); once.
+func (e *Endpoint) endINI(u *uplink, q *iniQP) {
+	e.mu.Lock()
+	ending := q.ending
+	q.ending = true
+	e.mu.Unlock()
+	if ending {
+		return
+	}
+	// Counted until the INI itself goes (Stats.Uplinks).
+	e.k.DestroyID(q.aid)
+	e.mu.Lock()
+	u.inis = slices.DeleteFunc(u.inis, func(x *iniQP) bool { return x == q })
+	if u.state == upNone && len(u.inis) == 0 {
+		e.removeUplinkLocked(u)
+	}
+	e.mu.Unlock()
+	e.k.DestroyQP(q.qp)
+}
+
+// disconnectINI sends the DREQ of q's physical link: watchActive destroys
+// q at its TIMEWAIT_EXIT. A DREQ the kernel refuses (rdma_disconnect's
+// error) brings none, and q and its CM id were held until Close: they are
+// destroyed now (destroying the id sends what its state calls for). The
+// caller may hold e.mu.
+func (e *Endpoint) disconnectINI(u *uplink, q *iniQP) {
+	if e.k.Disconnect(q.aid) != nil {
+		e.spawn(func() { e.endINI(u, q) })
 	}
 }
 
@@ -825,9 +852,9 @@ func (e *Endpoint) maybeTeardownLocked(u *uplink) {
 	q := u.cur
 	u.cur = nil
 	u.setState(upNone)
-	e.k.Disconnect(q.aid)
+	e.disconnectINI(u, q)
 	for _, o := range u.kept {
-		e.k.Disconnect(o.aid)
+		e.disconnectINI(u, o)
 	}
 	u.kept = nil
 }
@@ -947,7 +974,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		u.kept = nil
 		e.mu.Unlock()
 		for _, o := range olds {
-			e.k.Disconnect(o.aid)
+			e.disconnectINI(u, o)
 		}
 		e.mu.Lock()
 		defer e.mu.Unlock()
@@ -1050,7 +1077,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	}
 	e.mu.Unlock()
 	for _, o := range olds {
-		e.k.Disconnect(o.aid)
+		e.disconnectINI(u, o)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
