@@ -164,6 +164,9 @@ type decision struct {
 	// Aborted: the refused request was an ABORT, its sender's word that
 	// the dial's reverse leg will not come (wire.FlagAbort).
 	Aborted bool
+	// kernelErr, on a BUSY_RETRY for our kernel's failure: that error,
+	// the call's name with its errno (the REJECT carries the errno only).
+	kernelErr error
 }
 
 // Decide answers a CONNECT_REQUEST event from the XRC listener (PHYS_REQ) or
@@ -267,11 +270,11 @@ func (a *acceptor) physical(e kernel.Event, req *wire.Req) (d decision) {
 	k := a.cfg.Kernel
 	qp, qpn, err := k.CreateTGT(a.cfg.XRCD)
 	if err != nil {
-		return a.reject(req.ConnTag, wire.RejectBusyRetry, errnoOf(err), nil)
+		return a.kernelReject(req.ConnTag, err)
 	}
 	if err := k.TransitionQP(qp, verbs.QPStateRTS, e.ID); err != nil {
 		k.DestroyQP(qp)
-		return a.reject(req.ConnTag, wire.RejectBusyRetry, errnoOf(err), nil)
+		return a.kernelReject(req.ConnTag, err)
 	}
 	dl := &downlink{TGTQPN: qpn, Incarnation: req.Incarnation, INIQPN: req.INIQPN, Remote: e.Remote.Addr(), Creator: true, qp: qp}
 	a.setTGT(dl)
@@ -699,6 +702,14 @@ func (a *acceptor) reject(tag uint32, reason wire.RejectReason, detail uint32, a
 		n, _ = r.Encode(buf)
 	}
 	return decision{PrivateData: buf[:n], Reject: r}
+}
+
+// kernelReject refuses a request BUSY_RETRY for our kernel's failure err,
+// its errno the REJECT's detail.
+func (a *acceptor) kernelReject(tag uint32, err error) decision {
+	d := a.reject(tag, wire.RejectBusyRetry, errnoOf(err), nil)
+	d.kernelErr = err
+	return d
 }
 
 // Release ends a leg (after its FIN, or when the sender is gone): the local

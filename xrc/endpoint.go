@@ -1199,8 +1199,8 @@ func (e *Endpoint) reverseRefused(d decision, from netip.Addr) {
 	switch {
 	case d.Aborted:
 		err = errReverseAborted
-	case r.Reason == wire.RejectBusyRetry && r.Detail != 0: // the kernel's errno (acceptor.physical)
-		err = fmt.Errorf("%w: %v: %w", errReverseRefused, r.Reason, syscall.Errno(r.Detail))
+	case r.Reason == wire.RejectBusyRetry && d.kernelErr != nil: // our kernel's failure (acceptor.physical)
+		err = fmt.Errorf("%w: %v: %w", errReverseRefused, r.Reason, d.kernelErr)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
