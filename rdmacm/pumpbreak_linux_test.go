@@ -15,17 +15,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// After the application's own Close, of the id or of its channel, a wait
-// says ErrClosed, as ID.Event and EventChannel.Close promise, even when the
-// channel's pump broke earlier (a read of the event channel failed). The
-// queue kept the first error it was closed with, the pump's, so Event after
-// Close returned "rdma_get_cm_event: input/output error" instead.
-//
-// The real pump runs on a pipe standing in for the event channel's
-// descriptor, and the fault hook fails its read before any C call. The ids
-// have no C id (nothing to destroy), and the channel is marked destroyed so
-// that no C channel is destroyed either.
-func TestCloseAfterPumpBrokeSaysErrClosed(t *testing.T) {
+// brokenPumpChannel runs the real pump on a pipe standing in for an event
+// channel's descriptor, with n ids registered (prime, if set, sees them
+// first), and returns once the pump has stopped on a failed read: the fault
+// hook fails rdma_get_cm_event with EIO before any C call. The ids have no
+// C id (nothing to destroy), and the channel is marked destroyed so that no
+// C channel is destroyed either.
+func brokenPumpChannel(t *testing.T, n int, prime func(ids []*ID)) (*EventChannel, []*ID) {
+	t.Helper()
 	var p [2]int
 	if err := unix.Pipe(p[:]); err != nil {
 		t.Fatal(err)
@@ -36,19 +33,22 @@ func TestCloseAfterPumpBrokeSaysErrClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(faults.Set(func(op string) error {
-		switch op {
-		case "rdma_get_cm_event":
+		if op == "rdma_get_cm_event" {
 			return syscall.EIO
 		}
 		return nil
 	}))
-
 	c := &EventChannel{ids: map[uintptr]*ID{}, closeDone: make(chan struct{}), destroyed: true}
 	liveChannels.Created(c)
+	ids := make([]*ID, n)
 	c.mu.Lock()
-	id, other := c.registerLocked(PortSpaceTCP, verbs.QPTypeRC), c.registerLocked(PortSpaceTCP, verbs.QPTypeRC)
+	for i := range ids {
+		ids[i] = c.registerLocked(PortSpaceTCP, verbs.QPTypeRC)
+	}
 	c.mu.Unlock()
-	other.q.push(Event{Type: EventEstablished}) // queued before the break
+	if prime != nil {
+		prime(ids)
+	}
 	c.sys = chanSys{fd: fd, done: make(chan struct{})}
 	go c.pump()
 	select {
@@ -56,6 +56,19 @@ func TestCloseAfterPumpBrokeSaysErrClosed(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the pump did not stop on its failed read")
 	}
+	return c, ids
+}
+
+// After the application's own Close, of the id or of its channel, a wait
+// says ErrClosed, as ID.Event and EventChannel.Close promise, even when the
+// channel's pump broke earlier (a read of the event channel failed). The
+// queue kept the first error it was closed with, the pump's, so Event after
+// Close returned "rdma_get_cm_event: input/output error" instead.
+func TestCloseAfterPumpBrokeSaysErrClosed(t *testing.T) {
+	c, ids := brokenPumpChannel(t, 2, func(ids []*ID) {
+		ids[1].q.push(Event{Type: EventEstablished}) // queued before the break
+	})
+	id, other := ids[0], ids[1]
 	if !errors.Is(c.Err(), syscall.EIO) {
 		t.Fatalf("channel Err after the failed read: %v, want EIO", c.Err())
 	}

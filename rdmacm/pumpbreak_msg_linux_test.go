@@ -9,10 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goxrc/goxrc/internal/faults"
-	"github.com/goxrc/goxrc/internal/fdpoll"
 	"github.com/goxrc/goxrc/verbs"
-	"golang.org/x/sys/unix"
 )
 
 // A broken event channel's errors name the failed read once: Event said
@@ -20,40 +17,13 @@ import (
 // *verbs.OpError inside Event's own, of the same call), and CreateID on the
 // channel "rdma_create_id: input/output error", as if rdma_create_id had
 // failed with EIO, when no C call was made and the channel's read had.
-//
-// The stand-in channel is TestCloseAfterPumpBrokeSaysErrClosed's.
 func TestBrokenChannelErrorsNameTheReadOnce(t *testing.T) {
-	var p [2]int
-	if err := unix.Pipe(p[:]); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
-	fd, err := fdpoll.Open(p[0], "stand-in rdma_cm event channel")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(faults.Set(func(op string) error {
-		if op == "rdma_get_cm_event" {
-			return syscall.EIO
-		}
-		return nil
-	}))
-	c := &EventChannel{ids: map[uintptr]*ID{}, closeDone: make(chan struct{}), destroyed: true}
-	liveChannels.Created(c)
-	c.mu.Lock()
-	id := c.registerLocked(PortSpaceTCP, verbs.QPTypeRC)
-	c.mu.Unlock()
-	c.sys = chanSys{fd: fd, done: make(chan struct{})}
-	go c.pump()
-	select {
-	case <-c.sys.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the pump did not stop on its failed read")
-	}
+	c, ids := brokenPumpChannel(t, 1, nil)
+	id := ids[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 
-	_, err = id.Event(ctx)
+	_, err := id.Event(ctx)
 	check := func(what string, err error, want string) {
 		t.Helper()
 		if err == nil || err.Error() != want {

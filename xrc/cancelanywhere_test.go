@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -299,34 +297,19 @@ func TestCancelAnywhere(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			cnt := newCancelEnv(t, c.target, c.trig, c.bystander, "", 0)
 			steps(cnt)
-			only := os.Getenv("GOXRC_KILL_SWEEP_OP")
-			maxN, _ := strconv.Atoi(os.Getenv("GOXRC_KILL_SWEEP_MAXN"))
-			for _, op := range killOps {
-				if only != "" && only != op {
-					continue
+			sweepCalls(t, cnt.ka.count, func(t *testing.T, op string, n int64, after bool) {
+				r := newCancelEnv(t, c.target, c.trig, c.bystander, op, n)
+				r.ka.after = after
+				// A stuck run is a failure that names its case.
+				stuck := time.AfterFunc(60*time.Second, func() {
+					panic(fmt.Sprintf("%s: cancel at %s #%d (after=%v): the run hangs", name, op, n, after))
+				})
+				defer stuck.Stop()
+				steps(r)
+				if !r.ka.killed.Load() {
+					t.Logf("no cancel: the run made fewer %s calls than the counting run", op)
 				}
-				total := cnt.ka.count(op)
-				if maxN > 0 && total > int64(maxN) {
-					total = int64(maxN)
-				}
-				for n := int64(1); n <= total; n++ {
-					for _, after := range []bool{false, true} {
-						t.Run(fmt.Sprintf("%s/%d/after=%v", op, n, after), func(t *testing.T) {
-							r := newCancelEnv(t, c.target, c.trig, c.bystander, op, n)
-							r.ka.after = after
-							// A stuck run is a failure that names its case.
-							stuck := time.AfterFunc(60*time.Second, func() {
-								panic(fmt.Sprintf("%s: cancel at %s #%d (after=%v): the run hangs", name, op, n, after))
-							})
-							defer stuck.Stop()
-							steps(r)
-							if !r.ka.killed.Load() {
-								t.Logf("no cancel: the run made fewer %s calls than the counting run", op)
-							}
-						})
-					}
-				}
-			}
+			})
 		})
 	}
 }

@@ -351,25 +351,33 @@ func TestKillAnywhere(t *testing.T) {
 func runSweep(t *testing.T, victim, trig string, sc sweepScenario) {
 	cnt := &sweepEnv{t: t, w: newWorld(t), victim: victim, trig: trig, procs: map[string]*proc{}}
 	sc(cnt)
+	sweepCalls(t, cnt.ka.count, func(t *testing.T, op string, n int64, after bool) {
+		s := &sweepEnv{t: t, w: newWorld(t), victim: victim, trig: trig, op: op, n: n, after: after, procs: map[string]*proc{}}
+		sc(s)
+		if !s.ka.killed.Load() {
+			t.Logf("no kill: the run made fewer %s calls than the counting run", op)
+		}
+	})
+}
+
+// sweepCalls runs one subtest per kernel call that count says a counting
+// run made: for each op of killOps, its n-th call, struck before the call
+// and as it returns. GOXRC_KILL_SWEEP_OP keeps one op, and
+// GOXRC_KILL_SWEEP_MAXN the first calls of each.
+func sweepCalls(t *testing.T, count func(op string) int64, run func(t *testing.T, op string, n int64, after bool)) {
 	only := os.Getenv("GOXRC_KILL_SWEEP_OP")
 	maxN, _ := strconv.Atoi(os.Getenv("GOXRC_KILL_SWEEP_MAXN"))
 	for _, op := range killOps {
 		if only != "" && only != op {
 			continue
 		}
-		total := cnt.ka.count(op)
+		total := count(op)
 		if maxN > 0 && total > int64(maxN) {
 			total = int64(maxN)
 		}
 		for n := int64(1); n <= total; n++ {
 			for _, after := range []bool{false, true} {
-				t.Run(fmt.Sprintf("%s/%d/after=%v", op, n, after), func(t *testing.T) {
-					s := &sweepEnv{t: t, w: newWorld(t), victim: victim, trig: trig, op: op, n: n, after: after, procs: map[string]*proc{}}
-					sc(s)
-					if !s.ka.killed.Load() {
-						t.Logf("no kill: the run made fewer %s calls than the counting run", op)
-					}
-				})
+				t.Run(fmt.Sprintf("%s/%d/after=%v", op, n, after), func(t *testing.T) { run(t, op, n, after) })
 			}
 		}
 	}
