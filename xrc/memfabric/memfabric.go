@@ -7,7 +7,9 @@
 // or to package cm's Listen and Dial with cm.WithFabric.
 // Kill is a process's kill -9: everything it holds in the kernel is closed
 // at once, with what the real kernel sends for it (a DREQ for an INI-side CM
-// connection, nothing for a TGT-side one).
+// connection, nothing for a TGT-side one). Engines on a killed process
+// fail with xrc.ErrProcessDied, which does not match xrc.ErrClosed: the
+// application closed nothing.
 //
 // Underneath is the module's kernel model, which follows the kernel's XRC and
 // RDMA CM semantics rule for rule: XRC domains by inode, TGT QPs that live as
