@@ -477,9 +477,13 @@ func runStress(t *testing.T, seed uint64) {
 						copy(shadow[roff:roff+n], lb[off:off+n])
 					}
 				} else {
+					// The memory the read lands in, taken before: fault 5
+					// may close the region once the read is done, and
+					// Bytes then gives nothing (the check read scratch).
+					lb := localBytes()
 					err = c.ReadRemote(ctx, local, off, n, desc, uint64(roff))
 					if err == nil && !dirty {
-						if got := localBytes()[off : off+n]; string(got) != string(shadow[roff:roff+n]) {
+						if got := lb[off : off+n]; string(got) != string(shadow[roff:roff+n]) {
 							s.failf("%s: read of %d bytes at %d differs from what was written", name, n, roff)
 							dirty = true
 						}
