@@ -691,6 +691,16 @@ func (e *Endpoint) Close() error {
 	}
 	e.closed = true
 	defer close(e.closeDone)
+	if e.fatal == nil && e.processErr() != nil {
+		// The process died before this Close, and nothing had said so
+		// yet (die): that is the endpoint's failure, and its
+		// connections' (a later die says ErrClosed: Close came first).
+		e.fatal = ErrProcessDied
+		close(e.dead)
+		for c := range e.conns {
+			c.failLocked(ErrProcessDied)
+		}
+	}
 	conns := make([]*Conn, 0, len(e.conns))
 	for c := range e.conns {
 		c.userClosed = true
@@ -775,8 +785,12 @@ func (e *Endpoint) die(err error) {
 	e.mu.Lock()
 	if pd := e.processErr(); pd != nil {
 		// Its kernel calls fail with ErrClosed, which would say our
-		// Close: the process died.
+		// Close: the process died. Unless our Close had begun: then the
+		// application closed it first (as failLocked and closedErr say).
 		err = pd
+		if e.closed {
+			err = ErrClosed
+		}
 	}
 	if e.fatal == nil {
 		e.fatal = err
