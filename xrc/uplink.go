@@ -496,10 +496,10 @@ func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire
 	e.iniSetup++
 	e.mu.Unlock()
 	destroyQP := func() {
-		e.mu.Lock()
-		e.iniSetup--
-		e.mu.Unlock()
 		k.DestroyQP(qp)
+		e.mu.Lock()
+		e.iniSetup-- // counted until destroyed
+		e.mu.Unlock()
 	}
 	req.INIQPN = num
 	b := make([]byte, wire.BudgetREQ)
@@ -823,13 +823,13 @@ func (e *Endpoint) endINI(u *uplink, q *iniQP) {
 	}
 	// Counted until the INI itself goes (Stats.Uplinks).
 	e.k.DestroyID(q.aid)
+	e.k.DestroyQP(q.qp)
 	e.mu.Lock()
 	u.inis = slices.DeleteFunc(u.inis, func(x *iniQP) bool { return x == q })
 	if u.state == upNone && len(u.inis) == 0 {
 		e.removeUplinkLocked(u)
 	}
 	e.mu.Unlock()
-	e.k.DestroyQP(q.qp)
 }
 
 // disconnectINI sends the DREQ of q's physical link: watchActive destroys
