@@ -344,7 +344,11 @@ func errno(r C.int) error {
 }
 
 func (c *EventChannel) sysOpen() error {
-	ch, err := C.rdma_create_event_channel()
+	var ch *C.struct_rdma_event_channel
+	err := faults.Check("rdma_create_event_channel")
+	if err == nil {
+		ch, err = C.rdma_create_event_channel()
+	}
 	if ch == nil {
 		if err == nil {
 			err = syscall.ENODEV
@@ -467,6 +471,9 @@ func (c *EventChannel) sysDestroy() {
 
 func (id *ID) sysCreate() error {
 	var cid *C.struct_rdma_cm_id
+	if err := faults.Check("rdma_create_id"); err != nil {
+		return err
+	}
 	if r := C.gx_create_id(id.ch.sys.ch, C.uintptr_t(id.handle), C.int(id.ps), &cid); r != 0 {
 		return errno(r)
 	}
@@ -526,6 +533,9 @@ func (id *ID) sysCreateEP(bind netip.AddrPort) error {
 	if err != nil {
 		return err
 	}
+	if err := faults.Check("rdma_create_ep"); err != nil {
+		return err
+	}
 	if r := C.gx_create_ep(id.ch.sys.ch, C.uintptr_t(id.handle), C.int(id.ps), C.int(id.qpType), &a, &cid); r != 0 {
 		return errno(r)
 	}
@@ -540,6 +550,9 @@ func (id *ID) sysBind(addr netip.AddrPort) error {
 	}
 	a, err := toC(addr)
 	if err != nil {
+		return err
+	}
+	if err := faults.Check("rdma_bind_addr"); err != nil {
 		return err
 	}
 	if r := C.gx_bind(id.sys.cid, &a); r != 0 {
@@ -558,14 +571,23 @@ func (id *ID) sysResolveAddr(src, dst netip.AddrPort, ms int) error {
 	if err != nil {
 		return err
 	}
+	if err := faults.Check("rdma_resolve_addr"); err != nil {
+		return err
+	}
 	return errno(C.gx_resolve_addr(id.sys.cid, &s, &d, C.int(ms)))
 }
 
 func (id *ID) sysResolveRoute(ms int) error {
+	if err := faults.Check("rdma_resolve_route"); err != nil {
+		return err
+	}
 	return errno(C.gx_resolve_route(id.sys.cid, C.int(ms)))
 }
 
 func (id *ID) sysListen(backlog int32) error {
+	if err := faults.Check("rdma_listen"); err != nil {
+		return err
+	}
 	return errno(C.gx_listen(id.sys.cid, C.int(backlog)))
 }
 
@@ -595,21 +617,41 @@ func bytesPtr(b []byte) unsafe.Pointer {
 }
 
 func (id *ID) sysConnect(p *ConnParam) error {
+	if err := faults.Check("rdma_connect"); err != nil {
+		return err
+	}
 	c := connToC(p)
 	return errno(C.gx_connect(id.sys.cid, &c, bytesPtr(p.PrivateData), C.int(len(p.PrivateData))))
 }
 
 func (id *ID) sysAccept(p *ConnParam) error {
+	if err := faults.Check("rdma_accept"); err != nil {
+		return err
+	}
 	c := connToC(p)
 	return errno(C.gx_accept(id.sys.cid, &c, bytesPtr(p.PrivateData), C.int(len(p.PrivateData))))
 }
 
 func (id *ID) sysReject(pd []byte) error {
+	if err := faults.Check("rdma_reject"); err != nil {
+		return err
+	}
 	return errno(C.gx_reject(id.sys.cid, bytesPtr(pd), C.int(len(pd))))
 }
 
-func (id *ID) sysEstablish() error  { return errno(C.gx_establish(id.sys.cid)) }
-func (id *ID) sysDisconnect() error { return errno(C.gx_disconnect(id.sys.cid)) }
+func (id *ID) sysEstablish() error {
+	if err := faults.Check("rdma_establish"); err != nil {
+		return err
+	}
+	return errno(C.gx_establish(id.sys.cid))
+}
+
+func (id *ID) sysDisconnect() error {
+	if err := faults.Check("rdma_disconnect"); err != nil {
+		return err
+	}
+	return errno(C.gx_disconnect(id.sys.cid))
+}
 
 // sysDestroy destroys the C id; an ID without one (tests build such ids
 // around a stand-in channel) has nothing to destroy.
@@ -623,6 +665,9 @@ func (id *ID) sysDestroy() error {
 func (id *ID) sysInitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask, error) {
 	attr := new(C.struct_ibv_qp_attr)
 	var mask C.int
+	if err := faults.Check("rdma_init_qp_attr"); err != nil {
+		return verbs.QPAttr{}, 0, err
+	}
 	if r := C.gx_init_qp_attr(id.sys.cid, C.int(state), attr, &mask); r != 0 {
 		return verbs.QPAttr{}, 0, errno(r)
 	}
@@ -631,6 +676,11 @@ func (id *ID) sysInitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.QPAttrMask
 
 func (id *ID) sysMoveQP(qp unsafe.Pointer, from, to verbs.QPState, p MoveParams) (reached int, op string, err error) {
 	var r, inModify C.int
+	// One C call of rdma_init_qp_attr and ibv_modify_qp per state; a fault
+	// fails it as a refused first modify, with the QP left where it was.
+	if err := faults.Check("ibv_modify_qp"); err != nil {
+		return int(from), "ibv_modify_qp", err
+	}
 	err = errno(C.gx_move_qp(id.sys.cid, (*C.struct_ibv_qp)(qp), C.int(from), C.int(to), C.int(p.MinRNRTimer),
 		C.int(p.ResponderResources), C.int(p.InitiatorDepth), C.int(RetryCountFinite), &r, &inModify))
 	op = "rdma_init_qp_attr"

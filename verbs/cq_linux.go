@@ -105,7 +105,11 @@ func (c *Context) NewCompChannel() (*CompChannel, error) {
 	if c == nil || c.ctx == nil || !c.l.ref() {
 		return nil, closedErr("ibv_create_comp_channel", c.addr())
 	}
-	ch, err := C.ibv_create_comp_channel(c.ctx)
+	var ch *C.struct_ibv_comp_channel
+	err := faults.Check("ibv_create_comp_channel")
+	if err == nil {
+		ch, err = C.ibv_create_comp_channel(c.ctx)
+	}
 	if ch == nil {
 		c.l.unref()
 		return nil, &OpError{Op: "ibv_create_comp_channel", Addr: c.name, Err: errnoOr(err, syscall.ENOMEM)}
@@ -406,7 +410,11 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 			ch.unbind()
 		}
 	}
-	cq, err := C.ibv_create_cq(c.ctx, C.int(cqe), nil, cch, C.int(vector))
+	var cq *C.struct_ibv_cq
+	err := faults.Check("ibv_create_cq")
+	if err == nil {
+		cq, err = C.ibv_create_cq(c.ctx, C.int(cqe), nil, cch, C.int(vector))
+	}
 	if cq == nil {
 		unbind()
 		return fail(&OpError{Op: "ibv_create_cq", Addr: c.name, Err: errnoOr(err, syscall.ENOMEM)})
@@ -592,6 +600,10 @@ func (q *CQ) arm(solicitedOnly bool) error {
 	// Wait, taking the CQ for armed, would sleep through the others.
 	if !solicitedOnly {
 		q.armed.Store(true)
+	}
+	if err := faults.Check("ibv_req_notify_cq"); err != nil {
+		q.armed.Store(false)
+		return &OpError{Op: "ibv_req_notify_cq", Addr: q.tag, Err: err}
 	}
 	if rc := C.goxrc_req_notify(q.cq, s); rc != 0 {
 		q.armed.Store(false)

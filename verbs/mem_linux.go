@@ -18,6 +18,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/goxrc/goxrc/internal/faults"
 )
 
 // PD is a protection domain.
@@ -33,7 +35,11 @@ func (c *Context) AllocPD() (*PD, error) {
 	if c == nil || c.ctx == nil || !c.l.ref() {
 		return nil, closedErr("ibv_alloc_pd", c.addr())
 	}
-	p, err := C.ibv_alloc_pd(c.ctx)
+	var p *C.struct_ibv_pd
+	err := faults.Check("ibv_alloc_pd")
+	if err == nil {
+		p, err = C.ibv_alloc_pd(c.ctx)
+	}
 	if p == nil {
 		c.l.unref()
 		return nil, &OpError{Op: "ibv_alloc_pd", Addr: c.name, Err: errnoOr(err, syscall.ENOMEM)}
@@ -108,7 +114,11 @@ func (p *PD) RegMR(size int, access Access) (*MR, error) {
 		p.l.unref()
 		return nil, &OpError{Op: "mmap", Addr: p.tag, Err: err}
 	}
-	m, cerr := C.goxrc_reg_mr(p.pd, unsafe.Pointer(&buf[0]), C.size_t(size), C.int(access))
+	var m *C.struct_ibv_mr
+	cerr := faults.Check("ibv_reg_mr")
+	if cerr == nil {
+		m, cerr = C.goxrc_reg_mr(p.pd, unsafe.Pointer(&buf[0]), C.size_t(size), C.int(access))
+	}
 	if m == nil {
 		unix.Munmap(buf)
 		p.l.unref()

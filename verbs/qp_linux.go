@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"unsafe"
+
+	"github.com/goxrc/goxrc/internal/faults"
 )
 
 // maxChain bounds the scratch arrays of one queue: a chain longer than the
@@ -308,7 +310,11 @@ func (c *Context) createQP(pd *PD, init QPInit) (*QP, error) {
 	if init.SigAll {
 		a.sq_sig_all = 1
 	}
-	cqp, err := C.goxrc_create_qp_ex(c.ctx, &a)
+	var cqp *C.struct_ibv_qp
+	err := faults.Check("ibv_create_qp_ex")
+	if err == nil {
+		cqp, err = C.goxrc_create_qp_ex(c.ctx, &a)
+	}
 	if cqp == nil {
 		q.release()
 		return nil, &OpError{Op: "ibv_create_qp_ex", Addr: tag + " " + init.Type.String(), Err: errnoOr(err, syscall.EINVAL)}
@@ -457,6 +463,9 @@ func (q *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
 	}
 	var ca C.struct_ibv_qp_attr
 	qpAttrToC(attr, &ca)
+	if err := faults.Check("ibv_modify_qp"); err != nil {
+		return &OpError{Op: "ibv_modify_qp", Addr: q.tag, Err: err}
+	}
 	if rc, err := C.ibv_modify_qp(q.qp, &ca, C.int(mask)); rc != 0 {
 		q.stateKnown = false // the driver may have moved it (to ERR, say)
 		return &OpError{Op: "ibv_modify_qp", Addr: q.tag, Err: rcErr(rc, err)}
