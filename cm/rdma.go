@@ -999,7 +999,8 @@ func (t *rdmaTransport) watch() {
 // release disconnects, waits until the CM leaves time-wait (so the QP
 // number is not reused while the peer may still know it), and frees all.
 // With a vanished peer it does not wait: the CM would resend its DREQ to no
-// one for as long as its retries last. The kernel's CM finishes the
+// one for as long as its retries last. Nor after a disconnect the CM
+// refused, unless the peer's DREQ had already come: no time-wait follows. The kernel's CM finishes the
 // disconnect and keeps the time-wait on its own; the QP is destroyed, not
 // kept for reuse.
 func (t *rdmaTransport) release(ctx context.Context, vanished bool) error {
@@ -1007,6 +1008,17 @@ func (t *rdmaTransport) release(ctx context.Context, vanished bool) error {
 	err := t.id.Disconnect()
 	if t.id.DeviceRemoved() {
 		err = nil // nothing left to disconnect
+	}
+	if err != nil && !vanished {
+		select {
+		case <-t.settled:
+		default:
+			// No DREQ went and no time-wait began: none will but for
+			// the peer's own DREQ. Release as from a vanished peer;
+			// destroying the id has the kernel's CM disconnect and keep
+			// the time-wait itself.
+			vanished = true
+		}
 	}
 	if !vanished {
 		select {

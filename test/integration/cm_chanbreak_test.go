@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -49,5 +50,31 @@ func TestCMDialAfterChannelBroke(t *testing.T) {
 
 	held.Close()
 	c.Close()
+	waitObjects(t, base, 15*time.Second)
+}
+
+// TestCMCloseAfterRefusedDisconnect: a Close whose rdma_disconnect the CM
+// refuses sends no DREQ, so no time-wait starts until the peer disconnects
+// on its own. Against a peer that holds the connection open, Close waited
+// for a TIMEWAIT_EXIT until its timeout (the handshake timeout) and
+// returned that. It now releases at once, as from a vanished peer
+// (destroying the id has the kernel's CM disconnect), says why, and leaves
+// nothing behind.
+func TestCMCloseAfterRefusedDisconnect(t *testing.T) {
+	_, ip := softroce.Device(t)
+	_, addr := startVictim(t, "holder", netip.AddrPortFrom(ip, 0).String())
+	base := baseline(t, "")
+	ctx := cmCtx(t, 60*time.Second)
+	c, err := cm.Dial(ctx, addr, cm.WithHandshakeTimeout(20*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	require.NoError(t, c.Send(ctx, []byte("held")))
+
+	unset := faults.Set(faults.FailOnce("rdma_disconnect", syscall.EINVAL))
+	err = c.Close()
+	unset()
+	require.ErrorIs(t, err, syscall.EINVAL, "Close says its disconnect was refused")
+	require.ErrorContains(t, err, "rdma_disconnect")
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "Close waited for a time-wait that no DREQ of ours started")
 	waitObjects(t, base, 15*time.Second)
 }

@@ -77,6 +77,21 @@ func runVictim(role, addr string) error {
 				c.Close()
 			}()
 		}
+	case "holder":
+		// Accepts and holds every connection: never reads, never closes.
+		l, err := cm.Listen(ctx, addr)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("ready %s\n", l.Addr())
+		var held []*cm.Conn
+		for {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return err
+			}
+			held = append(held, c)
+		}
 	case "client":
 		c, err := cm.Dial(ctx, addr, cm.WithMessageSize(4096), cm.WithQueueDepth(16))
 		if err != nil {
