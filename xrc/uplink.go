@@ -487,14 +487,18 @@ func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool 
 func (e *Endpoint) physLink(ctx context.Context, raddr netip.AddrPort, req *wire.Req) (*iniQP, wire.Accept, error) {
 	k := e.k
 	var acc wire.Accept
-	qp, num, err := k.CreateINI()
-	if err != nil {
-		return nil, acc, err
-	}
-	// Counted from here until it joins an uplink (the caller) or goes.
+	// Counted from before its CreateINI (the kernel holds it as that call
+	// returns) until it joins an uplink (the caller) or goes.
 	e.mu.Lock()
 	e.iniSetup++
 	e.mu.Unlock()
+	qp, num, err := k.CreateINI()
+	if err != nil {
+		e.mu.Lock()
+		e.iniSetup--
+		e.mu.Unlock()
+		return nil, acc, err
+	}
 	destroyQP := func() {
 		k.DestroyQP(qp)
 		e.mu.Lock()
