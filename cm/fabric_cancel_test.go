@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/conntest"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
 
@@ -192,7 +193,7 @@ func fabricCancelRun(t *testing.T, second, beside bool, delay time.Duration) tim
 	if err == nil {
 		want++
 	}
-	waitFor(t, 5*time.Second, "the server's connections", func() (bool, string) {
+	conntest.Eventually(t, 5*time.Second, "the server's connections", func() (bool, string) {
 		s := l.xep.Stats()
 		return s.Conns == want, fmt.Sprintf("%+v, want %d connections", s, want)
 	})
@@ -211,13 +212,13 @@ func fabricCancelRun(t *testing.T, second, beside bool, delay time.Duration) tim
 		t.Fatalf("the echo server hangs")
 	}
 	for _, n := range []*memfabric.Node{srv, cli} {
-		waitFor(t, 5*time.Second, "node empty", func() (bool, string) {
+		conntest.Eventually(t, 5*time.Second, "node empty", func() (bool, string) {
 			s := n.Stats()
 			return s.INIs == 0 && s.TGTs == 0 && s.TGTHandles == 0 && s.XRCDs == 0, fmt.Sprintf("%+v", s)
 		})
 	}
 	for _, p := range []*memfabric.Process{sp, cp} {
-		waitFor(t, 5*time.Second, "process holds nothing", func() (bool, string) {
+		conntest.Eventually(t, 5*time.Second, "process holds nothing", func() (bool, string) {
 			return p.Handles() == 0, fmt.Sprint(p.Handles())
 		})
 	}
@@ -228,21 +229,4 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("%s: never happened; last: %s", what, state)
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

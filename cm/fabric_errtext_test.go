@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -24,28 +23,11 @@ func TestFabricMappedErrorsSayTheirMeaningOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	f := newFabric(t)
-	sp, cp := f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process()
-	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(sp), WithDomainPath(filepath.Join(t.TempDir(), "s")))
-	require.NoError(t, err)
-	defer l.Close()
-	accepted := make(chan *Conn, 1)
-	go func() {
-		s, err := l.Accept(ctx)
-		if err == nil {
-			accepted <- s
-		}
-		close(accepted)
-	}()
-	c, err := Dial(ctx, "10.1.0.1:7000", WithFabric(cp), WithDomainPath(filepath.Join(t.TempDir(), "c")))
-	require.NoError(t, err)
-	defer c.Close()
-	s := <-accepted
-	require.NotNil(t, s)
-	defer s.Close()
+	c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(), nil, nil)
 
 	require.NoError(t, s.Send(ctx, []byte("hello world")))
-	_, err = c.Recv(ctx, make([]byte, 2))
-	require.EqualError(t, err, "recv 10.1.0.1:7000: message too long: 11-byte message, 2-byte buffer")
+	_, err := c.Recv(ctx, make([]byte, 2))
+	require.EqualError(t, err, "recv "+c.RemoteAddr().String()+": message too long: 11-byte message, 2-byte buffer")
 	require.ErrorIs(t, err, ErrMessageTooLong)
 	require.ErrorIs(t, err, xrc.ErrMessageTooLong)
 

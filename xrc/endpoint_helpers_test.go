@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goxrc/goxrc/internal/conntest"
 	"github.com/goxrc/goxrc/internal/kernel"
 	"github.com/goxrc/goxrc/xrc/memfabric"
 )
@@ -162,17 +163,7 @@ func eventually(t *testing.T, what string, cond func() (bool, string)) {
 // eventuallyWithin polls cond until it holds or d passes.
 func eventuallyWithin(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: never happened; last: %s", what, state)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	conntest.Eventually(t, d, what, cond)
 }
 
 // checkGoroutines fails the test if goroutines outlive it (after every

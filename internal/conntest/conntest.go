@@ -94,3 +94,20 @@ func Is(got, want any) error {
 	}
 	return nil
 }
+
+// Eventually polls cond every 5 ms until it holds, and fails t with what
+// and cond's last word on the state if d passes first.
+func Eventually(t testing.TB, d time.Duration, what string, cond func() (ok bool, state string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: never happened; last: %s", what, state)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
