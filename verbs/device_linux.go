@@ -168,12 +168,13 @@ func releaseRegistry(c *C.struct_ibv_context) {
 }
 
 // OpenDevice opens the device called name. An unknown name gives an
-// *OpError wrapping ENODEV.
+// *OpError wrapping ENODEV; where the kernel has no RDMA support at all the
+// error matches ErrNotSupported as well, as Devices' does.
 func OpenDevice(name string) (*Context, error) {
 	var n C.int
 	list, err := C.ibv_get_device_list(&n)
 	if list == nil {
-		return nil, &OpError{Op: "open device", Addr: name, Err: &explained{syscall.ENODEV, "no such RDMA device: " + noDevicesErr(err).Error()}}
+		return nil, &OpError{Op: "open device", Addr: name, Err: &noDeviceList{noDevicesErr(err)}}
 	}
 	defer C.ibv_free_device_list(list)
 	for _, d := range unsafe.Slice(list, int(n)) {
@@ -189,6 +190,17 @@ func OpenDevice(name string) (*Context, error) {
 	}
 	return nil, &OpError{Op: "open device", Addr: name, Err: &explained{syscall.ENODEV, "no such RDMA device"}}
 }
+
+// noDeviceList is OpenDevice's error where there is no device list: ENODEV
+// (errors.As finds it first), and why there is no list, which on a kernel
+// without RDMA (ENOSYS) matches ErrNotSupported, as Devices' error does.
+type noDeviceList struct{ why error }
+
+func (e *noDeviceList) Error() string {
+	return "no such RDMA device: " + e.why.Error() + " (" + syscall.ENODEV.Error() + ")"
+}
+
+func (e *noDeviceList) Unwrap() []error { return []error{syscall.ENODEV, e.why} }
 
 func newContext(c *C.struct_ibv_context, name string, owned bool) *Context {
 	ctx := &Context{ctx: c, name: name, owned: owned, reg: acquireRegistry(c)}

@@ -292,3 +292,26 @@ func TestCounts(t *testing.T) {
 	require.True(t, c.IsZero(), "%+v", c)
 	require.False(t, verbs.ObjectCounts{AHs: 1}.IsZero())
 }
+
+// Where the kernel has no RDMA at all, OpenDevice's error matches
+// ErrNotSupported, as Devices' does: it said "no RDMA support in this
+// kernel" only in its text, wrapping ENODEV alone, so errors.Is(err,
+// ErrNotSupported), which callers and test skip helpers rely on, did not
+// hold for it.
+func TestOpenDeviceWithoutRDMAIsNotSupported(t *testing.T) {
+	if _, err := verbs.Devices(); !errors.Is(err, verbs.ErrNotSupported) {
+		t.Skipf("this machine has RDMA support (Devices: %v)", err)
+	}
+	_, err := verbs.OpenDevice("rxe0")
+	t.Logf("OpenDevice: %v", err)
+	require.ErrorIs(t, err, verbs.ErrNotSupported)
+	if haveVerbs {
+		require.ErrorIs(t, err, syscall.ENODEV)
+		var errno syscall.Errno
+		require.ErrorAs(t, err, &errno)
+		require.Equal(t, syscall.ENODEV, errno, "the errno errors.As finds")
+	}
+	var oe *verbs.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "rxe0", oe.Addr)
+}
