@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 
 	"github.com/goxrc/goxrc/internal/kernel"
@@ -193,11 +194,16 @@ type OpError struct {
 	Err  error  // what failed
 }
 
+// Error says "xrc: " once: the package's own errors start with it, as
+// they are returned bare too (Conn.Err, Endpoint.Err), and lose it here:
+// "xrc: send ADDR: connection closed by peer", not "xrc: send ADDR: xrc:
+// connection closed by peer".
 func (e *OpError) Error() string {
+	msg, _ := strings.CutPrefix(e.Err.Error(), "xrc: ")
 	if e.Addr == "" {
-		return "xrc: " + e.Op + ": " + e.Err.Error()
+		return "xrc: " + e.Op + ": " + msg
 	}
-	return "xrc: " + e.Op + " " + e.Addr + ": " + e.Err.Error()
+	return "xrc: " + e.Op + " " + e.Addr + ": " + msg
 }
 
 func (e *OpError) Unwrap() error { return e.Err }
