@@ -677,12 +677,7 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 			return err
 		}
 		if err = t.dev.withReclaim(func() error {
-			err := create(inline)
-			if err != nil && inline > 0 {
-				// Some devices inline less than asked: go without.
-				err = create(0)
-			}
-			return err
+			return createInline(inline, create)
 		}); err != nil {
 			return nil, err
 		}
@@ -698,6 +693,29 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 		return nil, err
 	}
 	return t, nil
+}
+
+// createInline creates a QP with create, asking for inline bytes of inline
+// data, and once more without any where the device refuses that size: some
+// devices inline less than asked, and refuse more with EINVAL (rxe's
+// rxe_qp_chk_cap, mlx5's mlx5_calc_sq_size, mlx4's verify_sizes). Any other
+// failure (ENOMEM, which withReclaim answers, EAGAIN, ...) is no answer to
+// the inline size: it is returned as it is, not tried again without inline
+// data. Where the retry fails too, the error is the first one, with the
+// retry's added where it differs.
+func createInline(inline int, create func(inline int) error) error {
+	err := create(inline)
+	if inline == 0 || !errors.Is(err, syscall.EINVAL) {
+		return err
+	}
+	rerr := create(0)
+	switch {
+	case rerr == nil:
+		return nil
+	case errors.Is(rerr, syscall.EINVAL):
+		return err
+	}
+	return fmt.Errorf("%w (and without inline data: %w)", err, rerr)
 }
 
 // connect moves the active side's QP through RTR to RTS once the peer's
