@@ -1818,17 +1818,21 @@ func (e *Endpoint) recvLoop() {
 			}
 			n, err = 0, nil // a poll with a deadline that found the SRQ empty
 		}
-		if err != nil {
-			if e.ctx.Err() == nil {
-				e.die(err)
-			}
-			return
-		}
+		// Messages may come with an error (the real kernel's repost of
+		// their slots failed): received all the same, they are
+		// delivered (or dropped and counted) as any, before the error
+		// ends the endpoint.
 		for i := range wcs[:n] {
 			if !e.deliver(&wcs[i]) {
 				kernel.FreePayload(wcs[i].Payload)
 			}
 			wcs[i] = kernel.RecvCompletion{}
+		}
+		if err != nil {
+			if e.ctx.Err() == nil {
+				e.die(err)
+			}
+			return
 		}
 		if n < len(wcs) {
 			e.drains.Store(seq)

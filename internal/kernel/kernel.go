@@ -208,7 +208,9 @@ type Kernel interface {
 	// waits: one that returns ctx's error found the queue empty (the
 	// engine counts it as a drain, see xrc's receive loop). EINTR: it
 	// ended at its deadline without taking what the queue holds (the
-	// model's paused process): no drain; poll again.
+	// model's paused process): no drain; poll again. Messages taken may
+	// come with an error (the real kernel's repost of their slots
+	// failed): n counts them, and they are the caller's all the same.
 	PollRecv(ctx context.Context, s SRQ, out []RecvCompletion) (int, error)
 
 	// Listen binds a listener on addr for one exchange. An XRC (or IB-RC)
