@@ -52,6 +52,7 @@ func FuzzFrameDispatch(f *testing.F) {
 	f.Add(join(fin(tag, peerTag+1, false), data(0, "x"), []byte("Z")), uint8(3), true)
 	f.Add(join(data(0x7fffffff, "far"), data(0, "old"), data(5, "x"), data(6, "y"), data(7, "z")), uint8(1), false)
 	f.Add(join([]byte("Hjunk"), data(0, "a")), uint8(1), false)
+	f.Add(join([]byte{kindData, 0, 0}, data(0, "a")), uint8(1), false) // too short for its number
 	f.Fuzz(func(t *testing.T, frames []byte, window uint8, awaitFirst bool) {
 		e := &Endpoint{cfg: Config{RecvWindow: int(window%8) + 1}, conns: map[*Conn]struct{}{}, pending: map[uint32]*Conn{},
 			recv: map[uint32]*Conn{}, acc: newAcceptor(acceptorConfig{})}
@@ -233,6 +234,8 @@ func FuzzDeliver(f *testing.F) {
 	f.Add([]byte{0, 5, 'D', 0, 0, 0, 0x40, 0, 5, 'D', 0, 0, 0, 0, 0, 5, 'D', 0, 0, 0, 1, 0, 5, 'D', 0, 0, 0, 2, 0, 1, 'H'}, uint8(0))
 	// Window 1: the third number in a row finds the queue full.
 	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0}), msg(0, []byte{'H', 'x'}), msg(0, []byte{'D', 0, 0, 0, 1}), msg(0, []byte{'D', 0, 0, 0, 2}), msg(0, []byte{'D', 0, 0, 0, 3})), uint8(0))
+	// A data frame too short for its number, then a whole one.
+	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0}), msg(0, []byte{'D', 0, 0, 0, 0, 'x'})), uint8(1))
 	f.Fuzz(func(t *testing.T, msgs []byte, window uint8) {
 		drains := uint64(0)
 		e := &Endpoint{cfg: Config{RecvWindow: int(window%8) + 1}, conns: map[*Conn]struct{}{}, pending: map[uint32]*Conn{},
@@ -357,6 +360,9 @@ func FuzzEarlyReplay(f *testing.F) {
 	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0}), msg(2, fin(true)), msg(0, []byte{'D', 0, 0, 0, 1})), uint8(1), uint8(2))
 	f.Add(slices.Concat(msg(0, []byte{'D', 0, 0, 0, 0}), msg(2, fin(false)), msg(0, []byte{'D', 0, 0, 0, 1})), uint8(1), uint8(1))
 	f.Add(slices.Concat(msg(2, fin(false)), msg(0, []byte{'D', 0, 0, 0, 0})), uint8(1), uint8(0))
+	// Both before the registration: the replayed FIN ends the leg, and the
+	// data after it finds its tag gone.
+	f.Add(slices.Concat(msg(2, fin(false)), msg(0, []byte{'D', 0, 0, 0, 0})), uint8(1), uint8(2))
 	f.Fuzz(func(t *testing.T, msgs []byte, window, split uint8) {
 		env := newEnv(t)
 		_, u := env.phys(env.r1, nil) // the acceptor's TGT in the dialer's node (r2's)

@@ -160,6 +160,12 @@ type rawPeer struct {
 }
 
 func (w *world) rawPeer(ip string, port uint16) *rawPeer {
+	return w.hookedRawPeer(ip, port, nil)
+}
+
+// hookedRawPeer is rawPeer, with hook (if not nil) called with each
+// request before the peer's acceptor decides on it.
+func (w *world) hookedRawPeer(ip string, port uint16, hook func(kernel.Event)) *rawPeer {
 	t := w.t
 	k := w.rawKernel(ip)
 	if w.dirs[ip] == "" {
@@ -192,6 +198,9 @@ func (w *world) rawPeer(ip string, port uint16) *rawPeer {
 				ev, err := k.Event(context.Background(), l)
 				if err != nil {
 					return
+				}
+				if hook != nil {
+					hook(ev)
 				}
 				if d := acc.Decide(ev); d.Accept {
 					k.Accept(ev.ID, d.QPNum, d.PrivateData)
