@@ -353,8 +353,9 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 		return nil, err
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.spawn(func() { e.listenLoop(e.lx) })
-	e.spawn(func() { e.listenLoop(e.lu) })
+	lx, lu := e.lx, e.lu // die may take them (unlisten) while the loops start
+	e.spawn(func() { e.listenLoop(lx) })
+	e.spawn(func() { e.listenLoop(lu) })
 	e.spawn(e.recvLoop)
 	e.spawn(e.janitor)
 	e.spawn(e.watchDevice)
@@ -646,7 +647,10 @@ func closed(ch <-chan struct{}) bool {
 // ErrProcessDied after its process died (memfabric's Kill, its node's
 // PowerOff), an error wrapping ErrDeviceRemoved after its device went away
 // or failed, the kernel's error where it failed otherwise; nil while it
-// works. A Close after the endpoint failed leaves Err that failure.
+// works. A Close after the endpoint failed leaves Err that failure. Once
+// Err is not nil the endpoint listens no more, Close or not: peers' dials
+// to its address are refused at once (ECONNREFUSED, RejectNoListener), as
+// to a port nobody listens on; close it to release the rest.
 func (e *Endpoint) Err() error {
 	if !e.ok() {
 		return ErrClosed
@@ -757,12 +761,7 @@ func (e *Endpoint) release() {
 			k.DestroyQP(q.qp)
 		}
 	}
-	if e.lx != 0 {
-		k.DestroyID(e.lx)
-	}
-	if e.lu != 0 {
-		k.DestroyID(e.lu)
-	}
+	e.unlisten()
 	if e.acc != nil {
 		e.acc.Close()
 	}
@@ -778,10 +777,21 @@ func (e *Endpoint) release() {
 }
 
 // die is the end of an endpoint whose kernel failed (its process died) or
-// whose device went away: every connection fails, and Accept with them.
+// whose device went away: every connection fails, and Accept with them,
+// and its listeners go (unlisten), so that peers are refused at once.
 // After a device removal the endpoint also closes itself: the kernel may
 // not finish removing the device while anything of ours is left on it.
 func (e *Endpoint) die(err error) {
+	if e.processErr() == nil {
+		// Nothing answers a request any more: the listeners go now, not
+		// at the application's Close, so that a peer's REQ or SIDR REQ
+		// is refused at once (no listener: REJ INVALID_SERVICE_ID, SIDR
+		// status 1) rather than queued for nobody until its Dial's
+		// deadline; before Err says the endpoint failed. (A dead
+		// process's kernel closed them itself.) A request taken off a
+		// listener meanwhile is refused BUSY_RETRY (onRequest).
+		e.unlisten()
+	}
 	e.mu.Lock()
 	if pd := e.processErr(); pd != nil {
 		// Its kernel calls fail with ErrClosed, which would say our
@@ -802,6 +812,35 @@ func (e *Endpoint) die(err error) {
 	e.mu.Unlock()
 	if errors.Is(err, ErrDeviceRemoved) {
 		go e.Close()
+	}
+}
+
+// listening reports whether l is one of the endpoint's listeners still
+// (not yet taken by unlisten).
+func (e *Endpoint) listening(l kernel.ID) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return l == e.lx || l == e.lu
+}
+
+// unlisten destroys the XRC and the SIDR listener, each once (die, then
+// release): a listener whose destroy the kernel refused stays for the next
+// call to try again.
+func (e *Endpoint) unlisten() {
+	e.mu.Lock()
+	lx, lu := e.lx, e.lu
+	e.lx, e.lu = 0, 0
+	e.mu.Unlock()
+	var keep [2]kernel.ID
+	for i, id := range [2]kernel.ID{lx, lu} {
+		if id != 0 && e.k.DestroyID(id) != nil {
+			keep[i] = id
+		}
+	}
+	if keep != [2]kernel.ID{} {
+		e.mu.Lock()
+		e.lx, e.lu = cmp.Or(e.lx, keep[0]), cmp.Or(e.lu, keep[1])
+		e.mu.Unlock()
 	}
 }
 
@@ -1008,9 +1047,11 @@ func (e *Endpoint) listenLoop(l kernel.ID) {
 	for {
 		ev, err := e.k.Event(e.ctx, l)
 		if err != nil {
-			if e.ctx.Err() == nil {
+			if e.ctx.Err() == nil && e.listening(l) {
 				e.die(err)
 			}
+			// else Close, or a die that destroyed l (unlisten): its
+			// error, not l's EBADF, is the endpoint's.
 			return
 		}
 		if ev.Type == kernel.EventConnectRequest {
@@ -1110,7 +1151,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 			return
 		}
 	} else {
-		if e.closed || len(e.conns) >= 1<<20 || e.unaccepted >= acceptBacklog {
+		if e.closed || e.fatal != nil || len(e.conns) >= 1<<20 || e.unaccepted >= acceptBacklog {
 			e.mu.Unlock()
 			e.acc.Withdraw(leg)
 			e.reject(ev, wire.RejectBusyRetry, leg.PeerTag)
