@@ -745,22 +745,26 @@ func (e *Endpoint) Close() error {
 func (e *Endpoint) release() {
 	k := e.k
 	e.mu.Lock()
-	ups := e.uplinks
-	e.uplinks = nil
+	var inis []*iniQP
+	for _, u := range e.uplinks {
+		inis = append(inis, u.inis...)
+	}
 	passive := e.passive
 	e.passive = map[kernel.ID]*passiveLink{}
 	e.mu.Unlock()
 	for id := range passive {
 		k.DestroyID(id)
 	}
-	for _, u := range ups {
-		for _, q := range u.inis {
-			if q.aid != 0 {
-				k.DestroyID(q.aid)
-			}
-			k.DestroyQP(q.qp)
+	for _, q := range inis {
+		if q.aid != 0 {
+			k.DestroyID(q.aid)
 		}
+		k.DestroyQP(q.qp)
 	}
+	// Stats counts the INIs until they are destroyed, as the kernel does.
+	e.mu.Lock()
+	e.uplinks = nil
+	e.mu.Unlock()
 	e.unlisten()
 	if e.acc != nil {
 		e.acc.Close()
