@@ -303,6 +303,11 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 				// The device failed for good, before or as we opened
 				// (its firmware commands fail with EIO): say so.
 				err = fmt.Errorf("%w: %w", derr, err)
+			} else if pd := e.processErr(); pd != nil {
+				// The process died before or as we opened: its calls
+				// fail with ErrClosed, which would say a Close of the
+				// application's (as die and closedErr say).
+				err = fmt.Errorf("%w: %v", pd, err)
 			}
 		}
 	}()
