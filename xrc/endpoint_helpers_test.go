@@ -66,7 +66,15 @@ func (w *world) wrappedEndpoint(ip string, port int, wrap func(kernel.Kernel) ke
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	w.t.Cleanup(func() { e.Close() })
+	w.t.Cleanup(func() {
+		e.Close()
+		e.mu.Lock()
+		n := e.iniSetup
+		e.mu.Unlock()
+		if n != 0 {
+			w.t.Errorf("%v: iniSetup %d after Close, want 0", e.addr, n)
+		}
+	})
 	return &proc{e, p}
 }
 
