@@ -37,11 +37,14 @@ type fakeEnd struct {
 	corrupt     func(imm uint32) uint32 // tampers with the next frame header this end sends
 	pollErr     error                   // the next blocking poll fails with it, once
 	postFails   bool
-	sends       int // sends posted
-	signaled    int // of them signaled (or failed), so completing
-	recvPosts   int // postRecvs calls
-	spins       int // polls asked to busy-poll
-	blocks      int // polls asked to sleep until a completion
+	// recvPostFails: postRecvs fails (as ibv_post_recv may), posting
+	// nothing.
+	recvPostFails bool
+	sends         int // sends posted
+	signaled      int // of them signaled (or failed), so completing
+	recvPosts     int // postRecvs calls
+	spins         int // polls asked to busy-poll
+	blocks        int // polls asked to sleep until a completion
 	// Send slots posted and not yet covered by a completion the Conn has
 	// polled, in post order: reusing one of them would overwrite a buffer
 	// the device may still read.
@@ -213,6 +216,9 @@ func (e *fakeEnd) postRecvs(slots []int) error {
 	e.w.mu.Lock()
 	defer e.w.mu.Unlock()
 	e.recvPosts++
+	if e.recvPostFails {
+		return errors.New("fake: receive post refused")
+	}
 	if e.shut {
 		// In the error state a receive completes at once, flushed.
 		for _, r := range slots {
