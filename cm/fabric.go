@@ -293,8 +293,10 @@ func (c *Conn) recvXRC(ctx context.Context, buf []byte) (int, uint32, bool, erro
 		}
 		return 0, 0, false, c.opErr("recv", mapXRCErr(c.closedXRCErr(err)))
 	}
-	c.stats.msgsRecv.Add(1)
-	c.stats.bytesRecv.Add(uint64(n))
+	c.mu.Lock()
+	c.stats.msgsRecv++
+	c.stats.bytesRecv += uint64(n)
+	c.mu.Unlock()
 	return n, 0, false, nil
 }
 

@@ -31,11 +31,14 @@ func (c *Conn) Stats() Stats {
 	if !c.ok() {
 		return Stats{}
 	}
+	c.mu.Lock()
+	msgsRecv, bytesRecv := c.stats.msgsRecv, c.stats.bytesRecv
+	c.mu.Unlock()
 	s := Stats{
 		MessagesSent:     c.stats.msgsSent.Load(),
-		MessagesReceived: c.stats.msgsRecv.Load(),
+		MessagesReceived: msgsRecv,
 		BytesSent:        c.stats.bytesSent.Load(),
-		BytesReceived:    c.stats.bytesRecv.Load(),
+		BytesReceived:    bytesRecv,
 		CreditFrames:     c.stats.creditFrames.Load(),
 		Keepalives:       c.stats.keepalives.Load(),
 		Errors:           c.stats.errors.Load(),
