@@ -140,6 +140,10 @@ type Endpoint struct {
 	inc      uint64
 	acc      *acceptor
 	lx, lu   kernel.ID
+	// unlistenMu makes a second unlisten (two dies at once) wait until
+	// the first has destroyed the listeners: its die must not say the
+	// endpoint failed (Err) while they are still in the kernel.
+	unlistenMu sync.Mutex
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -834,8 +838,11 @@ func (e *Endpoint) listening(l kernel.ID) bool {
 
 // unlisten destroys the XRC and the SIDR listener, each once (die, then
 // release): a listener whose destroy the kernel refused stays for the next
-// call to try again.
+// call to try again. A call while another destroys them returns once that
+// one is done.
 func (e *Endpoint) unlisten() {
+	e.unlistenMu.Lock()
+	defer e.unlistenMu.Unlock()
 	e.mu.Lock()
 	lx, lu := e.lx, e.lu
 	e.lx, e.lu = 0, 0
