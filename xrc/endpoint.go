@@ -1063,11 +1063,14 @@ func (e *Endpoint) listenLoop(l kernel.ID) {
 	for {
 		ev, err := e.k.Event(e.ctx, l)
 		if err != nil {
-			if e.ctx.Err() == nil && e.listening(l) {
+			if e.ctx.Err() == nil && (e.listening(l) || errors.Is(err, ErrDeviceRemoved)) {
 				e.die(err)
 			}
 			// else Close, or a die that destroyed l (unlisten): its
-			// error, not l's EBADF, is the endpoint's.
+			// error, not l's EBADF, is the endpoint's. But the CM's
+			// DEVICE_REMOVAL, read as a die of another error took l,
+			// is the device's end, which closes the endpoint (die):
+			// with its listeners gone, it reads it nowhere else.
 			return
 		}
 		if ev.Type == kernel.EventConnectRequest {
