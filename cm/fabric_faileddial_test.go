@@ -3,13 +3,11 @@ package cm
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/goxrc/goxrc/internal/kernel"
-	"github.com/goxrc/goxrc/xrc/memfabric"
+	"github.com/goxrc/goxrc/internal/conntest"
 )
 
 // An XRC listener (WithFabric, or XRCRequire on a device with XRC) whose
@@ -23,36 +21,15 @@ func TestFabricFailedListenerRefusesDial(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	f := newFabric(t)
-	k, _ := kernel.Unwrap(f.Node("10.1.0.1").Process())
-	fk := &failingRecv{Kernel: k, fail: make(chan struct{})}
-	fake := &memfabric.Process{}
-	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
-		if v == any(fake) {
-			return fk, true
-		}
-		return nil, false
-	})
-	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(fake), WithDomainPath(filepath.Join(t.TempDir(), "l")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, fail := listenFailingRecv(ctx, t, f)
 	defer l.Close()
-	close(fk.fail)
-	deadline := time.Now().Add(5 * time.Second)
-	for l.xep.Err() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the listener's endpoint did not fail")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	close(fail)
+	conntest.Eventually(t, 5*time.Second, "the listener's endpoint fails", func() (bool, string) {
+		return l.xep.Err() != nil, "no error"
+	})
 	dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer dcancel()
-	start := time.Now()
-	c, err := Dial(dctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "d")))
-	took := time.Since(start)
-	if err == nil {
-		c.Close()
-	}
+	took, err := timedDial(dctx, t, f, l.Addr().String())
 	if !errors.Is(err, syscall.ECONNREFUSED) || took > 3*time.Second {
 		t.Fatalf("Dial to a listener whose endpoint failed: %v after %v; want ECONNREFUSED at once", err, took.Round(time.Millisecond))
 	}

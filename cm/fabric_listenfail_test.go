@@ -56,21 +56,9 @@ func TestFabricFailedListenerAcceptEndsServe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	f := newFabric(t)
-	k, _ := kernel.Unwrap(f.Node("10.1.0.1").Process())
-	fk := &failingRecv{Kernel: k, fail: make(chan struct{})}
-	fake := &memfabric.Process{}
-	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
-		if v == any(fake) {
-			return fk, true
-		}
-		return nil, false
-	})
-	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(fake), WithDomainPath(filepath.Join(t.TempDir(), "l")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, fail := listenFailingRecv(ctx, t, f)
 	defer l.Close()
-	close(fk.fail)
+	close(fail)
 	var aerr error
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -85,4 +73,24 @@ func TestFabricFailedListenerAcceptEndsServe(t *testing.T) {
 		}
 	}
 	requireAcceptEndsServe(t, l, aerr, "a listener whose endpoint died")
+}
+
+// listenFailingRecv listens on 10.1.0.1:7000 of f from a process whose
+// receive poll fails (ENOMEM) once the returned channel is closed.
+func listenFailingRecv(ctx context.Context, t *testing.T, f *memfabric.Fabric) (*Listener, chan struct{}) {
+	t.Helper()
+	k, _ := kernel.Unwrap(f.Node("10.1.0.1").Process())
+	fk := &failingRecv{Kernel: k, fail: make(chan struct{})}
+	fake := &memfabric.Process{}
+	kernel.RegisterUnwrapper(func(v any) (kernel.Kernel, bool) {
+		if v == any(fake) {
+			return fk, true
+		}
+		return nil, false
+	})
+	l, err := Listen(ctx, "10.1.0.1:7000", WithFabric(fake), WithDomainPath(filepath.Join(t.TempDir(), "l")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, fk.fail
 }

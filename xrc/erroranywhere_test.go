@@ -167,13 +167,19 @@ func (e *errAt) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
 	if err := e.at("Event"); err != nil {
 		e.breakEvents()
 	}
-	if e.broken.Err() != nil {
+	return eventUnlessBroken(ctx, e.broken, e.Kernel, id)
+}
+
+// eventUnlessBroken waits for id's event on k, failing as a broken event
+// channel does once broken is done, the wait under way included.
+func eventUnlessBroken(ctx, broken context.Context, k kernel.Kernel, id kernel.ID) (kernel.Event, error) {
+	if broken.Err() != nil {
 		return kernel.Event{}, errFor["Event"]
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer context.AfterFunc(e.broken, cancel)()
-	ev, err := e.Kernel.Event(ctx, id)
-	if err != nil && e.broken.Err() != nil {
+	defer context.AfterFunc(broken, cancel)()
+	ev, err := k.Event(ctx, id)
+	if err != nil && broken.Err() != nil {
 		err = errFor["Event"]
 	}
 	return ev, err

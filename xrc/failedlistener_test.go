@@ -29,16 +29,7 @@ func newEventsBroken(k kernel.Kernel) *eventsBroken {
 }
 
 func (b *eventsBroken) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
-	if b.broken.Err() != nil {
-		return kernel.Event{}, errFor["Event"]
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer context.AfterFunc(b.broken, cancel)()
-	ev, err := b.Kernel.Event(ctx, id)
-	if err != nil && b.broken.Err() != nil {
-		err = errFor["Event"]
-	}
-	return ev, err
+	return eventUnlessBroken(ctx, b.broken, b.Kernel, id)
 }
 
 // recvBroken is a kernel whose receive poll fails (EIO), under way or
