@@ -1,7 +1,9 @@
 package cm
 
 import (
+	"io"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -51,4 +53,28 @@ func TestStatsPeerFinThenDeathWithoutCallsNotAnError(t *testing.T) {
 			require.Equal(t, []string{"a.Recv: EOF", "a.Errors: 0"}, []string(l))
 		})
 	}
+}
+
+// The same over XRC, with the engine's timers such that its verdict on the
+// DREQ of the dead peer's INI (half an idle timeout after it) falls due in
+// the same look of its janitor as the keepalive whose failure tells of the
+// death too: the verdict, taken first, said the peer was silent
+// (ErrPeerGone: Errors 1); the keepalive's failure, where it came first
+// (the default timers, mostly), said nothing. The flaky
+// TestStatsPeerFinThenDeathWithoutCallsNotAnError/XRC failed so under
+// load.
+func TestStatsPeerFinThenDeathNotAnErrorWhicheverXRCVerdictFirst(t *testing.T) {
+	p := xrcParityPairWith(t, func(c *config) { c.xrcHeartbeat, c.xrcIdle = 100*time.Millisecond, 200*time.Millisecond })
+	require.NoError(t, p.b.Send(p.ctx, []byte("last words")))
+	require.NoError(t, p.b.CloseWrite())
+	p.kill()
+	p.settle()
+	require.Zero(t, p.a.Stats().Errors)
+	buf := make([]byte, 64)
+	n, err := p.a.Recv(p.ctx, buf)
+	require.NoError(t, err)
+	require.Equal(t, "last words", string(buf[:n]))
+	_, err = p.a.Recv(p.ctx, buf)
+	require.ErrorIs(t, err, io.EOF)
+	require.Zero(t, p.a.Stats().Errors)
 }

@@ -2180,7 +2180,18 @@ func (e *Endpoint) janitor() {
 					// taken in between did not count, and a peer whose
 					// half FIN Recv had read as io.EOF was failed for its
 					// silence (TestIdleVerdictTakesFINBeforeIt).
-					c.failLocked(cmp.Or(c.sendGone, errIdle))
+					err := errIdle
+					if gone {
+						// The DREQ said the sender's INI is gone: its
+						// death, not its silence, whichever of our
+						// keepalive's failure (sendGone) and this look
+						// came first. Taken for silence, a peer that
+						// half-closed and died failed the connection
+						// (Err) only where this look came first
+						// (TestHalfFINThenDREQIsNoFailure).
+						err = errStaleLink
+					}
+					c.failLocked(cmp.Or(c.sendGone, err))
 					continue
 				}
 			}
