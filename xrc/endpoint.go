@@ -657,9 +657,11 @@ func closed(ch <-chan struct{}) bool {
 // PowerOff), an error wrapping ErrDeviceRemoved after its device went away
 // or failed, the kernel's error where it failed otherwise; nil while it
 // works. A Close after the endpoint failed leaves Err that failure. Once
-// Err is not nil the endpoint listens no more, Close or not: peers' dials
-// to its address are refused at once (ECONNREFUSED, RejectNoListener), as
-// to a port nobody listens on; close it to release the rest.
+// it failed (Err not nil, ErrClosed aside) the endpoint listens no more,
+// Close or not: peers' dials to its address are refused at once
+// (ECONNREFUSED, RejectNoListener), as to a port nobody listens on; close
+// it to release the rest. A Close refuses them too, BUSY_RETRY until its
+// listeners are gone.
 func (e *Endpoint) Err() error {
 	if !e.ok() {
 		return ErrClosed
