@@ -2183,14 +2183,18 @@ func (e *Endpoint) janitor() {
 					// half FIN Recv had read as io.EOF was failed for its
 					// silence (TestIdleVerdictTakesFINBeforeIt).
 					err := errIdle
-					if gone {
+					if !c.goneAt.IsZero() {
 						// The DREQ said the sender's INI is gone: its
 						// death, not its silence, whichever of our
 						// keepalive's failure (sendGone) and this look
 						// came first. Taken for silence, a peer that
 						// half-closed and died failed the connection
 						// (Err) only where this look came first
-						// (TestHalfFINThenDREQIsNoFailure).
+						// (TestHalfFINThenDREQIsNoFailure). So too
+						// where the idle timeout falls due before the
+						// DREQ's grace ends: the DREQ came, the sender
+						// is dead, not silent
+						// (TestHalfFINThenDREQIsNoFailureIdleFirst).
 						err = errStaleLink
 					}
 					c.failLocked(cmp.Or(c.sendGone, err))
