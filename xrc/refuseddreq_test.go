@@ -16,30 +16,53 @@ import (
 // will not send; the call is not made.
 type refuseDREQ struct {
 	wrapper
+	active  xrcConnects
 	mu      sync.Mutex
-	active  map[kernel.ID]bool
 	refused bool
 }
 
 func (k *refuseDREQ) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
 	id, err := k.Kernel.Connect(ctx, dst, ex, qpNum, pd)
-	if err == nil && ex == kernel.ExchangeXRC {
-		k.mu.Lock()
-		k.active[id] = true
-		k.mu.Unlock()
-	}
-	return id, err
+	return k.active.note(id, ex, err)
 }
 
 func (k *refuseDREQ) Disconnect(id kernel.ID) error {
+	active := k.active.has(id)
 	k.mu.Lock()
-	refuse := k.active[id] && !k.refused
+	refuse := active && !k.refused
 	k.refused = k.refused || refuse
 	k.mu.Unlock()
 	if refuse {
 		return &verbs.OpError{Op: "rdma_disconnect", Err: syscall.EINVAL}
 	}
 	return k.Kernel.Disconnect(id)
+}
+
+// xrcConnects remembers the ids of a process's physical links' active
+// sides (its INIs' CM ids: Connect on the XRC exchange).
+type xrcConnects struct {
+	mu  sync.Mutex
+	ids map[kernel.ID]bool
+}
+
+// note records id if Connect made it on the XRC exchange; it returns
+// Connect's results.
+func (x *xrcConnects) note(id kernel.ID, ex kernel.Exchange, err error) (kernel.ID, error) {
+	if err == nil && ex == kernel.ExchangeXRC {
+		x.mu.Lock()
+		if x.ids == nil {
+			x.ids = map[kernel.ID]bool{}
+		}
+		x.ids[id] = true
+		x.mu.Unlock()
+	}
+	return id, err
+}
+
+func (x *xrcConnects) has(id kernel.ID) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.ids[id]
 }
 
 // An uplink nobody uses any more is torn down by its DREQ, and its INI
@@ -52,7 +75,7 @@ func TestRefusedDisconnectReleasesINI(t *testing.T) {
 	w := newWorld(t)
 	var k *refuseDREQ
 	a := w.wrappedEndpoint("10.0.0.1", 7000, func(inner kernel.Kernel) kernel.Kernel {
-		k = &refuseDREQ{wrapper: wrapper{inner}, active: map[kernel.ID]bool{}}
+		k = &refuseDREQ{wrapper: wrapper{inner}}
 		return k
 	})
 	b := w.endpoint("10.0.0.2", 7000)

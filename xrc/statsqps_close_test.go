@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,27 +16,18 @@ import (
 // destroys it.
 type timewaitHold struct {
 	qpHold
-	xmu sync.Mutex
-	xrc map[kernel.ID]bool
+	xrc xrcConnects
 }
 
 func (k *timewaitHold) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpNum uint32, pd []byte) (kernel.ID, error) {
 	id, err := k.Kernel.Connect(ctx, dst, ex, qpNum, pd)
-	if err == nil && ex == kernel.ExchangeXRC {
-		k.xmu.Lock()
-		k.xrc[id] = true
-		k.xmu.Unlock()
-	}
-	return id, err
+	return k.xrc.note(id, ex, err)
 }
 
 func (k *timewaitHold) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
 	for {
 		ev, err := k.Kernel.Event(ctx, id)
-		k.xmu.Lock()
-		drop := err == nil && ev.Type == kernel.EventTimewaitExit && k.xrc[id]
-		k.xmu.Unlock()
-		if !drop {
+		if err != nil || ev.Type != kernel.EventTimewaitExit || !k.xrc.has(id) {
 			return ev, err
 		}
 	}
@@ -50,7 +40,7 @@ func (k *timewaitHold) Event(ctx context.Context, id kernel.ID) (kernel.Event, e
 // the kernel held them.
 func TestStatsQPsCountINIUntilCloseDestroysIt(t *testing.T) {
 	w := newWorld(t)
-	k := &timewaitHold{qpHold: qpHold{inis: map[kernel.QP]bool{}, at: make(chan struct{}), release: make(chan struct{})}, xrc: map[kernel.ID]bool{}}
+	k := &timewaitHold{qpHold: qpHold{inis: map[kernel.QP]bool{}, at: make(chan struct{}), release: make(chan struct{})}}
 	a := w.wrappedEndpoint("10.0.72.1", 7000, func(in kernel.Kernel) kernel.Kernel { k.Kernel = in; return k })
 	b := w.endpoint("10.0.72.2", 7000)
 	node := w.f.Node("10.0.72.1")
