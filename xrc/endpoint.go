@@ -1068,11 +1068,11 @@ func (e *Endpoint) listenLoop(l kernel.ID) {
 			if e.ctx.Err() == nil && (e.listening(l) || errors.Is(err, ErrDeviceRemoved)) {
 				e.die(err)
 			}
-			// else Close, or a die that destroyed l (unlisten): its
-			// error, not l's EBADF, is the endpoint's. But the CM's
-			// DEVICE_REMOVAL, read as a die of another error took l,
-			// is the device's end, which closes the endpoint (die):
-			// with its listeners gone, it reads it nowhere else.
+			// Else Close, or a die that destroyed l (unlisten): that
+			// die's error, not l's EBADF, is the endpoint's. A
+			// DEVICE_REMOVAL still dies, even on a destroyed l: it
+			// closes the endpoint, and no other listener is left to
+			// read it.
 			return
 		}
 		if ev.Type == kernel.EventConnectRequest {
@@ -2184,17 +2184,12 @@ func (e *Endpoint) janitor() {
 					// silence (TestIdleVerdictTakesFINBeforeIt).
 					err := errIdle
 					if !c.goneAt.IsZero() {
-						// The DREQ said the sender's INI is gone: its
-						// death, not its silence, whichever of our
-						// keepalive's failure (sendGone) and this look
-						// came first. Taken for silence, a peer that
-						// half-closed and died failed the connection
-						// (Err) only where this look came first
-						// (TestHalfFINThenDREQIsNoFailure). So too
-						// where the idle timeout falls due before the
-						// DREQ's grace ends: the DREQ came, the sender
-						// is dead, not silent
-						// (TestHalfFINThenDREQIsNoFailureIdleFirst).
+						// The DREQ came: the sender died, it is not
+						// silent, whichever verdict comes first (ours,
+						// the idle timeout's, or the keepalive's
+						// sendGone). After its half FIN that is no
+						// failure (TestHalfFINThenDREQIsNoFailure,
+						// ...IdleFirst).
 						err = errStaleLink
 					}
 					c.failLocked(cmp.Or(c.sendGone, err))
