@@ -230,6 +230,10 @@ type Conn struct {
 	cbuf        []completion
 	deferred    []int // receive slots consumed, waiting to be reposted
 	reposting   int   // of them, taken by flushRecvs and being posted
+	// failLogs are the failures to log, written after mu is released
+	// (failureLogsLocked, logFailures): the logger is the application's,
+	// and its handler may call the Conn (Stats takes mu).
+	failLogs []error
 
 	stats connStats
 }
@@ -1111,6 +1115,7 @@ func (c *Conn) endRound(n int, err error) error {
 	c.polling = false
 	c.rounds.Add(1)
 	c.waiting.wakeAll()
+	logs := c.failureLogsLocked()
 	c.mu.Unlock()
 	if held {
 		if flush {
@@ -1118,6 +1123,7 @@ func (c *Conn) endRound(n int, err error) error {
 		}
 		c.ioDone()
 	}
+	c.logFailures(logs)
 	if n > 0 {
 		// Reposted buffers are credits to return; a freed send slot may
 		// let a return go out that earlier found none.
@@ -1335,7 +1341,7 @@ func (c *Conn) handle(wc *completion) {
 			err = fmt.Errorf("%w: frame of kind %d after the peer's FIN", ErrProtocol, h.kind)
 			c.broke = true
 			c.stats.errors.Add(1)
-			c.log("connection failed", "remote", c.raddr, "err", err)
+			c.failLogs = append(c.failLogs, err)
 		}
 		if err != nil {
 			c.failLocked(err)
@@ -1381,7 +1387,24 @@ func (c *Conn) handle(wc *completion) {
 func (c *Conn) fail(err error) {
 	c.mu.Lock()
 	c.failLocked(err)
+	logs := c.failureLogsLocked()
 	c.mu.Unlock()
+	c.logFailures(logs)
+}
+
+// failureLogsLocked takes the failures noted for the log (failLogs), which
+// the caller passes to logFailures once it has released mu and io.
+func (c *Conn) failureLogsLocked() []error {
+	logs := c.failLogs
+	c.failLogs = nil
+	return logs
+}
+
+// logFailures logs each failure taken by failureLogsLocked, at Warn.
+func (c *Conn) logFailures(logs []error) {
+	for _, err := range logs {
+		c.log("connection failed", "remote", c.raddr, "err", err)
+	}
 }
 
 // checkRecvLocked vets a receive completion the device reported, whose
@@ -1440,7 +1463,7 @@ func (c *Conn) failLocked(err error) {
 	// broke the connection (its process died, say).
 	if !c.broke && !errors.Is(err, ErrClosed) && !(c.peerFin && c.peerLeft != "") && !(c.raw && c.peerLeft != "") {
 		c.broke = true
-		c.log("connection failed", "remote", c.raddr, "err", err)
+		c.failLogs = append(c.failLogs, err) // logged once mu is released: see failLogs
 		c.stats.errors.Add(1)
 	}
 	// Flush everything posted, which also wakes a leader asleep in poll.
@@ -1509,10 +1532,12 @@ func (c *Conn) deviceLost(why string) {
 			c.keepReadyLocked()
 		}
 	}
+	logs := c.failureLogsLocked()
 	c.mu.Unlock()
 	if held {
 		c.ioDone()
 	}
+	c.logFailures(logs)
 	go c.close(false, false)
 }
 

@@ -252,6 +252,16 @@ func WithHandshakeTimeout(d time.Duration) Option {
 // Warn), device events. Nothing is logged per message. Over XRC it sees the
 // set-up only: the engine's own events (uplink recoveries, say) are in
 // xrc.Stats.
+//
+// Records are written on the goroutine of the event (a Dial, the
+// listener's, a call on the connection or its reaper, the device's event
+// reader), after it has released the locks that Stats, the addresses,
+// Listener.Addr and GlobalStats take: a handler may call those. A slow
+// handler holds up that goroutine (and, after a failed post, the
+// connection's other posts). It must not close the Conn or the Listener
+// itself, but from a goroutine of its own: the Listener's Close waits for
+// the goroutine that logs a refused request, and the Conn's Close for a
+// failed post's goroutine, which still holds the buffers.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l != nil {

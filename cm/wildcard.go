@@ -29,28 +29,36 @@ func (l *Listener) holdDevice(d *device, local netip.Addr) {
 	if l.dev != nil {
 		return
 	}
+	// Logged after heldMu is released: the logger is the application's.
+	if msg, err := l.holdDeviceLocked(d, local); msg != "" {
+		l.cfg.logger.Debug(msg, "device", d.name, "err", err)
+	}
+}
+
+// holdDeviceLocked is holdDevice under heldMu; it returns why it could not
+// hold d, to be logged.
+func (l *Listener) holdDeviceLocked(d *device, local netip.Addr) (string, error) {
 	l.heldMu.Lock()
 	defer l.heldMu.Unlock()
 	if _, ok := l.held[d]; ok || l.heldClosed {
-		return
+		return "", nil
 	}
 	// Its ephemeral port is taken as a Dial's is (the IPoIB port space,
 	// which nothing else binds in, does not bind on soft-RoCE).
 	id, err := l.ch.ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
 	if err != nil {
-		l.cfg.logger.Debug("wildcard listener: no id to hold the device", "device", d.name, "err", err)
-		return
+		return "wildcard listener: no id to hold the device", err
 	}
 	if err := id.Bind(netip.AddrPortFrom(local, 0)); err != nil || id.DeviceName() != d.name || !d.holdForListener() {
-		l.cfg.logger.Debug("wildcard listener: cannot hold the device", "device", d.name, "err", err)
 		id.Close()
-		return
+		return "wildcard listener: cannot hold the device", err
 	}
 	if l.held == nil {
 		l.held = map[*device]*rdmacm.ID{}
 	}
 	l.held[d] = id
 	l.heldWG.Go(func() { l.watchHeld(d, id) })
+	return "", nil
 }
 
 // watchHeld lets go of d when its id hears of the device's removal; it
