@@ -28,7 +28,13 @@ func TestHoldAHCrossedWithCloses(t *testing.T) {
 			closed <- err
 		}()
 	}
-	time.Sleep(20 * time.Millisecond) // both Closes waiting behind the holds
+	// Both Closes must be waiting behind the holds before the crossed
+	// holds are tried. A fixed sleep here was the test's only guarantee,
+	// and a loaded machine (CI's two CPUs under -race) ran the holds
+	// first: both succeeded on AHs whose Close had not started yet, and
+	// the test failed with nothing wrong in holdAH.
+	waitCloseWaiting(t, a1)
+	waitCloseWaiting(t, a2)
 	held := make(chan [2]bool, 1)
 	go func() { held <- [2]bool{s1.holdAH(a2), s2.holdAH(a1)} }()
 	select {
@@ -53,6 +59,21 @@ func TestHoldAHCrossedWithCloses(t *testing.T) {
 	}
 	if a1.l.tryUse() || a2.l.tryUse() {
 		t.Fatal("a closed AH could be used")
+	}
+}
+
+// waitCloseWaiting returns once a Close of a is waiting for a's lock: a
+// read lock can no longer be tried then (sync.RWMutex refuses TryRLock
+// while a writer waits), which is what holdAH's tryUse relies on.
+func waitCloseWaiting(t *testing.T, a *AH) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for a.l.mu.TryRLock() {
+		a.l.mu.RUnlock()
+		if time.Now().After(deadline) {
+			t.Fatal("the AH's Close never came to wait behind the hold")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
