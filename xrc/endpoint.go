@@ -887,7 +887,7 @@ type Stats struct {
 	LegsMoved     uint64 // sending legs moved onto a rebuilt uplink
 	VirtReqs      uint64 // SIDR exchanges this endpoint started (VIRT_REQs sent)
 	OneExchange   uint64 // reverse legs set up inside the forward leg's exchange (either side)
-	Abandoned     uint64 // inbound connections whose dialer gave up on them before its first frame (Accept never saw them)
+	Abandoned     uint64 // inbound connections whose dialer's FIN came before its first frame (Accept never saw them); one given up before its forward leg was bound ends at the idle timeout, uncounted
 	CreditFrames  uint64 // credit frames sent (flow control)
 	Overruns      uint64 // connections failed because the peer sent past its credits
 	Duplicates    uint64 // data messages received again (resent across a recovery) and dropped
