@@ -138,7 +138,11 @@
 // os.ErrDeadlineExceeded. Close is graceful: it wakes the connection's
 // blocked Sends and Recvs (they return ErrClosed), and the peer reads the
 // data sent before it, then io.EOF (raw connections have no end of stream:
-// their peer sees ErrPeerGone at the disconnect). MaxMessageSize is what Send takes; size Recv
+// their peer sees ErrPeerGone at the disconnect). Close waits for that no
+// longer than the handshake timeout: over XRC, a peer that takes nothing in
+// meanwhile (a stopped process) loses what it had not taken, and learns so
+// (ErrPeerGone) where the closer does not (Close returns nil, as a TCP
+// close does); on RC the device has already received it. MaxMessageSize is what Send takes; size Recv
 // buffers with MaxRecvSize, which always fits (over XRC the two sides'
 // limits need not agree).
 //

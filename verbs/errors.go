@@ -19,7 +19,8 @@ var ErrClosed = net.ErrClosed
 
 // OpError describes a failed operation: which call, on which object (device,
 // address or QP), and why. Err is usually a syscall.Errno; errors.Is(err,
-// ErrNotSupported) holds for EOPNOTSUPP, ENOSYS and EPROTONOSUPPORT, and
+// ErrNotSupported) holds for EOPNOTSUPP, ENOSYS and EPROTONOSUPPORT,
+// errors.Is(err, os.ErrInvalid) for EINVAL, and
 // errors.Is(err, os.ErrDeadlineExceeded) for a deadline that passed, a
 // context's included (as net.Conn reports them; errors.Is(err,
 // context.DeadlineExceeded) holds for those too). Timeout reports those and
@@ -43,10 +44,14 @@ func (e *OpError) Error() string {
 func (e *OpError) Unwrap() error { return e.Err }
 
 // Is makes errno values that mean "not supported" match ErrNotSupported,
-// and a context's deadline os.ErrDeadlineExceeded.
+// EINVAL os.ErrInvalid (an argument the device cannot take; syscall.Errno
+// maps it to no os error), and a context's deadline os.ErrDeadlineExceeded.
 func (e *OpError) Is(target error) bool {
 	if target == os.ErrDeadlineExceeded {
 		return errors.Is(e.Err, context.DeadlineExceeded)
+	}
+	if target == os.ErrInvalid {
+		return errors.Is(e.Err, syscall.EINVAL)
 	}
 	if target != ErrNotSupported {
 		return false
