@@ -737,6 +737,12 @@ func (e *Endpoint) Close() error {
 		c.awaitClose(ctx)
 	}
 	cancel()
+	// The listeners go before the listen loops end: a request that came
+	// after them would wait at a listener nobody reads until release,
+	// whose destruction of it refuses it REJ CONSUMER_DEFINED, neither
+	// BUSY_RETRY (the loops' answer while Close runs) nor NO_LISTENER
+	// (TestCloseRefusesDialsBusyThenNoListener).
+	e.unlisten()
 	e.cancel()
 	e.spawnMu.Lock()
 	e.spawnStopped = true
