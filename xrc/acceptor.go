@@ -103,7 +103,11 @@ type acceptor struct {
 	// view is write-locked, under mu, around each change of what
 	// LegAccepts reads: legs, byTGT, a leg's Downlink and prev. LegAccepts,
 	// on the receive loop for every message, takes only view, so messages
-	// keep coming while a decision creates or opens a TGT.
+	// keep coming while a decision creates or opens a TGT. So do LegsOn,
+	// LegDownlink and LegDownlinks, which the endpoint calls under its own
+	// lock (the janitor's linger pass, a connection's failure): waiting
+	// for mu there held the endpoint's lock, and every delivery, across a
+	// decision's kernel calls.
 	view     sync.RWMutex
 	byTGT    map[uint32]*downlink
 	legs     map[legKey]*acceptedLeg
@@ -819,8 +823,8 @@ func (a *acceptor) LegTGT(l *acceptedLeg) (uint32, bool) {
 // LegDownlink is the downlink the leg currently receives through (a MOVE
 // changes it).
 func (a *acceptor) LegDownlink(l *acceptedLeg) *downlink {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.view.RLock()
+	defer a.view.RUnlock()
 	return l.Downlink
 }
 
@@ -898,8 +902,8 @@ func (a *acceptor) Close() {
 // from an INI with the same number on another node (QP numbers are per
 // device), and a DREQ on dl's old link must not end that sender's legs.
 func (a *acceptor) LegsOn(dl *downlink) []*acceptedLeg {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.view.RLock()
+	defer a.view.RUnlock()
 	var out []*acceptedLeg
 	for _, l := range a.legs {
 		if onLink(l.Downlink, dl) {
@@ -911,8 +915,8 @@ func (a *acceptor) LegsOn(dl *downlink) []*acceptedLeg {
 
 // LegDownlinks returns the downlinks that registered legs receive through.
 func (a *acceptor) LegDownlinks() map[*downlink]struct{} {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.view.RLock()
+	defer a.view.RUnlock()
 	out := make(map[*downlink]struct{}, len(a.legs))
 	for _, l := range a.legs {
 		out[l.Downlink] = struct{}{}

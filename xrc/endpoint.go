@@ -2139,9 +2139,10 @@ func (e *Endpoint) janitor() {
 	last := time.Now()
 	// The links linger an idle timeout: a look at them every quarter of it
 	// is enough, and spares the data path's allocation count the look's
-	// sets every half heartbeat.
+	// sets every half heartbeat. The first look comes a quarter after the
+	// start too (there is no link to look at before).
 	lingerEvery := cmp.Or(e.cfg.linkLinger, e.cfg.IdleTimeout) / 4
-	var lingerLast time.Time
+	lingerLast := last
 	for {
 		select {
 		case <-e.ctx.Done():
