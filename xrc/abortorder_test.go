@@ -58,10 +58,12 @@ func TestReverseAbortBeforeForwardLegGoes(t *testing.T) {
 
 // abortSeen notes the ids of the ABORTs its process is asked (listener
 // events) and, as it refuses one, whether the dial it names (dialFailed)
-// has failed already.
+// has failed already. With hold, the refusal waits until hold is closed (or
+// a while): a failed dial returns before it is answered.
 type abortSeen struct {
 	wrapper
 	dialFailed func() bool
+	hold       chan struct{}
 	mu         sync.Mutex
 	ids        map[kernel.ID]bool
 	refused    atomic.Int32 // 1: refused with the dial failed, 2: with the dial still up
@@ -84,6 +86,12 @@ func (k *abortSeen) Reject(id kernel.ID, pd []byte) error {
 	abort := k.ids[id]
 	k.mu.Unlock()
 	if abort {
+		if k.hold != nil {
+			select {
+			case <-k.hold:
+			case <-time.After(2 * time.Second):
+			}
+		}
 		st := int32(2)
 		if k.dialFailed() {
 			st = 1
@@ -98,11 +106,13 @@ func (k *abortSeen) Reject(id kernel.ID, pd []byte) error {
 // only one on its TGT, and a first frame of the dial's posted in between
 // found no TGT, recovered the uplink, and failed the dial on its leg not
 // moved (the rest of TestDialReverseLegAbortedFailsAtOnce's flake: 1 run
-// in 100 under -race with the acceptor's ABORT sent first).
+// in 100 under -race with the acceptor's ABORT sent first). The dial, failed
+// first, may return before the answer: the test waits for it (it read the
+// answer's note at once, a flake of its own: 6 runs in 300 under load).
 func TestReverseAbortFailsDialBeforeAnswer(t *testing.T) {
 	w := newWorld(t)
 	var a *proc
-	ak := &abortSeen{ids: map[kernel.ID]bool{}}
+	ak := &abortSeen{ids: map[kernel.ID]bool{}, hold: make(chan struct{})}
 	ak.dialFailed = func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -119,6 +129,12 @@ func TestReverseAbortFailsDialBeforeAnswer(t *testing.T) {
 	b := w.wrappedEndpoint("10.0.104.2", 7000, func(kk kernel.Kernel) kernel.Kernel { k.Kernel = kk; return k },
 		func(c *Config) { c.HandshakeTimeout = 2 * time.Second })
 	err := k.dialAborted(t, a, b)
+	// The dial fails before the ABORT is answered, so it may return
+	// first: the answer is waited for (the hold makes it come after).
+	close(ak.hold)
+	for deadline := time.Now().Add(10 * time.Second); ak.refused.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	switch ak.refused.Load() {
 	case 0:
 		t.Fatalf("no ABORT refused (the dial: %v)", err)
