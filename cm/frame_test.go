@@ -85,11 +85,32 @@ func FuzzParseHello(f *testing.F) {
 	f.Add(make([]byte, 56))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHello(b)
+		// Exact refusal: the hello.go layout read from b, independently of
+		// the parser, is accepted exactly when it is that layout (magic,
+		// version, length, zero reserved bits), zero padded and valid.
+		documented := len(b) >= helloLen && bytes.Count(b[helloLen:], []byte{0}) == len(b)-helloLen
+		if documented {
+			be := func(p []byte) (v uint64) {
+				for _, c := range p {
+					v = v<<8 | uint64(c)
+				}
+				return v
+			}
+			want := hello{queueDepth: uint16(be(b[8:10])), maxMessage: uint32(be(b[12:16])),
+				probe: probeTarget{addr: be(b[16:24]), rkey: uint32(be(b[24:28]))}}
+			documented = bytes.Equal(b[:helloLen], helloLayout(want)) && helloValid(want)
+			if documented && (err != nil || h != want) {
+				t.Fatalf("%x is a valid hello %+v, parsed as %+v, %v", b, want, h, err)
+			}
+		}
 		if err != nil {
 			if !errors.Is(err, ErrProtocol) {
 				t.Fatalf("refused with %v, not ErrProtocol", err)
 			}
 			return
+		}
+		if !documented {
+			t.Fatalf("%x accepted as %+v, but it is not a valid hello", b, h)
 		}
 		// Anything accepted re-encodes to the same meaningful bytes.
 		require.Equal(t, b[:helloLen], h.marshal())
@@ -101,6 +122,9 @@ func FuzzParseFrame(f *testing.F) {
 	f.Add(frameHeader{kind: frameData, flags: flagImm, seq: 9}.imm(), true, 68, uint16(9), 64, 32)
 	f.Add(frameHeader{kind: frameCredit, credits: 2, seq: 1}.imm(), true, 0, uint16(1), 4096, 2)
 	f.Fuzz(func(t *testing.T, imm uint32, hasImm bool, n int, seq uint16, maxPayload, maxCredits int) {
+		// Exact refusal: accepted exactly when frameRule (frame.go's
+		// contract, written out) allows it, whatever the limits.
+		checkFrame(t, imm, hasImm, n, seq, maxPayload, maxCredits)
 		h, err := parseFrame(imm, hasImm, n, seq, maxPayload, maxCredits)
 		if err != nil {
 			if !errors.Is(err, ErrProtocol) {
