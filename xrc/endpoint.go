@@ -741,7 +741,10 @@ func (e *Endpoint) Close() error {
 	// after them would wait at a listener nobody reads until release,
 	// whose destruction of it refuses it REJ CONSUMER_DEFINED, neither
 	// BUSY_RETRY (the loops' answer while Close runs) nor NO_LISTENER
-	// (TestCloseRefusesDialsBusyThenNoListener).
+	// (TestCloseRefusesDialsBusyThenNoListener). Those already queued at
+	// them, behind a request a loop is still deciding, are answered first,
+	// as the loops would (TestCloseAnswersRequestsQueuedBehindADecision).
+	e.drainListeners()
 	e.unlisten()
 	e.cancel()
 	e.spawnMu.Lock()
@@ -833,6 +836,38 @@ func (e *Endpoint) die(err error) {
 	e.mu.Unlock()
 	if errors.Is(err, ErrDeviceRemoved) {
 		go e.Close()
+	}
+}
+
+// drainListeners answers (onRequest: BUSY_RETRY, as Close has begun) the
+// requests queued at the listeners that no loop has taken: a loop deciding
+// a request leaves the next ones queued, and the listener's destruction
+// (unlisten) would refuse them with the CM's own REJ (CONSUMER_DEFINED),
+// neither BUSY_RETRY nor NO_LISTENER (Endpoint.Err's doc). Its waits end at
+// once: only what is already queued is taken, at most acceptBacklog a
+// listener, so that a flood of dialers does not hold Close up.
+func (e *Endpoint) drainListeners() {
+	e.mu.Lock()
+	ls := [2]kernel.ID{e.lx, e.lu}
+	e.mu.Unlock()
+	now, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, l := range ls {
+		for range acceptBacklog {
+			if l == 0 {
+				break
+			}
+			ev, err := e.k.Event(now, l)
+			if err != nil {
+				if errors.Is(err, ErrDeviceRemoved) {
+					e.die(err) // as the loop that would have read it
+				}
+				break
+			}
+			if ev.Type == kernel.EventConnectRequest {
+				e.onRequest(ev)
+			}
+		}
 	}
 }
 
