@@ -61,6 +61,7 @@ type acceptedLeg struct {
 	prev            []prevTGT   // TGTs the leg moved away from (newest last, at most 4)
 	left            []*downlink // every TGT the leg moved away from that we still hold: no MOVE goes back to one
 	used            atomic.Bool // a message came through it: its sender has our ACCEPT
+	releasing       atomic.Bool // Release was called: the view no longer counts it (Release)
 }
 
 // appReject is what an Admit function returns to refuse a request.
@@ -100,6 +101,10 @@ type acceptorConfig struct {
 type acceptor struct {
 	cfg acceptorConfig
 	mu  sync.Mutex // held across a decision's kernel calls
+	// The endpoint's calls under its own lock that change the state
+	// (Release, Unreserve) and the receive loop's Reap do not wait for mu
+	// either: runOrLeave leaves them to mu's holder.
+	//
 	// view is write-locked, under mu, around each change of what
 	// LegAccepts reads: legs, byTGT, a leg's Downlink and prev. LegAccepts,
 	// on the receive loop for every message, takes only view, so messages
@@ -121,6 +126,72 @@ type acceptor struct {
 	// nLinger is its size, read by Reap without mu.
 	lingering map[*downlink]struct{}
 	nLinger   atomic.Int32
+	// later holds what Release and Reap leave to mu's holder when a
+	// decision holds mu across its kernel calls (see runOrLeave); nLater
+	// is its length, read without laterMu.
+	laterMu sync.Mutex
+	later   []func()
+	nLater  atomic.Int32
+}
+
+// lock takes mu and runs what was left to its holder (runOrLeave): whoever
+// takes mu next sees those releases done, as if their callers had waited
+// for mu.
+func (a *acceptor) lock() {
+	a.mu.Lock()
+	a.runLaterLocked()
+}
+
+// unlock runs what was left to mu's holder, then lets mu go, and runs what
+// was left meanwhile, unless mu has another holder (it runs it then).
+func (a *acceptor) unlock() {
+	a.runLaterLocked()
+	a.mu.Unlock()
+	a.drainLater()
+}
+
+// runOrLeave runs f under mu, at once if mu is free, else leaves it to mu's
+// holder, which runs it before it lets mu go (unlock): the endpoint calls
+// Release under its own lock, and must not wait there for a decision's
+// kernel calls (TestConnEndDuringDecisionDoesNotStallReceive). It reports
+// f's error where f ran here, else nil.
+func (a *acceptor) runOrLeave(f func() error) error {
+	if a.mu.TryLock() {
+		a.runLaterLocked() // those left before f, in order
+		err := f()
+		a.unlock()
+		return err
+	}
+	a.laterMu.Lock()
+	a.later = append(a.later, func() { f() })
+	a.nLater.Add(1)
+	a.laterMu.Unlock()
+	// The holder that made TryLock fail may have run the queue before f
+	// came: it looks again after it lets mu go (drainLater).
+	a.drainLater()
+	return nil
+}
+
+// drainLater runs what was left while mu is free; where mu has a holder,
+// that holder looks again after it lets mu go.
+func (a *acceptor) drainLater() {
+	for a.nLater.Load() > 0 && a.mu.TryLock() {
+		a.runLaterLocked()
+		a.mu.Unlock()
+	}
+}
+
+func (a *acceptor) runLaterLocked() {
+	for a.nLater.Load() > 0 {
+		a.laterMu.Lock()
+		fs := a.later
+		a.later = nil
+		a.nLater.Add(-int32(len(fs)))
+		a.laterMu.Unlock()
+		for _, f := range fs {
+			f()
+		}
+	}
 }
 
 // retiredLegs remembers the last retiredMax legs that were used and then
@@ -177,8 +248,8 @@ type decision struct {
 // the SIDR listener (VIRT_REQ). No reference is left behind by a reject. If
 // the caller's Accept then fails, it must Release the leg.
 func (a *acceptor) Decide(e kernel.Event) decision {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	if a.closed { // its endpoint is going: the dialer's retry finds no listener
 		return a.reject(0, wire.RejectBusyRetry, 0, nil)
 	}
@@ -504,21 +575,24 @@ func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fre
 // reverse leg a FlagOneExchange VIRT_REQ announces); ReverseLeg registers
 // it, or Unreserve gives it back.
 func (a *acceptor) ReserveTag() uint32 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	t := a.newTagLocked()
 	a.reserved[t] = struct{}{}
 	return t
 }
 
 // Unreserve gives back a tag of ReserveTag's that will not be registered.
+// The endpoint calls it under its lock (a connection's end): it does not
+// wait for a decision's kernel calls (runOrLeave).
 func (a *acceptor) Unreserve(t uint32) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if _, ok := a.reserved[t]; ok {
-		delete(a.reserved, t)
-		a.tags.release(t)
-	}
+	a.runOrLeave(func() error {
+		if _, ok := a.reserved[t]; ok {
+			delete(a.reserved, t)
+			a.tags.release(t)
+		}
+		return nil
+	})
 }
 
 // newTagLocked returns a tag no registered or reserved leg has (a second
@@ -537,8 +611,8 @@ func (a *acceptor) newTagLocked() uint32 {
 // answers the request's retransmissions. It fails (and l's ACCEPT stays as
 // it was) if the leg is gone or the section does not fit with the app data.
 func (a *acceptor) AddReverse(l *acceptedLeg, rev wire.Reverse) ([]byte, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l || l.cached == nil || l.RevTag == 0 {
 		return nil, false
 	}
@@ -567,8 +641,8 @@ func (a *acceptor) AddReverse(l *acceptedLeg, rev wire.Reverse) ([]byte, bool) {
 // errReverseDomain where an honest acceptor may have named it (Dial asks
 // again by two exchanges), else errBadReverse.
 func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from netip.Addr, replyPort uint16) (*acceptedLeg, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	if a.closed {
 		// A dial's reverse leg racing the endpoint's Close: a TGT opened
 		// now would outlive the domain's close.
@@ -688,8 +762,8 @@ func (a *acceptor) unknownMove(req *wire.Req) decision {
 
 // Holds reports whether the leg k is registered.
 func (a *acceptor) Holds(k legKey) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	return a.legs[k] != nil
 }
 
@@ -719,10 +793,14 @@ func (a *acceptor) kernelReject(tag uint32, err error) decision {
 // Release ends a leg (after its FIN, or when the sender is gone): the local
 // count drops, and at zero the process's kernel handle is destroyed (the
 // unregister); the TGT dies with the node's last handle.
+//
+// It never waits for a decision's kernel calls: where one holds the lock,
+// the leg is marked releasing at once (LegsOn, LegDownlinks and LegAccepts
+// no longer count it) and the decision releases it before it lets go
+// (runOrLeave); nil is returned then.
 func (a *acceptor) Release(l *acceptedLeg) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.releaseLocked(l, true)
+	l.releasing.Store(true)
+	return a.runOrLeave(func() error { return a.releaseLocked(l, true) })
 }
 
 // Withdraw releases a leg whose ACCEPT never went out (the endpoint refused
@@ -731,8 +809,8 @@ func (a *acceptor) Release(l *acceptedLeg) error {
 // of BUSY_RETRYs) pushed the tags of legs just released, whose messages may
 // still be queued, out of that memory.
 func (a *acceptor) Withdraw(l *acceptedLeg) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	return a.releaseLocked(l, false)
 }
 
@@ -802,18 +880,21 @@ func (a *acceptor) Reap() {
 	if a.nLinger.Load() == 0 {
 		return
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for dl := range a.lingering {
-		a.maybeDropLocked(dl)
-	}
+	// The receive loop calls it: it must not wait for a decision's kernel
+	// calls, whose holder reaps before it lets go (runOrLeave).
+	a.runOrLeave(func() error {
+		for dl := range a.lingering {
+			a.maybeDropLocked(dl)
+		}
+		return nil
+	})
 }
 
 // LegTGT is the TGT number the leg currently receives through (a MOVE
 // changes it), and whether the leg is still registered.
 func (a *acceptor) LegTGT(l *acceptedLeg) (uint32, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l {
 		return 0, false
 	}
@@ -835,7 +916,7 @@ func (a *acceptor) LegDownlink(l *acceptedLeg) *downlink {
 func (a *acceptor) LegAccepts(l *acceptedLeg, qpn uint32) bool {
 	a.view.RLock()
 	defer a.view.RUnlock()
-	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l {
+	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l || l.releasing.Load() {
 		return false
 	}
 	ok := l.Downlink.TGTQPN == qpn || a.prevAcceptsLocked(l, qpn)
@@ -880,8 +961,8 @@ func (a *acceptor) drains() uint64 {
 
 // Close destroys every handle the acceptor holds and forgets every leg.
 func (a *acceptor) Close() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	a.closed = true
 	for _, dl := range a.byTGT {
 		a.cfg.Kernel.DestroyQP(dl.qp)
@@ -906,7 +987,7 @@ func (a *acceptor) LegsOn(dl *downlink) []*acceptedLeg {
 	defer a.view.RUnlock()
 	var out []*acceptedLeg
 	for _, l := range a.legs {
-		if onLink(l.Downlink, dl) {
+		if onLink(l.Downlink, dl) && !l.releasing.Load() {
 			out = append(out, l)
 		}
 	}
@@ -919,7 +1000,9 @@ func (a *acceptor) LegDownlinks() map[*downlink]struct{} {
 	defer a.view.RUnlock()
 	out := make(map[*downlink]struct{}, len(a.legs))
 	for _, l := range a.legs {
-		out[l.Downlink] = struct{}{}
+		if !l.releasing.Load() {
+			out[l.Downlink] = struct{}{}
+		}
 	}
 	return out
 }
@@ -966,16 +1049,16 @@ func onLink(o, dl *downlink) bool {
 // LocalCounts is the sum of this process's use counts over its TGT handles
 // (the number of registered legs).
 func (a *acceptor) LocalCounts() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	return len(a.legs)
 }
 
 // LocalCount is this process's use count of the TGT numbered qpn (0 if it
 // holds no handle on it).
 func (a *acceptor) LocalCount(qpn uint32) int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	if dl := a.byTGT[qpn]; dl != nil {
 		return dl.count
 	}
@@ -984,8 +1067,8 @@ func (a *acceptor) LocalCount(qpn uint32) int {
 
 // Downlinks is the number of TGT handles this process holds.
 func (a *acceptor) Downlinks() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lock()
+	defer a.unlock()
 	return len(a.byTGT)
 }
 
