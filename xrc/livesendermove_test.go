@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
-	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
 
 // delayMoves holds each MOVE request (PHYS_REQ or VIRT_REQ flagged MOVE)
@@ -23,18 +22,11 @@ type delayMoves struct {
 
 func (g *delayMoves) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
 	ev, err := g.Kernel.Event(ctx, id)
-	if err == nil && ev.Type == kernel.EventConnectRequest {
-		var req wire.Req
-		want := wire.TypePhysReq
-		if ev.Exchange == kernel.ExchangeSIDR {
-			want = wire.TypeVirtReq
-		}
-		if wire.DecodeReq(ev.PrivateData, want, &req) == nil && req.Flags&wire.FlagMove != 0 {
-			g.moves.Add(1)
-			select {
-			case <-time.After(g.d):
-			case <-ctx.Done():
-			}
+	if err == nil && isMoveRequest(ev) {
+		g.moves.Add(1)
+		select {
+		case <-time.After(g.d):
+		case <-ctx.Done():
 		}
 	}
 	return ev, err

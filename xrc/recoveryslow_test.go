@@ -26,20 +26,26 @@ type stallMoves struct {
 
 func (g *stallMoves) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
 	ev, err := g.Kernel.Event(ctx, id)
-	if err == nil && ev.Type == kernel.EventConnectRequest {
-		var req wire.Req
-		want := wire.TypePhysReq
-		if ev.Exchange == kernel.ExchangeSIDR {
-			want = wire.TypeVirtReq
-		}
-		if wire.DecodeReq(ev.PrivateData, want, &req) == nil && req.Flags&wire.FlagMove != 0 {
-			select {
-			case <-g.release:
-			case <-ctx.Done():
-			}
+	if err == nil && isMoveRequest(ev) {
+		select {
+		case <-g.release:
+		case <-ctx.Done():
 		}
 	}
 	return ev, err
+}
+
+// isMoveRequest reports whether ev is a PHYS_REQ or VIRT_REQ flagged MOVE.
+func isMoveRequest(ev kernel.Event) bool {
+	if ev.Type != kernel.EventConnectRequest {
+		return false
+	}
+	var req wire.Req
+	want := wire.TypePhysReq
+	if ev.Exchange == kernel.ExchangeSIDR {
+		want = wire.TypeVirtReq
+	}
+	return wire.DecodeReq(ev.PrivateData, want, &req) == nil && req.Flags&wire.FlagMove != 0
 }
 
 // slowMove is a sender s on node NET.1 with a leg to each of three
