@@ -113,11 +113,16 @@ type acceptor struct {
 	// lock (the janitor's linger pass, a connection's failure): waiting
 	// for mu there held the endpoint's lock, and every delivery, across a
 	// decision's kernel calls.
-	view     sync.RWMutex
-	byTGT    map[uint32]*downlink
-	legs     map[legKey]*acceptedLeg
+	view  sync.RWMutex
+	byTGT map[uint32]*downlink
+	legs  map[legKey]*acceptedLeg
+	// tagMu guards ours, reserved and tags (taken under mu where mu is
+	// held, never the other way): ReserveTag, which the endpoint calls
+	// under its own lock (openLeg), takes only tagMu, so it does not wait
+	// for a decision's kernel calls either.
+	tagMu    sync.Mutex
 	ours     map[uint32]struct{} // the registered legs' tags (ours), for newTagLocked
-	reserved map[uint32]struct{} // tags ReserveTag gave, until registered (ReverseLeg) or Unreserve
+	reserved map[uint32]struct{} // tags ReserveTag or accept drew, until registered (setLeg) or Unreserve
 	tags     tagSource
 	closed   bool // by Close: registers nothing more
 	retired  retiredLegs
@@ -542,7 +547,13 @@ func (a *acceptor) admit(req *wire.Req) ([]byte, *appReject) {
 // accept encodes the ACCEPT and counts the leg on dl (fresh: dl was just
 // created or opened, and is dropped again if the ACCEPT cannot be made).
 func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fresh bool) decision {
-	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: a.newTagLocked(), Incarnation: a.cfg.Incarnation,
+	// Reserved until setLeg registers it: ReserveTag, not under mu,
+	// draws no tag meanwhile that this leg takes.
+	a.tagMu.Lock()
+	tag := a.newTagLocked()
+	a.reserved[tag] = struct{}{}
+	a.tagMu.Unlock()
+	m := wire.Accept{TagEcho: req.ConnTag, AcceptorTag: tag, Incarnation: a.cfg.Incarnation,
 		TGTQPN: dl.TGTQPN, SRQN: a.cfg.SRQN, DomainID: a.cfg.DomainID, Credits: a.cfg.Credits, MaxMessage: a.cfg.MaxMessage}
 	buf := make([]byte, wire.BudgetSIDRREP)
 	var n int
@@ -551,6 +562,9 @@ func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fre
 		n, err = m.Encode(buf)
 	}
 	if err != nil { // the app's data does not fit: undo, refuse
+		a.tagMu.Lock()
+		delete(a.reserved, tag) // never sent: free at once
+		a.tagMu.Unlock()
 		if fresh {
 			a.drop(dl)
 		}
@@ -575,8 +589,8 @@ func (a *acceptor) accept(dl *downlink, req *wire.Req, app []byte, physical, fre
 // reverse leg a FlagOneExchange VIRT_REQ announces); ReverseLeg registers
 // it, or Unreserve gives it back.
 func (a *acceptor) ReserveTag() uint32 {
-	a.lock()
-	defer a.unlock()
+	a.tagMu.Lock()
+	defer a.tagMu.Unlock()
 	t := a.newTagLocked()
 	a.reserved[t] = struct{}{}
 	return t
@@ -584,20 +598,20 @@ func (a *acceptor) ReserveTag() uint32 {
 
 // Unreserve gives back a tag of ReserveTag's that will not be registered.
 // The endpoint calls it under its lock (a connection's end): it does not
-// wait for a decision's kernel calls (runOrLeave).
+// wait for a decision's kernel calls (it takes only tagMu).
 func (a *acceptor) Unreserve(t uint32) {
-	a.runOrLeave(func() error {
-		if _, ok := a.reserved[t]; ok {
-			delete(a.reserved, t)
-			a.tags.release(t)
-		}
-		return nil
-	})
+	a.tagMu.Lock()
+	defer a.tagMu.Unlock()
+	if _, ok := a.reserved[t]; ok {
+		delete(a.reserved, t)
+		a.tags.release(t)
+	}
 }
 
 // newTagLocked returns a tag no registered or reserved leg has (a second
 // leg with a live leg's tag would take its messages), nor one released
 // lately (a message still queued for it would be taken): see tagSource.
+// Under tagMu.
 func (a *acceptor) newTagLocked() uint32 {
 	return a.tags.next(func(t uint32) bool {
 		_, used := a.ours[t]
@@ -656,7 +670,10 @@ func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 	if a.legs[key] != nil {
 		return nil, errBadReverse
 	}
-	if _, used := a.ours[tag]; used {
+	a.tagMu.Lock()
+	_, used := a.ours[tag]
+	a.tagMu.Unlock()
+	if used {
 		return nil, errBadReverse
 	}
 	if rev.DomainID != a.cfg.DomainID {
@@ -693,8 +710,7 @@ func (a *acceptor) ReverseLeg(tag uint32, fwdTag uint32, acc *wire.Accept, from 
 	dl.count++
 	l := &acceptedLeg{Downlink: dl, PeerIncarnation: acc.Incarnation, PeerTag: rev.Tag, Tag: tag, PeerSRQN: acc.SRQN,
 		ReplyPort: replyPort, Reciprocal: fwdTag}
-	delete(a.reserved, tag) // registered now
-	a.setLeg(key, l)
+	a.setLeg(key, l) // and no longer reserved
 	return l, nil
 }
 
@@ -708,7 +724,10 @@ func (a *acceptor) setLeg(k legKey, l *acceptedLeg) {
 	a.view.Lock()
 	a.legs[k] = l
 	a.view.Unlock()
+	a.tagMu.Lock()
 	a.ours[l.Tag] = struct{}{}
+	delete(a.reserved, l.Tag) // registered now
+	a.tagMu.Unlock()
 }
 
 // deleteLeg forgets the leg k; sent: its ACCEPT went out, so messages for
@@ -719,10 +738,12 @@ func (a *acceptor) deleteLeg(k legKey, sent bool) {
 	delete(a.legs, k)
 	a.view.Unlock()
 	if l != nil {
+		a.tagMu.Lock()
 		delete(a.ours, l.Tag)
 		if sent {
 			a.tags.release(l.Tag)
 		}
+		a.tagMu.Unlock()
 	}
 }
 
@@ -973,7 +994,9 @@ func (a *acceptor) Close() {
 	a.view.Unlock()
 	clear(a.lingering)
 	a.nLinger.Store(0)
+	a.tagMu.Lock()
 	clear(a.ours)
+	a.tagMu.Unlock()
 	a.retired = retiredLegs{}
 }
 
