@@ -156,6 +156,7 @@ type Endpoint struct {
 
 	mu        sync.Mutex
 	closed    bool
+	dying     bool // die has begun: onRequest refuses BUSY_RETRY before fatal is set
 	fatal     error
 	uplinks   []*uplink
 	addrDom   map[netip.AddrPort]uint64 // which domain an address is in (nodeKey), the last maxAddrDoms learned
@@ -661,7 +662,10 @@ func closed(ch <-chan struct{}) bool {
 // Close or not: peers' dials to its address are refused at once
 // (ECONNREFUSED, RejectNoListener), as to a port nobody listens on; close
 // it to release the rest. A Close refuses them too, BUSY_RETRY until its
-// listeners are gone.
+// listeners are gone. Requests already queued at the listeners as it
+// failed are refused BUSY_RETRY; where its CM event channel itself broke,
+// nothing reads them, and the CM refuses them with its own REJ as the
+// listeners go (CONSUMER_DEFINED).
 func (e *Endpoint) Err() error {
 	if !e.ok() {
 		return ErrClosed
@@ -744,7 +748,9 @@ func (e *Endpoint) Close() error {
 	// (TestCloseRefusesDialsBusyThenNoListener). Those already queued at
 	// them, behind a request a loop is still deciding, are answered first,
 	// as the loops would (TestCloseAnswersRequestsQueuedBehindADecision).
-	e.drainListeners()
+	if err := e.drainListeners(); err != nil {
+		e.die(err) // as the loop that would have read it
+	}
 	e.unlisten()
 	e.cancel()
 	e.spawnMu.Lock()
@@ -806,6 +812,7 @@ func (e *Endpoint) release() {
 // After a device removal the endpoint also closes itself: the kernel may
 // not finish removing the device while anything of ours is left on it.
 func (e *Endpoint) die(err error) {
+	var removed error // a DEVICE_REMOVAL read by the drain
 	if e.processErr() == nil {
 		// Nothing answers a request any more: the listeners go now, not
 		// at the application's Close, so that a peer's REQ or SIDR REQ
@@ -813,7 +820,15 @@ func (e *Endpoint) die(err error) {
 		// status 1) rather than queued for nobody until its Dial's
 		// deadline; before Err says the endpoint failed. (A dead
 		// process's kernel closed them itself.) A request taken off a
-		// listener meanwhile is refused BUSY_RETRY (onRequest).
+		// listener meanwhile is refused BUSY_RETRY (onRequest), and so
+		// are those queued behind a loop's decision (drainListeners),
+		// which the destroy would refuse REJ CONSUMER_DEFINED
+		// (TestDieAnswersRequestsQueuedBehindADecision). Where the CM
+		// event channel itself broke, nothing can be drained.
+		e.mu.Lock()
+		e.dying = true
+		e.mu.Unlock()
+		removed = e.drainListeners()
 		e.unlisten()
 	}
 	e.mu.Lock()
@@ -834,19 +849,21 @@ func (e *Endpoint) die(err error) {
 		c.failLocked(err)
 	}
 	e.mu.Unlock()
-	if errors.Is(err, ErrDeviceRemoved) {
+	if errors.Is(err, ErrDeviceRemoved) || removed != nil {
 		go e.Close()
 	}
 }
 
-// drainListeners answers (onRequest: BUSY_RETRY, as Close has begun) the
+// drainListeners answers (onRequest: BUSY_RETRY, as Close or die has begun) the
 // requests queued at the listeners that no loop has taken: a loop deciding
 // a request leaves the next ones queued, and the listener's destruction
 // (unlisten) would refuse them with the CM's own REJ (CONSUMER_DEFINED),
 // neither BUSY_RETRY nor NO_LISTENER (Endpoint.Err's doc). Its waits end at
 // once: only what is already queued is taken, at most acceptBacklog a
-// listener, so that a flood of dialers does not hold Close up.
-func (e *Endpoint) drainListeners() {
+// listener, so that a flood of dialers does not hold Close up. It returns
+// the error of a DEVICE_REMOVAL it read, for its caller to die of (die
+// itself closes the endpoint then, without a second drain).
+func (e *Endpoint) drainListeners() (removed error) {
 	e.mu.Lock()
 	ls := [2]kernel.ID{e.lx, e.lu}
 	e.mu.Unlock()
@@ -859,8 +876,8 @@ func (e *Endpoint) drainListeners() {
 			}
 			ev, err := e.k.Event(now, l)
 			if err != nil {
-				if errors.Is(err, ErrDeviceRemoved) {
-					e.die(err) // as the loop that would have read it
+				if errors.Is(err, ErrDeviceRemoved) && removed == nil {
+					removed = err
 				}
 				break
 			}
@@ -869,6 +886,7 @@ func (e *Endpoint) drainListeners() {
 			}
 		}
 	}
+	return removed
 }
 
 // listening reports whether l is one of the endpoint's listeners still
@@ -1213,7 +1231,7 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 			return
 		}
 	} else {
-		if e.closed || e.fatal != nil || len(e.conns) >= 1<<20 || e.unaccepted >= acceptBacklog {
+		if e.closed || e.dying || e.fatal != nil || len(e.conns) >= 1<<20 || e.unaccepted >= acceptBacklog {
 			e.mu.Unlock()
 			e.acc.Withdraw(leg)
 			e.reject(ev, wire.RejectBusyRetry, leg.PeerTag)
