@@ -144,6 +144,7 @@ type Conn struct {
 	twoExchanges bool              // a dial that asks for the reverse leg by its own exchange (no FlagOneExchange; see Endpoint.Dial)
 	earlyTag     uint32            // the receive tag announced in a FlagOneExchange VIRT_REQ, until registered
 	early        []earlyMsg        // messages for earlyTag that came before the registration
+	revInFlight  bool              // takeReverse is registering earlyTag: it, not dropEarlyLocked, gives the tag back
 	revErr       error             // why the reverse leg in the forward ACCEPT could not be registered
 	revTaken     bool              // the reverse leg in the forward ACCEPT is registered
 	awaitFirst   bool              // inbound: up at the dialer's first frame (see Endpoint.consumeLocked)

@@ -208,6 +208,9 @@ type Endpoint struct {
 	// testAfterDecide, set by a test only, runs in onRequest between the
 	// acceptor's decision and what onRequest makes of it.
 	testAfterDecide atomic.Pointer[func(decision)]
+	// testBeforeReverseLeg, set by a test only, runs in takeReverse
+	// between the endpoint's lock and the acceptor's ReverseLeg.
+	testBeforeReverseLeg atomic.Pointer[func(*Conn, uint32)]
 	// testFINPosted, set by a test only, runs once the goroutine that
 	// posts finAcceptedLocked's FIN has done what it does at the post.
 	testFINPosted atomic.Pointer[func()]
@@ -1420,12 +1423,23 @@ func (e *Endpoint) takeReverse(c *Conn, acc *wire.Accept) {
 		e.mu.Unlock()
 		return
 	}
+	// Until ReverseLeg answers, tag stays reserved: a failure meanwhile
+	// (dropEarlyLocked) leaves it to us, else the tag, given back and
+	// drawn again for another dial, would be registered here too.
+	c.revInFlight = true
 	e.mu.Unlock()
+	if f := e.testBeforeReverseLeg.Load(); f != nil {
+		(*f)(c, tag)
+	}
 	leg, err := e.acc.ReverseLeg(tag, c.sendTag, acc, c.raddr.Addr(), c.raddr.Port())
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	c.revInFlight = false
 	if err != nil {
 		c.revErr = err
+		if c.earlyTag != tag { // dropped meanwhile: ours to give back
+			e.acc.Unreserve(tag)
+		}
 		return
 	}
 	if c.failed() || c.recvLeg != nil {
@@ -1595,7 +1609,7 @@ func (e *Endpoint) dropEarlyLocked(c *Conn) {
 	if e.recv[c.earlyTag] == c && c.recvTag != c.earlyTag {
 		delete(e.recv, c.earlyTag)
 	}
-	if c.recvTag != c.earlyTag {
+	if c.recvTag != c.earlyTag && !c.revInFlight { // else takeReverse gives it back
 		e.acc.Unreserve(c.earlyTag)
 	}
 	e.dropped.Add(uint64(len(c.early)))
