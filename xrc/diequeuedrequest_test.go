@@ -2,11 +2,7 @@ package xrc
 
 import (
 	"context"
-	"errors"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
 )
@@ -45,46 +41,11 @@ func dieAnswersQueued(t *testing.T, virt bool) {
 		pair(t, d1, r)
 		pair(t, d2, r)
 	}
-	inDecide := make(chan struct{})
-	release := make(chan struct{})
-	var first atomic.Bool
-	var relOnce sync.Once
-	rel := func() { relOnce.Do(func() { close(release) }) }
-	t.Cleanup(rel) // before r's Close in cleanup (cleanups run last first)
-	hook := func(decision) {
-		if first.CompareAndSwap(false, true) { // d1's only
-			close(inDecide)
-			<-release
-		}
-	}
-	r.testAfterDecide.Store(&hook)
-	go d1.Dial(ctxT(t, 5*time.Second), r.Addr().String())
-	select {
-	case <-inDecide:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the first dial's request was never decided")
-	}
-	dialed := make(chan error, 1)
-	go func() {
-		_, err := d2.Dial(ctxT(t, 4*time.Second), r.Addr().String())
-		dialed <- err
-	}()
-	time.Sleep(200 * time.Millisecond) // d2's PHYS_REQ queued at r's listener, behind d1's
+	dialed, rel := queueBehindDecision(t, r, d1, d2)
 	rb.brk()
-	var err error
-	select {
-	case err = <-dialed: // answered while the loop's decision is still held
-	case <-time.After(3 * time.Second):
-		t.Error("the queued dial was not answered while the loop decided another")
-		rel()
-		err = <-dialed
-	}
-	rel()
+	err := queuedAnswer(t, dialed, rel)
 	// The drain answers before die has set Err.
 	eventually(t, "r failed", func() (bool, string) { return r.Err() != nil, "Err nil" })
 	t.Logf("the queued dial: %v", err)
-	var rj *RejectError
-	if !errors.As(err, &rj) || rj.Reason != RejectBusyRetry && rj.Reason != RejectNoListener {
-		t.Fatalf("a dial queued behind a decision when the endpoint failed: %v; want REJECT BUSY_RETRY or NO_LISTENER (Endpoint.Err's doc)", err)
-	}
+	requireBusyOrNoListener(t, err, "a dial queued behind a decision when the endpoint failed")
 }
