@@ -56,7 +56,7 @@ type acceptedLeg struct {
 	Reciprocal      uint32 // the forward leg's tag when this is a reverse leg, else 0
 	RevTag          uint32 // FlagOneExchange: the sender's receive tag for our reverse leg, else 0
 	Physical        bool
-	cached          []byte      // VIRT: the ACCEPT, for SIDR retransmissions
+	cached          []byte      // VIRT: the ACCEPT, for SIDR retransmissions; under the acceptor's view (AddReverse)
 	moveGen         uint32      // the generation of the last MOVE that moved the leg (0: none yet)
 	prev            []prevTGT   // TGTs the leg moved away from (newest last, at most 4)
 	left            []*downlink // every TGT the leg moved away from that we still hold: no MOVE goes back to one
@@ -112,7 +112,10 @@ type acceptor struct {
 	// LegDownlink and LegDownlinks, which the endpoint calls under its own
 	// lock (the janitor's linger pass, a connection's failure): waiting
 	// for mu there held the endpoint's lock, and every delivery, across a
-	// decision's kernel calls.
+	// decision's kernel calls. A leg's cached ACCEPT is read and written
+	// under view too: AddReverse, which the endpoint calls under its own
+	// lock (bindReverseLocked), takes only view (write-locked, not under
+	// mu), so it does not wait for a decision's kernel calls either.
 	view  sync.RWMutex
 	byTGT map[uint32]*downlink
 	legs  map[legKey]*acceptedLeg
@@ -372,11 +375,14 @@ func (a *acceptor) virtual(e kernel.Event, req *wire.Req) decision {
 		if !sameNode(l.Downlink.Remote, from) {
 			return a.foreignLeg(req)
 		}
-		if l.cached != nil && l.moveGen == req.Move &&
+		a.view.RLock()
+		cached := l.cached // AddReverse may add the reverse leg meanwhile
+		a.view.RUnlock()
+		if cached != nil && l.moveGen == req.Move &&
 			l.Downlink.TGTQPN == req.TGTQPNHint && l.Downlink.INIQPN == req.INIQPN {
 			// A SIDR retransmission (or a replay): same answer, no count
 			// change.
-			return decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: l.cached, Leg: l, Downlink: l.Downlink, Duplicate: true}
+			return decision{Accept: true, QPNum: l.Downlink.TGTQPN, PrivateData: cached, Leg: l, Downlink: l.Downlink, Duplicate: true}
 		}
 		if req.Move <= l.moveGen {
 			// Not a MOVE, or a late copy of an earlier one, or a
@@ -509,16 +515,20 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 		}
 	}
 	l.Downlink = dl
-	a.view.Unlock()
+	// The new ACCEPT, in the same write as the downlink: an AddReverse
+	// (not under mu) decodes, amends and stores the cache under view, so it
+	// amends either the ACCEPT before this MOVE, which this one replaces,
+	// or this one, never storing the old over the new.
 	l.Physical, l.cached = physical, nil
+	if !physical {
+		l.cached = buf[:n]
+	}
+	a.view.Unlock()
 	if old != dl {
 		// A MOVE onto the link the leg is on changes nothing, so it
 		// advances nothing either: taken, a forged one with a huge
 		// generation would have every later MOVE of the leg refused.
 		l.moveGen = req.Move
-	}
-	if !physical {
-		l.cached = buf[:n]
 	}
 	if old != dl { // else a MOVE onto the link the leg is on: nothing to count
 		// Only those we still hold: a bound, and one we let go of can
@@ -624,10 +634,17 @@ func (a *acceptor) newTagLocked() uint32 {
 // accepted, FlagOneExchange) and returns the new encoding, which also
 // answers the request's retransmissions. It fails (and l's ACCEPT stays as
 // it was) if the leg is gone or the section does not fit with the app data.
+// The endpoint calls it under its lock (bindReverseLocked): it takes only
+// view, not mu, and so does not wait for a decision's kernel calls. The
+// whole decode, amend and store is under view's write lock: a MOVE of l
+// (which writes l.cached under it) comes wholly before or after, and a
+// release (deleteLeg) cannot come between the check and the store.
 func (a *acceptor) AddReverse(l *acceptedLeg, rev wire.Reverse) ([]byte, bool) {
-	a.lock()
-	defer a.unlock()
-	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l || l.cached == nil || l.RevTag == 0 {
+	a.view.Lock()
+	defer a.view.Unlock()
+	// A Release left to mu's holder (runOrLeave) has not deleted the leg
+	// yet, but marked it: gone, as for LegAccepts.
+	if a.legs[legKey{l.PeerIncarnation, l.PeerTag}] != l || l.releasing.Load() || l.cached == nil || l.RevTag == 0 {
 		return nil, false
 	}
 	var m wire.Accept
