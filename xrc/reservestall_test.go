@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ func TestDialDuringDecisionDoesNotStallReceive(t *testing.T) {
 	s, u, third := w.endpoint("10.0.81.1", 7000), w.endpoint("10.0.81.4", 7000), w.endpoint("10.0.81.3", 7000)
 	_, _ = pair(t, r, s)     // r's uplink to s is up: r's next dial to s goes at once
 	uc, urc := pair(t, u, r) // must still receive
+	before := r.Stats().VirtReqs
 	finish := holdDecision(t, slow, third, r)
 	// r dials s during the decision: the forward leg reserves its reverse
 	// leg's tag.
@@ -32,7 +34,12 @@ func TestDialDuringDecisionDoesNotStallReceive(t *testing.T) {
 		}
 		redial <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // the dial reaches openLeg
+	// Its VIRT_REQ went: the reservation, under the endpoint's lock, did
+	// not wait for the decision (read without Stats, which does).
+	eventually(t, "r's dial sends its VIRT_REQ during the decision", func() (bool, string) {
+		n := r.virtReqs.Load()
+		return n > before, fmt.Sprintf("%d VIRT_REQs, want more than %d", n, before)
+	})
 	if err := uc.Send(ctxT(t, time.Second), []byte("while a decision waits")); err != nil {
 		t.Fatal(err)
 	}

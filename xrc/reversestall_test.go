@@ -1,6 +1,7 @@
 package xrc
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -54,8 +55,14 @@ func TestOneExchangeAcceptDuringDecisionDoesNotStallReceive(t *testing.T) {
 		t.Fatal("s's one-exchange request was never decided")
 	}
 	finish := holdDecision(t, slow, third, r)
-	rel()                             // s's accepted leg gets its reverse leg (AddReverse) during the decision
-	time.Sleep(50 * time.Millisecond) // it reaches AddReverse
+	rel() // s's accepted leg gets its reverse leg (AddReverse) during the decision
+	// Its ACCEPT went with the reverse leg: AddReverse, under the
+	// endpoint's lock, did not wait for the decision (read without Stats,
+	// which does).
+	eventually(t, "r's one-exchange ACCEPT sent during the decision", func() (bool, string) {
+		n := r.oneExchange.Load()
+		return n == before+1, fmt.Sprintf("%d one-exchange ACCEPTs, want %d", n, before+1)
+	})
 	if err := uc.Send(ctxT(t, time.Second), []byte("while a decision waits")); err != nil {
 		t.Fatal(err)
 	}
