@@ -398,18 +398,8 @@ func TestFabricXRCDeviceFatal(t *testing.T) {
 		WithDomainPath(filepath.Join(t.TempDir(), "l")))
 	require.NoError(t, err)
 	defer l.Close()
-	accepted := make(chan *Conn, 1)
-	go func() {
-		s, err := l.Accept(ctx)
-		if err == nil {
-			accepted <- s
-		}
-	}()
-	c, err := Dial(ctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()), WithXRC(XRCRequire),
+	c, _ := dialAccepted(ctx, t, l, WithFabric(f.Node("10.1.0.2").Process()), WithXRC(XRCRequire),
 		WithDomainPath(filepath.Join(t.TempDir(), "d")))
-	require.NoError(t, err)
-	defer c.Close()
-	defer (<-accepted).Close()
 	recvErr := make(chan error, 1)
 	go func() {
 		_, err := c.Recv(ctx, make([]byte, 64))

@@ -101,19 +101,8 @@ func TestFabricXRCCloseWrite(t *testing.T) {
 		WithMessageSize(256), WithQueueDepth(4))
 	require.NoError(t, err)
 	defer l.Close()
-	accepted := make(chan *Conn, 1)
-	go func() {
-		c, err := l.Accept(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		accepted <- c
-	}()
-	c, err := Dial(ctx, l.Addr().String(), WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "b")),
+	c, s := dialAccepted(ctx, t, l, WithFabric(f.Node("10.1.0.2").Process()), WithDomainPath(filepath.Join(t.TempDir(), "b")),
 		WithMessageSize(256), WithQueueDepth(4))
-	require.NoError(t, err)
-	s := <-accepted
-	require.NotNil(t, s)
 	conntest.HalfClose(t, c.NetConn(), s.NetConn(), 300)
 }
 
@@ -316,13 +305,22 @@ func fabricPair(ctx context.Context, t *testing.T, srv, cli *memfabric.Process, 
 		append([]Option{WithFabric(srv), WithDomainPath(filepath.Join(t.TempDir(), "xrc"))}, lopts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { l.Close() })
+	return dialAccepted(ctx, t, l, append([]Option{WithFabric(cli), WithDomainPath(filepath.Join(t.TempDir(), "xrc"))}, dopts...)...)
+}
+
+// dialAccepted dials l with opts and returns the dialed end and the one l
+// accepted, closed when the test ends.
+func dialAccepted(ctx context.Context, t *testing.T, l *Listener, opts ...Option) (c, s *Conn) {
+	t.Helper()
 	accepted := make(chan *Conn, 1)
 	go func() {
-		a, _ := l.Accept(ctx)
+		a, err := l.Accept(ctx)
+		if err != nil {
+			t.Errorf("accept: %v", err)
+		}
 		accepted <- a
 	}()
-	c, err = Dial(ctx, l.Addr().String(),
-		append([]Option{WithFabric(cli), WithDomainPath(filepath.Join(t.TempDir(), "xrc"))}, dopts...)...)
+	c, err := Dial(ctx, l.Addr().String(), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	s = <-accepted

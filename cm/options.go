@@ -208,7 +208,9 @@ func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } 
 // an endpoint only with Dials of the same size (as raised or capped).
 func WithMessageSize(n int) Option { return func(c *config) { c.messageSize = n } }
 
-// WithInlineThreshold sets the largest payload sent inline.
+// WithInlineThreshold sets the largest payload sent inline (copied into
+// the work request). Where the device inlines less, a connection asks for half
+// as much until the device takes it, and inlines that (0 where none).
 func WithInlineThreshold(n int) Option { return func(c *config) { c.inlineThreshold = n } }
 
 // WithDevice forces an RDMA device by name (e.g. "rxe0"): a dial binds to

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -199,6 +200,10 @@ type device struct {
 
 	qps       map[qpShape][]cachedQP // closed connections' QPs and CQs (qpcache.go)
 	cachedQPs int
+
+	// inlineMost is one more than the inline size a QP was created with
+	// after the device refused more (createInline); 0 until one was.
+	inlineMost atomic.Int32
 
 	// The device's asynchronous events (async.go): asyncDone is closed when
 	// their reader ends (nil if they could not be read); conns, under mu,
@@ -677,7 +682,7 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 			return err
 		}
 		if err = t.dev.withReclaim(func() error {
-			return createInline(inline, create)
+			return t.dev.createInline(inline, create)
 		}); err != nil {
 			return nil, err
 		}
@@ -696,26 +701,35 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 }
 
 // createInline creates a QP with create, asking for inline bytes of inline
-// data, and once more without any where the device refuses that size: some
-// devices inline less than asked, and refuse more with EINVAL (rxe's
-// rxe_qp_chk_cap, mlx5's mlx5_calc_sq_size, mlx4's verify_sizes). Any other
+// data, and where the device refuses that size, for half as many until it
+// takes one or none: devices inline less than asked, say their most only by
+// refusing more with EINVAL (rxe's rxe_qp_chk_cap, mlx5's
+// mlx5_calc_sq_size, mlx4's verify_sizes), and a message that fits what
+// they took still goes inline. The size a refusal led to is kept
+// (inlineMost), so the device's later QPs ask for it first. Any other
 // failure (ENOMEM, which withReclaim answers, EAGAIN, ...) is no answer to
-// the inline size: it is returned as it is, not tried again without inline
-// data. Where the retry fails too, the error is the first one, with the
-// retry's added where it differs.
-func createInline(inline int, create func(inline int) error) error {
-	err := create(inline)
-	if inline == 0 || !errors.Is(err, syscall.EINVAL) {
-		return err
+// the inline size: it is returned as it is, not tried again with less.
+// Where even no inline data is refused, the error is the first one, with
+// the last try's added where it differs.
+func (d *device) createInline(inline int, create func(inline int) error) error {
+	if most := d.inlineMost.Load(); most > 0 && inline >= int(most) {
+		inline = int(most) - 1
 	}
-	rerr := create(0)
+	first := create(inline)
+	err := first
+	for ask := inline; ask > 0 && errors.Is(err, syscall.EINVAL); {
+		ask /= 2
+		if err = create(ask); err == nil {
+			d.inlineMost.Store(int32(ask) + 1)
+		}
+	}
 	switch {
-	case rerr == nil:
-		return nil
-	case errors.Is(rerr, syscall.EINVAL):
+	case err == nil || err == first:
 		return err
+	case errors.Is(err, syscall.EINVAL):
+		return first
 	}
-	return fmt.Errorf("%w (and without inline data: %w)", err, rerr)
+	return fmt.Errorf("%w (and with less inline data: %w)", first, err)
 }
 
 // connect moves the active side's QP through RTR to RTS once the peer's
