@@ -244,8 +244,19 @@ func (c *Conn) Err() error {
 	}
 	c.e.mu.Lock()
 	defer c.e.mu.Unlock()
-	if c.peerClosed || c.closedUp || c.finRcvd && senderDead(c.err) {
+	err := c.errLocked()
+	if c.peerClosed || c.closedUp || c.finRcvd && senderDead(err) {
 		return nil
+	}
+	return err
+}
+
+// errLocked is c.err, or ErrProcessDied where the process died and die has
+// not failed c yet (as failLocked would): a dead process fails its
+// connections from its Kill on, not from when a loop's kernel call says it.
+func (c *Conn) errLocked() error {
+	if c.err == nil && !c.finished && !c.e.closed {
+		return c.e.processErr()
 	}
 	return c.err
 }
@@ -331,8 +342,8 @@ func (c *Conn) sendErrLocked(internal bool) error {
 		// in flight met its receive queue gone) does not undo its
 		// orderly end.
 		return ErrPeerClosed
-	case c.err != nil:
-		return c.err
+	case c.errLocked() != nil:
+		return c.errLocked()
 	case c.sendGone != nil:
 		return c.sendGone
 	case !c.sendUp || c.sendDone:

@@ -681,7 +681,9 @@ func (e *Endpoint) Err() error {
 	if e.closed {
 		return ErrClosed
 	}
-	return nil
+	// A dead process fails the endpoint from its Kill on, not from when a
+	// loop's kernel call says it (die).
+	return e.processErr()
 }
 
 func (e *Endpoint) closedErr(op string) error {
