@@ -92,7 +92,9 @@
 // (RemoteRead, RemoteWrite, or nothing for memory that is only the local
 // side of this side's operations); hand it the Descriptor in a message, and
 // the peer's WriteRemote and ReadRemote move data without this side's CPU.
-// Closing the Region revokes the access.
+// Closing the Region revokes the access; a peer's access to a revoked
+// region, as to one that does not grant it, breaks the connection on both
+// sides.
 //
 // # Streams
 //

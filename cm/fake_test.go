@@ -283,21 +283,32 @@ func (e *fakeEnd) regMem(size int, access Access) (memory, error) {
 func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	e.w.mu.Lock()
 	defer e.w.mu.Unlock()
+	if m, ok := local.mem.(*fakeMem); !ok || m.w != e.w {
+		// Another wire is another device, as rdmaTransport refuses it.
+		return notPostedError{fmt.Errorf("fake: region of another device: %w", ErrInvalid)}
+	}
 	rb, ok := e.w.regions[remote.RKey]
 	var err error
 	need := RemoteRead
 	if write {
 		need = RemoteWrite
 	}
-	if !ok || e.w.access[remote.RKey]&need == 0 {
+	ro := roff + remote.Addr - 0x1000 // in the region, where the checks pass
+	if !ok || e.w.access[remote.RKey]&need == 0 || remote.Addr < 0x1000 || ro > uint64(len(rb)) || uint64(n) > uint64(len(rb))-ro {
+		// The device checks the key, its grant and the registered range
+		// (a descriptor's Len is the peer's word).
 		err = errors.New("fake: remote access error")
 	} else {
-		ro := roff + remote.Addr - 0x1000
 		if write {
 			copy(rb[ro:ro+uint64(n)], local.Bytes()[off:off+n])
 		} else {
 			copy(local.Bytes()[off:off+n], rb[ro:ro+uint64(n)])
 		}
+	}
+	if err != nil {
+		// An RC responder's access violation is a class C error: its
+		// QP goes to the error state too (rxe_qp_error).
+		e.peer().shutdownLocked()
 	}
 	e.rdmaOut++
 	e.sqCheck()
@@ -423,6 +434,10 @@ func (e *fakeEnd) interrupt() {
 func (e *fakeEnd) shutdown() {
 	e.w.mu.Lock()
 	defer e.w.mu.Unlock()
+	e.shutdownLocked()
+}
+
+func (e *fakeEnd) shutdownLocked() {
 	if e.shut {
 		return
 	}

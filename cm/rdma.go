@@ -826,10 +826,10 @@ func (t *rdmaTransport) regMem(size int, grant Access) (memory, error) {
 func (t *rdmaTransport) postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	m, ok := local.mem.(*rdmaMem)
 	if !ok {
-		return fmt.Errorf("region belongs to another transport: %w", ErrInvalid)
+		return notPostedError{fmt.Errorf("region belongs to another transport: %w", ErrInvalid)}
 	}
 	if m.dev != t.dev {
-		return fmt.Errorf("region registered on device %s, connection on %s: %w", m.dev.name, t.dev.name, ErrInvalid)
+		return notPostedError{fmt.Errorf("region registered on device %s, connection on %s: %w", m.dev.name, t.dev.name, ErrInvalid)}
 	}
 	op := verbs.WRRDMARead
 	if write {

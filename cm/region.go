@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -86,7 +87,9 @@ func (r *Region) Descriptor() RemoteRegion {
 	return RemoteRegion{Addr: r.mem.addr(), Len: uint32(len(r.mem.bytes())), RKey: r.mem.rkey()}
 }
 
-// Close deregisters the region: later remote accesses fail on the peer. It
+// Close deregisters the region: later remote accesses fail on the peer and
+// break the connection, on this side too (RegisterMemory), so revoke a
+// region the peer is done with. It
 // waits for this side's one-sided operations on the region to return,
 // which they do once the device is done with their requests, or, on a
 // failed connection, once the flush came, its bound (the handshake timeout)
@@ -138,8 +141,9 @@ var accessNames = []bitnames.Bit{{Mask: uint64(RemoteRead), Name: "RemoteRead"},
 // connection, with the access access grants the peer (ibv_reg_mr with
 // IBV_ACCESS_LOCAL_WRITE, plus IBV_ACCESS_REMOTE_READ and _WRITE as asked).
 // A peer's operation that its region does not allow fails at the peer, with
-// a remote access error that breaks the peer's connection, as a revoked
-// region's does.
+// a remote access error, as one on a revoked region does, and breaks the
+// connection on both sides: the device moves this side's queue pair to the
+// error state too (an RC responder's class C error).
 //
 // The registration is on the device's protection domain, which every
 // connection of this process on that device shares: a peer of any of them
@@ -186,8 +190,9 @@ func (c *Conn) RegisterMemory(size int, access Access) (*Region, error) {
 // by the handshake timeout). A post the device refuses means the queue
 // pair broke: the connection fails (ErrPeerGone), as when a Send's post
 // fails. The same holds for ReadRemote. A nil local
-// region is refused as an argument (ErrInvalid); a closed or zero one
-// fails as a closed Region does (ErrClosed).
+// region, or one registered on another device, is refused as an argument
+// (ErrInvalid); a closed or zero one fails as a closed Region does
+// (ErrClosed).
 func (c *Conn) WriteRemote(ctx context.Context, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	return c.oneSided(ctx, "rdma write", true, local, off, n, remote, roff)
 }
@@ -264,6 +269,9 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	c.ioDone()
 	if err != nil {
 		c.noRDMAOut()
+		if np := (notPostedError{}); errors.As(err, &np) {
+			return c.opErr(op, np.error)
+		}
 		return c.opErr(op, c.rdmaPostErr(err))
 	}
 	return c.awaitOneSided(ctx, op)

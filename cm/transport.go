@@ -12,6 +12,14 @@ import (
 // Work request ids: send slots are 0..sendSlots-1, receive slots likewise on
 // the receive side, one-sided operations use rdmaWRID and keepalive probes
 // probeWRID.
+// notPostedError is a one-sided operation refused before its post (its
+// local region registered on another device): unlike a failed post, which
+// means the queue pair broke, it leaves the connection as it was. Not
+// ErrInvalid alone: a device's EINVAL from the post matches that too.
+type notPostedError struct{ error }
+
+func (e notPostedError) Unwrap() error { return e.error }
+
 type transport interface {
 	sendBuf(slot int) []byte
 	recvBuf(slot int) []byte
@@ -22,7 +30,8 @@ type transport interface {
 	// postRecvs posts the receive slots, in order, as one chain.
 	postRecvs(slots []int) error
 	// postRDMA posts a signaled RDMA write (or read) of n bytes between
-	// local memory and the peer's region.
+	// local memory and the peer's region. A notPostedError refuses it
+	// before the post (a region of another device): the queue pair is fine.
 	postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error
 	regMem(size int, access Access) (memory, error)
 	// probeTarget is the memory the peer's keepalive probes read; the

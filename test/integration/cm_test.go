@@ -392,6 +392,9 @@ func TestCMOneSidedAccessEnforced(t *testing.T) {
 		require.Equal(t, "original", string(region.Bytes()[:8]), "written all the same")
 		require.Equal(t, "incoming", string(local.Bytes()[:8]), "read all the same")
 		require.ErrorIs(t, client.Send(ctx, []byte("after")), cm.ErrPeerGone)
+		_, err = server.Recv(ctx, make([]byte, 64))
+		t.Logf("access %d, write %v: the region owner's Recv: %v", tc.access, tc.write, err)
+		require.ErrorIs(t, err, cm.ErrPeerGone, "the region owner's connection")
 		require.NoError(t, local.Close())
 		require.NoError(t, region.Close())
 	}
