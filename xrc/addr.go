@@ -34,7 +34,8 @@ func nodeKey(ap netip.AddrPort) netip.AddrPort {
 // maxAddrDoms bounds what an endpoint remembers of addresses' domains: one
 // entry per peer process (a server's clients come and go on new ports). An
 // address forgotten costs its next connection one more exchange, which
-// learns it again.
+// learns it again. It bounds the dead uplinks' TGTs kept for REPLACES_TGT
+// too (Endpoint.replaced).
 var maxAddrDoms = 4096 // a variable for tests
 
 func (e *Endpoint) domainOfLocked(ap netip.AddrPort) uint64 { return e.addrDom[nodeKey(ap)] }

@@ -984,7 +984,17 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 		defer e.mu.Unlock()
 		// Nobody left to move to: the uplink is gone. The next dial there
 		// makes a new one, flagged REPLACES_TGT.
-		e.replaced[upKey{u.node.WithZone(""), dom}] = old.tgt
+		key := upKey{u.node.WithZone(""), dom}
+		if _, ok := e.replaced[key]; !ok && len(e.replaced) >= maxAddrDoms {
+			// Bounded as the addresses' domains are: a node that never
+			// comes back kept its entry for the endpoint's life. The flag
+			// only informs the acceptor, so one forgotten costs nothing.
+			for k := range e.replaced {
+				delete(e.replaced, k)
+				break
+			}
+		}
+		e.replaced[key] = old.tgt
 		u.cur = nil
 		u.setState(upNone)
 		if len(u.inis) == 0 {
