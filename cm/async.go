@@ -101,6 +101,12 @@ func (d *device) removeConn(t *rdmaTransport) {
 // gave back and a new one took since (qpcache.go), finds it working and is
 // dropped.
 func (t *rdmaTransport) asyncEvent(ev verbs.AsyncEvent) {
+	if ev.Type == verbs.EventCQErr {
+		// A CQ in error takes no more completions (IBTA C11-37): free
+		// destroys it rather than keep it for the next connection, which
+		// would wait on it for ever.
+		t.cqBroken.Store(true)
+	}
 	if t.onAsync == nil {
 		return
 	}

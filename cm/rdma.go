@@ -60,10 +60,11 @@ type rdmaTransport struct {
 	recvSGE  []verbs.SGE
 	wcs      []verbs.WorkCompletion // the polling leader's
 
-	shape        qpShape    // the sizes the QP and CQ were made for (qpcache.go)
-	timewaitDone bool       // release saw the CM leave time-wait: the pair may be reused
-	cqKept       bool       // free gave the QP and CQ back to the device
-	mu           sync.Mutex // guards the QP's life against shutdown
+	shape        qpShape     // the sizes the QP and CQ were made for (qpcache.go)
+	timewaitDone bool        // release saw the CM leave time-wait: the pair may be reused
+	cqBroken     atomic.Bool // the device reported CQ_ERR: the CQ takes no more completions (async.go)
+	cqKept       bool        // free gave the QP and CQ back to the device
+	mu           sync.Mutex  // guards the QP's life against shutdown
 	released     bool
 	shut         bool
 	interrupted  bool          // interrupt's wake-up not yet taken by a wait
@@ -1098,7 +1099,7 @@ func (t *rdmaTransport) free() error {
 	qpGone := true
 	if t.qp != nil {
 		globalStats.qps.Add(-1)
-		if t.timewaitDone && t.dev.putQP(t.shape, t.qp, t.cq, t.wcs) {
+		if t.timewaitDone && !t.cqBroken.Load() && t.dev.putQP(t.shape, t.qp, t.cq, t.wcs) {
 			// Reset and kept for the next connection, with its CQ.
 			t.cqKept = true
 		} else {
