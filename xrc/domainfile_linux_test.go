@@ -90,6 +90,34 @@ func TestOpenDomainFileMadeUnderUmask0277(t *testing.T) {
 	runAsNobody(t, childDomainDir(t))
 }
 
+// A domain directory made under a umask that takes the owner's bits is
+// made 0700 all the same: it came out 0500 (umask 0277) or 0600 (0177, as
+// in a systemd unit's UMask=0177), the domain file could not be made in it
+// (EACCES), and later processes were refused it too, whatever their umask.
+func TestOpenDomainFileDirMadeUnderUmask(t *testing.T) {
+	if runChild(t, func(dir string) error {
+		for _, mask := range []int{0o277, 0o177} {
+			sub := filepath.Join(dir, fmt.Sprintf("umask%#o", mask))
+			old := syscall.Umask(mask)
+			d, err := OpenDomainFile(context.Background(), sub)
+			syscall.Umask(old)
+			if err != nil || d.ID == 0 {
+				return fmt.Errorf("umask %#o: %+v %v", mask, d, err)
+			}
+			if fi, err := os.Stat(sub); err != nil || fi.Mode().Perm() != 0o700 {
+				return fmt.Errorf("umask %#o: directory %v %v, want mode 0700", mask, fi.Mode(), err)
+			}
+			if again, err := OpenDomainFile(context.Background(), sub); err != nil || again != d {
+				return fmt.Errorf("umask %#o: opened again: %+v %v, want %+v", mask, again, err, d)
+			}
+		}
+		return nil
+	}) {
+		return
+	}
+	runAsNobody(t, childDomainDir(t))
+}
+
 // A domain file on a read-only mount serves too (a read-only bind mount,
 // in a child's own mount namespace).
 func TestOpenDomainFileReadOnlyMount(t *testing.T) {
@@ -171,6 +199,49 @@ func TestOpenDomainFileOpenErrorSaysWhyEACCES(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := childDomainDir(t)
 			writeChildFile(t, dir, "goxrc-domain 1 00000000000000ff\n", c.fileMode)
+			if err := os.Chmod(dir, c.dirMode); err != nil {
+				t.Fatal(err)
+			}
+			runAsNobody(t, dir)
+		})
+	}
+}
+
+// A domain directory or file of another user is refused saying whose it is
+// and what to do, to a user without root's DAC override too: such a user was
+// told "permission denied" (a directory or file of mode 0700 or 0600) or
+// "want a directory of mode 0700" (one of mode 0755, which it cannot chmod),
+// as when another user made /tmp/goxrc-<uid> first.
+func TestOpenDomainFileForeignSaysWhose(t *testing.T) {
+	if runChild(t, func(dir string) error {
+		_, err := OpenDomainFile(context.Background(), dir)
+		if !errors.Is(err, ErrDomainFile) {
+			return fmt.Errorf("%v, want ErrDomainFile", err)
+		}
+		for _, want := range []string{"owned by uid 0", "DomainDir", "WithDomainPath", "remove"} {
+			if !strings.Contains(fmt.Sprint(err), want) {
+				return fmt.Errorf("%v: does not say %q", err, want)
+			}
+		}
+		return nil
+	}) {
+		return
+	}
+	for _, c := range []struct {
+		name    string
+		dirMode os.FileMode
+		rootDir bool // else the file is root's
+	}{{"directory 0755", 0o755, true}, {"directory 0700", 0o700, true}, {"file", 0o700, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := childDomainDir(t)
+			owned := filepath.Join(dir, DomainFileName)
+			writeChildFile(t, dir, "goxrc-domain 1 00000000000000ff\n", 0o600)
+			if c.rootDir {
+				owned = dir
+			}
+			if err := os.Chown(owned, 0, 0); err != nil {
+				t.Fatal(err)
+			}
 			if err := os.Chmod(dir, c.dirMode); err != nil {
 				t.Fatal(err)
 			}

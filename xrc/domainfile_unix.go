@@ -47,6 +47,8 @@ func openDomain(ctx context.Context, dir string) (_ DomainFile, _ *os.File, err 
 	// A trailing "/" or "/." makes the kernel follow a symbolic link in
 	// the last component despite O_NOFOLLOW.
 	dir = filepath.Clean(dir)
+	_, lerr := os.Lstat(dir)
+	newDir := errors.Is(lerr, os.ErrNotExist)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		if _, lerr := os.Lstat(dir); lerr == nil {
 			// Something else is in its place: a dangling symbolic link
@@ -66,6 +68,12 @@ func openDomain(ctx context.Context, dir string) (_ DomainFile, _ *os.File, err 
 	defer d.Close()
 	if err := checkOwned(d, dir, true); err != nil {
 		return DomainFile{}, nil, err
+	}
+	if newDir {
+		// A umask that takes the owner's bits (0177, 0277) made it 0600 or
+		// 0500: no domain file could be made in it, by us or later. Where
+		// the file system refuses the chmod, the file's open says why.
+		unix.Fchmod(dfd, 0o700)
 	}
 	// One lock for create-or-read: a reader never sees a half-written file.
 	if err := lockDir(ctx, d, dir); err != nil {
@@ -141,6 +149,12 @@ func openErr(name string, err error, what string) error {
 	if err == unix.ELOOP {
 		return fmt.Errorf("%w: %s: %w (it must be %s, not a symbolic link)", ErrDomainFile, name, err, what)
 	}
+	// Another user's (a /tmp/goxrc-<uid> made by someone else) is closed
+	// to us more often than not: say whose, which we cannot change.
+	var st unix.Stat_t
+	if err == unix.EACCES && unix.Lstat(name, &st) == nil && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%w (%w)", notOurs(name, st.Uid), err)
+	}
 	return fmt.Errorf("%w: %s: %w", ErrDomainFile, name, err)
 }
 
@@ -157,13 +171,19 @@ func checkOwned(f *os.File, name string, dir bool) error {
 	if dir {
 		want, what = unix.S_IFDIR, "a directory of mode 0700"
 	}
+	// The owner first: another user's mode is not ours to fix.
 	switch {
+	case int(st.Uid) != os.Geteuid():
+		return notOurs(name, st.Uid)
 	case uint32(kind) != want || st.Mode&0o077 != 0 || (!dir && uint64(st.Nlink) != 1):
 		return fmt.Errorf("%w: %s: mode %#o, %d links: want %s", ErrDomainFile, name, st.Mode, st.Nlink, what)
-	case int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("%w: %s: owned by uid %d, not by this process's (%d): use a domain directory of your own (xrc.Config.DomainDir, cm.WithDomainPath), or have the other user (or root) remove this one", ErrDomainFile, name, st.Uid, os.Geteuid())
 	}
 	return nil
+}
+
+// notOurs refuses name, of user uid, saying what to do instead.
+func notOurs(name string, uid uint32) error {
+	return fmt.Errorf("%w: %s: owned by uid %d, not by this process's (%d): use a domain directory of your own (xrc.Config.DomainDir, cm.WithDomainPath), or have the other user (or root) remove this one", ErrDomainFile, name, uid, os.Geteuid())
 }
 
 func writeDomainID(f *os.File, path string) (DomainFile, error) {
