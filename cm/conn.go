@@ -293,6 +293,12 @@ func newConn(t transport, laddr, raddr net.Addr, p connParams) (*Conn, error) {
 	if c.logInfo == nil {
 		c.logInfo = func(string, ...any) {}
 	}
+	if p.raw {
+		// A raw peer has no credits to say what is posted: it counts on
+		// each buffer going back once read, as plain librdmacm programs
+		// repost theirs, and a chain held back met it with no receive.
+		c.recvBatch = 1
+	}
 	for i := p.sendSlots - 1; i >= 0; i-- {
 		c.freeSend = append(c.freeSend, i)
 	}

@@ -297,7 +297,9 @@ func WithDomainPath(path string) Option { return func(c *config) { c.domainPath 
 // credits, one RDMA send per message. That is wire-compatible with plain
 // librdmacm peers such as rdma-core's rdma_server and rdma_client examples,
 // at the price of flow control: the application must not send more than
-// the peer has receive buffers posted.
+// the peer has receive buffers posted. A raw connection keeps its queue
+// depth of them posted, less those whose messages Recv has not yet taken:
+// each goes back as soon as Recv has copied its message out.
 //
 // Those peers are `rdma_server -p PORT` and `rdma_client -s ADDR -p PORT`
 // (port 7471 by default).
