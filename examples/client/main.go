@@ -61,6 +61,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -339,6 +340,11 @@ func (o options) check() error {
 		addrs := []string{o.addr}
 		if o.mode == "xrc" {
 			addrs = strings.Split(o.addr, ",")
+		}
+		// -local as the dial reads it (cm.WithLocalAddr): it failed
+		// there, as -addr did, as a failed run.
+		if _, err := netip.ParseAddr(o.local); o.local != "" && err != nil {
+			return fmt.Errorf("-local %q is not an IP address: %v", o.local, err)
 		}
 		for _, a := range addrs {
 			_, port, err := net.SplitHostPort(a)
