@@ -75,11 +75,45 @@ func (d *device) handleAsync(ev verbs.AsyncEvent) {
 			hit = append(hit, t)
 		}
 	}
+	var dead []cachedQP
+	if ev.Type == verbs.EventCQErr {
+		dead = d.cqErrLocked(ev.CQ, hit)
+	}
 	d.mu.Unlock()
+	closePairs(dead)
 	// Outside the lock: a connection failing takes locks of its own.
 	for _, t := range hit {
 		t.asyncEvent(ev)
 	}
+}
+
+// cqErrLocked keeps a CQ in error from the next connection: a CQ in error
+// takes no more completions (IBTA C11-37), and the next connection would
+// wait on it for ever. The transports on it are marked here, under d.mu,
+// not at delivery, which may come after free looked at the mark (putQP
+// does, under d.mu, before free takes its transport off the device). A
+// pair given back before the event was read is taken out of the cache and
+// returned for the caller to destroy.
+func (d *device) cqErrLocked(cq *verbs.CQ, on []*rdmaTransport) []cachedQP {
+	for _, t := range on {
+		t.cqBroken.Store(true)
+	}
+	var dead []cachedQP
+	for s, l := range d.qps {
+		kept := l[:0]
+		for _, p := range l {
+			if p.cq == cq {
+				dead = append(dead, p)
+			} else {
+				kept = append(kept, p)
+			}
+		}
+		clear(l[len(kept):])
+		d.qps[s] = kept
+	}
+	d.cachedQPs -= len(dead)
+	globalStats.cachedQPs.Add(-int64(len(dead)))
+	return dead
 }
 
 // addConn makes t's connection hear the device's events about it.
@@ -101,12 +135,6 @@ func (d *device) removeConn(t *rdmaTransport) {
 // gave back and a new one took since (qpcache.go), finds it working and is
 // dropped.
 func (t *rdmaTransport) asyncEvent(ev verbs.AsyncEvent) {
-	if ev.Type == verbs.EventCQErr {
-		// A CQ in error takes no more completions (IBTA C11-37): free
-		// destroys it rather than keep it for the next connection, which
-		// would wait on it for ever.
-		t.cqBroken.Store(true)
-	}
 	if t.onAsync == nil {
 		return
 	}

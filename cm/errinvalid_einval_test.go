@@ -21,7 +21,7 @@ import (
 // the deadline. Other errnos must still not match.
 func TestDocDeviceEINVALMatchesErrInvalid(t *testing.T) {
 	einval := func(op string) error { return &verbs.OpError{Op: op, Addr: "rxe0", Err: syscall.EINVAL} }
-	qpRefused := new(device).createInline(64, func(int) error { return einval("ibv_create_qp_ex") })
+	qpRefused := createInline(64, func(int) error { return einval("ibv_create_qp_ex") })
 	for name, err := range map[string]error{
 		"ibv_reg_mr EINVAL":                 einval("ibv_reg_mr"),
 		"createInline, EINVAL twice":        qpRefused,

@@ -294,21 +294,24 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 		need = RemoteWrite
 	}
 	ro := roff + remote.Addr - 0x1000 // in the region, where the checks pass
-	if !ok || e.w.access[remote.RKey]&need == 0 || remote.Addr < 0x1000 || ro > uint64(len(rb)) || uint64(n) > uint64(len(rb))-ro {
+	switch {
+	case e.shut:
+		// A QP in the error state flushes the request, as postSend
+		// does: nothing reaches the peer.
+		err = errFakeFlushed
+	case !ok || e.w.access[remote.RKey]&need == 0 || remote.Addr < 0x1000 || ro > uint64(len(rb)) || uint64(n) > uint64(len(rb))-ro:
 		// The device checks the key, its grant and the registered range
 		// (a descriptor's Len is the peer's word).
 		err = errors.New("fake: remote access error")
-	} else {
+		// An RC responder's access violation is a class C error: its
+		// QP goes to the error state too (rxe_qp_error).
+		e.peer().shutdownLocked()
+	default:
 		if write {
 			copy(rb[ro:ro+uint64(n)], local.Bytes()[off:off+n])
 		} else {
 			copy(local.Bytes()[off:off+n], rb[ro:ro+uint64(n)])
 		}
-	}
-	if err != nil {
-		// An RC responder's access violation is a class C error: its
-		// QP goes to the error state too (rxe_qp_error).
-		e.peer().shutdownLocked()
 	}
 	e.rdmaOut++
 	e.sqCheck()

@@ -1,6 +1,7 @@
 package cm
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/goxrc/goxrc/verbs"
@@ -62,9 +63,10 @@ func (d *device) takeQP(s qpShape) (cachedQP, bool) {
 
 // putQP resets qp, drains cq and keeps the pair for the next connection of
 // shape s. It reports false, keeping nothing, if no listener holds the
-// device, the device holds enough, or the reset fails; the caller destroys
-// the pair then.
-func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCompletion) bool {
+// device, the device holds enough, the reset fails, or the device reported
+// CQ_ERR about cq (cqBroken, marked under d.mu); the caller destroys the
+// pair then.
+func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCompletion, cqBroken *atomic.Bool) bool {
 	devices.Lock()
 	// Only for a listener's device: a client process closing its
 	// connections would reset each QP only to destroy it when the last one
@@ -75,7 +77,7 @@ func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCo
 		return false
 	}
 	d.mu.Lock()
-	full := d.cachedQPs >= maxCachedQPs || d.ccErr != nil
+	full := d.cachedQPs >= maxCachedQPs || d.ccErr != nil || cqBroken.Load()
 	d.mu.Unlock()
 	if full {
 		return false
@@ -102,7 +104,7 @@ func (d *device) putQP(s qpShape, qp *verbs.QP, cq *verbs.CQ, wcs []verbs.WorkCo
 	defer devices.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.cachedQPs >= maxCachedQPs || d.listeners == 0 || d.gone {
+	if d.cachedQPs >= maxCachedQPs || d.listeners == 0 || d.gone || cqBroken.Load() {
 		return false
 	}
 	d.qps[s] = append(d.qps[s], cachedQP{qp: qp, cq: cq, since: time.Now()})
@@ -120,10 +122,15 @@ func (d *device) dropQPs() bool {
 	d.qps, d.cachedQPs = map[qpShape][]cachedQP{}, 0
 	d.mu.Unlock()
 	for _, l := range qps {
-		for _, p := range l {
-			p.qp.Close()
-			p.cq.Close()
-		}
+		closePairs(l)
 	}
 	return n > 0
+}
+
+// closePairs destroys pairs taken out of the cache.
+func closePairs(l []cachedQP) {
+	for _, p := range l {
+		p.qp.Close()
+		p.cq.Close()
+	}
 }

@@ -202,10 +202,6 @@ type device struct {
 	qps       map[qpShape][]cachedQP // closed connections' QPs and CQs (qpcache.go)
 	cachedQPs int
 
-	// inlineMost is one more than the inline size a QP was created with
-	// after the device refused more (createInline); 0 until one was.
-	inlineMost atomic.Int32
-
 	// The device's asynchronous events (async.go): asyncDone is closed when
 	// their reader ends (nil if they could not be read); conns, under mu,
 	// are the connections they may concern; portDown, under mu, the ports
@@ -683,7 +679,7 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 			return err
 		}
 		if err = t.dev.withReclaim(func() error {
-			return t.dev.createInline(inline, create)
+			return createInline(inline, create)
 		}); err != nil {
 			return nil, err
 		}
@@ -706,23 +702,20 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 // takes one or none: devices inline less than asked, say their most only by
 // refusing more with EINVAL (rxe's rxe_qp_chk_cap, mlx5's
 // mlx5_calc_sq_size, mlx4's verify_sizes), and a message that fits what
-// they took still goes inline. The size a refusal led to is kept
-// (inlineMost), so the device's later QPs ask for it first. Any other
-// failure (ENOMEM, which withReclaim answers, EAGAIN, ...) is no answer to
-// the inline size: it is returned as it is, not tried again with less.
-// Where even no inline data is refused, the error is the first one, with
-// the last try's added where it differs.
-func (d *device) createInline(inline int, create func(inline int) error) error {
-	if most := d.inlineMost.Load(); most > 0 && inline >= int(most) {
-		inline = int(most) - 1
-	}
+// they took still goes inline. Nothing is kept for the next QP: EINVAL is
+// no proof of the size (devices answer it for other limits too), and a
+// size a QP got after a refusal of another kind would cap every later
+// one. Any other failure (ENOMEM, which
+// withReclaim answers, EAGAIN, ...) is no answer to the inline size: it is
+// returned as it is, not tried again with less. Where even no inline data
+// is refused, the error is the first one, with the last try's added where
+// it differs.
+func createInline(inline int, create func(inline int) error) error {
 	first := create(inline)
 	err := first
 	for ask := inline; ask > 0 && errors.Is(err, syscall.EINVAL); {
 		ask /= 2
-		if err = create(ask); err == nil {
-			d.inlineMost.Store(int32(ask) + 1)
-		}
+		err = create(ask)
 	}
 	switch {
 	case err == nil || err == first:
@@ -1086,10 +1079,6 @@ func (t *rdmaTransport) free() error {
 	if t.dev != nil && t.id.DeviceRemoved() {
 		t.dev.removed()
 	}
-	if t.inAsync {
-		t.dev.removeConn(t)
-		t.inAsync = false
-	}
 	if t.watched {
 		// Before the pair may go back to the device, where another
 		// connection could watch its CQ at once.
@@ -1099,7 +1088,7 @@ func (t *rdmaTransport) free() error {
 	qpGone := true
 	if t.qp != nil {
 		globalStats.qps.Add(-1)
-		if t.timewaitDone && !t.cqBroken.Load() && t.dev.putQP(t.shape, t.qp, t.cq, t.wcs) {
+		if t.timewaitDone && t.dev.putQP(t.shape, t.qp, t.cq, t.wcs, &t.cqBroken) {
 			// Reset and kept for the next connection, with its CQ.
 			t.cqKept = true
 		} else {
@@ -1107,6 +1096,12 @@ func (t *rdmaTransport) free() error {
 			qpGone = err == nil
 			errs = append(errs, err)
 		}
+	}
+	if t.inAsync {
+		// Only now: a CQ_ERR read while putQP kept the pair must find
+		// t to mark, or the pair in the cache (cqErrLocked).
+		t.dev.removeConn(t)
+		t.inAsync = false
 	}
 	if t.hasMem && qpGone {
 		// The device no longer touches the buffers: another connection
