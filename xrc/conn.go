@@ -437,6 +437,7 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 			case <-wait:
 			case <-woken:
 			case <-c.done:
+			case <-e.procDead: // as in Recv
 			case <-e.ctx.Done():
 				return false, c.endedSendErr()
 			case <-ctx.Done():
@@ -446,7 +447,7 @@ func (c *Conn) sendData(ctx context.Context, frame []byte) (bool, error) {
 				if closed(e.ctx.Done()) {
 					return false, c.endedSendErr()
 				}
-				if !closed(c.done) {
+				if !closed(c.done) && !closed(e.procDead) {
 					return false, ctx.Err()
 				}
 			}
@@ -1206,8 +1207,7 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 			e.mu.Unlock()
 			return 0, io.EOF
 		}
-		if c.err != nil {
-			err := c.err
+		if err := c.errLocked(); err != nil {
 			c.wake()
 			e.mu.Unlock()
 			return 0, &OpError{"recv", c.raddr.String(), err}
@@ -1216,11 +1216,12 @@ func (c *Conn) Recv(ctx context.Context, buf []byte) (int, error) {
 		select {
 		case <-c.wakeCh:
 		case <-c.done:
+		case <-e.procDead: // the process's death ends c from its Kill on, not die's
 		case <-ctx.Done():
 			// Ended with c too, ctx is no reason: the loop says
 			// why, as a Send's waits do
 			// (TestRecvWaitingEndedContextSaysWhyConnEnded).
-			if !closed(c.done) {
+			if !closed(c.done) && !closed(e.procDead) {
 				return 0, &OpError{"recv", c.raddr.String(), ctx.Err()}
 			}
 		}
@@ -1602,8 +1603,8 @@ func (c *Conn) closeWriteEndLocked() error {
 		// ErrClosed, which says the application closed c, nor a
 		// failure after the FIN. As Send.
 		return ErrPeerClosed
-	case c.err != nil && !c.closedUp:
-		return c.err
+	case c.errLocked() != nil && !c.closedUp:
+		return c.errLocked()
 	case c.userClosed || c.closing:
 		return ErrClosed
 	}

@@ -118,6 +118,33 @@ func TestOpenDomainFileDirMadeUnderUmask(t *testing.T) {
 	runAsNobody(t, childDomainDir(t))
 }
 
+// A domain directory's missing parents made under such a umask are made
+// 0700 too: MkdirAll made them 0500 or 0600, the domain directory could not
+// be made in them (EACCES), and they stayed, refusing every later process.
+func TestOpenDomainFileParentsMadeUnderUmask(t *testing.T) {
+	if runChild(t, func(dir string) error {
+		for _, mask := range []int{0o277, 0o177} {
+			parent := filepath.Join(dir, fmt.Sprintf("umask%#o", mask), "run")
+			sub := filepath.Join(parent, "goxrc")
+			old := syscall.Umask(mask)
+			d, err := OpenDomainFile(context.Background(), sub)
+			syscall.Umask(old)
+			if err != nil || d.ID == 0 {
+				return fmt.Errorf("umask %#o: %+v %v", mask, d, err)
+			}
+			for _, p := range []string{filepath.Dir(parent), parent, sub} {
+				if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o700 {
+					return fmt.Errorf("umask %#o: %s: %v %v, want mode 0700", mask, p, fi.Mode(), err)
+				}
+			}
+		}
+		return nil
+	}) {
+		return
+	}
+	runAsNobody(t, childDomainDir(t))
+}
+
 // A domain file on a read-only mount serves too (a read-only bind mount,
 // in a child's own mount namespace).
 func TestOpenDomainFileReadOnlyMount(t *testing.T) {

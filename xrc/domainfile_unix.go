@@ -47,9 +47,8 @@ func openDomain(ctx context.Context, dir string) (_ DomainFile, _ *os.File, err 
 	// A trailing "/" or "/." makes the kernel follow a symbolic link in
 	// the last component despite O_NOFOLLOW.
 	dir = filepath.Clean(dir)
-	_, lerr := os.Lstat(dir)
-	newDir := errors.Is(lerr, os.ErrNotExist)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	newDir, err := mkdirAll(dir)
+	if err != nil {
 		if _, lerr := os.Lstat(dir); lerr == nil {
 			// Something else is in its place: a dangling symbolic link
 			// (planted in /tmp, say) or a file.
@@ -124,6 +123,37 @@ func openDomain(ctx context.Context, dir string) (_ DomainFile, _ *os.File, err 
 		return DomainFile{}, nil, fmt.Errorf("%w: %s: unreadable content (remove the file once no process uses the domain)", ErrDomainFile, path)
 	}
 	return DomainFile{Path: path, ID: id}, f, nil
+}
+
+// mkdirAll is os.MkdirAll(dir, 0o700) that says whether it made dir, and
+// sets the parents it makes 0700: a umask that takes the owner's bits
+// (0177, 0277) made them 0600 or 0500, dir could not be made in them, and
+// they stayed, refusing every later process. dir itself is set 0700 by
+// the caller, after its checks.
+func mkdirAll(dir string) (made bool, err error) {
+	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
+		return false, os.MkdirAll(dir, 0o700)
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		parentMade, err := mkdirAll(parent)
+		if err != nil {
+			return false, err
+		}
+		if parentMade {
+			// Through O_NOFOLLOW, as dir's own; where it fails, dir's
+			// mkdir says why.
+			if fd, err := unix.Open(parent, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+				unix.Fchmod(fd, 0o700)
+				unix.Close(fd)
+			}
+		}
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		// Made meanwhile (another process's), or something else is
+		// there: as MkdirAll says.
+		return false, os.MkdirAll(dir, 0o700)
+	}
+	return true, nil
 }
 
 // openDomainAt opens the domain file in the directory dfd and checks it,

@@ -74,3 +74,85 @@ func TestProcessDeathSaidFromKillOn(t *testing.T) {
 	check("Send", ca.Send(ctxT(t, time.Second), []byte("x")))
 	check("CloseWrite", ca.CloseWrite())
 }
+
+// TestRecvSaysProcessDeathFromKillOn: Recv agrees with Err once Kill
+// returns. It said ctx's error (its doc: only while the connection has not
+// ended), with Err saying ErrProcessDied, and a Recv waiting at the Kill
+// waited on for die.
+func TestRecvSaysProcessDeathFromKillOn(t *testing.T) {
+	w := newWorld(t)
+	release := make(chan struct{})
+	defer close(release)
+	a := w.wrappedEndpoint("10.0.198.1", 7000, func(k kernel.Kernel) kernel.Kernel {
+		return deathHeldKernel{wrapper{k}, k.(interface{ Dead() <-chan struct{} }).Dead(), release}
+	})
+	b := w.endpoint("10.0.198.2", 7000)
+	ca, _ := pair(t, a, b)
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := ca.Recv(ctxT(t, 10*time.Second), make([]byte, 16))
+		waiting <- err
+	}()
+	a.p.Kill()
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := ca.Recv(done, make([]byte, 16)); !errors.Is(err, ErrProcessDied) {
+		t.Errorf("Recv right after the process's kill: %v, want ErrProcessDied (Err: %v)", err, ca.Err())
+	}
+	if err := <-waiting; !errors.Is(err, ErrProcessDied) {
+		t.Errorf("Recv waiting at the process's kill: %v, want ErrProcessDied", err)
+	}
+}
+
+// TestWaitingSendSaysProcessDeathFromKillOn: a Send waiting for a credit
+// at the Kill says ErrProcessDied, as one called after it does. It waited
+// on for die, and said ctx's error where ctx ended first.
+func TestWaitingSendSaysProcessDeathFromKillOn(t *testing.T) {
+	w := newWorld(t)
+	release := make(chan struct{})
+	defer close(release)
+	a := w.wrappedEndpoint("10.0.197.1", 7000, func(k kernel.Kernel) kernel.Kernel {
+		return deathHeldKernel{wrapper{k}, k.(interface{ Dead() <-chan struct{} }).Dead(), release}
+	}, longTimers)
+	b := w.endpoint("10.0.197.2", 7000, longTimers, func(c *Config) { c.RecvWindow = 1 })
+	ca, _ := pair(t, a, b)
+	// The window's one credit: b reads nothing, so the next Send waits.
+	if err := ca.Send(ctxT(t, 5*time.Second), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	ctx := &endingCtx{
+		at: func() bool {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return ca.creditWait
+		},
+		end: a.p.Kill,
+	}
+	if err := ca.Send(ctx, []byte("y")); !errors.Is(err, ErrProcessDied) {
+		t.Errorf("Send waiting for a credit at the process's kill: %v, want ErrProcessDied (Err: %v)", err, ca.Err())
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the Send never waited for a credit: nothing was tested")
+	}
+}
+
+// TestCloseWriteAfterKillLeavesSendSayingProcessDeath: a CloseWrite after
+// the Kill sends nothing and closes nothing, as after die: the Send after
+// it said ErrClosed (the application's end, to cm), not ErrProcessDied.
+func TestCloseWriteAfterKillLeavesSendSayingProcessDeath(t *testing.T) {
+	w := newWorld(t)
+	release := make(chan struct{})
+	defer close(release)
+	a := w.wrappedEndpoint("10.0.196.1", 7000, func(k kernel.Kernel) kernel.Kernel {
+		return deathHeldKernel{wrapper{k}, k.(interface{ Dead() <-chan struct{} }).Dead(), release}
+	})
+	b := w.endpoint("10.0.196.2", 7000)
+	ca, _ := pair(t, a, b)
+	a.p.Kill()
+	if err := ca.CloseWrite(); !errors.Is(err, ErrProcessDied) {
+		t.Errorf("CloseWrite right after the process's kill: %v, want ErrProcessDied", err)
+	}
+	if err := ca.Send(ctxT(t, time.Second), []byte("x")); !errors.Is(err, ErrProcessDied) || errors.Is(err, ErrClosed) {
+		t.Errorf("Send after that CloseWrite: %v, want ErrProcessDied", err)
+	}
+}
