@@ -3,6 +3,7 @@ package xrc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -44,6 +45,21 @@ func (k deathHeldKernel) PollSend(ctx context.Context, q kernel.QP, out []kernel
 	return n, k.hold(ctx, err)
 }
 
+// deathHeldPair connects an endpoint at 10.0.N.1, whose kernel holds back
+// what its loops learn of its process's death until the test ends, to one
+// at 10.0.N.2 (with more options each), and returns the first's end.
+func deathHeldPair(t *testing.T, n int, aOpts, bOpts []func(*Config)) (a *proc, ca *Conn) {
+	w := newWorld(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	a = w.wrappedEndpoint(fmt.Sprintf("10.0.%d.1", n), 7000, func(k kernel.Kernel) kernel.Kernel {
+		return deathHeldKernel{wrapper{k}, k.(interface{ Dead() <-chan struct{} }).Dead(), release}
+	}, aOpts...)
+	b := w.endpoint(fmt.Sprintf("10.0.%d.2", n), 7000, bOpts...)
+	ca, _ = pair(t, a, b)
+	return a, ca
+}
+
 // TestProcessDeathSaidFromKillOn: once Kill returns, the endpoint's Err,
 // its connections' Err, Send and CloseWrite say ErrProcessDied (memfabric's
 // Kill: "Engines running on it fail from then on, with xrc.ErrProcessDied
@@ -52,16 +68,7 @@ func (k deathHeldKernel) PollSend(ctx context.Context, q kernel.QP, out []kernel
 // said nil until then: Err as if the endpoint worked, and Send took a
 // message that a dead process never sends.
 func TestProcessDeathSaidFromKillOn(t *testing.T) {
-	w := newWorld(t)
-	release := make(chan struct{})
-	defer close(release)
-	var dead <-chan struct{}
-	a := w.wrappedEndpoint("10.0.199.1", 7000, func(k kernel.Kernel) kernel.Kernel {
-		dead = k.(interface{ Dead() <-chan struct{} }).Dead()
-		return deathHeldKernel{wrapper{k}, dead, release}
-	})
-	b := w.endpoint("10.0.199.2", 7000)
-	ca, _ := pair(t, a, b)
+	a, ca := deathHeldPair(t, 199, nil, nil)
 	a.p.Kill()
 	check := func(what string, err error) {
 		t.Helper()
@@ -80,14 +87,7 @@ func TestProcessDeathSaidFromKillOn(t *testing.T) {
 // ended), with Err saying ErrProcessDied, and a Recv waiting at the Kill
 // waited on for die.
 func TestRecvSaysProcessDeathFromKillOn(t *testing.T) {
-	w := newWorld(t)
-	release := make(chan struct{})
-	defer close(release)
-	a := w.wrappedEndpoint("10.0.198.1", 7000, func(k kernel.Kernel) kernel.Kernel {
-		return deathHeldKernel{wrapper{k}, k.(interface{ Dead() <-chan struct{} }).Dead(), release}
-	})
-	b := w.endpoint("10.0.198.2", 7000)
-	ca, _ := pair(t, a, b)
+	a, ca := deathHeldPair(t, 198, nil, nil)
 	waiting := make(chan error, 1)
 	go func() {
 		_, err := ca.Recv(ctxT(t, 10*time.Second), make([]byte, 16))
@@ -108,14 +108,7 @@ func TestRecvSaysProcessDeathFromKillOn(t *testing.T) {
 // at the Kill says ErrProcessDied, as one called after it does. It waited
 // on for die, and said ctx's error where ctx ended first.
 func TestWaitingSendSaysProcessDeathFromKillOn(t *testing.T) {
-	w := newWorld(t)
-	release := make(chan struct{})
-	defer close(release)
-	a := w.wrappedEndpoint("10.0.197.1", 7000, func(k kernel.Kernel) kernel.Kernel {
-		return deathHeldKernel{wrapper{k}, k.(interface{ Dead() <-chan struct{} }).Dead(), release}
-	}, longTimers)
-	b := w.endpoint("10.0.197.2", 7000, longTimers, func(c *Config) { c.RecvWindow = 1 })
-	ca, _ := pair(t, a, b)
+	a, ca := deathHeldPair(t, 197, []func(*Config){longTimers}, []func(*Config){longTimers, func(c *Config) { c.RecvWindow = 1 }})
 	// The window's one credit: b reads nothing, so the next Send waits.
 	if err := ca.Send(ctxT(t, 5*time.Second), []byte("x")); err != nil {
 		t.Fatal(err)
@@ -140,14 +133,7 @@ func TestWaitingSendSaysProcessDeathFromKillOn(t *testing.T) {
 // the Kill sends nothing and closes nothing, as after die: the Send after
 // it said ErrClosed (the application's end, to cm), not ErrProcessDied.
 func TestCloseWriteAfterKillLeavesSendSayingProcessDeath(t *testing.T) {
-	w := newWorld(t)
-	release := make(chan struct{})
-	defer close(release)
-	a := w.wrappedEndpoint("10.0.196.1", 7000, func(k kernel.Kernel) kernel.Kernel {
-		return deathHeldKernel{wrapper{k}, k.(interface{ Dead() <-chan struct{} }).Dead(), release}
-	})
-	b := w.endpoint("10.0.196.2", 7000)
-	ca, _ := pair(t, a, b)
+	a, ca := deathHeldPair(t, 196, nil, nil)
 	a.p.Kill()
 	if err := ca.CloseWrite(); !errors.Is(err, ErrProcessDied) {
 		t.Errorf("CloseWrite right after the process's kill: %v, want ErrProcessDied", err)
