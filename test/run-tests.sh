@@ -59,7 +59,7 @@ GUEST_SKIPS='^(TestTwoNodes|TestXRCDeviceCM|TestXRCRealSkipsWithoutXRC|TestReal[
 # Kernel trouble in a guest's dmesg (test/vm/rxe-vm.sh saves it): a failure even if every test
 # passed, since an oops or a WARN in rxe or the CM may leave the tests' results meaningless.
 KERNEL_TROUBLE='Oops|BUG:|WARNING:|Call Trace|general protection|soft lockup|blocked for more than'
-VM_TEST_TIMEOUT=${GOXRC_VM_TEST_TIMEOUT:-12m}  # -test.timeout for each binary in the VM (the plain integration one takes about 5 min; 8 min was passed on a loaded host)
+VM_TEST_TIMEOUT=${GOXRC_VM_TEST_TIMEOUT:-12m}  # -test.timeout for each binary in the VM (the plain integration one takes about 6 min on a quiet host; 8 min was passed on a loaded one)
 VM_TIMEOUT=${GOXRC_VM_TIMEOUT:-1500}           # hard limit for the whole VM run, seconds (it takes 340-550)
 
 source "$(dirname "$0")/lib.sh"
