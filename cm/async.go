@@ -79,8 +79,14 @@ func (d *device) handleAsync(ev verbs.AsyncEvent) {
 	if ev.Type == verbs.EventCQErr {
 		dead = d.cqErrLocked(ev.CQ, hit)
 	}
+	if len(dead) > 0 {
+		d.deadPairs.Add(1)
+	}
 	d.mu.Unlock()
-	closePairs(dead)
+	if len(dead) > 0 {
+		closePairs(dead)
+		d.deadPairs.Done()
+	}
 	// Outside the lock: a connection failing takes locks of its own.
 	for _, t := range hit {
 		t.asyncEvent(ev)

@@ -201,6 +201,11 @@ type device struct {
 
 	qps       map[qpShape][]cachedQP // closed connections' QPs and CQs (qpcache.go)
 	cachedQPs int
+	// deadPairs counts the pairs the event reader took out of the cache
+	// and is destroying (cqErrLocked); added to under mu. The reader
+	// holds no reference: closeLocked waits for them before the PD, the
+	// channel and the context, which refuse to go while they live.
+	deadPairs sync.WaitGroup
 
 	// The device's asynchronous events (async.go): asyncDone is closed when
 	// their reader ends (nil if they could not be read); conns, under mu,
@@ -589,6 +594,7 @@ func (d *device) closeLocked() {
 		delete(devices.m, d.name)
 	}
 	d.dropQPs()
+	d.deadPairs.Wait()
 	if d.cc.Close() == nil {
 		<-d.pumpDone
 	}
