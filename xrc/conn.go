@@ -373,6 +373,7 @@ func (c *Conn) takeTurn(ctx context.Context) error {
 		// (TestSendWaitingForTurnEndedContextSaysWhyConnEnded).
 		select {
 		case <-c.done:
+		case <-c.e.procDead: // the death ends c from its Kill on, as in sendData
 		case <-c.e.ctx.Done():
 		default:
 			return ctx.Err()
@@ -595,6 +596,8 @@ post:
 				}
 			case <-c.done:
 				return c.unposted(q, wrid) // taken: the connection ended
+			case <-e.procDead: // as in sendData; never posted: taken back below
+				break wait
 			case <-e.ctx.Done():
 				return true, c.endedSendErr()
 			case <-ctx.Done():
@@ -626,9 +629,18 @@ post:
 			c.acked = c.sent // a peer's count took it for sent: never past what was
 		}
 		c.wakeSendersLocked()
+		var ended error
+		if closed(e.procDead) {
+			// c ended with the process (or our Close first): ctx is no
+			// reason, and nil would pass the frame for sent.
+			ended = cmp.Or(c.sendErrLocked(false), ErrClosed)
+		}
 		e.mu.Unlock()
-		if userEnded {
+		switch {
+		case userEnded:
 			return false, &OpError{"send", c.raddr.String(), ErrClosed}
+		case ended != nil:
+			return false, &OpError{"send", c.raddr.String(), ended}
 		}
 		return false, ctx.Err()
 	}
