@@ -4,7 +4,6 @@ package cm
 
 import (
 	"context"
-	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goxrc/goxrc/internal/faults"
-	"github.com/goxrc/goxrc/test/softroce"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -24,13 +22,9 @@ import (
 // destroy is held here until the device's close has had its chance. Runs
 // in the VM, a real device being needed.
 func TestDeviceCQErrPairClosedBeforeDevice(t *testing.T) {
-	_, ip := softroce.Device(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	opts := []Option{WithMessageSize(256), WithQueueDepth(4)}
-	l, err := Listen(ctx, netip.AddrPortFrom(ip, 0).String(), opts...)
-	require.NoError(t, err)
-	c, s := dialAccepted(ctx, t, l, opts...)
+	l, c, s := rxePair(ctx, t, WithMessageSize(256), WithQueueDepth(4))
 	st := s.t.(*rdmaTransport)
 	d := st.dev
 	require.NoError(t, s.Close())
@@ -72,7 +66,7 @@ func TestDeviceCQErrPairClosedBeforeDevice(t *testing.T) {
 	close(release)
 	<-closed
 	<-handled
-	err = d.ctx.Close()
+	err := d.ctx.Close()
 	if err != nil {
 		d.cc.Close() // for the tests after this one
 		d.ctx.Close()

@@ -4,13 +4,11 @@ package cm
 
 import (
 	"context"
-	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goxrc/goxrc/test/softroce"
 	"github.com/goxrc/goxrc/verbs"
 )
 
@@ -23,18 +21,14 @@ import (
 // reader would. Runs in the VM (test/run-tests.sh, VM_RACE), a real device
 // being needed.
 func TestDeviceCQErrPairNotKept(t *testing.T) {
-	_, ip := softroce.Device(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	opts := []Option{WithMessageSize(256), WithQueueDepth(4)}
-	l, err := Listen(ctx, netip.AddrPortFrom(ip, 0).String(), opts...)
-	require.NoError(t, err)
-	defer l.Close() // holds the device: closed connections' pairs are kept
-	c, s := dialAccepted(ctx, t, l, opts...)
+	// The listener holds the device: closed connections' pairs are kept.
+	_, c, s := rxePair(ctx, t, WithMessageSize(256), WithQueueDepth(4))
 
 	st := s.t.(*rdmaTransport)
 	st.dev.handleAsync(verbs.AsyncEvent{Type: verbs.EventCQErr, CQ: st.cq})
-	_, err = s.Recv(ctx, make([]byte, 256))
+	_, err := s.Recv(ctx, make([]byte, 256))
 	require.ErrorIs(t, err, ErrPeerGone)
 	require.ErrorContains(t, err, "CQ_ERR")
 

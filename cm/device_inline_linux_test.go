@@ -5,13 +5,10 @@ package cm
 import (
 	"bytes"
 	"context"
-	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/goxrc/goxrc/test/softroce"
 )
 
 // WithInlineThreshold above what the device inlines: soft-RoCE refuses a QP
@@ -22,15 +19,10 @@ import (
 // either side of that size arrive intact. Runs in the VM
 // (test/run-tests.sh, VM_RACE), a real device being needed.
 func TestDeviceInlineAboveWhatTheDeviceTakes(t *testing.T) {
-	_, ip := softroce.Device(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const size = 4096
-	opts := []Option{WithInlineThreshold(size), WithMessageSize(size), WithQueueDepth(4)}
-	l, err := Listen(ctx, netip.AddrPortFrom(ip, 0).String(), opts...)
-	require.NoError(t, err)
-	defer l.Close()
-	c, s := dialAccepted(ctx, t, l, opts...)
+	_, c, s := rxePair(ctx, t, WithInlineThreshold(size), WithMessageSize(size), WithQueueDepth(4))
 
 	inline := c.t.(*rdmaTransport).inline
 	t.Logf("inline data per send: %d bytes", inline)

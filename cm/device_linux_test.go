@@ -3,6 +3,7 @@
 package cm
 
 import (
+	"context"
 	"net/netip"
 	"testing"
 	"time"
@@ -85,4 +86,17 @@ func acquireRXE(t *testing.T) (d *device, before ProcessStats) {
 	d, err = acquireDevice(id)
 	require.NoError(t, err)
 	return d, before
+}
+
+// rxePair listens on soft-RoCE's address with opts, dials it with the same,
+// and returns the listener and both ends, closed when the test ends (the
+// ends first). It skips off the VM.
+func rxePair(ctx context.Context, t *testing.T, opts ...Option) (l *Listener, c, s *Conn) {
+	t.Helper()
+	_, ip := softroce.Device(t)
+	l, err := Listen(ctx, netip.AddrPortFrom(ip, 0).String(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	c, s = dialAccepted(ctx, t, l, opts...)
+	return l, c, s
 }
