@@ -764,7 +764,9 @@ func (e *Endpoint) failINILocked(u *uplink, q *iniQP) {
 		q.broken = true // recovering onto it: recover starts again
 		return
 	}
-	if u.cur != q || u.state != upUp || e.closed {
+	// Nothing is rebuilt while the endpoint closes, but for a leg a round
+	// left on an old TGT (uplink.kept): its FIN goes once it has moved.
+	if u.cur != q || u.state != upUp || e.closed && (len(u.kept) == 0 || e.ctx.Err() != nil) {
 		return
 	}
 	if u.settling {
