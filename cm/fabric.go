@@ -30,7 +30,12 @@ import (
 // WithKeepalive, WithDevice, WithBusyPoll, WithInlineThreshold and
 // WithBacklog have no effect (the engine has its heartbeat and idle
 // timeout, see xrc.Config). WithXRC(XRCOff) contradicts it and fails with
-// ErrInvalid, and WithRawMessages with ErrNotSupported.
+// ErrInvalid, and WithRawMessages with ErrNotSupported. A process that dies
+// (memfabric's Kill, or its node's PowerOff) closed nothing of the
+// application's: its connections fail with ErrPeerGone wrapping
+// xrc.ErrProcessDied, and Dial and Listen on it with xrc.ErrProcessDied;
+// its listeners' Accept says ErrClosed with that cause in words, as an RC
+// listener that failed does.
 func WithFabric(p *memfabric.Process) Option { return func(c *config) { c.fabric = p } }
 
 // xrcSite is where an XRC endpoint runs: a process of an in-memory fabric,

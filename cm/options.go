@@ -369,7 +369,8 @@ const maxBacklog = 1<<16 - 1
 //
 // A wait that sleeps is woken through Go's netpoller, which costs more than a
 // C thread woken in a blocking read: under emulation, a ping-pong that
-// sleeps on every message took 3-4 times as long one way as ib_send_lat -e,
-// with or without goxrc (test/bench.sh's sleeping rows, test/cmd/cgofloor
-// -events). Spin for as long as a reply usually takes.
+// sleeps on every message took 2.4-6.3 times as long one way as
+// ib_send_lat -e with goxrc, and 2.5-6.0 times with no library
+// (test/bench.sh's sleeping rows, test/cmd/cgofloor -events; 6.3 and 3.4 in
+// docs/benchmarks.md's run). Spin for as long as a reply usually takes.
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }

@@ -42,8 +42,9 @@
 // an errno. A few wrap a more specific error: *MaskError (a Modify mask that
 // does not fit the QP type and transition), *TypeError (an operation the QP
 // type lacks) and *PostError (which work request of a chain failed).
-// errors.Is(err, ErrNotSupported) holds for EOPNOTSUPP and ENOSYS, for
-// example for XRC on soft-RoCE.
+// errors.Is(err, ErrNotSupported) holds for EOPNOTSUPP, ENOSYS and
+// EPROTONOSUPPORT, for example for XRC on soft-RoCE, and errors.Is(err,
+// os.ErrInvalid) for EINVAL (see OpError).
 //
 // # QP types and attribute masks
 //

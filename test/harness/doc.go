@@ -1,6 +1,7 @@
 // Package harness holds the tests of the shell harness under test/ (the
 // result counting of test/lib.sh, test/apt.sh's waiting out the package
-// manager's lock, test/vm/guest.sh's health check, and test/vm/rxe-vm.sh's
-// runs of two checkouts sharing its cache, with fakes for the package
-// manager and qemu), run on the host with the other tests.
+// manager's lock, test/vm/guest.sh's health check, test/vm/rxe-vm.sh's
+// runs of two checkouts sharing its cache, and test/bench.sh's failure when
+// the Go tests or benchmarks it runs in the guest fail, with fakes for the
+// package manager and qemu), run on the host with the other tests.
 package harness
