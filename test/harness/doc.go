@@ -3,5 +3,6 @@
 // manager's lock, test/vm/guest.sh's health check, test/vm/rxe-vm.sh's
 // runs of two checkouts sharing its cache, and test/bench.sh's failure when
 // the Go tests or benchmarks it runs in the guest fail, with fakes for the
-// package manager and qemu), run on the host with the other tests.
+// package manager and qemu), run on the host with the other tests; and that
+// the docs cite only tests the tree has.
 package harness
