@@ -69,6 +69,12 @@ func (d *device) handleAsync(ev verbs.AsyncEvent) {
 			globalStats.portErrors.Add(1)
 		}
 	}
+	if ev.Type == verbs.EventDeviceFatal && !d.fatalLocked() {
+		// With the connections it reaches taken, so that each one
+		// added hears of it once: here, or from addConn. A listener
+		// watches it (Listener.watchFatal).
+		close(d.fatal)
+	}
 	var hit []*rdmaTransport
 	for t := range d.conns {
 		if match(t) {
@@ -122,11 +128,28 @@ func (d *device) cqErrLocked(cq *verbs.CQ, on []*rdmaTransport) []cachedQP {
 	return dead
 }
 
-// addConn makes t's connection hear the device's events about it.
+// addConn makes t's connection hear the device's events about it. One
+// whose handshake completed after the device reported DEVICE_FATAL hears of
+// that now: the event came once, and its Sends and Recvs would wait on the
+// dead device for completions that never come.
 func (d *device) addConn(t *rdmaTransport) {
 	d.mu.Lock()
 	d.conns[t] = struct{}{}
+	fatal := d.fatalLocked()
 	d.mu.Unlock()
+	if fatal {
+		t.asyncEvent(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
+	}
+}
+
+// fatalLocked reports whether the device reported DEVICE_FATAL.
+func (d *device) fatalLocked() bool {
+	select {
+	case <-d.fatal:
+		return true
+	default:
+		return false
+	}
 }
 
 func (d *device) removeConn(t *rdmaTransport) {

@@ -219,6 +219,7 @@ type Conn struct {
 	peerLeft    string // why the peer went, once the CM said so
 	closing     bool
 	lostClose   bool // closing is deviceLost's, not the application's Close
+	devLost     bool // deviceLost ran: the release waits for no time-wait
 	writeClosed bool // CloseWrite: no more data frames
 	finPosted   bool // our FIN is posted (by CloseWrite or Close), once
 	rdmaDone    bool
@@ -1526,6 +1527,7 @@ func (c *Conn) deviceLost(why string) {
 		c.waiting.wakeAll()
 	}
 	c.failLocked(err)
+	c.devLost = true
 	if !c.closing {
 		// The Close below is cm's (see closedErrLocked). A loss that
 		// finds closing set leaves lostClose as it is: the application's
@@ -1652,9 +1654,13 @@ func (c *Conn) close(background, app bool) error {
 		case <-ctx.Done():
 		}
 	}
-	// The FIN or the drain may have found the peer vanished.
+	// The FIN or the drain may have found the peer vanished. A lost
+	// device's connection is released at once too: its QP is destroyed,
+	// not kept for reuse, so no time-wait is waited for (after a
+	// DEVICE_FATAL, until a TIMEWAIT_EXIT or DEVICE_REMOVAL that may never
+	// come, holding the dead device and the application's Close).
 	c.mu.Lock()
-	vanished = vanished || c.peerVanishedLocked()
+	vanished = vanished || c.peerVanishedLocked() || c.devLost
 	c.mu.Unlock()
 	if background {
 		go func() {

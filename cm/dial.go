@@ -364,9 +364,11 @@ func (c *Conn) start(t *rdmaTransport) {
 	// see the connection: a fatal device event closes it from there.
 	c.startKeepalive()
 	t.inAsync = true
+	// Before addConn too: the release waits for the watcher started
+	// after it.
+	t.watching = true
 	globalStats.connsOpen.Add(1)
 	globalStats.connsTotal.Add(1)
 	t.dev.addConn(t)
-	t.watching = true
 	go t.watch()
 }

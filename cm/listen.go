@@ -173,6 +173,9 @@ func Listen(ctx context.Context, address string, opts ...Option) (*Listener, err
 	globalStats.listeners.Add(1)
 	l.wg.Add(1)
 	go l.loop()
+	if l.dev != nil {
+		go l.watchFatal()
+	}
 	if l.xep != nil {
 		l.wg.Add(1)
 		go l.feedXRC()
@@ -405,6 +408,20 @@ func (l *Listener) loop() {
 				<-l.inProgress
 			}
 		}()
+	}
+}
+
+// watchFatal closes the listener when its device reports DEVICE_FATAL
+// (async.go), as loop does on the CM's DEVICE_REMOVAL, which a device that
+// fails need not send: no request comes through a dead device, and Accept
+// waited for ever. Accept says ErrDeviceRemoved. It ends with Close.
+func (l *Listener) watchFatal() {
+	select {
+	case <-l.dev.fatal:
+		l.cfg.logger.Warn("listener's RDMA device failed", "addr", l.addr)
+		l.removed.Store(true)
+		l.Close()
+	case <-l.done:
 	}
 }
 

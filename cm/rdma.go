@@ -210,10 +210,12 @@ type device struct {
 	// The device's asynchronous events (async.go): asyncDone is closed when
 	// their reader ends (nil if they could not be read); conns, under mu,
 	// are the connections they may concern; portDown, under mu, the ports
-	// last reported down.
+	// last reported down; fatal is closed, under mu, when DEVICE_FATAL
+	// came.
 	asyncDone chan struct{}
 	conns     map[*rdmaTransport]struct{}
 	portDown  map[uint8]bool
+	fatal     chan struct{}
 
 	// gone: an id on the device reported its removal (see removed); under
 	// devices' lock, as are idle and idleGen.
@@ -344,7 +346,7 @@ func acquireDevice(id *rdmacm.ID) (*device, error) {
 		probeTarget: target, probeSink: sink,
 		cc: cc, pumpDone: make(chan struct{}), wakes: map[*verbs.CQ]chan struct{}{},
 		qps: map[qpShape][]cachedQP{}, conns: map[*rdmaTransport]struct{}{},
-		portDown: map[uint8]bool{},
+		portDown: map[uint8]bool{}, fatal: make(chan struct{}),
 	}
 	d.pool.reclaim = d.reclaimLockedMemory
 	globalStats.devices.Add(1)

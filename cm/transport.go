@@ -51,8 +51,9 @@ type transport interface {
 	// Close wakes blocked calls with it and still sends its FIN.
 	interrupt()
 	// release disconnects, waits (bounded by ctx) for the CM to finish,
-	// unless the peer is known to have vanished (then nothing will), and
-	// frees every resource.
+	// unless the peer is known to have vanished (then nothing will) or the
+	// device was lost (vanished too: nothing is kept), and frees every
+	// resource.
 	release(ctx context.Context, vanished bool) error
 }
 
