@@ -44,9 +44,10 @@ VM_ASAN_SKIP=("./test/integration=^TestCMSendRecvZeroAllocs$")
 # connection waits out, and the -race build fills that time (at the fifty-sixth stop one after
 # the other took 300 s + 216 s, side by side about 290 s). The leak checks count only their own
 # process's kernel objects (softroce.ProcessResources). Tests matching BESIDE_ALONE make and
-# remove soft-RoCE devices of fixed names (or make one): in the -race build they run later, alone.
+# remove soft-RoCE devices of fixed names (or make one): in the -race build they run later, alone
+# (test/harness's TestBesideRunsNoSharedChanges finds any that is missing).
 BESIDE_PKG=./test/integration
-BESIDE_ALONE='^(TestCMListenDeviceLinkLocalOnly|TestCMDeviceRemoval|TestCMIdleDeviceRemoval|TestCMRemovedDeviceKeptForRegion|TestCMIdleDeviceGivesBackLockedMemory|TestCMRegionTakesKeptBuffersMemory|TestCMPortEvents|TestCMXRCPreferListenerPortZeroRetries)$'
+BESIDE_ALONE='^(TestCMListenDeviceLinkLocalOnly|TestCMDeviceRemoval|TestCMDeviceRemovalAfterEnds|TestCMIdleDeviceRemoval|TestCMRemovedDeviceKeptForRegion|TestCMIdleDeviceGivesBackLockedMemory|TestCMRegionTakesKeptBuffersMemory|TestCMPortEvents|TestCMXRCPreferListenerPortZeroRetries)$'
 # Of those, tests that change what the whole guest shares (the kernel's ephemeral port range) run
 # in the -race build's run alone only: in the plain build, beside which the -race build runs, its
 # Listens on port 0 met the narrowed range (EADDRNOTAVAIL), and the other way round.
