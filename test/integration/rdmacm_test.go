@@ -77,9 +77,10 @@ func rdmacmKernelIDs(t *testing.T) int {
 	for _, l := range links {
 		res, err := softroce.ProcessResources(l.Name, os.Getpid())
 		if err != nil {
-			if _, listed := findLink(t, l.Name); !listed {
-				// Removed since the listing, by the other test binary's
-				// removal tests: it held none of this process's ids.
+			if now, listed := findLink(t, l.Name); !listed || now.Index != l.Index {
+				// Removed since the listing (and maybe made again), by
+				// the other test binary's removal tests: it held none of
+				// this process's ids.
 				continue
 			}
 			t.Fatal(err)
