@@ -20,8 +20,8 @@ import (
 // listener's per-device ids silently). So the listener binds an id of its
 // own to each device it holds (an ephemeral port of the connection's local
 // address, as a Dial takes), lets go of the device on that id's
-// DEVICE_REMOVAL, and closes the id after everything on the device is
-// released.
+// DEVICE_REMOVAL or the device's DEVICE_FATAL (async.go), and closes the id
+// after everything on the device is released.
 
 // holdDevice makes a wildcard listener hold d, the device of a connection it
 // accepts at local. Without an id bound to the device it holds nothing.
@@ -61,9 +61,13 @@ func (l *Listener) holdDeviceLocked(d *device, local netip.Addr) (string, error)
 	return "", nil
 }
 
-// watchHeld lets go of d when its id hears of the device's removal; it
-// ends when the id is closed.
+// watchHeld lets go of d when its id hears of the device's removal, or
+// (watchHeldFatal) the device reports DEVICE_FATAL; it ends when the id is
+// closed.
 func (l *Listener) watchHeld(d *device, id *rdmacm.ID) {
+	ended := make(chan struct{})
+	defer close(ended)
+	l.heldWG.Go(func() { l.watchHeldFatal(d, id, ended) })
 	for {
 		ev, err := id.Event(context.Background())
 		if err != nil {
@@ -72,18 +76,38 @@ func (l *Listener) watchHeld(d *device, id *rdmacm.ID) {
 		if ev.Type != rdmacm.EventDeviceRemoval {
 			continue
 		}
-		l.heldMu.Lock()
-		mine := l.held[d] == id
-		if mine {
-			d.removed() // before a holdDevice could see it again
-			delete(l.held, d)
-		}
-		l.heldMu.Unlock()
-		if mine {
-			d.dropListener()
-			id.Close() // the last: nothing of ours is left on the device
-		}
+		l.letGoHeld(d, id)
 		return
+	}
+}
+
+// watchHeldFatal lets go of d when it reports DEVICE_FATAL, which a failed
+// device need not follow with the CM's DEVICE_REMOVAL (as Listener.watchFatal
+// closes a listener on a device's address): the listener held the dead
+// device, its memory and its ids until Close. It ends with watchHeld
+// (ended), not with Close: a device let go of on its removal leaves no
+// goroutine behind while the listener goes on.
+func (l *Listener) watchHeldFatal(d *device, id *rdmacm.ID, ended <-chan struct{}) {
+	select {
+	case <-d.fatal:
+		l.letGoHeld(d, id)
+	case <-ended:
+	}
+}
+
+// letGoHeld lets go of d, held with id, unless a removal, a failure or Close
+// let go of it already.
+func (l *Listener) letGoHeld(d *device, id *rdmacm.ID) {
+	l.heldMu.Lock()
+	mine := l.held[d] == id
+	if mine {
+		d.removed() // before a holdDevice could see it again
+		delete(l.held, d)
+	}
+	l.heldMu.Unlock()
+	if mine {
+		d.dropListener()
+		id.Close() // the last: nothing of ours is left on the device
 	}
 }
 
