@@ -119,6 +119,9 @@ type iniQP struct {
 	// ending: endINI has begun destroying it (its TIMEWAIT_EXIT, or a
 	// DREQ the kernel refused), once.
 	ending bool
+	// goneCounted: a MOVE onto it was refused TGT_GONE, counted in
+	// uplink.gone (once, however many legs were refused).
+	goneCounted bool
 }
 
 // awaitRoomLocked returns what a sender that found q's send queue full
@@ -1154,11 +1157,13 @@ func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.A
 		// closed (the first one's FIN can come right after its MOVE).
 		// This leg waits for the next round, which makes another
 		// (q.broken starts it); a peer that answers so round after round
-		// fails it.
-		if !q.broken {
-			q.broken = true
+		// fails it. Counted once a round, also where q had failed
+		// already (its TGT side's DREQ): else such rounds went on for ever.
+		if !q.goneCounted {
+			q.goneCounted = true
 			u.gone++
 		}
+		q.broken = true
 		return fresh
 	}
 	switch {
