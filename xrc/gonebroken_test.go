@@ -78,3 +78,47 @@ func TestTGTGoneRoundsCountedWhenINIFailedFirst(t *testing.T) {
 		t.Fatalf("r2 refused %d MOVEs, want at most %d (sender %+v)", n, maxGoneRounds+1, s.Stats())
 	}
 }
+
+// Every leg refused TGT_GONE in a round is treated alike: a round counted
+// toward maxGoneRounds leaves each of its refused legs for the next one.
+// The limit was checked per refusal against the count that round's own
+// first refusal had just raised, so in the round that reached
+// maxGoneRounds the first answer left its leg for another round and every
+// later one failed its leg at once, one round short of the bound: which
+// leg failed then was the order the parallel MOVEs were answered in.
+func TestTGTGoneRoundLimitSameForEveryLeg(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.109.1", 7000, longTimers)
+	countedTags(s.Endpoint)
+	r1 := w.endpoint("10.0.109.2", 7001, longTimers)
+	refusing := func(port int) (*proc, *failINIThenRefuse) {
+		var k *failINIThenRefuse
+		r := w.wrappedEndpoint("10.0.109.2", port, func(inner kernel.Kernel) kernel.Kernel {
+			k = &failINIThenRefuse{Kernel: inner, s: s.Endpoint}
+			return k
+		}, longTimers)
+		return r, k
+	}
+	r2, k2 := refusing(7002)
+	r4, k4 := refusing(7004)
+	r3 := w.endpoint("10.0.109.2", 7003, longTimers)
+	pair(t, s, r1) // the lowest tag: its PHYS_REQ makes each new INI
+	s2, _ := pair(t, s, r2)
+	s4, _ := pair(t, s, r4)
+	s3, _ := pair(t, s, r3)
+	k2.armed.Store(true)
+	k4.armed.Store(true)
+	r3.p.Kill()
+	if err := sendErr(t, s3); err == nil {
+		t.Fatal("a send to the killed r3 succeeded")
+	}
+	eventually(t, "r2's and r4's legs failed", func() (bool, string) {
+		return connErr(s2) != nil && connErr(s4) != nil, fmt.Sprintf("%+v", s.Stats())
+	})
+	// Each leg waits through maxGoneRounds refusals; the next fails it.
+	for name, k := range map[string]*failINIThenRefuse{"r2": k2, "r4": k4} {
+		if n := k.refused.Load(); n != maxGoneRounds+1 {
+			t.Errorf("%s refused %d MOVEs, want %d (sender %+v)", name, n, maxGoneRounds+1, s.Stats())
+		}
+	}
+}

@@ -1152,7 +1152,9 @@ func (e *Endpoint) moveDone(u *uplink, q *iniQP, c *Conn, dom uint64, acc wire.A
 		err = errIncarnation
 	}
 	var rj *RejectError
-	if !physical && errors.As(err, &rj) && rj.Reason == RejectTGTGone && u.gone < maxGoneRounds {
+	// A round counted already (q.goneCounted) leaves each of its legs
+	// refused so: the limit is the rounds', not the order of the answers.
+	if !physical && errors.As(err, &rj) && rj.Reason == RejectTGTGone && (q.goneCounted || u.gone < maxGoneRounds) {
 		// The new TGT is gone already: the legs moved onto it all
 		// closed (the first one's FIN can come right after its MOVE).
 		// This leg waits for the next round, which makes another
