@@ -69,7 +69,8 @@ type Config struct {
 	// 0 or less means DefaultHeartbeat.
 	Heartbeat time.Duration
 	// IdleTimeout is how long a receiving leg waits without any message
-	// (data or keepalive) before it takes the sender for dead and
+	// (data or keepalive) or MOVE of the leg (the sender's uplink
+	// recovering) before it takes the sender for dead and
 	// unregisters from its TGT. Keep it several Heartbeats long; it is
 	// raised to 2 Heartbeats if shorter. 0 or less means
 	// DefaultIdleTimeout.
@@ -1850,12 +1851,14 @@ func (e *Endpoint) senderGone(dl *downlink) {
 // legMoved notes that the sender of leg l moved it onto a new TGT: the
 // sender lives, so an end of the old physical link read before the MOVE (a
 // DREQ the CM sent, or one from a sender that disconnects before it moves)
-// no longer ends the leg.
+// no longer ends the leg, and its silence counts from the MOVE, as from a
+// frame: it sent nothing while its recovery moved legs, perhaps for a
+// budget spent on another receiver first (TestMovedLegRestartsIdleClock).
 func (e *Endpoint) legMoved(l *acceptedLeg) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if c := e.recv[l.Tag]; c != nil && c.recvLeg == l {
-		c.goneAt = time.Time{}
+		c.goneAt, c.lastSeen = time.Time{}, time.Now()
 	}
 }
 
@@ -2202,7 +2205,9 @@ func (e *Endpoint) consumeFrameLocked(c *Conn, leg *acceptedLeg, p []byte) bool 
 // janitor sends keepalives on idle sending legs and ends receiving legs
 // whose sender went silent or whose sender's INI was torn down.
 func (e *Endpoint) janitor() {
-	tick := e.cfg.Heartbeat / 2
+	// At least 1 ns: a Heartbeat of 1 ns is taken as it is, and a tick of
+	// 0 made NewTicker panic (TestTinyHeartbeatRuns).
+	tick := max(e.cfg.Heartbeat/2, 1)
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	last := time.Now()

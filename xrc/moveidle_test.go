@@ -1,0 +1,48 @@
+package xrc
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// A MOVE is a sign of its sender's life, as a frame is: the receiver's idle
+// clock for the leg counts from it. It did not. The sender sends nothing on
+// any leg to the node while its recovery moves them, a PHYS_REQ to a
+// receiver that does not answer (one budget, half the sender's idle
+// timeout) going first, and a moved leg with nothing to send again is
+// heard from at the sender's next keepalive, up to half a heartbeat after
+// its MOVE. A receiver could take its sender for dead in that half
+// heartbeat, just after answering its MOVE (a receiver's idle timeout of
+// 180 ms, a sender's of 300 ms and heartbeats of 100 ms: one run in six).
+// Here no frame goes after the MOVE (no keepalive within the test), and
+// the receiver's clock, set back before the recovery, must have moved to
+// the MOVE.
+func TestMovedLegRestartsIdleClock(t *testing.T) {
+	w := newWorld(t)
+	s := w.endpoint("10.0.216.1", 7000, longTimers)
+	r := w.endpoint("10.0.216.2", 7000, longTimers)
+	cs, cr := pair(t, s, r)
+	old := time.Now().Add(-time.Minute)
+	r.mu.Lock()
+	cr.lastSeen = old
+	r.mu.Unlock()
+	moved := s.Stats().LegsMoved
+	s.mu.Lock()
+	u := cs.up
+	s.failINILocked(u, u.cur)
+	s.mu.Unlock()
+	eventually(t, "the leg moved, the uplink up", func() (bool, string) {
+		st := s.Stats()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return st.LegsMoved > moved && u.state == upUp && !cs.unmoved, fmt.Sprintf("%+v", st)
+	})
+	r.mu.Lock()
+	seen := cr.lastSeen
+	r.mu.Unlock()
+	if !seen.After(old) {
+		t.Fatalf("the receiver's idle clock after the MOVE: %v behind it, as set before the recovery", time.Since(seen).Round(time.Second))
+	}
+	roundTrip(t, cs, cr, []byte("after the move"))
+}
