@@ -156,8 +156,12 @@ median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR 
 # cmtime: the setup steps (create id .. connect) run one after another, each for all N
 # connections at once; their "us / conn" column is the step's wall time / N. Their sum is
 # the wall time per connection of a full setup, which is what client -mode connect reports.
-cm_setup() { awk -F: '/^(create id|resolve addr|resolve route|create qp|connect) *:/ {split($2, f, " "); s += f[4]; k++} END {if (k == 5) print s}' "$1"; }
-cm_connect() { awk -F: '/^connect *:/ {split($2, f, " "); print f[4]}' "$1"; }
+# cmtime goes on past a connection that failed (an error event, or a call that failed, printed as
+# below) and still divides each step's time by all N: such a run gives no figure, as a run of the
+# Go client with a failed dial gives none.
+CM_FAILED='/, error: -?[0-9]+$|^failure (getting addr|resolving route|creating qp|rconnecting)/ {bad = 1}'
+cm_setup() { awk -F: "$CM_FAILED"' /^(create id|resolve addr|resolve route|create qp|connect) *:/ {split($2, f, " "); s += f[4]; k++} END {if (k == 5 && !bad) print s}' "$1"; }
+cm_connect() { awk -F: "$CM_FAILED"' /^connect *:/ {split($2, f, " "); c = f[4]} END {if (c != "" && !bad) print c}' "$1"; }
 lat_c() { awk '$1 == 64 && NF >= 9 {print $5}' "$1"; }          # t_typical = median one-way
 bw_c() { awk -v s="$2" '$1 == s && NF >= 5 {print $4}' "$1"; }  # BW average, MB = 2^20 bytes
 values() { # BENCH IMPL: one value per round
@@ -317,6 +321,7 @@ How the figures compare:
   connections at once, one step after another; the C figure is the sum of those steps' "us / conn"
   (step wall time / N). \`client -mode connect\` dials all N at once; its figure is wall time / N until
   all are established (closing excluded, as cmtime's disconnect and destroy are). Rate ratio = C/Go time.
+  A cmtime run in which a connection failed is left out (cmtime goes on, dividing by N), as a client run is.
   For reference, the "connect" step alone: ${CONNECT_ONLY}
 - Setup reference rows, each against \`cmtime -b\` (the C column is cmtime's own client, against
   its own server): goxrc's client dialing raw (no hello; cmtime's server is started for one

@@ -1,10 +1,12 @@
 package harness
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -45,14 +47,6 @@ var benchRun = map[string]string{
 // bench.sh rewrites the doc from a run's outputs (GOXRC_BENCH_REPARSE), with
 // fakes for the package manager and the VM's preparation.
 func TestBenchFailsWhenGoTestsFail(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("test/bench.sh runs as root only")
-	}
-	for _, name := range []string{"bash", "flock", "bc", "cpio", "gzip", "/bin/busybox", "git"} {
-		if _, err := exec.LookPath(name); err != nil {
-			t.Skipf("no %s on this machine", name)
-		}
-	}
 	for _, c := range []struct {
 		name    string
 		files   map[string]string // over benchRun's; "" removes one
@@ -73,37 +67,106 @@ func TestBenchFailsWhenGoTestsFail(t *testing.T) {
 			"goallocs.log": "", "goallocs.rc": "", "gobench.log": "", "gobench.rc": ""}, true, "did not run"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dir := t.TempDir()
-			bin, work := fakeCommands(t, dir, benchFakes), filepath.Join(dir, "work")
-			run := filepath.Join(work, "bench", "run", "vm")
-			files := map[string]string{}
-			for f, body := range benchRun {
-				files[filepath.Join(run, f)] = body
-			}
-			for f, body := range c.files {
-				if body == "" {
-					delete(files, filepath.Join(run, f))
-				} else {
-					files[filepath.Join(run, f)] = body
-				}
-			}
-			fakeKernel(files, work)
-			writeFiles(t, files)
-			doc := filepath.Join(dir, "benchmarks.md")
-			cmd := exec.Command("bash", "../bench.sh")
-			cmd.Env = append(os.Environ(), "PATH="+bin+":"+filepath.Join(runtime.GOROOT(), "bin")+":"+os.Getenv("PATH"),
-				"GOXRC_VM_WORK="+work, "GOTOOLCHAIN=local", "GOXRC_BENCH_REPARSE="+filepath.Dir(run),
-				"GOXRC_BENCH_DOC="+doc, "GOXRC_BENCH_CONNS=100")
-			out, err := cmd.CombinedOutput()
-			written, readErr := os.ReadFile(doc)
-			if readErr != nil {
-				t.Fatalf("no doc written (%v): %v\n%s", readErr, err, out)
-			}
+			written, out, err := reparseBench(t, c.files)
 			if says := strings.Contains(string(written), "FAILED: ") && strings.Contains(string(written), c.wantOut); says != c.wantErr {
 				t.Errorf("the doc says FAILED: ... %q: %v, want %v", c.wantOut, says, c.wantErr)
 			}
 			if (err != nil) != c.wantErr || !strings.Contains(string(out), c.wantOut) {
 				t.Errorf("bench.sh: %v, want failure %v and %q in its output:\n%s", err, c.wantErr, c.wantOut, out)
+			}
+		})
+	}
+}
+
+// reparseBench runs test/bench.sh over benchRun's outputs with files over
+// them ("" removes one), rewriting the doc from them (GOXRC_BENCH_REPARSE)
+// with fakes for the package manager and the VM's preparation, and returns
+// the doc written and bench.sh's output and error. It skips where bench.sh
+// cannot run, and fails the test where it wrote no doc.
+func reparseBench(t *testing.T, over map[string]string) (doc string, out []byte, err error) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("test/bench.sh runs as root only")
+	}
+	for _, name := range []string{"bash", "flock", "bc", "cpio", "gzip", "/bin/busybox", "git"} {
+		if _, err := exec.LookPath(name); err != nil {
+			t.Skipf("no %s on this machine", name)
+		}
+	}
+	dir := t.TempDir()
+	bin, work := fakeCommands(t, dir, benchFakes), filepath.Join(dir, "work")
+	run := filepath.Join(work, "bench", "run", "vm")
+	files := map[string]string{}
+	for f, body := range benchRun {
+		files[filepath.Join(run, f)] = body
+	}
+	for f, body := range over {
+		if body == "" {
+			delete(files, filepath.Join(run, f))
+		} else {
+			files[filepath.Join(run, f)] = body
+		}
+	}
+	fakeKernel(files, work)
+	writeFiles(t, files)
+	path := filepath.Join(dir, "benchmarks.md")
+	cmd := exec.Command("bash", "../bench.sh")
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+filepath.Join(runtime.GOROOT(), "bin")+":"+os.Getenv("PATH"),
+		"GOXRC_VM_WORK="+work, "GOTOOLCHAIN=local", "GOXRC_BENCH_REPARSE="+filepath.Dir(run),
+		"GOXRC_BENCH_DOC="+path, "GOXRC_BENCH_CONNS=100")
+	out, err = cmd.CombinedOutput()
+	written, readErr := os.ReadFile(path)
+	if readErr != nil {
+		t.Fatalf("no doc written (%v): %v\n%s", readErr, err, out)
+	}
+	return string(written), out, err
+}
+
+// cmtimeOut is rdma-core 44's cmtime client output (show_perf's format),
+// each step's "us / conn" perConn, with lines put before the table (what
+// it prints as it goes).
+func cmtimeOut(perConn float64, lines ...string) string {
+	s := strings.Join(append([]string{"creating id", "resolving address", "resolving route", "creating qp", "connecting"}, lines...), "\n") +
+		"\ndisconnecting\ndestroying id\nstep              total ms     max ms     min us  us / conn\n"
+	for _, step := range []string{"create id", "resolve addr", "resolve route", "create qp", "connect", "disconnect", "destroy"} {
+		s += fmt.Sprintf("%-13s: %11.2f%11.2f%11.2f%11.2f\n", step, perConn/10, perConn/1000, perConn/2, perConn)
+	}
+	return s
+}
+
+// TestBenchDropsFailedCmtimeRun: cmtime's client goes on past a connection
+// that failed (an error event, a call that failed), and its steps' times
+// are still divided by every connection asked for: a rejected connection
+// ends its connect step early and the run's figure drops. Such a run is no
+// figure of N connections' setup (the Go client prints none for a run with
+// a failed dial), so bench.sh leaves it out of the C median and of the
+// connect step's.
+func TestBenchDropsFailedCmtimeRun(t *testing.T) {
+	for name, failed := range map[string]string{
+		"rejected":     "event: RDMA_CM_EVENT_REJECTED, error: 28",
+		"unreachable":  "event: RDMA_CM_EVENT_UNREACHABLE, error: -110",
+		"route error":  "RDMA_CM_EVENT_ROUTE_ERROR, error: -110",
+		"addr error":   "RDMA_CM_EVENT_ADDR_ERROR, error: -110",
+		"connect call": "failure rconnecting: Cannot allocate memory",
+		"qp":           "failure creating qp: Cannot allocate memory",
+	} {
+		t.Run(name, func(t *testing.T) {
+			doc, out, err := reparseBench(t, map[string]string{
+				"setup100.c.1": cmtimeOut(10),
+				"setup100.c.2": cmtimeOut(1, failed),
+			})
+			if err != nil {
+				t.Fatalf("bench.sh: %v\n%s", err, out)
+			}
+			lines := strings.Split(doc, "\n")
+			// 5 steps of 10 us per connection in the whole run: 50.
+			row := lines[slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "| setup N=100,") })]
+			if want := "| setup N=100, us per connection (rounds: C 50.00 / Go 60.00 ) | 50.00 | 60.00 |"; !strings.HasPrefix(row, want) {
+				t.Errorf("the setup row is not of the whole run alone:\n%s\nwant it to begin %q", row, want)
+			}
+			step := lines[slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, `"connect" step`) })]
+			if want := `cmtime "connect" step 10.00 us/conn`; !strings.Contains(step, want) {
+				t.Errorf("the connect step is not the whole run's:\n%s\nwant %q", step, want)
 			}
 		})
 	}
