@@ -328,6 +328,9 @@ type qp struct {
 	d       *xrcd // TGT only
 	handles int   // TGT: kernel use count
 	sendq   *queue[kernel.SendCompletion]
+	// INI: it reached RTS since its last reset. The real seam refuses
+	// posts before that, in ERR too (internal/kernel/real, qpObj.rts).
+	rts bool
 	// INI: sends refused for want of a receive (RNR), retried in order
 	// by retryRNR, with every later send behind them.
 	rnr []kernel.SendWR

@@ -332,7 +332,7 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 			// record on reset that an opened handle lacks.
 			return opErr(op, syscall.EINVAL)
 		}
-		q.state, q.destQPN, q.remote = to, 0, netip.Addr{}
+		q.state, q.destQPN, q.remote, q.rts = to, 0, netip.Addr{}, false
 		if q.sendq != nil {
 			// The provider cleans the QP's completions out of its CQ
 			// and resets the queue's indices (mlx5_modify_qp:
@@ -352,6 +352,12 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	if q.state == verbs.QPStateErr || q.state > to {
 		return opErr(op, syscall.EINVAL)
 	}
+	if err := p.deviceErr(op); err != nil {
+		// RST2INIT, INIT2RTR, RTR2RTS, and a move to the state it is
+		// in (INIT2INIT, RTS2RTS; the real seam's QUERY_QP); 2ERR and
+		// 2RST succeed.
+		return err
+	}
 	// Every step's attributes come from the CM id (rdma_init_qp_attr): the
 	// port, P_Key index and access flags of INIT from a connected-mode id,
 	// the path of RTR and the timeouts of RTS from one whose exchange is
@@ -359,9 +365,6 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 	// QP.
 	if q.state == to {
 		return nil
-	}
-	if err := p.deviceErr(op); err != nil {
-		return err // RST2INIT, INIT2RTR, RTR2RTS (2ERR and 2RST succeed)
 	}
 	if via == 0 {
 		return opErr("rdma_init_qp_attr", syscall.EINVAL)
@@ -390,6 +393,7 @@ func (p *Process) TransitionQP(h kernel.QP, to verbs.QPState, via kernel.ID) err
 		}
 		q.state = next
 	}
+	q.rts = q.rts || q.state == verbs.QPStateRTS
 	return nil
 }
 
@@ -405,7 +409,7 @@ func (p *Process) PostSend(h kernel.QP, wrs []kernel.SendWR) error {
 	if q.typ != verbs.QPTypeXRCSend {
 		return opErr(op, syscall.EINVAL)
 	}
-	if q.state != verbs.QPStateRTS && q.state != verbs.QPStateErr {
+	if !q.rts || (q.state != verbs.QPStateRTS && q.state != verbs.QPStateErr) {
 		return opErr(op, syscall.EINVAL)
 	}
 	for _, wr := range wrs {
