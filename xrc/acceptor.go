@@ -236,6 +236,7 @@ type decision struct {
 	Downlink    *downlink    // the downlink Leg is on with this answer (Leg.Downlink changes under the acceptor's lock)
 	Duplicate   bool         // a retransmitted VIRT_REQ answered from the cache
 	Moved       bool         // a MOVE: an existing leg moved onto another downlink
+	stayed      bool         // with Moved: a MOVE onto the downlink the leg is on, which changes nothing
 	Replaced    *acceptedLeg // released: our answer to an earlier copy of this PHYS_REQ (see physical)
 	UnknownMove bool         // a rejected MOVE of a leg we do not hold (see Endpoint.onRequest)
 	moveKey     legKey       // with UnknownMove: the leg the MOVE names
@@ -544,7 +545,7 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 			a.maybeDropLocked(forgot)
 		}
 	}
-	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Downlink: dl, Moved: true}
+	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Downlink: dl, Moved: true, stayed: old == dl}
 }
 
 func (a *acceptor) admit(req *wire.Req) ([]byte, *appReject) {

@@ -133,6 +133,7 @@ type Conn struct {
 	lastSeen     time.Time
 	goneAt       time.Time // the sender's INI was torn down
 	goneDrains   uint64    // e.drains then
+	goneLink     *downlink // the link whose DREQ set goneAt: the leg is gone while still on it
 	// sendGone: our sending leg ended with its receiver's endpoint gone
 	// (its MOVE refused NO_LISTENER) while the receiving leg waits for
 	// the peer's FIN that may still sit in the SRQ: what Send returns,

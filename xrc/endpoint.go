@@ -69,8 +69,8 @@ type Config struct {
 	// 0 or less means DefaultHeartbeat.
 	Heartbeat time.Duration
 	// IdleTimeout is how long a receiving leg waits without any message
-	// (data or keepalive) or MOVE of the leg (the sender's uplink
-	// recovering) before it takes the sender for dead and
+	// (data or keepalive) or MOVE of the leg onto another TGT (the
+	// sender's uplink recovering) before it takes the sender for dead and
 	// unregisters from its TGT. Keep it several Heartbeats long; it is
 	// raised to 2 Heartbeats if shorter. 0 or less means
 	// DefaultIdleTimeout.
@@ -1207,7 +1207,12 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 	phys := ev.Exchange == kernel.ExchangeXRC
 	if d.Duplicate || d.Moved {
 		err := e.k.Accept(ev.ID, d.QPNum, d.PrivateData)
-		if err == nil && d.Moved {
+		if d.Moved && !d.stayed {
+			// Not a MOVE onto the leg's own TGT: taken again and again
+			// (it leaves the generation as it was), a replay of one
+			// kept a dead sender's leg for ever (TestNoOpMoveIsNoSignOfLife).
+			// Whether or not our answer went: its sender, not answered,
+			// asks again so (TestMoveAskedAgainAfterFailedAnswerKeepsLeg).
 			e.legMoved(d.Leg)
 		}
 		if err != nil || !phys {
@@ -1843,7 +1848,7 @@ func (e *Endpoint) senderGone(dl *downlink) {
 	defer e.mu.Unlock()
 	for _, l := range e.acc.LegsOn(dl) {
 		if c := e.recv[l.Tag]; c != nil && c.goneAt.IsZero() {
-			c.goneAt, c.goneDrains = now, e.polls.Load()
+			c.goneAt, c.goneDrains, c.goneLink = now, e.polls.Load(), dl
 		}
 	}
 }
@@ -1858,7 +1863,7 @@ func (e *Endpoint) legMoved(l *acceptedLeg) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if c := e.recv[l.Tag]; c != nil && c.recvLeg == l {
-		c.goneAt, c.lastSeen = time.Time{}, time.Now()
+		c.goneAt, c.goneLink, c.lastSeen = time.Time{}, nil, time.Now()
 	}
 }
 
@@ -2248,6 +2253,12 @@ func (e *Endpoint) janitor() {
 				// nothing arrives at all, half an idle timeout passed).
 				gone := !c.goneAt.IsZero() && ((now.Sub(c.goneAt) > e.cfg.Heartbeat && drains > c.goneDrains) ||
 					now.Sub(c.goneAt) > e.cfg.IdleTimeout/2)
+				// Only while the leg is on that link: a MOVE decided
+				// since took it off, and its legMoved, after our answer
+				// went, clears the mark (TestMoveDecidedAfterDREQKeepsLeg).
+				if gone && c.goneLink != nil && !onLink(e.acc.LegDownlink(c.recvLeg), c.goneLink) {
+					gone = false
+				}
 				// A dial's acceptor sends nothing on this leg before our
 				// first frame (consumeLocked): until a completion says it
 				// arrived (firstDue), its silence is waited out as the
