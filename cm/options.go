@@ -210,7 +210,9 @@ func WithMessageSize(n int) Option { return func(c *config) { c.messageSize = n 
 
 // WithInlineThreshold sets the largest payload sent inline (copied into
 // the work request). Where the device inlines less, a connection asks for half
-// as much until the device takes it, and inlines that (0 where none).
+// as much until the device takes it, and inlines that (0 where none). RC
+// only: over XRC (WithXRC on a device with XRC, or WithFabric) the engine
+// posts the sends, and the option has no effect.
 func WithInlineThreshold(n int) Option { return func(c *config) { c.inlineThreshold = n } }
 
 // WithDevice forces an RDMA device by name (e.g. "rxe0"): a dial binds to
@@ -373,4 +375,8 @@ const maxBacklog = 1<<16 - 1
 // ib_send_lat -e with goxrc, and 2.5-6.0 times with no library
 // (test/bench.sh's sleeping rows, test/cmd/cgofloor -events; 6.3 and 3.4 in
 // docs/benchmarks.md's run). Spin for as long as a reply usually takes.
+//
+// RC only: over XRC (WithXRC on a device with XRC, or WithFabric) the
+// engine's own goroutines poll the completion queues, and the option has
+// no effect.
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
