@@ -237,6 +237,7 @@ type decision struct {
 	Duplicate   bool         // a retransmitted VIRT_REQ answered from the cache
 	Moved       bool         // a MOVE: an existing leg moved onto another downlink
 	stayed      bool         // with Moved: a MOVE onto the downlink the leg is on, which changes nothing
+	again       bool         // with Moved: a PHYS_REQ MOVE of the leg's generation, its first copy's REQ once more
 	Replaced    *acceptedLeg // released: our answer to an earlier copy of this PHYS_REQ (see physical)
 	UnknownMove bool         // a rejected MOVE of a leg we do not hold (see Endpoint.onRequest)
 	moveKey     legKey       // with UnknownMove: the leg the MOVE names
@@ -501,7 +502,7 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 		}
 		return a.reject(req.ConnTag, wire.RejectBadRequest, 0, nil)
 	}
-	old := l.Downlink
+	old, gen := l.Downlink, l.moveGen
 	var forgot *downlink
 	a.view.Lock()
 	if old != dl {
@@ -545,7 +546,7 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 			a.maybeDropLocked(forgot)
 		}
 	}
-	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Downlink: dl, Moved: true, stayed: old == dl}
+	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Downlink: dl, Moved: true, stayed: old == dl, again: req.Move == gen}
 }
 
 func (a *acceptor) admit(req *wire.Req) ([]byte, *appReject) {

@@ -1207,10 +1207,13 @@ func (e *Endpoint) onRequest(ev kernel.Event) {
 	phys := ev.Exchange == kernel.ExchangeXRC
 	if d.Duplicate || d.Moved {
 		err := e.k.Accept(ev.ID, d.QPNum, d.PrivateData)
-		if d.Moved && !d.stayed {
+		if d.Moved && !d.stayed && !d.again {
 			// Not a MOVE onto the leg's own TGT: taken again and again
 			// (it leaves the generation as it was), a replay of one
 			// kept a dead sender's leg for ever (TestNoOpMoveIsNoSignOfLife).
+			// Nor a PHYS_REQ MOVE of the leg's generation, taken again
+			// and again too, each copy onto a new TGT: its first copy
+			// was the word (TestSameGenPhysMoveIsNoSignOfLife).
 			// Whether or not our answer went: its sender, not answered,
 			// asks again so (TestMoveAskedAgainAfterFailedAnswerKeepsLeg).
 			e.legMoved(d.Leg)
@@ -1847,7 +1850,10 @@ func (e *Endpoint) senderGone(dl *downlink) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, l := range e.acc.LegsOn(dl) {
-		if c := e.recv[l.Tag]; c != nil && c.goneAt.IsZero() {
+		// Also over the mark of a link the leg has left, whose MOVE's
+		// legMoved is still to come: this one is the leg's now
+		// (TestDREQOfLinkMovedOntoEndsLeg).
+		if c := e.recv[l.Tag]; c != nil && (c.goneAt.IsZero() || c.goneLink != nil && !onLink(e.acc.LegDownlink(l), c.goneLink)) {
 			c.goneAt, c.goneDrains, c.goneLink = now, e.polls.Load(), dl
 		}
 	}
@@ -1863,7 +1869,13 @@ func (e *Endpoint) legMoved(l *acceptedLeg) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if c := e.recv[l.Tag]; c != nil && c.recvLeg == l {
-		c.goneAt, c.goneLink, c.lastSeen = time.Time{}, nil, time.Now()
+		// Not the mark of the link the leg is on: its DREQ, read since
+		// the MOVE was decided, says the sender is gone after it
+		// (TestDREQOfLinkMovedOntoEndsLeg).
+		if c.goneLink == nil || !onLink(e.acc.LegDownlink(l), c.goneLink) {
+			c.goneAt, c.goneLink = time.Time{}, nil
+		}
+		c.lastSeen = time.Now()
 	}
 }
 
@@ -2254,8 +2266,9 @@ func (e *Endpoint) janitor() {
 				gone := !c.goneAt.IsZero() && ((now.Sub(c.goneAt) > e.cfg.Heartbeat && drains > c.goneDrains) ||
 					now.Sub(c.goneAt) > e.cfg.IdleTimeout/2)
 				// Only while the leg is on that link: a MOVE decided
-				// since took it off, and its legMoved, after our answer
-				// went, clears the mark (TestMoveDecidedAfterDREQKeepsLeg).
+				// since took it off, and its legMoved, after the kernel
+				// took our answer (or refused it), clears the mark
+				// (TestMoveDecidedAfterDREQKeepsLeg).
 				if gone && c.goneLink != nil && !onLink(e.acc.LegDownlink(c.recvLeg), c.goneLink) {
 					gone = false
 				}
