@@ -19,6 +19,14 @@ import (
 // RTU) and returns the INI and the ACCEPT.
 func physLeg(t *testing.T, p *rawPeer, to netip.AddrPort, tag uint32, flags wire.Flags) (kernel.QP, wire.Accept) {
 	t.Helper()
+	ini, _, _, acc := physLink(t, p, to, tag, flags)
+	return ini, acc
+}
+
+// physLink is physLeg keeping the CM id (its Disconnect is the DREQ) and
+// the INI's number.
+func physLink(t *testing.T, p *rawPeer, to netip.AddrPort, tag uint32, flags wire.Flags) (kernel.QP, uint32, kernel.ID, wire.Accept) {
+	t.Helper()
 	k := p.k
 	ini, iniQPN, err := k.CreateINI()
 	if err != nil {
@@ -48,7 +56,7 @@ func physLeg(t *testing.T, p *rawPeer, to netip.AddrPort, tag uint32, flags wire
 	if flags&wire.FlagMove == 0 {
 		sendFirstFrame(t, p, ini, acc)
 	}
-	return ini, acc
+	return ini, iniQPN, id, acc
 }
 
 // sendFirstFrame sends, as a dialer does once its leg is bound, the

@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/goxrc/goxrc/internal/kernel"
-	"github.com/goxrc/goxrc/verbs"
-	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
 
 // A MOVE onto the TGT the leg is on changes nothing (docs/xrc-protocol.md's
@@ -21,47 +19,20 @@ func TestNoOpMoveIsNoSignOfLife(t *testing.T) {
 	r := w.endpoint("10.0.219.2", 7001, longTimers)
 	p := w.rawPeer("10.0.219.1", 7100)
 	k := p.k
-	ini, iniQPN, err := k.CreateINI()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, ConnTag: 1, Incarnation: p.inc, INIQPN: iniQPN,
-		SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8, MaxMessage: MaxMessageSize})
-	id, err := k.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeXRC, iniQPN, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev, err := k.Event(ctxT(t, time.Second), id)
-	var acc wire.Accept
-	if err != nil || ev.Type != kernel.EventConnectResponse || wire.DecodeAccept(ev.PrivateData, &acc) != nil {
-		t.Fatalf("PHYS_REQ: %v %v", ev.Type, err)
-	}
-	if err := k.TransitionQP(ini, verbs.QPStateRTS, id); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Establish(id); err != nil {
-		t.Fatal(err)
-	}
-	sendFirstFrame(t, p, ini, acc)
+	_, iniQPN, id, acc := physLink(t, p, r.Addr(), 1, 0)
 	c, err := r.Accept(ctxT(t, 2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The sender's INI goes: its DREQ marks the leg's sender gone.
 	k.Disconnect(id)
-	eventually(t, "the DREQ read", func() (bool, string) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return !c.goneAt.IsZero(), "goneAt not set"
-	})
+	awaitGoneMark(t, r, c)
 	old := time.Now().Add(-time.Minute)
 	r.mu.Lock()
 	c.lastSeen = old
 	r.mu.Unlock()
 	// The MOVE of the leg onto its own TGT, then the same request again.
-	mv := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, Flags: wire.FlagMove, Move: 1, ConnTag: 1, Incarnation: p.inc,
-		INIQPN: iniQPN, TGTQPNHint: acc.TGTQPN, DomainHint: acc.DomainID, SRQN: p.srqn, ReplyPort: p.addr.Port(),
-		Credits: 8, MaxMessage: MaxMessageSize})
+	mv := virtMove(t, p, 1, iniQPN, acc)
 	for i := range 2 {
 		if ev := answer(t, k, r.Addr(), kernel.ExchangeSIDR, 0, mv); ev.Type != kernel.EventEstablished {
 			t.Fatalf("MOVE %d onto the leg's own TGT answered %v, want the ACCEPT that changes nothing", i, ev.Type)
@@ -87,53 +58,12 @@ func TestMoveAskedAgainAfterFailedAnswerKeepsLeg(t *testing.T) {
 	r := w.wrappedEndpoint("10.0.219.4", 7001, func(k kernel.Kernel) kernel.Kernel { fa.Kernel = k; return fa }, longTimers)
 	p := w.rawPeer("10.0.219.3", 7100)
 	k := p.k
-	ini, iniQPN, err := k.CreateINI()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := encodeReq(t, wire.Req{Type: wire.TypePhysReq, ConnTag: 1, Incarnation: p.inc, INIQPN: iniQPN,
-		SRQN: p.srqn, ReplyPort: p.addr.Port(), Credits: 8, MaxMessage: MaxMessageSize})
-	id, err := k.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeXRC, iniQPN, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev, err := k.Event(ctxT(t, time.Second), id)
-	var acc wire.Accept
-	if err != nil || ev.Type != kernel.EventConnectResponse || wire.DecodeAccept(ev.PrivateData, &acc) != nil {
-		t.Fatalf("PHYS_REQ: %v %v", ev.Type, err)
-	}
-	if err := k.TransitionQP(ini, verbs.QPStateRTS, id); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Establish(id); err != nil {
-		t.Fatal(err)
-	}
-	sendFirstFrame(t, p, ini, acc)
-	c, err := r.Accept(ctxT(t, 2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The sender's new INI and TGT (a leg of its own on them), then the
-	// DREQ of the old INI, read before the MOVE.
-	ini2, acc2 := physLeg(t, p, r.Addr(), 2, 0)
-	info, err := k.QueryQP(ini2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Accept(ctxT(t, 2*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	k.Disconnect(id)
-	eventually(t, "the DREQ read", func() (bool, string) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return !c.goneAt.IsZero(), "goneAt not set"
-	})
+	// The sender's new INI and TGT, then the DREQ of the old INI, read
+	// before the MOVE.
+	m := dreqBeforeMove(t, r, p)
+	c := m.c
 	move := func(gen uint32) kernel.Event {
-		mv := encodeReq(t, wire.Req{Type: wire.TypeVirtReq, Flags: wire.FlagMove, Move: gen, ConnTag: 1, Incarnation: p.inc,
-			INIQPN: info.Num, TGTQPNHint: acc2.TGTQPN, DomainHint: acc2.DomainID, SRQN: p.srqn, ReplyPort: p.addr.Port(),
-			Credits: 8, MaxMessage: MaxMessageSize})
-		id, err := k.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeSIDR, 0, mv)
+		id, err := k.Connect(ctxT(t, time.Second), r.Addr(), kernel.ExchangeSIDR, 0, virtMove(t, p, gen, m.iniQPN, m.newAcc))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,8 +77,8 @@ func TestMoveAskedAgainAfterFailedAnswerKeepsLeg(t *testing.T) {
 	r.mu.Lock()
 	leg := c.recvLeg
 	r.mu.Unlock()
-	if tgt, _ := r.acc.LegTGT(leg); tgt != acc2.TGTQPN {
-		t.Fatalf("setup: the MOVE left the leg on %#x, want %#x", tgt, acc2.TGTQPN)
+	if tgt, _ := r.acc.LegTGT(leg); tgt != m.newAcc.TGTQPN {
+		t.Fatalf("setup: the MOVE left the leg on %#x, want %#x", tgt, m.newAcc.TGTQPN)
 	}
 	if ev := move(2); ev.Type != kernel.EventEstablished {
 		t.Fatalf("the MOVE asked again answered %v, want its ACCEPT", ev.Type)
