@@ -1342,13 +1342,9 @@ func (c *Conn) handle(wc *completion) {
 		h, err := parseFrame(wc.imm, wc.hasImm, wc.n, c.recvSeq, c.maxRecv, c.peerSlots)
 		if err == nil && c.peerFin && h.kind != frameCredit {
 			// Credit returns may follow a FIN; data may not, nor a
-			// second FIN. The application has had, or will
-			// have, io.EOF: counted and logged here, where failLocked
-			// takes the end of stream for the orderly end.
+			// second FIN. The application has had, or will have,
+			// io.EOF; failLocked counts and logs the failure.
 			err = fmt.Errorf("%w: frame of kind %d after the peer's FIN", ErrProtocol, h.kind)
-			c.broke = true
-			c.stats.errors.Add(1)
-			c.failLogs = append(c.failLogs, err)
 		}
 		if err != nil {
 			c.failLocked(err)
@@ -1467,8 +1463,11 @@ func (c *Conn) failLocked(err error) {
 	// After the peer's FIN, the flush that follows its disconnect is the
 	// expected end, not a failure; so is a raw peer's disconnect (raw
 	// messages have no FIN). A framed peer that disconnects without one
-	// broke the connection (its process died, say).
-	if !c.broke && !errors.Is(err, ErrClosed) && !(c.peerFin && c.peerLeft != "") && !(c.raw && c.peerLeft != "") {
+	// broke the connection (its process died, say), as does a frame that
+	// breaks the protocol, after the FIN too: the CM's word of the
+	// disconnect may come before a round takes that frame in.
+	orderlyEnd := (c.peerFin || c.raw) && c.peerLeft != "" && !errors.Is(err, ErrProtocol)
+	if !c.broke && !errors.Is(err, ErrClosed) && !orderlyEnd {
 		c.broke = true
 		c.failLogs = append(c.failLogs, err) // logged once mu is released: see failLogs
 		c.stats.errors.Add(1)
