@@ -2360,7 +2360,7 @@ func (e *Endpoint) uplinkForLocked(raddr netip.AddrPort) *uplink {
 	dom := e.domainOfLocked(raddr)
 	var best *uplink
 	for _, u := range e.uplinks {
-		if !sameNode(u.node, raddr.Addr()) || u.state == upNone {
+		if !sameNode(u.node, raddr.Addr()) || u.state == upNone || u.refuted {
 			continue
 		}
 		if dom != 0 && u.dom != 0 && u.dom != dom {

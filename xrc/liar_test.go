@@ -18,8 +18,8 @@ import (
 )
 
 // A stream to a slow receiver survives a dial to a liar on its node that
-// answers TGT_GONE every time (up to 17 rebuilds of the uplink, each
-// moving the stream's leg). Every rebuild counted a try against each frame
+// answers TGT_GONE every time (up to 17 rebuilds of the uplink then, one
+// now, each moving the stream's leg). Every rebuild counted a try against each frame
 // the slow receiver held, and at maxTries the healthy connection failed
 // (found by review, 10 runs in 10): only an INI that failed counts now.
 func TestLiarDialKeepsSlowStream(t *testing.T) { liarStream(t, 1000) }

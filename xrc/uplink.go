@@ -62,6 +62,13 @@ type uplink struct {
 	// tell the receiver, if it made that TGT, that we are gone. A round
 	// that leaves no leg behind disconnects them with its own old link.
 	kept []*iniQP
+	// refuted: a dial was refused TGT_GONE naming u's domain again onto
+	// the TGT a rebuild had just made. The domain is a PHYS ACCEPT's word,
+	// which nothing checks: a process may name its neighbour's, so that
+	// every dial to the neighbour rides its TGT (a review's finding,
+	// TestPhysAcceptClaimingNeighbourDomain). New dials pass u over
+	// (uplinkForLocked) and make their own; u's legs stay on it.
+	refuted bool
 }
 
 // pokeLocked wakes whoever waits on u.changed without a change of state:
@@ -360,20 +367,25 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				// The REJECT comes from the process we dial, which need
 				// not be honest, and the rebuild moves every leg on the
 				// uplink: one naming another domain is refused as it
-				// stands, and only the first of a dial is free (where
-				// connections come and go fast, a new uplink's TGT can
-				// die too before a dial's turn); the others count as
-				// failed attempts, so a liar costs a dial at most 17
-				// rebuilds, not one per round trip until ctx ends.
+				// stands, and a dial rebuilds once, so a liar costs a
+				// dial one rebuild, not one per round trip until ctx
+				// ends (17 until u.refuted).
 				if rj.domain != u.dom {
 					break
 				}
+				if rebuilt {
+					// Refused again onto the TGT the rebuild made: not
+					// a TGT that died, but a domain u does not have (or
+					// a liar). Not rebuilt again (that moves every leg
+					// on u): this dial, and later ones, make their own.
+					u.refuted = true
+					e.mu.Unlock()
+					continue
+				}
 				e.failINILocked(u, q)
 				e.mu.Unlock()
-				if !rebuilt {
-					rebuilt = true
-					attempt--
-				}
+				rebuilt = true
+				attempt--
 				continue
 			}
 		}
