@@ -47,6 +47,19 @@ func TestDomainRelearnedAfterAddressReused(t *testing.T) {
 	if err := p1.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// p1's close ends the uplink's physical link (p1's CM id): a recovers
+	// the uplink onto k1. Until it is up again a takes a dial's reverse leg
+	// by two exchanges, and dial 0 below would not try the stale domain.
+	eventually(t, "a's uplink into the old domain up again", func() (bool, string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for _, u := range a.uplinks {
+			if u.dom == p1.dom.ID {
+				return u.state == upUp && !u.settling, fmt.Sprint(u.state, " settling ", u.settling)
+			}
+		}
+		return false, "none"
+	})
 	p2 := w.endpoint("10.0.61.2", 7000, func(c *Config) { c.DomainDir = t.TempDir() + "/other" })
 	if p2.dom.ID == p1.dom.ID {
 		t.Fatal("setup: p2 shares p1's domain")
