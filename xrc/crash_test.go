@@ -768,21 +768,6 @@ func stream(t *testing.T, ctx context.Context, c, d *Conn, r *proc) func() {
 	}
 }
 
-// openTGTFails fails OpenTGT once, after arm: the acceptor then answers
-// that VIRT_REQ TGT_GONE, as one whose TGT's number had just gone would.
-type openTGTFails struct {
-	kernel.Kernel
-	armed, fired atomic.Bool
-}
-
-func (k *openTGTFails) OpenTGT(d kernel.XRCD, qpn uint32) (kernel.QP, error) {
-	if k.armed.Load() && k.fired.CompareAndSwap(false, true) {
-		var none kernel.QP
-		return none, syscall.EINVAL
-	}
-	return k.Kernel.OpenTGT(d, qpn)
-}
-
 // A recovery round whose MOVE of a leg is refused (TGT_GONE) leaves that
 // leg for the next round, and must not send its messages in flight again
 // on the new INI meanwhile: the receiver takes nothing through the new TGT
@@ -796,11 +781,8 @@ func TestEndpointRecoveryResendsMovedLegsOnly(t *testing.T) {
 	countedTags(s.Endpoint)
 	r1 := w.endpoint("10.0.7.2", 7001, longTimers)
 	r2 := w.endpoint("10.0.7.2", 7002, longTimers)
-	var k3 *openTGTFails
-	r3 := w.wrappedEndpoint("10.0.7.2", 7003, func(k kernel.Kernel) kernel.Kernel {
-		k3 = &openTGTFails{Kernel: k}
-		return k3
-	}, longTimers)
+	var k3 *refusingTGT
+	r3 := w.wrappedEndpoint("10.0.7.2", 7003, refusingOnce(&k3), longTimers)
 	s1, _ := pair(t, s, r1) // the legs are moved in this order (by tag)
 	pair(t, s, r2)
 	s3, c3 := pair(t, s, r3)
@@ -811,7 +793,7 @@ func TestEndpointRecoveryResendsMovedLegsOnly(t *testing.T) {
 		t.Fatalf("the connection to the killed receiver: %v, want ErrPeerGone", err)
 	}
 	streamDone()
-	if !k3.fired.Load() {
+	if k3.refused.Load() == 0 {
 		t.Fatal("r3 never refused a MOVE: the test did not test")
 	}
 	if st := s.Stats(); st.Recoveries < 2 {

@@ -46,11 +46,8 @@ func TestRecoveryLegLeftForNextRoundKeptAlive(t *testing.T) {
 	s.mu.Lock()
 	s.tags.first = []uint32{50, 10, 20} // r3, r2, r1 dialed in this order; moved r2, r1, r3
 	s.mu.Unlock()
-	var k3 *openTGTFails
-	r3 := w.wrappedEndpoint("10.0.89.2", 7003, func(k kernel.Kernel) kernel.Kernel {
-		k3 = &openTGTFails{Kernel: k}
-		return k3
-	})
+	var k3 *refusingTGT
+	r3 := w.wrappedEndpoint("10.0.89.2", 7003, refusingOnce(&k3))
 	g2 := &slowSecondPhysMove{delay: 200 * time.Millisecond} // < the MOVE's deadline, min(5 s, 1 s/2)
 	r2 := w.wrappedEndpoint("10.0.89.2", 7002, func(k kernel.Kernel) kernel.Kernel { g2.Kernel = k; return g2 })
 	r1 := w.endpoint("10.0.89.2", 7001)
@@ -99,7 +96,7 @@ func TestRecoveryLegLeftForNextRoundKeptAlive(t *testing.T) {
 		return st.Recoveries >= 2 && g2.n.Load() >= 2, ""
 	})
 	time.Sleep(500 * time.Millisecond)
-	if !k3.fired.Load() {
+	if k3.refused.Load() == 0 {
 		t.Fatal("r3 never refused a MOVE")
 	}
 	buf := make([]byte, 64)
