@@ -23,10 +23,7 @@ func TestMovedLegRestartsIdleClock(t *testing.T) {
 	s := w.endpoint("10.0.216.1", 7000, longTimers)
 	r := w.endpoint("10.0.216.2", 7000, longTimers)
 	cs, cr := pair(t, s, r)
-	old := time.Now().Add(-time.Minute)
-	r.mu.Lock()
-	cr.lastSeen = old
-	r.mu.Unlock()
+	old := backdateIdle(r, cr)
 	moved := s.Stats().LegsMoved
 	s.mu.Lock()
 	u := cs.up
@@ -38,11 +35,24 @@ func TestMovedLegRestartsIdleClock(t *testing.T) {
 		defer s.mu.Unlock()
 		return st.LegsMoved > moved && u.state == upUp && !cs.unmoved, fmt.Sprintf("%+v", st)
 	})
-	r.mu.Lock()
-	seen := cr.lastSeen
-	r.mu.Unlock()
-	if !seen.After(old) {
-		t.Fatalf("the receiver's idle clock after the MOVE: %v behind it, as set before the recovery", time.Since(seen).Round(time.Second))
+	if !idleRestarted(r, cr, old) {
+		t.Fatal("the receiver's idle clock after the MOVE is where it was set before the recovery")
 	}
 	roundTrip(t, cs, cr, []byte("after the move"))
+}
+
+// backdateIdle sets c's idle clock a minute back, and returns the time set.
+func backdateIdle(r *proc, c *Conn) time.Time {
+	old := time.Now().Add(-time.Minute)
+	r.mu.Lock()
+	c.lastSeen = old
+	r.mu.Unlock()
+	return old
+}
+
+// idleRestarted reports whether c's idle clock has moved past old.
+func idleRestarted(r *proc, c *Conn, old time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return c.lastSeen.After(old)
 }

@@ -27,10 +27,7 @@ func TestNoOpMoveIsNoSignOfLife(t *testing.T) {
 	// The sender's INI goes: its DREQ marks the leg's sender gone.
 	k.Disconnect(id)
 	awaitGoneMark(t, r, c)
-	old := time.Now().Add(-time.Minute)
-	r.mu.Lock()
-	c.lastSeen = old
-	r.mu.Unlock()
+	old := backdateIdle(r, c)
 	// The MOVE of the leg onto its own TGT, then the same request again.
 	mv := virtMove(t, p, 1, iniQPN, acc)
 	for i := range 2 {
@@ -39,11 +36,11 @@ func TestNoOpMoveIsNoSignOfLife(t *testing.T) {
 		}
 	}
 	r.mu.Lock()
-	gone, seen := c.goneAt, c.lastSeen
+	gone := c.goneAt
 	r.mu.Unlock()
-	if gone.IsZero() || seen.After(old) {
+	if restarted := idleRestarted(r, c, old); gone.IsZero() || restarted {
 		t.Fatalf("after MOVEs onto the leg's own TGT: sender gone since the DREQ %v, idle clock restarted %v; want true, false",
-			!gone.IsZero(), seen.After(old))
+			!gone.IsZero(), restarted)
 	}
 }
 

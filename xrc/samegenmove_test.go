@@ -25,22 +25,14 @@ func TestSameGenPhysMoveIsNoSignOfLife(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The sender's recovery: a PHYS_REQ MOVE of generation 1, its word.
-	old := time.Now().Add(-time.Minute)
-	r.mu.Lock()
-	c.lastSeen = old
-	r.mu.Unlock()
+	old := backdateIdle(r, c)
 	_, acc1 := physLeg(t, p, r.Addr(), 1, wire.FlagMove)
-	r.mu.Lock()
-	seen := c.lastSeen
-	r.mu.Unlock()
-	if !seen.After(old) {
+	if !idleRestarted(r, c, old) {
 		t.Fatal("setup: the MOVE did not restart the idle clock")
 	}
 	// The same MOVE again: the leg goes onto its new TGT, but the clock
 	// stays where it was.
-	r.mu.Lock()
-	c.lastSeen = old
-	r.mu.Unlock()
+	old = backdateIdle(r, c)
 	_, acc2 := physLeg(t, p, r.Addr(), 1, wire.FlagMove)
 	r.mu.Lock()
 	leg := c.recvLeg
@@ -48,10 +40,7 @@ func TestSameGenPhysMoveIsNoSignOfLife(t *testing.T) {
 	if tgt, _ := r.acc.LegTGT(leg); acc2.TGTQPN == acc1.TGTQPN || tgt != acc2.TGTQPN {
 		t.Fatalf("setup: the copy left the leg on %#x (first copy's TGT %#x, this one's %#x)", tgt, acc1.TGTQPN, acc2.TGTQPN)
 	}
-	r.mu.Lock()
-	seen = c.lastSeen
-	r.mu.Unlock()
-	if seen.After(old) {
+	if idleRestarted(r, c, old) {
 		t.Fatal("a PHYS_REQ MOVE of the leg's generation, asked again, restarted the idle clock")
 	}
 }
