@@ -119,9 +119,8 @@ func TestModelInitQPAttrNeedsLiveID(t *testing.T) {
 	_, a, b := twoNodes(t, ReuseNever)
 	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
 	l := listen(t, sb.p, kernel.ExchangeXRC)
-	_, ini, _ := sa.p.CreateINI()
-	c := must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, ini, nil))
-	pid := event(t, sb.p, l, kernel.EventConnectRequest).ID
+	k := physRequest(t, sa, sb, l)
+	c, pid := k.aid, k.pid
 	ok(t, sa.p.DestroyID(c)) // the dialer gave up: REJ(timeout) to pid, which goes IDLE
 	// No event: ucma drops a new connection's events until rdma_accept
 	// (kcm's TestPathOfFollowsTheKernelCM sees none on rxe).

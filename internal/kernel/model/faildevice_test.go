@@ -71,10 +71,8 @@ func TestModelFailedDeviceSendsNoCM(t *testing.T) {
 		_, a, b := twoNodes(t, ReuseNever)
 		sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
 		l := listen(t, sb.p, kernel.ExchangeXRC)
-		_, iniQPN, err := sa.p.CreateINI()
-		ok(t, err)
-		aid := must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, iniQPN, nil))
-		pid := event(t, sb.p, l, kernel.EventConnectRequest).ID
+		k := physRequest(t, sa, sb, l)
+		aid, pid := k.aid, k.pid
 		b.FailDevice()
 		if err := sb.p.Accept(pid, 0x999, nil); !isErrno(err, syscall.EIO) {
 			t.Errorf("rdma_accept on a failed device: %v, want EIO (ib_send_cm_rep's post fails)", err)
@@ -99,10 +97,7 @@ func TestModelFailedDeviceVerbs(t *testing.T) {
 	path := domainFile(t)
 	sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, path)
 	l := listen(t, sb.p, kernel.ExchangeXRC)
-	_, iniQPN, err := sa.p.CreateINI()
-	ok(t, err)
-	must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, iniQPN, nil))
-	pid := event(t, sb.p, l, kernel.EventConnectRequest).ID
+	pid := physRequest(t, sa, sb, l).pid
 	tgt, tgtQPN, err := sb.p.CreateTGT(sb.d)
 	ok(t, err)
 	b.FailDevice()

@@ -115,16 +115,8 @@ type link struct {
 // physLink runs the whole physical exchange from a to the listener l of b.
 func physLink(t *testing.T, a, b *side, l kernel.ID) link {
 	t.Helper()
-	var k link
+	k := physRequest(t, a, b, l)
 	var err error
-	k.ini, k.iniQPN, err = a.p.CreateINI()
-	ok(t, err)
-	k.aid = must[kernel.ID](t)(a.p.Connect(ctxT(t), netip.AddrPortFrom(b.p.LocalAddr(), port), kernel.ExchangeXRC, k.iniQPN, []byte("req")))
-	req := event(t, b.p, l, kernel.EventConnectRequest)
-	if req.QPNum != k.iniQPN {
-		t.Fatalf("REQ qp_num %#x, want %#x", req.QPNum, k.iniQPN)
-	}
-	k.pid = req.ID
 	k.tgt, k.tgtQPN, err = b.p.CreateTGT(b.d)
 	ok(t, err)
 	ok(t, b.p.TransitionQP(k.tgt, verbs.QPStateRTR, k.pid))
@@ -136,6 +128,23 @@ func physLink(t *testing.T, a, b *side, l kernel.ID) link {
 	ok(t, a.p.TransitionQP(k.ini, verbs.QPStateRTS, k.aid))
 	ok(t, a.p.Establish(k.aid))
 	event(t, b.p, k.pid, kernel.EventEstablished)
+	return k
+}
+
+// physRequest is physLink's first half: a's new INI (k.ini, k.iniQPN), its
+// connect (k.aid), and the REQ read at b's listener l (k.pid).
+func physRequest(t *testing.T, a, b *side, l kernel.ID) link {
+	t.Helper()
+	var k link
+	var err error
+	k.ini, k.iniQPN, err = a.p.CreateINI()
+	ok(t, err)
+	k.aid = must[kernel.ID](t)(a.p.Connect(ctxT(t), netip.AddrPortFrom(b.p.LocalAddr(), port), kernel.ExchangeXRC, k.iniQPN, []byte("req")))
+	req := event(t, b.p, l, kernel.EventConnectRequest)
+	if req.QPNum != k.iniQPN {
+		t.Fatalf("REQ qp_num %#x, want %#x", req.QPNum, k.iniQPN)
+	}
+	k.pid = req.ID
 	return k
 }
 

@@ -29,10 +29,8 @@ func TestModelPostAfterERRNeedsRTSFirst(t *testing.T) {
 			_, a, b := twoNodes(t, ReuseNever)
 			sa, sb := newSide(t, a, domainFile(t)), newSide(t, b, domainFile(t))
 			l := listen(t, sb.p, kernel.ExchangeXRC)
-			ini, num, err := sa.p.CreateINI()
-			ok(t, err)
-			c := must[kernel.ID](t)(sa.p.Connect(ctxT(t), addrPort(addrB), kernel.ExchangeXRC, num, nil))
-			s := event(t, sb.p, l, kernel.EventConnectRequest).ID
+			k := physRequest(t, sa, sb, l)
+			ini, c, s := k.ini, k.aid, k.pid
 			if tc.up == verbs.QPStateInit {
 				ok(t, sa.p.TransitionQP(ini, verbs.QPStateInit, c))
 			} else {
@@ -44,7 +42,7 @@ func TestModelPostAfterERRNeedsRTSFirst(t *testing.T) {
 				ok(t, sa.p.TransitionQP(ini, tc.up, c))
 			}
 			ok(t, sa.p.TransitionQP(ini, verbs.QPStateErr, 0))
-			err = sa.p.PostSend(ini, []kernel.SendWR{{WRID: 7, RemoteSRQN: sb.srqn, Payload: []byte("x")}})
+			err := sa.p.PostSend(ini, []kernel.SendWR{{WRID: 7, RemoteSRQN: sb.srqn, Payload: []byte("x")}})
 			if tc.want != 0 {
 				if !isErrno(err, tc.want) {
 					t.Fatalf("post on an INI in ERR that never reached RTS: %v, want %v", err, tc.want)
