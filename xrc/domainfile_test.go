@@ -337,3 +337,23 @@ func TestOpenDomainFileRefusesEmptyDir(t *testing.T) {
 		t.Errorf("a domain file was made in the working directory: %v", err)
 	}
 }
+
+// A symbolic link to a directory in the domain directory's place (one
+// planted as /tmp/goxrc-<uid>) is refused naming the link, as one to the
+// file is: O_NOFOLLOW with O_DIRECTORY fails with ENOTDIR, not ELOOP, and
+// the refusal said only "not a directory" of what lists as a directory.
+func TestOpenDomainFileLinkedDirSaysLink(t *testing.T) {
+	base := t.TempDir()
+	target := filepath.Join(base, "target")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(base, "goxrc")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	_, err := OpenDomainFile(context.Background(), link)
+	if !errors.Is(err, ErrDomainFile) || !strings.Contains(fmt.Sprint(err), "symbolic link") {
+		t.Errorf("%v, want ErrDomainFile that names the symbolic link", err)
+	}
+}

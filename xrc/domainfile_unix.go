@@ -173,16 +173,19 @@ func openDomainAt(dfd int, path string, flags int) (*os.File, error) {
 }
 
 // openErr reports a failed open of the domain directory or file (what it
-// must be): O_NOFOLLOW's ELOOP means a symbolic link; other errnos (EACCES,
-// EPERM, EROFS) say what they mean themselves.
+// must be): O_NOFOLLOW refuses a symbolic link with ELOOP, but with ENOTDIR
+// where O_DIRECTORY asks for a directory (the directory's open), so Lstat
+// says whether it was one; other errnos (EACCES, EPERM, EROFS) say what
+// they mean themselves.
 func openErr(name string, err error, what string) error {
-	if err == unix.ELOOP {
+	var st unix.Stat_t
+	lerr := unix.Lstat(name, &st)
+	if err == unix.ELOOP || lerr == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
 		return fmt.Errorf("%w: %s: %w (it must be %s, not a symbolic link)", ErrDomainFile, name, err, what)
 	}
 	// Another user's (a /tmp/goxrc-<uid> made by someone else) is closed
 	// to us more often than not: say whose, which we cannot change.
-	var st unix.Stat_t
-	if err == unix.EACCES && unix.Lstat(name, &st) == nil && int(st.Uid) != os.Geteuid() {
+	if err == unix.EACCES && lerr == nil && int(st.Uid) != os.Geteuid() {
 		return fmt.Errorf("%w (%w)", notOurs(name, st.Uid), err)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrDomainFile, name, err)
