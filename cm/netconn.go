@@ -21,6 +21,12 @@ import (
 // nc.(interface{ Conn() *cm.Conn }). Do not mix c's Send and Recv with the
 // adapter's Write and Read: the adapter holds read data of its own.
 //
+// The stream buffers what the peer's posted receives hold, about
+// WithQueueDepth messages of WithMessageSize bytes each way; a Write beyond
+// that waits for the peer to Read, as a TCP write waits on full socket
+// buffers. So two peers that each write more than that before reading
+// deadlock, over TCP too once past its buffers, only sooner at small sizes.
+//
 // Its errors are *net.OpError values (Net "rdma", Op "read", "write",
 // "close" for CloseWrite, or "set" for a deadline set after Close), as a
 // TCP connection's, wrapping cm's errors: errors.Is finds ErrPeerGone,
