@@ -292,7 +292,9 @@ func WithXRC(m XRCMode) Option { return func(c *config) { c.xrc, c.xrcSet = m, t
 // WithDomainPath sets the private directory (mode 0700) of the node's XRC
 // domain file: processes of a node that use the same directory share one
 // XRC domain. Default: goxrc-<euid> (the effective uid, which must own it)
-// in the system's temporary directory.
+// in the system's temporary directory, where a cleaner of old files may
+// delete the domain file (xrc.Config.DomainDir says what follows); on
+// long-lived nodes choose a directory under /run.
 func WithDomainPath(path string) Option { return func(c *config) { c.domainPath = path } }
 
 // WithRawMessages turns off goxrc's framing: no handshake, no header and no

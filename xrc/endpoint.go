@@ -63,7 +63,11 @@ type Config struct {
 	// DomainDir is the private directory of the node's domain file; every
 	// process that uses the same directory on a node shares one XRC domain.
 	// Default: goxrc-<euid> in the system temporary directory (the effective
-	// uid, which must own the directory).
+	// uid, which must own the directory). A cleaner that ages that directory
+	// (systemd-tmpfiles on some systems) can delete the file under running
+	// processes, and processes started after that make a second domain,
+	// sharing no TGT with the first: on long-lived nodes, choose a
+	// directory no cleaner reaches, such as one under /run.
 	DomainDir string
 	// Heartbeat is how often an idle sending leg sends a keepalive.
 	// 0 or less means DefaultHeartbeat.
