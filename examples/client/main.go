@@ -347,9 +347,15 @@ func (o options) check() error {
 			return fmt.Errorf("-local %q is not an IP address: %v", o.local, err)
 		}
 		for _, a := range addrs {
-			_, port, err := net.SplitHostPort(a)
+			host, port, err := net.SplitHostPort(a)
 			if err != nil || port == "" {
 				return fmt.Errorf("-addr entry %q is not ip:port", a)
+			}
+			// The host as the dial reads it: empty or an unspecified
+			// IP names no peer, and the dial refuses it (net.Dial
+			// takes it for the local system, on no RDMA device).
+			if ip, err := netip.ParseAddr(host); host == "" || err == nil && ip.Unmap().WithZone("").IsUnspecified() {
+				return fmt.Errorf("-addr entry %q names no peer: give the server's address", a)
 			}
 			// The port as the dial reads it: a number to 65535 or a
 			// service name ("10.0.0.1:7471,x", a list outside xrc
