@@ -58,7 +58,8 @@ type Config struct {
 	Device string
 	// Addr is the ip:port to listen on; the ip must be the node's (the
 	// device's), or unspecified (0.0.0.0 or ::) for the node's own address
-	// (on a device, with Device set). Port 0 picks a free port.
+	// (on a device, with Device set). Port 0 picks a free port in
+	// 30000-49999, one both port spaces have free.
 	Addr string
 	// DomainDir is the private directory of the node's domain file; every
 	// process that uses the same directory on a node shares one XRC domain.
@@ -414,13 +415,23 @@ func (e *Endpoint) processErr() error {
 
 var errDeviceFatal = fmt.Errorf("%w: the device reported a fatal error (IBV_EVENT_DEVICE_FATAL)", ErrDeviceRemoved)
 
-// listen binds the XRC and the SIDR listener on one port number.
+// Port 0 picks from these freePorts numbers: two port spaces' listeners
+// share the number, so the kernel's own pick (for one space) cannot serve.
+const (
+	freePortFirst = 30000
+	freePorts     = 20000
+)
+
+// listen binds the XRC and the SIDR listener on one port number. Port 0
+// tries the range from a random place on, up to all of it: processes
+// starting together seldom meet, and a crowded node still finds the last
+// free number.
 func (e *Endpoint) listen(ap netip.AddrPort) error {
-	for try := 0; ; try++ {
+	start, _ := rand.Int(rand.Reader, big.NewInt(freePorts))
+	for try := int64(0); ; try++ {
 		port := ap.Port()
 		if port == 0 {
-			n, _ := rand.Int(rand.Reader, big.NewInt(20000))
-			port = uint16(30000 + n.Int64())
+			port = uint16(freePortFirst + (start.Int64()+try)%freePorts)
 		}
 		a := netip.AddrPortFrom(ap.Addr(), port)
 		lx, err := e.k.Listen(a, kernel.ExchangeXRC)
@@ -437,7 +448,7 @@ func (e *Endpoint) listen(ap netip.AddrPort) error {
 		// holder of the port is bound to the wildcard address
 		// (cma_check_port); the address itself was checked above.
 		taken := errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL)
-		if ap.Port() != 0 || !taken || try > 50 {
+		if ap.Port() != 0 || !taken || try == freePorts-1 {
 			return &OpError{"listen", a.String(), err}
 		}
 	}
