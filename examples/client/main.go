@@ -277,10 +277,14 @@ func (o options) ignoredFlag() error {
 	return nil
 }
 
-// check refuses flags that cannot make a run, before anything is dialed.
 // maxConns bounds -conns (connect mode) and the fabric demo's connections.
 const maxConns = 1 << 16
 
+// maxNodeEndpoints is how many XRC endpoints a fabric node holds: the port
+// numbers xrc.Config.Addr's port 0 picks from.
+const maxNodeEndpoints = 20000
+
+// check refuses flags that cannot make a run, before anything is dialed.
 func (o options) check() error {
 	switch o.mode {
 	case "echo", "latency", "bandwidth", "connect", "xrc":
@@ -327,7 +331,12 @@ func (o options) check() error {
 		return errors.New("-progress, -busypoll and -keepalive must not be negative")
 	case o.mode == "xrc" && o.fabric && (o.nodes < 1 || o.nodes > 254 || o.procs < 1 || o.clients < 1):
 		return errors.New("xrc mode: -nodes must be 1 to 254, -procs and -clients 1 or more")
-	case o.mode == "xrc" && o.fabric && (o.procs > maxConns || o.clients > maxConns || int64(o.nodes)*int64(o.procs)*int64(o.clients) > maxConns):
+	case o.mode == "xrc" && o.fabric && (o.procs > maxNodeEndpoints || o.clients > maxNodeEndpoints):
+		// Each process's endpoint takes one of its node's ports for port
+		// 0 (xrc.Config.Addr: 30000-49999). More failed late, after
+		// thousands of processes were made.
+		return fmt.Errorf("xrc mode: -procs and -clients: at most %d (the processes of a node take a port each)", maxNodeEndpoints)
+	case o.mode == "xrc" && o.fabric && int64(o.nodes)*int64(o.procs)*int64(o.clients) > maxConns:
 		// Every connection is made at once in this program, with its
 		// buffers: as -conns, checked so that no product overflows (in
 		// int64: 254 x 65536 x 65536 passes a 32-bit int).
