@@ -60,7 +60,7 @@ func main() {
 	count := flag.Int("count", 0, "exit after serving this many connections (0: run until interrupted)")
 	idle := flag.Duration("idle", 0, "close a connection that sends nothing for this long (0: never)")
 	keepalive := flag.Duration("keepalive", 10*time.Second, "probe an idle client this often, so one whose node vanished is let go (0: off; not with -raw)")
-	asJSON := flag.Bool("json", false, "print one JSON object per connection (the listening line goes to stderr)")
+	asJSON := flag.Bool("json", false, "print one JSON object per connection served (not for one that closes without a request, as connect-mode dials do; the listening line goes to stderr)")
 	verbose := flag.Bool("v", false, "log connection events")
 	busyPoll := flag.Duration("busypoll", cm.DefaultBusyPoll, "how long a waiting call polls before sleeping")
 	device := flag.String("device", "", "RDMA device to serve (e.g. rxe0); with an unspecified -addr, listen on its address only")
