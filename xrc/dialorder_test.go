@@ -20,7 +20,20 @@ type flushFirst struct {
 	armed   atomic.Bool
 	target  atomic.Uint64 // the INI whose move to ERR errd reports
 	errd    chan struct{} // closed once target is in ERR
+	posting atomic.Uint64 // the INI the keepalive is to be posted on
+	posted  chan struct{} // closed once it was
 	flushed atomic.Bool   // the keepalive was posted on the INI in ERR
+}
+
+// DestroyQP holds the INI the keepalive is for until it is posted: the
+// recovery, which has it in ERR and sees nothing in flight on it, may
+// destroy it at once, and the post, which the engine makes under its lock
+// (this wrapper lets go of it), then failed.
+func (k *flushFirst) DestroyQP(q kernel.QP) error {
+	if uint64(q) == k.posting.Load() {
+		<-k.posted
+	}
+	return k.Kernel.DestroyQP(q)
 }
 
 func (k *flushFirst) TransitionQP(q kernel.QP, to verbs.QPState, via kernel.ID) error {
@@ -38,11 +51,13 @@ func (k *flushFirst) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
 		return k.Kernel.PostSend(q, wrs)
 	}
 	k.target.Store(uint64(q))
+	k.posting.Store(uint64(q))
 	e.failINILocked(u, u.cur)
 	e.mu.Unlock()
 	<-k.errd
 	err := k.Kernel.PostSend(q, wrs) // on the old INI, in ERR: flushed
 	k.flushed.Store(err == nil)
+	close(k.posted)
 	return err
 }
 
@@ -57,7 +72,7 @@ func (k *flushFirst) PostSend(q kernel.QP, wrs []kernel.SendWR) error {
 func TestOneExchangeFirstFrameFlushed(t *testing.T) {
 	w := newWorld(t)
 	slow := func(c *Config) { c.Heartbeat, c.IdleTimeout = 5*time.Second, 30*time.Second } // no janitor keepalive in the test
-	fk := &flushFirst{errd: make(chan struct{})}
+	fk := &flushFirst{errd: make(chan struct{}), posted: make(chan struct{})}
 	a := w.wrappedEndpoint("10.0.55.1", 7000, func(k kernel.Kernel) kernel.Kernel { fk.Kernel = k; return fk }, slow)
 	fk.e = a.Endpoint
 	b := w.endpoint("10.0.55.2", 7000, slow)
