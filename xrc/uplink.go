@@ -731,10 +731,18 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 				w.c.completedLocked(w.seq)
 			}
 			if wc.Status != verbs.WCSuccess {
-				if wc.Status != verbs.WCWRFlushErr {
+				// A remote invalid request ends the leg that sent it
+				// (its receiver's SRQ is gone, or never was): the
+				// INI's failure is that leg's, no try of the frames
+				// flushed with it. Counted, a process whose ACCEPTs
+				// name no SRQ of its node used up a healthy
+				// connection's tries, one per leg of ours to it
+				// (TestBogusSRQNLiarKeepsHealthyConn).
+				remInv := wc.Status == verbs.WCRemInvReqErr && ok
+				if wc.Status != verbs.WCWRFlushErr && !remInv {
 					q.erred = true
 				}
-				if wc.Status == verbs.WCRemInvReqErr && ok && !e.endSendingLegLocked(w.c, errSRQGone) {
+				if remInv && !e.endSendingLegLocked(w.c, errSRQGone) {
 					w.c.failLocked(errSRQGone)
 				}
 				e.failINILocked(u, q)
