@@ -373,6 +373,16 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				if rj.domain != u.dom {
 					break
 				}
+				if rebuilt && u.cur != q {
+					// A TGT u has left since we asked (another
+					// recovery replaced it): no word on u's current
+					// one, which may carry healthy legs. Refuted, u
+					// stayed for their lives beside the uplink this
+					// dial made, one more each time
+					// (TestStaleTGTGoneDoesNotRefuteUplink). Ask again.
+					e.mu.Unlock()
+					continue
+				}
 				if rebuilt {
 					// Refused again onto the TGT the rebuild made: not
 					// a TGT that died, but a domain u does not have (or
