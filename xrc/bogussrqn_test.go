@@ -2,7 +2,6 @@ package xrc
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,11 +57,7 @@ func TestBogusSRQNLiarKeepsHealthyConn(t *testing.T) {
 	defer func() { stopX(); <-xdone }()
 	sc, rc := pair(t, s, r)
 	roundTrip(t, sc, rc, []byte("before"))
-	eventually(t, "the completion of the message before", func() (bool, string) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return sc.out.Len() == 0, fmt.Sprintf("%d in flight", sc.out.Len())
-	})
+	awaitSent(t, s, sc)
 	// l's legs sort before sc's in a recovery: sc's tag is random.
 	countedTags(s.Endpoint)
 	s.mu.Lock()

@@ -276,11 +276,7 @@ func TestFrameFailingEveryPostEndsConn(t *testing.T) {
 			roundTrip(t, sc, rc, []byte("before"))
 			// Its completion in first: else that frame, failed once
 			// armed, is what runs out of tries.
-			eventually(t, "the completion of the message before", func() (bool, string) {
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				return sc.out.Len() == 0, fmt.Sprintf("%d in flight", sc.out.Len())
-			})
+			awaitSent(t, s, sc)
 			fs.armed.Store(true)
 			if err := tc.post(t, ctxT(t, 20*time.Second), sc); !errors.Is(err, errRetries) {
 				t.Fatalf("after every post failed: %v, want errRetries (s %+v)", err, s.Stats())
@@ -382,4 +378,14 @@ func TestClosingEndpointDoesNotRepostFlushedFIN(t *testing.T) {
 	if n := fs.posts.Load(); n > maxTries {
 		t.Fatalf("the closing endpoint posted %d times to a flushing INI (the FIN's tries are %d)", n, maxTries)
 	}
+}
+
+// awaitSent waits until every message c sent has completed.
+func awaitSent(t *testing.T, s *proc, c *Conn) {
+	t.Helper()
+	eventually(t, "the completion of the messages sent", func() (bool, string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return c.out.Len() == 0, fmt.Sprintf("%d in flight", c.out.Len())
+	})
 }
