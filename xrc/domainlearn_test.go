@@ -38,7 +38,7 @@ func TestDomainRelearnedAfterAddressReused(t *testing.T) {
 	a2 := w.endpoint("10.0.61.1", 7001)
 	k1 := w.endpoint("10.0.61.2", 7002)
 	p1 := w.endpoint("10.0.61.2", 7000)
-	pair(t, p1, a) // a's reciprocal leg to p1 makes a's uplink into p1's domain (PHYS), and learns it
+	_, toP1 := pair(t, p1, a) // a's reciprocal leg to p1 makes a's uplink into p1's domain (PHYS), and learns it
 	kc, ka := pair(t, k1, a)
 	// k1's connection keeps a's uplink into the old domain up after p1 goes.
 	if got := addrDomain(a, p1); got != p1.dom.ID {
@@ -47,9 +47,17 @@ func TestDomainRelearnedAfterAddressReused(t *testing.T) {
 	if err := p1.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// p1's close ends the uplink's physical link (p1's CM id): a recovers
-	// the uplink onto k1. Until it is up again a takes a dial's reverse leg
-	// by two exchanges, and dial 0 below would not try the stale domain.
+	// a answers p1's FIN with its own, in the background. Where that FIN
+	// finds p1's SRQ already destroyed (in some runs only), its failure
+	// puts a's uplink into recovery, and until it is up again a takes a
+	// dial's reverse leg by two exchanges: dial 0 below would not try the
+	// stale domain. The uplink is UP before that failure too, so waiting
+	// for UP alone passed at once: wait for a's FIN to go or fail first.
+	select {
+	case <-toP1.closeDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a did not answer p1's FIN within 5s")
+	}
 	eventually(t, "a's uplink into the old domain up again", func() (bool, string) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
