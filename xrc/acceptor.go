@@ -134,6 +134,11 @@ type acceptor struct {
 	// nLinger is its size, read by Reap without mu.
 	lingering map[*downlink]struct{}
 	nLinger   atomic.Int32
+	// drainMark is the latest MOVE's mark (prevTGT.mark): until the SRQ
+	// drains past it, the receive loop polls with a deadline (Lingering),
+	// so that an idle SRQ drains and prevFullLocked forgets the TGT also
+	// where it keeps other legs (a count above 0, no handle kept).
+	drainMark atomic.Uint64
 	// later holds what Release and Reap leave to mu's holder when a
 	// decision holds mu across its kernel calls (see runOrLeave); nLater
 	// is its length, read without laterMu.
@@ -507,6 +512,7 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 	a.view.Lock()
 	if old != dl {
 		mark := a.polls()
+		a.drainMark.Store(max(a.drainMark.Load(), mark))
 		l.prev = append(l.prev, prevTGT{old.TGTQPN, mark, old})
 		old.prevs++
 		old.mark = max(old.mark, mark)
@@ -544,6 +550,14 @@ func (a *acceptor) move(l *acceptedLeg, dl *downlink, req *wire.Req, physical, f
 		a.maybeDropLocked(old)
 		if forgot != nil {
 			a.maybeDropLocked(forgot)
+		}
+		if a.cfg.Kick != nil {
+			// The poll under way, begun before the move, may wait for
+			// ever on an idle SRQ: the next has a deadline (drainMark).
+			// Without it an idle receiver whose legs' old TGTs kept
+			// other legs refused their fifth MOVE BUSY_RETRY
+			// (TestIdleReceiverTakesMovesPastMaxPrev).
+			a.cfg.Kick()
 		}
 	}
 	return decision{Accept: true, QPNum: dl.TGTQPN, PrivateData: buf[:n], Leg: l, Downlink: dl, Moved: true, stayed: old == dl, again: req.Move == gen}
@@ -911,8 +925,14 @@ func (a *acceptor) maybeDropLocked(dl *downlink) error {
 }
 
 // Lingering reports whether maybeDropLocked keeps a handle for the next
-// drain.
-func (a *acceptor) Lingering() bool { return a.nLinger.Load() > 0 }
+// drain, or a leg's MOVE since the last drain waits for one (drainMark).
+func (a *acceptor) Lingering() bool {
+	if a.nLinger.Load() > 0 {
+		return true
+	}
+	m := a.drainMark.Load()
+	return m > 0 && a.cfg.Drains != nil && a.drains() <= m
+}
 
 // Reap destroys the handles maybeDropLocked kept that no message can need
 // any more; the receive loop calls it after each drain.
