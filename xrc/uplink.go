@@ -383,6 +383,30 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 					e.mu.Unlock()
 					continue
 				}
+				if rebuilt && (u.settling || u.state != upUp) {
+					// u's recovery still moves legs onto q, or has
+					// found it failed: its MOVEs, not this dial, learn
+					// whether q's TGT died (its creator gone before the
+					// others opened it), and the next round moves u's
+					// healthy legs off it. Refuted, u stayed for their
+					// lives beside the uplink this dial made
+					// (TestTGTGoneWhileSettlingDoesNotRefuteUplink).
+					// Ask again once u is past q, or settled on it.
+					for u.cur == q && u.state != upNone && (u.settling || u.state != upUp) {
+						ch := u.changed
+						e.mu.Unlock()
+						select {
+						case <-ch:
+						case <-ctx.Done():
+							return ctx.Err()
+						case <-c.done:
+							return c.errOr(ErrClosed)
+						}
+						e.mu.Lock()
+					}
+					e.mu.Unlock()
+					continue
+				}
 				if rebuilt {
 					// Refused again onto the TGT the rebuild made: not
 					// a TGT that died, but a domain u does not have (or
