@@ -256,14 +256,8 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 			return err
 		}
 		if u.state != upUp {
-			ch := u.changed
-			e.mu.Unlock()
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-c.done:
-				return c.errOr(ErrClosed)
+			if err := e.awaitChange(ctx, c, u); err != nil {
+				return err
 			}
 			// Waiting is not a failed attempt: with many dials on one
 			// uplink that comes and goes, each state change would spend
@@ -393,14 +387,8 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 					// (TestTGTGoneWhileSettlingDoesNotRefuteUplink).
 					// Ask again once u is past q, or settled on it.
 					for u.cur == q && u.state != upNone && (u.settling || u.state != upUp) {
-						ch := u.changed
-						e.mu.Unlock()
-						select {
-						case <-ch:
-						case <-ctx.Done():
-							return ctx.Err()
-						case <-c.done:
-							return c.errOr(ErrClosed)
+						if err := e.awaitChange(ctx, c, u); err != nil {
+							return err
 						}
 						e.mu.Lock()
 					}
@@ -430,6 +418,21 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 		return errLegTries
 	}
 	return fmt.Errorf("%w (the last: %v)", errLegTries, last)
+}
+
+// awaitChange lets go of e.mu, which the caller holds, and waits for u's
+// next change of state; it returns ctx's or c's error if either ends first.
+func (e *Endpoint) awaitChange(ctx context.Context, c *Conn, u *uplink) error {
+	ch := u.changed
+	e.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		return c.errOr(ErrClosed)
+	}
 }
 
 // bindLocked makes c's sending leg ride u, from the ACCEPT; the dial's
