@@ -294,11 +294,17 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 		need = RemoteWrite
 	}
 	ro := roff + remote.Addr - 0x1000 // in the region, where the checks pass
+	retried := false
 	switch {
 	case e.shut:
 		// A QP in the error state flushes the request, as postSend
 		// does: nothing reaches the peer.
 		err = errFakeFlushed
+	case e.peer().shut:
+		// The peer's QP drops the packets, key checks and all: the
+		// device retries (see retrying), and the peer's memory is
+		// not touched.
+		retried = true
 	case !ok || e.w.access[remote.RKey]&need == 0 || remote.Addr < 0x1000 || ro > uint64(len(rb)) || uint64(n) > uint64(len(rb))-ro:
 		// The device checks the key, its grant and the registered range
 		// (a descriptor's Len is the peer's word).
@@ -315,6 +321,10 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 	}
 	e.rdmaOut++
 	e.sqCheck()
+	if retried {
+		e.retryLocked(completion{op: compRDMA})
+		return nil
+	}
 	e.cq = append(e.cq, completion{op: compRDMA, err: err})
 	e.signal()
 	return nil
