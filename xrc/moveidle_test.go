@@ -35,9 +35,7 @@ func TestMovedLegRestartsIdleClock(t *testing.T) {
 		defer s.mu.Unlock()
 		return st.LegsMoved > moved && u.state == upUp && !cs.unmoved, fmt.Sprintf("%+v", st)
 	})
-	if !idleRestarted(r, cr, old) {
-		t.Fatal("the receiver's idle clock after the MOVE is where it was set before the recovery")
-	}
+	awaitIdleRestarted(t, r, cr, old, "the receiver's idle clock restarted by the MOVE")
 	roundTrip(t, cs, cr, []byte("after the move"))
 }
 
@@ -48,6 +46,14 @@ func backdateIdle(r *proc, c *Conn) time.Time {
 	c.lastSeen = old
 	r.mu.Unlock()
 	return old
+}
+
+// awaitIdleRestarted waits until c's idle clock has moved past old: the
+// acceptor restarts it after it has answered the MOVE, which its sender may
+// have read before.
+func awaitIdleRestarted(t *testing.T, r *proc, c *Conn, old time.Time, what string) {
+	t.Helper()
+	eventually(t, what, func() (bool, string) { return idleRestarted(r, c, old), "" })
 }
 
 // idleRestarted reports whether c's idle clock has moved past old.

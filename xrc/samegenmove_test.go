@@ -27,13 +27,14 @@ func TestSameGenPhysMoveIsNoSignOfLife(t *testing.T) {
 	// The sender's recovery: a PHYS_REQ MOVE of generation 1, its word.
 	old := backdateIdle(r, c)
 	_, acc1 := physLeg(t, p, r.Addr(), 1, wire.FlagMove)
-	if !idleRestarted(r, c, old) {
-		t.Fatal("setup: the MOVE did not restart the idle clock")
-	}
+	awaitIdleRestarted(t, r, c, old, "setup: the MOVE restarted the idle clock")
 	// The same MOVE again: the leg goes onto its new TGT, but the clock
 	// stays where it was.
 	old = backdateIdle(r, c)
 	_, acc2 := physLeg(t, p, r.Addr(), 1, wire.FlagMove)
+	// The listener answers one request after another, and this one only
+	// once it is done with the copy (legMoved comes after its answer).
+	physLeg(t, p, r.Addr(), 2, 0)
 	r.mu.Lock()
 	leg := c.recvLeg
 	r.mu.Unlock()
