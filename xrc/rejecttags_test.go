@@ -42,9 +42,9 @@ func TestEndpointRefusedRequestsKeepReleasedTags(t *testing.T) {
 			t.Fatalf("request %d: %v %v, want REJECT(BAD_REQUEST)", i, ev.Type, rej.Reason)
 		}
 	}
-	r.acc.mu.Lock()
+	r.acc.tagMu.Lock()
 	r.acc.tags.first = []uint32{old} // the acceptor's next draw
-	r.acc.mu.Unlock()
+	r.acc.tagMu.Unlock()
 	_, d2 := pair(t, s, r)
 	if d2.recvTag == old {
 		t.Fatalf("the new leg got tag %#x, released by the connection just ended", old)

@@ -20,9 +20,9 @@ func TestTagWrapSkipsLiveTags(t *testing.T) {
 	a.mu.Lock()
 	a.tags.first = []uint32{c1.sendTag} // the dialer's next draw
 	a.mu.Unlock()
-	b.acc.mu.Lock()
+	b.acc.tagMu.Lock()
 	b.acc.tags.first = []uint32{d1.recvTag} // the acceptor's
-	b.acc.mu.Unlock()
+	b.acc.tagMu.Unlock()
 	accepted := make(chan *Conn, 1)
 	go func() {
 		d, err := b.Accept(ctxT(t, 5*time.Second))
