@@ -35,7 +35,8 @@ var ErrDomainFile = errors.New("xrc: bad domain file")
 // control on an XRC domain (anyone who can open the file can open any TGT in
 // it), so a directory or file readable by others is refused. It waits for
 // the lock while another process holds it, until ctx ends (an error
-// matching ctx.Err()). The checks hold for the file
+// matching ctx.Err()); a file system without flock locks (NFS, some FUSE
+// ones) is refused with ErrDomainFile. The checks hold for the file
 // it opened, which it closes: a caller that opens Path again (for
 // verbs.Context.OpenXRCD) opens whatever the path names then, which whoever
 // can write a parent of dir may have changed; the Endpoint does not reopen

@@ -452,3 +452,19 @@ func runChildProc(t *testing.T, exe, dir string, attr *syscall.SysProcAttr) {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
 }
+
+// A file system without flock (NFS, some FUSE ones) fails the directory's
+// lock with ENOLCK or EOPNOTSUPP. That refusal is the domain file's, and it
+// says what to do; a closed descriptor's EBADF stands in for it here.
+func TestLockDirFailureIsTheDomainFiles(t *testing.T) {
+	dir := t.TempDir()
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	err = lockDir(context.Background(), d, dir)
+	if !errors.Is(err, ErrDomainFile) || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "DomainDir") {
+		t.Fatalf("lockDir on a descriptor flock refuses: %v, want ErrDomainFile naming %s and the way out", err, dir)
+	}
+}

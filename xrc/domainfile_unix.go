@@ -243,7 +243,9 @@ func lockDir(ctx context.Context, d *os.File, dir string) error {
 			return nil
 		}
 		if err != syscall.EWOULDBLOCK {
-			return &os.PathError{Op: "flock", Path: dir, Err: err}
+			// ENOLCK, EOPNOTSUPP: a file system without flock (NFS,
+			// some FUSE ones) cannot make the domain file safely.
+			return fmt.Errorf("%w: %s: flock: %w (the domain directory must be on a file system with flock(2) locks: set xrc.Config.DomainDir or cm.WithDomainPath to a local one)", ErrDomainFile, dir, err)
 		}
 		t := time.NewTimer(wait)
 		select {
