@@ -352,9 +352,11 @@ func (o options) check() error {
 		}
 		// -local as the dial reads it (cm.WithLocalAddr): it failed
 		// there, as -addr did, as a failed run.
-		if _, err := netip.ParseAddr(o.local); o.local != "" && err != nil {
+		local, err := netip.ParseAddr(o.local)
+		if o.local != "" && err != nil {
 			return fmt.Errorf("-local %q is not an IP address: %v", o.local, err)
 		}
+		local = local.Unmap()
 		for _, a := range addrs {
 			host, port, err := net.SplitHostPort(a)
 			if err != nil || port == "" {
@@ -365,6 +367,11 @@ func (o options) check() error {
 			// takes it for the local system, on no RDMA device).
 			if ip, err := netip.ParseAddr(host); host == "" || err == nil && ip.Unmap().WithZone("").IsUnspecified() {
 				return fmt.Errorf("-addr entry %q names no peer: give the server's address", a)
+			}
+			// A literal of the family -local is not: the dial has no
+			// route between them ("no suitable address found").
+			if ip, err := netip.ParseAddr(host); err == nil && local.IsValid() && !local.IsUnspecified() && ip.Unmap().Is4() != local.Is4() {
+				return fmt.Errorf("-addr entry %q and -local %q are of different IP families", a, o.local)
 			}
 			// The port as the dial reads it: a number to 65535 or a
 			// service name ("10.0.0.1:7471,x", a list outside xrc
