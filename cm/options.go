@@ -254,8 +254,9 @@ func WithHandshakeTimeout(d time.Duration) Option {
 // WithLogger sets a logger for connection events (default: discard): set-up
 // and its failures, refused requests, a connection's failure (once, at
 // Warn), device events. Nothing is logged per message. Over XRC it sees the
-// set-up only: the engine's own events (uplink recoveries, say) are in
-// xrc.Stats.
+// set-up only: the engine's own events (uplink recoveries, say) are neither
+// logged nor counted in cm's stats (xrc.Stats counts them, for an endpoint
+// of package xrc's; cm's ProcessStats has the XRC object counts only).
 //
 // Records are written on the goroutine of the event (a Dial, the
 // listener's, a call on the connection or its reaper, the device's event

@@ -90,8 +90,9 @@ type ProcessStats struct {
 	BufferBytes         int64
 	BufferBytesKept     int64
 	BufferRegistrations uint64
-	// DialErrors and AcceptErrors count failed connection attempts (an XRC
-	// listener's refusals are its engine's: xrc.Stats.Rejected).
+	// DialErrors and AcceptErrors count failed connection attempts, not
+	// the requests an XRC listener's engine refuses (which cm does not
+	// count: xrc.Stats.Rejected is an xrc.Endpoint's).
 	DialErrors   uint64
 	AcceptErrors uint64
 	// PortErrors counts the times a port of a device in use went down

@@ -684,7 +684,9 @@ func closed(ch <-chan struct{}) bool {
 // listeners are gone. Requests already queued at the listeners as it
 // failed are refused BUSY_RETRY; where its CM event channel itself broke,
 // nothing reads them, and the CM refuses them with its own REJ as the
-// listeners go (CONSUMER_DEFINED).
+// listeners go (CONSUMER_DEFINED). An endpoint that refused new
+// connections already (DialOnly, or after StopAccepting) refuses them
+// APP_REJECT meanwhile, not BUSY_RETRY.
 func (e *Endpoint) Err() error {
 	if !e.ok() {
 		return ErrClosed

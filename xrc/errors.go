@@ -109,8 +109,9 @@ const (
 	// is closing, it is out of resources, or it does not yet know the leg
 	// being moved); a later request may succeed.
 	RejectBusyRetry RejectReason = RejectReason(wire.RejectBusyRetry)
-	// RejectApp: the peer's endpoint refused (it only dials, or its
-	// answer did not fit the exchange).
+	// RejectApp: the peer's endpoint refused: it only dials, it has
+	// stopped accepting (StopAccepting; a closed cm listener's endpoint
+	// has), or its answer did not fit the exchange.
 	RejectApp RejectReason = RejectReason(wire.RejectApp)
 	// RejectBadRequest: the peer found the request malformed or naming a
 	// connection it does not hold.
