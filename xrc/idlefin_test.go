@@ -106,6 +106,16 @@ func TestIdleVerdictTakesFINBeforeIt(t *testing.T) {
 		roundTrip(t, p.c, p.d, []byte("up"))
 		roundTrip(t, p.d, p.c, []byte("and back"))
 	}
+	// A dial's idle clock restarts when its first frame's completion is
+	// polled (firstDue), which the round trips do not wait for: set back
+	// before that, it went forward again, the janitor's look found one
+	// connection idle, not two, and the test passed against the old
+	// janitor (5 runs in 100).
+	eventually(t, "the dials' first frames completed", func() (bool, string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return !sa.firstDue && !sb.firstDue, ""
+	})
 
 	// The receive loop held: the peers' FINs wait in the SRQ.
 	fk.holdRecv.armed.Store(true)
