@@ -191,8 +191,11 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	// holds the leg on a TGT we may no longer reach: what follows moves it
 	// (MOVE), as recover moves a bound leg.
 	var moving bool
-	var last error   // the last failure, for errLegTries
-	var rebuilt bool // a TGT_GONE rebuilt the uplink (once free of an attempt)
+	var last error // the last failure, for errLegTries
+	// rebuilt: the uplink a TGT_GONE had this dial rebuild (free of an
+	// attempt, once for each uplink: another dial's, made since, is not
+	// the one whose rebuild a second refusal would prove a lie about).
+	var rebuilt *uplink
 	for attempt := 0; attempt < 16; attempt++ {
 		e.mu.Lock()
 		if e.closed || c.failed() {
@@ -361,23 +364,30 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				// The REJECT comes from the process we dial, which need
 				// not be honest, and the rebuild moves every leg on the
 				// uplink: one naming another domain is refused as it
-				// stands, and a dial rebuilds once, so a liar costs a
-				// dial one rebuild, not one per round trip until ctx
-				// ends (17 until u.refuted).
+				// stands, and a dial rebuilds an uplink once, so a liar
+				// costs a dial one rebuild, not one per round trip
+				// until ctx ends (17 until u.refuted).
 				if rj.domain != u.dom {
 					break
 				}
-				if rebuilt && u.cur != q {
+				if rebuilt == u && u.cur != q {
 					// A TGT u has left since we asked (another
 					// recovery replaced it): no word on u's current
 					// one, which may carry healthy legs. Refuted, u
 					// stayed for their lives beside the uplink this
 					// dial made, one more each time
-					// (TestStaleTGTGoneDoesNotRefuteUplink). Ask again.
+					// (TestStaleTGTGoneDoesNotRefuteUplink). Ask again,
+					// and not as a failed attempt: with a slow acceptor
+					// and connections closing fast, each new TGT died
+					// before the dial's request naming it was answered,
+					// and a healthy dial failed after 16 such answers
+					// (TestStaleTGTGoneSpendsNoAttempt; its deadline
+					// bounds it, as it does a silent peer).
 					e.mu.Unlock()
+					attempt--
 					continue
 				}
-				if rebuilt && (u.settling || u.state != upUp) {
+				if rebuilt == u && (u.settling || u.state != upUp) {
 					// u's recovery still moves legs onto q, or has
 					// found it failed: its MOVEs, not this dial, learn
 					// whether q's TGT died (its creator gone before the
@@ -395,7 +405,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 					e.mu.Unlock()
 					continue
 				}
-				if rebuilt {
+				if rebuilt == u {
 					// Refused again onto the TGT the rebuild made: not
 					// a TGT that died, but a domain u does not have (or
 					// a liar). Not rebuilt again (that moves every leg
@@ -406,7 +416,13 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				}
 				e.failINILocked(u, q)
 				e.mu.Unlock()
-				rebuilt = true
+				// Not only the first uplink: one that another dial made
+				// once this one had gone or was refuted may lose its TGT
+				// too (its connections closed). Taken for a lie, each
+				// such refusal spent an attempt, and with a slow acceptor
+				// a healthy dial failed after 16 of them
+				// (TestDialRebuildsEachUplinkOnce).
+				rebuilt = u
 				attempt--
 				continue
 			}
