@@ -192,10 +192,13 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 	// (MOVE), as recover moves a bound leg.
 	var moving bool
 	var last error // the last failure, for errLegTries
-	// rebuilt: the uplink a TGT_GONE had this dial rebuild (free of an
+	// rebuilt: the uplinks a TGT_GONE had this dial rebuild (free of an
 	// attempt, once for each uplink: another dial's, made since, is not
-	// the one whose rebuild a second refusal would prove a lie about).
-	var rebuilt *uplink
+	// one whose rebuild a second refusal would prove a lie about). All of
+	// them, not the last: a dial riding two uplinks by turns (one up
+	// while the other recovers) rebuilt each again and again
+	// (TestEndpointLyingTGTGoneTwoUplinksBounded).
+	var rebuilt []*uplink
 	for attempt := 0; attempt < 16; attempt++ {
 		e.mu.Lock()
 		if e.closed || c.failed() {
@@ -365,12 +368,13 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				// not be honest, and the rebuild moves every leg on the
 				// uplink: one naming another domain is refused as it
 				// stands, and a dial rebuilds an uplink once, so a liar
-				// costs a dial one rebuild, not one per round trip
-				// until ctx ends (17 until u.refuted).
+				// costs a dial one rebuild per uplink, not one per round
+				// trip until ctx ends (17 until u.refuted).
 				if rj.domain != u.dom {
 					break
 				}
-				if rebuilt == u && u.cur != q {
+				again := slices.Contains(rebuilt, u)
+				if again && u.cur != q {
 					// A TGT u has left since we asked (another
 					// recovery replaced it): no word on u's current
 					// one, which may carry healthy legs. Refuted, u
@@ -387,7 +391,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 					attempt--
 					continue
 				}
-				if rebuilt == u && (u.settling || u.state != upUp) {
+				if again && (u.settling || u.state != upUp) {
 					// u's recovery still moves legs onto q, or has
 					// found it failed: its MOVEs, not this dial, learn
 					// whether q's TGT died (its creator gone before the
@@ -405,7 +409,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 					e.mu.Unlock()
 					continue
 				}
-				if rebuilt == u {
+				if again {
 					// Refused again onto the TGT the rebuild made: not
 					// a TGT that died, but a domain u does not have (or
 					// a liar). Not rebuilt again (that moves every leg
@@ -422,7 +426,7 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				// such refusal spent an attempt, and with a slow acceptor
 				// a healthy dial failed after 16 of them
 				// (TestDialRebuildsEachUplinkOnce).
-				rebuilt = u
+				rebuilt = append(rebuilt, u)
 				attempt--
 				continue
 			}
