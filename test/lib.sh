@@ -94,25 +94,30 @@ ensure_go() {
   fi
   # Debian bookworm's golang-go is 1.19: too old for this module (go 1.26) and for GOTOOLCHAIN.
   # Fetch the official toolchain module (what GOTOOLCHAIN=go1.26.8 would fetch) from the proxy.
-  local arch dir=/usr/local/lib/goxrc-go zip
+  local arch dir=/usr/local/lib/goxrc-go
   case $(uname -m) in x86_64) arch=amd64;; aarch64) arch=arm64;; *) die "unsupported CPU $(uname -m)";; esac
   local mod=golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-$arch proxy
   g=$dir/$mod/bin/go
+  # One install at a time (CI's run and a developer's on a fresh machine): a second one would
+  # replace the toolchain (rm -rf, mv) under the go commands of the first.
+  local lock; mkdir -p "$(dirname "$dir")" && exec {lock}> "$dir.lock" && flock "$lock" || die "cannot lock $dir.lock"
   if [[ ! -x $g ]]; then
     proxy=$(goproxy_url)
     say "Debian's golang-go is ${cand:-missing}, older than go$GO_MIN which this module needs:" \
         "fetching $GO_TOOLCHAIN from the Go module proxy $proxy ($mod)"
-    zip=$(mktemp /tmp/goxrc-go.XXXXXX.zip)
-    curl -fsSL --retry 3 -o "$zip" "$proxy/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-$arch.zip" ||
-      { rm -f "$zip"; die "cannot download $mod; install go >= $GO_MIN yourself (https://go.dev/dl) and put it in PATH"; }
-    # Unpacked beside, made executable, then moved into place: an interrupted install
-    # never leaves a bin/go that runs with tools that do not.
-    local tmp; tmp=$(mktemp -d "$dir.tmp.XXXXXX" 2>/dev/null || { mkdir -p "$(dirname "$dir")" && mktemp -d "$dir.tmp.XXXXXX"; })
-    unzip -q -o "$zip" -d "$tmp" && rm -f "$zip" || die "cannot unpack $zip"
+    # Downloaded and unpacked beside, made executable, then moved into place: an interrupted
+    # install never leaves a bin/go that runs with tools that do not. What such an install left
+    # beside is removed first (under the lock, no install is using it).
+    rm -rf "$dir".tmp.*
+    local tmp; tmp=$(mktemp -d "$dir.tmp.XXXXXX")
+    curl -fsSL --retry 3 -o "$tmp/go.zip" "$proxy/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-$arch.zip" ||
+      { rm -rf "$tmp"; die "cannot download $mod; install go >= $GO_MIN yourself (https://go.dev/dl) and put it in PATH"; }
+    unzip -q -o "$tmp/go.zip" -d "$tmp" && rm -f "$tmp/go.zip" || die "cannot unpack $tmp/go.zip"
     chmod -R a+rX "$tmp"; chmod a+x "$tmp/$mod"/bin/* "$tmp/$mod"/pkg/tool/*/*
     mkdir -p "$dir/$(dirname "$mod")" && rm -rf "$dir/$mod" && mv "$tmp/$mod" "$dir/$mod" && rm -rf "$tmp" ||
       die "cannot install $mod into $dir"
   fi
+  exec {lock}>&-
   export PATH=$(dirname "$g"):$PATH GOTOOLCHAIN=local
   say "Go: $g ($("$g" env GOVERSION))"
 }

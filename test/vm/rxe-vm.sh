@@ -113,7 +113,9 @@ ensure_kernel() {
   fi
   if [[ ! -f $KROOT/boot/vmlinuz-$KVER ]]; then
     local pkg=linux-image-$KVER-unsigned
-    apt-cache show "$pkg" >/dev/null 2>&1 || while_locked apt-get "${APT_WAIT[@]}" update >&2 || true
+    # Package lists older than the mirror may name a kernel it no longer has (old ABIs leave it
+    # at each kernel update), and the download would fail on every run: refresh them first.
+    while_locked apt-get "${APT_WAIT[@]}" update >&2 || true
     if ! apt-cache show "$pkg" >/dev/null 2>&1; then
       KVER=$(apt-cache depends linux-image-amd64 | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1)
       [[ -n $KVER ]] || die "neither $pkg nor linux-image-amd64 is available"
@@ -258,7 +260,7 @@ log "run dir $OUT (timeout ${VM_TIMEOUT}s)"
 # booting: seen once in many runs, with nothing on the quiet console. Nothing of the command has
 # run then, so it is killed and booted once more instead of waiting out the whole timeout.
 BOOT_LIMIT=${GOXRC_VM_BOOT_LIMIT:-180}
-ATTEMPTS=2
+ATTEMPTS=2 STOPPED=0
 [[ -z $NIC ]] || ATTEMPTS=1   # the other guest's wire would not survive a second boot
 if [[ $NIC == connect:* ]]; then
   # qemu connects once, at start: wait for the other guest's qemu to listen.
@@ -273,7 +275,9 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   # On ^C, end by SIGINT ourselves: a caller (run-demo.sh, bench.sh) then
   # stops too, where an exit status would let it go on to its next guest.
   trap 'kill $QPID $TAILPID 2>/dev/null; trap - INT; kill -INT $$' INT
-  trap 'kill $QPID $TAILPID 2>/dev/null' TERM HUP
+  # On TERM or HUP (CI's limit), end as a VM that did not complete: a boot cut short so is not
+  # booted again (STOPPED), which would run the whole command with no caller left to wait for it.
+  trap 'STOPPED=1; kill $QPID $TAILPID 2>/dev/null' TERM HUP
   while kill -0 "$QPID" 2>/dev/null; do
     if [[ -e $OUT/.cmd-started ]]; then
       T1=$(date +%s.%N)
@@ -286,6 +290,7 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
     fi
     sleep 0.1
   done
+  [[ $STOPPED == 0 ]] || break
   # A guest that ended before the command (a panic while booting; -no-reboot ends qemu) is
   # booted once more too.
   if [[ $HUNG == 0 && ! -e $OUT/.cmd-started && $attempt < $ATTEMPTS ]] && ! kill -0 "$QPID" 2>/dev/null; then

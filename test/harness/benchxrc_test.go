@@ -1,0 +1,81 @@
+package harness
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// benchXRCRun holds a measuring run of test/bench-xrc.sh, one round, every
+// run in the guest passed (rc=0), as its guest writes them.
+var benchXRCRun = map[string]string{
+	"logical.1":      "BenchmarkHybridAddLogicalConn-2   50   4700000 ns/op\nPASS\nrc=0\n",
+	"rc.1":           "BenchmarkRCDial-2   15   24300000 ns/op\nPASS\nrc=0\n",
+	"logical-idle.1": "BenchmarkHybridAddLogicalConn-2   8   9000000 ns/op\nPASS\nrc=0\n",
+	"rc-idle.1":      "BenchmarkRCDial-2   8   27000000 ns/op\nPASS\nrc=0\n",
+	"sidr.1":         "BenchmarkHybridSIDRExchange-2   50   2000000 ns/op\nPASS\nrc=0\n",
+	"floor.1":        `{"c_median_us":900,"go_median_us":1000,"resolve_us":500}` + "\nrc=0\n",
+	"floor-idle.1":   `{"c_median_us":5000,"go_median_us":6000}` + "\nrc=0\n",
+	"kernel":         "6.1.0-47-amd64\n",
+	"../vm.rc":       "0\n",
+	"../vm.date":     "2026-12-06 07:00 UTC\n",
+	"../commit":      "0000000\n",
+}
+
+// TestBenchXRCFailsWhenARunFails: test/bench-xrc.sh's guest runs each
+// benchmark in a round as its own process and keeps its exit status (rc=);
+// the guest script goes on past one that failed, so the VM run passes. A
+// failed run must fail bench-xrc.sh too, rather than let it exit 0 over a
+// table whose medians left that round out (or that has no data). The doc
+// is rewritten from a run's outputs (GOXRC_XRC_BENCH_REPARSE), with fakes
+// for the package manager and the VM's preparation.
+func TestBenchXRCFailsWhenARunFails(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("test/bench-xrc.sh runs as root only")
+	}
+	for _, name := range []string{"bash", "flock", "bc", "cpio", "gzip", "/bin/busybox"} {
+		if _, err := exec.LookPath(name); err != nil {
+			t.Skipf("no %s on this machine", name)
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		files   map[string]string // over benchXRCRun's
+		wantErr bool
+		wantOut string // in its output
+	}{
+		{"all passed", nil, false, "written to"},
+		{"RC dial failed", map[string]string{
+			"rc.1": "--- FAIL: BenchmarkRCDial\n    bench_test.go:1: dial: timed out\nFAIL\nrc=1\n"}, true, "): rc.1 "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			bin, work := fakeCommands(t, dir, benchFakes), filepath.Join(dir, "work")
+			run := filepath.Join(work, "bench-xrc", "run", "vm")
+			files := map[string]string{}
+			for f, body := range benchXRCRun {
+				files[filepath.Join(run, f)] = body
+			}
+			for f, body := range c.files {
+				files[filepath.Join(run, f)] = body
+			}
+			fakeKernel(files, work)
+			writeFiles(t, files)
+			doc := filepath.Join(dir, "xrc-benchmarks.md")
+			cmd := exec.Command("bash", "../bench-xrc.sh")
+			cmd.Env = append(os.Environ(), "PATH="+bin+":"+filepath.Join(runtime.GOROOT(), "bin")+":"+os.Getenv("PATH"),
+				"GOXRC_VM_WORK="+work, "GOTOOLCHAIN=local", "GOXRC_XRC_BENCH_REPARSE="+filepath.Dir(run),
+				"GOXRC_XRC_BENCH_DOC="+doc)
+			out, err := cmd.CombinedOutput()
+			if _, readErr := os.ReadFile(doc); readErr != nil {
+				t.Fatalf("no doc written (%v): %v\n%s", readErr, err, out)
+			}
+			if (err != nil) != c.wantErr || !strings.Contains(string(out), c.wantOut) {
+				t.Errorf("bench-xrc.sh: %v, want failure %v and %q in its output:\n%s", err, c.wantErr, c.wantOut, out)
+			}
+		})
+	}
+}

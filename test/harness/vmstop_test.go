@@ -1,0 +1,93 @@
+package harness
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// stopFakes are vmFakes' package manager and modules, and a qemu whose
+// first boot never reaches the command (it waits, as a booting guest does,
+// until it is killed) and whose later boots end at once, each boot counted
+// in $OUT/boots.
+var stopFakes = map[string]string{
+	"dpkg-query": vmFakes["dpkg-query"],
+	"modprobe":   vmFakes["modprobe"],
+	"qemu-system-x86_64": `while [[ $# -gt 0 ]]; do
+  case $1 in -pidfile) pidfile=$2; shift 2;; -append) append=$2; shift 2;; *) shift;; esac
+done
+echo $$ > "$pidfile"
+for w in $append; do case $w in rxevm.out=*) OUT=${w#*=};; esac; done
+n=$(($(cat "$OUT/boots" 2>/dev/null || echo 0) + 1)); echo $n > "$OUT/boots"
+[[ $n == 1 ]] || exit 1
+while :; do sleep 0.05; done`,
+}
+
+// TestVMRunStopsOnTerm: SIGTERM (CI's limit, sent to the whole job) to
+// test/vm/rxe-vm.sh while its guest boots kills the guest and ends the run
+// as one that did not complete (125). It must not take the killed boot for
+// a failed one and boot again: that guest would run the whole command with
+// no caller left to wait for it.
+func TestVMRunStopsOnTerm(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("test/vm/rxe-vm.sh runs as root only")
+	}
+	for _, name := range []string{"bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox"} {
+		if _, err := exec.LookPath(name); err != nil {
+			t.Skipf("no %s on this machine", name)
+		}
+	}
+	dir := t.TempDir()
+	bin, work, out := fakeCommands(t, dir, stopFakes), filepath.Join(dir, "work"), filepath.Join(dir, "out")
+	kernel := map[string]string{}
+	fakeKernel(kernel, work)
+	writeFiles(t, kernel)
+	cmd := exec.Command("bash", "../vm/rxe-vm.sh", "--no-rxe", "-q", "-t", "300", "-o", out, "true")
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work)
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{}) // closed when the run has ended, with its result in err
+	var err error
+	go func() { err = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+		}
+	})
+
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if b, _ := os.ReadFile(filepath.Join(out, "qemu.pid")); len(b) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the guest did not boot")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("rxe-vm.sh did not end after SIGTERM:\n%s", log.String())
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 125 {
+		t.Errorf("rxe-vm.sh: %v, want exit status 125 (the VM did not complete):\n%s", err, log.String())
+	}
+	if boots, _ := os.ReadFile(filepath.Join(out, "boots")); strings.TrimSpace(string(boots)) != "1" {
+		t.Errorf("the guest booted %q times, want once: a run stopped by SIGTERM booted it again:\n%s", strings.TrimSpace(string(boots)), log.String())
+	}
+}
