@@ -3,7 +3,6 @@ package xrc
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -47,7 +46,7 @@ func TestDialRebuildsEachUplinkOnce(t *testing.T) {
 	w := newWorld(t)
 	const node = "10.0.240.2"
 	const rounds = 20 // past the 17 that failed a dial
-	g := &holdDials{dst: netip.MustParseAddrPort(node + ":7001"), held: make(chan struct{}), release: make(chan struct{})}
+	g := newHoldDials(node + ":7001")
 	h := &holdDREQs{holdDials: g}
 	s := w.wrappedEndpoint("10.0.240.1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return h }, longTimers)
 	p := w.endpoint(node, 7001, longTimers)
@@ -55,22 +54,10 @@ func TestDialRebuildsEachUplinkOnce(t *testing.T) {
 	r := w.endpoint(node, 7002, longTimers)
 	sr, rs := pair(t, s, r) // the first uplink, its TGT held for this connection alone
 	g.holds.Store(2 * (rounds + 1))
-	dialed := make(chan dialResult, 2)
-	for range 2 {
-		go func() {
-			c, err := s.Dial(ctx, p.Addr().String())
-			dialed <- dialResult{c, err}
-		}()
-	}
+	dialed := dialsBehind(ctx, s, p.Addr().String(), 2)
 	held := func(what string) {
 		t.Helper()
-		select {
-		case <-g.held:
-		case res := <-dialed:
-			t.Fatalf("%s: a dial ended before it named a TGT: %v", what, res.err)
-		case <-ctx.Done():
-			t.Fatalf("%s: a dial did not name a TGT", what)
-		}
+		awaitBeforeDialEnds(t, ctx, g.held, dialed, what+": a request naming a TGT")
 	}
 	held("first request")
 	held("first request")

@@ -58,7 +58,7 @@ func (k *holdOneMove) Connect(ctx context.Context, dst netip.AddrPort, ex kernel
 func TestTGTGoneWhileSettlingDoesNotRefuteUplink(t *testing.T) {
 	w := newWorld(t)
 	const node = "10.0.238.2"
-	g := &holdDials{dst: netip.MustParseAddrPort(node + ":7001"), held: make(chan struct{}), release: make(chan struct{})}
+	g := newHoldDials(node + ":7001")
 	vm := &holdOneMove{dst: netip.MustParseAddrPort(node + ":7002"), ex: kernel.ExchangeSIDR, armed: make(chan struct{}), held: make(chan struct{}), release: make(chan struct{})}
 	pm := &holdOneMove{dst: vm.dst, ex: kernel.ExchangeXRC, armed: make(chan struct{}), held: make(chan struct{}), release: make(chan struct{})}
 	s := w.wrappedEndpoint("10.0.238.1", 7000, func(k kernel.Kernel) kernel.Kernel {
@@ -81,24 +81,10 @@ func TestTGTGoneWhileSettlingDoesNotRefuteUplink(t *testing.T) {
 	pk.armed.Store(true)
 	close(vm.armed)
 	g.holds.Store(2)
-	type result struct {
-		c   *Conn
-		err error
-	}
-	dialed := make(chan result, 1)
-	go func() {
-		c, err := s.Dial(ctx, p.Addr().String())
-		dialed <- result{c, err}
-	}()
+	dialed := dialsBehind(ctx, s, p.Addr().String(), 1)
 	await := func(ch chan struct{}, what string) {
 		t.Helper()
-		select {
-		case <-ch:
-		case res := <-dialed:
-			t.Fatalf("the dial ended before %s: %v", what, res.err)
-		case <-ctx.Done():
-			t.Fatalf("no %s", what)
-		}
+		awaitBeforeDialEnds(t, ctx, ch, dialed, what)
 	}
 	await(g.held, "the dial's first VIRT_REQ")
 	g.release <- struct{}{} // p refuses it TGT_GONE: the dial rebuilds u

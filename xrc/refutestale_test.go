@@ -23,6 +23,10 @@ type holdDials struct {
 	release chan struct{}
 }
 
+func newHoldDials(dst string) *holdDials {
+	return &holdDials{dst: netip.MustParseAddrPort(dst), held: make(chan struct{}), release: make(chan struct{})}
+}
+
 func (k *holdDials) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpn uint32, pd []byte) (kernel.ID, error) {
 	var req wire.Req
 	if ex == kernel.ExchangeSIDR && dst == k.dst && wire.DecodeReq(pd, wire.TypeVirtReq, &req) == nil &&
@@ -37,6 +41,32 @@ func (k *holdDials) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.E
 		}
 	}
 	return k.Kernel.Connect(ctx, dst, ex, qpn, pd)
+}
+
+// dialsBehind starts n dials from s to addr in the background; their
+// results come on the channel.
+func dialsBehind(ctx context.Context, s *proc, addr string, n int) <-chan dialResult {
+	dialed := make(chan dialResult, n)
+	for range n {
+		go func() {
+			c, err := s.Dial(ctx, addr)
+			dialed <- dialResult{c, err}
+		}()
+	}
+	return dialed
+}
+
+// awaitBeforeDialEnds waits for ch (a request held, say); the test fails
+// where one of the dials behind it ends first, or ctx does.
+func awaitBeforeDialEnds(t *testing.T, ctx context.Context, ch <-chan struct{}, dialed <-chan dialResult, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case res := <-dialed:
+		t.Fatalf("a dial ended before %s: %v", what, res.err)
+	case <-ctx.Done():
+		t.Fatalf("no %s", what)
+	}
 }
 
 // liveUplinks counts e's uplinks to node that are not gone, and those of
@@ -71,7 +101,7 @@ func liveUplinks(e *Endpoint, node string) (live, refuted int) {
 func TestStaleTGTGoneDoesNotRefuteUplink(t *testing.T) {
 	w := newWorld(t)
 	const node = "10.0.233.2"
-	g := &holdDials{dst: netip.MustParseAddrPort(node + ":7001"), held: make(chan struct{}), release: make(chan struct{})}
+	g := newHoldDials(node + ":7001")
 	s := w.wrappedEndpoint("10.0.233.1", 7000, func(k kernel.Kernel) kernel.Kernel { g.Kernel = k; return g }, longTimers)
 	countedTags(s.Endpoint) // the legs made first sort first: they make each new TGT
 	q := w.endpoint(node, 7000, longTimers)
@@ -108,10 +138,6 @@ func TestStaleTGTGoneDoesNotRefuteUplink(t *testing.T) {
 			return done, fmt.Sprintf("%s; TGT handles held %v", st, held)
 		})
 	}
-	type result struct {
-		c   *Conn
-		err error
-	}
 	for round := range 2 {
 		r1 := w.endpoint(node, 7002+2*round, longTimers)
 		r2 := w.endpoint(node, 7003+2*round, longTimers)
@@ -119,20 +145,10 @@ func TestStaleTGTGoneDoesNotRefuteUplink(t *testing.T) {
 		s2, _ := pair(t, s, r2)
 		live = append(live, r1, r2)
 		g.holds.Store(2)
-		dialed := make(chan result, 1)
-		go func() {
-			c, err := s.Dial(ctx, p.Addr().String())
-			dialed <- result{c, err}
-		}()
+		dialed := dialsBehind(ctx, s, p.Addr().String(), 1)
 		held := func(what string) {
 			t.Helper()
-			select {
-			case <-g.held:
-			case res := <-dialed:
-				t.Fatalf("round %d: the dial ended before it named %s: %v", round, what, res.err)
-			case <-ctx.Done():
-				t.Fatalf("round %d: the dial did not name %s", round, what)
-			}
+			awaitBeforeDialEnds(t, ctx, g.held, dialed, fmt.Sprintf("round %d: the request naming %s", round, what))
 		}
 		held("a first TGT")
 		die(r1, s1)

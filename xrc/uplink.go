@@ -239,11 +239,12 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 				e.removeUplinkLocked(u)
 				e.mu.Unlock()
 				last = err
-				if staleReject(err) && attempt < 15 {
+				if (staleReject(err) || moving && busyReject(err)) && attempt < 15 {
 					// The peer still holds a connection from this node on
 					// our INI's number (an earlier process's, whose number
 					// the kernel gave us again); the kernel has just sent
-					// it a DREQ. Ask again shortly.
+					// it a DREQ. Ask again shortly. So for a MOVE refused
+					// BUSY_RETRY (see below).
 					if err := staleWait(ctx, attempt); err != nil {
 						return err
 					}
@@ -362,6 +363,20 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 					e.mu.Unlock()
 					continue
 				}
+			case RejectBusyRetry:
+				// A MOVE of the leg the peer accepted, which it holds on
+				// maxPrev TGTs it left until its SRQ drains: asked again,
+				// as a recovery asks (moveAgain). Taken as final, the dial
+				// failed where the same leg bound would have moved
+				// (TestDialMoveBusyRetryAsksAgain). A new leg's is a full
+				// or closing acceptor's word: final.
+				if moving && attempt < 15 {
+					e.mu.Unlock()
+					if err := staleWait(ctx, attempt); err != nil {
+						return err
+					}
+					continue
+				}
 			case RejectTGTGone:
 				// Our TGT there died (its last holder left): rebuild.
 				// The REJECT comes from the process we dial, which need
@@ -405,6 +420,13 @@ func (e *Endpoint) openLeg(ctx context.Context, c *Conn, peerTag uint32) error {
 							return err
 						}
 						e.mu.Lock()
+					}
+					if u.cur != q {
+						// Past q: a refusal about a TGT u has left, as
+						// above, and no failed attempt: 16 recoveries
+						// during one dial failed it
+						// (TestTGTGoneWhileRecoveringSpendsNoAttempt).
+						attempt--
 					}
 					e.mu.Unlock()
 					continue
