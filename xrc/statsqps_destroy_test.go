@@ -64,8 +64,18 @@ func TestStatsQPsCountINIUntilItsDestroyQP(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the INI was not destroyed")
 	}
+	var once sync.Once
+	release := func() { once.Do(func() { close(k.release) }) }
+	defer release()
+	// b's FIN makes a's receive loop drop the TGT of b's leg into a
+	// meanwhile: Stats and the node, read one after the other, compare
+	// once it has gone from both.
+	eventually(t, "the TGT dropped", func() (bool, string) {
+		s, n := a.Stats(), node.Stats()
+		return s.Downlinks == 0 && n.TGTs == 0, fmt.Sprintf("Stats %+v, node %+v", s, n)
+	})
 	s, n := a.Stats(), node.Stats()
-	close(k.release)
+	release()
 	if s.Uplinks != n.INIs || s.QPs != n.QPs() {
 		t.Errorf("held at the INI's DestroyQP: Stats %d QPs (%d uplinks), the kernel %d (%d INIs)", s.QPs, s.Uplinks, n.QPs(), n.INIs)
 	}
