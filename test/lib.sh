@@ -99,9 +99,11 @@ ensure_go() {
   local mod=golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-$arch proxy
   g=$dir/$mod/bin/go
   # One install at a time (CI's run and a developer's on a fresh machine): a second one would
-  # replace the toolchain (rm -rf, mv) under the go commands of the first.
-  local lock; mkdir -p "$(dirname "$dir")" && exec {lock}> "$dir.lock" && flock "$lock" || die "cannot lock $dir.lock"
-  if [[ ! -x $g ]]; then
+  # replace the toolchain (rm -rf, mv) under the go commands of the first. An installed one is
+  # only read, with no lock (nothing replaces it then), so a read-only /usr/local/lib serves it.
+  local lock=
+  [[ -x $g ]] || { mkdir -p "$(dirname "$dir")" && exec {lock}> "$dir.lock" && flock "$lock"; } || die "cannot lock $dir.lock"
+  if [[ ! -x $g ]]; then   # again, under the lock: another run may have installed it meanwhile
     proxy=$(goproxy_url)
     say "Debian's golang-go is ${cand:-missing}, older than go$GO_MIN which this module needs:" \
         "fetching $GO_TOOLCHAIN from the Go module proxy $proxy ($mod)"
@@ -117,7 +119,7 @@ ensure_go() {
     mkdir -p "$dir/$(dirname "$mod")" && rm -rf "$dir/$mod" && mv "$tmp/$mod" "$dir/$mod" && rm -rf "$tmp" ||
       die "cannot install $mod into $dir"
   fi
-  exec {lock}>&-
+  [[ -z $lock ]] || exec {lock}>&-
   export PATH=$(dirname "$g"):$PATH GOTOOLCHAIN=local
   say "Go: $g ($("$g" env GOVERSION))"
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,5 +90,87 @@ func TestVMRunStopsOnTerm(t *testing.T) {
 	}
 	if boots, _ := os.ReadFile(filepath.Join(out, "boots")); strings.TrimSpace(string(boots)) != "1" {
 		t.Errorf("the guest booted %q times, want once: a run stopped by SIGTERM booted it again:\n%s", strings.TrimSpace(string(boots)), log.String())
+	}
+}
+
+// betweenBootsFakes are stopFakes' package manager and modules, a qemu
+// whose first boot ends at once, before the command (a failed boot), and
+// whose later boots wait until they are killed, and an mv that sends
+// $SIGNAL to test/vm/rxe-vm.sh as it keeps that boot's console: the signal
+// lands between the two boots, when no qemu runs.
+var betweenBootsFakes = map[string]string{
+	"dpkg-query": vmFakes["dpkg-query"],
+	"modprobe":   vmFakes["modprobe"],
+	"qemu-system-x86_64": `while [[ $# -gt 0 ]]; do
+  case $1 in -pidfile) pidfile=$2; shift 2;; -append) append=$2; shift 2;; *) shift;; esac
+done
+echo $$ > "$pidfile"
+for w in $append; do case $w in rxevm.out=*) OUT=${w#*=};; esac; done
+n=$(($(cat "$OUT/boots" 2>/dev/null || echo 0) + 1)); echo $n > "$OUT/boots"
+[[ $n != 1 ]] || exit 1
+while :; do sleep 0.05; done`,
+	"mv": `[[ $1 != */console.log ]] || kill -"$SIGNAL" $PPID
+exec /bin/mv "$@"`,
+}
+
+// TestVMRunStopsBetweenBoots: a signal to test/vm/rxe-vm.sh after a failed
+// boot, before the next one, finds no qemu to kill. The trap's kill then
+// failed, and set -e ended the script inside the trap, with status 1:
+// SIGTERM must end it as a VM that did not complete (125), with no boot
+// after it, and SIGINT by SIGINT (so that its caller stops too).
+func TestVMRunStopsBetweenBoots(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("test/vm/rxe-vm.sh runs as root only")
+	}
+	for _, name := range []string{"bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox", "/bin/mv"} {
+		if _, err := exec.LookPath(name); err != nil {
+			t.Skipf("no %s on this machine", name)
+		}
+	}
+	for _, c := range []struct {
+		signal string
+		want   func(*exec.ExitError) bool
+		what   string
+	}{
+		{"TERM", func(e *exec.ExitError) bool { return e.ExitCode() == 125 }, "exit status 125"},
+		{"INT", func(e *exec.ExitError) bool {
+			ws, ok := e.Sys().(syscall.WaitStatus)
+			return ok && ws.Signaled() && ws.Signal() == syscall.SIGINT
+		}, "killed by SIGINT"},
+	} {
+		t.Run(c.signal, func(t *testing.T) {
+			dir := t.TempDir()
+			bin, work, out := fakeCommands(t, dir, betweenBootsFakes), filepath.Join(dir, "work"), filepath.Join(dir, "out")
+			kernel := map[string]string{}
+			fakeKernel(kernel, work)
+			writeFiles(t, kernel)
+			cmd := exec.Command("bash", "../vm/rxe-vm.sh", "--no-rxe", "-q", "-t", "300", "-o", out, "true")
+			cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "SIGNAL="+c.signal)
+			var log strings.Builder
+			cmd.Stdout, cmd.Stderr = &log, &log
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				// A second boot waits until it is killed; its qemu is in
+				// timeout's process group, which the script's does not reach.
+				if b, _ := os.ReadFile(filepath.Join(out, "qemu.pid")); len(b) > 0 {
+					if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+						syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+				cmd.Process.Kill()
+				t.Fatalf("rxe-vm.sh did not end after SIG%s between boots (booted again?):\n%s", c.signal, log.String())
+			}
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || !c.want(exit) {
+				t.Errorf("rxe-vm.sh: %v, want %s:\n%s", err, c.what, log.String())
+			}
+		})
 	}
 }

@@ -274,10 +274,14 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   QPID=$! TAILPID=
   # On ^C, end by SIGINT ourselves: a caller (run-demo.sh, bench.sh) then
   # stops too, where an exit status would let it go on to its next guest.
-  trap 'kill $QPID $TAILPID 2>/dev/null; trap - INT; kill -INT $$' INT
+  trap 'kill $QPID $TAILPID 2>/dev/null || true; trap - INT; kill -INT $$' INT
   # On TERM or HUP (CI's limit), end as a VM that did not complete: a boot cut short so is not
   # booted again (STOPPED), which would run the whole command with no caller left to wait for it.
-  trap 'STOPPED=1; kill $QPID $TAILPID 2>/dev/null' TERM HUP
+  # (|| true here and above: between boots, or once the guest has ended, there is no qemu to
+  # kill, and under set -e that failed kill would end the script inside the trap, with 1.)
+  trap 'STOPPED=1; kill $QPID $TAILPID 2>/dev/null || true' TERM HUP
+  # One that came before this trap (between boots) stops this boot too.
+  [[ $STOPPED == 0 ]] || kill "$QPID" 2>/dev/null || true
   while kill -0 "$QPID" 2>/dev/null; do
     if [[ -e $OUT/.cmd-started ]]; then
       T1=$(date +%s.%N)
