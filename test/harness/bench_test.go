@@ -79,14 +79,22 @@ func TestBenchFailsWhenGoTestsFail(t *testing.T) {
 }
 
 // reparseBench runs test/bench.sh over benchRun's outputs with files over
-// them ("" removes one), rewriting the doc from them (GOXRC_BENCH_REPARSE)
-// with fakes for the package manager and the VM's preparation, and returns
-// the doc written and bench.sh's output and error. It skips where bench.sh
-// cannot run, and fails the test where it wrote no doc.
+// them ("" removes one): see reparse.
 func reparseBench(t *testing.T, over map[string]string) (doc string, out []byte, err error) {
 	t.Helper()
+	return reparse(t, "bench", "GOXRC_BENCH", benchRun, over, "GOXRC_BENCH_CONNS=100")
+}
+
+// reparse runs test/<script>.sh over a VM run's outputs (run's files, with
+// over's over them; "" removes one), rewriting the doc from them
+// (<env>_REPARSE, the doc at <env>_DOC) with fakes for the package manager
+// and the VM's preparation, and returns the doc written and the script's
+// output and error. It skips where the script cannot run, and fails the
+// test where it wrote no doc.
+func reparse(t *testing.T, script, env string, run, over map[string]string, extraEnv ...string) (doc string, out []byte, err error) {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("test/bench.sh runs as root only")
+		t.Skipf("test/%s.sh runs as root only", script)
 	}
 	for _, name := range []string{"bash", "flock", "bc", "cpio", "gzip", "/bin/busybox", "git"} {
 		if _, err := exec.LookPath(name); err != nil {
@@ -95,25 +103,25 @@ func reparseBench(t *testing.T, over map[string]string) (doc string, out []byte,
 	}
 	dir := t.TempDir()
 	bin, work := fakeCommands(t, dir, benchFakes), filepath.Join(dir, "work")
-	run := filepath.Join(work, "bench", "run", "vm")
+	runDir := filepath.Join(work, script, "run", "vm")
 	files := map[string]string{}
-	for f, body := range benchRun {
-		files[filepath.Join(run, f)] = body
+	for f, body := range run {
+		files[filepath.Join(runDir, f)] = body
 	}
 	for f, body := range over {
 		if body == "" {
-			delete(files, filepath.Join(run, f))
+			delete(files, filepath.Join(runDir, f))
 		} else {
-			files[filepath.Join(run, f)] = body
+			files[filepath.Join(runDir, f)] = body
 		}
 	}
 	fakeKernel(files, work)
 	writeFiles(t, files)
-	path := filepath.Join(dir, "benchmarks.md")
-	cmd := exec.Command("bash", "../bench.sh")
-	cmd.Env = append(os.Environ(), "PATH="+bin+":"+filepath.Join(runtime.GOROOT(), "bin")+":"+os.Getenv("PATH"),
-		"GOXRC_VM_WORK="+work, "GOTOOLCHAIN=local", "GOXRC_BENCH_REPARSE="+filepath.Dir(run),
-		"GOXRC_BENCH_DOC="+path, "GOXRC_BENCH_CONNS=100")
+	path := filepath.Join(dir, script+".md")
+	cmd := exec.Command("bash", "../"+script+".sh")
+	cmd.Env = append(append(os.Environ(), "PATH="+bin+":"+filepath.Join(runtime.GOROOT(), "bin")+":"+os.Getenv("PATH"),
+		"GOXRC_VM_WORK="+work, "GOTOOLCHAIN=local", env+"_REPARSE="+filepath.Dir(runDir),
+		env+"_DOC="+path), extraEnv...)
 	out, err = cmd.CombinedOutput()
 	written, readErr := os.ReadFile(path)
 	if readErr != nil {

@@ -1,10 +1,6 @@
 package harness
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -33,14 +29,6 @@ var benchXRCRun = map[string]string{
 // is rewritten from a run's outputs (GOXRC_XRC_BENCH_REPARSE), with fakes
 // for the package manager and the VM's preparation.
 func TestBenchXRCFailsWhenARunFails(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("test/bench-xrc.sh runs as root only")
-	}
-	for _, name := range []string{"bash", "flock", "bc", "cpio", "gzip", "/bin/busybox"} {
-		if _, err := exec.LookPath(name); err != nil {
-			t.Skipf("no %s on this machine", name)
-		}
-	}
 	for _, c := range []struct {
 		name    string
 		files   map[string]string // over benchXRCRun's
@@ -52,27 +40,7 @@ func TestBenchXRCFailsWhenARunFails(t *testing.T) {
 			"rc.1": "--- FAIL: BenchmarkRCDial\n    bench_test.go:1: dial: timed out\nFAIL\nrc=1\n"}, true, "): rc.1 "},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dir := t.TempDir()
-			bin, work := fakeCommands(t, dir, benchFakes), filepath.Join(dir, "work")
-			run := filepath.Join(work, "bench-xrc", "run", "vm")
-			files := map[string]string{}
-			for f, body := range benchXRCRun {
-				files[filepath.Join(run, f)] = body
-			}
-			for f, body := range c.files {
-				files[filepath.Join(run, f)] = body
-			}
-			fakeKernel(files, work)
-			writeFiles(t, files)
-			doc := filepath.Join(dir, "xrc-benchmarks.md")
-			cmd := exec.Command("bash", "../bench-xrc.sh")
-			cmd.Env = append(os.Environ(), "PATH="+bin+":"+filepath.Join(runtime.GOROOT(), "bin")+":"+os.Getenv("PATH"),
-				"GOXRC_VM_WORK="+work, "GOTOOLCHAIN=local", "GOXRC_XRC_BENCH_REPARSE="+filepath.Dir(run),
-				"GOXRC_XRC_BENCH_DOC="+doc)
-			out, err := cmd.CombinedOutput()
-			if _, readErr := os.ReadFile(doc); readErr != nil {
-				t.Fatalf("no doc written (%v): %v\n%s", readErr, err, out)
-			}
+			_, out, err := reparse(t, "bench-xrc", "GOXRC_XRC_BENCH", benchXRCRun, c.files)
 			if (err != nil) != c.wantErr || !strings.Contains(string(out), c.wantOut) {
 				t.Errorf("bench-xrc.sh: %v, want failure %v and %q in its output:\n%s", err, c.wantErr, c.wantOut, out)
 			}

@@ -12,21 +12,29 @@ import (
 	"time"
 )
 
-// stopFakes are vmFakes' package manager and modules, and a qemu whose
-// first boot never reaches the command (it waits, as a booting guest does,
-// until it is killed) and whose later boots end at once, each boot counted
-// in $OUT/boots.
-var stopFakes = map[string]string{
-	"dpkg-query": vmFakes["dpkg-query"],
-	"modprobe":   vmFakes["modprobe"],
-	"qemu-system-x86_64": `while [[ $# -gt 0 ]]; do
+// countingQemu is a fake qemu that counts its boots in $OUT/boots and
+// waits, as a booting guest does, until it is killed, where the boot's
+// number compares to 1 by cmp ("==": the first boot only, "!=": every later
+// one); other boots end at once, before the command.
+func countingQemu(cmp string) string {
+	return `while [[ $# -gt 0 ]]; do
   case $1 in -pidfile) pidfile=$2; shift 2;; -append) append=$2; shift 2;; *) shift;; esac
 done
 echo $$ > "$pidfile"
 for w in $append; do case $w in rxevm.out=*) OUT=${w#*=};; esac; done
 n=$(($(cat "$OUT/boots" 2>/dev/null || echo 0) + 1)); echo $n > "$OUT/boots"
-[[ $n == 1 ]] || exit 1
-while :; do sleep 0.05; done`,
+[[ $n ` + cmp + ` 1 ]] || exit 1
+while :; do sleep 0.05; done`
+}
+
+// stopFakes are vmFakes' package manager and modules, and a qemu whose
+// first boot never reaches the command (it waits, as a booting guest does,
+// until it is killed) and whose later boots end at once, each boot counted
+// in $OUT/boots.
+var stopFakes = map[string]string{
+	"dpkg-query":         vmFakes["dpkg-query"],
+	"modprobe":           vmFakes["modprobe"],
+	"qemu-system-x86_64": countingQemu("=="),
 }
 
 // TestVMRunStopsOnTerm: SIGTERM (CI's limit, sent to the whole job) to
@@ -99,16 +107,9 @@ func TestVMRunStopsOnTerm(t *testing.T) {
 // $SIGNAL to test/vm/rxe-vm.sh as it keeps that boot's console: the signal
 // lands between the two boots, when no qemu runs.
 var betweenBootsFakes = map[string]string{
-	"dpkg-query": vmFakes["dpkg-query"],
-	"modprobe":   vmFakes["modprobe"],
-	"qemu-system-x86_64": `while [[ $# -gt 0 ]]; do
-  case $1 in -pidfile) pidfile=$2; shift 2;; -append) append=$2; shift 2;; *) shift;; esac
-done
-echo $$ > "$pidfile"
-for w in $append; do case $w in rxevm.out=*) OUT=${w#*=};; esac; done
-n=$(($(cat "$OUT/boots" 2>/dev/null || echo 0) + 1)); echo $n > "$OUT/boots"
-[[ $n != 1 ]] || exit 1
-while :; do sleep 0.05; done`,
+	"dpkg-query":         vmFakes["dpkg-query"],
+	"modprobe":           vmFakes["modprobe"],
+	"qemu-system-x86_64": countingQemu("!="),
 	"mv": `[[ $1 != */console.log ]] || kill -"$SIGNAL" $PPID
 exec /bin/mv "$@"`,
 }
