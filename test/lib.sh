@@ -6,7 +6,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GO_TOOLCHAIN=go1.26.8      # fetched from the Go module proxy when no go >= GO_MIN is installed
 GO_MIN=1.26                # go.mod says go 1.26
 PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
-          libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc
+          libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc procps
           gcc libc6-dev pkg-config ca-certificates curl unzip xz-utils)
 # The VM scripts' cache and run dirs (test/vm/rxe-vm.sh's -w); the scripts here keep their logs
 # and run dirs under it too. Absolute, and exported so that test/vm/*.sh resolve it the same.

@@ -48,8 +48,9 @@ KVER=${GOXRC_VM_KVER:-6.1.0-47-amd64}
 EXTRA_APPEND=${GOXRC_VM_APPEND:-}
 CMD_TIMEOUT= OUT= RXE_SETUP= RXE=1 QUIET=0 VERBOSE=0 PREPARE=0 NIC= NIC_IP= NIC_PEER= NIC_MAC=
 RW_DIRS=() ENVS=()
+# procps: ps, for test/vm/guest.sh's diagnostics of a hung command (not in every Debian install).
 PACKAGES=(qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
-          libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc)
+          libibverbs-dev librdmacm-dev iproute2 busybox-static cpio kmod bc procps)
 INITRD_MODS=(virtio_pci 9pnet_virtio 9p overlay)   # needed to mount the root; deps are added
 
 log() { echo "rxe-vm: $*" >&2; }
