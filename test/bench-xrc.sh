@@ -44,13 +44,13 @@ DOC=${GOXRC_XRC_BENCH_DOC:-$REPO/docs/xrc-benchmarks.md}
 START=$SECONDS
 install_packages
 ensure_go
-prepare_vm
 
 REPARSE=${GOXRC_XRC_BENCH_REPARSE:-}
 if [[ -n $REPARSE ]]; then
   RUN=$REPARSE; [[ -d $RUN/vm ]] || die "$RUN/vm: no such run"
   say "reparsing $RUN (no build, no VM)"
 else
+  prepare_vm   # only to measure, as bench.sh: rewriting the doc from a run boots nothing
   RUN=$(mkdir -p "$VM_WORK/bench-xrc" && mktemp -d "$VM_WORK/bench-xrc/$(date +%Y%m%d-%H%M%S)-XXXX")
 fi
 BIN=$RUN/bin; mkdir -p "$BIN"

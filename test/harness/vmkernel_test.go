@@ -1,6 +1,8 @@
 package harness
 
 import (
+	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,22 +35,7 @@ esac`,
 // run after it, where apt-get update would have found it gone (and the
 // kernel that replaced it).
 func TestVMPrepareRefreshesStaleLists(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("test/vm/rxe-vm.sh runs as root only")
-	}
-	for _, name := range []string{"bash", "flock", "cpio", "gzip", "/bin/busybox"} {
-		if _, err := exec.LookPath(name); err != nil {
-			t.Skipf("no %s on this machine", name)
-		}
-	}
-	dir := t.TempDir()
-	bin, work, state := fakeCommands(t, dir, staleListFakes), filepath.Join(dir, "work"), filepath.Join(dir, "state")
-	if err := os.Mkdir(state, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("bash", "../vm/rxe-vm.sh", "--no-rxe", "--prepare")
-	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STATE="+state)
-	out, err := cmd.CombinedOutput()
+	work, out, err := prepareWith(t, staleListFakes)
 	if err != nil {
 		t.Fatalf("rxe-vm.sh --prepare with lists older than the mirror: %v\n%s", err, out)
 	}
@@ -58,4 +45,41 @@ func TestVMPrepareRefreshesStaleLists(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(work, "kernel", pinnedKernel, "root", "boot", "vmlinuz-"+pinnedKernel)); err != nil {
 		t.Errorf("no kernel in the cache: %v\n%s", err, out)
 	}
+}
+
+// TestVMPrepareSaysNoKernel: where the mirror has neither the pinned kernel
+// nor linux-image-amd64, test/vm/rxe-vm.sh --prepare ends as a VM that
+// cannot run (125) and says so. apt-cache's failure in the lookup of the
+// fallback ended it under set -e, with apt's status (100) and its words.
+func TestVMPrepareSaysNoKernel(t *testing.T) {
+	fakes := maps.Clone(staleListFakes)
+	fakes["apt-cache"] = `echo "E: No packages found" >&2; exit 100`
+	_, out, err := prepareWith(t, fakes)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 125 || !strings.Contains(string(out), "nor linux-image-amd64 is available") {
+		t.Errorf("rxe-vm.sh --prepare with no kernel on the mirror: %v, want exit status 125 saying so:\n%s", err, out)
+	}
+}
+
+// prepareWith runs test/vm/rxe-vm.sh --prepare with fakes, in a work dir
+// of its own, and returns that dir and its output and error.
+func prepareWith(t *testing.T, fakes map[string]string) (work string, out []byte, err error) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("test/vm/rxe-vm.sh runs as root only")
+	}
+	for _, name := range []string{"bash", "flock", "cpio", "gzip", "/bin/busybox"} {
+		if _, err := exec.LookPath(name); err != nil {
+			t.Skipf("no %s on this machine", name)
+		}
+	}
+	dir := t.TempDir()
+	bin, work, state := fakeCommands(t, dir, fakes), filepath.Join(dir, "work"), filepath.Join(dir, "state")
+	if err := os.Mkdir(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "../vm/rxe-vm.sh", "--no-rxe", "--prepare")
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STATE="+state)
+	out, err = cmd.CombinedOutput()
+	return work, out, err
 }

@@ -118,7 +118,8 @@ ensure_kernel() {
     # at each kernel update), and the download would fail on every run: refresh them first.
     while_locked apt-get "${APT_WAIT[@]}" update >&2 || true
     if ! apt-cache show "$pkg" >/dev/null 2>&1; then
-      KVER=$(apt-cache depends linux-image-amd64 | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1)
+      # || true: apt's failure (no linux-image-amd64 either) is said by die below, not by set -e.
+      KVER=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1 || true)
       [[ -n $KVER ]] || die "neither $pkg nor linux-image-amd64 is available"
       log "pinned kernel gone from the mirror, using $KVER"
       echo "$KVER" > "$fb"
