@@ -131,15 +131,18 @@ func (d *device) cqErrLocked(cq *verbs.CQ, on []*rdmaTransport) []cachedQP {
 // addConn makes t's connection hear the device's events about it. One
 // whose handshake completed after the device reported DEVICE_FATAL hears of
 // that now: the event came once, and its Sends and Recvs would wait on the
-// dead device for completions that never come.
-func (d *device) addConn(t *rdmaTransport) {
+// dead device for completions that never come. It reports whether it did,
+// for start: under d.mu, either handleAsync finds t among the connections
+// or addConn finds the device failed, never neither.
+func (d *device) addConn(t *rdmaTransport) (fatal bool) {
 	d.mu.Lock()
 	d.conns[t] = struct{}{}
-	fatal := d.fatalLocked()
+	fatal = d.fatalLocked()
 	d.mu.Unlock()
 	if fatal {
 		t.asyncEvent(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
 	}
+	return fatal
 }
 
 // fatalLocked reports whether the device reported DEVICE_FATAL.

@@ -283,7 +283,10 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	if err := id.Establish(); err != nil {
 		return nil, fail(rejectedMeanwhile(ctx, id, err))
 	}
-	c.start(t)
+	if err := c.start(t); err != nil {
+		t, id = nil, nil // released with the connection
+		return nil, fail(err)
+	}
 	cfg.logger.Debug("connected", "remote", raddr, "local", c.laddr, "device", t.dev.name)
 	return c, nil
 }
@@ -355,8 +358,13 @@ func (c *Conn) agree(h hello, cfg config) {
 	c.peerProbe = h.probe
 }
 
-// start hands the established connection to its CM watcher.
-func (c *Conn) start(t *rdmaTransport) {
+// start hands the established connection to its CM watcher. Where the
+// device had reported DEVICE_FATAL before the connection joined it
+// (addConn), which fails it, start returns ErrDeviceRemoved once the
+// connection is released: Dial fails, as over XRC, whose engine fails a
+// dial its device's failure reaches, and the listener drops it, rather
+// than hand out a connection whose first call says the device is gone.
+func (c *Conn) start(t *rdmaTransport) error {
 	t.onPeerGone = c.peerGone
 	t.onDeviceRemoved = c.deviceRemoved
 	t.onAsync, t.port = c.asyncEvent, t.id.Port()
@@ -368,7 +376,12 @@ func (c *Conn) start(t *rdmaTransport) {
 	// after it.
 	t.watching = true
 	globalStats.connsOpen.Add(1)
-	globalStats.connsTotal.Add(1)
-	t.dev.addConn(t)
+	fatal := t.dev.addConn(t)
 	go t.watch()
+	if fatal {
+		<-c.freed // deviceLost's Close released it, t with it
+		return fmt.Errorf("%w: the device reported a fatal error as the connection was established", ErrDeviceRemoved)
+	}
+	globalStats.connsTotal.Add(1)
+	return nil
 }

@@ -180,7 +180,10 @@
 // fails the connection it names with ErrPeerGone and the device's reason.
 // DEVICE_FATAL (a device failing, or taken away from the process by a driver
 // that can) is handled as a removal: every connection on the device fails
-// with ErrDeviceRemoved and lets go of the device. A port going down
+// with ErrDeviceRemoved and lets go of the device. A Dial whose connection
+// is established as the device fails returns ErrDeviceRemoved rather than
+// the failed connection, as over XRC, and a listener drops such a
+// connection rather than hand it to Accept. A port going down
 // (PORT_ERR) breaks nothing by itself: each connection on the port logs a
 // warning, ProcessStats.PortErrors counts it, and a connection fails only
 // when its transport gives up retrying, or its keepalive (WithKeepalive)

@@ -526,7 +526,11 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 		t.free()
 		return false
 	}
-	c.start(t)
+	if err := c.start(t); err != nil {
+		globalStats.acceptErrors.Add(1)
+		cfg.logger.Warn("handshake failed", "remote", raddr, "err", err)
+		return false
+	}
 	select {
 	case l.ready <- c:
 		return true
