@@ -206,7 +206,9 @@ func (p *Process) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exc
 	if len(pd) > budget {
 		return 0, &verbs.OpError{Op: op, Addr: dst.String(), Err: syscall.EINVAL}
 	}
-	if p.n.f.nodeAt(dst.Addr()) == nil {
+	// A node has one address: like a host with none of the other family,
+	// it has no route to a node of that family.
+	if n := p.n.f.nodeAt(dst.Addr()); n == nil || nodeKey(n.addr).Is4() != nodeKey(p.n.addr).Is4() {
 		return 0, &verbs.OpError{Op: "rdma_resolve_addr", Addr: dst.String(), Err: syscall.EHOSTUNREACH}
 	}
 	if p.n.failed {
