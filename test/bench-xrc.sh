@@ -106,7 +106,7 @@ VM_RC=0
 if [[ -z $REPARSE ]]; then
   say "running $ROUNDS alternating rounds (A B C) in one VM"
   describe_tree "$DOC" > "$RUN/commit"
-  "$REPO/test/vm/rxe-vm.sh" -t "$VM_TIMEOUT" -o "$RUN/vm" bash "$RUN/guest.sh" || VM_RC=$?
+  run_vm "$REPO/test/vm/rxe-vm.sh" -t "$VM_TIMEOUT" -o "$RUN/vm" bash "$RUN/guest.sh" || VM_RC=$?
   echo "$VM_RC" > "$RUN/vm.rc"
   date -u '+%Y-%m-%d %H:%M UTC' > "$RUN/vm.date"
   [[ $VM_RC == 0 ]] || say "the VM run exited $VM_RC (results so far are used; see $RUN/vm)"

@@ -141,7 +141,7 @@ EOF
 
 say "running $ROUNDS interleaved rounds in one VM (about $((ROUNDS * 2 + 2)) minutes)"
 describe_tree "$DOC" > "$RUN/commit"
-"$REPO/test/vm/rxe-vm.sh" -t "$VM_TIMEOUT" -o "$RUN/vm" bash "$RUN/guest.sh" || VM_RC=$?
+run_vm "$REPO/test/vm/rxe-vm.sh" -t "$VM_TIMEOUT" -o "$RUN/vm" bash "$RUN/guest.sh" || VM_RC=$?
 [[ $VM_RC == 0 ]] || say "the VM run exited $VM_RC (results so far are used; see $RUN/vm)"
 date -u '+%Y-%m-%d %H:%M UTC' > "$RUN/vm.date"
 fi

@@ -127,6 +127,30 @@ ensure_go() {
 # prepare_vm: Debian kernel, initramfs and rxe-setup for test/vm/rxe-vm.sh (cached).
 prepare_vm() { "$REPO/test/vm/rxe-vm.sh" --prepare || die "test/vm/rxe-vm.sh --prepare failed"; }
 
+# run_vm COMMAND...: COMMAND (test/vm/rxe-vm.sh or rxe-pair.sh: guests that run for minutes) and
+# its exit status, as in the foreground; but INT, TERM or HUP to this script alone (a supervisor's,
+# CI's limit) stops the guests at once. Bash dies of an untrapped TERM at once, leaving a
+# foreground COMMAND to run on (and a guest killed under rxe-vm.sh to boot again), and runs a
+# trap only once COMMAND has returned. So COMMAND runs in the background, waited for: the signal
+# is passed on to it as TERM (test/vm's scripts stop their guests on it; in the background they
+# ignore INT), COMMAND is waited for, and the script then takes the signal as it would have
+# without run_vm (its own trap, if any).
+run_vm() {
+  local rc=0
+  RUN_VM_TRAPS=$(trap -p INT TERM HUP) RUN_VM_PID=
+  trap 'stop_vm INT' INT; trap 'stop_vm TERM' TERM; trap 'stop_vm HUP' HUP
+  "$@" &
+  RUN_VM_PID=$!
+  wait "$RUN_VM_PID" || rc=$?
+  trap - INT TERM HUP; eval "$RUN_VM_TRAPS"
+  return "$rc"
+}
+stop_vm() { # SIGNAL: run_vm's trap
+  [[ -z $RUN_VM_PID ]] || { kill -TERM "$RUN_VM_PID" 2>/dev/null; wait "$RUN_VM_PID" 2>/dev/null; } || true
+  trap - INT TERM HUP; eval "$RUN_VM_TRAPS"
+  kill -"$1" $$
+}
+
 # Counting `-test.v` / `go test -v` output: every --- PASS/FAIL/SKIP line (subtests too; a
 # test that logs a child test binary's output prefixes its lines, see softroce.ChildOutput,
 # so that they are not counted). A package or binary that failed without any failing test (build

@@ -123,8 +123,8 @@ GUEST
 
 say "running the demo in the soft-RoCE VM"
 rc=0
-test/vm/rxe-vm.sh -t 300 -o "$OUT/vm" bash "$OUT/demo.sh" || rc=$?
+run_vm test/vm/rxe-vm.sh -t 300 -o "$OUT/vm" bash "$OUT/demo.sh" || rc=$?
 say "two nodes: the server in guest A (10.88.0.1), the client in guest B (10.88.0.2), one virtual wire between two kernels"
-test/vm/rxe-pair.sh -q -t 300 -o "$OUT/pair" --a "bash $OUT/pair-a.sh" --b "bash $OUT/pair-b.sh" || rc=$((rc ? rc : 1))
+run_vm test/vm/rxe-pair.sh -q -t 300 -o "$OUT/pair" --a "bash $OUT/pair-a.sh" --b "bash $OUT/pair-b.sh" || rc=$((rc ? rc : 1))
 say "demo $([[ $rc == 0 ]] && echo succeeded || echo "FAILED (exit $rc)"); files in $OUT"
 exit $rc

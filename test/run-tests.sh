@@ -81,7 +81,7 @@ kill_guests() { # a qemu whose pid file is left (only qemu's own: pids are reuse
   true
 }
 trap kill_guests EXIT
-trap 'exit 130' INT   # so that the EXIT trap runs then too (rxe-vm.sh traps INT itself)
+trap 'exit 130' INT   # so that the EXIT trap runs then too (after run_vm has stopped a guest)
 CHECKS=() CHECKS_FAILED=0
 
 install_packages
@@ -190,7 +190,7 @@ printf '%s\n' "${BESIDE[@]}" "${FIRST[@]}" wait "${PLAIN[@]}" "${RACE[@]}" "${AS
 GP=0 GF=$BUILD_FAILED GS=0 VM_RC=0
 if [[ ${#VM_NAMES[@]} -gt 0 ]]; then
   say "running ${#VM_NAMES[@]} test binary(ies) in the VM"
-  "$REPO/test/vm/rxe-vm.sh" -t "$VM_TIMEOUT" -o "$LOGS/vm" bash "$GUEST" || VM_RC=$?
+  run_vm "$REPO/test/vm/rxe-vm.sh" -t "$VM_TIMEOUT" -o "$LOGS/vm" bash "$GUEST" || VM_RC=$?
   for name in "${VM_NAMES[@]}"; do
     if [[ ! -s $LOGS/vm/$name.rc ]]; then
       say "$name: did not run to the end in the VM"; GF=$((GF + 1)); continue
@@ -211,7 +211,7 @@ if [[ -x $BIN/test_integration.test ]]; then
   INT=$REPO/test/integration PAIR_RC=0
   run_role() { printf 'cd %q && GOXRC_PAIR_ROLE=%s %q -test.v -test.count=1 -test.run %q -test.timeout 4m' \
     "$INT" "$1" "$BIN/test_integration.test" '^TestTwoNodes$'; }
-  "$REPO/test/vm/rxe-pair.sh" -q -o "$LOGS/pair" -t 300 --a "$(run_role a)" --b "$(run_role b)" \
+  run_vm "$REPO/test/vm/rxe-pair.sh" -q -o "$LOGS/pair" -t 300 --a "$(run_role a)" --b "$(run_role b)" \
     > "$LOGS/pair.log" 2>&1 || PAIR_RC=$?
   grep -E '^\[B\] *(--- |ok|FAIL|PASS)|^rxe-pair:' "$LOGS/pair.log" || true
   touch "$LOGS/pair/b/output.log" "$LOGS/pair/a/output.log"

@@ -45,13 +45,25 @@ rm -f "$OUT"/sync/* "$OUT/wire.sock"
 SYNC=$OUT/sync
 "$VM" --prepare > "$OUT/prepare.log" 2>&1 || { cat "$OUT/prepare.log" >&2; exit 125; }   # not twice at once
 
-guest() { # NAME MODE IP PEER SCRIPT
+guest() { # NAME MODE IP PEER SCRIPT: starts the guest's rxe-vm.sh in the background ($! its pid), its
+  # output prefixed [NAME] by a sed of this script's, which the last wait below waits for
+  local out
+  exec {out}> >(sed -u "s/^/[${1^^}] /")
   "$VM" -s 1 -t "$TIMEOUT" -o "$OUT/$1" ${QUIET[@]+"${QUIET[@]}"} --nic "$2:$OUT/wire.sock" --ip "$3/24" --peer "$4" \
-    --rw "$SYNC" -e "RXE_PAIR_SYNC=$SYNC" "$5" 2>&1 | sed -u "s/^/[${1^^}] /"
-  return "${PIPESTATUS[0]}"
+    --rw "$SYNC" -e "RXE_PAIR_SYNC=$SYNC" "$5" >&"$out" 2>&1 &
+  exec {out}>&-
 }
-guest a listen 10.88.0.1 10.88.0.2 "$A" & APID=$!
-guest b connect 10.88.0.2 10.88.0.1 "$B" & BPID=$!
+# On TERM or HUP (CI's limit), stop both guests as rxe-vm.sh stops on TERM: B's exit status (125)
+# is then this script's. On INT (^C) too, which they ignore (started in the background), and then
+# end by SIGINT, as rxe-vm.sh does, so that a caller stops too. Set before they start, so that one
+# which comes as they start stops them too.
+APID= BPID= STOPPED=0
+stop_guests() { STOPPED=1; kill $APID $BPID 2>/dev/null || true; }
+trap stop_guests TERM HUP
+trap 'stop_guests; wait; trap - INT; kill -INT $$' INT
+guest a listen 10.88.0.1 10.88.0.2 "$A"; APID=$!
+guest b connect 10.88.0.2 10.88.0.1 "$B"; BPID=$!
+[[ $STOPPED == 0 ]] || stop_guests
 
 # Kill A's qemu when B asks (see above); stop watching once B is done.
 KILLED=0
@@ -79,6 +91,7 @@ if kill -0 "$APID" 2>/dev/null; then
   fi
 fi
 ARC=0; wait "$APID" || ARC=$?
+wait   # the seds: each guest's last lines before this script's
 log "A exit $ARC$([[ $KILLED == 1 ]] && echo ' (killed by the host, as intended)'), B exit $BRC; pair dir $OUT"
 [[ $BRC != 0 ]] && exit "$BRC"
 [[ $ARC == 0 || $KILLED == 1 ]] || exit 1
