@@ -93,14 +93,7 @@ func reparseBench(t *testing.T, over map[string]string) (doc string, out []byte,
 // test where it wrote no doc.
 func reparse(t *testing.T, script, env string, run, over map[string]string, extraEnv ...string) (doc string, out []byte, err error) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skipf("test/%s.sh runs as root only", script)
-	}
-	for _, name := range []string{"bash", "flock", "bc", "cpio", "gzip", "/bin/busybox", "git"} {
-		if _, err := exec.LookPath(name); err != nil {
-			t.Skipf("no %s on this machine", name)
-		}
-	}
+	needRootAnd(t, "test/"+script+".sh", "bash", "flock", "bc", "cpio", "gzip", "/bin/busybox", "git")
 	dir := t.TempDir()
 	bin, work := fakeCommands(t, dir, benchFakes), filepath.Join(dir, "work")
 	runDir := filepath.Join(work, script, "run", "vm")

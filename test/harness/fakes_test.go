@@ -2,9 +2,25 @@ package harness
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 )
+
+// needRootAnd skips t unless it runs as root (what: the script that runs as
+// root only) on a machine with every one of tools: the scripts under test
+// refuse to run otherwise, and nothing else lacks them where CI runs.
+func needRootAnd(t *testing.T, what string, tools ...string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip(what + " runs as root only")
+	}
+	for _, name := range tools {
+		if _, err := exec.LookPath(name); err != nil {
+			t.Skipf("no %s on this machine", name)
+		}
+	}
+}
 
 // fakeCommands writes each of fakes (name: bash body) as an executable
 // script in a new directory bin under dir, to go first in PATH, and

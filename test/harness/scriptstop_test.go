@@ -82,14 +82,7 @@ func commands(pids []int) string {
 // trap had killed the qemu of a booting guest), and ran its INT trap only
 // once the guest had ended.
 func TestScriptsStopGuestsOnSignal(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the scripts run as root only")
-	}
-	for _, name := range []string{"bash", "flock", "timeout", "bc", "cpio", "gzip", "perl", "/bin/busybox"} {
-		if _, err := exec.LookPath(name); err != nil {
-			t.Skipf("no %s on this machine", name)
-		}
-	}
+	needRootAnd(t, "the scripts run as root only", "bash", "flock", "timeout", "bc", "cpio", "gzip", "perl", "/bin/busybox")
 	for _, c := range []struct {
 		script string
 		pair   bool // signalled in the two-node run, the guest of its own having failed

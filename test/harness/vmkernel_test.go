@@ -65,14 +65,7 @@ func TestVMPrepareSaysNoKernel(t *testing.T) {
 // of its own, and returns that dir and its output and error.
 func prepareWith(t *testing.T, fakes map[string]string) (work string, out []byte, err error) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("test/vm/rxe-vm.sh runs as root only")
-	}
-	for _, name := range []string{"bash", "flock", "cpio", "gzip", "/bin/busybox"} {
-		if _, err := exec.LookPath(name); err != nil {
-			t.Skipf("no %s on this machine", name)
-		}
-	}
+	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "cpio", "gzip", "/bin/busybox")
 	dir := t.TempDir()
 	bin, work, state := fakeCommands(t, dir, fakes), filepath.Join(dir, "work"), filepath.Join(dir, "state")
 	if err := os.Mkdir(state, 0o755); err != nil {

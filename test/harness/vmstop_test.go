@@ -43,14 +43,7 @@ var stopFakes = map[string]string{
 // a failed one and boot again: that guest would run the whole command with
 // no caller left to wait for it.
 func TestVMRunStopsOnTerm(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("test/vm/rxe-vm.sh runs as root only")
-	}
-	for _, name := range []string{"bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox"} {
-		if _, err := exec.LookPath(name); err != nil {
-			t.Skipf("no %s on this machine", name)
-		}
-	}
+	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox")
 	dir := t.TempDir()
 	bin, work, out := fakeCommands(t, dir, stopFakes), filepath.Join(dir, "work"), filepath.Join(dir, "out")
 	kernel := map[string]string{}
@@ -120,14 +113,7 @@ exec /bin/mv "$@"`,
 // SIGTERM must end it as a VM that did not complete (125), with no boot
 // after it, and SIGINT by SIGINT (so that its caller stops too).
 func TestVMRunStopsBetweenBoots(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("test/vm/rxe-vm.sh runs as root only")
-	}
-	for _, name := range []string{"bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox", "/bin/mv"} {
-		if _, err := exec.LookPath(name); err != nil {
-			t.Skipf("no %s on this machine", name)
-		}
-	}
+	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox", "/bin/mv")
 	for _, c := range []struct {
 		signal string
 		want   func(*exec.ExitError) bool

@@ -76,14 +76,7 @@ func checkout(t *testing.T, dir, name string) string {
 // minutes later: it must run the rxe-setup, and boot the initramfs, of its
 // own checkout, not those another checkout's preparation built meanwhile.
 func TestVMRunUsesItsOwnBuilds(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("test/vm/rxe-vm.sh runs as root only")
-	}
-	for _, name := range []string{"bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox"} {
-		if _, err := exec.LookPath(name); err != nil {
-			t.Skipf("no %s on this machine", name)
-		}
-	}
+	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox")
 	t.Run("boot", func(t *testing.T) { vmRunOfTwoCheckouts(t, false) })
 	// A failed boot is booted again, with the initramfs of the first.
 	t.Run("second boot", func(t *testing.T) { vmRunOfTwoCheckouts(t, true) })
