@@ -82,12 +82,9 @@ func TestBogusSRQNLiarKeepsHealthyConn(t *testing.T) {
 	if err := recvSeq(ctx, rc, 0, 6, nil); err != nil {
 		t.Fatalf("r: %v (sc err %v; recoveries %d)", err, connErr(sc), s.Stats().Recoveries-before.Recoveries)
 	}
-	// l's legs failed INIs under sc's messages, until maxUnreached had:
-	// the next recovery ended the rest rather than move them. It moved
-	// each of them, one round each, until a review of 2026-12-07
-	// (TestBogusSRQNRecoveriesBounded).
-	if n := s.Stats().Recoveries - before.Recoveries; n == 0 || n > maxUnreached {
-		t.Fatalf("%d recoveries for %d legs to l, want 1 to %d", n, liars, maxUnreached)
+	// Precondition: l's legs failed INIs under sc's messages.
+	if n := s.Stats().Recoveries - before.Recoveries; n < maxTries {
+		t.Fatalf("%d recoveries, want at least %d (one per leg to l)", n, maxTries)
 	}
 	roundTrip(t, sc, rc, []byte("after"))
 	if err := connErr(sc); err != nil {

@@ -44,10 +44,6 @@ type Conn struct {
 	sendUp   bool
 	sendDone bool // FIN sent or leg dropped
 	finOut   bool // our FIN (not HALF) was posted: see recover
-	// srqReached: a send of ours on the leg completed, so peerSRQN named
-	// an SRQ (until a send naming it fails "remote invalid request"):
-	// see uplink.unreached.
-	srqReached bool
 	// finPosted: that FIN went to PostSend (on some INI): a receiver may
 	// have it, and let the leg go. Only a recovery's resend puts a frame
 	// before its copy, one that proves the new INI's poll (see resend).

@@ -1419,8 +1419,7 @@ func (e *Endpoint) readingAcceptFrom(node netip.Addr) bool {
 // earlier process at that address (DOMAIN_MISMATCH).
 func (e *Endpoint) bindReverseLocked(c *Conn, leg *acceptedLeg) ([]byte, bool) {
 	u := e.uplinkForLocked(c.raddr)
-	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 || u.dom != e.domainOfLocked(c.raddr) || !u.hasOpenLeg() ||
-		u.unreachedRefusedLocked(leg.PeerSRQN) { // the reciprocal request's ACCEPT decides (bindLocked)
+	if e.closed || u == nil || u.state != upUp || u.cur == nil || u.dom == 0 || u.dom != e.domainOfLocked(c.raddr) || !u.hasOpenLeg() {
 		return nil, false
 	}
 	tag := e.newTagLocked()

@@ -66,9 +66,6 @@ var (
 	errSRQGone    = fmt.Errorf("%w: its receive queue is gone", ErrPeerGone)
 	errIdle       = fmt.Errorf("%w: silent past the idle timeout", ErrPeerGone)
 	errUnanswered = fmt.Errorf("%w: it did not answer", ErrPeerGone)
-	// errSRQUnreached: the leg's uplink recovered maxUnreached times in a
-	// period for SRQ numbers no send had reached, and the leg names one.
-	errSRQUnreached = fmt.Errorf("%w: its receive queue was never reached, and its node's unreached ones keep failing", ErrPeerGone)
 	// errSendPoll fails the legs of an uplink whose send completions
 	// cannot be polled, on a rebuilt INI as on the one before.
 	errSendPoll    = errors.New("xrc: send completions cannot be polled (again after the uplink was rebuilt)")

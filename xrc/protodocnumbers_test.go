@@ -41,8 +41,6 @@ func TestProtocolDocNumbersMatchEngine(t *testing.T) {
 		{"default idle timeout (s)", "`Config.IdleTimeout`, (\\d+) s by\\s+default", int(DefaultIdleTimeout / time.Second)},
 		{"least replay span", `rounded up to a power of two, at least (\d+)`, int(replaySpan(1))},
 		{"data frame header", `plus the (\d+)-byte data frame header`, frameSize(0)},
-		{"recoveries for unreached SRQ numbers", `an uplink recovers for at most (\d+) such failures`, maxUnreached},
-		{"their period (s)", `no send on it had reached in\s+(\d+) s`, int(unreachedPeriod / time.Second)},
 	} {
 		m := regexp.MustCompile(c.re).FindStringSubmatch(doc)
 		if m == nil {

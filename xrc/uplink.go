@@ -69,66 +69,6 @@ type uplink struct {
 	// TestPhysAcceptClaimingNeighbourDomain). New dials pass u over
 	// (uplinkForLocked) and make their own; u's legs stay on it.
 	refuted bool
-	// unreached counts the sends on u that failed "remote invalid request"
-	// naming an SRQ number no send on u had reached (Conn.srqReached), in
-	// the period that began at unreachedSince. Each failed the INI and cost
-	// a recovery of every leg on u; a peer names its SRQ number unchecked,
-	// so one that names none of its node's had each of its legs do so, for
-	// ever (TestBogusSRQNRecoveriesBounded). Past maxUnreached in a period,
-	// a leg naming an SRQ number no leg on u has reached posts nothing on
-	// u (unreachedRefusedLocked).
-	unreached      int
-	unreachedSince time.Time
-}
-
-// maxUnreached failures of unreached SRQ numbers in unreachedPeriod are
-// what an uplink recovers for: an honest peer's cost only where that many
-// receivers of one node die between their exchange and our first frame.
-const (
-	maxUnreached    = 8
-	unreachedPeriod = 10 * time.Second
-)
-
-// reachedLocked reports whether a send of a leg on u naming srqn completed.
-func (u *uplink) reachedLocked(srqn uint32) bool {
-	for c := range u.legs {
-		if c.srqReached && c.peerSRQN == srqn {
-			return true
-		}
-	}
-	return false
-}
-
-// unreachedSpentLocked reports whether u has recovered maxUnreached times
-// in this period for SRQ numbers no send had reached.
-func (u *uplink) unreachedSpentLocked() bool {
-	return u.unreached >= maxUnreached && time.Since(u.unreachedSince) < unreachedPeriod
-}
-
-// unreachedRefusedLocked reports whether a leg naming srqn may not post on
-// u: u's recoveries for unreached SRQ numbers are spent, and no leg's send
-// on u reached srqn. A peer whose legs work keeps its number reached; a
-// new process of the node (an honest one whose number was a dead
-// receiver's, too) waits for the period's end.
-func (u *uplink) unreachedRefusedLocked(srqn uint32) bool {
-	return u.unreachedSpentLocked() && !u.reachedLocked(srqn)
-}
-
-// srqFailedLocked notes a send on u that failed "remote invalid request"
-// naming srqn: counted if no send had reached it, and no longer reached
-// (its SRQ is gone).
-func (u *uplink) srqFailedLocked(srqn uint32) {
-	if !u.reachedLocked(srqn) {
-		if time.Since(u.unreachedSince) >= unreachedPeriod {
-			u.unreached, u.unreachedSince = 0, time.Now()
-		}
-		u.unreached++
-	}
-	for c := range u.legs {
-		if c.peerSRQN == srqn {
-			c.srqReached = false
-		}
-	}
 }
 
 // pokeLocked wakes whoever waits on u.changed without a change of state:
@@ -550,15 +490,6 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 		}
 		return c.err
 	}
-	if u.unreachedRefusedLocked(acc.SRQN) {
-		// Not a post to it: nothing of ours reaches its receiver,
-		// whose half ends at its idle timeout (an inbound one's dialer
-		// hears our ABORT: recvLegUp).
-		u.refs--
-		e.maybeTeardownLocked(u)
-		c.failLocked(errSRQUnreached)
-		return c.err
-	}
 	c.up, c.holdsRef = u, true
 	c.peerTag, c.peerSRQN, c.peerInc = acc.AcceptorTag, acc.SRQN, acc.Incarnation
 	c.sendWindow, c.sendMax = uint32(acc.Credits), int(acc.MaxMessage)
@@ -581,7 +512,7 @@ func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 // dialer (TestReciprocalAnsweredToFailedHalfLastLeg).
 func (e *Endpoint) finAcceptedLocked(c *Conn, u *uplink, acc *wire.Accept) bool {
 	q := u.cur
-	if q == nil || u.state != upUp || u.unreachedRefusedLocked(acc.SRQN) {
+	if q == nil || u.state != upUp {
 		return false
 	}
 	b := make([]byte, 1+wire.FinLen)
@@ -878,9 +809,6 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 			if ok && w.data && wc.Status == verbs.WCSuccess {
 				w.c.completedLocked(w.seq)
 			}
-			if ok && wc.Status == verbs.WCSuccess {
-				w.c.srqReached = true
-			}
 			if wc.Status != verbs.WCSuccess {
 				// A remote invalid request ends the leg that sent it
 				// (its receiver's SRQ is gone, or never was): the
@@ -892,9 +820,6 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 				remInv := wc.Status == verbs.WCRemInvReqErr && ok
 				if wc.Status != verbs.WCWRFlushErr && !remInv {
 					q.erred = true
-				}
-				if remInv {
-					u.srqFailedLocked(w.c.peerSRQN)
 				}
 				if remInv && !e.endSendingLegLocked(w.c, errSRQGone) {
 					w.c.failLocked(errSRQGone)
@@ -1067,25 +992,7 @@ func (e *Endpoint) recover(u *uplink, old *iniQP) {
 	e.mu.Lock()
 	legs := make([]*Conn, 0, len(u.legs))
 	finPosted := map[*Conn]bool{}
-	var reached map[uint32]bool // once u's unreached are spent
-	if u.unreachedSpentLocked() {
-		reached = map[uint32]bool{}
-		for c := range u.legs {
-			if c.srqReached {
-				reached[c.peerSRQN] = true
-			}
-		}
-	}
 	for c := range u.legs {
-		if reached != nil && !reached[c.peerSRQN] {
-			// Moved, its first post would fail the new INI too: a
-			// peer's legs bound before the first of them failed did
-			// so one round each (TestBogusSRQNLiarKeepsHealthyConn).
-			if !e.endSendingLegLocked(c, errSRQUnreached) {
-				c.failLocked(errSRQUnreached)
-			}
-			continue
-		}
 		legs = append(legs, c)
 		if c.finPosted {
 			finPosted[c] = true
