@@ -2,6 +2,7 @@ package xrc
 
 import (
 	"net/netip"
+	"strings"
 
 	"github.com/goxrc/goxrc/rdmacm"
 )
@@ -17,6 +18,15 @@ func sameNode(a, b netip.Addr) bool {
 		return false
 	}
 	return a.Zone() == "" || b.Zone() == "" || a.Zone() == b.Zone()
+}
+
+// parseListenAddr parses a Config.Addr. An empty ip (":7000") is IPv4's
+// unspecified address, as for net.Listen and cm.Listen.
+func parseListenAddr(s string) (netip.AddrPort, error) {
+	if strings.HasPrefix(s, ":") {
+		s = "0.0.0.0" + s
+	}
+	return netip.ParseAddrPort(s)
 }
 
 // canonicalAddr is ap in the form the CM reports peers in: IPv4 unmapped,

@@ -18,7 +18,7 @@ var errUnspecified = fmt.Errorf("an endpoint on an RDMA device needs a concrete 
 // without XRC it fails with an error matching ErrNotSupported that says
 // why, having closed everything it opened.
 func deviceKernel(cfg *Config) (kernel.Kernel, error) {
-	ap, err := netip.ParseAddrPort(cfg.Addr)
+	ap, err := parseListenAddr(cfg.Addr)
 	if err != nil {
 		return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("%w (%w)", err, ErrInvalid)}
 	}

@@ -57,9 +57,10 @@ type Config struct {
 	// Device or Process, not both.
 	Device string
 	// Addr is the ip:port to listen on; the ip must be the node's (the
-	// device's), or unspecified (0.0.0.0 or ::) for the node's own address
-	// (on a device, with Device set). Port 0 picks a free port in
-	// 30000-49999, one both port spaces have free.
+	// device's), or unspecified (0.0.0.0 or ::, or empty for 0.0.0.0, as
+	// in net.Listen) for the node's own address (on a device, with Device
+	// set). Port 0 picks a free port in 30000-49999, one both port spaces
+	// have free.
 	Addr string
 	// DomainDir is the private directory of the node's domain file; every
 	// process that uses the same directory on a node shares one XRC domain.
@@ -284,7 +285,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	if cfg.DomainDir == "" {
 		cfg.DomainDir = filepath.Join(os.TempDir(), fmt.Sprintf("goxrc-%d", os.Geteuid())) // the owner checkOwned wants
 	}
-	ap, err := netip.ParseAddrPort(cfg.Addr)
+	ap, err := parseListenAddr(cfg.Addr)
 	if err != nil {
 		return nil, &OpError{"listen", cfg.Addr, fmt.Errorf("%w (%w)", err, ErrInvalid)}
 	}
