@@ -464,3 +464,19 @@ func TestDocNothingLoggedPerMessage(t *testing.T) {
 	}
 	require.Equal(t, before, n.Load(), "records logged while messages flowed")
 }
+
+// WithLogger's doc: over XRC neither a connection nor its failure is
+// logged, where RC logs "connected" and the failure at Warn.
+func TestDocXRCConnLogsNothing(t *testing.T) {
+	ctx := ctxT(t)
+	f := newFabric(t)
+	var n atomic.Int64
+	lg := WithLogger(slog.New(countingHandler{&n}))
+	sp := f.Node("10.1.0.1").Process()
+	c, _ := fabricPair(ctx, t, sp, f.Node("10.1.0.2").Process(), []Option{lg}, []Option{lg})
+	sp.Kill()
+	_, err := c.Recv(ctx, make([]byte, 64))
+	require.ErrorIs(t, err, ErrPeerGone)
+	require.Equal(t, uint64(1), c.Stats().Errors, "a failure, which RC would log")
+	require.Zero(t, n.Load(), "records logged over XRC")
+}

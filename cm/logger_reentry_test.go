@@ -168,8 +168,8 @@ func TestLoggerHandlerClosesOnFailure(t *testing.T) {
 	require.ErrorIs(t, err, ErrPeerGone, "closed after the failure: the failure stays")
 }
 
-// Over XRC on the in-memory fabric, where the logger sees the set-up only
-// (WithLogger): a Dial of a name whose first address refuses, and an
+// Over XRC on the in-memory fabric, where the logger sees the choice of
+// transport and a name's failed addresses only (WithLogger): a Dial of a name whose first address refuses, and an
 // XRCPrefer Dial's fallback to RC (logged, then remembered), with a
 // handler that reads the listener's address, the process's Stats (every
 // XRC endpoint's Stats) and a connection's, and closes another connection.

@@ -80,6 +80,8 @@ func (t Transport) String() string {
 		return "RC"
 	case TransportXRC:
 		return "XRC"
+	case 0:
+		return "none" // a nil or closed Conn's, as the type's doc says
 	}
 	return fmt.Sprintf("Transport(%d)", int(t))
 }
@@ -251,12 +253,18 @@ func WithHandshakeTimeout(d time.Duration) Option {
 	return func(c *config) { c.handshakeTimeout = d }
 }
 
-// WithLogger sets a logger for connection events (default: discard): set-up
-// and its failures, refused requests, a connection's failure (once, at
-// Warn), device events. Nothing is logged per message. Over XRC it sees the
-// set-up only: the engine's own events (uplink recoveries, say) are neither
-// logged nor counted in cm's stats (xrc.Stats counts them, for an endpoint
-// of package xrc's; cm's ProcessStats has the XRC object counts only).
+// WithLogger sets a logger for connection events (default: discard).
+// Nothing is logged per message. Over RC it logs a Dial's connection (at
+// Debug), a listener's refused requests, failed handshakes and failure, a
+// connection's failure (once, at Warn), and device and port events. Over
+// XRC (WithFabric, or an XRC mode that found XRC) it logs none of these,
+// neither a connection nor its failure: only the choice of transport (an
+// XRC mode's fallback to RC at Info, a remembered refusal at Debug) and an
+// XRCPrefer listener's XRC endpoint failing (at Warn). The engine's own
+// events (uplink recoveries, say) are neither logged nor counted in cm's
+// stats (xrc.Stats counts them, for an endpoint of package xrc's; cm's
+// ProcessStats has the XRC object counts only). Over either, a Dial of a
+// name logs each address that failed before it tries the next (at Info).
 //
 // Records are written on the goroutine of the event (a Dial, the
 // listener's, a call on the connection or its reaper, the device's event

@@ -21,8 +21,8 @@ type Stats struct {
 	// broke the protocol. A peer's death counts once the transport has
 	// heard of it, whether or not the application calls (RC: the CM's
 	// word of the disconnect; XRC: the engine's verdict). On RC such a
-	// failure is logged once, at Warn (over XRC the logger sees set-up
-	// only: see WithLogger).
+	// failure is logged once, at Warn (over XRC it is not logged: see
+	// WithLogger).
 	Errors uint64
 }
 

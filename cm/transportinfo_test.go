@@ -52,3 +52,10 @@ func TestDialerDial(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "to the Dialer's Conn", string(buf[:n]))
 }
+
+// The zero Transport, a nil or closed Conn's, prints as the type's doc
+// names it; it printed "Transport(0)".
+func TestTransportZeroStringIsNone(t *testing.T) {
+	require.Equal(t, "none", (*Conn)(nil).Transport().String())
+	require.Equal(t, "Transport(9)", Transport(9).String(), "an unknown value names its number")
+}

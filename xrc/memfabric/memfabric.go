@@ -143,7 +143,8 @@ func (n *Node) modelNode() *model.Node {
 func (n *Node) Addr() netip.Addr { return n.modelNode().Addr() }
 
 // Process starts a process on the node. It lives until Kill or the node's
-// PowerOff, however many engines ran on it and closed: the node keeps it,
+// PowerOff (one started after PowerOff lives, cut off: see PowerOff),
+// however many engines ran on it and closed: the node keeps it,
 // so a test that starts processes kills them when it is done with them.
 func (n *Node) Process() *Process { return &Process{p: n.modelNode().NewProcess(), n: n} }
 
@@ -153,7 +154,10 @@ func (n *Node) Process() *Process { return &Process{p: n.modelNode().NewProcess(
 // by their own timeouts (Config.IdleTimeout, Config.HandshakeTimeout).
 // Engines running on the node fail from then on, as after Kill
 // (xrc.ErrProcessDied); close them to end their goroutines. The node stays
-// off.
+// off: a process started on it later is alive (an engine starts and
+// listens on it) but reaches nothing and is reached by nothing: its Dials
+// and those to it get no answer and end at their context's deadline (or
+// Config.HandshakeTimeout), where after FailDevice an engine fails at once.
 func (n *Node) PowerOff() { n.modelNode().PowerOff() }
 
 // FailDevice makes the node's RDMA device fail for good, as a firmware
