@@ -137,16 +137,19 @@ prepare_vm() { "$REPO/test/vm/rxe-vm.sh" --prepare || die "test/vm/rxe-vm.sh --p
 # without run_vm (its own trap, if any).
 run_vm() {
   local rc=0
-  RUN_VM_TRAPS=$(trap -p INT TERM HUP) RUN_VM_PID=
+  RUN_VM_TRAPS=$(trap -p INT TERM HUP) RUN_VM_PID= RUN_VM_SIG=
   trap 'stop_vm INT' INT; trap 'stop_vm TERM' TERM; trap 'stop_vm HUP' HUP
   "$@" &
   RUN_VM_PID=$!
+  [[ -z $RUN_VM_SIG ]] || kill -"$RUN_VM_SIG" $$   # one that came before its pid was known
   wait "$RUN_VM_PID" || rc=$?
   trap - INT TERM HUP; eval "$RUN_VM_TRAPS"
   return "$rc"
 }
 stop_vm() { # SIGNAL: run_vm's trap
-  [[ -z $RUN_VM_PID ]] || { kill -TERM "$RUN_VM_PID" 2>/dev/null; wait "$RUN_VM_PID" 2>/dev/null; } || true
+  # Before run_vm has COMMAND's pid, COMMAND may have started: run_vm sends SIGNAL again then.
+  [[ -n $RUN_VM_PID ]] || { RUN_VM_SIG=$1; return; }
+  { kill -TERM "$RUN_VM_PID" 2>/dev/null; wait "$RUN_VM_PID" 2>/dev/null; } || true
   trap - INT TERM HUP; eval "$RUN_VM_TRAPS"
   kill -"$1" $$
 }

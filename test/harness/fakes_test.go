@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-// needRootAnd skips t unless it runs as root (what: the script that runs as
-// root only) on a machine with every one of tools: the scripts under test
-// refuse to run otherwise, and nothing else lacks them where CI runs.
+// needRootAnd skips t unless it runs as root, on a machine with every one of
+// tools: the scripts under test (what, the skip message's subject) refuse to
+// run otherwise, and nothing else lacks them where CI runs.
 func needRootAnd(t *testing.T, what string, tools ...string) {
 	t.Helper()
 	if os.Geteuid() != 0 {

@@ -62,6 +62,53 @@ func marked(mark string) []int {
 	return pids
 }
 
+// guestScene makes what a script that boots fake guests needs: a test
+// directory dir with the fakes of guestFakes in bin, the file started (a
+// line per boot), a short work directory (the pair's wire is a unix socket
+// under it, of at most 108 bytes) holding a fake kernel, and the
+// environment entry mark for startMarked.
+func guestScene(t *testing.T) (dir, bin, started, work, mark string) {
+	t.Helper()
+	dir = t.TempDir()
+	bin, started = fakeCommands(t, dir, guestFakes), filepath.Join(dir, "started")
+	work, err := os.MkdirTemp("", "stop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(work) })
+	kernel := map[string]string{}
+	fakeKernel(kernel, work)
+	writeFiles(t, kernel)
+	return dir, bin, started, work, "GOXRC_STOP_MARK=" + dir
+}
+
+// startMarked starts cmd with mark added to its environment (so that
+// every process it starts carries it), its output in a file in dir (not a
+// pipe, which a process left running would hold open, and with it
+// cmd.Wait), and kills whatever carries mark once t ends (what a failed run
+// left). It returns cmd's end and a reader of its output so far.
+func startMarked(t *testing.T, cmd *exec.Cmd, dir, mark string) (<-chan error, func() string) {
+	t.Helper()
+	cmd.Env = append(cmd.Env, mark)
+	logFile, err := os.Create(filepath.Join(dir, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logFile.Close() })
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	t.Cleanup(func() {
+		for _, pid := range marked(mark) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return done, func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+}
+
 // commands names the processes pids, each by its command line.
 func commands(pids []int) string {
 	var s strings.Builder
@@ -82,7 +129,7 @@ func commands(pids []int) string {
 // trap had killed the qemu of a booting guest), and ran its INT trap only
 // once the guest had ended.
 func TestScriptsStopGuestsOnSignal(t *testing.T) {
-	needRootAnd(t, "the scripts run as root only", "bash", "flock", "timeout", "bc", "cpio", "gzip", "perl", "/bin/busybox")
+	needRootAnd(t, "test/run-tests.sh, as test/run-demo.sh,", "bash", "flock", "timeout", "bc", "cpio", "gzip", "perl", "/bin/busybox")
 	for _, c := range []struct {
 		script string
 		pair   bool // signalled in the two-node run, the guest of its own having failed
@@ -101,43 +148,14 @@ func TestScriptsStopGuestsOnSignal(t *testing.T) {
 		name := c.script + "/" + map[bool]string{false: "one", true: "pair"}[c.pair] + "/" + c.signal.String() +
 			map[bool]string{false: "", true: "/group"}[c.group]
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
-			bin, started := fakeCommands(t, dir, guestFakes), filepath.Join(dir, "started")
-			// Short: the pair's wire is a unix socket under it (108 bytes).
-			work, err := os.MkdirTemp("", "stop")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(work) })
-			kernel := map[string]string{}
-			fakeKernel(kernel, work)
-			writeFiles(t, kernel)
-			mark := "GOXRC_STOP_MARK=" + dir // in every process the script starts
+			dir, bin, started, work, mark := guestScene(t)
 			cmd := exec.Command("bash", "../"+c.script+".sh")
-			cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started, mark)
+			cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started)
 			if c.pair {
 				cmd.Env = append(cmd.Env, "ONE_FAILS=1")
 			}
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: c.group}
-			// A file, not a pipe, which what the script left running would hold
-			// open, and with it cmd.Wait, after the script had ended.
-			logFile, err := os.Create(filepath.Join(dir, "log"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer logFile.Close()
-			log := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
-			cmd.Stdout, cmd.Stderr = logFile, logFile
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			t.Cleanup(func() { // what a failed run left
-				for _, pid := range marked(mark) {
-					syscall.Kill(pid, syscall.SIGKILL)
-				}
-			})
+			done, log := startMarked(t, cmd, dir, mark)
 
 			want := 1 // guests running
 			if c.pair {
@@ -161,6 +179,7 @@ func TestScriptsStopGuestsOnSignal(t *testing.T) {
 			if err := syscall.Kill(to, c.signal); err != nil {
 				t.Fatal(err)
 			}
+			var err error
 			select {
 			case err = <-done:
 			case <-time.After(30 * time.Second):

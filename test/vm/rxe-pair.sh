@@ -46,9 +46,12 @@ SYNC=$OUT/sync
 "$VM" --prepare > "$OUT/prepare.log" 2>&1 || { cat "$OUT/prepare.log" >&2; exit 125; }   # not twice at once
 
 guest() { # NAME MODE IP PEER SCRIPT: starts the guest's rxe-vm.sh in the background ($! its pid), its
-  # output prefixed [NAME] by a sed of this script's, which the last wait below waits for
+  # output prefixed [NAME] by a sed of this script's, which the last wait below waits for. The sed
+  # ignores what the guest outlives (^C or CI's TERM to the process group) and ends with its output:
+  # killed, it lost the guest's last lines, and rxe-vm.sh died of SIGPIPE writing them (on TERM
+  # even before its trap had stopped qemu, writing bash's notice of its sleep killed).
   local out
-  exec {out}> >(sed -u "s/^/[${1^^}] /")
+  exec {out}> >(trap '' INT TERM HUP; exec sed -u "s/^/[${1^^}] /")
   "$VM" -s 1 -t "$TIMEOUT" -o "$OUT/$1" ${QUIET[@]+"${QUIET[@]}"} --nic "$2:$OUT/wire.sock" --ip "$3/24" --peer "$4" \
     --rw "$SYNC" -e "RXE_PAIR_SYNC=$SYNC" "$5" >&"$out" 2>&1 &
   exec {out}>&-
