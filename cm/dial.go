@@ -24,7 +24,10 @@ import (
 // (":port", "0.0.0.0:port", "[::]:port") is refused (ErrInvalid): no RDMA
 // device sits on the loopback it stands for.
 // ctx bounds the whole Dial (look-up, every address tried, the handshake);
-// without a deadline the handshake timeout bounds it. In an XRC mode (WithXRC) on a device
+// without a deadline the handshake timeout bounds it. Running out of that
+// time fails it with an error matching context.DeadlineExceeded and
+// os.ErrDeadlineExceeded, also in address or route resolution, where the
+// kernel's ETIMEDOUT comes a moment before the deadline. In an XRC mode (WithXRC) on a device
 // with XRC, the connection runs through the process's XRC dialer endpoint
 // for that device and local address (package xrc), shared by the Dials
 // with the same message size, queue depth, domain path and handshake

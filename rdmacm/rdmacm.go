@@ -461,7 +461,10 @@ func kernelTimeout(ctx context.Context) int {
 // deadline, or DefaultResolveTimeout without one. An address that does not resolve returns a
 // *verbs.OpError: its Timeout() is true when the resolution timed out (the
 // kernel's ADDR_ERROR with ETIMEDOUT, or ctx's deadline), otherwise it wraps
-// the kernel's errno. After an error, close the id.
+// the kernel's errno. Where ctx has a deadline, the kernel's ETIMEDOUT is that
+// deadline running out and matches context.DeadlineExceeded (and
+// os.ErrDeadlineExceeded) as well, as ctx's own end does. After an error,
+// close the id.
 func (id *ID) ResolveAddr(ctx context.Context, src, dst netip.AddrPort) error {
 	const op = "rdma_resolve_addr"
 	unlock, err := id.use(op)
@@ -482,7 +485,7 @@ func (id *ID) ResolveAddr(ctx context.Context, src, dst netip.AddrPort) error {
 		return &verbs.OpError{Op: op, Addr: where, Err: err}
 	}
 	_, err = id.wait(ctx, EventAddrResolved, op, where)
-	return err
+	return deadlineTimeout(ctx, err)
 }
 
 // ResolveRoute resolves the route to the address given to ResolveAddr
@@ -501,7 +504,21 @@ func (id *ID) ResolveRoute(ctx context.Context) error {
 		return &verbs.OpError{Op: op, Addr: addr, Err: err}
 	}
 	_, err = id.wait(ctx, EventRouteResolved, op, addr)
-	return err
+	return deadlineTimeout(ctx, err)
+}
+
+// deadlineTimeout is err, a resolution's, made to match
+// context.DeadlineExceeded too where it is the kernel's ETIMEDOUT and ctx
+// has a deadline: the kernel's timeout was that deadline's (kernelTimeout),
+// which its verdict only precedes by the margin. It matched ETIMEDOUT alone,
+// or the deadline alone when ctx's end came first: which came first decided
+// what the error said.
+func deadlineTimeout(ctx context.Context, err error) error {
+	var oe *verbs.OpError
+	if _, ok := ctx.Deadline(); !ok || !errors.As(err, &oe) || !errors.Is(oe.Err, syscall.ETIMEDOUT) {
+		return err
+	}
+	return &verbs.OpError{Op: oe.Op, Addr: oe.Addr, Err: fmt.Errorf("%w: %w", oe.Err, context.DeadlineExceeded)}
 }
 
 // Listen starts listening on the bound address (rdma_listen). Connection

@@ -147,6 +147,50 @@ func TestEventError(t *testing.T) {
 	}
 }
 
+// A resolution the kernel timed out (ADDR_ERROR or ROUTE_ERROR, ETIMEDOUT)
+// under a ctx with a deadline ran out of that deadline: the kernel's timeout
+// was the deadline's less a margin (kernelTimeout), so the error matches
+// context.DeadlineExceeded and os.ErrDeadlineExceeded, as when ctx's end
+// comes first, besides ETIMEDOUT; also through a caller's OpError (cm's
+// Dial wraps it so). It matched ETIMEDOUT alone, so that what a Dial with a
+// deadline said depended on whether the kernel or ctx spoke first. Without
+// a deadline the timeout is the CM's own (DefaultResolveTimeout): ETIMEDOUT
+// only. Other errnos are left as they are.
+func TestResolveTimeoutMatchesTheDeadline(t *testing.T) {
+	withDL, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, c := range []struct {
+		ev   EventType
+		want EventType
+		op   string
+	}{{EventAddrError, EventAddrResolved, "rdma_resolve_addr"}, {EventRouteError, EventRouteResolved, "rdma_resolve_route"}} {
+		kernel := func() error {
+			return eventError(Event{Type: c.ev, Status: -int(syscall.ETIMEDOUT)}, c.want, "10.0.0.9:1")
+		}
+		err := &verbs.OpError{Op: "dial", Addr: "10.0.0.9:1", Err: deadlineTimeout(withDL, kernel())}
+		var oe *verbs.OpError
+		if !errors.As(err.Err, &oe) || oe.Op != c.op || !strings.Contains(err.Error(), "10.0.0.9:1") {
+			t.Errorf("%s: %v, want the resolution's OpError naming the address", c.op, err)
+		}
+		for _, target := range []error{context.DeadlineExceeded, os.ErrDeadlineExceeded, syscall.ETIMEDOUT} {
+			if !errors.Is(err, target) {
+				t.Errorf("%s with a deadline: %v does not match %v", c.op, err, target)
+			}
+		}
+		if !err.Timeout() {
+			t.Errorf("%s with a deadline: %v is not a Timeout", c.op, err)
+		}
+		plain := deadlineTimeout(context.Background(), kernel())
+		if !errors.Is(plain, syscall.ETIMEDOUT) || errors.Is(plain, context.DeadlineExceeded) || errors.Is(plain, os.ErrDeadlineExceeded) {
+			t.Errorf("%s without a deadline: %v, want ETIMEDOUT and no deadline", c.op, plain)
+		}
+		other := eventError(Event{Type: c.ev, Status: -int(syscall.ENETUNREACH)}, c.want, "")
+		if got := deadlineTimeout(withDL, other); got != other {
+			t.Errorf("%s, ENETUNREACH: %v changed to %v", c.op, other, got)
+		}
+	}
+}
+
 func TestNewEventChannelHost(t *testing.T) {
 	ch, err := NewEventChannel()
 	if err == nil {

@@ -927,6 +927,10 @@ func TestCMDialDeadline(t *testing.T) {
 	var ne net.Error
 	require.ErrorAs(t, err, &ne)
 	require.True(t, ne.Timeout(), "got %v", err)
+	// The kernel's ETIMEDOUT, a moment before the deadline whose time it
+	// had, is the deadline's, as at the connect (TestCMDialContextAtConnect).
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 	require.Less(t, time.Since(start), 5*time.Second)
 }
 

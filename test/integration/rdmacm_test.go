@@ -566,16 +566,17 @@ func TestRDMACMResolveFails(t *testing.T) {
 		limit    time.Duration // ctx deadline; 0: none (DefaultResolveTimeout)
 		timeout  bool          // the error must be a timeout
 		errnoSet bool          // the error must carry the kernel's errno (else it may)
+		deadline bool          // the error must match context.DeadlineExceeded (else it must not)
 	}{
 		// No host answers ARP on the rxe subnet: the kernel gives up at its
 		// timeout, a little before ctx's deadline (ADDR_ERROR, ETIMEDOUT),
 		// unless the deadline wins the race (context.DeadlineExceeded): a
-		// timeout either way.
-		{netip.AddrPortFrom(unanswered(ip, 99), 20107).String(), 3 * time.Second, true, false},
+		// timeout and the deadline's either way.
+		{netip.AddrPortFrom(unanswered(ip, 99), 20107).String(), 3 * time.Second, true, false, true},
 		// Without a deadline, the kernel's verdict after DefaultResolveTimeout.
-		{netip.AddrPortFrom(unanswered(ip, 98), 20107).String(), 0, true, true},
+		{netip.AddrPortFrom(unanswered(ip, 98), 20107).String(), 0, true, true, false},
 		// No route at all: refused at once.
-		{"192.0.2.1:20107", 3 * time.Second, false, true},
+		{"192.0.2.1:20107", 3 * time.Second, false, true, false},
 	}
 	for _, c := range cases {
 		id, err := ch.CreateID(rdmacm.PortSpaceTCP, verbs.QPTypeRC)
@@ -605,6 +606,9 @@ func TestRDMACMResolveFails(t *testing.T) {
 		var errno syscall.Errno
 		if oe.Timeout() != c.timeout || (c.errnoSet && !errors.As(err, &errno)) {
 			t.Errorf("%s: %v: timeout %v (want %v), errno %v", c.dst, err, oe.Timeout(), c.timeout, errno)
+		}
+		if errors.Is(err, context.DeadlineExceeded) != c.deadline || errors.Is(err, os.ErrDeadlineExceeded) != c.deadline {
+			t.Errorf("%s: %v: matches the deadline %v, want %v", c.dst, err, errors.Is(err, context.DeadlineExceeded), c.deadline)
 		}
 		t.Logf("%s: after %v: %v (timeout %v)", c.dst, took.Round(time.Millisecond), err, oe.Timeout())
 	}
