@@ -131,18 +131,17 @@ func (d *device) cqErrLocked(cq *verbs.CQ, on []*rdmaTransport) []cachedQP {
 // addConn makes t's connection hear the device's events about it. One
 // whose handshake completed after the device reported DEVICE_FATAL hears of
 // that now: the event came once, and its Sends and Recvs would wait on the
-// dead device for completions that never come. It reports whether it did,
-// for start: under d.mu, either handleAsync finds t among the connections
-// or addConn finds the device failed, never neither.
-func (d *device) addConn(t *rdmaTransport) (fatal bool) {
+// dead device for completions that never come. Under d.mu, either
+// handleAsync finds t among the connections or addConn finds the device
+// failed, never neither.
+func (d *device) addConn(t *rdmaTransport) {
 	d.mu.Lock()
 	d.conns[t] = struct{}{}
-	fatal = d.fatalLocked()
+	fatal := d.fatalLocked()
 	d.mu.Unlock()
 	if fatal {
 		t.asyncEvent(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
 	}
-	return fatal
 }
 
 // fatalLocked reports whether the device reported DEVICE_FATAL.
@@ -153,6 +152,17 @@ func (d *device) fatalLocked() bool {
 	default:
 		return false
 	}
+}
+
+// failed reports whether the device reported DEVICE_FATAL; a nil one, not
+// yet acquired, has not.
+func (d *device) failed() bool {
+	if d == nil {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.fatalLocked()
 }
 
 func (d *device) removeConn(t *rdmaTransport) {

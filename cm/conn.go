@@ -220,6 +220,7 @@ type Conn struct {
 	closing     bool
 	lostClose   bool // closing is deviceLost's, not the application's Close
 	devLost     bool // deviceLost ran: the release waits for no time-wait
+	joining     bool // start has not handed it out: a loss meanwhile drops it, unlogged (Dial's error says it)
 	writeClosed bool // CloseWrite: no more data frames
 	finPosted   bool // our FIN is posted (by CloseWrite or Close), once
 	rdmaDone    bool
@@ -1540,6 +1541,9 @@ func (c *Conn) deviceLost(why string) {
 		}
 	}
 	logs := c.failureLogsLocked()
+	if c.joining {
+		logs = nil // start drops it: no connection failed (see joining)
+	}
 	c.mu.Unlock()
 	if held {
 		c.ioDone()

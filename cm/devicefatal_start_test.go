@@ -1,12 +1,47 @@
 package cm
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/verbs"
 )
+
+// startScene is a connection about to start on a device of its own: the
+// fake's Conn stands for Dial's, with an rdmaTransport that has no CM id
+// (its watcher ends at once), as in TestDeviceFatalReachesConnectionAddedAfter.
+// Its logger records what it logs.
+func startScene(t *testing.T) (*device, *Conn, callbackHandler, *rdmaTransport) {
+	d := &device{conns: map[*rdmaTransport]struct{}{}, portDown: map[uint8]bool{}, fatal: make(chan struct{})}
+	a, _, _ := fakePair(t, fakeOpts{})
+	globalStats.connsOpen.Add(-1) // fakePair counted a as open: start counts it, as Dial's does
+	h := newCallbackHandler(func() {})
+	useLogger(t, a, h)
+	rt := &rdmaTransport{dev: d, events: make(chan struct{}), settled: make(chan struct{}), disconnected: make(chan struct{})}
+	return d, a, h, rt
+}
+
+// requireDropped checks what start's failure leaves: the connection
+// released, nothing counted, no connection's failure logged (no connection
+// was handed out: Dial's error or the listener's failed handshake says it).
+func requireDropped(t *testing.T, err error, a *Conn, h callbackHandler, rt *rdmaTransport, before ProcessStats) {
+	t.Helper()
+	require.ErrorIs(t, err, ErrDeviceRemoved, "start of a connection on a lost device: Dial returned a failed connection")
+	require.NotErrorIs(t, err, ErrPeerGone, "a Dial's error is no lost connection")
+	select {
+	case <-a.freed:
+	default:
+		t.Fatal("start failed before the connection was released: Dial would leave its QP and id behind")
+	}
+	<-rt.events // the watcher ended
+	require.Empty(t, h.logged(), "a connection never handed out logged its failure")
+	after := GlobalStats()
+	require.Equal(t, before.ConnectionsOpen, after.ConnectionsOpen, "connections left open")
+	require.Equal(t, before.ConnectionsTotal, after.ConnectionsTotal, "a failed Dial counted as a connection established")
+}
 
 // A connection established just after its device reported DEVICE_FATAL
 // (the dialer, or a listener's handshake, read ESTABLISHED as the device's
@@ -17,27 +52,50 @@ import (
 // which both run last, now fails with ErrDeviceRemoved once the connection
 // is released, and counts no connection established. The event comes
 // before start, anywhere before addConn, which the device's lock orders
-// against the event reader. The fake's Conn stands for Dial's, with an
-// rdmaTransport that has no CM id (its watcher ends at once), as in
-// TestDeviceFatalReachesConnectionAddedAfter.
+// against the event reader. Such a connection also logged "connection
+// failed" at Warn, which a Dial failing in its handshake never does, and a
+// listener logged the one handshake twice.
 func TestDeviceFatalBeforeStartFailsTheDial(t *testing.T) {
-	d := &device{conns: map[*rdmaTransport]struct{}{}, portDown: map[uint8]bool{}, fatal: make(chan struct{})}
-	a, _, _ := fakePair(t, fakeOpts{})
-	globalStats.connsOpen.Add(-1) // fakePair counted a as open: start counts it, as Dial's does
+	d, a, h, rt := startScene(t)
 	before := GlobalStats()
-	rt := &rdmaTransport{dev: d, events: make(chan struct{}), settled: make(chan struct{}), disconnected: make(chan struct{})}
-
 	d.handleAsync(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
-	err := a.start(rt)
-	require.ErrorIs(t, err, ErrDeviceRemoved, "start of a connection established after DEVICE_FATAL: Dial returned a failed connection")
-	require.NotErrorIs(t, err, ErrPeerGone, "a Dial's error is no lost connection")
-	select {
-	case <-a.freed:
-	default:
-		t.Fatal("start failed before the connection was released: Dial would leave its QP and id behind")
+	requireDropped(t, a.start(rt), a, h, rt, before)
+}
+
+// The CM's DEVICE_REMOVAL (the event soft-RoCE sends; DEVICE_FATAL may not
+// come) that arrived between the handshake's last event and start waited
+// on the id for the watcher start begins: Dial returned the connection,
+// and the watcher failed it just after. start now reads the id's flag,
+// which the CM's event pump sets as it queues the event, and fails the
+// same way. The flag is set here through idRemoved (no id exists off a
+// device); the transport has no id, so its watcher ends at once and only
+// start's own reading can fail it.
+func TestDeviceRemovalBeforeStartFailsTheDial(t *testing.T) {
+	_, a, h, rt := startScene(t)
+	before := GlobalStats()
+	idRemoved = func(*rdmacm.ID) bool { return true } // DEVICE_REMOVAL queued on the id
+	t.Cleanup(func() { idRemoved = (*rdmacm.ID).DeviceRemoved })
+	requireDropped(t, a.start(rt), a, h, rt, before)
+}
+
+// DEVICE_FATAL read as start runs: the connection is either dropped by
+// start (ErrDeviceRemoved, no failure logged) or handed out and failed
+// after, its failure logged once; never handed out unlogged, nor dropped
+// and logged. Run with -race.
+func TestDeviceFatalDuringStartDropsOrLogsOnce(t *testing.T) {
+	for range 20 {
+		d, a, h, rt := startScene(t)
+		var wg sync.WaitGroup
+		wg.Go(func() { d.handleAsync(verbs.AsyncEvent{Type: verbs.EventDeviceFatal}) })
+		err := a.start(rt)
+		wg.Wait()
+		<-a.freed // the loss released it, before start returned or after
+		<-rt.events
+		if err != nil {
+			require.ErrorIs(t, err, ErrDeviceRemoved)
+			require.Empty(t, h.logged(), "a dropped connection logged its failure")
+		} else {
+			require.Equal(t, []string{"WARN: connection failed"}, h.logged(), "a connection handed out and failed")
+		}
 	}
-	<-rt.events // the watcher ended
-	after := GlobalStats()
-	require.Equal(t, before.ConnectionsOpen, after.ConnectionsOpen, "connections left open")
-	require.Equal(t, before.ConnectionsTotal, after.ConnectionsTotal, "a failed Dial counted as a connection established")
 }

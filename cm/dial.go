@@ -169,8 +169,10 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	var t *rdmaTransport
 	defer func() {
 		if err != nil {
-			if id != nil && id.DeviceRemoved() && !errors.Is(err, ErrDeviceRemoved) {
-				// The device went while we waited: say so, as a
+			gone := id != nil && id.DeviceRemoved() || t != nil && t.dev.failed()
+			if gone && !errors.Is(err, ErrDeviceRemoved) {
+				// The device went while we waited, or failed (a QP
+				// move or a post then fails EIO): say so, as a
 				// connection's and a listener's errors do.
 				err = fail(fmt.Errorf("%w: %w", ErrDeviceRemoved, errors.Unwrap(err)))
 			}
@@ -296,6 +298,11 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 
 var netipZero = Addr{}.AddrPort
 
+// idRemoved is id.DeviceRemoved, the CM's DEVICE_REMOVAL on the id,
+// flagged as the event is queued. A variable for tests: only librdmacm's
+// event pump flags it, and no id exists without a device.
+var idRemoved = (*rdmacm.ID).DeviceRemoved
+
 // rejectedMeanwhile explains a failure to finish the connection (the QP's
 // move to RTS, whose attributes come from the CM, or the RTU): the acceptor
 // may have destroyed its id after its REP (its listener closed, or its
@@ -362,11 +369,14 @@ func (c *Conn) agree(h hello, cfg config) {
 }
 
 // start hands the established connection to its CM watcher. Where the
-// device had reported DEVICE_FATAL before the connection joined it
-// (addConn), which fails it, start returns ErrDeviceRemoved once the
-// connection is released: Dial fails, as over XRC, whose engine fails a
-// dial its device's failure reaches, and the listener drops it, rather
+// device reported DEVICE_FATAL before the connection joined it (addConn),
+// which fails it, or as it joined, or the CM its removal (DEVICE_REMOVAL,
+// queued on the id for the watcher), start returns ErrDeviceRemoved once
+// the connection is released: Dial fails, as over XRC, whose engine fails
+// a dial its device's failure reaches, and the listener drops it, rather
 // than hand out a connection whose first call says the device is gone.
+// Such a connection logs no failure: no connection was handed out, and
+// Dial's error or the listener's failed handshake says what happened.
 func (c *Conn) start(t *rdmaTransport) error {
 	t.onPeerGone = c.peerGone
 	t.onDeviceRemoved = c.deviceRemoved
@@ -379,11 +389,26 @@ func (c *Conn) start(t *rdmaTransport) error {
 	// after it.
 	t.watching = true
 	globalStats.connsOpen.Add(1)
-	fatal := t.dev.addConn(t)
+	c.mu.Lock()
+	c.joining = true
+	c.mu.Unlock()
+	t.dev.addConn(t)
 	go t.watch()
-	if fatal {
+	if idRemoved(t.id) {
+		// Here rather than wait for the watcher, which ends without it
+		// where the channel fails; its own call after is a second loss.
+		c.deviceRemoved()
+	}
+	// A loss heard until here (addConn's, the event reader's or the
+	// watcher's just after it) drops the connection; one after, a
+	// connection handed out fails of it.
+	c.mu.Lock()
+	c.joining = false
+	lost := c.devLost
+	c.mu.Unlock()
+	if lost {
 		<-c.freed // deviceLost's Close released it, t with it
-		return fmt.Errorf("%w: the device reported a fatal error as the connection was established", ErrDeviceRemoved)
+		return fmt.Errorf("%w as the connection was established", ErrDeviceRemoved)
 	}
 	globalStats.connsTotal.Add(1)
 	return nil

@@ -651,6 +651,10 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 	}
 	defer func() {
 		if err != nil {
+			if t.dev.failed() {
+				// Nothing on it works any more: its EIO says only that.
+				err = fmt.Errorf("%w: %w", ErrDeviceRemoved, err)
+			}
 			t.free()
 		}
 	}()
