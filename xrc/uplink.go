@@ -881,7 +881,6 @@ func (e *Endpoint) failINILocked(u *uplink, q *iniQP) {
 		return
 	}
 	u.setState(upRecovering)
-	e.recoveries.Add(1)
 	if q.pollErr != nil {
 		if u.pollFails++; u.pollFails > 1 {
 			// The INI the last recovery made failed its poll too,
@@ -894,7 +893,11 @@ func (e *Endpoint) failINILocked(u *uplink, q *iniQP) {
 			}
 		}
 	}
-	e.spawn(func() { e.recover(u, q) })
+	if e.spawn(func() { e.recover(u, q) }) {
+		// Counted once it runs: Close may stop the spawns after the
+		// guard above (its cancel and stop take no e.mu).
+		e.recoveries.Add(1)
+	}
 }
 
 // watchActive follows the physical CM connection of an INI: a DREQ from
