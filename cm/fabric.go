@@ -124,9 +124,25 @@ func newEndpoint(ctx context.Context, xc xrc.Config) (*xrc.Endpoint, error) {
 	return ep, nil
 }
 
+// xrcClosed holds the closed endpoints' counters, so that the process's
+// sums never go back; its lock puts an endpoint's move into them wholly
+// before or after an xrcStats, which counts it once.
+var xrcClosed struct {
+	sync.Mutex
+	recoveries, rejected uint64
+}
+
+// closeEndpoint closes ep, counted in GlobalStats until its Close has
+// destroyed what it holds, as its own Stats counts it.
 func closeEndpoint(ep *xrc.Endpoint) error {
+	err := ep.Close()
+	es := ep.Stats() // final: nothing of ep runs any more
+	xrcClosed.Lock()
 	xrcEndpoints.Delete(ep)
-	return ep.Close()
+	xrcClosed.recoveries += es.Recoveries
+	xrcClosed.rejected += es.Rejected
+	xrcClosed.Unlock()
+	return err
 }
 
 // acquireDialer returns the dialer endpoint of site for cfg, opening it on
@@ -251,14 +267,20 @@ func listenXRC(ctx context.Context, local netip.AddrPort, cfg config, site xrcSi
 	return &Listener{cfg: cfg, xep: xl.ep, xl: xl, term: term, addr: Addr{xl.ep.Addr()}, done: make(chan struct{})}, nil
 }
 
-// xrcStats sums the XRC endpoints of the process. Kernel handles are a
+// xrcStats sums the XRC endpoints of the process (Recoveries and Rejected
+// the closed ones' too). Kernel handles are a
 // kernel's, which endpoints on one fabric process share: each such kernel
 // counts once.
 func xrcStats() (s xrc.Stats) {
 	counted := map[any]bool{}
+	xrcClosed.Lock()
+	defer xrcClosed.Unlock()
+	s.Recoveries, s.Rejected = xrcClosed.recoveries, xrcClosed.rejected
 	xrcEndpoints.Range(func(k, p any) bool {
 		ep := k.(*xrc.Endpoint)
 		es := ep.Stats()
+		s.Recoveries += es.Recoveries
+		s.Rejected += es.Rejected
 		s.Uplinks += es.Uplinks
 		s.Downlinks += es.Downlinks
 		s.LocalCounts += es.LocalCounts

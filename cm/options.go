@@ -261,9 +261,8 @@ func WithHandshakeTimeout(d time.Duration) Option {
 // neither a connection nor its failure: only the choice of transport (an
 // XRC mode's fallback to RC at Info, a remembered refusal at Debug) and an
 // XRCPrefer listener's XRC endpoint failing (at Warn). The engine's own
-// events (uplink recoveries, say) are neither logged nor counted in cm's
-// stats (xrc.Stats counts them, for an endpoint of package xrc's; cm's
-// ProcessStats has the XRC object counts only). Over either, a Dial of a
+// events are not logged: ProcessStats counts its uplink recoveries and
+// refused requests (XRCRecoveries, XRCRejected). Over either, a Dial of a
 // name logs each address that failed before it tries the next (at Info).
 //
 // Records are written on the goroutine of the event (a Dial, the

@@ -91,8 +91,7 @@ type ProcessStats struct {
 	BufferBytesKept     int64
 	BufferRegistrations uint64
 	// DialErrors and AcceptErrors count failed connection attempts, not
-	// the requests an XRC listener's engine refuses (which cm does not
-	// count: xrc.Stats.Rejected is an xrc.Endpoint's).
+	// the requests an XRC listener's engine refuses (XRCRejected).
 	DialErrors   uint64
 	AcceptErrors uint64
 	// PortErrors counts the times a port of a device in use went down
@@ -108,6 +107,17 @@ type ProcessStats struct {
 	XRCLocalCounts   int
 	XRCQueuePairs    int
 	XRCKernelHandles int
+	// XRCRecoveries counts the rebuilds of an XRC uplink begun (its INI
+	// failed: a send error such as one to a remote process that died, a
+	// TGT gone, the peer node's disconnect, a send queue that stayed
+	// full); the uplink's connections stall while they move, and a peer
+	// that lies about its TGTs drives them. XRCRejected counts the
+	// connection requests the XRC engines refused, for any reason (a
+	// malformed or hostile request, a stale move, a closed listener's
+	// port, a TGT the kernel would not make). Both are xrc.Stats' counts,
+	// summed over the process's endpoints, closed ones included.
+	XRCRecoveries uint64
+	XRCRejected   uint64
 }
 
 var globalStats struct {
@@ -136,6 +146,8 @@ func GlobalStats() ProcessStats {
 		XRCLocalCounts:      xs.LocalCounts,
 		XRCQueuePairs:       xs.QPs,
 		XRCKernelHandles:    xs.KernelHandles,
+		XRCRecoveries:       xs.Recoveries,
+		XRCRejected:         xs.Rejected,
 		ConnectionsOpen:     globalStats.connsOpen.Load(),
 		ConnectionsTotal:    globalStats.connsTotal.Load(),
 		QueuePairs:          globalStats.qps.Load(),
