@@ -32,7 +32,19 @@ func TestPairStopsGuestsOnGroupSignal(t *testing.T) {
 			}
 		}
 	})
-	t.Run("terminated", func(t *testing.T) { pairStoppedBy(t, syscall.SIGTERM) })
+	// On SIGTERM it ends as rxe-vm.sh does, as a run that did not complete
+	// (125), once the guests have (its last line says how they ended). Its
+	// sleep, killed by the signal too, ended it at once with that sleep's
+	// status, 143, as set -e took that for the script's failure.
+	t.Run("terminated", func(t *testing.T) {
+		out, ws := pairStoppedBy(t, syscall.SIGTERM)
+		if ws.Signaled() || ws.ExitStatus() != 125 {
+			t.Errorf("rxe-pair.sh: exit status %d (signal %v), want 125 (B did not complete)", ws.ExitStatus(), ws.Signal())
+		}
+		if want := "rxe-pair: A exit 125, B exit 125"; !strings.Contains(out, want) {
+			t.Errorf("no %q in its output:\n%s", want, out)
+		}
+	})
 }
 
 // pairStoppedBy runs test/vm/rxe-pair.sh with guestFakes in a process group
@@ -78,4 +90,35 @@ func pairStoppedBy(t *testing.T, signal syscall.Signal) (string, syscall.WaitSta
 	}
 	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	return log(), ws
+}
+
+// TestPairEndsAfterTermInItsLastWait: SIGTERM that reaches
+// test/vm/rxe-pair.sh once its guests have completed, as it waits for what
+// they printed (its last wait), finds nothing to stop: the script ends as
+// it would have, with B's exit status and its last line. The signal cut
+// that wait short, which set -e took for the script's failure: it ended
+// with 143, saying nothing, possibly before the guests' last lines. A DEBUG
+// trap sends the signal, once, as the script waits there.
+func TestPairEndsAfterTermInItsLastWait(t *testing.T) {
+	needRootAnd(t, "test/vm/rxe-pair.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "perl", "/bin/busybox")
+	dir, bin, started, work, mark := guestScene(t)
+	hook := filepath.Join(dir, "hook.sh")
+	writeFiles(t, map[string]string{hook: `trap '[[ $BASH_COMMAND != wait ]] ||
+  { trap - DEBUG; (until read -r w < /proc/$$/wchan; [[ $w == do_wait ]]; do :; done; kill -TERM $$) & }' DEBUG`})
+	cmd := exec.Command("bash", "../vm/rxe-pair.sh", "-o", filepath.Join(work, "pair"), "--a", "true", "--b", "true")
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started,
+		"COMPLETES=1", "BASH_ENV="+hook)
+	done, log := startMarked(t, cmd, dir, mark)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("rxe-pair.sh did not end; left running:\n%s\n%s", commands(marked(mark)), log())
+	}
+	if err != nil {
+		t.Errorf("rxe-pair.sh: %v, want exit status 0 (B's)", err)
+	}
+	if want := "rxe-pair: A exit 0, B exit 0"; !strings.Contains(log(), want) {
+		t.Errorf("no %q in its output:\n%s", want, log())
+	}
 }

@@ -19,8 +19,9 @@ import (
 // $STARTED (its pid) and waits until it is
 // killed, as a booting guest does; with $ONE_FAILS set, a guest of its own
 // ends at once instead, unrecorded, before the command (a failed boot), so that the
-// script goes on to its two-node run. The pair's listening guest makes the
-// wire's socket, which the other's rxe-vm.sh waits for.
+// script goes on to its two-node run; with $COMPLETES set, every guest runs
+// its command at once instead, which exits 0. The pair's listening guest
+// makes the wire's socket, which the other's rxe-vm.sh waits for.
 var guestFakes = map[string]string{
 	"dpkg-query": vmFakes["dpkg-query"],
 	"modprobe":   vmFakes["modprobe"],
@@ -39,6 +40,7 @@ elif [[ $netdev == *server=on* ]]; then
   perl -MSocket -e 'socket(my $s, AF_UNIX, SOCK_STREAM, 0) or die "$!"; bind($s, pack_sockaddr_un($ARGV[0])) or die "$!"' "${netdev##*addr.path=}"
 fi
 echo $$ >> "$STARTED"
+[[ -z ${COMPLETES:-} ]] || { : > "${pidfile%/*}/.cmd-started"; echo 0 > "${pidfile%/*}/exit_code"; exit 0; }
 while :; do sleep 0.05; done`,
 }
 

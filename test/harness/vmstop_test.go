@@ -2,6 +2,7 @@ package harness
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,18 +42,41 @@ var stopFakes = map[string]string{
 // test/vm/rxe-vm.sh while its guest boots kills the guest and ends the run
 // as one that did not complete (125). It must not take the killed boot for
 // a failed one and boot again: that guest would run the whole command with
-// no caller left to wait for it.
+// no caller left to wait for it. Sent to its process group, the signal kills
+// the script's sleep too, which set -e took for the script's failure: it
+// ended with that sleep's status, 143.
 func TestVMRunStopsOnTerm(t *testing.T) {
-	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox")
+	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox", "/bin/sleep")
+	t.Run("alone", func(t *testing.T) { vmRunStoppedByTerm(t, false) })
+	t.Run("group", func(t *testing.T) { vmRunStoppedByTerm(t, true) })
+}
+
+// groupTermSleep is a sleep that, run by the leader of its process group
+// once the file $TERM_AFTER exists, first sends SIGTERM to that group (CI's
+// limit, come as the script sleeps), which kills it too.
+const groupTermSleep = `read -r -a stat < /proc/$$/stat
+[[ ${stat[4]} != "$PPID" || ! -e $TERM_AFTER ]] || kill -TERM 0
+exec /bin/sleep "$@"`
+
+// vmRunStoppedByTerm runs TestVMRunStopsOnTerm, its SIGTERM sent to the
+// script alone, or if group to its process group as it sleeps, once the
+// guest has counted its boot.
+func vmRunStoppedByTerm(t *testing.T, group bool) {
 	dir := t.TempDir()
-	bin, work, out := fakeCommands(t, dir, stopFakes), filepath.Join(dir, "work"), filepath.Join(dir, "out")
+	fakes := map[string]string{}
+	maps.Copy(fakes, stopFakes)
+	if group {
+		fakes["sleep"] = groupTermSleep
+	}
+	bin, work, out := fakeCommands(t, dir, fakes), filepath.Join(dir, "work"), filepath.Join(dir, "out")
 	kernel := map[string]string{}
 	fakeKernel(kernel, work)
 	writeFiles(t, kernel)
 	cmd := exec.Command("bash", "../vm/rxe-vm.sh", "--no-rxe", "-q", "-t", "300", "-o", out, "true")
-	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work)
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "TERM_AFTER="+filepath.Join(out, "boots"))
 	var log strings.Builder
 	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: group}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -67,9 +91,11 @@ func TestVMRunStopsOnTerm(t *testing.T) {
 		}
 	})
 
+	// Until the guest has counted its boot (not its pid, which it writes first: a
+	// guest killed in between, on a loaded machine, had booted "" times).
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if b, _ := os.ReadFile(filepath.Join(out, "qemu.pid")); len(b) > 0 {
+		if b, _ := os.ReadFile(filepath.Join(out, "boots")); len(b) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -77,8 +103,10 @@ func TestVMRunStopsOnTerm(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	if !group { // (to the group, the fake sleep sends it)
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
 	}
 	select {
 	case <-done:
@@ -157,6 +185,49 @@ func TestVMRunStopsBetweenBoots(t *testing.T) {
 			var exit *exec.ExitError
 			if !errors.As(err, &exit) || !c.want(exit) {
 				t.Errorf("rxe-vm.sh: %v, want %s:\n%s", err, c.what, log.String())
+			}
+		})
+	}
+}
+
+// TestVMRunStopsQemuStartedAsSignalCame: a signal that reaches
+// test/vm/rxe-vm.sh as qemu starts, before the script has its pid (a DEBUG
+// trap sends it there), must stop qemu too: SIGTERM ends the run as one that
+// did not complete (125), SIGINT by SIGINT. Its traps were set only once it
+// had that pid, and the signal ended the script at once, leaving qemu (in a
+// process group of its own, under timeout) to run for the whole -t.
+func TestVMRunStopsQemuStartedAsSignalCame(t *testing.T) {
+	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox")
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dir, bin, started, work, mark := guestScene(t)
+			hook := filepath.Join(dir, "hook.sh")
+			writeFiles(t, map[string]string{hook: `trap '[[ $BASH_COMMAND != "QPID=\$! TAILPID=" ]] || kill -$SIGNAL $$' DEBUG`})
+			cmd := exec.Command("bash", "../vm/rxe-vm.sh", "--no-rxe", "-t", "300", "-o", filepath.Join(dir, "out"), "true")
+			cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started,
+				"BASH_ENV="+hook, "SIGNAL="+strconv.Itoa(int(sig)))
+			done, log := startMarked(t, cmd, dir, mark)
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				t.Fatalf("rxe-vm.sh did not end after %v; left running:\n%s\n%s", sig, commands(marked(mark)), log())
+			}
+			ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+			if sig == syscall.SIGTERM && (ws.Signaled() || ws.ExitStatus() != 125) {
+				t.Errorf("rxe-vm.sh: %v, want exit status 125 (the VM did not complete)", err)
+			} else if sig == syscall.SIGINT && !(ws.Signaled() && ws.Signal() == syscall.SIGINT) {
+				t.Errorf("rxe-vm.sh: %v, want it killed by SIGINT", err)
+			}
+			// What qemu left (its sleep) may end just after the script.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				left := marked(mark)
+				if len(left) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("rxe-vm.sh has ended (%v), its qemu not:\n%s\n%s", err, commands(left), log())
+				}
 			}
 		})
 	}

@@ -81,20 +81,24 @@ while kill -0 "$BPID" 2>/dev/null; do
     fi
     : > "$SYNC/a-killed"
   fi
-  sleep 0.1
+  # || true: a TERM or HUP sent to the whole process group (CI's limit) kills the sleep too, and
+  # set -e took its status for this script's failure: it ended with 143, before the guests.
+  sleep 0.1 || true
 done
 BRC=0; wait "$BPID" || BRC=$?
 # A has nothing left to talk to: stop it if it still runs.
 if kill -0 "$APID" 2>/dev/null; then
   : > "$SYNC/b-done"
-  for ((i = 0; i < 300; i++)); do kill -0 "$APID" 2>/dev/null || break; sleep 0.1; done
+  for ((i = 0; i < 300; i++)); do kill -0 "$APID" 2>/dev/null || break; sleep 0.1 || true; done   # || true: as above
   # Not asked for by B: A did not end on its own (a hung server, say), which is A's failure.
   if kill -0 "$APID" 2>/dev/null && [[ -s $OUT/a/qemu.pid ]] && kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null; then
     log "node A still ran 30 s after B was done: killed (A's failure)"
   fi
 fi
 ARC=0; wait "$APID" || ARC=$?
-wait   # the seds: each guest's last lines before this script's
+# The seds: each guest's last lines before this script's. A signal's trap cuts the wait short
+# (status > 128, which set -e took for this script's failure): the guests have ended, so wait on.
+until wait; do :; done
 log "A exit $ARC$([[ $KILLED == 1 ]] && echo ' (killed by the host, as intended)'), B exit $BRC; pair dir $OUT"
 [[ $BRC != 0 ]] && exit "$BRC"
 [[ $ARC == 0 || $KILLED == 1 ]] || exit 1

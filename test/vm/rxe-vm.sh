@@ -270,6 +270,10 @@ if [[ $NIC == connect:* ]]; then
   [[ -S $NIC_SOCK ]] || die "no guest listens on $NIC_SOCK"
   sleep 0.3   # bound, and listening by now
 fi
+# Until a boot's traps below are set (they need qemu's pid), a signal is only noted (STOPPED),
+# and acted on once they are: one that came as qemu started ended this script at once, and
+# qemu ran on for the whole timeout.
+trap 'STOPPED=INT' INT; trap 'STOPPED=1' TERM HUP
 for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   T0=$(date +%s.%N) T1= HUNG=0
   timeout -k 5 "$VM_TIMEOUT" "${QEMU[@]}" 2> "$OUT/qemu.stderr" &
@@ -282,7 +286,8 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   # (|| true here and above: between boots, or once the guest has ended, there is no qemu to
   # kill, and under set -e that failed kill would end the script inside the trap, with 1.)
   trap 'STOPPED=1; kill $QPID $TAILPID 2>/dev/null || true' TERM HUP
-  # One that came before this trap (between boots) stops this boot too.
+  # One that came before these traps (as qemu started, or between boots) stops this boot too.
+  [[ $STOPPED != INT ]] || kill -INT $$
   [[ $STOPPED == 0 ]] || kill "$QPID" 2>/dev/null || true
   while kill -0 "$QPID" 2>/dev/null; do
     if [[ -e $OUT/.cmd-started ]]; then
@@ -294,7 +299,9 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
       HUNG=1; kill "$QPID" 2>/dev/null || true; wait "$QPID" 2>/dev/null || true
       break
     fi
-    sleep 0.1
+    # || true: a TERM or HUP sent to the whole process group (CI's limit) kills the sleep too,
+    # and set -e took its status for this script's failure: it ended with 143, not as below.
+    sleep 0.1 || true
   done
   [[ $STOPPED == 0 ]] || break
   # A guest that ended before the command (a panic while booting; -no-reboot ends qemu) is
