@@ -232,3 +232,62 @@ func TestVMRunStopsQemuStartedAsSignalCame(t *testing.T) {
 		})
 	}
 }
+
+// groupSignalDate is a date that, run by the leader of its process group
+// for a boot's start time (+%s.%N), the first time only (the file $ONCE
+// then exists), first sends $SIGNAL to that group (^C at a terminal, or
+// CI's limit), which kills it too unless it ignores that signal.
+const groupSignalDate = `read -r -a stat < /proc/$$/stat
+if [[ ${stat[4]} == "$PPID" && $1 == +%s.%N && ! -e $ONCE ]]; then : > "$ONCE"; kill -"$SIGNAL" 0; fi
+exec /bin/date "$@"`
+
+// TestVMRunStopsOnGroupSignalAsItReadsTheTime: a signal to the process
+// group of test/vm/rxe-vm.sh as the script reads the time its first boot
+// starts at ends it as one that comes while it sleeps does: SIGINT (^C) by
+// SIGINT, so that a calling script stops too, SIGTERM as a run that did not
+// complete (125), with no guest left running. The signal killed that date
+// too, and the traps set before the boot loop only noted it: set -e ended
+// the script, for the date's status, with 130 or 143, which a caller takes
+// for the command's (before those traps, ^C ended it by SIGINT).
+func TestVMRunStopsOnGroupSignalAsItReadsTheTime(t *testing.T) {
+	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox", "/bin/date")
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dir, bin, started, work, mark := guestScene(t)
+			if err := os.WriteFile(filepath.Join(bin, "date"), []byte("#!/bin/bash\n"+groupSignalDate+"\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			once := filepath.Join(dir, "signal-sent")
+			cmd := exec.Command("bash", "../vm/rxe-vm.sh", "--no-rxe", "-t", "300", "-o", filepath.Join(dir, "out"), "true")
+			cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started,
+				"ONCE="+once, "SIGNAL="+strconv.Itoa(int(sig)))
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			done, log := startMarked(t, cmd, dir, mark)
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				t.Fatalf("rxe-vm.sh did not end after %v; left running:\n%s\n%s", sig, commands(marked(mark)), log())
+			}
+			if _, serr := os.Stat(once); serr != nil {
+				t.Fatalf("no %v was sent (%v); rxe-vm.sh: %v\n%s", sig, serr, err, log())
+			}
+			ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+			if sig == syscall.SIGTERM && (ws.Signaled() || ws.ExitStatus() != 125) {
+				t.Errorf("rxe-vm.sh: %v, want exit status 125 (the VM did not complete)\n%s", err, log())
+			} else if sig == syscall.SIGINT && !(ws.Signaled() && ws.Signal() == syscall.SIGINT) {
+				t.Errorf("rxe-vm.sh: %v, want it killed by SIGINT (so that a caller stops too)\n%s", err, log())
+			}
+			// What qemu left (its sleep) may end just after the script.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				left := marked(mark)
+				if len(left) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("rxe-vm.sh has ended (%v), its qemu not:\n%s\n%s", err, commands(left), log())
+				}
+			}
+		})
+	}
+}

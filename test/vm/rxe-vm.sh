@@ -275,7 +275,9 @@ fi
 # qemu ran on for the whole timeout.
 trap 'STOPPED=INT' INT; trap 'STOPPED=1' TERM HUP
 for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
-  T0=$(date +%s.%N) T1= HUNG=0
+  # The date ignores the signals noted: killed by one sent to the whole process group (^C, CI's
+  # limit), it failed the assignment, and set -e ended this script with 130 or 143, not as below.
+  T0=$(trap '' INT TERM HUP; date +%s.%N) T1= HUNG=0
   timeout -k 5 "$VM_TIMEOUT" "${QEMU[@]}" 2> "$OUT/qemu.stderr" &
   QPID=$! TAILPID=
   # On ^C, end by SIGINT ourselves: a caller (run-demo.sh, bench.sh) then
@@ -291,7 +293,7 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   [[ $STOPPED == 0 ]] || kill "$QPID" 2>/dev/null || true
   while kill -0 "$QPID" 2>/dev/null; do
     if [[ -e $OUT/.cmd-started ]]; then
-      T1=$(date +%s.%N)
+      T1=$(trap '' INT TERM HUP; date +%s.%N)   # as T0
       if [[ $QUIET == 0 ]]; then tail -s 0.2 -n +1 -F --pid="$QPID" "$OUT/output.log" 2>/dev/null & TAILPID=$!; fi
       break
     fi
