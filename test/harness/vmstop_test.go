@@ -213,22 +213,7 @@ func TestVMRunStopsQemuStartedAsSignalCame(t *testing.T) {
 			case <-time.After(time.Minute):
 				t.Fatalf("rxe-vm.sh did not end after %v; left running:\n%s\n%s", sig, commands(marked(mark)), log())
 			}
-			ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
-			if sig == syscall.SIGTERM && (ws.Signaled() || ws.ExitStatus() != 125) {
-				t.Errorf("rxe-vm.sh: %v, want exit status 125 (the VM did not complete)", err)
-			} else if sig == syscall.SIGINT && !(ws.Signaled() && ws.Signal() == syscall.SIGINT) {
-				t.Errorf("rxe-vm.sh: %v, want it killed by SIGINT", err)
-			}
-			// What qemu left (its sleep) may end just after the script.
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-				left := marked(mark)
-				if len(left) == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("rxe-vm.sh has ended (%v), its qemu not:\n%s\n%s", err, commands(left), log())
-				}
-			}
+			requireStoppedBy(t, cmd, err, sig, mark, log)
 		})
 	}
 }
@@ -272,22 +257,30 @@ func TestVMRunStopsOnGroupSignalAsItReadsTheTime(t *testing.T) {
 			if _, serr := os.Stat(once); serr != nil {
 				t.Fatalf("no %v was sent (%v); rxe-vm.sh: %v\n%s", sig, serr, err, log())
 			}
-			ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
-			if sig == syscall.SIGTERM && (ws.Signaled() || ws.ExitStatus() != 125) {
-				t.Errorf("rxe-vm.sh: %v, want exit status 125 (the VM did not complete)\n%s", err, log())
-			} else if sig == syscall.SIGINT && !(ws.Signaled() && ws.Signal() == syscall.SIGINT) {
-				t.Errorf("rxe-vm.sh: %v, want it killed by SIGINT (so that a caller stops too)\n%s", err, log())
-			}
-			// What qemu left (its sleep) may end just after the script.
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-				left := marked(mark)
-				if len(left) == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("rxe-vm.sh has ended (%v), its qemu not:\n%s\n%s", err, commands(left), log())
-				}
-			}
+			requireStoppedBy(t, cmd, err, sig, mark, log)
 		})
+	}
+}
+
+// requireStoppedBy checks how test/vm/rxe-vm.sh ended on sig, which it
+// took: SIGTERM as a run that did not complete (125), SIGINT by SIGINT (so
+// that a calling script stops too); and that no marked guest is left.
+func requireStoppedBy(t *testing.T, cmd *exec.Cmd, err error, sig syscall.Signal, mark string, log func() string) {
+	t.Helper()
+	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if sig == syscall.SIGTERM && (ws.Signaled() || ws.ExitStatus() != 125) {
+		t.Errorf("rxe-vm.sh: %v, want exit status 125 (the VM did not complete)\n%s", err, log())
+	} else if sig == syscall.SIGINT && !(ws.Signaled() && ws.Signal() == syscall.SIGINT) {
+		t.Errorf("rxe-vm.sh: %v, want it killed by SIGINT (so that a caller stops too)\n%s", err, log())
+	}
+	// What qemu left (its sleep) may end just after the script.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		left := marked(mark)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rxe-vm.sh has ended (%v), its qemu not:\n%s\n%s", err, commands(left), log())
+		}
 	}
 }
