@@ -714,6 +714,9 @@ func (e *Endpoint) closedErr(op string) error {
 	if pd := e.processErr(); pd != nil && !e.closed {
 		return &OpError{op, e.addr.String(), pd} // before die says it
 	}
+	if de := e.deviceErr(); de != nil && !e.closed {
+		return &OpError{op, e.addr.String(), de} // before die says it
+	}
 	return &OpError{op, e.addr.String(), ErrClosed}
 }
 
@@ -1085,7 +1088,9 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 			err = &OpError{"dial", raddr.String(), caller.Err()}
 		}
 	}
-	if err != nil && (e.ctx.Err() != nil || e.processErr() != nil) && caller.Err() == nil {
+	if err != nil && (e.ctx.Err() != nil || e.processErr() != nil || e.deviceErr() != nil) && caller.Err() == nil {
+		// A device that failed fails its kernel calls with EIO before
+		// die says why: the Dial's error is the device's.
 		return nil, e.closedErr("dial")
 	}
 	return c, err
