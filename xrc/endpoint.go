@@ -1088,9 +1088,11 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 			err = &OpError{"dial", raddr.String(), caller.Err()}
 		}
 	}
-	if err != nil && (e.ctx.Err() != nil || e.processErr() != nil || e.deviceErr() != nil) && caller.Err() == nil {
+	if err != nil && (e.ctx.Err() != nil || e.processErr() != nil || e.deviceErr() != nil) && (caller.Err() == nil || !errors.Is(err, caller.Err())) {
 		// A device that failed fails its kernel calls with EIO before
-		// die says why: the Dial's error is the device's.
+		// die says why: the Dial's error is the device's. Only the
+		// caller's own deadline or cancel stands: a kernel error that
+		// came as the caller's context ended is still the endpoint's.
 		return nil, e.closedErr("dial")
 	}
 	return c, err
