@@ -207,13 +207,7 @@ func TestVMRunStopsQemuStartedAsSignalCame(t *testing.T) {
 			cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started,
 				"BASH_ENV="+hook, "SIGNAL="+strconv.Itoa(int(sig)))
 			done, log := startMarked(t, cmd, dir, mark)
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(time.Minute):
-				t.Fatalf("rxe-vm.sh did not end after %v; left running:\n%s\n%s", sig, commands(marked(mark)), log())
-			}
-			requireStoppedBy(t, cmd, err, sig, mark, log)
+			requireStoppedBy(t, cmd, done, sig, mark, log, nil)
 		})
 	}
 }
@@ -248,25 +242,30 @@ func TestVMRunStopsOnGroupSignalAsItReadsTheTime(t *testing.T) {
 				"ONCE="+once, "SIGNAL="+strconv.Itoa(int(sig)))
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 			done, log := startMarked(t, cmd, dir, mark)
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(time.Minute):
-				t.Fatalf("rxe-vm.sh did not end after %v; left running:\n%s\n%s", sig, commands(marked(mark)), log())
-			}
-			if _, serr := os.Stat(once); serr != nil {
-				t.Fatalf("no %v was sent (%v); rxe-vm.sh: %v\n%s", sig, serr, err, log())
-			}
-			requireStoppedBy(t, cmd, err, sig, mark, log)
+			requireStoppedBy(t, cmd, done, sig, mark, log, func(err error) {
+				if _, serr := os.Stat(once); serr != nil {
+					t.Fatalf("no %v was sent (%v); rxe-vm.sh: %v\n%s", sig, serr, err, log())
+				}
+			})
 		})
 	}
 }
 
-// requireStoppedBy checks how test/vm/rxe-vm.sh ended on sig, which it
-// took: SIGTERM as a run that did not complete (125), SIGINT by SIGINT (so
-// that a calling script stops too); and that no marked guest is left.
-func requireStoppedBy(t *testing.T, cmd *exec.Cmd, err error, sig syscall.Signal, mark string, log func() string) {
+// requireStoppedBy waits for test/vm/rxe-vm.sh (done, from startMarked) to
+// end on sig, runs first (if not nil) on its error, and checks how it ended:
+// SIGTERM as a run that did not complete (125), SIGINT by SIGINT (so that a
+// calling script stops too); and that no marked guest is left.
+func requireStoppedBy(t *testing.T, cmd *exec.Cmd, done <-chan error, sig syscall.Signal, mark string, log func() string, first func(error)) {
 	t.Helper()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("rxe-vm.sh did not end after %v; left running:\n%s\n%s", sig, commands(marked(mark)), log())
+	}
+	if first != nil {
+		first(err)
+	}
 	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	if sig == syscall.SIGTERM && (ws.Signaled() || ws.ExitStatus() != 125) {
 		t.Errorf("rxe-vm.sh: %v, want exit status 125 (the VM did not complete)\n%s", err, log())
