@@ -711,14 +711,15 @@ func (e *Endpoint) closedErr(op string) error {
 	if e.fatal != nil {
 		return &OpError{op, e.addr.String(), e.fatal}
 	}
-	if pd := e.processErr(); pd != nil && !e.closed {
-		return &OpError{op, e.addr.String(), pd} // before die says it
-	}
-	if de := e.deviceErr(); de != nil && !e.closed {
-		return &OpError{op, e.addr.String(), de} // before die says it
+	if lost := e.lostErr(); lost != nil && !e.closed {
+		return &OpError{op, e.addr.String(), lost} // before die says it
 	}
 	return &OpError{op, e.addr.String(), ErrClosed}
 }
+
+// lostErr is the death of the endpoint's process, else its device's
+// failure: either fails the kernel's calls at once, before die says why.
+func (e *Endpoint) lostErr() error { return cmp.Or(e.processErr(), e.deviceErr()) }
 
 // Close closes every connection (each sends its FIN), stops the endpoint's
 // goroutines and releases every kernel object it holds, those of the Dials
@@ -1088,9 +1089,8 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 			err = &OpError{"dial", raddr.String(), caller.Err()}
 		}
 	}
-	if err != nil && (e.ctx.Err() != nil || e.processErr() != nil || e.deviceErr() != nil) && (caller.Err() == nil || !errors.Is(err, caller.Err())) {
-		// A device that failed fails its kernel calls with EIO before
-		// die says why: the Dial's error is the device's. Only the
+	if err != nil && (e.ctx.Err() != nil || e.lostErr() != nil) && (caller.Err() == nil || !errors.Is(err, caller.Err())) {
+		// The Dial's error is the endpoint's loss (lostErr). Only the
 		// caller's own deadline or cancel stands: a kernel error that
 		// came as the caller's context ended is still the endpoint's.
 		return nil, e.closedErr("dial")
