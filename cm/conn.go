@@ -220,7 +220,7 @@ type Conn struct {
 	closing     bool
 	lostClose   bool // closing is deviceLost's, not the application's Close
 	devLost     bool // deviceLost ran: the release waits for no time-wait
-	joining     bool // start has not handed it out: a loss meanwhile drops it, unlogged (Dial's error says it)
+	joining     bool // start has not handed it out: a loss meanwhile drops it; failures wait for start to be logged
 	writeClosed bool // CloseWrite: no more data frames
 	finPosted   bool // our FIN is posted (by CloseWrite or Close), once
 	rdmaDone    bool
@@ -1397,8 +1397,13 @@ func (c *Conn) fail(err error) {
 }
 
 // failureLogsLocked takes the failures noted for the log (failLogs), which
-// the caller passes to logFailures once it has released mu and io.
+// the caller passes to logFailures once it has released mu and io. While
+// the connection joins it takes none: start logs them if it hands the
+// connection out, and drops them with a connection it drops.
 func (c *Conn) failureLogsLocked() []error {
+	if c.joining {
+		return nil
+	}
 	logs := c.failLogs
 	c.failLogs = nil
 	return logs
@@ -1541,9 +1546,6 @@ func (c *Conn) deviceLost(why string) {
 		}
 	}
 	logs := c.failureLogsLocked()
-	if c.joining {
-		logs = nil // start drops it: no connection failed (see joining)
-	}
 	c.mu.Unlock()
 	if held {
 		c.ioDone()

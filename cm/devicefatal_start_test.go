@@ -1,6 +1,7 @@
 package cm
 
 import (
+	"context"
 	"sync"
 	"testing"
 
@@ -98,4 +99,44 @@ func TestDeviceFatalDuringStartDropsOrLogsOnce(t *testing.T) {
 			require.Equal(t, []string{"WARN: connection failed"}, h.logged(), "a connection handed out and failed")
 		}
 	}
+}
+
+// The peer's disconnect, which the connection's watcher handles as start
+// runs (the CM's DISCONNECTED, queued on the id before it), fails the
+// connection by the flush its reaper takes in; a DEVICE_FATAL read after
+// it, still before start hands the connection out, drops it. The peer's
+// failure was logged at Warn all the same: "connection failed" of a
+// connection no application saw. The watcher's call is made from
+// idRemoved, which start calls once the watcher runs.
+func TestPeerGoneThenDeviceFatalDuringStartLogsNothing(t *testing.T) {
+	d, a, h, rt := startScene(t)
+	before := GlobalStats()
+	idRemoved = func(*rdmacm.ID) bool {
+		a.peerGone("peer disconnected") // the watcher's
+		a.mu.Lock()
+		err := a.err
+		a.mu.Unlock()
+		require.ErrorIs(t, err, ErrPeerGone, "the peer's disconnect did not fail the connection")
+		d.handleAsync(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
+		return false
+	}
+	t.Cleanup(func() { idRemoved = (*rdmacm.ID).DeviceRemoved })
+	requireDropped(t, a.start(rt), a, h, rt, before)
+}
+
+// The peer's disconnect alone, handled as start runs, leaves a connection
+// that start hands out, failed: its failure is logged once, as the
+// connection is handed out.
+func TestPeerGoneDuringStartLogsOnce(t *testing.T) {
+	_, a, h, rt := startScene(t)
+	idRemoved = func(*rdmacm.ID) bool {
+		a.peerGone("peer disconnected") // the watcher's
+		return false
+	}
+	t.Cleanup(func() { idRemoved = (*rdmacm.ID).DeviceRemoved })
+	require.NoError(t, a.start(rt))
+	<-rt.events
+	require.Equal(t, []string{"WARN: connection failed"}, h.logged(), "a connection handed out and failed")
+	_, err := a.Recv(context.Background(), make([]byte, 512))
+	require.ErrorIs(t, err, ErrPeerGone)
 }

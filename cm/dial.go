@@ -401,15 +401,22 @@ func (c *Conn) start(t *rdmaTransport) error {
 	}
 	// A loss heard until here (addConn's, the event reader's or the
 	// watcher's just after it) drops the connection; one after, a
-	// connection handed out fails of it.
+	// connection handed out fails of it. A failure meanwhile (the peer's
+	// disconnect, which the watcher handled before the loss, say) waited
+	// here to be logged (failureLogsLocked): not for a dropped one.
 	c.mu.Lock()
 	c.joining = false
 	lost := c.devLost
+	if lost {
+		c.failLogs = nil
+	}
+	logs := c.failureLogsLocked()
 	c.mu.Unlock()
 	if lost {
 		<-c.freed // deviceLost's Close released it, t with it
 		return fmt.Errorf("%w as the connection was established", ErrDeviceRemoved)
 	}
+	c.logFailures(logs)
 	globalStats.connsTotal.Add(1)
 	return nil
 }
