@@ -383,8 +383,8 @@ func (c *Conn) MaxMessageSize() int {
 
 // MaxRecvSize is the largest message the peer may send on this connection,
 // so a Recv buffer of this size always fits. On RC it is this side's
-// WithMessageSize. Over XRC it is what the endpoint receives: this side's
-// WithMessageSize, raised to the engine's least (xrc.MinMessageSize) and
+// WithMessageSize, as the device allows it (see WithMessageSize). Over XRC
+// it is what the endpoint receives: this side's WithMessageSize, raised to the engine's least (xrc.MinMessageSize) and
 // capped at its most (xrc.MaxMessageSize).
 func (c *Conn) MaxRecvSize() int {
 	if !c.ok() {

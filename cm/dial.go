@@ -251,6 +251,7 @@ func dialAddr(ctx context.Context, dst netip.AddrPort, cfg config) (_ *Conn, err
 	if err != nil {
 		return nil, fail(err)
 	}
+	cfg.fitDevice(t.maxMessage())
 	t.ch = ch
 	p := cfg.params(sendSlots, recvSlots)
 	c, err := newConn(t, Addr{id.LocalAddr()}, raddr, p)
@@ -345,6 +346,19 @@ func (cfg *config) slots() (sendSlots, recvSlots, hdr int) {
 		return cfg.queueDepth, cfg.queueDepth, 0
 	}
 	return cfg.queueDepth + 1, cfg.queueDepth + 1, userImmLen
+}
+
+// fitDevice caps the message size at what the device takes in one work
+// request (maxMessage: 1 GiB on mlx5, WithMessageSize's most), less the
+// frame header: a longer Send failed on the device and broke the
+// connection. As a peer's smaller limit does, it lowers MaxMessageSize,
+// and a longer Send gets ErrMessageTooLong. Called once the transport is
+// made (its slots are capped alike), before the hello and the
+// connection's limits are made from the size.
+func (cfg *config) fitDevice(maxMsg int) {
+	if _, _, hdr := cfg.slots(); maxMsg > hdr {
+		cfg.messageSize = min(cfg.messageSize, maxMsg-hdr)
+	}
 }
 
 func (cfg *config) params(sendSlots, recvSlots int) connParams {

@@ -24,8 +24,10 @@ var (
 	ErrInvalid = os.ErrInvalid
 
 	// ErrMessageTooLong is returned by Send for a message over the
-	// connection's maximum message size, and by Recv for a buffer too short
-	// for the next message (which stays queued).
+	// connection's maximum message size, by Recv for a buffer too short
+	// for the next message (which stays queued), and by WriteRemote and
+	// ReadRemote for a length over what the device takes in one message
+	// (its port's max_msg_sz: 1 GiB on mlx5); the connection goes on.
 	ErrMessageTooLong = errors.New("message too long")
 
 	// ErrProtocol reports a peer that broke the framing or handshake

@@ -68,6 +68,10 @@ type fakeEnd struct {
 	sqOverflow        int
 	holdProbes        bool         // probes complete only when flushed (a peer slow to answer)
 	heldProbes        []completion // their completions, meanwhile
+	// maxMsg is the device's largest message (its port's max_msg_sz; 0:
+	// none): a longer one-sided request fails, local length error, and
+	// its QP goes to the error state, as on a device.
+	maxMsg int
 	// Requests posted while the peer's QP is in the error state (it drops
 	// every packet) and ours is not: the device retries them, so they
 	// complete only when our QP is flushed (our CM reports the peer's
@@ -158,6 +162,7 @@ func (e *fakeEnd) recvBuf(slot int) []byte { return e.recvBufs[slot] }
 
 var errFakeFlushed = errors.New("fake: work request flushed")
 var errFakeRNR = errors.New("fake: receiver not ready")
+var errFakeLocLen = errors.New("fake: local length error")
 
 func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm, signaled bool) error {
 	e.w.mu.Lock()
@@ -300,6 +305,8 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 		// A QP in the error state flushes the request, as postSend
 		// does: nothing reaches the peer.
 		err = errFakeFlushed
+	case e.maxMsg > 0 && n > e.maxMsg:
+		err = errFakeLocLen
 	case e.peer().shut:
 		// The peer's QP drops the packets, key checks and all: the
 		// device retries (see retrying), and the peer's memory is
@@ -326,8 +333,17 @@ func (e *fakeEnd) postRDMA(write bool, local *Region, off, n int, remote RemoteR
 		return nil
 	}
 	e.cq = append(e.cq, completion{op: compRDMA, err: err})
+	if err == errFakeLocLen {
+		e.shutdownLocked()
+	}
 	e.signal()
 	return nil
+}
+
+func (e *fakeEnd) maxMessage() int {
+	e.w.mu.Lock()
+	defer e.w.mu.Unlock()
+	return e.maxMsg
 }
 
 func (e *fakeEnd) probeTarget() probeTarget { return probeTarget{addr: 0x1000, rkey: e.probeKey} }
@@ -506,6 +522,7 @@ type fakeOpts struct {
 	// slow to answer reads).
 	holdProbes bool
 	timeout    time.Duration // the handshake timeout; 0: 2 s
+	maxMsg     int           // the devices' largest message (fakeEnd.maxMsg)
 }
 
 // fakePair returns two connected Conns over a fakeWire, as Dial and Accept
@@ -544,6 +561,7 @@ func fakePair(t testing.TB, o fakeOpts) (*Conn, *Conn, *fakeWire) {
 	w := newFakeWire(sendSlots, recvSlots, [2]int{maxSend[0] + hdr, maxSend[1] + hdr})
 	for _, e := range w.ends {
 		e.holdProbes = o.holdProbes
+		e.maxMsg = o.maxMsg
 	}
 	var conns [2]*Conn
 	for i := range conns {

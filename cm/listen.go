@@ -478,6 +478,7 @@ func (l *Listener) handshake(ev rdmacm.Event) bool {
 		reject(err)
 		return false
 	}
+	cfg.fitDevice(t.maxMessage())
 	t.ch = l.ch.acquire()
 	l.holdDevice(t.dev, id.LocalAddr().Addr())
 	// The id's own address, not the listener's: that may be unspecified.

@@ -204,10 +204,14 @@ func WithQueueDepth(n int) Option { return func(c *config) { c.queueDepth = n } 
 // WithMessageSize sets the largest message payload (default
 // DefaultMessageSize; 1 byte to 1 GiB). Framed peers need not agree: each
 // sends at most the smaller of the two limits (MaxMessageSize). Raw peers
-// must agree. Over XRC it sizes what an endpoint receives, 64 bytes to
-// 1 MiB (a smaller size receives 64 bytes, a larger one 1 MiB:
-// MaxRecvSize and MaxMessageSize say what holds); a process's Dials share
-// an endpoint only with Dials of the same size (as raised or capped).
+// must agree. On RC a connection caps it at what its device takes in one
+// message (the port's max_msg_sz) less the 4-byte frame header, which raw
+// messages lack: 1 GiB less 4 bytes on mlx5, whose max_msg_sz is 1 GiB;
+// 8 MiB less 4 bytes on Debian 12's soft-RoCE, which reports 8 MiB.
+// Over XRC it sizes what an endpoint receives, 64 bytes to 1 MiB (a
+// smaller size receives 64 bytes, a larger one 1 MiB: MaxRecvSize and
+// MaxMessageSize say what holds); a process's Dials share an endpoint only
+// with Dials of the same size (as raised or capped).
 func WithMessageSize(n int) Option { return func(c *config) { c.messageSize = n } }
 
 // WithInlineThreshold sets the largest payload sent inline (copied into

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,7 @@ type rdmaTransport struct {
 	sendSlots, recvSlots int
 	sendSize, recvSize   int
 	inline               int
+	maxMsg               int // the port's max_msg_sz (maxMessage); 0 if unknown
 
 	sendWR   [1]verbs.SendWR // posts are serialised by the Conn's postMu
 	sendSGE  [1]verbs.SGE
@@ -217,6 +219,8 @@ type device struct {
 	portDown  map[uint8]bool
 	fatal     chan struct{}
 
+	maxMsgs map[uint8]int // the ports' max_msg_sz, under mu: read once (maxMessage)
+
 	// gone: an id on the device reported its removal (see removed); under
 	// devices' lock, as are idle and idleGen.
 	gone bool
@@ -224,6 +228,26 @@ type device struct {
 	// (release); idleGen tells a timer that fired late from the current one.
 	idle    *time.Timer
 	idleGen uint64
+}
+
+// maxMessage is port's max_msg_sz, 0 if unknown; a port's does not
+// change, so it is read once, not once per connection.
+func (d *device) maxMessage(port uint8) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if m, ok := d.maxMsgs[port]; ok {
+		return m
+	}
+	a, err := d.ctx.QueryPort(port)
+	if err != nil {
+		return 0
+	}
+	if d.maxMsgs == nil {
+		d.maxMsgs = map[uint8]int{}
+	}
+	m := int(min(a.MaxMsgSize, math.MaxInt32)) // 2 GiB, on a 32-bit int
+	d.maxMsgs[port] = m
+	return m
 }
 
 // deviceIdle is how long a device nobody uses stays open: a process that
@@ -662,6 +686,12 @@ func newRDMATransport(id *rdmacm.ID, state verbs.QPState, moves rdmacm.MoveParam
 		return nil, err
 	}
 	vctx := t.dev.ctx
+	if t.maxMsg = t.dev.maxMessage(id.Port()); t.maxMsg > 0 {
+		// No slot longer than the device takes in one message: the
+		// caller's fitDevice caps the message size to match.
+		sendSize, recvSize = min(sendSize, t.maxMsg), min(recvSize, t.maxMsg)
+		t.sendSize, t.recvSize = sendSize, recvSize
+	}
 	cqe := sendSlots + recvSlots + 2 // and a one-sided operation, a probe
 	t.shape = qpShape{sendSlots, recvSlots, inline}
 	// A CQ or QP the kernel refuses for want of lockable memory (its
@@ -743,6 +773,8 @@ func createInline(inline int, create func(inline int) error) error {
 func (t *rdmaTransport) connect() error {
 	return t.id.MoveQP(t.qp, verbs.QPStateRTS, dialerMoves)
 }
+
+func (t *rdmaTransport) maxMessage() int { return t.maxMsg }
 
 func (t *rdmaTransport) sendBuf(slot int) []byte {
 	off := slot * t.sendSize

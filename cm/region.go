@@ -192,7 +192,9 @@ func (c *Conn) RegisterMemory(size int, access Access) (*Region, error) {
 // fails. The same holds for ReadRemote. A nil local
 // region, or one registered on another device, is refused as an argument
 // (ErrInvalid); a closed or zero one fails as a closed Region does
-// (ErrClosed).
+// (ErrClosed). A length over what the device takes in one message (its
+// port's max_msg_sz: 1 GiB on mlx5, less than a Region's 2 GiB) is refused
+// before the post with ErrMessageTooLong, and the connection goes on.
 func (c *Conn) WriteRemote(ctx context.Context, local *Region, off, n int, remote RemoteRegion, roff uint64) error {
 	return c.oneSided(ctx, "rdma write", true, local, off, n, remote, roff)
 }
@@ -225,6 +227,10 @@ func (c *Conn) oneSided(ctx context.Context, op string, write bool, local *Regio
 	}
 	if end := roff + uint64(n); remote.Addr > math.MaxUint64-end { // a descriptor built by hand
 		return c.opErr(op, fmt.Errorf("remote range of %d bytes at %#x+%d wraps the address space: %w", n, remote.Addr, roff, ErrInvalid))
+	}
+	if m := c.t.maxMessage(); m > 0 && n > m {
+		// Posted, it would fail on the device and break the connection.
+		return c.opErr(op, fmt.Errorf("%w: %d bytes, the device's limit %d", ErrMessageTooLong, n, m))
 	}
 	if err := c.rdmaTurn.Take(ctx); err != nil {
 		return c.opErr(op, err)

@@ -34,6 +34,11 @@ type transport interface {
 	// before the post (a region of another device): the queue pair is fine.
 	postRDMA(write bool, local *Region, off, n int, remote RemoteRegion, roff uint64) error
 	regMem(size int, access Access) (memory, error)
+	// maxMessage is the longest work request the device takes, its
+	// port's max_msg_sz (1 GiB on mlx5; 8 MiB on Debian 12's rxe, 2 GiB on
+	// later kernels'); 0 if unknown. A
+	// longer one fails as it runs and takes the QP to the error state.
+	maxMessage() int
 	// probeTarget is the memory the peer's keepalive probes read; the
 	// hello carries it. postProbe posts a signaled RDMA read of the
 	// peer's (probeLen bytes), which completes as compProbe.
