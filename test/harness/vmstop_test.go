@@ -283,3 +283,81 @@ func requireStoppedBy(t *testing.T, cmd *exec.Cmd, done <-chan error, sig syscal
 		}
 	}
 }
+
+// peerWaitSleep is a sleep that, run by test/vm/rxe-vm.sh as it waits for
+// the other guest's socket (sleep 0.1), the first time only (the file $ONCE
+// then exists), first sends $SIGNAL to the script, or with $GROUP set to its
+// process group (which kills this sleep too, unless it ignores the signal).
+const peerWaitSleep = `if [[ $1 == 0.1 && ! -e $ONCE ]]; then : > "$ONCE"; kill -"$SIGNAL" "${GROUP:-$PPID}"; fi
+exec /bin/sleep "$@"`
+
+// TestVMRunStopsAsItWaitsForThePeer: a signal to test/vm/rxe-vm.sh --nic
+// connect:SOCK as it waits for the other guest to listen (rxe-pair.sh's
+// guest B, before the guests boot) ends it as one that comes as its guest
+// boots does: SIGTERM as a run that did not complete (125; rxe-pair.sh then
+// exits with B's 125), SIGINT by SIGINT; with no guest left running. The
+// wait had no trap: TERM killed the script (rxe-pair.sh said B exit 143 and
+// exited so), and INT to the script alone was lost (bash takes a sleep that
+// outlived it for one that handled it), the wait going on for its minute.
+func TestVMRunStopsAsItWaitsForThePeer(t *testing.T) {
+	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox", "/bin/sleep")
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		for _, group := range []bool{false, true} {
+			t.Run(sig.String()+map[bool]string{false: "", true: "/group"}[group], func(t *testing.T) {
+				dir, bin, started, work, mark := guestScene(t)
+				writeFiles(t, map[string]string{filepath.Join(bin, "sleep"): "#!/bin/bash\n" + peerWaitSleep + "\n"})
+				if err := os.Chmod(filepath.Join(bin, "sleep"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				once := filepath.Join(dir, "signal-sent")
+				cmd := exec.Command("bash", "../vm/rxe-vm.sh", "--no-rxe", "-t", "300", "-o", filepath.Join(dir, "out"),
+					"--nic", "connect:"+filepath.Join(work, "wire.sock"), "--ip", "10.88.0.2/24", "true")
+				cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started,
+					"ONCE="+once, "SIGNAL="+strconv.Itoa(int(sig)))
+				if group {
+					cmd.Env = append(cmd.Env, "GROUP=0")
+					cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+				}
+				done, log := startMarked(t, cmd, dir, mark)
+				requireStoppedBy(t, cmd, done, sig, mark, log, func(err error) {
+					if _, serr := os.Stat(once); serr != nil {
+						t.Fatalf("no %v was sent (%v); rxe-vm.sh: %v\n%s", sig, serr, err, log())
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestVMRunStopsSecondQemuStartedAsSignalCame: a signal that reaches
+// test/vm/rxe-vm.sh as the qemu of its second boot starts (after a failed
+// first boot), before the script has that qemu's pid, stops that qemu too,
+// as on the first boot (TestVMRunStopsQemuStartedAsSignalCame). The
+// pre-loop traps that only note a signal were set once, before the first
+// boot: on the second, the first boot's INT trap was still in place, killed
+// that boot's qemu (gone already) and ended the script by SIGINT, leaving
+// the new qemu to run for the whole -t.
+func TestVMRunStopsSecondQemuStartedAsSignalCame(t *testing.T) {
+	needRootAnd(t, "test/vm/rxe-vm.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "/bin/busybox")
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dir, bin, _, work, mark := guestScene(t)
+			// The first boot fails at once; the second waits until killed.
+			if err := os.WriteFile(filepath.Join(bin, "qemu-system-x86_64"), []byte("#!/bin/bash\n"+countingQemu("!=")+"\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			hook := filepath.Join(dir, "hook.sh")
+			writeFiles(t, map[string]string{hook: `trap 'if [[ $BASH_COMMAND == "QPID=\$! TAILPID=" ]] && (( (qstarts = ${qstarts:-0} + 1) == 2 )); then kill -$SIGNAL $$; fi' DEBUG`})
+			out := filepath.Join(dir, "out")
+			cmd := exec.Command("bash", "../vm/rxe-vm.sh", "--no-rxe", "-q", "-t", "300", "-o", out, "true")
+			cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work,
+				"BASH_ENV="+hook, "SIGNAL="+strconv.Itoa(int(sig)))
+			done, log := startMarked(t, cmd, dir, mark)
+			requireStoppedBy(t, cmd, done, sig, mark, log, func(err error) {
+				if !strings.Contains(log(), "a failed boot): booting again") {
+					t.Fatalf("no second boot (the signal comes as it starts); rxe-vm.sh: %v\n%s", err, log())
+				}
+			})
+		})
+	}
+}

@@ -60,8 +60,10 @@ guest() { # NAME MODE IP PEER SCRIPT: starts the guest's rxe-vm.sh in the backgr
 # is then this script's. On INT (^C) too, which they ignore (started in the background), and then
 # end by SIGINT, as rxe-vm.sh does, so that a caller stops too. Set before they start, so that one
 # which comes as they start stops them too.
+# The guests it stops are bash's running jobs, not $APID $BPID: once bash has reaped a guest, its
+# pid may be another process's (B runs on, for a minute or more, after it has had A killed).
 APID= BPID= STOPPED=0
-stop_guests() { STOPPED=1; kill $APID $BPID 2>/dev/null || true; }
+stop_guests() { STOPPED=1; kill $(jobs -rp) 2>/dev/null || true; }
 trap stop_guests TERM HUP
 trap 'stop_guests; wait; trap - INT; kill -INT $$' INT
 guest a listen 10.88.0.1 10.88.0.2 "$A"; APID=$!
@@ -95,7 +97,10 @@ if kill -0 "$APID" 2>/dev/null; then
     log "node A still ran 30 s after B was done: killed (A's failure)"
   fi
 fi
-ARC=0; wait "$APID" || ARC=$?
+# A signal's trap cuts the wait short (status > 128, taken for A's): wait again then, which waits
+# on for A or, once A has ended, returns its status (bash keeps it). STOPPED, read above only,
+# says whether one came.
+until STOPPED=0 ARC=0; wait "$APID" || ARC=$?; [[ $STOPPED == 0 ]]; do :; done
 # The seds: each guest's last lines before this script's. A signal's trap cuts the wait short
 # (status > 128, which set -e took for this script's failure): the guests have ended, so wait on.
 until wait; do :; done

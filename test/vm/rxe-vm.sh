@@ -264,17 +264,20 @@ log "run dir $OUT (timeout ${VM_TIMEOUT}s)"
 BOOT_LIMIT=${GOXRC_VM_BOOT_LIMIT:-180}
 ATTEMPTS=2 STOPPED=0
 [[ -z $NIC ]] || ATTEMPTS=1   # the other guest's wire would not survive a second boot
-if [[ $NIC == connect:* ]]; then
-  # qemu connects once, at start: wait for the other guest's qemu to listen.
-  for ((i = 0; i < 600; i++)); do [[ -S $NIC_SOCK ]] && break; sleep 0.1; done
-  [[ -S $NIC_SOCK ]] || die "no guest listens on $NIC_SOCK"
-  sleep 0.3   # bound, and listening by now
-fi
 # Until a boot's traps below are set (they need qemu's pid), a signal is only noted (STOPPED),
 # and acted on once they are: one that came as qemu started ended this script at once, and
-# qemu ran on for the whole timeout.
-trap 'STOPPED=INT' INT; trap 'STOPPED=1' TERM HUP
+# qemu ran on for the whole timeout; one that came in the wait below ended it with 143, not 125.
+note_signals() { trap 'STOPPED=INT' INT; trap 'STOPPED=1' TERM HUP; }
+note_signals
+if [[ $NIC == connect:* ]]; then
+  # qemu connects once, at start: wait for the other guest's qemu to listen, or for a signal
+  # (|| true: as the boot loop's sleep).
+  for ((i = 0; i < 600; i++)); do [[ $STOPPED == 0 && ! -S $NIC_SOCK ]] || break; sleep 0.1 || true; done
+  [[ $STOPPED != 0 || -S $NIC_SOCK ]] || die "no guest listens on $NIC_SOCK"
+  sleep 0.3 || true   # bound, and listening by now
+fi
 for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
+  note_signals   # again for each boot: the last boot's INT trap would kill that boot's qemu
   # The date ignores the signals noted: killed by one sent to the whole process group (^C, CI's
   # limit), it failed the assignment, and set -e ended this script with 130 or 143, not as below.
   T0=$(trap '' INT TERM HUP; date +%s.%N) T1= HUNG=0
