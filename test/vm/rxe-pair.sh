@@ -70,9 +70,14 @@ guest a listen 10.88.0.1 10.88.0.2 "$A"; APID=$!
 guest b connect 10.88.0.2 10.88.0.1 "$B"; BPID=$!
 [[ $STOPPED == 0 ]] || stop_guests
 
+# Whether the guest PID still runs: among bash's running jobs, as in stop_guests. kill -0 took for
+# a guest a process that got its pid once bash had reaped it (A's: told it to stop, and waited 30 s
+# for it; B's: watched it until it ended).
+runs() { [[ $'\n'$(jobs -rp)$'\n' == *$'\n'"$1"$'\n'* ]]; }
+
 # Kill A's qemu when B asks (see above); stop watching once B is done.
 KILLED=0
-while kill -0 "$BPID" 2>/dev/null; do
+while runs "$BPID"; do
   if [[ $KILLED == 0 && -e $SYNC/kill-a ]]; then
     if [[ -s $OUT/a/qemu.pid ]] && kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null; then
       log "node A killed (SIGKILL to its qemu), as B asked"
@@ -89,11 +94,11 @@ while kill -0 "$BPID" 2>/dev/null; do
 done
 BRC=0; wait "$BPID" || BRC=$?
 # A has nothing left to talk to: stop it if it still runs.
-if kill -0 "$APID" 2>/dev/null; then
+if runs "$APID"; then
   : > "$SYNC/b-done"
-  for ((i = 0; i < 300; i++)); do kill -0 "$APID" 2>/dev/null || break; sleep 0.1 || true; done   # || true: as above
+  for ((i = 0; i < 300; i++)); do runs "$APID" || break; sleep 0.1 || true; done   # || true: as above
   # Not asked for by B: A did not end on its own (a hung server, say), which is A's failure.
-  if kill -0 "$APID" 2>/dev/null && [[ -s $OUT/a/qemu.pid ]] && kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null; then
+  if runs "$APID" && [[ -s $OUT/a/qemu.pid ]] && kill -9 "$(cat "$OUT/a/qemu.pid")" 2>/dev/null; then
     log "node A still ran 30 s after B was done: killed (A's failure)"
   fi
 fi
