@@ -205,7 +205,13 @@
 // address with the same message size, queue depth, domain path and
 // handshake timeout share one dialer endpoint (one INI QP per remote node),
 // closed with the last of its connections; a Dial whose options differ gets
-// an endpoint of its own. Closing an XRC listener refuses new connections
+// an endpoint of its own. Each endpoint is a sender of its own: a
+// listener's answers its accepted connections over an INI of its own, so a
+// process that dials a remote node and accepts from it too holds two INIs
+// there and is two senders to its TGTs. N nodes of P processes, each dialing
+// every process of the other nodes, hold 4*P*(N-1) XRC QPs a node (RC:
+// 2*P*P*(N-1)), twice package xrc's count for one endpoint per process that
+// both dials and accepts. Closing an XRC listener refuses new connections
 // at once and leaves the accepted ones open, as on RC, but its port stays
 // bound until the last of them closes: their peers move and recover legs
 // through it. A Listen on that address with the same message size, queue

@@ -17,11 +17,13 @@ import (
 // WithFabric runs connections on a process of an in-memory RDMA fabric
 // (package xrc/memfabric) instead of a device. The fabric has XRC, so the
 // connections are XRC: processes of a node share the node's XRC domain
-// (WithDomainPath names its directory), a process reaches every process of
-// a remote node over one INI QP, and a node keeps one TGT QP per remote
-// sender. Use it to test code built on this package without RDMA hardware:
-// it needs no device, no root and no cgo. Pass the same fabric's processes
-// to Listen and Dial (memfabric.New().Node(ip).Process()). A node has one
+// (WithDomainPath names its directory), an endpoint (a listener's, or the
+// one a process's Dials share) reaches every process of a remote node over
+// one INI QP, and a node keeps one TGT QP per remote sending endpoint (see
+// Transports in the package documentation). Use it to test code built on
+// this package without RDMA hardware: it needs no device, no root and no
+// cgo. Pass the same fabric's processes to Listen and Dial
+// (memfabric.New().Node(ip).Process()). A node has one
 // address, of one family: Listen on an unspecified address of either family
 // (":port", "[::]:port") listens on it, and Addr says which. WithDomainPath
 // is optional; tests set it to keep runs apart. Over the fabric, the

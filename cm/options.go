@@ -288,10 +288,11 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithXRC selects the transport: RC, or XRC where the device supports it.
 // XRC connections run on package xrc's engine: the processes of a node
-// share one XRC domain (WithDomainPath), a process reaches every process of
-// a remote node over one INI QP. An XRCPrefer listener on a device with XRC
-// takes RC dialers too (it listens for both on its port); an XRCRequire
-// listener only XRC dialers, and an XRCPrefer Dial to an RC-only listener
+// share one XRC domain (WithDomainPath), an endpoint (a listener's, or the
+// one a process's Dials share) reaches every process of a remote node over
+// one INI QP (see Transports in the package documentation). An XRCPrefer
+// listener on a device with XRC takes RC dialers too (it listens for both
+// on its port); an XRCRequire listener only XRC dialers, and an XRCPrefer Dial to an RC-only listener
 // goes on over RC (see XRCPrefer). XRC
 // connections carry framed messages only: SendWithImm and one-sided RDMA
 // give ErrNotSupported (RecvWithImm receives with no immediate data), and WithRawMessages fails with XRCRequire (and

@@ -18,6 +18,8 @@ func ExampleDevice() {
 	// Output: veth0 10.77.0.1/24
 }
 
+// Setup needs root, rdma_rxe and veth (the test VM), so the example is
+// compiled, not run.
 func ExampleSetup() {
 	// As root in the test VM, with rdma_rxe and veth loaded:
 	l, err := softroce.Setup("rxe0", softroce.DefaultVeth)
