@@ -46,8 +46,8 @@ func (d *device) handleAsync(ev verbs.AsyncEvent) {
 		match = func(t *rdmaTransport) bool { return t.cq == ev.CQ }
 	case verbs.EventDeviceFatal:
 		// An idle device has no connection to hear of it. In a goroutine:
-		// removed takes devices' lock, under which closing an idle device
-		// waits for this reader to end.
+		// removed takes devices' lock, which a device's closing holds
+		// while it destroys the device's objects.
 		go d.removed()
 		match = func(*rdmaTransport) bool { return true }
 	case verbs.EventPortErr, verbs.EventPortActive:
@@ -93,9 +93,15 @@ func (d *device) handleAsync(ev verbs.AsyncEvent) {
 		closePairs(dead)
 		d.deadPairs.Done()
 	}
-	// Outside the lock: a connection failing takes locks of its own.
+	// Outside the lock: a connection failing takes locks of its own. Every
+	// connection hears of the event before the application's logger runs:
+	// a slow handler kept those after it on a dead device.
+	logs := make([]func(), 0, len(hit))
 	for _, t := range hit {
-		t.asyncEvent(ev)
+		logs = append(logs, t.asyncEvent(ev))
+	}
+	for _, log := range logs {
+		log()
 	}
 }
 
@@ -140,7 +146,7 @@ func (d *device) addConn(t *rdmaTransport) {
 	fatal := d.fatalLocked()
 	d.mu.Unlock()
 	if fatal {
-		t.asyncEvent(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
+		t.asyncEvent(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})()
 	}
 }
 
@@ -175,33 +181,41 @@ func (d *device) removeConn(t *rdmaTransport) {
 // QP counts only while the QP is in the error state, where such an event
 // always leaves it: an event read late, about a QP that a closed connection
 // gave back and a new one took since (qpcache.go), finds it working and is
-// dropped.
-func (t *rdmaTransport) asyncEvent(ev verbs.AsyncEvent) {
+// dropped. It returns the writing of the event's log records (onAsync).
+func (t *rdmaTransport) asyncEvent(ev verbs.AsyncEvent) (log func()) {
 	if t.onAsync == nil {
-		return
+		return func() {}
 	}
 	switch ev.Type {
 	case verbs.EventQPFatal, verbs.EventQPReqErr, verbs.EventQPAccessErr:
 		attr, _, err := t.qp.Query(verbs.QPAttrState)
 		if err != nil || attr.State != verbs.QPStateErr {
-			return
+			return func() {}
 		}
 	}
-	t.onAsync(ev)
+	return t.onAsync(ev)
 }
 
-// asyncEvent handles a device event about the connection: see the top of
-// this file.
-func (c *Conn) asyncEvent(ev verbs.AsyncEvent) {
+// asyncEvent handles a device event about the connection (see the top of
+// this file) and logs it.
+func (c *Conn) asyncEvent(ev verbs.AsyncEvent) { c.takeAsyncEvent(ev)() }
+
+// takeAsyncEvent is asyncEvent, but returns the writing of its log records
+// (onAsync).
+func (c *Conn) takeAsyncEvent(ev verbs.AsyncEvent) (log func()) {
 	switch ev.Type {
 	case verbs.EventPortErr:
-		c.log("RDMA port down: the connection fails unless the port comes back before the transport's retries run out",
-			"remote", c.raddr, "event", ev)
+		return func() {
+			c.log("RDMA port down: the connection fails unless the port comes back before the transport's retries run out",
+				"remote", c.raddr, "event", ev)
+		}
 	case verbs.EventPortActive:
-		c.logInfo("RDMA port active", "remote", c.raddr, "event", ev)
+		return func() { c.logInfo("RDMA port active", "remote", c.raddr, "event", ev) }
 	case verbs.EventDeviceFatal:
-		c.deviceLost(fmt.Sprintf("the device reported a fatal error (%v)", ev.Type))
+		logs := c.loseDevice(fmt.Sprintf("the device reported a fatal error (%v)", ev.Type))
+		return func() { c.logFailures(logs) }
 	default:
-		c.fail(fmt.Errorf("%w: the RDMA device reported %v on the connection's queues", ErrPeerGone, ev.Type))
+		logs := c.failTaking(fmt.Errorf("%w: the RDMA device reported %v on the connection's queues", ErrPeerGone, ev.Type))
+		return func() { c.logFailures(logs) }
 	}
 }

@@ -1388,12 +1388,15 @@ func (c *Conn) handle(wc *completion) {
 }
 
 // fail breaks the connection once: every waiter wakes with err.
-func (c *Conn) fail(err error) {
+func (c *Conn) fail(err error) { c.logFailures(c.failTaking(err)) }
+
+// failTaking is fail, but returns the failures to log (failureLogsLocked).
+func (c *Conn) failTaking(err error) []error {
 	c.mu.Lock()
 	c.failLocked(err)
 	logs := c.failureLogsLocked()
 	c.mu.Unlock()
-	c.logFailures(logs)
+	return logs
 }
 
 // failureLogsLocked takes the failures noted for the log (failLogs), which
@@ -1505,7 +1508,11 @@ func (c *Conn) peerGone(reason string) {
 func (c *Conn) deviceRemoved() { c.deviceLost("") }
 
 // deviceLost is deviceRemoved with the reason the device gave, if any.
-func (c *Conn) deviceLost(why string) {
+func (c *Conn) deviceLost(why string) { c.logFailures(c.loseDevice(why)) }
+
+// loseDevice is deviceLost, but returns the failures to log
+// (failureLogsLocked).
+func (c *Conn) loseDevice(why string) []error {
 	err := fmt.Errorf("%w: %w", ErrPeerGone, ErrDeviceRemoved)
 	if why != "" {
 		err = fmt.Errorf("%w: %s", err, why)
@@ -1550,8 +1557,8 @@ func (c *Conn) deviceLost(why string) {
 	if held {
 		c.ioDone()
 	}
-	c.logFailures(logs)
 	go c.close(false, false)
+	return logs
 }
 
 // failedByDeviceLossLocked reports whether the connection failed first by

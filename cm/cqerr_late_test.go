@@ -41,11 +41,12 @@ func TestCQErrMarksBeforeDelivery(t *testing.T) {
 	for range 100 {
 		d := &device{conns: map[*rdmaTransport]struct{}{}, qps: map[qpShape][]cachedQP{}}
 		var reachedA atomic.Bool
-		a := &rdmaTransport{dev: d, cq: cq, onAsync: func(verbs.AsyncEvent) { reachedA.Store(true) }}
+		a := &rdmaTransport{dev: d, cq: cq, onAsync: func(verbs.AsyncEvent) func() { reachedA.Store(true); return func() {} }}
 		held, release := make(chan bool), make(chan struct{})
-		b := &rdmaTransport{dev: d, cq: cq, onAsync: func(verbs.AsyncEvent) {
+		b := &rdmaTransport{dev: d, cq: cq, onAsync: func(verbs.AsyncEvent) func() {
 			held <- reachedA.Load()
 			<-release
+			return func() {}
 		}}
 		d.addConn(a)
 		d.addConn(b)

@@ -21,7 +21,7 @@ func TestDeviceFatalReachesConnectionAddedAfter(t *testing.T) {
 	d.handleAsync(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
 
 	a, _, _ := fakePair(t, fakeOpts{})
-	d.addConn(&rdmaTransport{dev: d, onAsync: a.asyncEvent})
+	d.addConn(&rdmaTransport{dev: d, onAsync: a.takeAsyncEvent})
 	err := a.Send(context.Background(), []byte("x"))
 	require.ErrorIs(t, err, ErrDeviceRemoved, "Send on a connection added after DEVICE_FATAL")
 	_, err = a.Recv(ctxT(t), make([]byte, 256))

@@ -394,7 +394,7 @@ func (c *Conn) agree(h hello, cfg config) {
 func (c *Conn) start(t *rdmaTransport) error {
 	t.onPeerGone = c.peerGone
 	t.onDeviceRemoved = c.deviceRemoved
-	t.onAsync, t.port = c.asyncEvent, t.id.Port()
+	t.onAsync, t.port = c.takeAsyncEvent, t.id.Port()
 	// Everything Close reads is set before the device's event reader can
 	// see the connection: a fatal device event closes it from there.
 	c.startKeepalive()

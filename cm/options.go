@@ -273,8 +273,10 @@ func WithHandshakeTimeout(d time.Duration) Option {
 // listener's, a call on the connection or its reaper, the device's event
 // reader), after it has released the locks that Stats, the addresses,
 // Listener.Addr and GlobalStats take: a handler may call those. A slow
-// handler holds up that goroutine (and, after a failed post, the
-// connection's other posts). It must not close the Conn or the Listener
+// handler holds up that goroutine, and with it, after a failed post, the
+// connection's other posts, and on the device's event reader the device's
+// later events (an event reaches every connection it concerns before
+// their records are written). It must not close the Conn or the Listener
 // itself, but from a goroutine of its own: the Listener's Close waits for
 // the goroutine that logs a refused request, and the Conn's Close for a
 // failed post's goroutine, which still holds the buffers.

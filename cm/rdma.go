@@ -80,8 +80,10 @@ type rdmaTransport struct {
 	// onDeviceRemoved: the device went away (the watcher ends after it).
 	onDeviceRemoved func()
 	// onAsync: a device event about the QP, the CQ or port (async.go),
-	// while registered with the device.
-	onAsync func(verbs.AsyncEvent)
+	// while registered with the device. It returns the writing of the
+	// event's log records, which the device's reader calls once every
+	// connection the event concerns has heard of it.
+	onAsync func(verbs.AsyncEvent) (log func())
 	port    uint8
 	inAsync bool // registered with the device for its events
 }
@@ -210,10 +212,10 @@ type device struct {
 	deadPairs sync.WaitGroup
 
 	// The device's asynchronous events (async.go): asyncDone is closed when
-	// their reader ends (nil if they could not be read); conns, under mu,
-	// are the connections they may concern; portDown, under mu, the ports
-	// last reported down; fatal is closed, under mu, when DEVICE_FATAL
-	// came.
+	// their reader ends (nil if they could not be read; closeLocked does
+	// not wait for it); conns, under mu, are the connections they may
+	// concern; portDown, under mu, the ports last reported down; fatal is
+	// closed, under mu, when DEVICE_FATAL came.
 	asyncDone chan struct{}
 	conns     map[*rdmaTransport]struct{}
 	portDown  map[uint8]bool
@@ -628,11 +630,11 @@ func (d *device) closeLocked() {
 	d.probeTarget.Close()
 	d.probeSink.Close()
 	d.pd.Close()
-	// A closed context ends the async events; one that cannot close
-	// (something still registered) keeps its reader, not waited for.
-	if d.ctx.Close() == nil && d.asyncDone != nil {
-		<-d.asyncDone
-	}
+	// A closed context ends the async events; their reader ends once it
+	// has delivered those already read, not waited for: delivering runs
+	// the application's logger (WithLogger), which must not hold devices'
+	// lock, and with it every Dial, Listen and release of the process.
+	d.ctx.Close()
 	// last: see anchor. Its watcher ends on its own: it may be waiting for
 	// devices' lock, held here, to report a removal.
 	d.anchor.close()
