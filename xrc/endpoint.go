@@ -414,6 +414,10 @@ func (e *Endpoint) processErr() error {
 	}
 }
 
+// errEndpointEnded is the cause the endpoint's end (Close, or die) cancels
+// a Dial's context with: its Err is context.Canceled, as a caller's cancel.
+var errEndpointEnded = errors.New("xrc: the endpoint ended")
+
 var errDeviceFatal = fmt.Errorf("%w: the device reported a fatal error (IBV_EVENT_DEVICE_FATAL)", ErrDeviceRemoved)
 
 // Port 0 picks from these freePorts numbers: two port spaces' listeners
@@ -1075,9 +1079,9 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 	}
 	// Close ends the dial too: its exchanges wait for the peer on ctx.
 	caller := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(e.ctx, cancel)()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(e.ctx, func() { cancel(errEndpointEnded) })()
 	c, err := e.dialOnce(ctx, raddr, false)
 	if errors.Is(err, errReverseGone) || errors.Is(err, errReverseDomain) {
 		switch {
@@ -1089,10 +1093,13 @@ func (e *Endpoint) Dial(ctx context.Context, address string) (*Conn, error) {
 			err = &OpError{"dial", raddr.String(), caller.Err()}
 		}
 	}
-	if err != nil && (e.ctx.Err() != nil || e.lostErr() != nil) && (caller.Err() == nil || !errors.Is(err, caller.Err())) {
+	if err != nil && (e.ctx.Err() != nil || e.lostErr() != nil) &&
+		(caller.Err() == nil || !errors.Is(err, caller.Err()) || context.Cause(ctx) == errEndpointEnded) {
 		// The Dial's error is the endpoint's loss (lostErr). Only the
 		// caller's own deadline or cancel stands: a kernel error that
-		// came as the caller's context ended is still the endpoint's.
+		// came as the caller's context ended is still the endpoint's,
+		// and so is the context error of a dial the endpoint's end
+		// stopped before the caller's context ended too.
 		return nil, e.closedErr("dial")
 	}
 	return c, err
