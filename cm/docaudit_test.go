@@ -258,20 +258,18 @@ func TestDocRawWriteWithImmIsEmptyMessage(t *testing.T) {
 	})
 }
 
-// sendsUntilWait counts the messages c sends before a Send waits (up to
-// limit), the peer reading nothing.
-func sendsUntilWait(t *testing.T, ctx context.Context, c *Conn, limit int) int {
+// requireSendsThenWaits checks that c sends n messages, the peer reading
+// nothing, and that the next Send waits. Each of the n has the test's
+// whole ctx: a short deadline for them took a Send slowed by a loaded
+// machine for one that waits.
+func requireSendsThenWaits(t *testing.T, ctx context.Context, c *Conn, n int, what string) {
 	t.Helper()
-	for i := range limit + 1 {
-		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		err := c.Send(short, []byte{byte(i)})
-		cancel()
-		if err != nil {
-			require.ErrorIs(t, err, context.DeadlineExceeded)
-			return i
-		}
+	for i := range n {
+		require.NoError(t, c.Send(ctx, []byte{byte(i)}), "%s: message %d of %d", what, i+1, n)
 	}
-	return limit + 1
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, c.Send(short, []byte{byte(n)}), context.DeadlineExceeded, "%s: message %d did not wait", what, n+1)
 }
 
 // DefaultQueueDepth's doc: "On RC a sender is held to the smaller of the
@@ -281,16 +279,16 @@ func TestDocQueueDepthAsymmetric(t *testing.T) {
 	t.Run("RC", func(t *testing.T) {
 		a, b, _ := fakePair(t, fakeOpts{depth: [2]int{4, 10}})
 		ctx := ctxT(t)
-		require.Equal(t, 4, sendsUntilWait(t, ctx, a, 20), "dialer (depth 4) to acceptor (depth 10)")
-		require.Equal(t, 4, sendsUntilWait(t, ctx, b, 20), "acceptor (depth 10) to dialer (depth 4)")
+		requireSendsThenWaits(t, ctx, a, 4, "dialer (depth 4) to acceptor (depth 10)")
+		requireSendsThenWaits(t, ctx, b, 4, "acceptor (depth 10) to dialer (depth 4)")
 	})
 	t.Run("XRC", func(t *testing.T) {
 		ctx := ctxT(t)
 		f := newFabric(t)
 		c, s := fabricPair(ctx, t, f.Node("10.1.0.1").Process(), f.Node("10.1.0.2").Process(),
 			[]Option{WithQueueDepth(10)}, []Option{WithQueueDepth(3)})
-		require.Equal(t, 10, sendsUntilWait(t, ctx, c, 20), "dialer (depth 3) to listener (depth 10)")
-		require.Equal(t, 3, sendsUntilWait(t, ctx, s, 20), "listener (depth 10) to dialer (depth 3)")
+		requireSendsThenWaits(t, ctx, c, 10, "dialer (depth 3) to listener (depth 10)")
+		requireSendsThenWaits(t, ctx, s, 3, "listener (depth 10) to dialer (depth 3)")
 	})
 }
 
