@@ -62,12 +62,7 @@ func TestPairTakesNoReapedPidForA(t *testing.T) {
 	if err := os.WriteFile(s.release, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("rxe-pair.sh did not end; left running:\n%s\n%s", commands(marked(mark)), log())
-	}
+	err := awaitPair(t, done, mark, log)
 	if want := "rxe-pair: A exit 0, B exit 0"; err != nil || !strings.Contains(log(), want) {
 		t.Errorf("rxe-pair.sh: %v, want no error and %q in its output:\n%s", err, want, log())
 	}

@@ -102,19 +102,12 @@ func pairStoppedBy(t *testing.T, signal syscall.Signal) (string, syscall.WaitSta
 func TestPairEndsAfterTermInItsLastWait(t *testing.T) {
 	needRootAnd(t, "test/vm/rxe-pair.sh", "bash", "flock", "timeout", "bc", "cpio", "gzip", "perl", "/bin/busybox")
 	dir, bin, started, work, mark := guestScene(t)
-	hook := filepath.Join(dir, "hook.sh")
-	writeFiles(t, map[string]string{hook: `trap '[[ $BASH_COMMAND != wait ]] ||
-  { trap - DEBUG; (until read -r w < /proc/$$/wchan; [[ $w == do_wait ]]; do :; done; kill -TERM $$) & }' DEBUG`})
+	hook := termInWait(t, dir, `wait`)
 	cmd := exec.Command("bash", "../vm/rxe-pair.sh", "-o", filepath.Join(work, "pair"), "--a", "true", "--b", "true")
 	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started,
 		"COMPLETES=1", "BASH_ENV="+hook)
 	done, log := startMarked(t, cmd, dir, mark)
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("rxe-pair.sh did not end; left running:\n%s\n%s", commands(marked(mark)), log())
-	}
+	err := awaitPair(t, done, mark, log)
 	if err != nil {
 		t.Errorf("rxe-pair.sh: %v, want exit status 0 (B's)", err)
 	}
@@ -158,18 +151,11 @@ exec /bin/sleep "$@"
 			t.Fatal(err)
 		}
 	}
-	hook := filepath.Join(dir, "hook.sh")
-	writeFiles(t, map[string]string{hook: `trap '[[ $BASH_COMMAND != "wait \"\$APID\"" ]] ||
-  { trap - DEBUG; (until read -r w < /proc/$$/wchan; [[ $w == do_wait ]]; do :; done; kill -TERM $$) & }' DEBUG`})
+	hook := termInWait(t, dir, `wait "$APID"`)
 	cmd := exec.Command("bash", "../vm/rxe-pair.sh", "-o", filepath.Join(work, "pair"), "--a", "true", "--b", "true")
 	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started, "BASH_ENV="+hook)
 	done, log := startMarked(t, cmd, dir, mark)
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("rxe-pair.sh did not end; left running:\n%s\n%s", commands(marked(mark)), log())
-	}
+	err := awaitPair(t, done, mark, log)
 	if want := "rxe-pair: A exit 125, B exit 0"; !strings.Contains(log(), want) {
 		t.Errorf("no %q in its output (rxe-pair.sh: %v):\n%s", want, err, log())
 	}
@@ -213,12 +199,7 @@ exec /bin/sleep "$@"
 	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "GOXRC_VM_WORK="+work, "STARTED="+started, "ONCE="+once)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	done, log := startMarked(t, cmd, dir, mark)
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("rxe-pair.sh did not end; left running:\n%s\n%s", commands(marked(mark)), log())
-	}
+	err := awaitPair(t, done, mark, log)
 	if _, serr := os.Stat(once); serr != nil {
 		t.Fatalf("no SIGTERM was sent as B waited for the wire (%v); rxe-pair.sh: %v\n%s", serr, err, log())
 	}
@@ -233,5 +214,28 @@ exec /bin/sleep "$@"
 		if time.Now().After(deadline) {
 			t.Fatalf("rxe-pair.sh has ended (%v), its guests not:\n%s\n%s", err, commands(marked(mark)), log())
 		}
+	}
+}
+
+// termInWait writes a BASH_ENV hook that sends the script SIGTERM, once, as
+// it waits (do_wait) in the command cmd, as $BASH_COMMAND shows it.
+func termInWait(t *testing.T, dir, cmd string) string {
+	t.Helper()
+	hook := filepath.Join(dir, "hook.sh")
+	writeFiles(t, map[string]string{hook: `trap '[[ $BASH_COMMAND != "` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, `$`, `\$`).Replace(cmd) + `" ]] ||
+  { trap - DEBUG; (until read -r w < /proc/$$/wchan; [[ $w == do_wait ]]; do :; done; kill -TERM $$) & }' DEBUG`})
+	return hook
+}
+
+// awaitPair waits for rxe-pair.sh (started by startMarked) to end, and
+// returns how it ended.
+func awaitPair(t *testing.T, done <-chan error, mark string, log func() string) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("rxe-pair.sh did not end; left running:\n%s\n%s", commands(marked(mark)), log())
+		return nil
 	}
 }
