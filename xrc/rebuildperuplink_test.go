@@ -3,6 +3,8 @@ package xrc
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,10 +14,46 @@ import (
 
 // holdDREQs is holdDials that, while gate is set, also holds each DREQ
 // (EventDisconnected) it reads until gate closes: the word that a TGT's
-// maker let go of it comes after a dial's refusal.
+// maker let go of it comes after a dial's refusal. It lets go of the
+// requests it holds one at a time, in the order they came (next), not of
+// whichever waits on holdDials' release: a dial whose held the test had
+// taken need not wait there yet, and where it did not, the second release
+// of a round went to the other dial, held again over the next uplink,
+// whose TGT lives. p took its leg and opened the reverse one, a PHYS_REQ to
+// s, while the gate held the DREQ of r's INI: its node's CM still had r's
+// link in its stale table, and refused each REP naming the TGT number that
+// s freed and made again, until the dial failed at its handshake timeout.
 type holdDREQs struct {
 	*holdDials
-	gate atomic.Pointer[chan struct{}]
+	gate  atomic.Pointer[chan struct{}]
+	mu    sync.Mutex
+	queue []chan struct{} // the held requests' own releases, first come first
+}
+
+func (k *holdDREQs) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpn uint32, pd []byte) (kernel.ID, error) {
+	if k.holding(dst, ex, pd) {
+		release := make(chan struct{})
+		k.mu.Lock()
+		k.queue = append(k.queue, release)
+		k.mu.Unlock()
+		select {
+		case k.held <- struct{}{}:
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
+	}
+	return k.Kernel.Connect(ctx, dst, ex, qpn, pd)
+}
+
+// next lets go of the held request that came first.
+func (k *holdDREQs) next() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	close(k.queue[0])
+	k.queue = k.queue[1:]
 }
 
 func (k *holdDREQs) Event(ctx context.Context, id kernel.ID) (kernel.Event, error) {
@@ -90,17 +128,17 @@ func TestDialRebuildsEachUplinkOnce(t *testing.T) {
 		}
 		// One refusal for u's current TGT while the other dial holds u
 		// up; the second once the first has asked again over the next.
-		g.release <- struct{}{}
+		h.next()
 		held(fmt.Sprintf("round %d, first dial", i))
-		g.release <- struct{}{}
+		h.next()
 		held(fmt.Sprintf("round %d, second dial", i))
 		h.gate.Store(nil)
 		close(gate)
 		r, sr, rs = r2, sr2, rs2
 	}
 	// The last requests name the newest uplink's TGT, alive.
-	g.release <- struct{}{}
-	g.release <- struct{}{}
+	h.next()
+	h.next()
 	for range 2 {
 		res := <-dialed
 		if res.err != nil {

@@ -28,9 +28,7 @@ func newHoldDials(dst string) *holdDials {
 }
 
 func (k *holdDials) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.Exchange, qpn uint32, pd []byte) (kernel.ID, error) {
-	var req wire.Req
-	if ex == kernel.ExchangeSIDR && dst == k.dst && wire.DecodeReq(pd, wire.TypeVirtReq, &req) == nil &&
-		req.Flags&wire.FlagMove == 0 && k.holds.Add(-1) >= 0 {
+	if k.holding(dst, ex, pd) {
 		select {
 		case k.held <- struct{}{}:
 			select {
@@ -41,6 +39,13 @@ func (k *holdDials) Connect(ctx context.Context, dst netip.AddrPort, ex kernel.E
 		}
 	}
 	return k.Kernel.Connect(ctx, dst, ex, qpn, pd)
+}
+
+// holding reports whether a request is one to hold (and counts it down).
+func (k *holdDials) holding(dst netip.AddrPort, ex kernel.Exchange, pd []byte) bool {
+	var req wire.Req
+	return ex == kernel.ExchangeSIDR && dst == k.dst && wire.DecodeReq(pd, wire.TypeVirtReq, &req) == nil &&
+		req.Flags&wire.FlagMove == 0 && k.holds.Add(-1) >= 0
 }
 
 // dialsBehind starts n dials from s to addr in the background; their
