@@ -201,6 +201,39 @@ func (st *countedStream) finish(t *testing.T, d time.Duration, state func() stri
 	case <-time.After(d):
 		t.Fatalf("stream stalled (sent %d; %s)", st.sent.Load(), state())
 	}
+	st.end(t)
+}
+
+// finishMoving is finish bounded by progress, not speed: it fails t, with
+// state, only once no message was sent for idle (the receiver returns no
+// credits: a stall for good). A loaded machine slows every step of a
+// stream paced by its receiver's polls, and stops none.
+func (st *countedStream) finishMoving(t *testing.T, idle time.Duration, state func() string) {
+	t.Helper()
+	tick := time.NewTicker(idle / 10)
+	defer tick.Stop()
+	last, at := st.sent.Load(), time.Now()
+	for done := false; !done; {
+		select {
+		case err := <-st.recvErr:
+			if err != nil {
+				t.Fatalf("stream: %v (sent %d; %s)", err, st.sent.Load(), state())
+			}
+			done = true
+		case now := <-tick.C:
+			if n := st.sent.Load(); n != last {
+				last, at = n, now
+			} else if now.Sub(at) > idle {
+				t.Fatalf("stream stalled (sent %d, none for %v; %s)", n, idle, state())
+			}
+		}
+	}
+	st.end(t)
+}
+
+// end waits for both sides and fails t if a Send failed.
+func (st *countedStream) end(t *testing.T) {
+	t.Helper()
 	st.wg.Wait()
 	select {
 	case err := <-st.sendErr:
