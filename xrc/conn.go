@@ -1536,6 +1536,31 @@ func (c *Conn) closeFirst(ctx context.Context) bool {
 	return true
 }
 
+// answerDueLocked reports whether the peer's FIN that answers ours can still
+// come, for the endpoint's Close, its listeners gone: our FIN was posted and
+// its close was done with c up (a FIN refused or flushed went nowhere: the
+// peer, gone, answers nothing), c has not failed since, the peer's FIN has
+// not come (a half FIN's sender answers ours with its full one), our
+// endpoint's process and device live, and the sender's INI is not known
+// gone (only a MOVE, to a listener, would bring the leg back).
+func (c *Conn) answerDueLocked() bool {
+	return c.finPosted && c.closedUp && c.err == nil && !c.peerClosed &&
+		c.e.lostErr() == nil && !c.senderGoneLocked()
+}
+
+// senderGoneLocked reports whether the receiving leg's sender is gone, its
+// FIN perhaps still in our SRQ: the DREQ of its INI came (goneAt) and the
+// leg is still on that link, or our MOVE found its endpoint gone (sendGone,
+// no link). A MOVE decided since took the leg off the link, and its
+// legMoved, after the kernel took our answer (or refused it), clears the
+// mark (TestMoveDecidedAfterDREQKeepsLeg).
+func (c *Conn) senderGoneLocked() bool {
+	if c.goneAt.IsZero() {
+		return false
+	}
+	return c.goneLink == nil || c.recvLeg == nil || onLink(c.e.acc.LegDownlink(c.recvLeg), c.goneLink)
+}
+
 // CloseWrite ends our data, as TCP's half-close does: a FIN flagged half
 // goes after every message sent before it, the peer's Recv returns io.EOF
 // after them, and our sending leg stays up, carrying the credit frames and

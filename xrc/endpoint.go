@@ -725,11 +725,15 @@ func (e *Endpoint) closedErr(op string) error {
 // failure: either fails the kernel's calls at once, before die says why.
 func (e *Endpoint) lostErr() error { return cmp.Or(e.processErr(), e.deviceErr()) }
 
-// Close closes every connection (each sends its FIN), stops the endpoint's
-// goroutines and releases every kernel object it holds, those of the Dials
-// under way too (they end with ErrClosed, and Close waits for them to let go
-// of what they made). It is idempotent: a concurrent or later call returns
-// once the first has released everything.
+// Close closes every connection (each sends its FIN, and the peer's FIN
+// that answers it is waited for where it can still come: a second at most
+// for it all, which a peer that lives but takes nothing in, a stopped
+// process, holds up, as does one whose answer waits behind its uplink's
+// recovery), stops the endpoint's goroutines and releases every
+// kernel object it holds, those of the Dials under way too (they end with
+// ErrClosed, and Close waits for them to let go of what they made). It is
+// idempotent: a concurrent or later call returns once the first has
+// released everything.
 func (e *Endpoint) Close() error {
 	if !e.ok() {
 		return nil
@@ -772,7 +776,6 @@ func (e *Endpoint) Close() error {
 	for _, c := range underWay {
 		c.awaitClose(ctx)
 	}
-	cancel()
 	// The listeners go before the listen loops end: a request that came
 	// after them would wait at a listener nobody reads until release,
 	// whose destruction of it refuses it REJ CONSUMER_DEFINED, neither
@@ -784,6 +787,22 @@ func (e *Endpoint) Close() error {
 		e.die(err) // as the loop that would have read it
 	}
 	e.unlisten()
+	// Then, in what is left of the second, the peers' FINs that answer
+	// ours: one that found our SRQ destroyed would fail the peer's INI,
+	// and its uplink, healthy, would recover, moving every other leg on it
+	// (TestEndpointCloseWaitsForAnsweringFINs).
+	for _, c := range conns {
+		e.mu.Lock()
+		due := c.answerDueLocked()
+		e.mu.Unlock()
+		if due {
+			select {
+			case <-c.done:
+			case <-ctx.Done():
+			}
+		}
+	}
+	cancel()
 	e.cancel()
 	e.spawnMu.Lock()
 	e.spawnStopped = true
@@ -2295,15 +2314,8 @@ func (e *Endpoint) janitor() {
 				// once its FIN, if any, cannot still sit in our SRQ: the
 				// receive loop emptied the SRQ after the DREQ (or, if
 				// nothing arrives at all, half an idle timeout passed).
-				gone := !c.goneAt.IsZero() && ((now.Sub(c.goneAt) > e.cfg.Heartbeat && drains > c.goneDrains) ||
+				gone := c.senderGoneLocked() && ((now.Sub(c.goneAt) > e.cfg.Heartbeat && drains > c.goneDrains) ||
 					now.Sub(c.goneAt) > e.cfg.IdleTimeout/2)
-				// Only while the leg is on that link: a MOVE decided
-				// since took it off, and its legMoved, after the kernel
-				// took our answer (or refused it), clears the mark
-				// (TestMoveDecidedAfterDREQKeepsLeg).
-				if gone && c.goneLink != nil && !onLink(e.acc.LegDownlink(c.recvLeg), c.goneLink) {
-					gone = false
-				}
 				// A dial's acceptor sends nothing on this leg before our
 				// first frame (consumeLocked): until a completion says it
 				// arrived (firstDue), its silence is waited out as the
