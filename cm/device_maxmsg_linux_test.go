@@ -16,7 +16,7 @@ import (
 // (kernel 6.1) reports 8 MiB, under WithMessageSize's most, so the cap is
 // seen here: a message of the capped size goes through whole, a one-sided
 // operation one byte over the limit is refused and the connection goes on.
-// Later kernels' rxe reports 2 GiB (and fails longer requests); there only
+// A later kernel change raised rxe's to 2 GiB; there only
 // the reading is checked. Runs in the VM (a real device).
 func TestDeviceReportsMaxMessage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
