@@ -213,7 +213,7 @@ type device struct {
 
 	// The device's asynchronous events (async.go): asyncDone is closed when
 	// their reader ends (nil if they could not be read; closeLocked does
-	// not wait for it); conns, under mu, are the connections they may
+	// not wait for it, only tests do); conns, under mu, are the connections they may
 	// concern; portDown, under mu, the ports last reported down; fatal is
 	// closed, under mu, when DEVICE_FATAL came.
 	asyncDone chan struct{}
