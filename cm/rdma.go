@@ -644,8 +644,8 @@ func (d *device) closeLocked() {
 // removed takes a device that is being removed out of use: an id that
 // reaches a device of that name later (one added again) gets a new entry.
 // Its objects go with its last user, with no idle time; an idle one
-// closes now, in the background (the caller may be the device's event
-// reader, whose end closing waits for).
+// closes now, in the background (closing destroys the device's objects
+// under devices' lock; no caller needs to wait for that).
 func (d *device) removed() {
 	devices.Lock()
 	defer devices.Unlock()

@@ -36,8 +36,9 @@ type transport interface {
 	regMem(size int, access Access) (memory, error)
 	// maxMessage is the longest work request the device takes, its
 	// port's max_msg_sz (1 GiB on mlx5; 8 MiB on Debian 12's rxe, 2 GiB on
-	// later kernels'); 0 if unknown. A
-	// longer one fails as it runs and takes the QP to the error state.
+	// later kernels'); 0 if unknown. cm holds to it: a device may fail a
+	// longer request as it runs, taking the QP to the error state, though
+	// Debian 12's rxe enforces only the region's bounds and IB's 2^31.
 	maxMessage() int
 	// probeTarget is the memory the peer's keepalive probes read; the
 	// hello carries it. postProbe posts a signaled RDMA read of the

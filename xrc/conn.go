@@ -1270,7 +1270,11 @@ func maxQueued(window int) int { return 2 * window }
 // least a threshold of messages since the last one. Each frame carries the
 // running count, not a difference: a frame sent twice or late (across an
 // uplink recovery) changes nothing. One runs per connection at a time; it
-// ends when nothing more is due or the sending leg is gone.
+// ends when nothing more is due or the sending leg is gone. The count is
+// marked returned before its frame goes and not undone if the frame fails:
+// sendFrame fails only as our sending leg, the connection or the endpoint
+// ends, or after our full FIN, and no credit frame goes after any of them
+// (it waits out a recovery instead).
 func (c *Conn) returnCredits() {
 	e := c.e
 	for {

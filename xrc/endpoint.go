@@ -414,8 +414,10 @@ func (e *Endpoint) processErr() error {
 	}
 }
 
-// errEndpointEnded is the cause the endpoint's end (Close, or die) cancels
-// a Dial's context with: its Err is context.Canceled, as a caller's cancel.
+// errEndpointEnded is the cause the endpoint's Close (the application's, or
+// the one a device failure's die starts) cancels a Dial's context with: its
+// Err is context.Canceled, as a caller's cancel. A process death's die
+// cancels nothing; its Dial says the death (lostErr).
 var errEndpointEnded = errors.New("xrc: the endpoint ended")
 
 var errDeviceFatal = fmt.Errorf("%w: the device reported a fatal error (IBV_EVENT_DEVICE_FATAL)", ErrDeviceRemoved)
