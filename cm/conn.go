@@ -887,11 +887,14 @@ func (c *Conn) recv(ctx context.Context, buf []byte) (int, uint32, bool, error) 
 			}
 			return 0, 0, false, c.opErr("recv", err)
 		}
-		if err := c.progressLocked(ctx); err != nil {
+		kept, err := c.progressLocked(ctx, true)
+		if err != nil {
 			return 0, 0, false, c.opErr("recv", err)
 		}
-		held = c.io()
-		c.mu.Lock()
+		if held = kept; !kept {
+			held = c.io()
+			c.mu.Lock()
+		}
 	}
 	m := c.ready.Peek()
 	if m.n > len(buf) {
@@ -1013,25 +1016,29 @@ func (c *Conn) progress(ctx context.Context, seen uint64) error {
 		c.mu.Unlock()
 		return nil
 	}
-	return c.progressLocked(ctx)
+	_, err := c.progressLocked(ctx, false)
+	return err
 }
 
 // progressLocked is progress entered with c.mu held since the caller
 // checked its condition (so no round can have ended since); it unlocks
-// c.mu. It spares a receiver that waits one lock round trip.
-func (c *Conn) progressLocked(ctx context.Context) error {
+// c.mu. It spares a receiver that waits one lock round trip. With keep (a
+// waiting Recv's), a round of its own that leaves nothing to do after it
+// returns kept, with c.mu and io still held: the Recv looks at its queue
+// without taking them again (see endRound).
+func (c *Conn) progressLocked(ctx context.Context, keep bool) (kept bool, err error) {
 	if c.polling {
 		wake := c.waiting.join()
 		c.mu.Unlock()
 		select {
 		case <-wake:
 			woken(wake)
-			return nil
+			return false, nil
 		case <-ctx.Done():
 			c.mu.Lock()
 			c.waiting.leave(wake)
 			c.mu.Unlock()
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 	}
 	if c.err != nil && (!c.rdmaOut || c.releasing || c.cqBroken) {
@@ -1041,13 +1048,12 @@ func (c *Conn) progressLocked(ctx context.Context) error {
 		// moved the QP to the error state), and its caller waits for it
 		// until release takes the QP.
 		c.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	c.polling = true
 	c.mu.Unlock()
 
 	var n int
-	var err error
 	spun, slept := false, false
 	var start time.Time
 	if c.busyPoll > 0 && c.spinNext {
@@ -1088,14 +1094,17 @@ func (c *Conn) progressLocked(ctx context.Context) error {
 		}
 	}
 
-	return c.endRound(n, err)
+	return c.endRound(n, err, keep)
 }
 
 // endRound handles the n completions of the leader's round and ends it:
 // the completions are handled and the round ends in one critical section;
 // the reposts go after it (waiters woken a moment earlier find fewer
-// credits owed to the peer, which returnCredits below then returns).
-func (c *Conn) endRound(n int, err error) error {
+// credits owed to the peer, which returnCredits below then returns). With
+// keep, a round that took completions and leaves nothing for after it (no
+// repost, failure to log or credits due) returns kept, with c.mu and io
+// held: two lock round trips fewer for a Recv that waited.
+func (c *Conn) endRound(n int, err error, keep bool) (kept bool, _ error) {
 	held := n > 0 && c.io()
 	flush := false
 	c.mu.Lock()
@@ -1124,6 +1133,9 @@ func (c *Conn) endRound(n int, err error) error {
 	c.rounds.Add(1)
 	c.waiting.wakeAll()
 	logs := c.failureLogsLocked()
+	if keep && held && err == nil && !flush && len(logs) == 0 && !c.creditsDue.Load() {
+		return true, nil
+	}
 	c.mu.Unlock()
 	if held {
 		if flush {
@@ -1138,9 +1150,9 @@ func (c *Conn) endRound(n int, err error) error {
 		c.returnCredits()
 	}
 	if broken {
-		return nil
+		return false, nil
 	}
-	return err
+	return false, err
 }
 
 // Bounds of the reaper's delay, which doubles while it finds credits out
@@ -1204,7 +1216,7 @@ func (c *Conn) reap() {
 	c.polling = true
 	c.mu.Unlock()
 	n, err := c.t.poll(context.Background(), c.cbuf, 0, false)
-	c.endRound(n, err)
+	c.endRound(n, err, false)
 	c.mu.Lock()
 	if c.reapDueLocked() {
 		c.armReapLocked(min(max(2*c.reapDelay, minReap), maxReap))

@@ -37,6 +37,9 @@ type fakeEnd struct {
 	corrupt     func(imm uint32) uint32 // tampers with the next frame header this end sends
 	pollErr     error                   // the next blocking poll fails with it, once
 	postFails   bool
+	// posting, if set, runs once as postSend is called, before it posts
+	// (the Conn's locks held as for a post).
+	posting func()
 	// recvPostFails: postRecvs fails (as ibv_post_recv may), posting
 	// nothing.
 	recvPostFails bool
@@ -166,6 +169,12 @@ var errFakeLocLen = errors.New("fake: local length error")
 
 func (e *fakeEnd) postSend(slot, n int, imm uint32, hasImm, signaled bool) error {
 	e.w.mu.Lock()
+	if f := e.posting; f != nil {
+		e.posting = nil
+		e.w.mu.Unlock()
+		f()
+		e.w.mu.Lock()
+	}
 	defer e.w.mu.Unlock()
 	if e.postFails {
 		return errors.New("fake: post refused")
