@@ -82,7 +82,8 @@ func FuzzReverseLeg(f *testing.F) {
 // FuzzRejectErr: whatever a REJECTED or UNREACHABLE event carries, rejectErr
 // (uplink.go) takes a reason, detail and domain from a valid REJECT only,
 // and calls it RejectNoListener only for the CM's own no-listener statuses
-// (a peer's REJECT cannot pass for the CM's reasons). The error is what
+// (a peer's REJECT cannot pass for the CM's reasons), and SIDR exactly for a
+// SIDR reply's (UNREACHABLE) status. The error is what
 // RejectError documents to a caller: for the peer's address; a refusal
 // (Status >= 0) matches ECONNREFUSED and says its reason; an unanswered
 // request (Status < 0) matches its errno; only -ETIMEDOUT is a Timeout.
@@ -109,6 +110,9 @@ func FuzzRejectErr(f *testing.F) {
 		var ne net.Error
 		if !errors.As(err, &ne) || ne.Timeout() != (ev.Status == -int(syscall.ETIMEDOUT)) {
 			t.Fatalf("%v: Timeout %v for status %d", err, ne != nil && ne.Timeout(), ev.Status)
+		}
+		if ev.Status > 0 && re.SIDR != !rej { // which CM's status names a positive Status
+			t.Fatalf("%+v from a %v event", re, ev.Type)
 		}
 		if ev.Status >= 0 && (!errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), re.Reason.String())) {
 			t.Fatalf("refusal %q (%+v): not ECONNREFUSED, or without its reason", err, re)

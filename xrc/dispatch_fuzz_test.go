@@ -22,9 +22,10 @@ import (
 // is kept (queued for Recv) only if it is a well-formed data frame, not
 // after the peer's FIN, and with a number never kept before; the queue never
 // passes maxQueued; the only way the connection fails is ErrProtocol (an
-// overrun, or a number past the replay window) or, for a first frame,
-// errAbandoned; a credit frame never moves acked past sent (0 here); a
-// keepalive with a body is dropped (counted).
+// overrun, or a number past the replay window: a data frame) or, for a
+// first frame that is the peer's full FIN, errAbandoned; only a FIN with
+// our tags counts as the peer's; a credit frame never moves acked past sent
+// (0 here); a keepalive with a body is dropped (counted).
 func FuzzFrameDispatch(f *testing.F) {
 	const tag, peerTag = 0x2222, 0x1111
 	fin := func(t, st uint32, half bool) []byte {
@@ -50,6 +51,7 @@ func FuzzFrameDispatch(f *testing.F) {
 	f.Add(join(data(0, ""), fin(tag, peerTag, true), data(1, "late")), uint8(1), false)
 	f.Add(join(fin(tag, peerTag, false), data(0, "x")), uint8(1), true)
 	f.Add(join(fin(tag, peerTag+1, false), data(0, "x"), []byte("Z")), uint8(3), true)
+	f.Add(join(fin(tag, peerTag, true), data(0, "x")), uint8(1), true) // a half FIN abandons nothing
 	f.Add(join(data(0x7fffffff, "far"), data(0, "old"), data(5, "x"), data(6, "y"), data(7, "z")), uint8(1), false)
 	f.Add(join([]byte("Hjunk"), data(0, "a")), uint8(1), false)
 	f.Add(join([]byte{kindData, 0, 0}, data(0, "a")), uint8(1), false) // too short for its number
@@ -74,7 +76,7 @@ func FuzzFrameDispatch(f *testing.F) {
 			if len(p) == 0 || e.recv[tag] != c {
 				continue // deliver drops empty messages, and any for a tag no longer registered
 			}
-			finBefore, errBefore := c.finRcvd, c.err
+			finBefore, errBefore, first := c.finRcvd, c.err, c.awaitFirst
 			qBefore, droppedBefore := c.q.Len(), e.dropped.Load()
 			k := e.consumeLocked(c, leg, p)
 			if p[0] == kindHeartbeat && len(p) > 1 && errBefore == nil && e.dropped.Load() == droppedBefore {
@@ -103,6 +105,15 @@ func FuzzFrameDispatch(f *testing.F) {
 			}
 			if c.err != nil && !errors.Is(c.err, ErrProtocol) && !errors.Is(c.err, errAbandoned) {
 				t.Fatalf("failed with %v", c.err)
+			}
+			var fr wire.FIN
+			ours := p[0] == kindFIN && wire.DecodeFIN(p[1:], &fr) == nil && fr.Tag == tag && fr.SenderTag == peerTag
+			if errBefore == nil && c.err != nil && (errors.Is(c.err, errAbandoned) && !(first && ours && !fr.Half) ||
+				errors.Is(c.err, ErrProtocol) && p[0] != kindData) {
+				t.Fatalf("frame %x (first %v) failed the connection with %v", p, first, c.err)
+			}
+			if !finBefore && c.finRcvd && !ours {
+				t.Fatalf("frame %x taken for the peer's FIN", p)
 			}
 			if c.acked != 0 {
 				t.Fatalf("acked %d with nothing sent", c.acked)

@@ -299,12 +299,14 @@ func TestFlowControlHostileCreditFrames(t *testing.T) {
 
 // FuzzCreditFrame: whatever a peer puts in a credit frame, the count of our
 // messages it says were taken never goes back and never passes what we sent;
-// an honest count (from acked up to sent) is taken as it is.
+// an honest count (from acked up to sent) is taken as it is, one behind
+// acked changes nothing, one ahead of sent is capped at it.
 func FuzzCreditFrame(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 3}, uint32(1), uint32(2))
 	f.Add([]byte{0xFF, 0xFF, 0xFF, 0xFF}, uint32(0), uint32(64))
 	f.Add([]byte{0, 0, 1}, uint32(5), uint32(5))
 	f.Add([]byte{0x80, 0, 0, 0}, uint32(0xFFFFFFF0), uint32(0x10))
+	f.Add([]byte{0, 0, 0, 9}, uint32(1), uint32(2)) // ahead of sent: capped
 	f.Fuzz(func(t *testing.T, body []byte, acked, ahead uint32) {
 		sent := acked + ahead%(1<<16) // at most a window (16 bits) outstanding
 		got, ok := creditAck(body, acked, sent)
@@ -318,7 +320,13 @@ func FuzzCreditFrame(f *testing.F) {
 			t.Fatal("a malformed frame moved acked")
 		}
 		if ok {
-			if v := binary.BigEndian.Uint32(body); v-acked <= sent-acked && got != v {
+			v := binary.BigEndian.Uint32(body)
+			if v-acked <= sent-acked && got != v {
+				t.Fatalf("count %d (acked %d, sent %d) taken as %d", v, acked, sent, got)
+			}
+			// docs/xrc-protocol.md: a count at or behind acked changes
+			// nothing; one ahead of sent is capped at it.
+			if d := v - acked; int32(d) <= 0 && got != acked || int32(d) > 0 && d > sent-acked && got != sent {
 				t.Fatalf("count %d (acked %d, sent %d) taken as %d", v, acked, sent, got)
 			}
 		}
