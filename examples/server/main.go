@@ -32,6 +32,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,7 +44,6 @@ import (
 	"os"
 	"runtime/pprof"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -335,18 +335,34 @@ func handle(ctx context.Context, c *cm.Conn, buf []byte) (string, int, error) {
 	if err != nil {
 		return "?", -1, err
 	}
-	f := strings.Fields(string(buf[:n]))
+	req := buf[:n]
 	switch {
-	case len(f) == 1 && f[0] == "echo":
+	case string(req) == "echo":
 		return "echo", n, echo(ctx, c, buf)
-	case len(f) == 2 && f[0] == "sink":
-		total, err := strconv.ParseInt(f[1], 10, 64) // a 64-bit client's count
-		if err != nil || total < 0 {
-			return "sink", n, fmt.Errorf("bad sink count %q", f[1])
+	case bytes.HasPrefix(req, []byte("sink ")):
+		total, ok := sinkCount(req[len("sink "):])
+		if !ok {
+			return "sink", n, fmt.Errorf("bad sink count %q", req[len("sink "):min(n, 32)])
 		}
 		return "sink", n, sink(ctx, c, buf, total)
 	}
 	return "?", n, fmt.Errorf("unknown mode %q", buf[:min(n, 32)])
+}
+
+// sinkCount reads a sink request's N: decimal digits, no sign and no
+// leading zero (strconv.ParseInt takes both), at most an int64, a 64-bit
+// client's count.
+func sinkCount(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 1 && b[0] == '0' {
+		return 0, false
+	}
+	for _, d := range b {
+		if d < '0' || d > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	return n, err == nil
 }
 
 func echo(ctx context.Context, c *cm.Conn, buf []byte) error {
