@@ -64,6 +64,9 @@ type Conn struct {
 	// (see resend). Not for an abandoned attempt, whose FIN is to be the
 	// first.
 	firstDue bool
+	// reached: a frame of ours on the sending leg completed, so peerSRQN
+	// named an SRQ of the peer's node once (see srqLiarFirstFrameLocked).
+	reached bool
 	// firstHeld: a dial whose reverse leg comes by the acceptor's
 	// reciprocal request, not up yet: our first frame waits until it is
 	// (Endpoint.dialUp), and our keepalives go as credit frames, which

@@ -194,6 +194,11 @@ type Endpoint struct {
 	// learn only at its idle timeout.
 	unaccepted int
 
+	// srqLiars: peer incarnations whose SRQ number named no SRQ of their
+	// node (srqliar.go), the last maxSRQLiars; srqLiarOrder, oldest first.
+	srqLiars     map[uint64]struct{}
+	srqLiarOrder []uint64
+
 	dropped     atomic.Uint64
 	rejected    atomic.Uint64
 	recoveries  atomic.Uint64
@@ -297,7 +302,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	if !k.XRC() {
 		return nil, &OpError{"listen", cfg.Addr, verbs.ErrNotSupported}
 	}
-	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{},
+	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{}, srqLiars: map[uint64]struct{}{},
 		pending: map[uint32]*Conn{}, sendTags: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
 		passive: map[kernel.ID]*passiveLink{}, acceptq: make(chan *Conn, acceptBacklog), acceptStop: make(chan struct{}), dead: make(chan struct{}), closeDone: make(chan struct{})}
 	dom, f, err := openDomain(ctx, cfg.DomainDir)
@@ -1211,6 +1216,12 @@ func (e *Endpoint) reject(ev kernel.Event, reason wire.RejectReason, tag uint32)
 // onRequest runs the acceptor's decision on a PHYS_REQ or VIRT_REQ and
 // binds an accepted leg to its connection.
 func (e *Endpoint) onRequest(ev kernel.Event) {
+	if tag, liar := e.srqLiarRequest(ev); liar {
+		// Refused before the decision makes anything: our reverse leg
+		// would name its bogus SRQ number, and fail our uplink again.
+		e.reject(ev, wire.RejectBadRequest, tag)
+		return
+	}
 	d := e.acc.Decide(ev)
 	if d.Replaced != nil {
 		e.mu.Lock()

@@ -52,8 +52,9 @@ var (
 	// os.ErrInvalid, as cm.ErrInvalid is.
 	ErrInvalid = os.ErrInvalid
 	// ErrProtocol reports a peer that broke the protocol: an ACCEPT that
-	// does not answer the request, or, on an established connection,
-	// sending past the credits it was given.
+	// does not answer the request, one from a process whose SRQ number
+	// proved to name nothing (an earlier leg's first frame failed), or,
+	// on an established connection, sending past the credits it was given.
 	ErrProtocol = errors.New("xrc: protocol violation by peer")
 	// ErrProcessDied reports that the endpoint's process died under it:
 	// every kernel object and CM id it held was closed at once, as a

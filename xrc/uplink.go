@@ -480,6 +480,17 @@ func (e *Endpoint) awaitChange(ctx context.Context, c *Conn, u *uplink) error {
 // bindLocked makes c's sending leg ride u, from the ACCEPT; the dial's
 // reference on u becomes the leg's.
 func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
+	if !c.failed() && e.srqLiarLocked(acc.Incarnation) {
+		// An incarnation whose SRQ number named nothing: nothing posted
+		// (a frame would fail u's INI, which the other legs share), no
+		// FIN either (it would name that number). A dial's acceptor
+		// waits for a first frame that does not come, as for a dial
+		// given up; our reverse leg's dialer gets the ABORT (recvLegUp).
+		u.refs--
+		e.maybeTeardownLocked(u)
+		c.failLocked(errSRQLiar)
+		return c.err
+	}
 	if c.failed() || (c.peerInc != 0 && c.peerInc != acc.Incarnation) {
 		if c.revFIN = c.inbound && e.finAcceptedLocked(c, u, acc); !c.revFIN {
 			u.refs--
@@ -806,6 +817,9 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 				}
 				w.c.firstDue = false // the receiver has had a frame of ours
 			}
+			if ok && wc.Status == verbs.WCSuccess {
+				w.c.reached = true
+			}
 			if ok && w.data && wc.Status == verbs.WCSuccess {
 				w.c.completedLocked(w.seq)
 			}
@@ -820,6 +834,13 @@ func (e *Endpoint) pollSend(u *uplink, q *iniQP) {
 				remInv := wc.Status == verbs.WCRemInvReqErr && ok
 				if wc.Status != verbs.WCWRFlushErr && !remInv {
 					q.erred = true
+				}
+				if remInv {
+					// On a leg never reached before, its peer's SRQ
+					// number named nothing: that incarnation's later
+					// legs are refused, each of which would fail the INI
+					// again (TestBogusSRQNLiarRefusedAfterFirstFrame).
+					e.srqLiarFirstFrameLocked(w.c)
 				}
 				if remInv && !e.endSendingLegLocked(w.c, errSRQGone) {
 					w.c.failLocked(errSRQGone)
