@@ -32,7 +32,9 @@ var (
 
 	// ErrProtocol reports a peer that broke the framing or handshake
 	// protocol: garbage headers, sequence gaps, an unknown version, a
-	// framed peer that grants no RDMA reads.
+	// framed peer that grants no RDMA reads; over XRC, also a Dial to a
+	// peer process whose SRQ number proved to name nothing at its node (an
+	// earlier connection's first message failed; see docs/xrc-protocol.md).
 	ErrProtocol = errors.New("protocol violation by peer")
 
 	// ErrPeerGone reports that the connection was lost: the peer

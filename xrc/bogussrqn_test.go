@@ -149,10 +149,12 @@ func TestBogusSRQNLiarRefusedAfterFirstFrame(t *testing.T) {
 	if slowest > testHandshake/5 {
 		t.Fatalf("a refused dial took %v: not at once", slowest)
 	}
-	// Before its end, the acceptor ACCEPTed: the refusal is the liar's, not
-	// a gone peer's.
-	if errors.Is(refused[0], ErrPeerGone) {
-		t.Fatalf("refused dial: %v, want no ErrPeerGone", refused[0])
+	// Refused for the lie (the acceptor ACCEPTed), not for another
+	// protocol violation, and not as a gone peer.
+	for _, err := range refused {
+		if !errors.Is(err, errSRQLiar) || errors.Is(err, ErrPeerGone) {
+			t.Fatalf("refused dial: %v, want errSRQLiar alone", err)
+		}
 	}
 	roundTrip(t, sc, rc, []byte("after"))
 	if err := connErr(sc); err != nil {
@@ -318,15 +320,24 @@ func TestSRQLiarsBounded(t *testing.T) {
 	maxSRQLiars = 2
 	w := newWorld(t)
 	s := w.endpoint("10.0.245.1", 7000)
+	peer := netip.MustParseAddrPort("10.0.245.2:7000")
 	s.mu.Lock()
 	for inc := uint64(1); inc <= 3; inc++ {
-		s.srqLiarFirstFrameLocked(&Conn{sendUp: true, peerInc: inc})
+		s.srqLiarFirstFrameLocked(&Conn{sendUp: true, raddr: peer, peerInc: inc, peerSRQN: 9})
 	}
-	s.srqLiarFirstFrameLocked(&Conn{sendUp: true, reached: true, peerInc: 4})
-	got := fmt.Sprint(len(s.srqLiars), s.srqLiarLocked(1), s.srqLiarLocked(2), s.srqLiarLocked(3), s.srqLiarLocked(4))
+	s.srqLiarFirstFrameLocked(&Conn{sendUp: true, reached: true, raddr: peer, peerInc: 4, peerSRQN: 9})
+	refused := func(inc uint64) bool { return s.srqLiarLocked(peer.Addr(), inc, 9) }
+	got := fmt.Sprint(len(s.srqLiars), refused(1), refused(2), refused(3), refused(4))
+	// The proof holds for that number at that node only: another node
+	// claiming the incarnation, or the incarnation naming another number,
+	// is no liar yet.
+	other := fmt.Sprint(s.srqLiarLocked(netip.MustParseAddr("10.0.245.3"), 3, 9), s.srqLiarLocked(peer.Addr(), 3, 10))
 	s.mu.Unlock()
 	if want := fmt.Sprint(2, false, true, true, false); got != want {
 		t.Fatalf("entries, refused 1..4: %s, want %s", got, want)
+	}
+	if other != fmt.Sprint(false, false) {
+		t.Fatalf("refused elsewhere, another number: %s, want false false", other)
 	}
 }
 
@@ -363,4 +374,40 @@ func TestBogusSRQNLiarRefusedOverPhysLink(t *testing.T) {
 	if n := s.Stats().Recoveries; n != 0 {
 		t.Fatalf("%d recoveries, want none", n)
 	}
+}
+
+// The mark is the incarnation a peer claims, and it claims any it likes:
+// l, a hostile acceptor that has learned an honest process's (h's)
+// incarnation (h dialed it once, say), names it in its ACCEPTs beside a
+// bogus SRQ number. s's leg to l fails its first frame, and s marks h's
+// incarnation, though no frame of s's to h ever failed: s's dials to h
+// then failed ErrProtocol and h's dials to s were refused BAD_REQUEST, for
+// as long as s lived, wherever h was. A process elsewhere must not be able
+// to have an honest peer refused.
+func TestBogusSRQNImpersonatedIncarnationSparesHonestPeer(t *testing.T) {
+	w := newWorld(t)
+	var armed atomic.Bool
+	s := w.endpoint("10.0.247.1", 7000, longTimers)
+	r := w.endpoint("10.0.247.2", 7000, longTimers)
+	h := w.endpoint("10.0.247.3", 7000, longTimers)
+	l := w.wrappedEndpoint("10.0.247.2", 7100, func(k kernel.Kernel) kernel.Kernel {
+		return tamperAccept{k, &armed, func(acc *wire.Accept) { acc.SRQN, acc.Incarnation = 0xFFFFF0, h.inc }}
+	}, longTimers)
+	sr, rs := pair(t, s, r) // s's uplink into l's node and domain: its dials to l are VIRT_REQs
+	pair(t, l, s)           // l's uplink to s's node: its ACCEPTs carry the reverse leg
+	armed.Store(true)
+	before := s.Stats().Recoveries
+	if lc, err := s.Dial(ctxT(t, 5*time.Second), l.Addr().String()); err == nil {
+		defer lc.Close()
+	}
+	eventually(t, "s's leg to l failed its first frame", func() (bool, string) {
+		n := s.Stats().Recoveries - before
+		return n > 0, fmt.Sprintf("recoveries %d", n)
+	})
+	// h never lied, and no frame of s's to h ever failed.
+	sh, hs := pair(t, s, h)
+	roundTrip(t, sh, hs, []byte("s to honest h"))
+	hs2, sh2 := pair(t, h, s)
+	roundTrip(t, hs2, sh2, []byte("honest h to s"))
+	roundTrip(t, sr, rs, []byte("healthy"))
 }

@@ -196,8 +196,8 @@ type Endpoint struct {
 
 	// srqLiars: peer incarnations whose SRQ number named no SRQ of their
 	// node (srqliar.go), the last maxSRQLiars; srqLiarOrder, oldest first.
-	srqLiars     map[uint64]struct{}
-	srqLiarOrder []uint64
+	srqLiars     map[srqLiar]struct{}
+	srqLiarOrder []srqLiar
 
 	dropped     atomic.Uint64
 	rejected    atomic.Uint64
@@ -302,7 +302,7 @@ func newEndpoint(ctx context.Context, k kernel.Kernel, cfg Config) (_ *Endpoint,
 	if !k.XRC() {
 		return nil, &OpError{"listen", cfg.Addr, verbs.ErrNotSupported}
 	}
-	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{}, srqLiars: map[uint64]struct{}{},
+	e := &Endpoint{k: k, cfg: cfg, addrDom: map[netip.AddrPort]uint64{}, replaced: map[upKey]uint32{}, srqLiars: map[srqLiar]struct{}{},
 		pending: map[uint32]*Conn{}, sendTags: map[uint32]*Conn{}, recv: map[uint32]*Conn{}, conns: map[*Conn]struct{}{},
 		passive: map[kernel.ID]*passiveLink{}, acceptq: make(chan *Conn, acceptBacklog), acceptStop: make(chan struct{}), dead: make(chan struct{}), closeDone: make(chan struct{})}
 	dom, f, err := openDomain(ctx, cfg.DomainDir)

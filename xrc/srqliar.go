@@ -2,8 +2,10 @@ package xrc
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/goxrc/goxrc/internal/kernel"
+	"github.com/goxrc/goxrc/rdmacm"
 	"github.com/goxrc/goxrc/xrc/internal/wire"
 )
 
@@ -22,6 +24,23 @@ var errSRQLiar = fmt.Errorf("%w: its incarnation named an SRQ number its node do
 // whatever its size (see docs/xrc-protocol.md).
 var maxSRQLiars = 256 // a variable for tests
 
+// srqLiar is what a failed first frame proves: at that node, that
+// incarnation's SRQ number named nothing. The incarnation alone is what the
+// peer claims, and any peer may claim an honest process's (it learned it
+// from one of that process's requests or ACCEPTs): keyed on it alone, a
+// process anywhere had an honest one refused
+// (TestBogusSRQNImpersonatedIncarnationSparesHonestPeer). An honest
+// incarnation's one SRQ number, at its own node, never fails a first frame.
+type srqLiar struct {
+	node netip.Addr
+	inc  uint64
+	srqn uint32
+}
+
+func srqLiarKey(node netip.Addr, inc uint64, srqn uint32) srqLiar {
+	return srqLiar{rdmacm.CanonicalZone(node.Unmap()).WithZone(""), inc, srqn}
+}
+
 // srqLiarFirstFrameLocked records, from a send that failed "remote invalid
 // request", that c's peer incarnation gave an SRQ number that never took a
 // frame of ours: only a leg none of whose frames completed before (reached)
@@ -31,21 +50,22 @@ func (e *Endpoint) srqLiarFirstFrameLocked(c *Conn) {
 	if c.reached || !c.sendUp || c.peerInc == 0 {
 		return
 	}
-	if _, ok := e.srqLiars[c.peerInc]; ok {
+	k := srqLiarKey(c.raddr.Addr(), c.peerInc, c.peerSRQN)
+	if _, ok := e.srqLiars[k]; ok {
 		return
 	}
 	if len(e.srqLiarOrder) >= maxSRQLiars {
 		delete(e.srqLiars, e.srqLiarOrder[0])
 		e.srqLiarOrder = append(e.srqLiarOrder[:0], e.srqLiarOrder[1:]...)
 	}
-	e.srqLiarOrder = append(e.srqLiarOrder, c.peerInc)
-	e.srqLiars[c.peerInc] = struct{}{}
+	e.srqLiarOrder = append(e.srqLiarOrder, k)
+	e.srqLiars[k] = struct{}{}
 }
 
-// srqLiarLocked reports whether inc is an incarnation whose SRQ number
-// named nothing (srqLiarFirstFrameLocked).
-func (e *Endpoint) srqLiarLocked(inc uint64) bool {
-	_, ok := e.srqLiars[inc]
+// srqLiarLocked reports whether srqn, named by incarnation inc at node,
+// named nothing there (srqLiarFirstFrameLocked).
+func (e *Endpoint) srqLiarLocked(node netip.Addr, inc uint64, srqn uint32) bool {
+	_, ok := e.srqLiars[srqLiarKey(node, inc, srqn)]
 	return ok
 }
 
@@ -72,5 +92,5 @@ func (e *Endpoint) srqLiarRequest(ev kernel.Event) (uint32, bool) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return req.ConnTag, e.srqLiarLocked(req.Incarnation)
+	return req.ConnTag, e.srqLiarLocked(ev.Remote.Addr(), req.Incarnation, req.SRQN)
 }

@@ -480,7 +480,7 @@ func (e *Endpoint) awaitChange(ctx context.Context, c *Conn, u *uplink) error {
 // bindLocked makes c's sending leg ride u, from the ACCEPT; the dial's
 // reference on u becomes the leg's.
 func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
-	if !c.failed() && e.srqLiarLocked(acc.Incarnation) {
+	if !c.failed() && e.srqLiarLocked(c.raddr.Addr(), acc.Incarnation, acc.SRQN) {
 		// An incarnation whose SRQ number named nothing: nothing posted
 		// (a frame would fail u's INI, which the other legs share), no
 		// FIN either (it would name that number). A dial's acceptor
