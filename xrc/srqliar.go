@@ -17,11 +17,11 @@ import (
 // alive, so it lied: a protocol violation.
 var errSRQLiar = fmt.Errorf("%w: its incarnation named an SRQ number its node does not have (a leg's first frame failed \"remote invalid request\")", ErrProtocol)
 
-// maxSRQLiars bounds the incarnations an endpoint refuses for a bogus SRQ
-// number. Each was learned at the price of one uplink recovery, and one
-// forgotten costs at most one more when it is dialed again; the peer picks
-// its incarnation, so a liar that draws a new one per leg passes the list
-// whatever its size (see docs/xrc-protocol.md).
+// maxSRQLiars bounds the (node, incarnation, SRQ number) triples an
+// endpoint refuses. Each was learned at the price of one uplink recovery,
+// and one forgotten costs at most one more when it is dialed again; the
+// peer picks its incarnation and number, so a liar that draws new ones per
+// leg passes the list whatever its size (see docs/xrc-protocol.md).
 var maxSRQLiars = 256 // a variable for tests
 
 // srqLiar is what a failed first frame proves: at that node, that
@@ -70,10 +70,11 @@ func (e *Endpoint) srqLiarLocked(node netip.Addr, inc uint64, srqn uint32) bool 
 }
 
 // srqLiarRequest reports whether ev asks for a new connection (no MOVE, no
-// reciprocal leg) from an incarnation whose SRQ number named nothing, and
-// its conn tag: our reverse leg to it would name that SRQ number again, and
-// its first frame would fail our uplink to the node once more. MOVEs of its
-// legs go on as before: they make no new leg of ours.
+// reciprocal leg, no ABORT) from an incarnation whose SRQ number named
+// nothing at the requester's node, and its conn tag: our reverse leg to it
+// would name that SRQ number again, and its first frame would fail our
+// uplink to the node once more. MOVEs of its legs go on as before: they
+// make no new leg of ours.
 func (e *Endpoint) srqLiarRequest(ev kernel.Event) (uint32, bool) {
 	e.mu.Lock()
 	none := len(e.srqLiars) == 0

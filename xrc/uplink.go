@@ -481,11 +481,12 @@ func (e *Endpoint) awaitChange(ctx context.Context, c *Conn, u *uplink) error {
 // reference on u becomes the leg's.
 func (e *Endpoint) bindLocked(c *Conn, u *uplink, acc *wire.Accept) error {
 	if !c.failed() && e.srqLiarLocked(c.raddr.Addr(), acc.Incarnation, acc.SRQN) {
-		// An incarnation whose SRQ number named nothing: nothing posted
-		// (a frame would fail u's INI, which the other legs share), no
-		// FIN either (it would name that number). A dial's acceptor
-		// waits for a first frame that does not come, as for a dial
-		// given up; our reverse leg's dialer gets the ABORT (recvLegUp).
+		// An incarnation whose SRQ number named nothing at that node:
+		// nothing posted (a frame would fail u's INI, which the other
+		// legs share), no FIN either (it would name that number). A
+		// dial's acceptor waits out its idle timeout for a first frame
+		// that does not come, which only a liar or an ended process
+		// pays; our reverse leg's dialer gets the ABORT (recvLegUp).
 		u.refs--
 		e.maybeTeardownLocked(u)
 		c.failLocked(errSRQLiar)
