@@ -199,14 +199,7 @@ func TestBogusSRQNLiarsPortTakenOverIsDialed(t *testing.T) {
 	s, r, l, armed := srqLiarScene(t, w, "10.0.243")
 	sc, rc := pair(t, s, r)
 	armed.Store(true)
-	before := s.Stats().Recoveries
-	if lc, err := s.Dial(ctxT(t, 5*time.Second), l.Addr().String()); err == nil {
-		defer lc.Close()
-	}
-	eventually(t, "the liar's leg failed its first frame", func() (bool, string) {
-		n := s.Stats().Recoveries - before
-		return n > 0, fmt.Sprintf("recoveries %d", n)
-	})
+	dialLiarOnce(t, s, l)
 	_, err := s.Dial(ctxT(t, 5*time.Second), l.Addr().String())
 	if !errors.Is(err, ErrProtocol) {
 		t.Fatalf("second dial to the liar: %v, want ErrProtocol", err)
@@ -396,18 +389,25 @@ func TestBogusSRQNImpersonatedIncarnationSparesHonestPeer(t *testing.T) {
 	sr, rs := pair(t, s, r) // s's uplink into l's node and domain: its dials to l are VIRT_REQs
 	pair(t, l, s)           // l's uplink to s's node: its ACCEPTs carry the reverse leg
 	armed.Store(true)
-	before := s.Stats().Recoveries
-	if lc, err := s.Dial(ctxT(t, 5*time.Second), l.Addr().String()); err == nil {
-		defer lc.Close()
-	}
-	eventually(t, "s's leg to l failed its first frame", func() (bool, string) {
-		n := s.Stats().Recoveries - before
-		return n > 0, fmt.Sprintf("recoveries %d", n)
-	})
+	dialLiarOnce(t, s, l)
 	// h never lied, and no frame of s's to h ever failed.
 	sh, hs := pair(t, s, h)
 	roundTrip(t, sh, hs, []byte("s to honest h"))
 	hs2, sh2 := pair(t, h, s)
 	roundTrip(t, hs2, sh2, []byte("honest h to s"))
 	roundTrip(t, sr, rs, []byte("healthy"))
+}
+
+// dialLiarOnce dials l from s once and waits until that leg's first frame
+// has failed and s's uplink recovered: from then on s knows l for a liar.
+func dialLiarOnce(t *testing.T, s, l *proc) {
+	t.Helper()
+	before := s.Stats().Recoveries
+	if lc, err := s.Dial(ctxT(t, 5*time.Second), l.Addr().String()); err == nil {
+		t.Cleanup(func() { lc.Close() })
+	}
+	eventually(t, "the leg to the liar failed its first frame", func() (bool, string) {
+		n := s.Stats().Recoveries - before
+		return n > 0, fmt.Sprintf("recoveries %d", n)
+	})
 }
